@@ -1,0 +1,421 @@
+"""Portable Triton backward kernels: FlashAttention-2 recomputation.
+
+Three launches:
+1. ``_bwd_preprocess``: delta = rowsum(dO * O) per query row (fp32).
+2. ``_bwd_dkdv_kernel``: one program per (key block, batch, KV head). dK and dV stay on chip
+   while query blocks of every query head in the GQA group stream through; P is recomputed
+   from the saved LSE. With ``ATOMIC_DQ`` it also adds dS @ K into an fp32 dQ buffer with
+   atomics (fast, not bitwise repeatable).
+3. ``_bwd_dq_kernel`` (deterministic path): one program per (query block, batch, head)
+   recomputes P and dP and accumulates dQ in registers; no atomics, bitwise repeatable.
+Tiles in the dK/dV kernel are transposed (rows = keys) so dV += P^T dO needs no transpose of P.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from flashattn.kernels import config
+from flashattn.kernels.masks import LOG2E, dropout_keep, key_range, query_range, score_mod, visible_mask
+from flashattn.philox import dropout_threshold
+
+
+@triton.jit
+def _bwd_preprocess(Out, DO, Delta, stride_ob, stride_om, stride_oh,
+                    stride_dob, stride_dom, stride_doh, nheads, seqlen_q,
+                    HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    off_b = pid_bh // nheads
+    off_h = pid_bh % nheads
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    mask = (offs_m[:, None] < seqlen_q) & (offs_dv[None, :] < HEAD_DIM_V)
+    o = tl.load(Out + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh
+                + offs_m[:, None].to(tl.int64) * stride_om + offs_dv[None, :], mask=mask, other=0.0)
+    do = tl.load(DO + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh
+                 + offs_m[:, None].to(tl.int64) * stride_dom + offs_dv[None, :], mask=mask, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(Delta + pid_bh.to(tl.int64) * seqlen_q + offs_m, delta, mask=offs_m < seqlen_q)
+
+
+@triton.jit
+def _load_lse2(Lse, bh, offs_m, seqlen_q):
+    """LSE in log2 units; rows with no visible key (or past s_q) become +inf so P = 0."""
+    lse = tl.load(Lse + bh.to(tl.int64) * seqlen_q + offs_m, mask=offs_m < seqlen_q,
+                  other=float("inf"))
+    return tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
+
+
+@triton.jit
+def _dkdv_inner(dk, dv, k, v, q_base, do_base, dq_base, Lse, Delta, bh, start, end,
+                offs_n, offs_m0, offs_d, offs_dv, stride_qm, stride_dom, stride_dqm,
+                seqlen_q, seqlen_k, diag, window_left, window_right,
+                sm_scale, qk_scale, softcap_inv, softcap_log2, slope_log2,
+                seed, drop_threshold, drop_scale,
+                HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+                BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
+                MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+                ATOMIC_DQ: tl.constexpr, UPCAST: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Stream query blocks [start, end) of one head past the resident K/V block."""
+    for start_m in range(start, end, BLOCK_M):
+        offs_m = start_m + offs_m0
+        qT_ptrs = q_base + offs_m[None, :].to(tl.int64) * stride_qm + offs_d[:, None]
+        do_ptrs = do_base + offs_m[:, None].to(tl.int64) * stride_dom + offs_dv[None, :]
+        if MASKED:
+            qT = tl.load(qT_ptrs, mask=(offs_m[None, :] < seqlen_q) & (offs_d[:, None] < HEAD_DIM),
+                         other=0.0)
+            do = tl.load(do_ptrs, mask=(offs_m[:, None] < seqlen_q) & (offs_dv[None, :] < HEAD_DIM_V),
+                         other=0.0)
+        else:
+            qT = tl.load(qT_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
+            do = tl.load(do_ptrs, mask=offs_dv[None, :] < HEAD_DIM_V, other=0.0)
+        if UPCAST:
+            qT = qT.to(tl.float32)
+            do = do.to(tl.float32)
+        lse2 = _load_lse2(Lse, bh, offs_m, seqlen_q)
+        delta = tl.load(Delta + bh.to(tl.int64) * seqlen_q + offs_m, mask=offs_m < seqlen_q, other=0.0)
+
+        qkT = tl.dot(k, qT, input_precision=DOT_PREC)  # (BLOCK_N, BLOCK_M)
+        sT, tT = score_mod(qkT, offs_m[None, :], offs_n[:, None], diag, qk_scale, softcap_inv,
+                           softcap_log2, slope_log2, HAS_SOFTCAP, HAS_ALIBI)
+        pT = tl.exp2(sT - lse2[None, :])
+        if MASKED:
+            vis = visible_mask(offs_m[None, :], offs_n[:, None], seqlen_k, diag,
+                               window_left, window_right, HAS_LEFT, HAS_RIGHT)
+            pT = tl.where(vis, pT, 0.0)
+        dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PREC)  # (BLOCK_N, BLOCK_M)
+        if HAS_DROPOUT:
+            keep = dropout_keep(seed, offs_m[None, :], offs_n[:, None], bh, drop_threshold)
+            pT_drop = tl.where(keep, pT * drop_scale, 0.0)
+            dpT = tl.where(keep, dpT * drop_scale, 0.0)
+        else:
+            pT_drop = pT
+        dv = tl.dot(pT_drop.to(do.dtype), do, dv, input_precision=DOT_PREC)
+        dsT = pT * (dpT - delta[None, :])
+        if HAS_SOFTCAP:
+            dsT = dsT * (1.0 - tT * tT)
+        dsT_lp = dsT.to(qT.dtype)
+        dk = tl.dot(dsT_lp, tl.trans(qT), dk, input_precision=DOT_PREC)
+        if ATOMIC_DQ:
+            dq = tl.dot(tl.trans(dsT_lp), k, input_precision=DOT_PREC) * sm_scale
+            dq_ptrs = dq_base + offs_m[:, None].to(tl.int64) * stride_dqm + offs_d[None, :]
+            tl.atomic_add(dq_ptrs, dq, mask=(offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM),
+                          sem="relaxed")
+    return dk, dv
+
+
+@triton.jit
+def _bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, DQ, Alibi,
+                     stride_qb, stride_qm, stride_qh,
+                     stride_kb, stride_kn, stride_kh,
+                     stride_vb, stride_vn, stride_vh,
+                     stride_dob, stride_dom, stride_doh,
+                     stride_dkb, stride_dkn, stride_dkh,
+                     stride_dvb, stride_dvn, stride_dvh,
+                     stride_dqb, stride_dqm, stride_dqh,
+                     stride_ab, stride_ah,
+                     nheads, nheads_k, seqlen_q, seqlen_k, group, seq_bucket,
+                     sm_scale, softcap, window_left, window_right,
+                     drop_threshold, drop_scale, seed,
+                     HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+                     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+                     HAS_DROPOUT: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+                     UPCAST: tl.constexpr, DOT_PREC: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_bhk = tl.program_id(1)
+    off_b = pid_bhk // nheads_k
+    off_hk = pid_bhk % nheads_k
+    diag = seqlen_k - seqlen_q
+    n_start = pid_n * BLOCK_N
+    n_end = tl.minimum(n_start + BLOCK_N, seqlen_k)
+    offs_n = n_start + tl.arange(0, BLOCK_N)
+    offs_m0 = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+
+    k_base = K + off_b.to(tl.int64) * stride_kb + off_hk.to(tl.int64) * stride_kh
+    v_base = V + off_b.to(tl.int64) * stride_vb + off_hk.to(tl.int64) * stride_vh
+    k = tl.load(k_base + offs_n[:, None].to(tl.int64) * stride_kn + offs_d[None, :],
+                mask=(offs_n[:, None] < seqlen_k) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    v = tl.load(v_base + offs_n[:, None].to(tl.int64) * stride_vn + offs_dv[None, :],
+                mask=(offs_n[:, None] < seqlen_k) & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
+
+    qk_scale = sm_scale * LOG2E
+    softcap_inv = 0.0
+    softcap_log2 = 0.0
+    if HAS_SOFTCAP:
+        softcap_inv = sm_scale / softcap
+        softcap_log2 = softcap * LOG2E
+
+    lo, mid_lo, mid_hi, hi = query_range(n_start, n_end, seqlen_q, diag, window_left, window_right,
+                                         BLOCK_M, HAS_LEFT, HAS_RIGHT)
+    if n_start + BLOCK_N > seqlen_k:
+        # ragged last key block: every query block needs the key-bounds mask
+        mid_lo = hi
+        mid_hi = hi
+
+    # dK/dV of a KV head sum over the query heads of its GQA group
+    for g in range(0, group):
+        off_h = off_hk * group + g
+        bh = off_b * nheads + off_h
+        q_base = Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
+        do_base = DO + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh
+        dq_base = DQ + off_b.to(tl.int64) * stride_dqb + off_h.to(tl.int64) * stride_dqh
+        slope_log2 = 0.0
+        if HAS_ALIBI:
+            slope_log2 = tl.load(Alibi + off_b * stride_ab + off_h * stride_ah) * LOG2E
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, dq_base, Lse, Delta, bh, lo, mid_lo,
+                             offs_n, offs_m0, offs_d, offs_dv, stride_qm, stride_dom, stride_dqm,
+                             seqlen_q, seqlen_k, diag, window_left, window_right,
+                             sm_scale, qk_scale, softcap_inv, softcap_log2, slope_log2,
+                             seed, drop_threshold, drop_scale,
+                             HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, True,
+                             HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
+                             ATOMIC_DQ, UPCAST, DOT_PREC)
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, dq_base, Lse, Delta, bh, mid_lo, mid_hi,
+                             offs_n, offs_m0, offs_d, offs_dv, stride_qm, stride_dom, stride_dqm,
+                             seqlen_q, seqlen_k, diag, window_left, window_right,
+                             sm_scale, qk_scale, softcap_inv, softcap_log2, slope_log2,
+                             seed, drop_threshold, drop_scale,
+                             HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, False,
+                             HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
+                             ATOMIC_DQ, UPCAST, DOT_PREC)
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, dq_base, Lse, Delta, bh, mid_hi, hi,
+                             offs_n, offs_m0, offs_d, offs_dv, stride_qm, stride_dom, stride_dqm,
+                             seqlen_q, seqlen_k, diag, window_left, window_right,
+                             sm_scale, qk_scale, softcap_inv, softcap_log2, slope_log2,
+                             seed, drop_threshold, drop_scale,
+                             HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, True,
+                             HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
+                             ATOMIC_DQ, UPCAST, DOT_PREC)
+
+    dk = dk * sm_scale
+    dk_ptrs = (DK + off_b.to(tl.int64) * stride_dkb + off_hk.to(tl.int64) * stride_dkh
+               + offs_n[:, None].to(tl.int64) * stride_dkn + offs_d[None, :])
+    dv_ptrs = (DV + off_b.to(tl.int64) * stride_dvb + off_hk.to(tl.int64) * stride_dvh
+               + offs_n[:, None].to(tl.int64) * stride_dvn + offs_dv[None, :])
+    tl.store(dk_ptrs, dk.to(DK.dtype.element_ty),
+             mask=(offs_n[:, None] < seqlen_k) & (offs_d[None, :] < HEAD_DIM))
+    tl.store(dv_ptrs, dv.to(DV.dtype.element_ty),
+             mask=(offs_n[:, None] < seqlen_k) & (offs_dv[None, :] < HEAD_DIM_V))
+
+
+@triton.jit
+def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, start, end, offs_m, offs_n0, offs_d, offs_dv,
+              stride_kn, stride_vn, seqlen_k, diag, window_left, window_right,
+              qk_scale, softcap_inv, softcap_log2, slope_log2, seed, bh, drop_threshold, drop_scale,
+              HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_N: tl.constexpr,
+              MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+              HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+              UPCAST: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Stream key blocks [start, end) past the resident Q/dO block, accumulating dQ."""
+    for start_n in range(start, end, BLOCK_N):
+        offs_n = start_n + offs_n0
+        kT_ptrs = k_base + offs_n[None, :].to(tl.int64) * stride_kn + offs_d[:, None]
+        vT_ptrs = v_base + offs_n[None, :].to(tl.int64) * stride_vn + offs_dv[:, None]
+        if MASKED:
+            kT = tl.load(kT_ptrs, mask=(offs_n[None, :] < seqlen_k) & (offs_d[:, None] < HEAD_DIM),
+                         other=0.0)
+            vT = tl.load(vT_ptrs, mask=(offs_n[None, :] < seqlen_k) & (offs_dv[:, None] < HEAD_DIM_V),
+                         other=0.0)
+        else:
+            kT = tl.load(kT_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
+            vT = tl.load(vT_ptrs, mask=offs_dv[:, None] < HEAD_DIM_V, other=0.0)
+        if UPCAST:
+            kT = kT.to(tl.float32)
+            vT = vT.to(tl.float32)
+        qk = tl.dot(q, kT, input_precision=DOT_PREC)
+        s, t = score_mod(qk, offs_m[:, None], offs_n[None, :], diag, qk_scale, softcap_inv,
+                         softcap_log2, slope_log2, HAS_SOFTCAP, HAS_ALIBI)
+        p = tl.exp2(s - lse2[:, None])
+        if MASKED:
+            vis = visible_mask(offs_m[:, None], offs_n[None, :], seqlen_k, diag,
+                               window_left, window_right, HAS_LEFT, HAS_RIGHT)
+            p = tl.where(vis, p, 0.0)
+        dp = tl.dot(do, vT, input_precision=DOT_PREC)
+        if HAS_DROPOUT:
+            keep = dropout_keep(seed, offs_m[:, None], offs_n[None, :], bh, drop_threshold)
+            dp = tl.where(keep, dp * drop_scale, 0.0)
+        ds = p * (dp - delta[:, None])
+        if HAS_SOFTCAP:
+            ds = ds * (1.0 - t * t)
+        dq = tl.dot(ds.to(kT.dtype), tl.trans(kT), dq, input_precision=DOT_PREC)
+    return dq
+
+
+@triton.jit
+def _bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, Alibi,
+                   stride_qb, stride_qm, stride_qh,
+                   stride_kb, stride_kn, stride_kh,
+                   stride_vb, stride_vn, stride_vh,
+                   stride_dob, stride_dom, stride_doh,
+                   stride_dqb, stride_dqm, stride_dqh,
+                   stride_ab, stride_ah,
+                   nheads, seqlen_q, seqlen_k, group, seq_bucket,
+                   sm_scale, softcap, window_left, window_right,
+                   drop_threshold, drop_scale, seed,
+                   HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+                   BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                   HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+                   HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr, DOT_PREC: tl.constexpr):
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    off_b = pid_bh // nheads
+    off_h = pid_bh % nheads
+    off_hk = off_h // group
+    diag = seqlen_k - seqlen_q
+    m_start = pid_m * BLOCK_M
+    m_end = tl.minimum(m_start + BLOCK_M, seqlen_q)
+    offs_m = m_start + tl.arange(0, BLOCK_M)
+    offs_n0 = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+
+    q = tl.load(Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
+                + offs_m[:, None].to(tl.int64) * stride_qm + offs_d[None, :],
+                mask=(offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    do = tl.load(DO + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh
+                 + offs_m[:, None].to(tl.int64) * stride_dom + offs_dv[None, :],
+                 mask=(offs_m[:, None] < seqlen_q) & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+        do = do.to(tl.float32)
+    lse2 = _load_lse2(Lse, pid_bh, offs_m, seqlen_q)
+    delta = tl.load(Delta + pid_bh.to(tl.int64) * seqlen_q + offs_m, mask=offs_m < seqlen_q, other=0.0)
+    k_base = K + off_b.to(tl.int64) * stride_kb + off_hk.to(tl.int64) * stride_kh
+    v_base = V + off_b.to(tl.int64) * stride_vb + off_hk.to(tl.int64) * stride_vh
+
+    qk_scale = sm_scale * LOG2E
+    softcap_inv = 0.0
+    softcap_log2 = 0.0
+    if HAS_SOFTCAP:
+        softcap_inv = sm_scale / softcap
+        softcap_log2 = softcap * LOG2E
+    slope_log2 = 0.0
+    if HAS_ALIBI:
+        slope_log2 = tl.load(Alibi + off_b * stride_ab + off_h * stride_ah) * LOG2E
+
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    lo, mid_lo, mid_hi, hi = key_range(m_start, m_end, seqlen_k, diag, window_left, window_right,
+                                       BLOCK_N, HAS_LEFT, HAS_RIGHT)
+    dq = _dq_inner(dq, q, do, lse2, delta, k_base, v_base, lo, mid_lo, offs_m, offs_n0, offs_d,
+                   offs_dv, stride_kn, stride_vn, seqlen_k, diag, window_left, window_right,
+                   qk_scale, softcap_inv, softcap_log2, slope_log2, seed, pid_bh, drop_threshold,
+                   drop_scale, HEAD_DIM, HEAD_DIM_V, BLOCK_N, True, HAS_LEFT, HAS_RIGHT,
+                   HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST, DOT_PREC)
+    dq = _dq_inner(dq, q, do, lse2, delta, k_base, v_base, mid_lo, mid_hi, offs_m, offs_n0, offs_d,
+                   offs_dv, stride_kn, stride_vn, seqlen_k, diag, window_left, window_right,
+                   qk_scale, softcap_inv, softcap_log2, slope_log2, seed, pid_bh, drop_threshold,
+                   drop_scale, HEAD_DIM, HEAD_DIM_V, BLOCK_N, False, HAS_LEFT, HAS_RIGHT,
+                   HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST, DOT_PREC)
+    dq = _dq_inner(dq, q, do, lse2, delta, k_base, v_base, mid_hi, hi, offs_m, offs_n0, offs_d,
+                   offs_dv, stride_kn, stride_vn, seqlen_k, diag, window_left, window_right,
+                   qk_scale, softcap_inv, softcap_log2, slope_log2, seed, pid_bh, drop_threshold,
+                   drop_scale, HEAD_DIM, HEAD_DIM_V, BLOCK_N, True, HAS_LEFT, HAS_RIGHT,
+                   HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST, DOT_PREC)
+    dq = dq * sm_scale
+    tl.store(DQ + off_b.to(tl.int64) * stride_dqb + off_h.to(tl.int64) * stride_dqh
+             + offs_m[:, None].to(tl.int64) * stride_dqm + offs_d[None, :],
+             dq.to(DQ.dtype.element_ty),
+             mask=(offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM))
+
+
+_dkdv_autotuned = config.autotune_bwd_kv(_bwd_dkdv_kernel, reset_to_zero=["DQ"])
+_dq_autotuned = config.autotune_bwd_q(_bwd_dq_kernel)
+
+
+def flash_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              out: torch.Tensor, lse: torch.Tensor, *, softmax_scale: float, causal: bool,
+              window_left: int, window_right: int, softcap: float,
+              alibi_slopes: Optional[torch.Tensor], dropout_p: float, philox_seed: int,
+              deterministic: bool):
+    """Attention backward with the portable Triton kernels.
+
+    dout/out (b, s_q, h, d_v), q (b, s_q, h, d), k (b, s_k, h_k, d), v (b, s_k, h_k, d_v),
+    lse float32 (b, h, s_q). Returns dq, dk, dv with the shapes and dtypes of q, k, v.
+    ``deterministic=True`` computes dQ in its own pass (bitwise repeatable); otherwise dQ is
+    accumulated with fp32 atomics inside the dK/dV pass.
+    """
+    batch, seqlen_q, nheads, head_dim = q.shape
+    _, seqlen_k, nheads_k, head_dim_v = v.shape
+    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
+    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+    if batch == 0 or seqlen_q == 0 or seqlen_k == 0:
+        return torch.zeros_like(q), dk.zero_(), dv.zero_()
+    if dout.stride(-1) != 1:
+        dout = dout.contiguous()
+    delta = torch.empty((batch, nheads, seqlen_q), dtype=torch.float32, device=q.device)
+    block_dv = config.block_dim(head_dim_v)
+    pre_block = 64 if not config.INTERPRET else 16
+    _bwd_preprocess[(triton.cdiv(seqlen_q, pre_block), batch * nheads)](
+        out, dout, delta, out.stride(0), out.stride(1), out.stride(2),
+        dout.stride(0), dout.stride(1), dout.stride(2), nheads, seqlen_q,
+        HEAD_DIM_V=head_dim_v, BLOCK_DV=block_dv, BLOCK_M=pre_block)
+
+    has_dropout = dropout_p > 0.0
+    scalars = (float(softmax_scale), float(softcap), int(window_left), int(window_right),
+               dropout_threshold(dropout_p), 1.0 / (1.0 - dropout_p) if has_dropout else 1.0,
+               int(philox_seed) if has_dropout else 0)
+    alibi_arg = alibi_slopes if alibi_slopes is not None else delta
+    alibi_strides = alibi_slopes.stride() if alibi_slopes is not None else (0, 0)
+    flags = dict(HEAD_DIM=head_dim, HEAD_DIM_V=head_dim_v, BLOCK_D=config.block_dim(head_dim),
+                 BLOCK_DV=block_dv, HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0,
+                 HAS_SOFTCAP=softcap > 0.0, HAS_ALIBI=alibi_slopes is not None,
+                 HAS_DROPOUT=has_dropout, UPCAST=config.upcast_dots(q),
+                 DOT_PREC=config.dot_precision(q))
+    bucket = config.seq_bucket(seqlen_q, seqlen_k)
+    group = nheads // nheads_k
+
+    atomic_dq = not deterministic
+    if atomic_dq:
+        dq_acc = torch.zeros((batch, seqlen_q, nheads, head_dim), dtype=torch.float32, device=q.device)
+    else:
+        dq_acc = torch.empty_like(q, memory_format=torch.contiguous_format)
+
+    def grid_kv(meta):
+        return (triton.cdiv(seqlen_k, meta["BLOCK_N"]), batch * nheads_k)
+
+    _dkdv_autotuned[grid_kv](
+        q, k, v, dout, lse, delta, dk, dv, dq_acc, alibi_arg,
+        q.stride(0), q.stride(1), q.stride(2),
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        dout.stride(0), dout.stride(1), dout.stride(2),
+        dk.stride(0), dk.stride(1), dk.stride(2),
+        dv.stride(0), dv.stride(1), dv.stride(2),
+        dq_acc.stride(0), dq_acc.stride(1), dq_acc.stride(2),
+        alibi_strides[0], alibi_strides[1],
+        nheads, nheads_k, seqlen_q, seqlen_k, group, bucket, *scalars,
+        ATOMIC_DQ=atomic_dq, **flags)
+
+    if atomic_dq:
+        return dq_acc.to(q.dtype), dk, dv
+
+    def grid_q(meta):
+        return (triton.cdiv(seqlen_q, meta["BLOCK_M"]), batch * nheads)
+
+    _dq_autotuned[grid_q](
+        q, k, v, dout, lse, delta, dq_acc, alibi_arg,
+        q.stride(0), q.stride(1), q.stride(2),
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        dout.stride(0), dout.stride(1), dout.stride(2),
+        dq_acc.stride(0), dq_acc.stride(1), dq_acc.stride(2),
+        alibi_strides[0], alibi_strides[1],
+        nheads, seqlen_q, seqlen_k, group, bucket, *scalars, **flags)
+    return dq_acc, dk, dv

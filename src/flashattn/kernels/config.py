@@ -1,0 +1,119 @@
+"""Launch configuration of the portable kernels: tile shapes, autotune spaces, precision.
+
+The tuned spaces are data (``_FWD_SPACE`` / ``_BWD_SPACE``); ``early_config_prune`` keeps the
+entries that match the head dim and dtype of a call so autotuning times a handful of
+candidates, and ``cache_results=True`` keeps the winner on disk across processes.
+Under ``TRITON_INTERPRET=1`` a single small config runs (the interpreter has one config only).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def block_dim(head_dim: int) -> int:
+    """Padded head-dim tile: a power of two, at least 16 (tl.dot's minimum K)."""
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+def seq_bucket(seqlen_q: int, seqlen_k: int) -> int:
+    """Autotune key for sequence length: next power of two of the longer side, capped."""
+    return min(triton.next_power_of_2(max(seqlen_q, seqlen_k, 1)), 16384)
+
+
+def upcast_dots(t: torch.Tensor) -> bool:
+    """The interpreter multiplies raw bf16 bits in tl.dot: upcast operands to fp32 there."""
+    return INTERPRET and t.dtype == torch.bfloat16
+
+
+def dot_precision(t: torch.Tensor) -> str:
+    """fp32 inputs must match PyTorch's fp32 accuracy: use exact IEEE products, not TF32."""
+    return "ieee" if (t.dtype == torch.float32 or upcast_dots(t)) else "tf32"
+
+
+def _cfg(bm, bn, warps, stages, **extra):
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, **extra}, num_warps=warps, num_stages=stages)
+
+
+# (max BLOCK_D, element bytes) -> candidate configs. Shared memory per stage is roughly
+# (BLOCK_N * (BLOCK_D + BLOCK_DV)) * bytes, which bounds the stage count at d = 256.
+_FWD_SPACE = {
+    (64, 2): [_cfg(128, 64, 4, 3), _cfg(128, 128, 8, 3), _cfg(128, 64, 4, 4), _cfg(64, 64, 4, 3)],
+    (128, 2): [_cfg(128, 64, 8, 3), _cfg(128, 128, 8, 3), _cfg(128, 64, 4, 3), _cfg(64, 64, 4, 3)],
+    (256, 2): [_cfg(128, 64, 8, 2), _cfg(64, 64, 4, 2), _cfg(128, 32, 8, 2), _cfg(64, 32, 4, 2)],
+    (64, 4): [_cfg(64, 64, 4, 2), _cfg(64, 32, 4, 2)],
+    (128, 4): [_cfg(64, 32, 4, 2), _cfg(64, 64, 4, 2)],
+    (256, 4): [_cfg(32, 32, 4, 1), _cfg(64, 32, 4, 1)],
+}
+# Backward (dK/dV pass): BLOCK_N keys stay on chip, BLOCK_M query rows stream.
+_BWD_KV_SPACE = {
+    (64, 2): [_cfg(64, 128, 8, 2), _cfg(32, 128, 4, 3), _cfg(64, 64, 4, 2)],
+    (128, 2): [_cfg(64, 128, 8, 2), _cfg(32, 128, 4, 3), _cfg(64, 64, 4, 2)],
+    (256, 2): [_cfg(32, 64, 4, 1), _cfg(64, 64, 8, 1), _cfg(32, 32, 4, 1)],
+    (64, 4): [_cfg(32, 64, 4, 1), _cfg(32, 32, 4, 1)],
+    (128, 4): [_cfg(32, 32, 4, 1), _cfg(32, 64, 4, 1)],
+    (256, 4): [_cfg(16, 32, 4, 1), _cfg(32, 32, 4, 1)],
+}
+# Backward (dQ pass): BLOCK_M query rows stay on chip, BLOCK_N keys stream.
+_BWD_Q_SPACE = {
+    (64, 2): [_cfg(128, 64, 8, 2), _cfg(128, 32, 4, 3), _cfg(64, 64, 4, 2)],
+    (128, 2): [_cfg(128, 64, 8, 2), _cfg(128, 32, 4, 3), _cfg(64, 64, 4, 2)],
+    (256, 2): [_cfg(64, 32, 4, 1), _cfg(64, 64, 8, 1), _cfg(32, 32, 4, 1)],
+    (64, 4): [_cfg(64, 32, 4, 1), _cfg(32, 32, 4, 1)],
+    (128, 4): [_cfg(32, 32, 4, 1), _cfg(64, 32, 4, 1)],
+    (256, 4): [_cfg(32, 16, 4, 1), _cfg(32, 32, 4, 1)],
+}
+_INTERPRET_CFG = _cfg(16, 16, 4, 1)
+
+
+def _space_key(named_args, kwargs):
+    d = max(kwargs["BLOCK_D"], kwargs["BLOCK_DV"])
+    d = 64 if d <= 64 else (128 if d <= 128 else 256)
+    q = named_args.get("Q")
+    elem = q.element_size() if q is not None else 2
+    return d, (4 if elem >= 4 else 2)
+
+
+def _pruner(space):
+    def prune(configs, named_args, **kwargs):
+        return list(space[_space_key(named_args, kwargs)])
+    return prune
+
+
+def _all(space):
+    seen, out = set(), []
+    for cfgs in space.values():
+        for c in cfgs:
+            key = str(c)
+            if key not in seen:
+                seen.add(key)
+                out.append(c)
+    return out
+
+
+_KEY = ["HEAD_DIM", "HEAD_DIM_V", "HAS_LEFT", "HAS_RIGHT", "HAS_SOFTCAP", "HAS_ALIBI",
+        "HAS_DROPOUT", "seq_bucket"]
+
+
+def _autotune(kernel, space, reset_to_zero=None):
+    if INTERPRET:
+        return triton.autotune(configs=[_INTERPRET_CFG], key=[])(kernel)
+    return triton.autotune(configs=_all(space), key=_KEY,
+                           prune_configs_by={"early_config_prune": _pruner(space)},
+                           reset_to_zero=reset_to_zero, cache_results=True)(kernel)
+
+
+def autotune_fwd(kernel):
+    return _autotune(kernel, _FWD_SPACE)
+
+
+def autotune_bwd_kv(kernel, reset_to_zero=None):
+    return _autotune(kernel, _BWD_KV_SPACE, reset_to_zero)
+
+
+def autotune_bwd_q(kernel):
+    return _autotune(kernel, _BWD_Q_SPACE)

@@ -51,7 +51,7 @@ def _load_lse2(Lse, bh, offs_m, seqlen_q):
 
 
 @triton.jit
-def _dkdv_inner(dk, dv, k, v, q_base, do_base, dq_base, Lse, Delta, bh, start, end,
+def _dkdv_inner(dk, dv, k, v, q_base, do_base, dq_base, q_desc, do_desc, Lse, Delta, bh, start, end,
                 offs_n, offs_m0, offs_d, offs_dv, stride_qm, stride_dom, stride_dqm,
                 seqlen_q, seqlen_k, diag, window_left, window_right,
                 sm_scale, qk_scale, softcap_inv, softcap_log2, slope_log2,
@@ -60,13 +60,17 @@ def _dkdv_inner(dk, dv, k, v, q_base, do_base, dq_base, Lse, Delta, bh, start, e
                 BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
                 MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                 HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-                ATOMIC_DQ: tl.constexpr, UPCAST: tl.constexpr, DOT_PREC: tl.constexpr):
+                ATOMIC_DQ: tl.constexpr, UPCAST: tl.constexpr, DOT_PREC: tl.constexpr,
+                USE_TMA: tl.constexpr):
     """Stream query blocks [start, end) of one head past the resident K/V block."""
     for start_m in range(start, end, BLOCK_M):
         offs_m = start_m + offs_m0
         qT_ptrs = q_base + offs_m[None, :].to(tl.int64) * stride_qm + offs_d[:, None]
         do_ptrs = do_base + offs_m[:, None].to(tl.int64) * stride_dom + offs_dv[None, :]
-        if MASKED:
+        if USE_TMA:
+            qT = tl.trans(q_desc.load([start_m, 0]))
+            do = do_desc.load([start_m, 0])
+        elif MASKED:
             qT = tl.load(qT_ptrs, mask=(offs_m[None, :] < seqlen_q) & (offs_d[:, None] < HEAD_DIM),
                          other=0.0)
             do = tl.load(do_ptrs, mask=(offs_m[:, None] < seqlen_q) & (offs_dv[None, :] < HEAD_DIM_V),
@@ -128,7 +132,7 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, DQ, Alibi,
                      HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                      HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
                      HAS_DROPOUT: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-                     UPCAST: tl.constexpr, DOT_PREC: tl.constexpr):
+                     UPCAST: tl.constexpr, DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_bhk = tl.program_id(1)
     off_b = pid_bhk // nheads_k
@@ -174,33 +178,43 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, DQ, Alibi,
         q_base = Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
         do_base = DO + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh
         dq_base = DQ + off_b.to(tl.int64) * stride_dqb + off_h.to(tl.int64) * stride_dqh
+        q_desc = None
+        do_desc = None
+        if USE_TMA:
+            q_desc = tl.make_tensor_descriptor(q_base, shape=[seqlen_q, HEAD_DIM], strides=[stride_qm, 1],
+                                               block_shape=[BLOCK_M, BLOCK_D])
+            do_desc = tl.make_tensor_descriptor(do_base, shape=[seqlen_q, HEAD_DIM_V],
+                                                strides=[stride_dom, 1], block_shape=[BLOCK_M, BLOCK_DV])
         slope_log2 = 0.0
         if HAS_ALIBI:
             slope_log2 = tl.load(Alibi + off_b * stride_ab + off_h * stride_ah) * LOG2E
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, dq_base, Lse, Delta, bh, lo, mid_lo,
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, dq_base, q_desc, do_desc, Lse, Delta, bh,
+                             lo, mid_lo,
                              offs_n, offs_m0, offs_d, offs_dv, stride_qm, stride_dom, stride_dqm,
                              seqlen_q, seqlen_k, diag, window_left, window_right,
                              sm_scale, qk_scale, softcap_inv, softcap_log2, slope_log2,
                              seed, drop_threshold, drop_scale,
                              HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, True,
                              HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
-                             ATOMIC_DQ, UPCAST, DOT_PREC)
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, dq_base, Lse, Delta, bh, mid_lo, mid_hi,
+                             ATOMIC_DQ, UPCAST, DOT_PREC, USE_TMA)
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, dq_base, q_desc, do_desc, Lse, Delta, bh,
+                             mid_lo, mid_hi,
                              offs_n, offs_m0, offs_d, offs_dv, stride_qm, stride_dom, stride_dqm,
                              seqlen_q, seqlen_k, diag, window_left, window_right,
                              sm_scale, qk_scale, softcap_inv, softcap_log2, slope_log2,
                              seed, drop_threshold, drop_scale,
                              HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, False,
                              HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
-                             ATOMIC_DQ, UPCAST, DOT_PREC)
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, dq_base, Lse, Delta, bh, mid_hi, hi,
+                             ATOMIC_DQ, UPCAST, DOT_PREC, USE_TMA)
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, dq_base, q_desc, do_desc, Lse, Delta, bh,
+                             mid_hi, hi,
                              offs_n, offs_m0, offs_d, offs_dv, stride_qm, stride_dom, stride_dqm,
                              seqlen_q, seqlen_k, diag, window_left, window_right,
                              sm_scale, qk_scale, softcap_inv, softcap_log2, slope_log2,
                              seed, drop_threshold, drop_scale,
                              HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, True,
                              HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
-                             ATOMIC_DQ, UPCAST, DOT_PREC)
+                             ATOMIC_DQ, UPCAST, DOT_PREC, USE_TMA)
 
     dk = dk * sm_scale
     dk_ptrs = (DK + off_b.to(tl.int64) * stride_dkb + off_hk.to(tl.int64) * stride_dkh
@@ -214,19 +228,22 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, DQ, Alibi,
 
 
 @triton.jit
-def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, start, end, offs_m, offs_n0, offs_d, offs_dv,
+def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, start, end, offs_m, offs_n0, offs_d, offs_dv,
               stride_kn, stride_vn, seqlen_k, diag, window_left, window_right,
               qk_scale, softcap_inv, softcap_log2, slope_log2, seed, bh, drop_threshold, drop_scale,
               HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_N: tl.constexpr,
               MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
               HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-              UPCAST: tl.constexpr, DOT_PREC: tl.constexpr):
+              UPCAST: tl.constexpr, DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr):
     """Stream key blocks [start, end) past the resident Q/dO block, accumulating dQ."""
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + offs_n0
         kT_ptrs = k_base + offs_n[None, :].to(tl.int64) * stride_kn + offs_d[:, None]
         vT_ptrs = v_base + offs_n[None, :].to(tl.int64) * stride_vn + offs_dv[:, None]
-        if MASKED:
+        if USE_TMA:
+            kT = tl.trans(k_desc.load([start_n, 0]))
+            vT = tl.trans(v_desc.load([start_n, 0]))
+        elif MASKED:
             kT = tl.load(kT_ptrs, mask=(offs_n[None, :] < seqlen_k) & (offs_d[:, None] < HEAD_DIM),
                          other=0.0)
             vT = tl.load(vT_ptrs, mask=(offs_n[None, :] < seqlen_k) & (offs_dv[:, None] < HEAD_DIM_V),
@@ -272,7 +289,8 @@ def _bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, Alibi,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-                   HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr, DOT_PREC: tl.constexpr):
+                   HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr, DOT_PREC: tl.constexpr,
+                   USE_TMA: tl.constexpr):
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     pid_bh = tl.program_id(1)
     off_b = pid_bh // nheads
@@ -299,6 +317,13 @@ def _bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, Alibi,
     delta = tl.load(Delta + pid_bh.to(tl.int64) * seqlen_q + offs_m, mask=offs_m < seqlen_q, other=0.0)
     k_base = K + off_b.to(tl.int64) * stride_kb + off_hk.to(tl.int64) * stride_kh
     v_base = V + off_b.to(tl.int64) * stride_vb + off_hk.to(tl.int64) * stride_vh
+    k_desc = None
+    v_desc = None
+    if USE_TMA:
+        k_desc = tl.make_tensor_descriptor(k_base, shape=[seqlen_k, HEAD_DIM], strides=[stride_kn, 1],
+                                           block_shape=[BLOCK_N, BLOCK_D])
+        v_desc = tl.make_tensor_descriptor(v_base, shape=[seqlen_k, HEAD_DIM_V], strides=[stride_vn, 1],
+                                           block_shape=[BLOCK_N, BLOCK_DV])
 
     qk_scale = sm_scale * LOG2E
     softcap_inv = 0.0
@@ -313,21 +338,21 @@ def _bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, Alibi,
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     lo, mid_lo, mid_hi, hi = key_range(m_start, m_end, seqlen_k, diag, window_left, window_right,
                                        BLOCK_N, HAS_LEFT, HAS_RIGHT)
-    dq = _dq_inner(dq, q, do, lse2, delta, k_base, v_base, lo, mid_lo, offs_m, offs_n0, offs_d,
+    dq = _dq_inner(dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, lo, mid_lo, offs_m, offs_n0, offs_d,
                    offs_dv, stride_kn, stride_vn, seqlen_k, diag, window_left, window_right,
                    qk_scale, softcap_inv, softcap_log2, slope_log2, seed, pid_bh, drop_threshold,
                    drop_scale, HEAD_DIM, HEAD_DIM_V, BLOCK_N, True, HAS_LEFT, HAS_RIGHT,
-                   HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST, DOT_PREC)
-    dq = _dq_inner(dq, q, do, lse2, delta, k_base, v_base, mid_lo, mid_hi, offs_m, offs_n0, offs_d,
+                   HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST, DOT_PREC, USE_TMA)
+    dq = _dq_inner(dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, mid_lo, mid_hi, offs_m, offs_n0, offs_d,
                    offs_dv, stride_kn, stride_vn, seqlen_k, diag, window_left, window_right,
                    qk_scale, softcap_inv, softcap_log2, slope_log2, seed, pid_bh, drop_threshold,
                    drop_scale, HEAD_DIM, HEAD_DIM_V, BLOCK_N, False, HAS_LEFT, HAS_RIGHT,
-                   HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST, DOT_PREC)
-    dq = _dq_inner(dq, q, do, lse2, delta, k_base, v_base, mid_hi, hi, offs_m, offs_n0, offs_d,
+                   HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST, DOT_PREC, USE_TMA)
+    dq = _dq_inner(dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, mid_hi, hi, offs_m, offs_n0, offs_d,
                    offs_dv, stride_kn, stride_vn, seqlen_k, diag, window_left, window_right,
                    qk_scale, softcap_inv, softcap_log2, slope_log2, seed, pid_bh, drop_threshold,
                    drop_scale, HEAD_DIM, HEAD_DIM_V, BLOCK_N, True, HAS_LEFT, HAS_RIGHT,
-                   HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST, DOT_PREC)
+                   HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST, DOT_PREC, USE_TMA)
     dq = dq * sm_scale
     tl.store(DQ + off_b.to(tl.int64) * stride_dqb + off_h.to(tl.int64) * stride_dqh
              + offs_m[:, None].to(tl.int64) * stride_dqm + offs_d[None, :],
@@ -348,8 +373,9 @@ def flash_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
 
     dout/out (b, s_q, h, d_v), q (b, s_q, h, d), k (b, s_k, h_k, d), v (b, s_k, h_k, d_v),
     lse float32 (b, h, s_q). Returns dq, dk, dv with the shapes and dtypes of q, k, v.
-    ``deterministic=True`` computes dQ in its own pass (bitwise repeatable); otherwise dQ is
-    accumulated with fp32 atomics inside the dK/dV pass.
+    dQ is computed in its own pass (bitwise repeatable). The alternative, fp32 atomics inside
+    the dK/dV pass, measured slower on H100 (benchmarks/NOTES.md), so it is used only when
+    ``deterministic=False`` and ``FLASHATTN_ATOMIC_DQ=1``.
     """
     batch, seqlen_q, nheads, head_dim = q.shape
     _, seqlen_k, nheads_k, head_dim_v = v.shape
@@ -377,11 +403,12 @@ def flash_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
                  BLOCK_DV=block_dv, HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0,
                  HAS_SOFTCAP=softcap > 0.0, HAS_ALIBI=alibi_slopes is not None,
                  HAS_DROPOUT=has_dropout, UPCAST=config.upcast_dots(q),
-                 DOT_PREC=config.dot_precision(q))
+                 DOT_PREC=config.dot_precision(q), USE_TMA=config.use_tma(q, k, v, dout))
+    config.install_allocator()
     bucket = config.seq_bucket(seqlen_q, seqlen_k)
     group = nheads // nheads_k
 
-    atomic_dq = not deterministic
+    atomic_dq = not deterministic and config.atomic_dq_enabled()
     if atomic_dq:
         dq_acc = torch.zeros((batch, seqlen_q, nheads, head_dim), dtype=torch.float32, device=q.device)
     else:

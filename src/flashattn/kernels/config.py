@@ -15,6 +15,11 @@ import triton
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def atomic_dq_enabled() -> bool:
+    """dQ by fp32 atomics in the dK/dV pass (opt-in; the separate dQ pass is faster on H100)."""
+    return os.environ.get("FLASHATTN_ATOMIC_DQ", "0") == "1"
+
+
 def block_dim(head_dim: int) -> int:
     """Padded head-dim tile: a power of two, at least 16 (tl.dot's minimum K)."""
     return max(16, triton.next_power_of_2(head_dim))
@@ -41,32 +46,45 @@ def _cfg(bm, bn, warps, stages, **extra):
 
 # (max BLOCK_D, element bytes) -> candidate configs. Shared memory per stage is roughly
 # (BLOCK_N * (BLOCK_D + BLOCK_DV)) * bytes, which bounds the stage count at d = 256.
+def _fcfg(bm, bn, warps, stages, ws=False):
+    """Forward config; ``ws`` turns on Triton's warp specialization of the main key loop."""
+    return _cfg(bm, bn, warps, stages, WARP_SPEC=ws)
+
+
 _FWD_SPACE = {
-    (64, 2): [_cfg(128, 64, 4, 3), _cfg(128, 128, 8, 3), _cfg(128, 64, 4, 4), _cfg(64, 64, 4, 3)],
-    (128, 2): [_cfg(128, 64, 8, 3), _cfg(128, 128, 8, 3), _cfg(128, 64, 4, 3), _cfg(64, 64, 4, 3)],
-    (256, 2): [_cfg(128, 64, 8, 2), _cfg(64, 64, 4, 2), _cfg(128, 32, 8, 2), _cfg(64, 32, 4, 2)],
-    (64, 4): [_cfg(64, 64, 4, 2), _cfg(64, 32, 4, 2)],
-    (128, 4): [_cfg(64, 32, 4, 2), _cfg(64, 64, 4, 2)],
-    (256, 4): [_cfg(32, 32, 4, 1), _cfg(64, 32, 4, 1)],
+    (64, 2): [_fcfg(128, 64, 4, 3), _fcfg(128, 128, 8, 3), _fcfg(128, 64, 4, 4), _fcfg(128, 128, 4, 3),
+              _fcfg(64, 64, 4, 3), _fcfg(128, 128, 8, 3, True), _fcfg(128, 64, 8, 3, True)],
+    (128, 2): [_fcfg(128, 64, 8, 3), _fcfg(128, 128, 8, 3), _fcfg(128, 64, 8, 4), _fcfg(64, 64, 4, 3),
+               _fcfg(128, 128, 8, 3, True), _fcfg(128, 64, 8, 3, True)],
+    (256, 2): [_fcfg(128, 64, 8, 1), _fcfg(64, 64, 4, 1), _fcfg(128, 32, 8, 3), _fcfg(64, 32, 4, 3)],
+    (64, 4): [_fcfg(64, 64, 4, 3), _fcfg(64, 32, 4, 1)],
+    (128, 4): [_fcfg(64, 32, 4, 3), _fcfg(64, 32, 4, 1)],
+    (256, 4): [_fcfg(32, 32, 4, 1), _fcfg(64, 32, 4, 1)],
 }
 # Backward (dK/dV pass): BLOCK_N keys stay on chip, BLOCK_M query rows stream.
 _BWD_KV_SPACE = {
     (64, 2): [_cfg(64, 128, 8, 2), _cfg(32, 128, 4, 3), _cfg(64, 64, 4, 2)],
-    (128, 2): [_cfg(64, 128, 8, 2), _cfg(32, 128, 4, 3), _cfg(64, 64, 4, 2)],
-    (256, 2): [_cfg(32, 64, 4, 1), _cfg(64, 64, 8, 1), _cfg(32, 32, 4, 1)],
+    (128, 2): [_cfg(64, 128, 8, 2), _cfg(64, 128, 8, 3), _cfg(32, 128, 4, 3), _cfg(64, 64, 4, 2),
+               _cfg(32, 64, 4, 3)],
+    (256, 2): [_cfg(32, 64, 4, 1), _cfg(32, 64, 8, 2), _cfg(16, 64, 4, 2), _cfg(64, 64, 8, 2),
+               _cfg(32, 32, 4, 2), _cfg(32, 32, 4, 1)],
     (64, 4): [_cfg(32, 64, 4, 1), _cfg(32, 32, 4, 1)],
     (128, 4): [_cfg(32, 32, 4, 1), _cfg(32, 64, 4, 1)],
     (256, 4): [_cfg(16, 32, 4, 1), _cfg(32, 32, 4, 1)],
 }
 # Backward (dQ pass): BLOCK_M query rows stay on chip, BLOCK_N keys stream.
 _BWD_Q_SPACE = {
-    (64, 2): [_cfg(128, 64, 8, 2), _cfg(128, 32, 4, 3), _cfg(64, 64, 4, 2)],
-    (128, 2): [_cfg(128, 64, 8, 2), _cfg(128, 32, 4, 3), _cfg(64, 64, 4, 2)],
-    (256, 2): [_cfg(64, 32, 4, 1), _cfg(64, 64, 8, 1), _cfg(32, 32, 4, 1)],
+    (64, 2): [_cfg(128, 64, 8, 3), _cfg(128, 32, 4, 3), _cfg(64, 64, 4, 3)],
+    (128, 2): [_cfg(128, 64, 8, 3), _cfg(128, 32, 4, 3), _cfg(64, 64, 4, 3)],
+    (256, 2): [_cfg(64, 32, 4, 1), _cfg(64, 32, 4, 3), _cfg(64, 64, 8, 3), _cfg(32, 64, 4, 3),
+               _cfg(32, 32, 4, 1)],
     (64, 4): [_cfg(64, 32, 4, 1), _cfg(32, 32, 4, 1)],
     (128, 4): [_cfg(32, 32, 4, 1), _cfg(64, 32, 4, 1)],
     (256, 4): [_cfg(32, 16, 4, 1), _cfg(32, 32, 4, 1)],
 }
+# Warp-specialised configs use 8 warps: Triton 3.6 fails to compile them with 4 warps.
+# Note: ptxas 12.x (Triton 3.6) segfaults on some TMA kernels pipelined with num_stages=2
+# (forward and dQ; see benchmarks/NOTES.md), so those spaces use 1 or >= 3 stages.
 _INTERPRET_CFG = _cfg(16, 16, 4, 1)
 
 
@@ -99,16 +117,16 @@ _KEY = ["HEAD_DIM", "HEAD_DIM_V", "HAS_LEFT", "HAS_RIGHT", "HAS_SOFTCAP", "HAS_A
         "HAS_DROPOUT", "seq_bucket"]
 
 
-def _autotune(kernel, space, reset_to_zero=None):
+def _autotune(kernel, space, reset_to_zero=None, interpret_cfg=_INTERPRET_CFG):
     if INTERPRET:
-        return triton.autotune(configs=[_INTERPRET_CFG], key=[])(kernel)
+        return triton.autotune(configs=[interpret_cfg], key=[])(kernel)
     return triton.autotune(configs=_all(space), key=_KEY,
                            prune_configs_by={"early_config_prune": _pruner(space)},
                            reset_to_zero=reset_to_zero, cache_results=True)(kernel)
 
 
 def autotune_fwd(kernel):
-    return _autotune(kernel, _FWD_SPACE)
+    return _autotune(kernel, _FWD_SPACE, interpret_cfg=_fcfg(16, 16, 4, 1))
 
 
 def autotune_bwd_kv(kernel, reset_to_zero=None):
@@ -117,3 +135,29 @@ def autotune_bwd_kv(kernel, reset_to_zero=None):
 
 def autotune_bwd_q(kernel):
     return _autotune(kernel, _BWD_Q_SPACE)
+
+
+def use_tma(*tensors: torch.Tensor) -> bool:
+    """Whether K/V (or Q/dO) tiles can stream through TMA tensor descriptors.
+
+    Needs Hopper or newer (or the interpreter, which emulates descriptors so CPU tests
+    cover this path) and 16-byte aligned base and strides of the (b, s, h) dimensions.
+    """
+    for t in tensors:
+        if t.data_ptr() % 16 or any(st == 0 or (st * t.element_size()) % 16 for st in t.stride()[:-1]):
+            return False
+    if INTERPRET:
+        return True
+    t = tensors[0]
+    return t.is_cuda and torch.cuda.get_device_capability(t.device)[0] >= 9
+
+
+def _scratch(size: int, alignment: int, stream):
+    device = "cpu" if INTERPRET else "cuda"
+    return torch.empty(size, dtype=torch.int8, device=device)
+
+
+def install_allocator() -> None:
+    """In-kernel tensor descriptors need global scratch for their TMA maps: give Triton a
+    torch allocator (the context variable is per thread, so set it on every launch)."""
+    triton.set_allocator(_scratch)

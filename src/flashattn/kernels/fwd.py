@@ -22,22 +22,27 @@ from flashattn.kernels.masks import (LN2, LOG2E, dropout_keep, key_range, score_
 
 
 @triton.jit
-def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, start, end, offs_m, offs_n0, offs_d, offs_dv,
+def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, start, end, offs_m, offs_n0, offs_d, offs_dv,
                stride_kn, stride_vn, seqlen_k, diag, window_left, window_right,
                qk_scale, softcap_inv, softcap_log2, slope_log2, seed, bh, drop_threshold,
                HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
                BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
                MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-               UPCAST: tl.constexpr, DOT_PREC: tl.constexpr):
+               UPCAST: tl.constexpr, DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr,
+               WARP_SPEC: tl.constexpr):
     """Stream key blocks [start, end) through the online softmax. MASKED applies the
-    visibility mask and guards rows whose running max is still -inf."""
-    for start_n in range(start, end, BLOCK_N):
+    visibility mask and guards rows whose running max is still -inf. WARP_SPEC lets Triton
+    split the loop into TMA-producer and MMA/softmax-consumer warps (sm90+)."""
+    for start_n in tl.range(start, end, BLOCK_N, warp_specialize=WARP_SPEC):
         offs_n = start_n + offs_n0
         # K is read transposed: (BLOCK_D, BLOCK_N)
         k_ptrs = k_base + offs_n[None, :].to(tl.int64) * stride_kn + offs_d[:, None]
         v_ptrs = v_base + offs_n[:, None].to(tl.int64) * stride_vn + offs_dv[None, :]
-        if MASKED:
+        if USE_TMA:
+            # TMA zero-fills rows past s_k and columns past the head dim
+            k = tl.trans(k_desc.load([start_n, 0]))
+        elif MASKED:
             k = tl.load(k_ptrs, mask=(offs_n[None, :] < seqlen_k) & (offs_d[:, None] < HEAD_DIM),
                         other=0.0)
         elif BLOCK_D != HEAD_DIM:
@@ -47,8 +52,9 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, start, end, offs_m, offs_n0, of
         if UPCAST:
             k = k.to(tl.float32)
         qk = tl.dot(q, k, input_precision=DOT_PREC)
-        s, _t = score_mod(qk, offs_m[:, None], offs_n[None, :], diag, qk_scale, softcap_inv,
-                          softcap_log2, slope_log2, HAS_SOFTCAP, HAS_ALIBI)
+        if MASKED or HAS_SOFTCAP or HAS_ALIBI:
+            s, _t = score_mod(qk, offs_m[:, None], offs_n[None, :], diag, qk_scale, softcap_inv,
+                              softcap_log2, slope_log2, HAS_SOFTCAP, HAS_ALIBI)
         if MASKED:
             vis = visible_mask(offs_m[:, None], offs_n[None, :], seqlen_k, diag,
                                window_left, window_right, HAS_LEFT, HAS_RIGHT)
@@ -56,17 +62,25 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, start, end, offs_m, offs_n0, of
             m_new = tl.maximum(m_i, tl.max(s, 1))
             # a row with no visible key so far keeps m = -inf: subtract 0 instead (no NaN)
             m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-        else:
+            p = tl.exp2(s - m_sub[:, None])
+        elif HAS_SOFTCAP or HAS_ALIBI:
             m_new = tl.maximum(m_i, tl.max(s, 1))
             m_sub = m_new
-        p = tl.exp2(s - m_sub[:, None])
+            p = tl.exp2(s - m_sub[:, None])
+        else:
+            # plain scores: scale and subtract the max in one FMA per element
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            m_sub = m_new
+            p = tl.exp2(qk * qk_scale - m_sub[:, None])
         alpha = tl.exp2(m_i - m_sub)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
         if HAS_DROPOUT:
             keep = dropout_keep(seed, offs_m[:, None], offs_n[None, :], bh, drop_threshold)
             p = tl.where(keep, p, 0.0)
-        if MASKED:
+        if USE_TMA:
+            v = v_desc.load([start_n, 0])
+        elif MASKED:
             v = tl.load(v_ptrs, mask=(offs_n[:, None] < seqlen_k) & (offs_dv[None, :] < HEAD_DIM_V),
                         other=0.0)
         elif BLOCK_DV != HEAD_DIM_V:
@@ -129,7 +143,8 @@ def _fwd_kernel(Q, K, V, Out, Lse, Alibi, P,
                 HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                 HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
                 HAS_DROPOUT: tl.constexpr, RETURN_P: tl.constexpr,
-                UPCAST: tl.constexpr, DOT_PREC: tl.constexpr):
+                UPCAST: tl.constexpr, DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr,
+                WARP_SPEC: tl.constexpr):
     # Heavy causal rows (high m) are scheduled first: program 0 takes the last query block.
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -149,6 +164,14 @@ def _fwd_kernel(Q, K, V, Out, Lse, Alibi, P,
     q_base = Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
     k_base = K + off_b.to(tl.int64) * stride_kb + off_hk.to(tl.int64) * stride_kh
     v_base = V + off_b.to(tl.int64) * stride_vb + off_hk.to(tl.int64) * stride_vh
+    k_desc = None
+    v_desc = None
+    if USE_TMA:
+        # 2-D (s_k, d) views of this (batch, kv head): TMA streams the K/V tiles
+        k_desc = tl.make_tensor_descriptor(k_base, shape=[seqlen_k, HEAD_DIM], strides=[stride_kn, 1],
+                                           block_shape=[BLOCK_N, BLOCK_D])
+        v_desc = tl.make_tensor_descriptor(v_base, shape=[seqlen_k, HEAD_DIM_V], strides=[stride_vn, 1],
+                                           block_shape=[BLOCK_N, BLOCK_DV])
     q_ptrs = q_base + offs_m[:, None].to(tl.int64) * stride_qm + offs_d[None, :]
     q = tl.load(q_ptrs, mask=(offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM), other=0.0)
     if UPCAST:
@@ -171,29 +194,29 @@ def _fwd_kernel(Q, K, V, Out, Lse, Alibi, P,
     lo, mid_lo, mid_hi, hi = key_range(m_start, m_end, seqlen_k, diag, window_left, window_right,
                                        BLOCK_N, HAS_LEFT, HAS_RIGHT)
     # masked front (sliding window's left edge)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, lo, mid_lo, offs_m, offs_n0,
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, lo, mid_lo, offs_m, offs_n0,
                                offs_d, offs_dv, stride_kn, stride_vn, seqlen_k, diag,
                                window_left, window_right, qk_scale, softcap_inv, softcap_log2,
                                slope_log2, seed, pid_bh, drop_threshold,
                                HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, True,
                                HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
-                               UPCAST, DOT_PREC)
+                               UPCAST, DOT_PREC, USE_TMA, False)
     # unmasked middle: the bulk of the work
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, mid_lo, mid_hi, offs_m, offs_n0,
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, mid_lo, mid_hi, offs_m, offs_n0,
                                offs_d, offs_dv, stride_kn, stride_vn, seqlen_k, diag,
                                window_left, window_right, qk_scale, softcap_inv, softcap_log2,
                                slope_log2, seed, pid_bh, drop_threshold,
                                HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, False,
                                HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
-                               UPCAST, DOT_PREC)
+                               UPCAST, DOT_PREC, USE_TMA, WARP_SPEC)
     # masked back (causal diagonal, window's right edge, ragged end of K)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, mid_hi, hi, offs_m, offs_n0,
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, mid_hi, hi, offs_m, offs_n0,
                                offs_d, offs_dv, stride_kn, stride_vn, seqlen_k, diag,
                                window_left, window_right, qk_scale, softcap_inv, softcap_log2,
                                slope_log2, seed, pid_bh, drop_threshold,
                                HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, True,
                                HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
-                               UPCAST, DOT_PREC)
+                               UPCAST, DOT_PREC, USE_TMA, False)
 
     # epilogue: one division, one write of O and of the LSE
     empty = l_i == 0.0
@@ -255,6 +278,7 @@ def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_scal
     def grid(meta):
         return (triton.cdiv(seqlen_q, meta["BLOCK_M"]), batch * nheads)
 
+    config.install_allocator()
     _fwd_autotuned[grid](
         q, k, v, out, lse, alibi_arg, p_arg,
         q.stride(0), q.stride(1), q.stride(2),
@@ -272,5 +296,6 @@ def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_scal
         HAS_SOFTCAP=softcap > 0.0, HAS_ALIBI=alibi_slopes is not None,
         HAS_DROPOUT=has_dropout, RETURN_P=return_softmax,
         UPCAST=config.upcast_dots(q), DOT_PREC=config.dot_precision(q),
+        USE_TMA=config.use_tma(k, v),
     )
     return out, lse, p_mat

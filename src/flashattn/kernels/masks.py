@@ -14,8 +14,8 @@ Conventions (see docs/internals.md):
 import triton
 import triton.language as tl
 
-LOG2E: tl.constexpr = 1.4426950408889634
-LN2: tl.constexpr = 0.6931471805599453
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit

@@ -36,7 +36,7 @@ def _compiled_report(jit_fn):
     rows = []
     for cache in jit_fn.device_caches.values():
         for kern in cache[0].values():
-            rows.append({"name": kern.name, "regs": kern.n_regs, "spills": kern.n_spills,
+            rows.append({"name": kern.name, "regs": getattr(kern, "n_regs", None), "spills": getattr(kern, "n_spills", None),
                          "shared": kern.metadata.shared, "warps": kern.metadata.num_warps})
     return rows
 

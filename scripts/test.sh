@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The CPU test suite: the real Triton kernels run under the Triton interpreter, plus the
+# chunked torch path, the API, the reference and the tools. Creates .venv on first use.
+#   bash scripts/test.sh [pytest args]     e.g. bash scripts/test.sh -k causal
+# GPU tests (marker `gpu`) are skipped here; on a GPU machine see scripts/gpu_check.sh.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source=scripts/setup.sh
+source scripts/setup.sh
+export TRITON_INTERPRET=1
+# pytest exits 5 when it collected nothing: that fails this script too, as it should.
+python -m pytest -n "${PYTEST_WORKERS:-2}" -m "not gpu" tests "$@"

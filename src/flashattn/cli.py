@@ -1,0 +1,440 @@
+"""``python -m flashattn bench|check|info`` (also the ``flashattn`` console script).
+
+- ``info``: versions, the device, and which backend dispatch picks.
+- ``check``: a per-feature correctness self-test on this machine's device against the float64
+  reference; a pass/fail table, exit status 1 on any failure.
+- ``bench``: on a CUDA machine, the benchmark grid of ``benchmarks/bench.py`` (our kernels
+  beside SDPA flash / cuDNN and Flex); without a GPU, a CPU demo (exactness on a few shapes,
+  then peak memory of our path vs naive attention as the sequence grows).
+
+Heavy imports (torch, triton, matplotlib) happen inside the commands, so ``--help`` is quick.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any, List, Optional, Sequence
+
+_BENCH_MODULE = "flashattn_benchmarks_bench"
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------------
+def load_bench() -> ModuleType:
+    """The repository's ``benchmarks/bench.py`` (found beside ``src/`` of this checkout, or under
+    the current directory)."""
+    if _BENCH_MODULE in sys.modules:
+        return sys.modules[_BENCH_MODULE]
+    here = Path(__file__).resolve()
+    candidates = [here.parents[2] / "benchmarks" / "bench.py", Path.cwd() / "benchmarks" / "bench.py"]
+    for path in candidates:
+        if path.is_file():
+            spec = importlib.util.spec_from_file_location(_BENCH_MODULE, path)
+            assert spec is not None and spec.loader is not None
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[_BENCH_MODULE] = module  # dataclasses look their module up here
+            try:
+                spec.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[_BENCH_MODULE]
+                raise
+            return module
+    raise FileNotFoundError(
+        "the benchmark grid lives in benchmarks/bench.py of the flashattn repository; run from "
+        "a checkout (looked in: " + ", ".join(str(c) for c in candidates) + ")")
+
+
+def _numeric(cell: str) -> bool:
+    try:
+        float(cell.rstrip("x%"))
+        return True
+    except ValueError:
+        return cell in ("", "-", "err", "n/a")
+
+
+def format_table(headers: Sequence[str], lines: Sequence[Sequence[Any]]) -> str:
+    """Plain-text table: numeric columns right-aligned, text columns left-aligned."""
+    cells = [[str(c) for c in headers]] + [[str(c) for c in line] for line in lines]
+    ncol = len(headers)
+    widths = [max(len(row[i]) for row in cells) for i in range(ncol)]
+    right = [all(_numeric(row[i]) for row in cells[1:]) and any(row[i] for row in cells[1:])
+             for i in range(ncol)]
+
+    def fmt(row: Sequence[str]) -> str:
+        return "  ".join(c.rjust(w) if r else c.ljust(w)
+                         for c, w, r in zip(row, widths, right)).rstrip()
+
+    return "\n".join([fmt(cells[0]), "  ".join("-" * w for w in widths)] + [fmt(r) for r in cells[1:]])
+
+
+def _csv(item: Any) -> Any:
+    def parse(text: str) -> List[Any]:
+        try:
+            return [item(p.strip()) for p in text.split(",") if p.strip()]
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return parse
+
+
+def _seqlen(text: str) -> int:
+    """'512' -> 512, '2k' -> 2048, '1m' -> 1048576 (k = 1024). The same rule as
+    benchmarks/bench.py:parse_seqlen, kept here so parsing works without the benchmarks folder."""
+    t = text.strip().lower()
+    mult = 1
+    if t.endswith("k"):
+        mult, t = 1024, t[:-1]
+    elif t.endswith("m"):
+        mult, t = 1024 * 1024, t[:-1]
+    try:
+        value = float(t) * mult
+    except ValueError:
+        raise ValueError(f"not a sequence length: {text!r} (examples: 512, 2k, 16k)") from None
+    if value != int(value) or value < 1:
+        raise ValueError(f"not a sequence length: {text!r} (examples: 512, 2k, 16k)")
+    return int(value)
+
+
+def _dtype_name(text: str) -> str:
+    aliases = {"fp16": "fp16", "float16": "fp16", "half": "fp16", "bf16": "bf16",
+               "bfloat16": "bf16", "fp32": "fp32", "float32": "fp32", "float": "fp32"}
+    if text.lower() not in aliases:
+        raise ValueError(f"unknown dtype {text!r}; allowed: fp16, bf16, fp32")
+    return aliases[text.lower()]
+
+
+def _mode(text: str) -> str:
+    if text not in ("fwd", "bwd", "decode", "mem"):
+        raise ValueError(f"unknown mode {text!r}; allowed: fwd, bwd, decode, mem")
+    return text
+
+
+def _say(*parts: Any) -> None:
+    print(*parts, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Parser
+# ---------------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="flashattn",
+        description="flashattn: exact FlashAttention for PyTorch in Triton (flash-attn 2 API).")
+    sub = ap.add_subparsers(dest="command", metavar="{bench,check,info}")
+    sub.required = True
+
+    b = sub.add_parser(
+        "bench", help="benchmark grid on a GPU (CPU demo without one)",
+        description="TFLOP/s of flashattn beside the anchors (SDPA flash / cuDNN, Flex) on the "
+                    "grid of shared/ANCHORS.md: 16k tokens (b = 16384 / s), hidden 2048 "
+                    "(h = 2048 / d), bf16. Without a CUDA GPU: exactness and memory demo on CPU.")
+    b.add_argument("--d", type=_csv(int), default=None, metavar="D[,D]",
+                   help="head dims (default 128,64,256; --quick: 128)")
+    b.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None,
+                   help="only causal (--causal) or only non-causal (--no-causal); default both")
+    b.add_argument("--seqlens", type=_csv(_seqlen), default=None, metavar="S[,S]",
+                   help="sequence lengths, e.g. 512,2k,16k (default 512..16k; --quick: 2k,16k)")
+    b.add_argument("--mode", type=_csv(_mode), default=None, metavar="M[,M]",
+                   help="fwd, bwd, decode, mem (default fwd,bwd)")
+    b.add_argument("--impl", type=_csv(str), default=None, metavar="I[,I]",
+                   help="flashattn, flashattn-portable, sdpa-flash, sdpa-cudnn, sdpa-math, flex "
+                        "(default flashattn,sdpa-flash,sdpa-cudnn,flex)")
+    b.add_argument("--flex-all-d", action="store_true",
+                   help="run flex at every head dim (default: d=128 only)")
+    b.add_argument("--json", metavar="PATH", default=None,
+                   help="merge rows into this file (default benchmarks/results/<gpu>.json)")
+    b.add_argument("--no-save", action="store_true", help="do not write any result file")
+    b.add_argument("--plot", metavar="PATH.png", default=None,
+                   help="TFLOP/s vs seqlen per impl (needs matplotlib)")
+    b.add_argument("--quick", action="store_true",
+                   help="small grid (d=128, s=2k,16k) and short timing")
+    b.add_argument("--warmup", type=int, default=None, metavar="MS",
+                   help="do_bench warm-up in ms (default 25; --quick 10)")
+    b.add_argument("--rep", type=int, default=None, metavar="MS",
+                   help="do_bench repetition time in ms (default 100; --quick 30)")
+    b.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                   help="start no new point after this many seconds (results so far are kept)")
+    b.add_argument("--report-only", action="store_true",
+                   help="measure nothing: print tables (and --plot) of the rows in --json")
+    b.add_argument("--cpu", action="store_true", help="run the CPU demo even if a GPU is present")
+
+    c = sub.add_parser(
+        "check", help="per-feature correctness self-test against the float64 reference",
+        description="Each feature (causal, windows, softcap, ALiBi, GQA/MQA, dropout, dtypes, odd "
+                    "head dims, d_v != d_qk, strided inputs), forward and backward, against the "
+                    "float64 reference with flash-attn's accuracy rule. Exit status 1 on failure.")
+    c.add_argument("--device", choices=("cuda", "cpu"), default=None,
+                   help="default: cuda if available, else cpu")
+    c.add_argument("--dtype", type=_csv(_dtype_name), default=None, metavar="T[,T]",
+                   help="fp16,bf16,fp32 (default all; --quick: bf16)")
+    c.add_argument("--backend", choices=("auto", "portable", "cpu", "hopper"), default=None,
+                   help="force FLASHATTN_BACKEND for the check")
+    c.add_argument("--quick", action="store_true", help="fewer head dims, bf16 only")
+    c.add_argument("-k", dest="only", default=None, metavar="TEXT",
+                   help="only the cases whose name contains TEXT")
+    c.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                   help="report cases past this many seconds as SKIP")
+    c.add_argument("-v", "--verbose", action="store_true", help="print each case as it finishes")
+
+    sub.add_parser("info", help="versions, device, and the backend dispatch picks")
+    return ap
+
+
+# ---------------------------------------------------------------------------------------------
+# info
+# ---------------------------------------------------------------------------------------------
+def cmd_info(args: argparse.Namespace) -> int:
+    import torch
+
+    import flashattn
+
+    print(f"flashattn {getattr(flashattn, '__version__', '?')}  ({Path(flashattn.__file__).parent})")
+    print(f"python    {platform.python_version()} ({platform.platform()})")
+    print(f"torch     {torch.__version__}  cuda {torch.version.cuda}  "
+          f"cudnn {torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None}")
+    try:
+        import triton
+
+        print(f"triton    {triton.__version__}")
+    except Exception as exc:  # no triton: the CPU path still works
+        print(f"triton    not importable ({type(exc).__name__}: {exc})")
+    try:
+        import numpy
+
+        print(f"numpy     {numpy.__version__}")
+    except ImportError:
+        print("numpy     not installed")
+    for var in ("FLASHATTN_BACKEND", "TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES"):
+        print(f"{var}={os.environ.get(var, '')!r}")
+    devices = ["cpu"]
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            print(f"cuda:{i}    {p.name}  sm_{p.major}{p.minor}  {p.multi_processor_count} SMs  "
+                  f"{p.total_memory / 2**30:.1f} GiB")
+        devices.append("cuda")
+    else:
+        print("cuda      no CUDA device visible (CPU only)")
+    try:
+        from flashattn import dispatch
+    except Exception as exc:
+        print(f"dispatch  not importable: {type(exc).__name__}: {exc}")
+        return 1
+    print("\nbackend dispatch picks (FLASHATTN_BACKEND value -> backend, per device):")
+    requests = ("auto", "portable", "cpu", "hopper")
+    lines = []
+    old = os.environ.get("FLASHATTN_BACKEND")
+    try:
+        for dev in devices:
+            line = [dev]
+            for req in requests:
+                os.environ["FLASHATTN_BACKEND"] = req
+                try:
+                    line.append(dispatch.backend_for(torch.device(dev)))
+                except Exception as exc:
+                    line.append(f"refused ({type(exc).__name__})")
+            lines.append(line)
+    finally:
+        if old is None:
+            os.environ.pop("FLASHATTN_BACKEND", None)
+        else:
+            os.environ["FLASHATTN_BACKEND"] = old
+    print(format_table(["device"] + list(requests), lines))
+    try:
+        current = dispatch.backend_for(torch.device(devices[-1]))
+        print(f"\nnow (FLASHATTN_BACKEND={old or 'auto'}): {devices[-1]} tensors -> {current}")
+    except Exception as exc:
+        print(f"\nnow: {devices[-1]} tensors -> refused: {exc}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# check
+# ---------------------------------------------------------------------------------------------
+def cmd_check(args: argparse.Namespace) -> int:
+    import torch
+
+    from flashattn import _selfcheck as sc
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        _say("check: --device cuda but no CUDA device is visible")
+        return 2
+    dtypes = args.dtype or (["bf16"] if args.quick else ["fp16", "bf16", "fp32"])
+    with sc.forced_backend(args.backend):
+        from flashattn import dispatch
+
+        try:
+            backend = dispatch.backend_for(torch.device(device))
+        except Exception as exc:
+            _say(f"check: backend refused on {device}: {exc}")
+            return 2
+        name = torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu"
+        print(f"flashattn check on {device} ({name}), backend {backend}, dtypes {','.join(dtypes)}")
+
+        def progress(r: Any) -> None:
+            if args.verbose:
+                _say(f"{r.status:<5} {r.case.name} [{r.dtype}] {r.seconds:.1f}s {r.note}")
+
+        t0 = time.perf_counter()
+        results = sc.run_check(device, dtypes, quick=args.quick, time_budget_s=args.time_budget,
+                               only=args.only, progress=progress)
+    headers, lines = sc.result_lines(results)
+    print(format_table(headers, lines))
+    failed = [r for r in results if r.failed]
+    passed = sum(r.status == "PASS" for r in results)
+    skipped = sum(r.status == "SKIP" for r in results)
+    print(f"\n{passed} passed, {len(failed)} failed" + (f", {skipped} skipped" if skipped else "")
+          + f" in {time.perf_counter() - t0:.1f} s")
+    return 1 if failed or not results else 0
+
+
+# ---------------------------------------------------------------------------------------------
+# bench
+# ---------------------------------------------------------------------------------------------
+def _cpu_demo(args: argparse.Namespace) -> int:
+    import torch
+
+    from flashattn import _selfcheck as sc
+    from flashattn import dispatch
+
+    try:
+        backend = dispatch.backend_for(torch.device("cpu"))
+    except Exception as exc:
+        _say(f"bench: no backend for CPU tensors: {exc}")
+        return 2
+    print("No CUDA GPU here: running the CPU demo (the benchmark grid needs a GPU).")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, backend '{backend}'"
+          + (" (Triton interpreter: slow)" if backend == "portable" else " (chunked torch)"))
+
+    print("\n1) Exactness vs the float64 reference (max|ours - ref| <= 2x torch's own "
+          "low-precision error + atol; grads 3x)")
+    results = [sc.run_case(case, dtype, "cpu") for case, dtype in sc.demo_cases()]
+    headers, lines = sc.result_lines(results)
+    print(format_table(headers, lines))
+    exact = all(r.status == "PASS" for r in results)
+    print("exactness:", "PASS" if exact else "FAIL")
+
+    seqlens = args.seqlens or [1024, 2048, 4096, 8192]
+    print("\n2) Peak extra memory of one forward + backward, fp32, b=1, h=2, d=64, causal "
+          "(resident set growth)")
+    # The Triton interpreter's memory says nothing about the kernels: measure the torch path.
+    with sc.forced_backend("cpu" if backend == "portable" else None):
+        rows = sc.memory_rows(seqlens, progress=lambda r: _say(f"  s={r.s} done"))
+    mem_lines = []
+    for r in rows:
+        ratio = (f"{r.naive_mib / r.ours_mib:.1f}x" if r.ours_mib and r.naive_mib is not None
+                 else "-")
+        mem_lines.append([
+            str(r.s),
+            "n/a" if r.ours_mib is None else f"{r.ours_mib:.1f}",
+            "-" if r.naive_mib is None else f"{r.naive_mib:.1f}",
+            ratio, f"{r.ours_s:.2f}", f"{r.naive_s:.2f}" if r.naive_mib is not None else "-",
+            r.note])
+    print(format_table(["seqlen", "flashattn MiB", "naive MiB", "naive/ours", "ours s", "naive s",
+                        "note"], mem_lines))
+    if rows and rows[0].ours_mib is None:
+        print("(peak memory needs Linux /proc; times only)")
+    print("\nThe GPU grid: python -m flashattn bench on a CUDA machine (see README).")
+    return 0 if exact else 1
+
+
+def _bench_config(args: argparse.Namespace, bench: ModuleType) -> dict:
+    quick = args.quick
+    return dict(
+        head_dims=args.d or ([128] if quick else list(bench.HEAD_DIMS)),
+        causals=[args.causal] if args.causal is not None else [False, True],
+        seqlens=args.seqlens or ([2048, 16384] if quick else list(bench.SEQLENS)),
+        modes=args.mode or ["fwd", "bwd"],
+        impls=args.impl or list(bench.DEFAULT_IMPLS),
+        timing=bench.Timing(
+            warmup_ms=args.warmup if args.warmup is not None else (10 if quick else 25),
+            rep_ms=args.rep if args.rep is not None else (30 if quick else 100)),
+    )
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    bench = load_bench()
+    if args.report_only:
+        if not args.json:
+            _say("bench: --report-only needs --json PATH")
+            return 2
+        rows = bench.load_rows(args.json)
+        print(bench.render_tables(rows) or "(no rows)")
+        if args.plot and rows:
+            _plot(bench, rows, args.plot)
+        return 0
+
+    import torch
+
+    if args.cpu or not torch.cuda.is_available():
+        return _cpu_demo(args)
+
+    cfg = _bench_config(args, bench)
+    try:
+        for impl in cfg["impls"]:
+            bench.check_impl(impl)
+    except ValueError as exc:
+        _say(f"bench: {exc}")
+        return 2
+    import flashattn
+
+    pairs = bench.plan(modes=cfg["modes"], head_dims=cfg["head_dims"], causals=cfg["causals"],
+                       seqlens=cfg["seqlens"], impls=cfg["impls"], flex_all_d=args.flex_all_d)
+    if not hasattr(flashattn, "flash_attn_with_kvcache"):
+        # our decode row comes with flash_attn_with_kvcache; until then anchors only
+        pairs = [(p, i) for p, i in pairs if not (p.mode == "decode" and bench.is_ours(i))]
+    env = bench.environment()
+    json_path = None if args.no_save else Path(args.json or bench.default_results_path(env["gpu"]))
+    _say(f"bench: {len(pairs)} measurements on {env['gpu']}, torch {env['torch']}, triton "
+         f"{env['triton']}; do_bench warmup {cfg['timing'].warmup_ms} ms, rep "
+         f"{cfg['timing'].rep_ms} ms" + (f"; results -> {json_path}" if json_path else ""))
+
+    def save(row: dict) -> None:
+        if json_path is not None:
+            bench.save_rows(json_path, [row])
+
+    rows, skipped = bench.run(pairs, timing=cfg["timing"], time_budget_s=args.time_budget,
+                              on_row=save)
+    print(bench.render_tables(rows) or "(no rows)")
+    if skipped:
+        print(f"\n{skipped} measurements not run (time budget or interrupt)")
+    if args.plot and rows:
+        _plot(bench, rows, args.plot)
+    ours_failed = [r for r in rows if bench.is_ours(r["impl"]) and r.get("error")]
+    if ours_failed:
+        _say(f"bench: {len(ours_failed)} flashattn measurements failed")
+        return 1
+    return 0
+
+
+def _plot(bench: ModuleType, rows: List[dict], path: str) -> None:
+    try:
+        out = bench.plot(rows, path)
+    except ImportError:
+        _say("bench: --plot needs matplotlib (pip install matplotlib); skipped")
+        return
+    print(f"plot: {out}")
+
+
+# ---------------------------------------------------------------------------------------------
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    handler = {"bench": cmd_bench, "check": cmd_check, "info": cmd_info}[args.command]
+    try:
+        return handler(args)
+    except KeyboardInterrupt:
+        _say("interrupted")
+        return 130
+    except BrokenPipeError:  # `... | head`
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,277 @@
+"""Argument checks for the public API.
+
+Every check raises ``TypeError`` (wrong kind of object) or ``ValueError`` (right kind, wrong
+value) with a message that names the argument, says what was given and what is allowed. The
+checks only read tensor metadata (shape, dtype, device, strides): they never touch data, so
+they never synchronise a device.
+
+Argument names in messages are the public ones, so the packed entry points pass their own
+names (``qkv``, ``kv``) and the message points at what the caller actually wrote.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, Optional, Sequence, Tuple
+
+import torch
+
+SUPPORTED_DTYPES: Tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEAD_DIM = 256
+
+_DTYPE_NAMES = "torch.float16, torch.bfloat16 or torch.float32"
+
+
+def _describe(x: Any) -> str:
+    """Short description of a value for an error message (never prints tensor data)."""
+    if isinstance(x, torch.Tensor):
+        return f"a {x.dtype} tensor of shape {tuple(x.shape)} on {x.device}"
+    r = repr(x)
+    if len(r) > 80:
+        r = r[:77] + "..."
+    return f"{r} (type {type(x).__name__})"
+
+
+def check_tensor(x: Any, name: str, ndim: int, layout: str) -> None:
+    """``x`` must be a tensor of rank ``ndim``; ``layout`` names the dims, e.g. ``(b, s, h, d)``."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of shape {layout}, got {_describe(x)}")
+    if x.dim() != ndim:
+        raise ValueError(
+            f"{name} must be a {ndim}-d tensor of shape {layout}, got {x.dim()}-d tensor of "
+            f"shape {tuple(x.shape)}"
+        )
+
+
+def _check_dtype(x: torch.Tensor, name: str) -> None:
+    if x.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{name} has dtype {x.dtype}; supported dtypes are {_DTYPE_NAMES}")
+
+
+def _check_last_dim_contiguous(x: torch.Tensor, name: str) -> None:
+    # A size-1 last dim has a meaningless stride; anything else must be unit-stride so the
+    # kernels can load whole head vectors.
+    if x.shape[-1] > 1 and x.stride(-1) != 1:
+        raise ValueError(
+            f"{name} must have a contiguous last dimension (stride 1), got strides "
+            f"{tuple(x.stride())}; call .contiguous() first"
+        )
+
+
+def _check_head_dim(d: int, name: str, what: str) -> None:
+    if not 1 <= d <= MAX_HEAD_DIM:
+        raise ValueError(f"{name} has {what} {d}; supported range is 1..{MAX_HEAD_DIM}")
+
+
+def check_qkv(
+    q: Any,
+    k: Any,
+    v: Any,
+    names: Tuple[str, str, str] = ("q", "k", "v"),
+) -> None:
+    """Check q (b, s_q, h, d_qk), k (b, s_k, h_k, d_qk), v (b, s_k, h_k, d_v).
+
+    Same dtype (fp16/bf16/fp32) and device for all three, h % h_k == 0, head dims in
+    1..256, last-dim stride 1. b = 0 (and empty sequences) are allowed.
+    """
+    qn, kn, vn = names
+    check_tensor(q, qn, 4, "(batch, seqlen_q, nheads, headdim)")
+    check_tensor(k, kn, 4, "(batch, seqlen_k, nheads_k, headdim)")
+    check_tensor(v, vn, 4, "(batch, seqlen_k, nheads_k, headdim_v)")
+
+    for x, n in ((q, qn), (k, kn), (v, vn)):
+        _check_dtype(x, n)
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(
+            f"{qn}, {kn}, {vn} must have the same dtype, got {qn} {q.dtype}, {kn} {k.dtype}, "
+            f"{vn} {v.dtype}"
+        )
+    if not (q.device == k.device == v.device):
+        raise ValueError(
+            f"{qn}, {kn}, {vn} must be on the same device, got {qn} on {q.device}, "
+            f"{kn} on {k.device}, {vn} on {v.device}"
+        )
+
+    b, s_q, h, d_qk = q.shape
+    b_k, s_k, h_k, d_k = k.shape
+    b_v, s_v, h_v, d_v = v.shape
+    if b_k != b or b_v != b:
+        raise ValueError(
+            f"batch size mismatch: {qn} has batch {b}, {kn} has {b_k}, {vn} has {b_v} "
+            f"(shapes {qn} {tuple(q.shape)}, {kn} {tuple(k.shape)}, {vn} {tuple(v.shape)})"
+        )
+    if s_v != s_k:
+        raise ValueError(
+            f"seqlen_k mismatch: {kn} has seqlen {s_k} but {vn} has seqlen {s_v} "
+            f"(shapes {kn} {tuple(k.shape)}, {vn} {tuple(v.shape)}); they must be equal"
+        )
+    if h_v != h_k:
+        raise ValueError(
+            f"nheads_k mismatch: {kn} has {h_k} heads but {vn} has {h_v} "
+            f"(shapes {kn} {tuple(k.shape)}, {vn} {tuple(v.shape)}); they must be equal"
+        )
+    if d_k != d_qk:
+        raise ValueError(
+            f"head dim mismatch: {qn} has headdim {d_qk} but {kn} has {d_k} "
+            f"(shapes {qn} {tuple(q.shape)}, {kn} {tuple(k.shape)}); they must be equal"
+        )
+    if h < 1 or h_k < 1:
+        raise ValueError(
+            f"nheads must be >= 1, got {qn} with {h} heads and {kn} with {h_k} heads"
+        )
+    if h % h_k != 0:
+        raise ValueError(
+            f"nheads of {qn} ({h}) must be a multiple of nheads_k of {kn} ({h_k}) "
+            f"for GQA/MQA; got {h} % {h_k} = {h % h_k}"
+        )
+    _check_head_dim(d_qk, qn, "headdim")
+    _check_head_dim(d_v, vn, "headdim_v")
+    for x, n in ((q, qn), (k, kn), (v, vn)):
+        _check_last_dim_contiguous(x, n)
+
+
+def check_qkvpacked(qkv: Any, name: str = "qkv") -> None:
+    """qkv must be (b, s, 3, h, d); the unbound q, k, v are then checked by :func:`check_qkv`."""
+    check_tensor(qkv, name, 5, "(batch, seqlen, 3, nheads, headdim)")
+    if qkv.shape[2] != 3:
+        raise ValueError(
+            f"{name} must have shape (batch, seqlen, 3, nheads, headdim) with size 3 in dim 2, "
+            f"got shape {tuple(qkv.shape)}"
+        )
+
+
+def check_kvpacked(kv: Any, name: str = "kv") -> None:
+    """kv must be (b, s_k, 2, h_k, d)."""
+    check_tensor(kv, name, 5, "(batch, seqlen_k, 2, nheads_k, headdim)")
+    if kv.shape[2] != 2:
+        raise ValueError(
+            f"{name} must have shape (batch, seqlen_k, 2, nheads_k, headdim) with size 2 in "
+            f"dim 2, got shape {tuple(kv.shape)}"
+        )
+
+
+def _is_real(x: Any) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def check_dropout_p(dropout_p: Any) -> float:
+    """dropout_p must be a real number in [0, 1); returns it as float."""
+    if not _is_real(dropout_p):
+        raise TypeError(f"dropout_p must be a float in [0, 1), got {_describe(dropout_p)}")
+    p = float(dropout_p)
+    if not (0.0 <= p < 1.0):  # also rejects NaN
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p!r}")
+    return p
+
+
+def check_softmax_scale(softmax_scale: Any) -> Optional[float]:
+    """softmax_scale must be None or a finite positive real; returns it as float (or None)."""
+    if softmax_scale is None:
+        return None
+    if not _is_real(softmax_scale):
+        raise TypeError(
+            f"softmax_scale must be None or a finite positive float, got {_describe(softmax_scale)}"
+        )
+    s = float(softmax_scale)
+    if not (math.isfinite(s) and s > 0.0):
+        raise ValueError(
+            f"softmax_scale must be None or a finite positive float, got {softmax_scale!r}"
+        )
+    return s
+
+
+def check_softcap(softcap: Any) -> float:
+    """softcap must be a finite real >= 0 (0 disables it); returns it as float."""
+    if not _is_real(softcap):
+        raise TypeError(f"softcap must be a float >= 0 (0.0 = off), got {_describe(softcap)}")
+    c = float(softcap)
+    if not (math.isfinite(c) and c >= 0.0):
+        raise ValueError(f"softcap must be a finite float >= 0 (0.0 = off), got {softcap!r}")
+    return c
+
+
+def check_window_size(window_size: Any) -> Tuple[int, int]:
+    """window_size must be a tuple/list of two ints >= -1 (-1 = unbounded); returns a tuple."""
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
+        raise TypeError(
+            "window_size must be a tuple or list of two ints (left, right), -1 = unbounded, "
+            f"got {_describe(window_size)}"
+        )
+    out = []
+    for side, w in zip(("left", "right"), window_size):
+        if isinstance(w, bool) or not isinstance(w, numbers.Integral):
+            raise TypeError(
+                f"window_size[{0 if side == 'left' else 1}] ({side}) must be an int >= -1, "
+                f"got {_describe(w)} in window_size={window_size!r}"
+            )
+        if int(w) < -1:
+            raise ValueError(
+                f"window_size ({side}) must be >= -1 (-1 = unbounded), got {int(w)} in "
+                f"window_size={window_size!r}"
+            )
+        out.append(int(w))
+    return out[0], out[1]
+
+
+def check_causal(causal: Any) -> bool:
+    """causal must be a bool (numpy bools and 0/1 ints are accepted)."""
+    return check_bool(causal, "causal")
+
+
+def check_alibi_slopes(
+    alibi_slopes: Any, batch: int, nheads: int, device: torch.device
+) -> None:
+    """alibi_slopes must be None or a float32 tensor of shape (nheads,) or (batch, nheads)
+    on the device of q."""
+    if alibi_slopes is None:
+        return
+    allowed = f"({nheads},) or ({batch}, {nheads})"
+    if not isinstance(alibi_slopes, torch.Tensor):
+        raise TypeError(
+            f"alibi_slopes must be None or a torch.float32 tensor of shape {allowed}, got "
+            f"{_describe(alibi_slopes)}"
+        )
+    shape = tuple(alibi_slopes.shape)
+    if shape not in ((nheads,), (batch, nheads)):
+        raise ValueError(
+            f"alibi_slopes must have shape (nheads,) or (batch, nheads) = {allowed}, got {shape}"
+        )
+    if alibi_slopes.dtype != torch.float32:
+        raise TypeError(f"alibi_slopes must have dtype torch.float32, got {alibi_slopes.dtype}")
+    if alibi_slopes.device != device:
+        raise ValueError(
+            f"alibi_slopes must be on the same device as q ({device}), got {alibi_slopes.device}"
+        )
+
+
+def check_bool(x: Any, name: str) -> bool:
+    """A plain flag (deterministic, return_attn_probs)."""
+    if isinstance(x, bool):
+        return x
+    try:
+        import numpy as np
+
+        if isinstance(x, np.bool_):
+            return bool(x)
+    except ImportError:  # pragma: no cover
+        pass
+    if isinstance(x, numbers.Integral) and int(x) in (0, 1):
+        return bool(x)
+    raise TypeError(f"{name} must be a bool, got {_describe(x)}")
+
+
+__all__: Sequence[str] = (
+    "SUPPORTED_DTYPES",
+    "MAX_HEAD_DIM",
+    "check_tensor",
+    "check_qkv",
+    "check_qkvpacked",
+    "check_kvpacked",
+    "check_dropout_p",
+    "check_softmax_scale",
+    "check_softcap",
+    "check_window_size",
+    "check_causal",
+    "check_alibi_slopes",
+    "check_bool",
+)

@@ -1,0 +1,131 @@
+"""Shared test setup.
+
+- TRITON_INTERPRET=1 is set here when no CUDA device is present, before anything imports the
+  kernels (Triton reads it when a ``@triton.jit`` function is defined), so plain
+  ``pytest -n 2`` runs the real Triton kernels through the interpreter on CPU.
+- Every test is seeded from one base seed (random per run, printed in the header; replay with
+  ``--seed N`` or ``FLASHATTN_TEST_SEED=N``) mixed with the test id.
+- Tests marked ``gpu`` are skipped without CUDA; run them with ``pytest -m gpu`` on a GPU box.
+- ``backend`` fixture: 'cpu' (chunked torch) and 'portable' (Triton kernels), forced through
+  FLASHATTN_BACKEND for the duration of one test.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import random
+import zlib
+
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# Under pytest-xdist, share the cores between workers instead of every worker's torch
+# spawning one thread per core (oversubscription makes the CPU tests several times slower).
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    _workers = int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // _workers))
+
+_SEED_ENV = "FLASHATTN_TEST_SEED"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--seed",
+        type=int,
+        default=None,
+        help=f"base seed for random test inputs (default: ${_SEED_ENV}, else random)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped without one)")
+    config.addinivalue_line("markers", "slow: larger CPU cases")
+    # numpy >= 1.25 deprecation raised inside triton's interpreter, thousands of times a test
+    config.addinivalue_line(
+        "filterwarnings", "ignore:Conversion of an array with ndim > 0:DeprecationWarning"
+    )
+    # Chosen once in the controller; pytest-xdist workers are spawned later and inherit the
+    # environment, so every worker uses the same base seed.
+    seed = config.getoption("--seed")
+    if seed is None:
+        seed = int(os.environ.get(_SEED_ENV) or random.SystemRandom().randrange(2**31))
+    os.environ[_SEED_ENV] = str(seed)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    interp = os.environ.get("TRITON_INTERPRET", "")
+    return (
+        f"flashattn: base seed {os.environ[_SEED_ENV]} (replay: --seed or {_SEED_ENV}); "
+        f"cuda={HAS_CUDA}; TRITON_INTERPRET={interp!r}"
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
+    if HAS_CUDA:
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (marker 'gpu')")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+def seed_for(nodeid: str) -> int:
+    return (int(os.environ[_SEED_ENV]) + zlib.crc32(nodeid.encode())) % 2**31
+
+
+@pytest.fixture(autouse=True)
+def seed(request: pytest.FixtureRequest) -> int:
+    """Seeds torch and random for this test; the value is in the failure report."""
+    s = seed_for(request.node.nodeid)
+    torch.manual_seed(s)
+    random.seed(s)
+    return s
+
+
+def portable_skip_reason() -> "str | None":
+    """Why the Triton kernels cannot run on CPU tensors here (None when they can)."""
+    # The CPU-grid tests use CPU tensors: the kernels need the interpreter for those, also on
+    # a GPU machine (where conftest leaves TRITON_INTERPRET alone; gpu tests cover the kernels).
+    if os.environ.get("TRITON_INTERPRET", "").strip().lower() not in ("1", "true", "on", "yes"):
+        return "Triton kernels on CPU tensors need TRITON_INTERPRET=1"
+    for mod, fn in (("flashattn.kernels.fwd", "flash_fwd"), ("flashattn.kernels.bwd", "flash_bwd")):
+        try:
+            m = importlib.import_module(mod)
+        except ModuleNotFoundError as e:
+            if e.name == mod:  # the kernel file is not written yet; other import errors fail
+                return f"{mod} does not exist yet"
+            raise
+        if not hasattr(m, fn):
+            return f"{mod}.{fn} does not exist yet"
+    return None
+
+
+def use_backend(monkeypatch: pytest.MonkeyPatch, name: str) -> str:
+    if name == "portable":
+        reason = portable_skip_reason()
+        if reason:
+            pytest.skip(reason)
+    monkeypatch.setenv("FLASHATTN_BACKEND", name)
+    return name
+
+
+@pytest.fixture(params=["cpu", "portable"])
+def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each backend in turn, forced with FLASHATTN_BACKEND."""
+    return use_backend(monkeypatch, request.param)
+
+
+@pytest.fixture
+def cpu_backend(monkeypatch: pytest.MonkeyPatch) -> str:
+    """Force the chunked torch path (fast on CPU): for tests of API conventions."""
+    return use_backend(monkeypatch, "cpu")
+
+
+@pytest.fixture
+def device() -> str:
+    return "cuda" if HAS_CUDA else "cpu"

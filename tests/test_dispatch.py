@@ -1,0 +1,158 @@
+"""Backend choice: FLASHATTN_BACKEND, TRITON_INTERPRET, devices, lazy kernel imports."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import types
+
+import pytest
+import torch
+
+from flashattn import dispatch, flash_attn_func
+
+
+@pytest.fixture
+def env(monkeypatch):
+    """Set FLASHATTN_BACKEND / TRITON_INTERPRET for one test (None = unset)."""
+
+    def _set(backend=None, interpret=None):
+        for var, val in (("FLASHATTN_BACKEND", backend), ("TRITON_INTERPRET", interpret)):
+            if val is None:
+                monkeypatch.delenv(var, raising=False)
+            else:
+                monkeypatch.setenv(var, val)
+
+    return _set
+
+
+@pytest.fixture
+def fake_backends(monkeypatch):
+    """Replace both backends' modules with recorders; returns the list of calls."""
+    calls = []
+
+    def make(tag):
+        def fn(*args, **kw):
+            calls.append((tag, kw))
+            q = args[0] if tag.endswith("fwd") else args[1]
+            if tag.endswith("fwd"):
+                b, s_q, h, _ = q.shape
+                return (torch.zeros(b, s_q, h, args[2].shape[-1]), torch.zeros(b, h, s_q), None)
+            return tuple(torch.zeros_like(x) for x in args[1:4])
+
+        return fn
+
+    cpu = types.ModuleType("flashattn.cpu")
+    cpu.chunked_fwd, cpu.chunked_bwd = make("cpu.fwd"), make("cpu.bwd")
+    kfwd = types.ModuleType("flashattn.kernels.fwd")
+    kfwd.flash_fwd = make("portable.fwd")
+    kbwd = types.ModuleType("flashattn.kernels.bwd")
+    kbwd.flash_bwd = make("portable.bwd")
+    for name, mod in (("flashattn.cpu", cpu), ("flashattn.kernels.fwd", kfwd),
+                      ("flashattn.kernels.bwd", kbwd)):
+        monkeypatch.setitem(sys.modules, name, mod)
+    return calls
+
+
+@pytest.mark.parametrize(
+    "backend,interpret,device,expected",
+    [
+        (None, None, "cpu", "cpu"),
+        (None, "1", "cpu", "portable"),
+        (None, "true", "cpu", "portable"),
+        (None, "0", "cpu", "cpu"),
+        ("auto", None, "cpu", "cpu"),
+        ("", "1", "cpu", "portable"),
+        ("cpu", "1", "cpu", "cpu"),
+        ("CPU", None, "cuda", "cpu"),
+        ("portable", "1", "cpu", "portable"),
+        ("hopper", "1", "cpu", "portable"),  # reserved: portable until a Hopper path exists
+        (None, None, "cuda", "portable"),
+        ("portable", None, "cuda", "portable"),
+        ("hopper", None, "cuda", "portable"),
+        (None, "1", "meta", "cpu"),  # torch devices Triton cannot run on use chunked torch
+    ],
+)
+def test_backend_for(env, backend, interpret, device, expected):
+    env(backend, interpret)
+    assert dispatch.backend_for(torch.device(device)) == expected
+    if device != "cuda":
+        assert dispatch.backend_for(torch.empty(0, device=device)) == expected
+
+
+@pytest.mark.parametrize("backend", ["portable", "hopper"])
+def test_forced_portable_on_cpu_without_interpreter(env, backend):
+    env(backend, None)
+    with pytest.raises(RuntimeError, match="FLASHATTN_BACKEND.*TRITON_INTERPRET=1"):
+        dispatch.backend_for(torch.device("cpu"))
+
+
+def test_invalid_backend_name(env):
+    env("cuda-please", None)
+    with pytest.raises(ValueError, match="FLASHATTN_BACKEND='cuda-please'.*auto, portable, cpu, hopper"):
+        dispatch.backend_for(torch.device("cpu"))
+
+
+@pytest.mark.parametrize("backend,interpret,expected", [("cpu", "1", "cpu"), (None, "1", "portable"),
+                                                        (None, None, "cpu")])
+def test_forward_backward_route(env, fake_backends, backend, interpret, expected):
+    env(backend, interpret)
+    q = torch.randn(1, 3, 2, 8, requires_grad=True)
+    k = torch.randn(1, 4, 2, 8, requires_grad=True)
+    v = torch.randn(1, 4, 2, 8, requires_grad=True)
+    flash_attn_func(q, k, v, causal=True).sum().backward()
+    assert [c[0] for c in fake_backends] == [f"{expected}.fwd", f"{expected}.bwd"]
+    fwd_kw, bwd_kw = fake_backends[0][1], fake_backends[1][1]
+    assert fwd_kw == dict(softmax_scale=8**-0.5, causal=True, window_left=-1, window_right=0,
+                          softcap=0.0, alibi_slopes=None, dropout_p=0.0, philox_seed=0,
+                          return_softmax=False)
+    assert bwd_kw == dict(softmax_scale=8**-0.5, causal=True, window_left=-1, window_right=0,
+                          softcap=0.0, alibi_slopes=None, dropout_p=0.0, philox_seed=0,
+                          deterministic=False)
+
+
+@pytest.mark.parametrize("shape_q,shape_k", [((0, 3, 2, 8), (0, 4, 2, 8)),
+                                             ((1, 0, 2, 8), (1, 4, 2, 8)),
+                                             ((2, 3, 2, 8), (2, 0, 2, 8))])
+def test_degenerate_shapes_skip_backends(env, fake_backends, shape_q, shape_k):
+    env("cpu", None)
+    q = torch.randn(shape_q, requires_grad=True)
+    k = torch.randn(shape_k, requires_grad=True)
+    v = torch.randn(shape_k[:3] + (5,), requires_grad=True)
+    out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True)
+    assert out.shape == shape_q[:3] + (5,) and lse.shape == (shape_q[0], 2, shape_q[1])
+    assert (out == 0).all() and (lse == float("-inf")).all()
+    out.sum().backward()
+    assert not fake_backends
+    for x in (q, k, v):
+        assert x.grad.shape == x.shape and (x.grad == 0).all()
+
+
+def test_import_without_triton():
+    """`import flashattn` and the CPU path work where triton cannot be imported."""
+    code = textwrap.dedent(
+        """
+        import os, sys
+        sys.modules["triton"] = None          # any `import triton` now raises ImportError
+        os.environ.pop("FLASHATTN_BACKEND", None)
+        os.environ["TRITON_INTERPRET"] = "1"  # even so, no triton -> chunked torch
+        import torch, flashattn
+        from flashattn import dispatch
+        assert not dispatch.triton_available()
+        assert dispatch.backend_for(torch.device("cpu")) == "cpu"
+        assert "flashattn.kernels.fwd" not in sys.modules
+        try:
+            import flashattn.cpu
+        except ModuleNotFoundError:
+            print("no-cpu-module")
+            raise SystemExit(0)
+        q = torch.randn(1, 5, 2, 16)
+        out = flashattn.flash_attn_func(q, q, q, causal=True)
+        assert out.shape == (1, 5, 2, 16) and torch.isfinite(out).all()
+        assert "triton" not in {m.split(".")[0] for m, v in sys.modules.items() if v is not None}
+        print("ok")
+        """
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() in ("ok", "no-cpu-module")

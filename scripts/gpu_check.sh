@@ -11,6 +11,7 @@
 #                             quick: d 128 x s 2k,16k                        (default full)
 #   MODES=fwd,bwd,decode,mem  bench modes                                      (default: all four)
 #   IMPLS=flashattn,sdpa-flash,sdpa-cudnn,flex                            (default: these four)
+#   Tests and the self-check run with FLASHATTN_AUTOTUNE=0 (one config per kernel: no tuning runs).
 #   TESTS=1|0  pytest -m gpu;  CHECK=1|0  flashattn check --quick;  BENCH=1|0  (all default 1)
 #   BUDGET=530        seconds for the whole script (the device call limit is 600)
 #   TEST_TIMEOUT=240  CHECK_TIMEOUT=60   per-step caps, in seconds
@@ -61,7 +62,7 @@ if [ "$TESTS" = 1 ]; then
     xdist=()
     if [ "$PYTEST_WORKERS" != 0 ] && "$PY" -c 'import xdist' 2>/dev/null; then xdist=(-n "$PYTEST_WORKERS"); fi
     # shellcheck disable=SC2086
-    TRITON_CACHE_DIR="$TEST_TRITON_CACHE" timeout -s INT -k 20 "$TEST_TIMEOUT" "$PY" -m pytest -m gpu -x -q -p no:cacheprovider \
+    FLASHATTN_AUTOTUNE=0 TRITON_CACHE_DIR="$TEST_TRITON_CACHE" timeout -s INT -k 20 "$TEST_TIMEOUT" "$PY" -m pytest -m gpu -x -q -p no:cacheprovider \
         "${xdist[@]}" --junitxml="$OUT/pytest.xml" ${PYTEST_ARGS:-} tests 2>&1 | tee "$OUT/pytest.log"
     rc=${PIPESTATUS[0]}
     counts="$("$PY" - "$OUT/pytest.xml" <<'PYEOF' 2>/dev/null
@@ -86,7 +87,7 @@ fi
 # ---- 3. self-check -------------------------------------------------------------------------
 if [ "$CHECK" = 1 ]; then
     echo "== python -m flashattn check --quick (cap ${CHECK_TIMEOUT}s)"
-    TRITON_CACHE_DIR="$TEST_TRITON_CACHE" timeout -s INT -k 10 "$CHECK_TIMEOUT" "$PY" -m flashattn check --quick \
+    FLASHATTN_AUTOTUNE=0 TRITON_CACHE_DIR="$TEST_TRITON_CACHE" timeout -s INT -k 10 "$CHECK_TIMEOUT" "$PY" -m flashattn check --quick \
         --time-budget $(( CHECK_TIMEOUT - 20 )) 2>&1 | tee "$OUT/check.log"
     rc=${PIPESTATUS[0]}
     line="$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$OUT/check.log" | tail -1)"

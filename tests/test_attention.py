@@ -273,6 +273,16 @@ def test_strided_inputs(backend, case):
     check_attention(case, layout="bhsd")
 
 
+@pytest.mark.parametrize("case", [Case(s_q=9, s_k=21, d=1, dtype=torch.float32),
+                                  Case(s_q=9, s_k=21, d=3, d_v=1, causal=True),
+                                  Case(s_q=5, s_k=40, d=255, d_v=17, dtype=torch.bfloat16,
+                                       h=8, h_k=1)],
+                         ids=lambda c: c.id)
+def test_odd_head_dims(backend, case):
+    """Head dims at the ends of 1..256 and far from powers of two (padded tiles)."""
+    check_attention(case)
+
+
 @pytest.mark.parametrize("p", [0.0, 0.5, 0.9])
 def test_dropout_rates(backend, p):
     check_attention(Case(s_q=33, s_k=47, d=32, h=4, h_k=1, dtype=torch.float32, dropout_p=p,

@@ -19,7 +19,8 @@ import triton
 import triton.language as tl
 
 from flashattn.kernels import config
-from flashattn.kernels.masks import LOG2E, dropout_keep, key_range, query_range, score_mod, visible_mask
+from flashattn.kernels.masks import (LOG2E, dropout_keep, key_range, query_range, score_mod,
+                                     score_scales, visible_mask)
 from flashattn.philox import dropout_threshold
 
 
@@ -157,12 +158,7 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, DQ, Alibi,
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
 
-    qk_scale = sm_scale * LOG2E
-    softcap_inv = 0.0
-    softcap_log2 = 0.0
-    if HAS_SOFTCAP:
-        softcap_inv = sm_scale / softcap
-        softcap_log2 = softcap * LOG2E
+    qk_scale, softcap_inv, softcap_log2 = score_scales(sm_scale, softcap, HAS_SOFTCAP)
 
     lo, mid_lo, mid_hi, hi = query_range(n_start, n_end, seqlen_q, diag, window_left, window_right,
                                          BLOCK_M, HAS_LEFT, HAS_RIGHT)
@@ -325,12 +321,7 @@ def _bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, Alibi,
         v_desc = tl.make_tensor_descriptor(v_base, shape=[seqlen_k, HEAD_DIM_V], strides=[stride_vn, 1],
                                            block_shape=[BLOCK_N, BLOCK_DV])
 
-    qk_scale = sm_scale * LOG2E
-    softcap_inv = 0.0
-    softcap_log2 = 0.0
-    if HAS_SOFTCAP:
-        softcap_inv = sm_scale / softcap
-        softcap_log2 = softcap * LOG2E
+    qk_scale, softcap_inv, softcap_log2 = score_scales(sm_scale, softcap, HAS_SOFTCAP)
     slope_log2 = 0.0
     if HAS_ALIBI:
         slope_log2 = tl.load(Alibi + off_b * stride_ab + off_h * stride_ah) * LOG2E

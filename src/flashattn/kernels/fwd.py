@@ -18,7 +18,7 @@ import triton.language as tl
 from flashattn.kernels import config
 from flashattn.philox import dropout_threshold
 from flashattn.kernels.masks import (LN2, LOG2E, dropout_keep, key_range, score_mod,
-                                     visible_mask)
+                                     score_scales, visible_mask)
 
 
 @triton.jit
@@ -177,12 +177,7 @@ def _fwd_kernel(Q, K, V, Out, Lse, Alibi, P,
     if UPCAST:
         q = q.to(tl.float32)
 
-    qk_scale = sm_scale * LOG2E
-    softcap_inv = 0.0
-    softcap_log2 = 0.0
-    if HAS_SOFTCAP:
-        softcap_inv = sm_scale / softcap
-        softcap_log2 = softcap * LOG2E
+    qk_scale, softcap_inv, softcap_log2 = score_scales(sm_scale, softcap, HAS_SOFTCAP)
     slope_log2 = 0.0
     if HAS_ALIBI:
         slope_log2 = tl.load(Alibi + off_b * stride_ab + off_h * stride_ah) * LOG2E

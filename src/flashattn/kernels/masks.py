@@ -42,6 +42,17 @@ def tanh_f32(x):
 
 
 @triton.jit
+def score_scales(sm_scale, softcap, HAS_SOFTCAP: tl.constexpr):
+    """Constants of :func:`score_mod`: (qk_scale, softcap_inv, softcap_log2)."""
+    softcap_inv = 0.0
+    softcap_log2 = 0.0
+    if HAS_SOFTCAP:
+        softcap_inv = sm_scale / softcap
+        softcap_log2 = softcap * LOG2E
+    return sm_scale * LOG2E, softcap_inv, softcap_log2
+
+
+@triton.jit
 def score_mod(qk, rows, cols, diag, qk_scale, softcap_inv, softcap_log2, alibi_slope_log2,
               HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
     """Turn raw dot products ``q.k`` (fp32) into log2-domain scores.

@@ -75,7 +75,7 @@ class _Problem:
     """The normalised attention parameters plus shapes, shared by every tile."""
 
     def __init__(self, q, k, v, softmax_scale, window_left, window_right, softcap,
-                 alibi_slopes, dropout_p, philox_seed):
+                 alibi_slopes, dropout_p, philox_seed, batch_offset=0):
         self.b, self.s_q, self.h, self.d = q.shape
         self.s_k, self.h_k = k.shape[1], k.shape[2]
         self.d_v = v.shape[3]
@@ -94,6 +94,8 @@ class _Problem:
             self.alibi = slopes
         self.dropout_p = float(dropout_p)
         self.seed = int(philox_seed) if dropout_p > 0.0 else 0
+        # dropout's batch counter of entry 0 (varlen: the index of the packed sequence)
+        self.batch_offset = int(batch_offset)
         self.device = q.device
 
     def q_tile(self, x: torch.Tensor, b0: int, b1: int, i0: int, i1: int) -> torch.Tensor:
@@ -142,6 +144,7 @@ class _Problem:
     def keep(self, b0: int, b1: int, i0: int, i1: int, j0: int, j1: int) -> torch.Tensor:
         """Dropout keep mask (nb, h_k, g, m, n) with the counters of the full problem."""
         nb = b1 - b0
+        b0, b1 = b0 + self.batch_offset, b1 + self.batch_offset
         bh = torch.arange(b0 * self.h, b1 * self.h, device=self.device).view(
             nb, self.h_k, self.g, 1, 1)
         rows = torch.arange(i0, i1, device=self.device).view(-1, 1)
@@ -163,12 +166,14 @@ def _lse_tile(lse: torch.Tensor, p: _Problem, b0: int, b1: int, i0: int, i1: int
 def chunked_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_scale: float,
                 causal: bool, window_left: int, window_right: int, softcap: float,
                 alibi_slopes: Optional[torch.Tensor], dropout_p: float, philox_seed: int,
-                return_softmax: bool
+                return_softmax: bool, batch_offset: int = 0
                 ) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """Attention forward, tiled with an online softmax.
 
     q (b, s_q, h, d), k (b, s_k, h_k, d), v (b, s_k, h_k, d_v); fp16/bf16/fp32, one dtype.
     ``causal`` is informational (already folded into ``window_right == 0``).
+    ``batch_offset`` is the dropout counter of batch entry 0 (varlen calls one sequence at a
+    time with its own index).
 
     Returns:
         out (b, s_q, h, d_v) in q's dtype, contiguous; 0 on rows that see no key.
@@ -177,7 +182,7 @@ def chunked_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_sc
             before dropout scaling, negated where dropout dropped the entry, 0 where invisible.
     """
     p = _Problem(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes,
-                 dropout_p, philox_seed)
+                 dropout_p, philox_seed, batch_offset)
     out = torch.empty(p.b, p.s_q, p.h, p.d_v, dtype=q.dtype, device=q.device)
     lse = torch.empty(p.b, p.h, p.s_q, dtype=torch.float32, device=q.device)
     has_dropout = p.dropout_p > 0.0
@@ -245,20 +250,22 @@ def chunked_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
                 out: torch.Tensor, lse: torch.Tensor, *, softmax_scale: float, causal: bool,
                 window_left: int, window_right: int, softcap: float,
                 alibi_slopes: Optional[torch.Tensor], dropout_p: float, philox_seed: int,
-                deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                deterministic: bool, batch_offset: int = 0
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Attention backward: recompute P = exp(s - lse) per tile, never store it.
 
     dout, out (b, s_q, h, d_v); q (b, s_q, h, d); k (b, s_k, h_k, d); v (b, s_k, h_k, d_v);
     lse (b, h, s_q) float32 from :func:`chunked_fwd`. Returns dq, dk, dv with the shapes and
     dtypes of q, k, v; dk / dv are summed over the query heads of each GQA group. The loop
     order is fixed, so the result is always bitwise repeatable (``deterministic`` is moot).
+    ``batch_offset`` as for :func:`chunked_fwd`.
 
     With D_i = rowsum(dO_i * O_i) and Z = keep / (1 - p):
     dV = (P * Z)^T dO;  dP = (dO V^T) * Z;  dS = P * (dP - D);  through softcap
     dS *= 1 - tanh^2;  dQ = dS K * scale;  dK = dS^T Q * scale.
     """
     p = _Problem(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes,
-                 dropout_p, philox_seed)
+                 dropout_p, philox_seed, batch_offset)
     has_dropout = p.dropout_p > 0.0
     z_scale = 1.0 / (1.0 - p.dropout_p)
     dq = torch.zeros(p.b, p.s_q, p.h, p.d, dtype=p.acc_dtype, device=p.device)
@@ -306,3 +313,95 @@ def chunked_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
             dk[b0:b1, j0:j1] = (dk_t * p.scale).transpose(1, 2).to(k.dtype)
             dv[b0:b1, j0:j1] = dv_t.transpose(1, 2).to(v.dtype)
     return (dq * p.scale).to(q.dtype), dk, dv
+
+
+# ---------------------------------------------------------------------------------------
+# packed variable-length sequences
+# ---------------------------------------------------------------------------------------
+
+def _sequences(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+               seqused_k: Optional[torch.Tensor]) -> Iterator[tuple[int, int, int, int, int]]:
+    """(b, q_start, s_q, k_start, s_k) of every packed sequence with queries and keys.
+
+    Reads the (small) length tensors on the host: fine for this path, whose tensors live
+    on the CPU (or on a device without Triton, where speed is not the point).
+    """
+    cu_q = cu_seqlens_q.tolist()
+    cu_k = cu_seqlens_k.tolist()
+    used = seqused_k.tolist() if seqused_k is not None else None
+    for b in range(len(cu_q) - 1):
+        s_q = cu_q[b + 1] - cu_q[b]
+        s_k = used[b] if used is not None else cu_k[b + 1] - cu_k[b]
+        if s_q > 0 and s_k > 0:  # otherwise: out 0, lse -inf, zero gradients
+            yield b, cu_q[b], s_q, cu_k[b], s_k
+
+
+def chunked_varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                       seqused_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int,
+                       *, softmax_scale: float, causal: bool, window_left: int,
+                       window_right: int, softcap: float, alibi_slopes: Optional[torch.Tensor],
+                       dropout_p: float, philox_seed: int, return_softmax: bool
+                       ) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """Varlen forward: :func:`chunked_fwd` on each packed sequence in turn.
+
+    q (total_q, h, d), k (total_k, h_k, d), v (total_k, h_k, d_v); cu_seqlens_* int32 (b + 1,);
+    seqused_k int32 (b,) or None (then s_k = cu_seqlens_k[b+1] - cu_seqlens_k[b]);
+    alibi_slopes (b, h) or None. Sequence b is batch entry b of the dense semantics (its own
+    s_q, s_k, bottom-right alignment and dropout batch counter b).
+
+    Returns out (total_q, h, d_v) in q's dtype (0 on rows outside every sequence), lse
+    float32 (h, total_q) (-inf there), S_dmask (b, h, max_seqlen_q, max_seqlen_k) or None.
+    """
+    total_q, h, _ = q.shape
+    batch = cu_seqlens_q.shape[0] - 1
+    out = torch.zeros(total_q, h, v.shape[-1], dtype=q.dtype, device=q.device)
+    lse = torch.full((h, total_q), float("-inf"), dtype=torch.float32, device=q.device)
+    s_dmask = (torch.zeros(batch, h, max_seqlen_q, max_seqlen_k, dtype=q.dtype, device=q.device)
+               if return_softmax else None)
+    for b, q0, s_q, k0, s_k in _sequences(cu_seqlens_q, cu_seqlens_k, seqused_k):
+        o_b, lse_b, p_b = chunked_fwd(
+            q[q0:q0 + s_q].unsqueeze(0), k[k0:k0 + s_k].unsqueeze(0),
+            v[k0:k0 + s_k].unsqueeze(0), softmax_scale=softmax_scale, causal=causal,
+            window_left=window_left, window_right=window_right, softcap=softcap,
+            alibi_slopes=None if alibi_slopes is None else alibi_slopes[b:b + 1],
+            dropout_p=dropout_p, philox_seed=philox_seed, return_softmax=return_softmax,
+            batch_offset=b)
+        out[q0:q0 + s_q] = o_b[0]
+        lse[:, q0:q0 + s_q] = lse_b[0]
+        if s_dmask is not None:
+            s_dmask[b, :, :s_q, :s_k] = p_b[0]
+    return out, lse, s_dmask
+
+
+def chunked_varlen_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       out: torch.Tensor, lse: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                       cu_seqlens_k: torch.Tensor, seqused_k: Optional[torch.Tensor],
+                       max_seqlen_q: int, max_seqlen_k: int, *, softmax_scale: float,
+                       causal: bool, window_left: int, window_right: int, softcap: float,
+                       alibi_slopes: Optional[torch.Tensor], dropout_p: float,
+                       philox_seed: int, deterministic: bool
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Varlen backward: :func:`chunked_bwd` on each packed sequence in turn.
+
+    Shapes as in :func:`chunked_varlen_fwd`; lse float32 (h, total_q). Returns dq, dk, dv
+    with the shapes and dtypes of q, k, v; 0 for rows outside every sequence and keys past
+    seqused_k. Sequences own disjoint rows, so the result is bitwise repeatable.
+    """
+    dq = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.zeros(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
+    for b, q0, s_q, k0, s_k in _sequences(cu_seqlens_q, cu_seqlens_k, seqused_k):
+        rows, keys = slice(q0, q0 + s_q), slice(k0, k0 + s_k)
+        dq_b, dk_b, dv_b = chunked_bwd(
+            dout[rows].unsqueeze(0), q[rows].unsqueeze(0), k[keys].unsqueeze(0),
+            v[keys].unsqueeze(0), out[rows].unsqueeze(0), lse[:, rows].unsqueeze(0),
+            softmax_scale=softmax_scale, causal=causal, window_left=window_left,
+            window_right=window_right, softcap=softcap,
+            alibi_slopes=None if alibi_slopes is None else alibi_slopes[b:b + 1],
+            dropout_p=dropout_p, philox_seed=philox_seed, deterministic=deterministic,
+            batch_offset=b)
+        dq[rows] = dq_b[0]
+        dk[keys] = dk_b[0]
+        dv[keys] = dv_b[0]
+    return dq, dk, dv

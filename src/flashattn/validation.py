@@ -260,6 +260,179 @@ def check_bool(x: Any, name: str) -> bool:
     raise TypeError(f"{name} must be a bool, got {_describe(x)}")
 
 
+# ---------------------------------------------------------------------------------------------
+# Variable-length (packed) sequences
+# ---------------------------------------------------------------------------------------------
+def check_varlen_qkv(
+    q: Any,
+    k: Any,
+    v: Any,
+    names: Tuple[str, str, str] = ("q", "k", "v"),
+) -> None:
+    """Check packed q (total_q, h, d_qk), k (total_k, h_k, d_qk), v (total_k, h_k, d_v).
+
+    Same rules as :func:`check_qkv` (dtype, device, GQA, head dims, unit last stride) on the
+    3-d packed layout; total_q / total_k = 0 are allowed.
+    """
+    qn, kn, vn = names
+    check_tensor(q, qn, 3, "(total_q, nheads, headdim)")
+    check_tensor(k, kn, 3, "(total_k, nheads_k, headdim)")
+    check_tensor(v, vn, 3, "(total_k, nheads_k, headdim_v)")
+    for x, n in ((q, qn), (k, kn), (v, vn)):
+        _check_last_dim_contiguous(x, n)
+    # The remaining rules are the dense ones on a (1, total, h, d) view: same messages.
+    if k.shape[0] != v.shape[0]:
+        raise ValueError(
+            f"total_k mismatch: {kn} has {k.shape[0]} rows but {vn} has {v.shape[0]} "
+            f"(shapes {kn} {tuple(k.shape)}, {vn} {tuple(v.shape)}); they must be equal"
+        )
+    check_qkv(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), names)
+
+
+def check_paged_qkv(q: Any, k_cache: Any, v_cache: Any,
+                    names: Tuple[str, str, str] = ("q", "k", "v")) -> None:
+    """Check packed q (total_q, h, d) with paged k/v caches (num_blocks, page_size, h_k, d)."""
+    qn, kn, vn = names
+    check_tensor(q, qn, 3, "(total_q, nheads, headdim)")
+    check_tensor(k_cache, kn, 4, "(num_blocks, page_size, nheads_k, headdim) with block_table")
+    check_tensor(v_cache, vn, 4, "(num_blocks, page_size, nheads_k, headdim_v) with block_table")
+    if k_cache.shape[0] != v_cache.shape[0]:
+        raise ValueError(
+            f"num_blocks mismatch: {kn} has {k_cache.shape[0]} blocks but {vn} has "
+            f"{v_cache.shape[0]}; they must be equal"
+        )
+    if k_cache.shape[1] != v_cache.shape[1]:
+        raise ValueError(
+            f"page_size mismatch: {kn} has pages of {k_cache.shape[1]} rows but {vn} has "
+            f"{v_cache.shape[1]}; they must be equal"
+        )
+    for x, n in ((q, qn), (k_cache, kn), (v_cache, vn)):
+        _check_last_dim_contiguous(x, n)
+    # The dense rules (dtype, device, GQA, head dims) on q against one page of the caches
+    # (a view, never a copy of the cache).
+    check_qkv(q.unsqueeze(0), k_cache[:1].flatten(0, 1).unsqueeze(0),
+              v_cache[:1].flatten(0, 1).unsqueeze(0), names)
+
+
+def _check_int32_vector(x: Any, name: str, length: int, what: str, device: torch.device) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(
+            f"{name} must be a torch.int32 tensor of shape ({what},), got {_describe(x)}")
+    if x.dtype != torch.int32:
+        raise TypeError(f"{name} must have dtype torch.int32, got {x.dtype}")
+    if x.dim() != 1 or x.shape[0] != length:
+        raise ValueError(f"{name} must have shape ({what},) = ({length},), got {tuple(x.shape)}")
+    if x.device != device:
+        raise ValueError(f"{name} must be on the same device as q ({device}), got {x.device}")
+
+
+def check_cu_seqlens(cu_seqlens_q: Any, cu_seqlens_k: Any, device: torch.device,
+                     names: Tuple[str, str] = ("cu_seqlens_q", "cu_seqlens_k")) -> int:
+    """cu_seqlens_q / cu_seqlens_k: int32 (batch + 1,) tensors on q's device; returns batch."""
+    qn, kn = names
+    for x, n in ((cu_seqlens_q, qn), (cu_seqlens_k, kn)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(
+                f"{n} must be a torch.int32 tensor of shape (batch + 1,), got {_describe(x)}")
+        if x.dtype != torch.int32:
+            raise TypeError(f"{n} must have dtype torch.int32, got {x.dtype}")
+        if x.dim() != 1 or x.shape[0] < 1:
+            raise ValueError(f"{n} must have shape (batch + 1,) with batch >= 0, got "
+                             f"{tuple(x.shape)}")
+    if cu_seqlens_k.shape[0] != cu_seqlens_q.shape[0]:
+        raise ValueError(
+            f"{qn} and {kn} must have the same shape (batch + 1,), got {tuple(cu_seqlens_q.shape)} "
+            f"and {tuple(cu_seqlens_k.shape)}")
+    for x, n in ((cu_seqlens_q, qn), (cu_seqlens_k, kn)):
+        if x.device != device:
+            raise ValueError(f"{n} must be on the same device as q ({device}), got {x.device}")
+    return cu_seqlens_q.shape[0] - 1
+
+
+def check_max_seqlen(max_seqlen: Any, name: str) -> int:
+    """max_seqlen_q / max_seqlen_k: a Python (or numpy) int >= 1; returns it as int.
+
+    A tensor is refused: reading a device tensor's value would synchronise the device.
+    """
+    if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, numbers.Integral):
+        raise TypeError(f"{name} must be a positive int (the longest sequence's length), got "
+                        f"{_describe(max_seqlen)}")
+    if int(max_seqlen) < 1:
+        raise ValueError(f"{name} must be a positive int (the longest sequence's length), got "
+                         f"{int(max_seqlen)}")
+    return int(max_seqlen)
+
+
+def check_seqused_k(seqused_k: Any, batch: int, device: torch.device) -> None:
+    """seqused_k: None or an int32 (batch,) tensor on q's device."""
+    if seqused_k is not None:
+        _check_int32_vector(seqused_k, "seqused_k", batch, "batch", device)
+
+
+def check_block_table(block_table: Any, batch: int, device: torch.device) -> None:
+    """block_table: int32 (batch, max_blocks_per_seq) tensor on q's device."""
+    allowed = f"({batch}, max_blocks_per_seq)"
+    if not isinstance(block_table, torch.Tensor):
+        raise TypeError(f"block_table must be None or a torch.int32 tensor of shape {allowed}, "
+                        f"got {_describe(block_table)}")
+    if block_table.dtype != torch.int32:
+        raise TypeError(f"block_table must have dtype torch.int32, got {block_table.dtype}")
+    if block_table.dim() != 2 or block_table.shape[0] != batch or block_table.shape[1] < 1:
+        raise ValueError(f"block_table must have shape (batch, max_blocks_per_seq) = {allowed} "
+                         f"with max_blocks_per_seq >= 1, got {tuple(block_table.shape)}")
+    if block_table.device != device:
+        raise ValueError(
+            f"block_table must be on the same device as q ({device}), got {block_table.device}")
+
+
+def check_varlen_values(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                        seqused_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int,
+                        total_q: int, total_k: Optional[int]) -> None:
+    """Value checks of the sequence lengths, for CPU tensors only (reading them is free there;
+    on a GPU it would synchronise, so the kernels trust them, as flash-attn does).
+
+    cu_seqlens non-decreasing, >= 0, last entry <= total rows; every length <= max_seqlen;
+    seqused_k[b] in [0, cu_seqlens_k[b+1] - cu_seqlens_k[b]]. ``total_k`` None (paged KV)
+    skips the key bounds, which the block table defines.
+    """
+    if cu_seqlens_q.device.type != "cpu":
+        return
+    checks = [(cu_seqlens_q, "cu_seqlens_q", total_q, max_seqlen_q, "max_seqlen_q", "q")]
+    if total_k is not None:
+        checks.append((cu_seqlens_k, "cu_seqlens_k", total_k, max_seqlen_k, "max_seqlen_k", "k"))
+    for cu, name, total, max_len, max_name, tname in checks:
+        c = cu.tolist()
+        if c and c[0] < 0:
+            raise ValueError(f"{name} must start at a value >= 0, got {name}[0] = {c[0]}")
+        lens = [b - a for a, b in zip(c, c[1:])]
+        if any(n < 0 for n in lens):
+            i = next(i for i, n in enumerate(lens) if n < 0)
+            raise ValueError(f"{name} must be non-decreasing, got {name}[{i}] = {c[i]} > "
+                             f"{name}[{i + 1}] = {c[i + 1]}")
+        if c and c[-1] > total:
+            raise ValueError(f"{name}[-1] = {c[-1]} exceeds the {total} rows of {tname}")
+        longest = max(lens, default=0)
+        if seqused_k is None or tname == "q":
+            if longest > max_len:
+                raise ValueError(f"{max_name} = {max_len} is smaller than the longest sequence "
+                                 f"in {name} ({longest})")
+    if seqused_k is not None:
+        used = seqused_k.tolist()
+        if total_k is not None:
+            c = cu_seqlens_k.tolist()
+            room = [b - a for a, b in zip(c, c[1:])]
+        else:
+            room = [None] * len(used)
+        for i, (u, r) in enumerate(zip(used, room)):
+            if u < 0 or (r is not None and u > r):
+                raise ValueError(
+                    f"seqused_k[{i}] = {u} must be in [0, {r if r is not None else 'inf'}] "
+                    f"(the keys cu_seqlens_k gives sequence {i})")
+            if u > max_seqlen_k:
+                raise ValueError(f"max_seqlen_k = {max_seqlen_k} is smaller than seqused_k[{i}] "
+                                 f"= {u}")
+
+
 __all__: Sequence[str] = (
     "SUPPORTED_DTYPES",
     "MAX_HEAD_DIM",
@@ -274,4 +447,11 @@ __all__: Sequence[str] = (
     "check_causal",
     "check_alibi_slopes",
     "check_bool",
+    "check_varlen_qkv",
+    "check_paged_qkv",
+    "check_cu_seqlens",
+    "check_max_seqlen",
+    "check_seqused_k",
+    "check_block_table",
+    "check_varlen_values",
 )

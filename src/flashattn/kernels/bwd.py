@@ -9,9 +9,12 @@ Three launches:
 3. ``_bwd_dq_kernel`` (deterministic path): one program per (query block, batch, head)
    recomputes P and dP and accumulates dQ in registers; no atomics, bitwise repeatable.
 Tiles in the dK/dV kernel are transposed (rows = keys) so dV += P^T dO needs no transpose of P.
+Packed variable-length sequences: the constexpr ``VARLEN`` in both kernels, as in the forward
+(``flash_varlen_bwd``).
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -20,7 +23,7 @@ import triton.language as tl
 
 from flashattn.kernels import config
 from flashattn.kernels.masks import (LOG2E, dropout_keep, key_range, query_range, score_mod,
-                                     score_scales, visible_mask)
+                                     score_scales, seq_bounds, visible_mask)
 from flashattn.philox import dropout_threshold
 
 
@@ -44,15 +47,16 @@ def _bwd_preprocess(Out, DO, Delta, stride_ob, stride_om, stride_oh,
 
 
 @triton.jit
-def _load_lse2(Lse, bh, offs_m, seqlen_q):
-    """LSE in log2 units; rows with no visible key (or past s_q) become +inf so P = 0."""
-    lse = tl.load(Lse + bh.to(tl.int64) * seqlen_q + offs_m, mask=offs_m < seqlen_q,
-                  other=float("inf"))
+def _load_lse2(lse_base, offs_m, seqlen_q):
+    """LSE in log2 units; rows with no visible key (or past s_q) become +inf so P = 0.
+    lse_base points at row 0 of this (batch, head) or (sequence, head)."""
+    lse = tl.load(lse_base + offs_m, mask=offs_m < seqlen_q, other=float("inf"))
     return tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
 
 
 @triton.jit
-def _dkdv_inner(dk, dv, k, v, q_base, do_base, dq_base, q_desc, do_desc, Lse, Delta, bh, start, end,
+def _dkdv_inner(dk, dv, k, v, q_base, do_base, dq_base, q_desc, do_desc, lse_base, delta_base, bh,
+                start, end,
                 offs_n, offs_m0, offs_d, offs_dv, stride_qm, stride_dom, stride_dqm,
                 seqlen_q, seqlen_k, diag, window_left, window_right,
                 sm_scale, qk_scale, softcap_inv, softcap_log2, slope_log2,
@@ -82,8 +86,8 @@ def _dkdv_inner(dk, dv, k, v, q_base, do_base, dq_base, q_desc, do_desc, Lse, De
         if UPCAST:
             qT = qT.to(tl.float32)
             do = do.to(tl.float32)
-        lse2 = _load_lse2(Lse, bh, offs_m, seqlen_q)
-        delta = tl.load(Delta + bh.to(tl.int64) * seqlen_q + offs_m, mask=offs_m < seqlen_q, other=0.0)
+        lse2 = _load_lse2(lse_base, offs_m, seqlen_q)
+        delta = tl.load(delta_base + offs_m, mask=offs_m < seqlen_q, other=0.0)
 
         qkT = tl.dot(k, qT, input_precision=DOT_PREC)  # (BLOCK_N, BLOCK_M)
         sT, tT = score_mod(qkT, offs_m[None, :], offs_n[:, None], diag, qk_scale, softcap_inv,
@@ -115,7 +119,7 @@ def _dkdv_inner(dk, dv, k, v, q_base, do_base, dq_base, q_desc, do_desc, Lse, De
 
 
 @triton.jit
-def _bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, DQ, Alibi,
+def _bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, DQ, Alibi, CuSeqQ, CuSeqK, SeqUsedK,
                      stride_qb, stride_qm, stride_qh,
                      stride_kb, stride_kn, stride_kh,
                      stride_vb, stride_vn, stride_vh,
@@ -124,7 +128,7 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, DQ, Alibi,
                      stride_dvb, stride_dvn, stride_dvh,
                      stride_dqb, stride_dqm, stride_dqh,
                      stride_ab, stride_ah,
-                     nheads, nheads_k, seqlen_q, seqlen_k, group, seq_bucket,
+                     nheads, nheads_k, seqlen_q, seqlen_k, group, seq_bucket, lse_stride_h,
                      sm_scale, softcap, window_left, window_right,
                      drop_threshold, drop_scale, seed,
                      HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
@@ -133,21 +137,49 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, DQ, Alibi,
                      HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                      HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
                      HAS_DROPOUT: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-                     UPCAST: tl.constexpr, DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr):
-    pid_n = tl.program_id(0)
-    pid_bhk = tl.program_id(1)
+                     UPCAST: tl.constexpr, DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr,
+                     VARLEN: tl.constexpr, HAS_SEQUSED: tl.constexpr):
+    if VARLEN:
+        # (sequence, kv head) on axis 0: b * h_k can pass the 65535 limit of grid axis 1
+        pid_n = tl.program_id(1)
+        pid_bhk = tl.program_id(0)
+    else:
+        pid_n = tl.program_id(0)
+        pid_bhk = tl.program_id(1)
     off_b = pid_bhk // nheads_k
     off_hk = pid_bhk % nheads_k
-    diag = seqlen_k - seqlen_q
     n_start = pid_n * BLOCK_N
+    if VARLEN:
+        # off_b is a packed sequence (see the forward kernel). dK/dV of keys past its s_k
+        # (seqused_k) and of sequences without queries keep the caller's zero fill.
+        q_start, k_start, seqlen_q, seqlen_k = seq_bounds(CuSeqQ, CuSeqK, SeqUsedK, off_b,
+                                                          HAS_SEQUSED)
+        if (n_start >= seqlen_k) | (seqlen_q == 0):
+            return
+        q_off = q_start * stride_qm
+        k_off = k_start * stride_kn
+        v_off = k_start * stride_vn
+        do_off = q_start * stride_dom
+        dq_off = q_start * stride_dqm
+        dk_off = k_start * stride_dkn
+        dv_off = k_start * stride_dvn
+    else:
+        q_off = off_b.to(tl.int64) * stride_qb
+        k_off = off_b.to(tl.int64) * stride_kb
+        v_off = off_b.to(tl.int64) * stride_vb
+        do_off = off_b.to(tl.int64) * stride_dob
+        dq_off = off_b.to(tl.int64) * stride_dqb
+        dk_off = off_b.to(tl.int64) * stride_dkb
+        dv_off = off_b.to(tl.int64) * stride_dvb
+    diag = seqlen_k - seqlen_q
     n_end = tl.minimum(n_start + BLOCK_N, seqlen_k)
     offs_n = n_start + tl.arange(0, BLOCK_N)
     offs_m0 = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
 
-    k_base = K + off_b.to(tl.int64) * stride_kb + off_hk.to(tl.int64) * stride_kh
-    v_base = V + off_b.to(tl.int64) * stride_vb + off_hk.to(tl.int64) * stride_vh
+    k_base = K + k_off + off_hk.to(tl.int64) * stride_kh
+    v_base = V + v_off + off_hk.to(tl.int64) * stride_vh
     k = tl.load(k_base + offs_n[:, None].to(tl.int64) * stride_kn + offs_d[None, :],
                 mask=(offs_n[:, None] < seqlen_k) & (offs_d[None, :] < HEAD_DIM), other=0.0)
     v = tl.load(v_base + offs_n[:, None].to(tl.int64) * stride_vn + offs_dv[None, :],
@@ -171,9 +203,15 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, DQ, Alibi,
     for g in range(0, group):
         off_h = off_hk * group + g
         bh = off_b * nheads + off_h
-        q_base = Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
-        do_base = DO + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh
-        dq_base = DQ + off_b.to(tl.int64) * stride_dqb + off_h.to(tl.int64) * stride_dqh
+        q_base = Q + q_off + off_h.to(tl.int64) * stride_qh
+        do_base = DO + do_off + off_h.to(tl.int64) * stride_doh
+        dq_base = DQ + dq_off + off_h.to(tl.int64) * stride_dqh
+        if VARLEN:
+            lse_base = Lse + off_h.to(tl.int64) * lse_stride_h + q_start  # (h, total_q)
+            delta_base = Delta + off_h.to(tl.int64) * lse_stride_h + q_start
+        else:
+            lse_base = Lse + bh.to(tl.int64) * seqlen_q  # (b, h, s_q)
+            delta_base = Delta + bh.to(tl.int64) * seqlen_q
         q_desc = None
         do_desc = None
         if USE_TMA:
@@ -184,8 +222,8 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, DQ, Alibi,
         slope_log2 = 0.0
         if HAS_ALIBI:
             slope_log2 = tl.load(Alibi + off_b * stride_ab + off_h * stride_ah) * LOG2E
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, dq_base, q_desc, do_desc, Lse, Delta, bh,
-                             lo, mid_lo,
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, dq_base, q_desc, do_desc, lse_base,
+                             delta_base, bh, lo, mid_lo,
                              offs_n, offs_m0, offs_d, offs_dv, stride_qm, stride_dom, stride_dqm,
                              seqlen_q, seqlen_k, diag, window_left, window_right,
                              sm_scale, qk_scale, softcap_inv, softcap_log2, slope_log2,
@@ -193,8 +231,8 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, DQ, Alibi,
                              HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, True,
                              HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
                              ATOMIC_DQ, UPCAST, DOT_PREC, USE_TMA)
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, dq_base, q_desc, do_desc, Lse, Delta, bh,
-                             mid_lo, mid_hi,
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, dq_base, q_desc, do_desc, lse_base,
+                             delta_base, bh, mid_lo, mid_hi,
                              offs_n, offs_m0, offs_d, offs_dv, stride_qm, stride_dom, stride_dqm,
                              seqlen_q, seqlen_k, diag, window_left, window_right,
                              sm_scale, qk_scale, softcap_inv, softcap_log2, slope_log2,
@@ -202,8 +240,8 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, DQ, Alibi,
                              HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, False,
                              HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
                              ATOMIC_DQ, UPCAST, DOT_PREC, USE_TMA)
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, dq_base, q_desc, do_desc, Lse, Delta, bh,
-                             mid_hi, hi,
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, dq_base, q_desc, do_desc, lse_base,
+                             delta_base, bh, mid_hi, hi,
                              offs_n, offs_m0, offs_d, offs_dv, stride_qm, stride_dom, stride_dqm,
                              seqlen_q, seqlen_k, diag, window_left, window_right,
                              sm_scale, qk_scale, softcap_inv, softcap_log2, slope_log2,
@@ -213,9 +251,9 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, DQ, Alibi,
                              ATOMIC_DQ, UPCAST, DOT_PREC, USE_TMA)
 
     dk = dk * sm_scale
-    dk_ptrs = (DK + off_b.to(tl.int64) * stride_dkb + off_hk.to(tl.int64) * stride_dkh
+    dk_ptrs = (DK + dk_off + off_hk.to(tl.int64) * stride_dkh
                + offs_n[:, None].to(tl.int64) * stride_dkn + offs_d[None, :])
-    dv_ptrs = (DV + off_b.to(tl.int64) * stride_dvb + off_hk.to(tl.int64) * stride_dvh
+    dv_ptrs = (DV + dv_off + off_hk.to(tl.int64) * stride_dvh
                + offs_n[:, None].to(tl.int64) * stride_dvn + offs_dv[None, :])
     tl.store(dk_ptrs, dk.to(DK.dtype.element_ty),
              mask=(offs_n[:, None] < seqlen_k) & (offs_d[None, :] < HEAD_DIM))
@@ -270,14 +308,14 @@ def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, start, end
 
 
 @triton.jit
-def _bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, Alibi,
+def _bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, Alibi, CuSeqQ, CuSeqK, SeqUsedK,
                    stride_qb, stride_qm, stride_qh,
                    stride_kb, stride_kn, stride_kh,
                    stride_vb, stride_vn, stride_vh,
                    stride_dob, stride_dom, stride_doh,
                    stride_dqb, stride_dqm, stride_dqh,
                    stride_ab, stride_ah,
-                   nheads, seqlen_q, seqlen_k, group, seq_bucket,
+                   nheads, seqlen_q, seqlen_k, group, seq_bucket, lse_stride_h,
                    sm_scale, softcap, window_left, window_right,
                    drop_threshold, drop_scale, seed,
                    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
@@ -286,39 +324,68 @@ def _bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, Alibi,
                    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
                    HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr, DOT_PREC: tl.constexpr,
-                   USE_TMA: tl.constexpr):
-    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-    pid_bh = tl.program_id(1)
+                   USE_TMA: tl.constexpr, VARLEN: tl.constexpr, HAS_SEQUSED: tl.constexpr):
+    if VARLEN:
+        # (sequence, head) on axis 0: b * h can pass the 65535 limit of grid axis 1
+        pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
+        pid_bh = tl.program_id(0)
+    else:
+        pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+        pid_bh = tl.program_id(1)
     off_b = pid_bh // nheads
     off_h = pid_bh % nheads
     off_hk = off_h // group
-    diag = seqlen_k - seqlen_q
     m_start = pid_m * BLOCK_M
+    if VARLEN:
+        # off_b is a packed sequence (see the forward kernel); dQ rows outside every
+        # sequence keep the caller's zero fill.
+        q_start, k_start, seqlen_q, seqlen_k = seq_bounds(CuSeqQ, CuSeqK, SeqUsedK, off_b,
+                                                          HAS_SEQUSED)
+        if m_start >= seqlen_q:
+            return
+        q_off = q_start * stride_qm
+        k_off = k_start * stride_kn
+        v_off = k_start * stride_vn
+        do_off = q_start * stride_dom
+        dq_off = q_start * stride_dqm
+        lse_base = Lse + off_h.to(tl.int64) * lse_stride_h + q_start  # (h, total_q)
+        delta_base = Delta + off_h.to(tl.int64) * lse_stride_h + q_start
+        desc_rows = tl.maximum(seqlen_k, 1)  # TMA bounded by the sequence's own keys
+    else:
+        q_off = off_b.to(tl.int64) * stride_qb
+        k_off = off_b.to(tl.int64) * stride_kb
+        v_off = off_b.to(tl.int64) * stride_vb
+        do_off = off_b.to(tl.int64) * stride_dob
+        dq_off = off_b.to(tl.int64) * stride_dqb
+        lse_base = Lse + pid_bh.to(tl.int64) * seqlen_q  # (b, h, s_q)
+        delta_base = Delta + pid_bh.to(tl.int64) * seqlen_q
+        desc_rows = seqlen_k
+    diag = seqlen_k - seqlen_q
     m_end = tl.minimum(m_start + BLOCK_M, seqlen_q)
     offs_m = m_start + tl.arange(0, BLOCK_M)
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
 
-    q = tl.load(Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
+    q = tl.load(Q + q_off + off_h.to(tl.int64) * stride_qh
                 + offs_m[:, None].to(tl.int64) * stride_qm + offs_d[None, :],
                 mask=(offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM), other=0.0)
-    do = tl.load(DO + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh
+    do = tl.load(DO + do_off + off_h.to(tl.int64) * stride_doh
                  + offs_m[:, None].to(tl.int64) * stride_dom + offs_dv[None, :],
                  mask=(offs_m[:, None] < seqlen_q) & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
         do = do.to(tl.float32)
-    lse2 = _load_lse2(Lse, pid_bh, offs_m, seqlen_q)
-    delta = tl.load(Delta + pid_bh.to(tl.int64) * seqlen_q + offs_m, mask=offs_m < seqlen_q, other=0.0)
-    k_base = K + off_b.to(tl.int64) * stride_kb + off_hk.to(tl.int64) * stride_kh
-    v_base = V + off_b.to(tl.int64) * stride_vb + off_hk.to(tl.int64) * stride_vh
+    lse2 = _load_lse2(lse_base, offs_m, seqlen_q)
+    delta = tl.load(delta_base + offs_m, mask=offs_m < seqlen_q, other=0.0)
+    k_base = K + k_off + off_hk.to(tl.int64) * stride_kh
+    v_base = V + v_off + off_hk.to(tl.int64) * stride_vh
     k_desc = None
     v_desc = None
     if USE_TMA:
-        k_desc = tl.make_tensor_descriptor(k_base, shape=[seqlen_k, HEAD_DIM], strides=[stride_kn, 1],
+        k_desc = tl.make_tensor_descriptor(k_base, shape=[desc_rows, HEAD_DIM], strides=[stride_kn, 1],
                                            block_shape=[BLOCK_N, BLOCK_D])
-        v_desc = tl.make_tensor_descriptor(v_base, shape=[seqlen_k, HEAD_DIM_V], strides=[stride_vn, 1],
+        v_desc = tl.make_tensor_descriptor(v_base, shape=[desc_rows, HEAD_DIM_V], strides=[stride_vn, 1],
                                            block_shape=[BLOCK_N, BLOCK_DV])
 
     qk_scale, softcap_inv, softcap_log2 = score_scales(sm_scale, softcap, HAS_SOFTCAP)
@@ -345,7 +412,7 @@ def _bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, Alibi,
                    drop_scale, HEAD_DIM, HEAD_DIM_V, BLOCK_N, True, HAS_LEFT, HAS_RIGHT,
                    HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST, DOT_PREC, USE_TMA)
     dq = dq * sm_scale
-    tl.store(DQ + off_b.to(tl.int64) * stride_dqb + off_h.to(tl.int64) * stride_dqh
+    tl.store(DQ + dq_off + off_h.to(tl.int64) * stride_dqh
              + offs_m[:, None].to(tl.int64) * stride_dqm + offs_d[None, :],
              dq.to(DQ.dtype.element_ty),
              mask=(offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM))
@@ -353,6 +420,88 @@ def _bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, Alibi,
 
 _dkdv_autotuned = config.autotune_bwd_kv(_bwd_dkdv_kernel, reset_to_zero=["DQ"])
 _dq_autotuned = config.autotune_bwd_q(_bwd_dq_kernel)
+
+
+def _preprocess(out, dout, delta, batch, seqlen_q, nheads, head_dim_v):
+    """delta (batch, nheads, seqlen_q) = rowsum(dO * O); out/dout (batch, seqlen_q, h, d_v)."""
+    pre_block = 64 if not config.INTERPRET else 16
+    _bwd_preprocess[(triton.cdiv(seqlen_q, pre_block), batch * nheads)](
+        out, dout, delta, out.stride(0), out.stride(1), out.stride(2),
+        dout.stride(0), dout.stride(1), dout.stride(2), nheads, seqlen_q,
+        HEAD_DIM_V=head_dim_v, BLOCK_DV=config.block_dim(head_dim_v), BLOCK_M=pre_block)
+
+
+def _row_strides(t: torch.Tensor, varlen: bool):
+    """(b, row, head) strides of a (b, s, h, d) tensor, or (0, row, head) of a (total, h, d) one."""
+    return (0, t.stride(0), t.stride(1)) if varlen else tuple(t.stride()[:3])
+
+
+def _bwd_passes(dout, q, k, v, lse, delta, dq, dk, dv, n_seqs, seqlen_q, seqlen_k, lse_stride_h,
+                seqlens, *, softmax_scale, window_left, window_right, softcap, alibi_slopes,
+                dropout_p, philox_seed, deterministic):
+    """The dK/dV pass and the dQ pass (or atomic dQ inside the dK/dV pass), dense or varlen.
+
+    dq, dk, dv are preallocated outputs; returns dq (a new tensor on the atomic path).
+    seqlens: None (dense) or (cu_seqlens_q, cu_seqlens_k, seqused_k | None); then
+    seqlen_q / seqlen_k are the max_seqlen that size the grids and bucket the autotuning.
+    """
+    nheads, head_dim = q.shape[-2], q.shape[-1]
+    nheads_k, head_dim_v = k.shape[-2], v.shape[-1]
+    varlen = seqlens is not None
+    cu_q, cu_k, seqused_k = seqlens if varlen else (delta, delta, delta)
+    has_seqused = varlen and seqused_k is not None
+    if not has_seqused:
+        seqused_k = cu_k
+    has_dropout = dropout_p > 0.0
+    scalars = (float(softmax_scale), float(softcap), int(window_left), int(window_right),
+               dropout_threshold(dropout_p), 1.0 / (1.0 - dropout_p) if has_dropout else 1.0,
+               int(philox_seed) if has_dropout else 0)
+    alibi_arg = alibi_slopes if alibi_slopes is not None else delta
+    alibi_strides = alibi_slopes.stride() if alibi_slopes is not None else (0, 0)
+    flags = dict(HEAD_DIM=head_dim, HEAD_DIM_V=head_dim_v, BLOCK_D=config.block_dim(head_dim),
+                 BLOCK_DV=config.block_dim(head_dim_v), HAS_LEFT=window_left >= 0,
+                 HAS_RIGHT=window_right >= 0,
+                 HAS_SOFTCAP=softcap > 0.0, HAS_ALIBI=alibi_slopes is not None,
+                 HAS_DROPOUT=has_dropout, UPCAST=config.upcast_dots(q),
+                 DOT_PREC=config.dot_precision(q), USE_TMA=config.use_tma(q, k, v, dout),
+                 VARLEN=varlen, HAS_SEQUSED=has_seqused)
+    config.install_allocator()
+    bucket = config.seq_bucket(seqlen_q, seqlen_k)
+    group = nheads // nheads_k
+
+    atomic_dq = not deterministic and config.atomic_dq_enabled()
+    if atomic_dq:
+        dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    else:
+        dq_acc = dq
+    rs = functools.partial(_row_strides, varlen=varlen)
+
+    def grid_kv(meta):
+        if varlen:
+            return (n_seqs * nheads_k, triton.cdiv(seqlen_k, meta["BLOCK_N"]))
+        return (triton.cdiv(seqlen_k, meta["BLOCK_N"]), n_seqs * nheads_k)
+
+    _dkdv_autotuned[grid_kv](
+        q, k, v, dout, lse, delta, dk, dv, dq_acc, alibi_arg, cu_q, cu_k, seqused_k,
+        *rs(q), *rs(k), *rs(v), *rs(dout), *rs(dk), *rs(dv), *rs(dq_acc),
+        alibi_strides[0], alibi_strides[1],
+        nheads, nheads_k, seqlen_q, seqlen_k, group, bucket, lse_stride_h, *scalars,
+        ATOMIC_DQ=atomic_dq, **flags)
+
+    if atomic_dq:
+        return dq_acc.to(q.dtype)
+
+    def grid_q(meta):
+        if varlen:
+            return (n_seqs * nheads, triton.cdiv(seqlen_q, meta["BLOCK_M"]))
+        return (triton.cdiv(seqlen_q, meta["BLOCK_M"]), n_seqs * nheads)
+
+    _dq_autotuned[grid_q](
+        q, k, v, dout, lse, delta, dq_acc, alibi_arg, cu_q, cu_k, seqused_k,
+        *rs(q), *rs(k), *rs(v), *rs(dout), *rs(dq_acc),
+        alibi_strides[0], alibi_strides[1],
+        nheads, seqlen_q, seqlen_k, group, bucket, lse_stride_h, *scalars, **flags)
+    return dq_acc
 
 
 def flash_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -377,63 +526,51 @@ def flash_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
     delta = torch.empty((batch, nheads, seqlen_q), dtype=torch.float32, device=q.device)
-    block_dv = config.block_dim(head_dim_v)
-    pre_block = 64 if not config.INTERPRET else 16
-    _bwd_preprocess[(triton.cdiv(seqlen_q, pre_block), batch * nheads)](
-        out, dout, delta, out.stride(0), out.stride(1), out.stride(2),
-        dout.stride(0), dout.stride(1), dout.stride(2), nheads, seqlen_q,
-        HEAD_DIM_V=head_dim_v, BLOCK_DV=block_dv, BLOCK_M=pre_block)
+    _preprocess(out, dout, delta, batch, seqlen_q, nheads, head_dim_v)
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+    dq = _bwd_passes(dout, q, k, v, lse, delta, dq, dk, dv, batch, seqlen_q, seqlen_k, seqlen_q,
+                     None, softmax_scale=softmax_scale, window_left=window_left,
+                     window_right=window_right, softcap=softcap, alibi_slopes=alibi_slopes,
+                     dropout_p=dropout_p, philox_seed=philox_seed, deterministic=deterministic)
+    return dq, dk, dv
 
-    has_dropout = dropout_p > 0.0
-    scalars = (float(softmax_scale), float(softcap), int(window_left), int(window_right),
-               dropout_threshold(dropout_p), 1.0 / (1.0 - dropout_p) if has_dropout else 1.0,
-               int(philox_seed) if has_dropout else 0)
-    alibi_arg = alibi_slopes if alibi_slopes is not None else delta
-    alibi_strides = alibi_slopes.stride() if alibi_slopes is not None else (0, 0)
-    flags = dict(HEAD_DIM=head_dim, HEAD_DIM_V=head_dim_v, BLOCK_D=config.block_dim(head_dim),
-                 BLOCK_DV=block_dv, HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0,
-                 HAS_SOFTCAP=softcap > 0.0, HAS_ALIBI=alibi_slopes is not None,
-                 HAS_DROPOUT=has_dropout, UPCAST=config.upcast_dots(q),
-                 DOT_PREC=config.dot_precision(q), USE_TMA=config.use_tma(q, k, v, dout))
-    config.install_allocator()
-    bucket = config.seq_bucket(seqlen_q, seqlen_k)
-    group = nheads // nheads_k
 
-    atomic_dq = not deterministic and config.atomic_dq_enabled()
-    if atomic_dq:
-        dq_acc = torch.zeros((batch, seqlen_q, nheads, head_dim), dtype=torch.float32, device=q.device)
-    else:
-        dq_acc = torch.empty_like(q, memory_format=torch.contiguous_format)
+def flash_varlen_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     out: torch.Tensor, lse: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                     cu_seqlens_k: torch.Tensor, seqused_k: Optional[torch.Tensor],
+                     max_seqlen_q: int, max_seqlen_k: int, *, softmax_scale: float,
+                     causal: bool, window_left: int, window_right: int, softcap: float,
+                     alibi_slopes: Optional[torch.Tensor], dropout_p: float, philox_seed: int,
+                     deterministic: bool):
+    """Backward over packed variable-length sequences (the kernels' VARLEN mode).
 
-    def grid_kv(meta):
-        return (triton.cdiv(seqlen_k, meta["BLOCK_N"]), batch * nheads_k)
-
-    _dkdv_autotuned[grid_kv](
-        q, k, v, dout, lse, delta, dk, dv, dq_acc, alibi_arg,
-        q.stride(0), q.stride(1), q.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        dout.stride(0), dout.stride(1), dout.stride(2),
-        dk.stride(0), dk.stride(1), dk.stride(2),
-        dv.stride(0), dv.stride(1), dv.stride(2),
-        dq_acc.stride(0), dq_acc.stride(1), dq_acc.stride(2),
-        alibi_strides[0], alibi_strides[1],
-        nheads, nheads_k, seqlen_q, seqlen_k, group, bucket, *scalars,
-        ATOMIC_DQ=atomic_dq, **flags)
-
-    if atomic_dq:
-        return dq_acc.to(q.dtype), dk, dv
-
-    def grid_q(meta):
-        return (triton.cdiv(seqlen_q, meta["BLOCK_M"]), batch * nheads)
-
-    _dq_autotuned[grid_q](
-        q, k, v, dout, lse, delta, dq_acc, alibi_arg,
-        q.stride(0), q.stride(1), q.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        dout.stride(0), dout.stride(1), dout.stride(2),
-        dq_acc.stride(0), dq_acc.stride(1), dq_acc.stride(2),
-        alibi_strides[0], alibi_strides[1],
-        nheads, seqlen_q, seqlen_k, group, bucket, *scalars, **flags)
-    return dq_acc, dk, dv
+    dout/out (total_q, h, d_v), q (total_q, h, d), k (total_k, h_k, d), v (total_k, h_k, d_v),
+    lse float32 (h, total_q); cu_seqlens_* int32 (b + 1,), seqused_k int32 (b,) or None, as
+    for :func:`flashattn.kernels.fwd.flash_varlen_fwd`. Returns dq, dk, dv with the shapes and
+    dtypes of q, k, v; rows outside every sequence (and keys past seqused_k) get 0.
+    No tensor value is read on the host.
+    """
+    total_q, nheads, _ = q.shape
+    head_dim_v = v.shape[-1]
+    batch = cu_seqlens_q.shape[0] - 1
+    # the kernels index the length vectors with unit stride
+    cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
+    seqused_k = seqused_k.contiguous() if seqused_k is not None else None
+    # zero fill: programs past a sequence's end exit without writing
+    dq = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.zeros(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
+    if batch == 0 or total_q == 0 or k.shape[0] == 0 or max_seqlen_q == 0 or max_seqlen_k == 0:
+        return dq, dk, dv
+    if dout.stride(-1) != 1:
+        dout = dout.contiguous()
+    # delta shares lse's (h, total_q) layout: the preprocess sees one long batch entry
+    delta = torch.empty((nheads, total_q), dtype=torch.float32, device=q.device)
+    _preprocess(out.unsqueeze(0), dout.unsqueeze(0), delta.unsqueeze(0), 1, total_q, nheads,
+                head_dim_v)
+    dq = _bwd_passes(dout, q, k, v, lse, delta, dq, dk, dv, batch, max_seqlen_q, max_seqlen_k,
+                     total_q, (cu_seqlens_q, cu_seqlens_k, seqused_k),
+                     softmax_scale=softmax_scale, window_left=window_left,
+                     window_right=window_right, softcap=softcap, alibi_slopes=alibi_slopes,
+                     dropout_p=dropout_p, philox_seed=philox_seed, deterministic=deterministic)
+    return dq, dk, dv

@@ -118,7 +118,7 @@ def _all(space):
 
 
 _KEY = ["HEAD_DIM", "HEAD_DIM_V", "HAS_LEFT", "HAS_RIGHT", "HAS_SOFTCAP", "HAS_ALIBI",
-        "HAS_DROPOUT", "seq_bucket"]
+        "HAS_DROPOUT", "seq_bucket", "VARLEN"]
 
 
 def _autotune(kernel, space, reset_to_zero=None, interpret_cfg=_INTERPRET_CFG):

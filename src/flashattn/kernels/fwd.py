@@ -5,6 +5,11 @@ stream through; the running max ``m_i`` and sum ``l_i`` rescale the fp32 accumul
 ``acc`` and the division by ``l_i`` happens once at the end. The key loop is split in three
 ranges (masked front, unmasked middle, masked back) so only blocks that cut the causal /
 window diagonal or the sequence end pay for the mask. Output: O once, LSE once.
+
+Packed variable-length sequences use the same kernel with the constexpr ``VARLEN``: the batch
+index becomes a sequence index whose start row and lengths come from cu_seqlens on the device
+(``masks.seq_bounds``), the grid is sized by max_seqlen_q and programs past their sequence's
+end exit (``flash_varlen_fwd``).
 """
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ import triton.language as tl
 from flashattn.kernels import config
 from flashattn.philox import dropout_threshold
 from flashattn.kernels.masks import (LN2, LOG2E, dropout_keep, key_range, score_mod,
-                                     score_scales, visible_mask)
+                                     score_scales, seq_bounds, visible_mask)
 
 
 @triton.jit
@@ -127,14 +132,14 @@ def _write_softmax(P, stride_pb, stride_ph, stride_pm, off_b, off_h, q, k_base, 
 
 
 @triton.jit
-def _fwd_kernel(Q, K, V, Out, Lse, Alibi, P,
+def _fwd_kernel(Q, K, V, Out, Lse, Alibi, P, CuSeqQ, CuSeqK, SeqUsedK,
                 stride_qb, stride_qm, stride_qh,
                 stride_kb, stride_kn, stride_kh,
                 stride_vb, stride_vn, stride_vh,
                 stride_ob, stride_om, stride_oh,
                 stride_ab, stride_ah,
                 stride_pb, stride_ph, stride_pm,
-                nheads, seqlen_q, seqlen_k, group, seq_bucket,
+                nheads, seqlen_q, seqlen_k, group, seq_bucket, lse_stride_h,
                 sm_scale, softcap, window_left, window_right,
                 drop_threshold, drop_scale, seed,
                 HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
@@ -144,33 +149,62 @@ def _fwd_kernel(Q, K, V, Out, Lse, Alibi, P,
                 HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
                 HAS_DROPOUT: tl.constexpr, RETURN_P: tl.constexpr,
                 UPCAST: tl.constexpr, DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr,
-                WARP_SPEC: tl.constexpr):
+                WARP_SPEC: tl.constexpr, VARLEN: tl.constexpr, HAS_SEQUSED: tl.constexpr):
     # Heavy causal rows (high m) are scheduled first: program 0 takes the last query block.
-    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    if VARLEN:
+        # (sequence, head) on axis 0: b * h can pass the 65535 limit of grid axis 1
+        pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
+        pid_bh = tl.program_id(0)
+    else:
+        pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+        pid_bh = tl.program_id(1)
     off_b = pid_bh // nheads
     off_h = pid_bh % nheads
     off_hk = off_h // group
+    m_start = pid_m * BLOCK_M
+
+    if VARLEN:
+        # off_b is a packed sequence; seqlen_q / seqlen_k (max_seqlen, the grid's size) are
+        # replaced by its own lengths, and its rows start at q_start / k_start.
+        q_start, k_start, seqlen_q, seqlen_k = seq_bounds(CuSeqQ, CuSeqK, SeqUsedK, off_b,
+                                                          HAS_SEQUSED)
+        if m_start >= seqlen_q:
+            return
+        q_off = q_start * stride_qm
+        k_off = k_start * stride_kn
+        v_off = k_start * stride_vn
+        o_off = q_start * stride_om
+        lse_base = Lse + off_h.to(tl.int64) * lse_stride_h + q_start  # lse (h, total_q)
+        # TMA bounds: the sequence's own keys (rows past its end belong to the next
+        # sequence and must read as zeros); at least one row for an empty sequence,
+        # which loads nothing.
+        desc_rows = tl.maximum(seqlen_k, 1)
+    else:
+        # 64-bit base offsets: b * stride_b can exceed 2**31 on long sequences.
+        q_off = off_b.to(tl.int64) * stride_qb
+        k_off = off_b.to(tl.int64) * stride_kb
+        v_off = off_b.to(tl.int64) * stride_vb
+        o_off = off_b.to(tl.int64) * stride_ob
+        lse_base = Lse + pid_bh.to(tl.int64) * seqlen_q  # lse (b, h, s_q)
+        desc_rows = seqlen_k
     diag = seqlen_k - seqlen_q
 
-    m_start = pid_m * BLOCK_M
     m_end = tl.minimum(m_start + BLOCK_M, seqlen_q)
     offs_m = m_start + tl.arange(0, BLOCK_M)
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
 
-    # 64-bit base offsets: b * stride_b can exceed 2**31 on long sequences.
-    q_base = Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
-    k_base = K + off_b.to(tl.int64) * stride_kb + off_hk.to(tl.int64) * stride_kh
-    v_base = V + off_b.to(tl.int64) * stride_vb + off_hk.to(tl.int64) * stride_vh
+    q_base = Q + q_off + off_h.to(tl.int64) * stride_qh
+    k_base = K + k_off + off_hk.to(tl.int64) * stride_kh
+    v_base = V + v_off + off_hk.to(tl.int64) * stride_vh
     k_desc = None
     v_desc = None
     if USE_TMA:
         # 2-D (s_k, d) views of this (batch, kv head): TMA streams the K/V tiles
-        k_desc = tl.make_tensor_descriptor(k_base, shape=[seqlen_k, HEAD_DIM], strides=[stride_kn, 1],
+        k_desc = tl.make_tensor_descriptor(k_base, shape=[desc_rows, HEAD_DIM], strides=[stride_kn, 1],
                                            block_shape=[BLOCK_N, BLOCK_D])
-        v_desc = tl.make_tensor_descriptor(v_base, shape=[seqlen_k, HEAD_DIM_V], strides=[stride_vn, 1],
+        v_desc = tl.make_tensor_descriptor(v_base, shape=[desc_rows, HEAD_DIM_V], strides=[stride_vn, 1],
                                            block_shape=[BLOCK_N, BLOCK_DV])
     q_ptrs = q_base + offs_m[:, None].to(tl.int64) * stride_qm + offs_d[None, :]
     q = tl.load(q_ptrs, mask=(offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM), other=0.0)
@@ -221,9 +255,9 @@ def _fwd_kernel(Q, K, V, Out, Lse, Alibi, P,
         inv_l = inv_l * drop_scale
     acc = acc * inv_l[:, None]
     lse2 = tl.where(empty, float("-inf"), m_i + tl.log2(l_safe))
-    lse_ptrs = Lse + pid_bh.to(tl.int64) * seqlen_q + offs_m
-    tl.store(lse_ptrs, lse2 * LN2, mask=offs_m < seqlen_q)
-    o_base = Out + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh
+    tl.store(lse_base + offs_m, lse2 * LN2, mask=offs_m < seqlen_q)
+    # masked by the sequence's own s_q: never writes rows of the next packed sequence
+    o_base = Out + o_off + off_h.to(tl.int64) * stride_oh
     o_ptrs = o_base + offs_m[:, None].to(tl.int64) * stride_om + offs_dv[None, :]
     tl.store(o_ptrs, acc.to(Out.dtype.element_ty),
              mask=(offs_m[:, None] < seqlen_q) & (offs_dv[None, :] < HEAD_DIM_V))
@@ -238,6 +272,55 @@ def _fwd_kernel(Q, K, V, Out, Lse, Alibi, P,
 
 
 _fwd_autotuned = config.autotune_fwd(_fwd_kernel)
+
+
+def _launch_fwd(q, k, v, out, lse, p_mat, strides, n_seqs, seqlen_q, seqlen_k, lse_stride_h,
+                seqlens, *, softmax_scale, window_left, window_right, softcap, alibi_slopes,
+                dropout_p, philox_seed, return_softmax):
+    """One launch of the forward kernel, dense or varlen.
+
+    strides: (b, row, head) strides of q, k, v, out (b unused in varlen mode).
+    seqlens: None (dense) or (cu_seqlens_q, cu_seqlens_k, seqused_k | None) int32 tensors;
+    then seqlen_q / seqlen_k are the max_seqlen that size the grid and bucket the autotuning.
+    """
+    nheads, head_dim = q.shape[-2], q.shape[-1]
+    nheads_k, head_dim_v = k.shape[-2], v.shape[-1]
+    varlen = seqlens is not None
+    cu_q, cu_k, seqused_k = seqlens if varlen else (lse, lse, lse)
+    has_seqused = varlen and seqused_k is not None
+    if not has_seqused:
+        seqused_k = cu_k
+    p_arg = p_mat if p_mat is not None else out
+    p_strides = p_mat.stride()[:3] if p_mat is not None else (0, 0, 0)
+    alibi_arg = alibi_slopes if alibi_slopes is not None else lse
+    alibi_strides = alibi_slopes.stride() if alibi_slopes is not None else (0, 0)
+    has_dropout = dropout_p > 0.0
+    drop_threshold = dropout_threshold(dropout_p)
+    drop_scale = 1.0 / (1.0 - dropout_p) if has_dropout else 1.0
+
+    def grid(meta):
+        if varlen:
+            return (n_seqs * nheads, triton.cdiv(seqlen_q, meta["BLOCK_M"]))
+        return (triton.cdiv(seqlen_q, meta["BLOCK_M"]), n_seqs * nheads)
+
+    config.install_allocator()
+    _fwd_autotuned[grid](
+        q, k, v, out, lse, alibi_arg, p_arg, cu_q, cu_k, seqused_k,
+        *strides[0], *strides[1], *strides[2], *strides[3],
+        alibi_strides[0], alibi_strides[1],
+        p_strides[0], p_strides[1], p_strides[2],
+        nheads, seqlen_q, seqlen_k, nheads // nheads_k, config.seq_bucket(seqlen_q, seqlen_k),
+        lse_stride_h,
+        float(softmax_scale), float(softcap), int(window_left), int(window_right),
+        drop_threshold, drop_scale, int(philox_seed) if has_dropout else 0,
+        HEAD_DIM=head_dim, HEAD_DIM_V=head_dim_v,
+        BLOCK_D=config.block_dim(head_dim), BLOCK_DV=config.block_dim(head_dim_v),
+        HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0,
+        HAS_SOFTCAP=softcap > 0.0, HAS_ALIBI=alibi_slopes is not None,
+        HAS_DROPOUT=has_dropout, RETURN_P=return_softmax,
+        UPCAST=config.upcast_dots(q), DOT_PREC=config.dot_precision(q),
+        USE_TMA=config.use_tma(k, v), VARLEN=varlen, HAS_SEQUSED=has_seqused,
+    )
 
 
 def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_scale: float,
@@ -262,35 +345,53 @@ def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_scal
         if seqlen_q and batch:
             lse.fill_(float("-inf"))
         return out, lse, p_mat
-    p_arg = p_mat if p_mat is not None else out
-    p_strides = p_mat.stride()[:3] if p_mat is not None else (0, 0, 0)
-    alibi_arg = alibi_slopes if alibi_slopes is not None else lse
-    alibi_strides = alibi_slopes.stride() if alibi_slopes is not None else (0, 0)
-    has_dropout = dropout_p > 0.0
-    drop_threshold = dropout_threshold(dropout_p)
-    drop_scale = 1.0 / (1.0 - dropout_p) if has_dropout else 1.0
+    strides = tuple(t.stride()[:3] for t in (q, k, v, out))
+    _launch_fwd(q, k, v, out, lse, p_mat, strides, batch, seqlen_q, seqlen_k, seqlen_q, None,
+                softmax_scale=softmax_scale, window_left=window_left, window_right=window_right,
+                softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
+                philox_seed=philox_seed, return_softmax=return_softmax)
+    return out, lse, p_mat
 
-    def grid(meta):
-        return (triton.cdiv(seqlen_q, meta["BLOCK_M"]), batch * nheads)
 
-    config.install_allocator()
-    _fwd_autotuned[grid](
-        q, k, v, out, lse, alibi_arg, p_arg,
-        q.stride(0), q.stride(1), q.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        out.stride(0), out.stride(1), out.stride(2),
-        alibi_strides[0], alibi_strides[1],
-        p_strides[0], p_strides[1], p_strides[2],
-        nheads, seqlen_q, seqlen_k, nheads // nheads_k, config.seq_bucket(seqlen_q, seqlen_k),
-        float(softmax_scale), float(softcap), int(window_left), int(window_right),
-        drop_threshold, drop_scale, int(philox_seed) if has_dropout else 0,
-        HEAD_DIM=head_dim, HEAD_DIM_V=head_dim_v,
-        BLOCK_D=config.block_dim(head_dim), BLOCK_DV=config.block_dim(head_dim_v),
-        HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0,
-        HAS_SOFTCAP=softcap > 0.0, HAS_ALIBI=alibi_slopes is not None,
-        HAS_DROPOUT=has_dropout, RETURN_P=return_softmax,
-        UPCAST=config.upcast_dots(q), DOT_PREC=config.dot_precision(q),
-        USE_TMA=config.use_tma(k, v),
-    )
+def flash_varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                     seqused_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int, *,
+                     softmax_scale: float, causal: bool, window_left: int, window_right: int,
+                     softcap: float, alibi_slopes: Optional[torch.Tensor], dropout_p: float,
+                     philox_seed: int, return_softmax: bool):
+    """Forward over packed variable-length sequences (the kernel's VARLEN mode).
+
+    q (total_q, h, d), k (total_k, h_k, d), v (total_k, h_k, d_v); cu_seqlens_q /
+    cu_seqlens_k int32 (b + 1,) on q's device; seqused_k int32 (b,) or None. Sequence b has
+    query rows [cu_seqlens_q[b], cu_seqlens_q[b+1]) and keys starting at cu_seqlens_k[b]
+    (seqused_k[b] of them if given, else up to cu_seqlens_k[b+1]). Every mask, ALiBi distance
+    and dropout counter is local to the sequence (batch index = sequence index).
+    No tensor value is read on the host: the grid comes from max_seqlen_q, programs past
+    their sequence's end exit (CUDA-graph friendly).
+
+    Returns out (total_q, h, d_v) in q's dtype (0 on rows outside every sequence), lse
+    float32 (h, total_q) (-inf there) and, when ``return_softmax``, S_dmask
+    (b, h, max_seqlen_q, max_seqlen_k) in q's dtype, sequence-local and zero-padded.
+    """
+    total_q, nheads, _ = q.shape
+    head_dim_v = v.shape[-1]
+    batch = cu_seqlens_q.shape[0] - 1
+    # the kernels index the length vectors with unit stride
+    cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
+    seqused_k = seqused_k.contiguous() if seqused_k is not None else None
+    out = torch.zeros((total_q, nheads, head_dim_v), dtype=q.dtype, device=q.device)
+    lse = torch.full((nheads, total_q), float("-inf"), dtype=torch.float32, device=q.device)
+    p_mat = None
+    if return_softmax:
+        p_mat = torch.zeros((batch, nheads, max_seqlen_q, max_seqlen_k), dtype=q.dtype,
+                            device=q.device)
+    if batch == 0 or total_q == 0 or max_seqlen_q == 0 or k.shape[0] == 0 or max_seqlen_k == 0:
+        return out, lse, p_mat  # no query row sees a key
+    strides = tuple(t.stride()[:2] for t in (q, k, v, out))
+    strides = tuple((0, *st) for st in strides)
+    _launch_fwd(q, k, v, out, lse, p_mat, strides, batch, max_seqlen_q, max_seqlen_k, total_q,
+                (cu_seqlens_q, cu_seqlens_k, seqused_k),
+                softmax_scale=softmax_scale, window_left=window_left, window_right=window_right,
+                softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
+                philox_seed=philox_seed, return_softmax=return_softmax)
     return out, lse, p_mat

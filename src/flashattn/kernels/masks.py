@@ -144,3 +144,23 @@ def query_range(n_start, n_end, seqlen_q, diag, window_left, window_right,
     mid_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
     mid_hi = tl.minimum(tl.maximum(full_hi, mid_lo), hi)
     return lo, mid_lo, mid_hi, hi
+
+
+@triton.jit
+def seq_bounds(CuSeqQ, CuSeqK, SeqUsedK, off_b, HAS_SEQUSED: tl.constexpr):
+    """Where packed sequence ``off_b`` lives (varlen mode): (q_start, k_start, s_q, s_k).
+
+    q_start / k_start are int64 row offsets into the (total, h, d) tensors (total * row
+    stride can exceed 2**31); s_q / s_k are the sequence's own lengths, from the int32
+    cumulative lengths ``cu_seqlens`` (b + 1,), or s_k = ``seqused_k[b]`` keys when given.
+    Everything inside the sequence (masks, alignment, dropout counters) then uses local
+    indices, exactly as a batch entry of the dense layout does.
+    """
+    q_start = tl.load(CuSeqQ + off_b).to(tl.int64)
+    seqlen_q = (tl.load(CuSeqQ + off_b + 1) - q_start).to(tl.int32)
+    k_start = tl.load(CuSeqK + off_b).to(tl.int64)
+    if HAS_SEQUSED:
+        seqlen_k = tl.load(SeqUsedK + off_b).to(tl.int32)
+    else:
+        seqlen_k = (tl.load(CuSeqK + off_b + 1) - k_start).to(tl.int32)
+    return q_start, k_start, seqlen_q, seqlen_k

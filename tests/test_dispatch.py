@@ -66,7 +66,7 @@ def fake_backends(monkeypatch):
         ("cpu", "1", "cpu", "cpu"),
         ("CPU", None, "cuda", "cpu"),
         ("portable", "1", "cpu", "portable"),
-        ("hopper", "1", "cpu", "portable"),  # reserved: portable until a Hopper path exists
+        ("hopper", "1", "cpu", "portable"),  # the Triton family; family_for refines it
         (None, None, "cuda", "portable"),
         ("portable", None, "cuda", "portable"),
         ("hopper", None, "cuda", "portable"),
@@ -156,3 +156,115 @@ def test_import_without_triton():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() in ("ok", "no-cpu-module")
+
+
+# ---------------------------------------------------------------------------------------------
+# Hopper family: family_for / forward_family with the device check faked (no GPU here)
+# ---------------------------------------------------------------------------------------------
+@pytest.fixture
+def fake_sm90(monkeypatch):
+    """Pretend CUDA devices are sm90 with a usable Gluon (or not: set state['reason'])."""
+    state = {"reason": None}
+    monkeypatch.setattr(dispatch, "_hopper_device_reason",
+                        lambda device: state["reason"] if device.type == "cuda" else "not cuda")
+    return state
+
+
+@pytest.mark.parametrize("backend,interpret,device,expected", [
+    (None, None, "cuda", "hopper"),
+    ("auto", None, "cuda", "hopper"),
+    ("hopper", None, "cuda", "hopper"),
+    ("portable", None, "cuda", "portable"),
+    ("cpu", None, "cuda", "cpu"),
+    (None, None, "cpu", "cpu"),
+    ("hopper", "1", "cpu", "portable"),
+    (None, "1", "cuda", "portable"),  # Gluon cannot be interpreted
+])
+def test_family_for(env, fake_sm90, backend, interpret, device, expected):
+    env(backend, interpret)
+    assert dispatch.family_for(torch.device(device)) == expected
+    # backend_for keeps answering the device backend (varlen and others rely on it)
+    assert dispatch.backend_for(torch.device(device)) in ("portable", "cpu")
+    assert (dispatch.hopper_reason(torch.device(device)) is None) == (expected == "hopper")
+
+
+def test_family_for_not_sm90(env, fake_sm90):
+    env("hopper", None)
+    fake_sm90["reason"] = "device cuda:0 is sm_80, not sm_90"
+    assert dispatch.family_for(torch.device("cuda")) == "portable"
+    assert "sm_80" in dispatch.hopper_reason(torch.device("cuda"))
+
+
+def _meta(shape, dtype=torch.bfloat16):
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+def _params(**kw):
+    p = dict(softmax_scale=0.125, causal=True, window_left=-1, window_right=0, softcap=0.0,
+             alibi_slopes=None, dropout_p=0.0, philox_seed=0, return_softmax=False)
+    p.update(kw)
+    return p
+
+
+def test_call_coverage_rules():
+    from flashattn.hopper.support import call_unsupported
+
+    q, k, v = _meta((2, 300, 8, 128)), _meta((2, 500, 2, 128)), _meta((2, 500, 2, 128))
+    assert call_unsupported(q, k, v, _params()) is None
+    assert call_unsupported(q, k, v, _params(softcap=30.0, window_left=64)) is None
+    for d in (64, 96, 192, 256):
+        assert call_unsupported(_meta((1, 5, 2, d)), _meta((1, 7, 1, d)), _meta((1, 7, 1, d)),
+                                _params()) is None
+    uncovered = {
+        "dropout": (q, k, v, _params(dropout_p=0.1)),
+        "alibi": (q, k, v, _params(alibi_slopes=torch.ones(8))),
+        "return_softmax": (q, k, v, _params(return_softmax=True)),
+        "dtype": (_meta((2, 3, 8, 128), torch.float32),) * 3 + (_params(),),
+        "head dims": (_meta((1, 3, 2, 80)), _meta((1, 3, 2, 80)), _meta((1, 3, 2, 80)), _params()),
+        "head dims ": (q, k, _meta((2, 500, 2, 64)), _params()),
+        "softmax_scale": (q, k, v, _params(softmax_scale=-1.0)),
+        "16-byte": (_meta((2, 300, 8, 130))[..., :128], k, v, _params()),
+    }
+    for what, (qq, kk, vv, pp) in uncovered.items():
+        reason = call_unsupported(qq, kk, vv, pp)
+        assert reason is not None and what.strip().split()[0] in reason, (what, reason)
+
+
+@pytest.fixture
+def fake_hopper(monkeypatch, fake_backends):
+    """A recorder standing in for flashattn.hopper.fwd (the real one needs an sm90 GPU)."""
+    calls = fake_backends
+    mod = types.ModuleType("flashattn.hopper.fwd")
+
+    def flash_fwd_hopper(*args, **kw):
+        calls.append(("hopper.fwd", kw))
+        q = args[0]
+        b, s_q, h, _ = q.shape
+        return torch.zeros(b, s_q, h, args[2].shape[-1]), torch.zeros(b, h, s_q), None
+
+    mod.flash_fwd_hopper = flash_fwd_hopper
+    monkeypatch.setitem(sys.modules, "flashattn.hopper.fwd", mod)
+    return calls
+
+
+@pytest.mark.parametrize("backend,kw,expected", [
+    ("hopper", {}, "hopper.fwd"),
+    (None, {}, "hopper.fwd"),
+    ("hopper", dict(dropout_p=0.1), "portable.fwd"),
+    ("hopper", dict(softcap=5.0, window_size=(8, 8)), "hopper.fwd"),
+    ("portable", {}, "portable.fwd"),
+])
+def test_forward_routes_hopper_and_falls_back(env, fake_sm90, fake_hopper, monkeypatch, backend,
+                                             kw, expected):
+    """On (fake) sm90: covered calls go to the Hopper forward, the backward is portable's;
+    uncovered ones fall back to the portable forward."""
+    env(backend, None)
+    # CPU tensors posing as CUDA for routing: the device check is faked, the call check is real
+    monkeypatch.setattr(dispatch, "family_for", lambda t: "hopper" if backend != "portable"
+                        else "portable")
+    monkeypatch.setattr(dispatch, "backend_for", lambda t: "portable")
+    q = torch.randn(1, 5, 2, 64, dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(1, 6, 1, 64, dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(1, 6, 1, 64, dtype=torch.bfloat16, requires_grad=True)
+    flash_attn_func(q, k, v, causal=True, **kw).float().sum().backward()
+    assert [c[0] for c in fake_hopper] == [expected, "portable.bwd"]

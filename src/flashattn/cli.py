@@ -251,6 +251,16 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(f"\nnow (FLASHATTN_BACKEND={old or 'auto'}): {devices[-1]} tensors -> {current}")
     except Exception as exc:
         print(f"\nnow: {devices[-1]} tensors -> refused: {exc}")
+    # Kernel family of dense forward calls: 'hopper' (Gluon, sm90) refines 'portable'.
+    if hasattr(dispatch, "family_for"):
+        for dev in devices:
+            try:
+                family = dispatch.family_for(torch.device(dev))
+                why = dispatch.hopper_reason(torch.device(dev))
+                print(f"family    {dev} -> {family}" + (f"  (no hopper: {why})" if why else
+                      "  (uncovered calls fall back to portable)"))
+            except Exception as exc:
+                print(f"family    {dev} -> refused ({type(exc).__name__})")
     return 0
 
 

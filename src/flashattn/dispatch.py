@@ -5,10 +5,20 @@ Backends (all take the normalised parameters of ``docs/internals.md``)::
     portable  Triton kernels, flashattn.kernels.fwd.flash_fwd / kernels.bwd.flash_bwd.
               CUDA tensors, or CPU tensors when TRITON_INTERPRET=1 (the Triton interpreter).
     cpu       chunked torch, flashattn.cpu.chunked_fwd / chunked_bwd. Any device torch runs on.
-    hopper    reserved for the sm90 Gluon kernels; until they exist it means ``portable``.
+    hopper    Gluon kernels for sm90 (flashattn.hopper): the forward of the calls they cover
+              (fp16/bf16, head dims 64/96/128/192/256, causal, window, softcap, GQA, no dropout,
+              alibi or return_softmax, TMA-aligned strides); the backward is the portable one
+              (it accepts the Hopper forward's lse). Everything else falls back to ``portable``.
 
 ``FLASHATTN_BACKEND`` = ``auto`` (default) | ``portable`` | ``cpu`` | ``hopper`` forces a path.
-It is read at every call, so tests can switch it with ``monkeypatch.setenv``.
+``auto`` and ``hopper`` use the Hopper kernels on an sm90 device for the calls they cover;
+``portable`` never does. It is read at every call, so tests can switch it with
+``monkeypatch.setenv``.
+
+Two questions, two functions: :func:`backend_for` answers which *device backend* runs
+('portable' Triton or 'cpu' torch; varlen and other callers choose their kernels by it), and
+:func:`family_for` refines it to the kernel family a dense call starts from ('hopper' on sm90
+when allowed). :func:`forward_family` adds the per-call check (features, strides).
 
 Kernel modules are imported lazily, on the first call that needs them, so ``import flashattn``
 works where Triton does not (a laptop without CUDA uses the cpu path).
@@ -96,7 +106,7 @@ def backend_for(tensor: "torch.Tensor | torch.device | str") -> str:
     triton_can_run = triton_available() and (
         device.type == "cuda" or (device.type == "cpu" and interpreting())
     )
-    if requested in ("portable", "hopper"):  # hopper: reserved, portable until it exists
+    if requested in ("portable", "hopper"):  # hopper: the Triton family (family_for refines it)
         if not triton_can_run:
             why = (
                 "triton is not installed"
@@ -116,7 +126,61 @@ def backend_for(tensor: "torch.Tensor | torch.device | str") -> str:
     return "cpu"
 
 
+def _hopper_device_reason(device: torch.device) -> Optional[str]:
+    """Why the Hopper kernels cannot run on ``device`` (None: they can). A seam for tests."""
+    from flashattn.hopper.support import device_unavailable
+
+    return device_unavailable(device)
+
+
+def family_for(tensor: "torch.Tensor | torch.device | str") -> str:
+    """Kernel family ('hopper', 'portable' or 'cpu') that dense calls on this device start from.
+
+    'hopper' when :func:`backend_for` says 'portable', ``FLASHATTN_BACKEND`` is ``auto`` or
+    ``hopper``, and the device is sm90 with a Triton whose Gluon API the kernels know
+    (``flashattn.hopper.support``). A call the Hopper kernels do not cover still falls back to
+    'portable' (:func:`forward_family`).
+    """
+    device = _device_of(tensor)
+    backend = backend_for(device)
+    if backend != "portable" or requested_backend() not in ("auto", "hopper"):
+        return backend
+    if device.type != "cuda" or interpreting():
+        return backend
+    return "hopper" if _hopper_device_reason(device) is None else backend
+
+
+def hopper_reason(tensor: "torch.Tensor | torch.device | str") -> Optional[str]:
+    """Why dense calls on this device do not start from the Hopper kernels (None: they do)."""
+    device = _device_of(tensor)
+    if requested_backend() not in ("auto", "hopper"):
+        return f"{ENV_BACKEND}={requested_backend()}"
+    if backend_for(device) != "portable":
+        return f"device backend is {backend_for(device)!r}"
+    if interpreting():
+        return "TRITON_INTERPRET=1 (Gluon cannot be interpreted)"
+    return _hopper_device_reason(device)
+
+
+def forward_family(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **params: Any) -> str:
+    """The family whose forward runs this call: 'hopper' when the device allows it and the
+    Hopper kernel covers the call (``flashattn.hopper.support.call_unsupported``), else the
+    device backend."""
+    family = family_for(q)
+    if family == "hopper":
+        from flashattn.hopper.support import call_unsupported
+
+        if call_unsupported(q, k, v, params) is not None:
+            return "portable"
+    return family
+
+
 def _backend_fns(name: str) -> Tuple[Callable[..., Any], Callable[..., Any]]:
+    if name == "hopper":
+        from flashattn.hopper.fwd import flash_fwd_hopper
+        from flashattn.kernels.bwd import flash_bwd
+
+        return flash_fwd_hopper, flash_bwd
     if name == "portable":
         from flashattn.kernels.bwd import flash_bwd
         from flashattn.kernels.fwd import flash_fwd
@@ -156,7 +220,7 @@ def forward(
     """
     if _is_degenerate(q, k):
         return _degenerate_fwd(q, k, v, bool(params.get("return_softmax", False)))
-    fwd, _ = _backend_fns(backend_for(q))
+    fwd, _ = _backend_fns(forward_family(q, k, v, **params))
     return fwd(q, k, v, **params)
 
 
@@ -177,6 +241,7 @@ def backward(
         return tuple(  # type: ignore[return-value]
             torch.zeros(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v)
         )
+    # The Hopper family's backward is the portable one (same lse contract).
     _, bwd = _backend_fns(backend_for(q))
     return bwd(dout, q, k, v, out, lse, **params)
 
@@ -184,6 +249,9 @@ def backward(
 __all__ = [
     "BACKENDS",
     "backend_for",
+    "family_for",
+    "forward_family",
+    "hopper_reason",
     "requested_backend",
     "interpreting",
     "triton_available",

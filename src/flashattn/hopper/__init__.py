@@ -1,0 +1,15 @@
+"""Hopper (sm90) fast path written in Gluon: TMA, mbarrier pipelines, wgmma, warp specialisation.
+
+    support.py     can it run here / does it cover this call (reason strings, no kernel import)
+    config.py      tile configurations per head dim
+    tiles.py       key-block ranges, masks needed, persistent tile scheduler
+    softmax.py     softcap, visibility mask, online softmax in exp2
+    fwd_kernel.py  the warp-specialised forward kernel
+    fwd.py         host side: descriptors, grid, launch -> flash_fwd_hopper(...)
+    aot.py         compile the kernel variants for sm_90 without a GPU (CI, register checks)
+
+Kernels are imported lazily (``flashattn.hopper.fwd``), so importing this package is cheap.
+"""
+from flashattn.hopper.support import call_unsupported, device_unavailable, gluon_unavailable, unsupported
+
+__all__ = ["call_unsupported", "device_unavailable", "gluon_unavailable", "unsupported"]

@@ -1,0 +1,60 @@
+"""Tile configurations of the Hopper forward, per head dim (data, not code).
+
+BLOCK_M query rows per CTA (two consumer warpgroups of BLOCK_M // 2 rows each), BLOCK_N keys
+per pipeline slot, NUM_STAGES slots. Shared memory per CTA (16-bit elements):
+Q 2 * BLOCK_M * d + K/V 2 * 2 * NUM_STAGES * BLOCK_N * d bytes (+ O 2 * BLOCK_M * d when
+SEPARATE_O; otherwise O leaves through Q's slot), within the 227 KB an sm90 CTA may use.
+Registers per consumer thread ~ fp32 O (HALF_M * d / 128) + S twice (HALF_M * BLOCK_N / 128
+for block j and j+1 under intra-warpgroup overlap) + P, within CONSUMER_REGS.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Dict
+
+SMEM_LIMIT = 227 * 1024
+
+
+@dataclass(frozen=True)
+class FwdConfig:
+    block_m: int
+    block_n: int
+    num_stages: int
+    separate_o: bool
+    consumer_regs: int = 240
+    producer_regs: int = 24
+    maxnreg: int = 168  # kernel cap: 3 warpgroups x 128 threads x 168 <= 64K registers
+    # Ping-pong between the consumer warpgroups: measured slower on H100 with this kernel
+    # (d=128 causal 16k: 593 vs 645 TFLOP/s; d=64: -4..-6%), so off by default; kept as a switch.
+    pingpong: bool = False
+    intra_overlap: bool = True
+    persistent: bool = True
+    dynamic: bool = True  # persistent tile queue for causal / windowed calls
+
+    def smem_bytes(self, head_dim: int, elem: int = 2) -> int:
+        head_dim = 1 << (head_dim - 1).bit_length()  # TMA boxes are powers of two
+        q = self.block_m * head_dim * elem
+        kv = 2 * self.num_stages * self.block_n * head_dim * elem
+        return q + kv + (q if self.separate_o else 0) + 1024
+
+
+FWD_CONFIGS: Dict[int, FwdConfig] = {
+    64: FwdConfig(block_m=128, block_n=128, num_stages=3, separate_o=True),
+    96: FwdConfig(block_m=128, block_n=128, num_stages=2, separate_o=True),
+    128: FwdConfig(block_m=128, block_n=128, num_stages=2, separate_o=True),
+    192: FwdConfig(block_m=128, block_n=64, num_stages=2, separate_o=False),
+    256: FwdConfig(block_m=128, block_n=64, num_stages=2, separate_o=False),
+}
+
+
+# Softcap's tanh needs registers: at d = 96/128 the 64 x 128 score tile spills, 64 x 64 fits.
+SOFTCAP_CONFIGS: Dict[int, FwdConfig] = {
+    96: FwdConfig(block_m=128, block_n=64, num_stages=3, separate_o=True),
+    128: FwdConfig(block_m=128, block_n=64, num_stages=3, separate_o=True),
+}
+
+
+def fwd_config(head_dim: int, softcap: bool = False, **overrides) -> FwdConfig:
+    """The config for ``head_dim`` (a key of FWD_CONFIGS), with overrides (ablations, tuning)."""
+    cfg = SOFTCAP_CONFIGS.get(head_dim, FWD_CONFIGS[head_dim]) if softcap else FWD_CONFIGS[head_dim]
+    return replace(cfg, **overrides) if overrides else cfg

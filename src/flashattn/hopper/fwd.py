@@ -1,0 +1,114 @@
+"""Host side of the Hopper forward: TMA descriptors, tile-scheduler parameters, launch.
+
+``flash_fwd_hopper`` has the backend signature of docs/internals.md; dispatch calls it only
+for calls that ``support.unsupported`` accepts (fp16/bf16, d = d_v in {64, 96, 128, 192, 256},
+no dropout / alibi / return_softmax, TMA-aligned strides, sm90).
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+import triton
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from flashattn.hopper.config import FwdConfig, fwd_config
+from flashattn.hopper.fwd_kernel import attn_fwd_kernel
+
+LOG2E = 1.4426950408889634
+_GL_DTYPE = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
+# K/V bytes of the heads that run at the same time should stay in L2 (50 MB on H100)
+_L2_KV_BUDGET = 24 * 2**20
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def padded_head_dim(head_dim: int) -> int:
+    """TMA boxes are powers of two: d = 96 / 192 load as 128 / 256 columns, zero-filled past d
+    (zeros add nothing to QK^T, give zero O columns, and the TMA store drops them)."""
+    return triton.next_power_of_2(head_dim)
+
+
+def _desc(t: torch.Tensor, rows: int) -> TensorDescriptor:
+    """Rank-4 descriptor over (batch, seq, head, dim) with a [1, rows, 1, dim_pad] box."""
+    block = [1, rows, 1, padded_head_dim(t.shape[3])]
+    layout = gl.NVMMASharedLayout.get_default_for(block, _GL_DTYPE[t.dtype])
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
+
+
+def _heads_per_group(n_bh: int, seqlen_k: int, head_dim: int, elem: int) -> int:
+    kv_per_head = max(1, 2 * seqlen_k * head_dim * elem)
+    return max(1, min(n_bh, _L2_KV_BUDGET // kv_per_head))
+
+
+def launch_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                lse: torch.Tensor, cfg: FwdConfig, *, softmax_scale: float, window_left: int,
+                window_right: int, softcap: float, num_sms: int
+                ) -> Tuple[List[Any], Dict[str, Any], Dict[str, Any], int]:
+    """(positional args, constexpr kwargs, launch options, grid size) of attn_fwd_kernel.
+
+    Shared by the launch and by the ahead-of-time compile (aot.py), so both build the same
+    kernel variant.
+    """
+    batch, seqlen_q, n_heads, head_dim = q.shape
+    _, seqlen_k, n_heads_k, _ = k.shape
+    half_m = cfg.block_m // 2
+    n_m_blocks = triton.cdiv(seqlen_q, cfg.block_m)
+    n_bh = batch * n_heads
+    n_tiles = n_bh * n_m_blocks
+    has_softcap = softcap > 0.0
+    dynamic = cfg.dynamic and window_right >= 0 and cfg.persistent
+    counter = torch.zeros(1, dtype=torch.int32, device=q.device) if dynamic else lse
+    args = [
+        _desc(q, half_m), _desc(k, cfg.block_n), _desc(v, cfg.block_n), _desc(out, half_m), lse,
+        counter,
+        seqlen_q, seqlen_k, n_heads, n_heads // n_heads_k, n_bh, n_m_blocks, n_tiles,
+        _heads_per_group(n_bh, seqlen_k, head_dim, q.element_size()),
+        int(window_left), int(window_right),
+        float(softmax_scale * LOG2E),
+        float(softmax_scale / softcap) if has_softcap else 0.0,
+        float(softcap * LOG2E) if has_softcap else 0.0,
+    ]
+    constexprs = dict(
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, NUM_STAGES=cfg.num_stages,
+        HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, HAS_SOFTCAP=has_softcap,
+        LONGEST_FIRST=window_right >= 0, PINGPONG=cfg.pingpong,
+        INTRA_OVERLAP=cfg.intra_overlap, SEPARATE_O=cfg.separate_o, DYNAMIC=dynamic,
+        CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
+    )
+    options = dict(num_warps=4, maxnreg=cfg.maxnreg)
+    grid = min(num_sms, n_tiles) if cfg.persistent else n_tiles
+    return args, constexprs, options, grid
+
+
+def flash_fwd_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_scale: float,
+                     causal: bool, window_left: int, window_right: int, softcap: float,
+                     alibi_slopes: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
+                     philox_seed: int = 0, return_softmax: bool = False,
+                     config_overrides: Optional[Dict[str, Any]] = None):
+    """Attention forward with the Gluon sm90 kernel.
+
+    q (b, s_q, h, d), k (b, s_k, h_k, d), v (b, s_k, h_k, d); fp16/bf16, TMA-aligned strides.
+    Returns out (b, s_q, h, d) in q's dtype, lse float32 (b, h, s_q) (natural log, -inf for
+    rows that see no key), None. ``config_overrides``: FwdConfig fields (ablations, tuning).
+    """
+    if alibi_slopes is not None or dropout_p or return_softmax:
+        raise ValueError("flash_fwd_hopper: alibi, dropout and return_softmax are not covered; "
+                         "dispatch sends those calls to the portable kernels")
+    batch, seqlen_q, n_heads, head_dim = q.shape
+    cfg = fwd_config(head_dim, softcap > 0.0, **(config_overrides or {}))
+    out = torch.empty((batch, seqlen_q, n_heads, head_dim), dtype=q.dtype, device=q.device)
+    lse = torch.empty((batch, n_heads, seqlen_q), dtype=torch.float32, device=q.device)
+    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    args, constexprs, options, grid = launch_args(
+        q, k, v, out, lse, cfg, softmax_scale=softmax_scale, window_left=window_left,
+        window_right=window_right, softcap=softcap, num_sms=_num_sms(index))
+    with torch.cuda.device(q.device):
+        attn_fwd_kernel[(grid,)](*args, **constexprs, **options)
+    return out, lse, None

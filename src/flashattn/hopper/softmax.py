@@ -1,0 +1,64 @@
+"""Score modification, visibility mask and the online-softmax update of the Hopper forward.
+
+Scores live in the wgmma accumulator layout (fp32, one warpgroup: HALF_M x BLOCK_N). The
+running max ``m_i`` is kept in log2 units (``softmax_scale * log2(e)`` folded in), so the
+probabilities are one ``exp2(s * s_unit - m)`` per element (an FMA and an MUFU.EX2).
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+LOG2E = gl.constexpr(1.4426950408889634)
+LN2 = gl.constexpr(0.6931471805599453)
+
+
+@gluon.jit
+def tanh_f32(x):
+    """tanh through exp2 and a fast (2-ulp) divide: ~1e-7 relative, where tanh.approx.f32 would
+    give ~5e-4 (too coarse once multiplied by the softcap); an IEEE divide costs registers."""
+    e = gl.exp2(x * (2.0 * LOG2E))
+    return 1.0 - gl.fdiv(2.0, e + 1.0)
+
+
+@gluon.jit
+def apply_softcap(s, softcap_inv, softcap_log2):
+    """softcap * tanh(s * scale / softcap), returned in log2 units (times log2(e))."""
+    return tanh_f32(s * softcap_inv) * softcap_log2
+
+
+@gluon.jit
+def mask_scores(s, row0, n_start, seqlen_q, seqlen_k, window_left, window_right,
+                S_LAYOUT: gl.constexpr, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr):
+    """-inf where key col is invisible from query row (bounds, causal, sliding window)."""
+    # Per-row visible key interval [lo, hi], then one compare per score against it.
+    rows = row0 + (seqlen_k - seqlen_q) + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, S_LAYOUT))
+    cols = n_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
+    hi = gl.full([HALF_M], 0, gl.int32, gl.SliceLayout(1, S_LAYOUT)) + (seqlen_k - 1)
+    if HAS_RIGHT:
+        hi = gl.minimum(hi, rows + window_right)
+    c2 = gl.expand_dims(cols, 0)
+    vis = c2 <= gl.expand_dims(hi, 1)
+    if HAS_LEFT:
+        vis = vis & (c2 >= gl.expand_dims(rows - window_left, 1))
+    return gl.where(vis, s, float("-inf"))
+
+
+@gluon.jit
+def online_softmax(s, m_i, l_i, s_unit):
+    """One key block of the online softmax.
+
+    s: scores (HALF_M, BLOCK_N) fp32, multiplied by ``s_unit`` to reach log2 units;
+    m_i, l_i: running max (log2 units) and sum, (HALF_M,) fp32.
+    Returns (p, m_new, l_new, alpha): p = exp2(s * s_unit - m_new) (unnormalised
+    probabilities, 0 where s = -inf) and alpha = exp2(m_i - m_new), the factor that rescales
+    the accumulator. Rows whose max is still -inf use 0 instead, so they give p = 0, no NaN.
+    """
+    m_blk = gl.max(s, axis=1) * s_unit
+    m_new = gl.maximum(m_i, m_blk)
+    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p = gl.exp2(s * s_unit - gl.expand_dims(m_use, 1))
+    alpha = gl.exp2(m_i - m_use)
+    l_new = l_i * alpha + gl.sum(p, axis=1)
+    return p, m_new, l_new, alpha

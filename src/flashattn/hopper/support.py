@@ -1,0 +1,105 @@
+"""Can the Hopper (Gluon, sm90) path run here, and does it cover this call?
+
+Both questions answer with a reason string (None = yes), so dispatch can fall back to the
+portable kernels and ``python -m flashattn info`` can say why. Nothing here imports the
+Gluon kernels, so the checks are cheap and safe where Gluon's API differs.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Mapping, Optional
+
+import torch
+
+HEAD_DIMS = (64, 96, 128, 192, 256)
+DTYPES = (torch.float16, torch.bfloat16)
+# Gluon's API moves between releases; the kernels are written against this one.
+TRITON_VERSIONS = ("3.6.",)
+
+
+@functools.lru_cache(maxsize=None)
+def gluon_unavailable() -> Optional[str]:
+    """Why this Triton cannot build the Hopper kernels (None when it can)."""
+    try:
+        import triton
+    except ImportError:
+        return "triton is not installed"
+    version = getattr(triton, "__version__", "?")
+    if not version.startswith(TRITON_VERSIONS):
+        return f"triton {version}: the Gluon kernels are written for {', '.join(TRITON_VERSIONS)}x"
+    try:
+        from triton.experimental.gluon import language as gl
+        from triton.experimental.gluon.language.nvidia import hopper
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: F401
+    except Exception as exc:  # pragma: no cover - depends on the installed triton
+        return f"triton.experimental.gluon not importable ({type(exc).__name__}: {exc})"
+    needed = [(gl, "warp_specialize"), (gl, "NVMMADistributedLayout"), (hopper, "warpgroup_mma"),
+              (hopper, "warpgroup_mma_wait"), (hopper.tma, "async_copy_global_to_shared"),
+              (hopper.tma, "async_copy_shared_to_global"), (hopper.mbarrier, "expect")]
+    missing = [f"{mod.__name__}.{name}" for mod, name in needed if not hasattr(mod, name)]
+    if missing:
+        return f"triton {version} lacks {', '.join(missing)}"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _device_unavailable(index: int) -> Optional[str]:
+    cap = torch.cuda.get_device_capability(index)
+    if cap != (9, 0):
+        return f"device cuda:{index} is sm_{cap[0]}{cap[1]}, not sm_90"
+    return gluon_unavailable()
+
+
+def device_unavailable(device: torch.device) -> Optional[str]:
+    """Why tensors on ``device`` cannot use the Hopper kernels (None when they can)."""
+    if device.type != "cuda":
+        return f"{device.type} tensors"
+    if not torch.cuda.is_available():
+        return "CUDA is not available"
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _device_unavailable(index)
+
+
+def _tma_ok(t: torch.Tensor) -> bool:
+    # TMA: 16-byte aligned base and strides, unit last stride, positive strides
+    elem = t.element_size()
+    if t.stride(-1) != 1 or t.data_ptr() % 16:
+        return False
+    return all(s > 0 and (s * elem) % 16 == 0 for s in t.stride()[:-1])
+
+
+def call_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     params: Mapping[str, Any]) -> Optional[str]:
+    """Why this forward call is not covered by the Hopper kernel (None when it is).
+
+    params: the normalised keyword arguments of docs/internals.md.
+    """
+    if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        return f"dtype {q.dtype} (Hopper path: float16, bfloat16)"
+    d, d_v = q.shape[-1], v.shape[-1]
+    if d not in HEAD_DIMS or d_v != d:
+        return f"head dims {d}/{d_v} (Hopper path: equal, one of {HEAD_DIMS})"
+    if params.get("alibi_slopes") is not None:
+        return "alibi_slopes"
+    if float(params.get("dropout_p", 0.0)) != 0.0:
+        return "dropout"
+    if params.get("return_softmax", False):
+        return "return_softmax"
+    scale = float(params.get("softmax_scale", 1.0))
+    if not (math.isfinite(scale) and scale > 0.0):
+        return f"softmax_scale {scale} (Hopper path: finite, > 0)"
+    softcap = float(params.get("softcap", 0.0))
+    if softcap < 0.0 or not math.isfinite(softcap):
+        return f"softcap {softcap}"
+    if max(q.shape[:3]) >= 2**31 or max(k.shape[:3]) >= 2**31:
+        return "a dimension >= 2**31"
+    if not all(_tma_ok(t) for t in (q, k, v)):
+        return "strides or base not 16-byte aligned (TMA)"
+    return None
+
+
+def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                params: Mapping[str, Any]) -> Optional[str]:
+    """Device check and call check together (None: the Hopper forward runs this call)."""
+    return device_unavailable(q.device) or call_unsupported(q, k, v, params)

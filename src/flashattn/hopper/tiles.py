@@ -1,0 +1,77 @@
+"""Tile geometry shared by the Hopper kernels: which key blocks a query tile visits, whether a
+key block needs the visibility mask, and the persistent tile scheduler.
+
+A *query tile* is BLOCK_M rows of one (batch, head); the two consumer warpgroups each own half
+of it (HALF_M = BLOCK_M // 2 rows). Key blocks are BLOCK_N columns. Visibility is the rule of
+docs/internals.md: key j is visible from query i iff j < s_k and
+``i + diag - window_left <= j <= i + diag + window_right`` (a negative side is unbounded),
+with ``diag = s_k - s_q`` (bottom-right alignment).
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+
+@gluon.jit
+def key_block_range(m_start, seqlen_q, seqlen_k, window_left, window_right,
+                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                    HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr):
+    """First key block and number of key blocks that query rows [m_start, m_start + BLOCK_M)
+    can see (0 blocks when the whole tile sees no key)."""
+    diag = seqlen_k - seqlen_q
+    m_last = gl.minimum(m_start + BLOCK_M, seqlen_q) - 1
+    hi = seqlen_k
+    if HAS_RIGHT:
+        hi = gl.minimum(hi, m_last + diag + window_right + 1)
+    lo = 0
+    if HAS_LEFT:
+        lo = gl.maximum(lo, m_start + diag - window_left)
+    lo_blk = lo // BLOCK_N
+    hi_blk = (hi + BLOCK_N - 1) // BLOCK_N
+    n_blocks = gl.maximum(hi_blk - lo_blk, 0)
+    if hi <= lo:
+        n_blocks = 0
+    return lo_blk, n_blocks
+
+
+@gluon.jit
+def block_needs_mask(n_start, m_start, seqlen_q, seqlen_k, window_left, window_right,
+                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr):
+    """True when some (row, key) of the tile x key block is invisible (conservative over the
+    whole BLOCK_M tile, so both warpgroups take the same branch)."""
+    diag = seqlen_k - seqlen_q
+    m_last = m_start + BLOCK_M - 1
+    n_last = n_start + BLOCK_N - 1
+    need = n_last >= seqlen_k
+    if HAS_RIGHT:
+        need = need | (n_last > m_start + diag + window_right)
+    if HAS_LEFT:
+        need = need | (n_start < m_last + diag - window_left)
+    return need
+
+
+@gluon.jit
+def tile_coords(tile, n_m_blocks, n_heads, n_bh, heads_per_group, LONGEST_FIRST: gl.constexpr):
+    """(batch, head, m_block) of linear tile index ``tile``.
+
+    Tiles are grouped by ``heads_per_group`` consecutive (batch, head) pairs so that the CTAs
+    running at the same time share K/V in L2. Inside a group, the m blocks go last-to-first
+    when LONGEST_FIRST (causal: the bottom tiles see the most keys, so they start first and
+    the short ones fill the tail); otherwise the heads of a group advance together.
+    """
+    group_tiles = heads_per_group * n_m_blocks
+    group = tile // group_tiles
+    # every group but the last is full; the last holds the remaining (batch, head) pairs
+    heads_here = gl.minimum(heads_per_group, n_bh - group * heads_per_group)
+    r = tile - group * group_tiles
+    m_idx = r // heads_here
+    bh = group * heads_per_group + (r - m_idx * heads_here)
+    if LONGEST_FIRST:
+        m_block = n_m_blocks - 1 - m_idx
+    else:
+        m_block = m_idx
+    b = bh // n_heads
+    h = bh - b * n_heads
+    return b, h, m_block

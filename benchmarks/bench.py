@@ -7,7 +7,8 @@ hidden 2048 (``h = 2048 // d``), layout (b, s, h, d), bf16, random normal inputs
   ``bwd = 2.5 × fwd``. The backward is timed alone: one forward builds the graph, then
   ``torch.autograd.grad(out, inputs, dout, retain_graph=True)`` is timed.
 - ``decode``: one new query token against a KV cache, GQA 32/8 heads, d=128;
-  TB/s = bytes of K and V / time.
+  TB/s = bytes of K and V / time. Ours also runs with a paged cache (page size
+  ``DECODE_PAGE_SIZE``, shuffled page table): rows with a ``page_size`` key.
 - ``mem``: peak extra bytes of one forward + backward (b=1, h=16, d=128, causal), MiB.
 
 Impls: ``flashattn`` (ours, FLASHATTN_BACKEND=auto), ``flashattn-<backend>`` (ours, backend
@@ -53,6 +54,7 @@ ATTN_MODES: Tuple[str, ...] = ("fwd", "bwd")
 DECODE_POINTS: Tuple[Tuple[int, int], ...] = ((1, 16384), (1, 131072), (8, 8192), (32, 4096),
                                               (64, 32768))
 DECODE_HEADS, DECODE_HEADS_K, DECODE_D = 32, 8, 128
+DECODE_PAGE_SIZE = 16  # the paged decode row (ours only)
 
 MEM_SEQLENS: Tuple[int, ...] = (4096, 16384, 65536)
 MEM_B, MEM_H, MEM_D = 1, 16, 128
@@ -64,7 +66,7 @@ SDPA_BACKENDS = {"sdpa-flash": "FLASH_ATTENTION", "sdpa-cudnn": "CUDNN_ATTENTION
                  "sdpa-math": "MATH", "sdpa-efficient": "EFFICIENT_ATTENTION"}
 FLEX_HEAD_DIMS: Tuple[int, ...] = (128,)
 
-ROW_KEY: Tuple[str, ...] = ("impl", "mode", "d", "causal", "s", "b", "h")
+ROW_KEY: Tuple[str, ...] = ("impl", "mode", "d", "causal", "s", "b", "h", "page_size")
 METRIC = {"fwd": "tflops", "bwd": "tflops", "decode": "tbps", "mem": "mib"}
 
 DTYPE = "bfloat16"
@@ -184,7 +186,8 @@ def default_results_path(gpu_name: str) -> Path:
 
 def make_row(impl: str, mode: str, d: int, causal: bool, s: int, b: int, h: int, *,
              value: Optional[float], ms: Optional[float], env: Dict[str, str],
-             error: Optional[str] = None, note: Optional[str] = None) -> Dict[str, Any]:
+             error: Optional[str] = None, note: Optional[str] = None,
+             page_size: Optional[int] = None) -> Dict[str, Any]:
     """One result row in the schema of the module docstring (metric key chosen by mode)."""
     row: Dict[str, Any] = {
         "impl": impl, "mode": mode, "d": int(d), "causal": bool(causal), "s": int(s),
@@ -193,6 +196,8 @@ def make_row(impl: str, mode: str, d: int, causal: bool, s: int, b: int, h: int,
         "ms": _round(ms, 6),
         "date": env["date"], "torch": env["torch"], "triton": env["triton"], "gpu": env["gpu"],
     }
+    if page_size is not None:
+        row["page_size"] = int(page_size)
     if error is not None:
         row["error"] = error
     if note is not None:
@@ -228,10 +233,12 @@ class Point:
     s: int
     b: int
     h: int
+    page_size: Optional[int] = None  # decode with a paged KV cache
 
     def label(self) -> str:
         c = "causal" if self.causal else "full"
-        return f"{self.mode} d={self.d} {c} s={format_seqlen(self.s)} b={self.b} h={self.h}"
+        page = f" page={self.page_size}" if self.page_size else ""
+        return f"{self.mode} d={self.d} {c} s={format_seqlen(self.s)} b={self.b} h={self.h}{page}"
 
 
 def plan(modes: Sequence[str] = ATTN_MODES, head_dims: Sequence[int] = HEAD_DIMS,
@@ -267,6 +274,10 @@ def plan(modes: Sequence[str] = ATTN_MODES, head_dims: Sequence[int] = HEAD_DIMS
                 if impl == "flex":
                     continue
                 out.append((Point("decode", DECODE_D, False, kv_len, b, DECODE_HEADS), impl))
+            for impl in impls:  # ours again with a paged cache
+                if is_ours(impl):
+                    out.append((Point("decode", DECODE_D, False, kv_len, b, DECODE_HEADS,
+                                      DECODE_PAGE_SIZE), impl))
     if "mem" in modes:
         mem_impls = [i for i in impls if i != "flex"]
         if "sdpa-math" not in mem_impls:
@@ -492,15 +503,30 @@ def measure_decode(impl: str, point: Point, timing: Timing,
             if kvcache is None:
                 raise NotImplementedError("flashattn.flash_attn_with_kvcache does not exist yet")
             q = _randn((b, 1, h, d), dtype, device=device)
-            k_cache = _randn((b, kv_len, h_k, d), dtype, device=device)
-            v_cache = _randn((b, kv_len, h_k, d), dtype, device=device)
             seqlens = torch.full((b,), kv_len, dtype=torch.int32, device=device)
+            if point.page_size:
+                # pages of every sequence scattered over the pool in random order
+                page = point.page_size
+                n_pages = -(-kv_len // page)
+                k_cache = _randn((b * n_pages, page, h_k, d), dtype, device=device)
+                v_cache = _randn((b * n_pages, page, h_k, d), dtype, device=device)
+                table = torch.randperm(b * n_pages, device=device).view(b, n_pages).to(
+                    torch.int32)
+                note = f"paged, page_size {page}, shuffled block_table"
 
-            def step():
-                return kvcache(q, k_cache, v_cache, cache_seqlens=seqlens)
+                def step():
+                    return kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, block_table=table)
+            else:
+                k_cache = _randn((b, kv_len, h_k, d), dtype, device=device)
+                v_cache = _randn((b, kv_len, h_k, d), dtype, device=device)
+
+                def step():
+                    return kvcache(q, k_cache, v_cache, cache_seqlens=seqlens)
         elif impl in SDPA_BACKENDS:
             import torch.nn.functional as F
 
+            if point.page_size:
+                raise NotImplementedError("SDPA has no paged KV cache")
             q = _randn((b, h, 1, d), dtype, device=device)
             k_cache = _randn((b, h_k, kv_len, d), dtype, device=device)
             v_cache = _randn((b, h_k, kv_len, d), dtype, device=device)
@@ -586,12 +612,14 @@ def measure(point: Point, impl: str, timing: Timing, env: Dict[str, str],
     except Exception as exc:  # an anchor (or we) failing must not stop the grid
         _cleanup_after_error(device)
         return make_row(impl, point.mode, point.d, point.causal, point.s, point.b, point.h,
-                        value=None, ms=None, env=env, error=short_error(exc))
+                        value=None, ms=None, env=env, error=short_error(exc),
+                        page_size=point.page_size)
     if not math.isfinite(value):
         return make_row(impl, point.mode, point.d, point.causal, point.s, point.b, point.h,
-                        value=None, ms=ms, env=env, error="non-finite measurement")
+                        value=None, ms=ms, env=env, error="non-finite measurement",
+                        page_size=point.page_size)
     return make_row(impl, point.mode, point.d, point.causal, point.s, point.b, point.h,
-                    value=value, ms=ms, env=env, note=note)
+                    value=value, ms=ms, env=env, note=note, page_size=point.page_size)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -632,7 +660,8 @@ class _Progress:
 
 
 def describe_row(row: Dict[str, Any]) -> str:
-    p = Point(row["mode"], row["d"], row["causal"], row["s"], row["b"], row["h"])
+    p = Point(row["mode"], row["d"], row["causal"], row["s"], row["b"], row["h"],
+              row.get("page_size"))
     if row.get("error"):
         return f"{p.label():<44} {row['impl']:<18} ERROR {row['error']}"
     unit = {"tflops": "TFLOP/s", "tbps": "TB/s", "mib": "MiB"}[METRIC[row["mode"]]]
@@ -686,6 +715,11 @@ def run(pairs: Sequence[Tuple[Point, str]], timing: Optional[Timing] = None,
 # ---------------------------------------------------------------------------------------------
 # Reports: tables and plots
 # ---------------------------------------------------------------------------------------------
+def impl_label(row: Dict[str, Any]) -> str:
+    """The impl as a table column: paged decode rows are ``<impl>-page<N>``."""
+    return row["impl"] + (f"-page{row['page_size']}" if row.get("page_size") else "")
+
+
 def _fmt(v: Optional[float], digits: int = 1) -> str:
     return "-" if v is None else f"{v:.{digits}f}"
 
@@ -700,12 +734,12 @@ def summary_tables(rows: Sequence[Dict[str, Any]]) -> List[Tuple[str, List[str],
             continue
         impls: List[str] = []
         for r in mrows:
-            if r["impl"] not in impls:
-                impls.append(r["impl"])
+            if impl_label(r) not in impls:
+                impls.append(impl_label(r))
         impls.sort(key=lambda i: (not is_ours(i), i != OURS, i))
         points: Dict[Tuple[Any, ...], Dict[str, Dict[str, Any]]] = {}
         for r in mrows:
-            points.setdefault((r["d"], r["causal"], r["s"], r["b"], r["h"]), {})[r["impl"]] = r
+            points.setdefault((r["d"], r["causal"], r["s"], r["b"], r["h"]), {})[impl_label(r)] = r
         ours = next((i for i in impls if is_ours(i)), None)
         unit = {"tflops": "TFLOP/s", "tbps": "TB/s", "mib": "peak extra MiB"}[METRIC[mode]]
         headers = ["d", "causal", "s", "b", "h"] + impls + ([f"{ours}/best anchor"] if ours else [])
@@ -796,12 +830,15 @@ def plot(rows: Sequence[Dict[str, Any]], path: "str | os.PathLike[str]") -> Path
         elif mode == "decode":
             sel = [r for r in rows if r.get("mode") == "decode"]
             pts = sorted({(r["b"], r["s"]) for r in sel})
-            impls = [i for i in all_impls if any(r["impl"] == i for r in sel)]
+            impls = sorted({impl_label(r) for r in sel}, key=lambda i: (not is_ours(i), i))
+            for i in impls:
+                colors.setdefault(i, f"C{len(colors) % 10}")
             width = 0.8 / max(1, len(impls))
             for j, impl in enumerate(impls):
                 vals = []
                 for b, s in pts:
-                    r = next((r for r in sel if r["impl"] == impl and r["b"] == b and r["s"] == s), None)
+                    r = next((r for r in sel if impl_label(r) == impl and r["b"] == b
+                              and r["s"] == s), None)
                     vals.append(row_value(r) or 0.0 if r else 0.0)
                 ax.bar([x + j * width for x in range(len(pts))], vals, width, label=impl,
                        color=colors[impl])

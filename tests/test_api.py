@@ -51,7 +51,10 @@ def test_signature_matches_flash_attn_2(fn, positional):
 
 def test_public_names():
     assert set(flashattn.__all__) == {"flash_attn_func", "flash_attn_qkvpacked_func",
-                                      "flash_attn_kvpacked_func"}
+                                      "flash_attn_kvpacked_func",
+                                      "flash_attn_varlen_func", "flash_attn_varlen_qkvpacked_func",
+                                      "flash_attn_varlen_kvpacked_func",
+                                      "flash_attn_with_kvcache", "flash_attn_combine"}
 
 
 def _inputs(b=2, s_q=7, s_k=9, h=4, h_k=2, d=16, d_v=None, dtype=torch.float32, grad=True):

@@ -152,3 +152,105 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     v = _repeat_kv(v.to(dtype), h)
     out = torch.einsum("bhij,bjhd->bihd", probs, v)
     return out, lse
+
+
+# ---------------------------------------------------------------------------------------------
+# KV cache (flash_attn_with_kvcache): rotary embedding and the cache-attention oracle
+# ---------------------------------------------------------------------------------------------
+def rotary_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+               interleaved: bool = True) -> torch.Tensor:
+    """Rotary embedding of x (b, s, nh, d) at ``positions`` (b, s), in float64.
+
+    cos / sin (s_ro, rotary_dim / 2). Interleaved pairs features (2k, 2k + 1), otherwise
+    (k, k + rotary_dim / 2) (GPT-NeoX); both rotate by angle k:
+    ``(x0, x1) -> (x0 cos - x1 sin, x0 sin + x1 cos)``. Features past rotary_dim pass through.
+    """
+    x = x.double()
+    half = cos.shape[1]
+    c = cos.double()[positions.long()].unsqueeze(2)  # (b, s, 1, half)
+    s = sin.double()[positions.long()].unsqueeze(2)
+    out = x.clone()
+    if interleaved:
+        i0 = torch.arange(0, 2 * half, 2)
+        i1 = i0 + 1
+    else:
+        i0 = torch.arange(half)
+        i1 = i0 + half
+    x0, x1 = x[..., i0], x[..., i1]
+    out[..., i0] = x0 * c - x1 * s
+    out[..., i1] = x0 * s + x1 * c
+    return out
+
+
+def kvcache_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                k: Optional[torch.Tensor] = None, v: Optional[torch.Tensor] = None,
+                rotary_cos: Optional[torch.Tensor] = None,
+                rotary_sin: Optional[torch.Tensor] = None,
+                cache_seqlens: Optional[torch.Tensor] = None,
+                cache_batch_idx: Optional[torch.Tensor] = None,
+                cache_leftpad: Optional[torch.Tensor] = None,
+                block_table: Optional[torch.Tensor] = None,
+                softmax_scale: Optional[float] = None, causal: bool = False,
+                window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                rotary_interleaved: bool = True, alibi_slopes: Optional[torch.Tensor] = None,
+                upcast: bool = True
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Oracle of ``flash_attn_with_kvcache`` that never modifies its inputs.
+
+    Returns ``(out, lse, k_cache_after, v_cache_after)``: the caches as the call must leave
+    them (new k / v written at ``cache_seqlens[b] + i``, keys rotated at those positions,
+    rounded to the cache dtype), and the attention of q (rotated at ``cache_seqlens[b] + i``
+    if causal or windowed, else at ``cache_seqlens[b]``; rounded to q's dtype) over each
+    row's keys ``[cache_leftpad[b], cache_seqlens[b] + s_new)`` by :func:`attention_ref`
+    (float64 if ``upcast`` else q's dtype). Shapes as the public function; cache_seqlens a
+    (b,) int tensor. window_size is taken as given (no clamping to the cache length).
+    """
+    b, s_q, h, _ = q.shape
+    k_after, v_after = k_cache.clone(), v_cache.clone()
+    paged = block_table is not None
+    page = k_cache.shape[1]
+    lens = cache_seqlens.long().cpu()
+    s_new = 0 if k is None else k.shape[1]
+
+    def cache_index(row: int, pos: torch.Tensor):
+        if paged:
+            return block_table[row].long().cpu()[pos // page], pos % page
+        r = row if cache_batch_idx is None else int(cache_batch_idx[row])
+        return torch.full_like(pos, r), pos
+
+    rotary = rotary_cos is not None
+    if k is not None:
+        k_new = k
+        if rotary:
+            pos = (lens.view(-1, 1) + torch.arange(s_new)).to(k.device)
+            k_new = rotary_ref(k, rotary_cos, rotary_sin, pos, rotary_interleaved)
+        for row in range(b):
+            pos = int(lens[row]) + torch.arange(s_new)
+            d0, d1 = cache_index(row, pos)
+            k_after[d0, d1] = k_new[row].to(k_cache.dtype)
+            v_after[d0, d1] = v[row].to(v_cache.dtype)
+    q_in = q
+    if rotary:
+        step = 1 if (causal or tuple(window_size) != (-1, -1)) else 0
+        pos = (lens.view(-1, 1) + step * torch.arange(s_q)).to(q.device)
+        q_in = rotary_ref(q, rotary_cos, rotary_sin, pos, rotary_interleaved).to(q.dtype)
+    dtype = torch.float64 if upcast else q.dtype
+    out = torch.zeros(b, s_q, h, v_cache.shape[3], dtype=dtype, device=q.device)
+    lse = torch.full((b, h, s_q), float("-inf"), dtype=torch.float64 if upcast else torch.float32,
+                     device=q.device)
+    for row in range(b):
+        start = 0 if cache_leftpad is None else int(cache_leftpad[row])
+        end = int(lens[row]) + s_new
+        if end <= start:
+            continue
+        d0, d1 = cache_index(row, torch.arange(start, end))
+        k_row, v_row = k_after[d0, d1].unsqueeze(0), v_after[d0, d1].unsqueeze(0)
+        slopes = None
+        if alibi_slopes is not None:
+            slopes = alibi_slopes if alibi_slopes.dim() == 1 else alibi_slopes[row:row + 1]
+        o, l = attention_ref(q_in[row:row + 1], k_row, v_row, softmax_scale=softmax_scale,
+                             causal=causal, window_size=window_size, softcap=softcap,
+                             alibi_slopes=slopes, upcast=upcast)
+        out[row] = o[0]
+        lse[row] = l[0]
+    return out, lse, k_after, v_after

@@ -27,7 +27,27 @@ POINTS = ((1, 16384), (1, 131072), (8, 8192), (32, 4096), (64, 32768))
 H, H_K, D = 32, 8, 128
 
 
+GRAPH = False  # --graph: time CUDA-graph replays (what a serving loop runs; no host overhead)
+
+
+def _graphed(fn):
+    """Capture ``fn`` once in a CUDA graph and return its replay (warm-up on a side stream first,
+    so lazy initialisation and autotuning happen outside the capture)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 def _bench(fn) -> float:
+    if GRAPH:
+        fn = _graphed(fn)
     return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
 
 
@@ -52,7 +72,10 @@ def main() -> int:
     ap.add_argument("--waves", default="")
     ap.add_argument("--points", default="")
     ap.add_argument("--no-paged", action="store_true")
+    ap.add_argument("--graph", action="store_true", help="time CUDA-graph replays (all impls)")
     args = ap.parse_args()
+    global GRAPH
+    GRAPH = args.graph
     points = POINTS
     if args.points:
         points = tuple(tuple(int(x) for x in p.split("x")) for p in args.points.split(","))
@@ -120,7 +143,7 @@ def main() -> int:
                     else:
                         os.environ[k] = v
         del q, kc, vc, paged
-    env = dict(torch=torch.__version__, triton=triton.__version__,
+    env = dict(torch=torch.__version__, triton=triton.__version__, cuda_graph=GRAPH,
                gpu=torch.cuda.get_device_name())
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:

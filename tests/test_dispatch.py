@@ -263,8 +263,28 @@ def test_forward_routes_hopper_and_falls_back(env, fake_sm90, fake_hopper, monke
     monkeypatch.setattr(dispatch, "family_for", lambda t: "hopper" if backend != "portable"
                         else "portable")
     monkeypatch.setattr(dispatch, "backend_for", lambda t: "portable")
+    from flashattn.hopper import support
+    monkeypatch.setattr(support, "MIN_SEQLEN_K_DENSE", 0)  # tiny shapes: skip auto's speed rule
+    monkeypatch.setattr(support, "MIN_SEQLEN_K_MASKED", 0)
     q = torch.randn(1, 5, 2, 64, dtype=torch.bfloat16, requires_grad=True)
     k = torch.randn(1, 6, 1, 64, dtype=torch.bfloat16, requires_grad=True)
     v = torch.randn(1, 6, 1, 64, dtype=torch.bfloat16, requires_grad=True)
     flash_attn_func(q, k, v, causal=True, **kw).float().sum().backward()
     assert [c[0] for c in fake_hopper] == [expected, "portable.bwd"]
+
+
+@pytest.mark.parametrize("backend,causal,seqlen_k,expected", [
+    ("auto", False, 1024, "portable"),   # short dense keys: portable measured faster
+    ("auto", False, 2048, "hopper"),
+    ("auto", True, 2048, "portable"),    # masked calls need longer keys to pay off
+    ("auto", True, 4096, "hopper"),
+    ("hopper", True, 512, "hopper"),     # forcing ignores the speed rule
+])
+def test_auto_keeps_short_keys_on_portable(env, monkeypatch, backend, causal, seqlen_k, expected):
+    env(backend, None)
+    monkeypatch.setattr(dispatch, "family_for", lambda t: "hopper")  # (fake) sm90 device
+    q = torch.empty((1, 256, 8, 128), dtype=torch.bfloat16, device="meta")
+    k = v = torch.empty((1, seqlen_k, 8, 128), dtype=torch.bfloat16, device="meta")
+    params = _params(causal=causal, window_right=0 if causal else -1)
+    family = dispatch.forward_family(q, k, v, **params)
+    assert family == expected

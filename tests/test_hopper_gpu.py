@@ -180,7 +180,10 @@ def test_dispatch_picks_hopper(monkeypatch):
     monkeypatch.delenv("FLASHATTN_BACKEND", raising=False)
     q, k, v = _inputs(2, 300, 300, 4, 2, 128, torch.bfloat16)
     assert dispatch.family_for(q) == "hopper"
-    assert dispatch.forward_family(q, k, v, **_params(128, True)) == "hopper"
+    # auto keeps short key lengths on the portable kernels (measured faster there)
+    assert dispatch.forward_family(q, k, v, **_params(128, True)) == "portable"
+    q_long, k_long, v_long = _inputs(1, 300, 4096, 4, 2, 128, torch.bfloat16)
+    assert dispatch.forward_family(q_long, k_long, v_long, **_params(128, True)) == "hopper"
     monkeypatch.setenv("FLASHATTN_BACKEND", "hopper")
     assert dispatch.forward_family(q, k, v, **_params(128, True)) == "hopper"
     monkeypatch.setenv("FLASHATTN_BACKEND", "portable")
@@ -193,6 +196,8 @@ def test_end_to_end_with_portable_backward(monkeypatch, backend):
     """flash_attn_func on sm90: Hopper forward, portable backward fed the Hopper lse."""
     monkeypatch.setenv("FLASHATTN_BACKEND", backend)
     monkeypatch.setenv("FLASHATTN_AUTOTUNE", "0")
+    from flashattn.hopper import support
+    monkeypatch.setattr(support, "MIN_SEQLEN_K_MASKED", 0)  # auto: take Hopper at this small size
     b, s, h, h_k, d = 2, 700, 4, 2, 128
     q, k, v = (x.requires_grad_() for x in _inputs(b, s, s, h, h_k, d, torch.bfloat16))
     assert dispatch.forward_family(q, k, v, **_params(d, True)) == "hopper"

@@ -168,9 +168,12 @@ def forward_family(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **params: 
     device backend."""
     family = family_for(q)
     if family == "hopper":
-        from flashattn.hopper.support import call_unsupported
+        from flashattn.hopper.support import call_unsupported, slower_than_portable
 
         if call_unsupported(q, k, v, params) is not None:
+            return "portable"
+        # auto: short keys run faster on the portable kernels (measured; see support.py)
+        if requested_backend() == "auto" and slower_than_portable(q, k, params) is not None:
             return "portable"
     return family
 

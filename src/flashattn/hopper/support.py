@@ -99,6 +99,26 @@ def call_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return None
 
 
+# Below these key lengths the portable kernels measured faster on the H100 (bench grid of
+# 2026-11-22, session 2, 16k tokens per call): the persistent Hopper kernel pays its fixed costs
+# (descriptor set-up, tile queue, warp-role start) over too few key blocks per tile.
+# Dense: hopper/portable at s_k=1k was 0.56-0.94x, at 2k 1.08-1.54x. Masked (causal/window):
+# at 2k 0.77-1.08x, at 4k 1.09-1.37x.
+MIN_SEQLEN_K_DENSE = 2048
+MIN_SEQLEN_K_MASKED = 4096
+
+
+def slower_than_portable(q: torch.Tensor, k: torch.Tensor, params: Mapping[str, Any]) -> Optional[str]:
+    """Why ``dispatch`` in auto mode keeps this covered call on the portable kernels (measured
+    to be faster there), or None. FLASHATTN_BACKEND=hopper ignores this rule."""
+    seqlen_k = k.shape[1]
+    masked = int(params.get("window_left", -1)) >= 0 or int(params.get("window_right", -1)) >= 0
+    need = MIN_SEQLEN_K_MASKED if masked else MIN_SEQLEN_K_DENSE
+    if seqlen_k < need:
+        return f"seqlen_k {seqlen_k} < {need} ({'masked' if masked else 'dense'}): portable is faster there"
+    return None
+
+
 def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 params: Mapping[str, Any]) -> Optional[str]:
     """Device check and call check together (None: the Hopper forward runs this call)."""

@@ -195,16 +195,6 @@ def test_run_time_budget_skips():
     assert rows == [] and skipped == 3
 
 
-def test_ours_decode_row_needs_kvcache():
-    import flashattn
-
-    if hasattr(flashattn, "flash_attn_with_kvcache"):
-        pytest.skip("flash_attn_with_kvcache exists")
-    r = bench.measure(bench.Point("decode", 128, False, 64, 1, 32), "flashattn",
-                      bench.Timing(0, 1), ENV, device="cpu")
-    assert "flash_attn_with_kvcache" in r["error"]
-
-
 # ------------------------------------------------------------------------------------ CLI
 def test_cli_bench_arguments():
     args = cli.build_parser().parse_args(

@@ -25,3 +25,5 @@ __version__ = "0.1.0"
 from flashattn.kvcache import flash_attn_combine, flash_attn_with_kvcache  # noqa: E402  (KV cache)
 
 __all__ += ["flash_attn_with_kvcache", "flash_attn_combine"]
+# torch.library ops (torch.ops.flashattn.*) and flash-attn's bert_padding helpers, as modules
+from flashattn import ops, padding  # noqa: E402,F401

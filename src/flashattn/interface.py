@@ -2,13 +2,14 @@
 
 ``flash_attn_func``, ``flash_attn_qkvpacked_func`` and ``flash_attn_kvpacked_func`` take the
 same arguments, defaults and return conventions as flash-attn 2 (``flash_attn`` package).
-This module validates arguments, turns them into the normalised parameters of
-``docs/internals.md`` and wires autograd; it does no tensor math beyond views. The compute
-happens in the backend that :mod:`flashattn.dispatch` picks.
-
-The autograd Function calls the backends in exactly two places, :func:`_attn_forward` and
-:func:`_attn_backward`; a ``torch.library`` custom op can replace either without touching
-anything else.
+This module validates arguments and turns them into the normalised parameters of
+``docs/internals.md``; it does no tensor math beyond views. The compute is the
+``torch.library`` op ``flashattn::fwd`` (:mod:`flashattn.ops`; its autograd formula calls
+``flashattn::bwd``), which runs the backend that :mod:`flashattn.dispatch` picks. Being ops
+with fake kernels, the three functions here trace under ``torch.compile(fullgraph=True)``
+without graph breaks, with static or dynamic sequence lengths, ``return_attn_probs=True``
+and dropout included (the dropout seed is a random op of the graph, see
+:func:`_draw_philox_seed`).
 """
 from __future__ import annotations
 
@@ -16,141 +17,25 @@ from typing import Optional, Sequence, Tuple, Union
 
 import torch
 
-from flashattn import dispatch
+from flashattn import ops as _ops
 from flashattn import validation as _v
 
 Tensor = torch.Tensor
 AttnOutput = Union[Tensor, Tuple[Tensor, Tensor, Optional[Tensor]]]
 
-# Seeds are drawn in [0, 2**63 - 1): non-negative int64, and in the [0, 2**63) the
-# backends accept.
-_SEED_HIGH = 2**63 - 1
-
-
-# ---------------------------------------------------------------------------------------------
-# The two backend call sites (to become torch.library ops).
-# ---------------------------------------------------------------------------------------------
-def _attn_forward(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    alibi_slopes: Optional[Tensor],
-    softmax_scale: float,
-    causal: bool,
-    window_left: int,
-    window_right: int,
-    softcap: float,
-    dropout_p: float,
-    philox_seed: int,
-    return_softmax: bool,
-) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
-    return dispatch.forward(
-        q,
-        k,
-        v,
-        softmax_scale=softmax_scale,
-        causal=causal,
-        window_left=window_left,
-        window_right=window_right,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        dropout_p=dropout_p,
-        philox_seed=philox_seed,
-        return_softmax=return_softmax,
-    )
-
-
-def _attn_backward(
-    dout: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    out: Tensor,
-    lse: Tensor,
-    alibi_slopes: Optional[Tensor],
-    softmax_scale: float,
-    causal: bool,
-    window_left: int,
-    window_right: int,
-    softcap: float,
-    dropout_p: float,
-    philox_seed: int,
-    deterministic: bool,
-) -> Tuple[Tensor, Tensor, Tensor]:
-    return dispatch.backward(
-        dout,
-        q,
-        k,
-        v,
-        out,
-        lse,
-        softmax_scale=softmax_scale,
-        causal=causal,
-        window_left=window_left,
-        window_right=window_right,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        dropout_p=dropout_p,
-        philox_seed=philox_seed,
-        deterministic=deterministic,
-    )
-
-
-class _FlashAttnFunction(torch.autograd.Function):
-    """out, lse, S_dmask = attention(q, k, v); gradients for q, k, v only."""
-
-    @staticmethod
-    def forward(  # type: ignore[override]
-        ctx,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        alibi_slopes: Optional[Tensor],
-        softmax_scale: float,
-        causal: bool,
-        window_left: int,
-        window_right: int,
-        softcap: float,
-        dropout_p: float,
-        philox_seed: int,
-        deterministic: bool,
-        return_softmax: bool,
-    ) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
-        out, lse, s_dmask = _attn_forward(
-            q, k, v, alibi_slopes, softmax_scale, causal, window_left, window_right,
-            softcap, dropout_p, philox_seed, return_softmax,
-        )
-        ctx.save_for_backward(q, k, v, out, lse, alibi_slopes)
-        # The seed is saved, not redrawn: backward must replay forward's dropout mask.
-        ctx.params = (softmax_scale, causal, window_left, window_right, softcap, dropout_p,
-                      philox_seed, deterministic)
-        ctx.mark_non_differentiable(lse)
-        if s_dmask is not None:
-            ctx.mark_non_differentiable(s_dmask)
-        return out, lse, s_dmask
-
-    @staticmethod
-    def backward(ctx, dout: Tensor, _dlse: Optional[Tensor], _ds: Optional[Tensor]):  # type: ignore[override]
-        q, k, v, out, lse, alibi_slopes = ctx.saved_tensors
-        (softmax_scale, causal, window_left, window_right, softcap, dropout_p, philox_seed,
-         deterministic) = ctx.params
-        if dout.stride(-1) != 1 and dout.shape[-1] > 1:
-            # e.g. the expanded gradient of out.sum(); backends need unit last-dim stride.
-            dout = dout.contiguous()
-        dq, dk, dv = _attn_backward(
-            dout, q, k, v, out, lse, alibi_slopes, softmax_scale, causal, window_left,
-            window_right, softcap, dropout_p, philox_seed, deterministic,
-        )
-        return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
-
 
 # ---------------------------------------------------------------------------------------------
 # Argument normalisation
 # ---------------------------------------------------------------------------------------------
-def _draw_philox_seed() -> int:
-    # From torch's default CPU generator, so torch.manual_seed reproduces dropout; a CPU
-    # tensor's .item() never synchronises a GPU.
-    return int(torch.randint(0, _SEED_HIGH, (1,), dtype=torch.int64).item())
+def _draw_philox_seed() -> torch.Tensor:
+    """The dropout seed: int64 CPU tensor (1,) from torch's default CPU generator.
+
+    ``torch.manual_seed`` reproduces it. It stays a tensor (read by the op, on the CPU, so
+    it never synchronises a GPU) so that torch.compile records the draw as a random op of
+    the graph: every call of a compiled model draws a fresh seed instead of reusing the
+    trace-time one.
+    """
+    return _ops.draw_philox_seed()
 
 
 def _attention(
@@ -195,14 +80,14 @@ def _attention(
             alibi_slopes = alibi_slopes.unsqueeze(0).expand(b, h)  # (b, h), batch stride 0
         elif alibi_slopes.stride(-1) != 1 and h > 1:
             alibi_slopes = alibi_slopes.contiguous()
-    philox_seed = _draw_philox_seed() if dropout_p > 0.0 else 0
+    philox_seed = _draw_philox_seed() if dropout_p > 0.0 else None
     # Like flash-attn 2: S_dmask only exists with dropout; return_attn_probs=True without
     # dropout is commonly used just to get softmax_lse, so never materialise (b, h, s_q, s_k).
     return_softmax = return_attn_probs and dropout_p > 0.0
 
-    out, lse, s_dmask = _FlashAttnFunction.apply(
-        q, k, v, alibi_slopes, scale, causal, window_left, window_right, softcap, dropout_p,
-        philox_seed, deterministic, return_softmax,
+    out, lse, s_dmask = _ops.attention(
+        q, k, v, alibi_slopes, philox_seed, scale, causal, window_left, window_right, softcap,
+        dropout_p, deterministic, return_softmax,
     )
     if return_attn_probs:
         return out, lse, s_dmask

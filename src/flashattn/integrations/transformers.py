@@ -1,0 +1,249 @@
+"""Hugging Face transformers backend: ``attn_implementation="flashattn"``.
+
+Usage::
+
+    import flashattn.integrations.transformers as fa_hf
+    fa_hf.register()
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="flashattn")
+    # or: model.set_attn_implementation("flashattn")
+
+:func:`register` adds the name to transformers' ``AttentionInterface`` (the attention call
+of every model written against it: Llama, Mistral, Gemma-2, Qwen, ...) and to its
+``AttentionMaskInterface`` with transformers' own flash-attention mask builder, so the model
+hands :func:`attention_forward` what flash-attn 2 gets: ``None`` (no padding: dense
+causal path) or the 2D padding mask (batch, kv_length) (then the packed varlen path).
+
+What :func:`attention_forward` covers (the semantics of transformers' ``flash_attention_2``):
+
+- padding masks -> unpad, :func:`flashattn.flash_attn_varlen_func`, pad back (left or right
+  padding; with a KV cache the queries are the last ``q_len`` positions of each row);
+- packed sequences without padding (``cu_seq_lens_q`` / ``cu_seq_lens_k`` / ``max_length_q``
+  / ``max_length_k`` kwargs, e.g. from ``DataCollatorWithFlattening``, or ``position_ids``
+  that restart at 0 inside one row) -> varlen, no attention across sequences;
+- GQA / MQA (k, v keep their own head count, never repeated), ``scaling``, causal or not
+  (``module.is_causal`` or an ``is_causal`` kwarg), sliding windows (Mistral / Gemma-2:
+  ``sliding_window`` w -> window (w - 1, w - 1), so with causal a query sees itself and the
+  w - 1 keys before it), ``softcap`` (Gemma-2 ``attn_logit_softcapping``), dropout in training
+  (``dropout`` as the model passes it), ``deterministic`` (kwarg or
+  ``FLASH_ATTENTION_DETERMINISTIC=1``);
+- fp32 as well as fp16 / bf16 (no down-cast: flashattn computes fp32 natively).
+
+Not supported: ``output_attentions`` (the weights come back as ``None``, as with
+flash-attention 2), ``head_mask``, attention sinks (``s_aux``: NotImplementedError) and
+custom 4D masks (ValueError: use ``sdpa`` or ``eager`` for those).
+
+The dense path traces under ``torch.compile(fullgraph=True)`` (packed rows then need the
+``cu_seq_lens_*`` kwargs: position ids are not inspected while compiling); the padded path
+reads the longest sequence length on the host (``.item()``), as transformers'
+flash-attention 2 path does, which breaks the graph there.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any, Callable, Optional, Tuple
+
+import torch
+
+from flashattn.interface import flash_attn_func
+from flashattn.padding import index_first_axis, pad_input, unpad_input
+
+Tensor = torch.Tensor
+
+NAME = "flashattn"
+
+
+def _varlen_function() -> Optional[Callable[..., Any]]:
+    """flashattn's ``flash_attn_varlen_func`` (flash-attn 2 signature), looked up at call time
+    so that the packed kernels are used as soon as they are importable; None if they are not."""
+    try:
+        from flashattn.varlen import flash_attn_varlen_func
+    except ImportError:
+        return None
+    return flash_attn_varlen_func
+
+
+def _masked_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                   max_seqlen_q: int, max_seqlen_k: int, **kwargs: Any) -> Tensor:
+    """Exact fallback for ``flash_attn_varlen_func``: each packed sequence through the dense
+    kernel on its own (same per-sequence semantics, one launch per sequence)."""
+    del max_seqlen_q, max_seqlen_k
+    bounds_q, bounds_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    out = q.new_zeros((q.shape[0], q.shape[1], v.shape[-1]))
+    for b in range(len(bounds_q) - 1):
+        q0, q1, k0, k1 = bounds_q[b], bounds_q[b + 1], bounds_k[b], bounds_k[b + 1]
+        if q1 > q0:
+            out[q0:q1] = flash_attn_func(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1],
+                                         **kwargs)[0]
+    return out
+
+
+def _run_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                max_seqlen_q: int, max_seqlen_k: int, **kwargs: Any) -> Tensor:
+    cu_seqlens_q = cu_seqlens_q.to(device=q.device, dtype=torch.int32)
+    cu_seqlens_k = cu_seqlens_k.to(device=q.device, dtype=torch.int32)
+    varlen = _varlen_function()
+    if varlen is None:
+        return _masked_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
+                              int(max_seqlen_k), **kwargs)
+    return varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
+                  **kwargs)
+
+
+def _unpad_qkv(q: Tensor, k: Tensor, v: Tensor, mask: Tensor):
+    """Pack the real tokens. q (b, s_q, h, d), k / v (b, s_k, h_k, d), mask (b, s_mask) with
+    s_mask >= s_q: key j of a row is real where mask[:, j] (a longer static cache is cut to
+    the mask); queries are the last s_q positions (left padding, or decoding with a cache)."""
+    b, s_q = q.shape[:2]
+    s_mask = mask.shape[1]
+    if k.shape[1] > s_mask:
+        k, v = k[:, :s_mask], v[:, :s_mask]
+    k_u, indices_k, cu_k, max_k, _ = unpad_input(k, mask)
+    v_u = index_first_axis(v.reshape(-1, *v.shape[2:]), indices_k)
+    if s_q == k.shape[1]:
+        q_u = index_first_axis(q.reshape(-1, *q.shape[2:]), indices_k)
+        return q_u, k_u, v_u, indices_k, cu_k, cu_k, max_k, max_k
+    if s_q == 1:
+        # one new token per row (decoding): every row has exactly one query
+        cu_q = torch.arange(b + 1, dtype=torch.int32, device=q.device)
+        return q[:, 0], k_u, v_u, cu_q[:-1].long(), cu_q, cu_k, 1, max_k
+    q_u, indices_q, cu_q, max_q, _ = unpad_input(q, mask[:, -s_q:])
+    return q_u, k_u, v_u, indices_q, cu_q, cu_k, max_q, max_k
+
+
+def _packed_from_position_ids(position_ids: Tensor) -> Tuple[Tensor, int]:
+    """cu_seqlens (int32) and the longest length of sequences packed in one row, from
+    position ids that restart at 0 where a new sequence starts."""
+    flat = position_ids.reshape(-1)
+    starts = (flat == 0).nonzero().flatten().to(torch.int32)
+    if starts.numel() == 0 or int(starts[0]) != 0:
+        starts = torch.cat([starts.new_zeros(1), starts])
+    cu = torch.cat([starts, starts.new_tensor([flat.numel()])])
+    return cu, int(cu.diff().max().item())
+
+
+def _is_packed_row(position_ids: Optional[Tensor], batch: int) -> bool:
+    """One row whose positions are not 0, 1, 2, ... (several sequences packed in it).
+
+    Reads the positions on the host, so it is skipped for a single new token (decoding: one
+    token is never packed, and a GPU sync per layer and token would cost) and under
+    torch.compile (a data-dependent branch breaks the graph): there, packed sequences must
+    come with the cu_seq_lens_* / max_length_* kwargs.
+    """
+    if position_ids is None or batch != 1 or position_ids.dim() != 2:
+        return False
+    if position_ids.shape[-1] <= 1 or torch.compiler.is_compiling():
+        return False
+    ramp = torch.arange(position_ids.shape[-1], device=position_ids.device)
+    return bool((position_ids[0] - position_ids[0, 0] != ramp).any())
+
+
+_warned: set = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, UserWarning, stacklevel=3)
+
+
+def attention_forward(
+    module: torch.nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Optional[Tensor],
+    dropout: float = 0.0,
+    scaling: Optional[float] = None,
+    sliding_window: Optional[int] = None,
+    softcap: Optional[float] = None,
+    **kwargs: Any,
+) -> Tuple[Tensor, None]:
+    """transformers' attention-interface call on flashattn's kernels.
+
+    Args:
+        module: the attention module (``is_causal`` read from it unless an ``is_causal``
+            kwarg is given).
+        query: (batch, nheads, q_len, head_dim); key / value: (batch, nheads_kv, kv_len,
+            head_dim), nheads % nheads_kv == 0. fp16, bf16 or fp32.
+        attention_mask: None, or the (batch, kv_len_or_more) bool padding mask built by
+            transformers' flash-attention mask function (True = real token).
+        dropout: attention dropout probability (the model passes 0.0 in eval mode).
+        scaling: softmax scale (default head_dim ** -0.5).
+        sliding_window: None, or the window w of Mistral / Gemma-2 sliding layers.
+        softcap: None / 0.0, or the logit soft-capping value.
+        kwargs: ``cu_seq_lens_q``, ``cu_seq_lens_k``, ``max_length_q``, ``max_length_k``
+            (packed sequences), ``position_ids``, ``is_causal``, ``deterministic``; others
+            are ignored.
+
+    Returns:
+        (attn_output (batch, q_len, nheads, head_dim) in query's dtype, None).
+    """
+    if kwargs.get("output_attentions", False) or kwargs.get("head_mask") is not None:
+        _warn_once("attn_implementation='flashattn' does not return attention weights or "
+                   "apply head_mask; use 'eager' for those.")
+    if kwargs.get("s_aux") is not None:
+        raise NotImplementedError("attn_implementation='flashattn' does not support attention "
+                                  "sinks (s_aux); use 'eager' or 'sdpa' for this model.")
+    if attention_mask is not None and attention_mask.dim() != 2:
+        raise ValueError(
+            f"attn_implementation='flashattn' takes a 2D padding mask (batch, kv_len); got an "
+            f"attention_mask of shape {tuple(attention_mask.shape)} (a custom 4D mask); use "
+            "attn_implementation='sdpa' or 'eager' for custom masks.")
+    # (b, h, s, d) -> flash-attn's (b, s, h, d): views, last dim stays unit-stride
+    q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+    if k.dtype != q.dtype:
+        k, v = k.to(q.dtype), v.to(q.dtype)
+    batch, q_len = q.shape[:2]
+
+    is_causal = kwargs.get("is_causal")
+    if is_causal is None:
+        is_causal = getattr(module, "is_causal", True)
+    window = (-1, -1)
+    if sliding_window is not None and k.shape[1] > sliding_window:
+        window = (sliding_window - 1, sliding_window - 1)
+    deterministic = kwargs.get("deterministic")
+    if deterministic is None:
+        deterministic = os.environ.get("FLASH_ATTENTION_DETERMINISTIC", "0") == "1"
+    params = dict(dropout_p=float(dropout), softmax_scale=scaling, causal=bool(is_causal),
+                  window_size=window, softcap=float(softcap or 0.0),
+                  deterministic=bool(deterministic))
+
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
+    position_ids = kwargs.get("position_ids")
+    if attention_mask is not None:
+        q_u, k_u, v_u, indices_q, cu_seqlens_q, cu_seqlens_k, max_sq, max_sk = _unpad_qkv(
+            q, k, v, attention_mask.bool())
+        out_u = _run_varlen(q_u, k_u, v_u, cu_seqlens_q, cu_seqlens_k, max_sq, max_sk, **params)
+        out = pad_input(out_u, indices_q, batch, q_len)
+    elif all(x is not None for x in (cu_q, cu_k, max_q, max_k)) or \
+            _is_packed_row(position_ids, batch):
+        if cu_q is None or cu_k is None or max_q is None or max_k is None:
+            cu_q, max_q = _packed_from_position_ids(position_ids)
+            cu_k, max_k = cu_q, max_q
+        flat = [t.reshape(-1, *t.shape[2:]) for t in (q, k, v)]
+        out = _run_varlen(*flat, cu_q, cu_k, max_q, max_k, **params)
+        out = out.view(batch, -1, *out.shape[1:])
+    else:
+        out = flash_attn_func(q, k, v, **params)
+    return out, None
+
+
+def register(name: str = NAME) -> str:
+    """Register ``name`` (default "flashattn") with transformers' AttentionInterface and
+    AttentionMaskInterface. Idempotent; returns the name. Needs ``transformers`` (>= 4.56,
+    tested with 4.57.1)."""
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "flashattn.integrations.transformers.register() needs the 'transformers' package "
+            f"with AttentionInterface and AttentionMaskInterface (>= 4.56): {e}") from e
+    AttentionInterface.register(name, attention_forward)
+    AttentionMaskInterface.register(name, flash_attention_mask)
+    return name
+
+
+__all__ = ["NAME", "attention_forward", "register"]

@@ -1,0 +1,539 @@
+"""torch.library ops: the attention kernels as opaque custom ops, so torch.compile traces through.
+
+Registered ops (namespace ``flashattn``; call them as ``torch.ops.flashattn.<name>``)::
+
+    fwd(q, k, v, alibi_slopes?, philox_seed?, softmax_scale, causal, window_left, window_right,
+        softcap, dropout_p, deterministic, return_softmax) -> (out, lse, S_dmask)
+    bwd(dout, q, k, v, out, lse, alibi_slopes?, philox_seed?, softmax_scale, causal,
+        window_left, window_right, softcap, dropout_p, deterministic) -> (dq, dk, dv)
+    varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k?, block_table?, alibi_slopes?,
+        philox_seed?, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+        window_right, softcap, dropout_p, deterministic, return_softmax) -> (out, lse, S_dmask)
+    varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k?, alibi_slopes?,
+        philox_seed?, max_seqlen_q, max_seqlen_k, softmax_scale, ..., deterministic)
+        -> (dq, dk, dv)
+    fwd_kvcache(q, k_cache!, v_cache!, k?, v?, rotary_cos?, rotary_sin?, cache_seqlens?,
+        cache_batch_idx?, cache_leftpad?, block_table?, alibi_slopes?, softmax_scale?, causal,
+        window_left, window_right, softcap, rotary_interleaved, num_splits) -> (out, lse)
+    combine(out_partial, lse_partial, out_dtype?) -> (out, lse)
+
+Python entry points with the public signatures: :func:`attention` / :func:`varlen_attention`
+(the autograd.Function replacements) and :func:`kvcache_attention` / :func:`combine_splits`
+(drop-ins for ``flash_attn_with_kvcache`` / ``flash_attn_combine``).
+
+Parameters are the normalised ones of ``docs/internals.md`` (the interface has already
+validated and normalised them), with these differences forced by graph capture:
+
+- ``philox_seed`` is an int64 CPU tensor of one element, or None when ``dropout_p == 0``.
+  Drawn by ``torch.randint`` in the caller, it is an ordinary random op of the traced graph:
+  a compiled model draws a fresh seed on every call from torch's generator (so
+  ``torch.manual_seed`` reproduces it) instead of baking the trace-time value into the graph.
+  The op reads it with ``.item()``; a CPU tensor never synchronises a GPU.
+- ``S_dmask`` is always a tensor: an empty ``(0,)`` tensor when ``return_softmax`` is False
+  (a custom op has no optional outputs). ``fwd`` takes ``deterministic`` only so that its
+  autograd formula can hand it to ``bwd``.
+- ``lse`` and ``S_dmask`` are not differentiable; backward through the ``fwd`` op is
+  ``bwd``; ``bwd`` itself has no derivative (no double backward, like flash-attn).
+
+Why ``custom_op`` + ``register_fake`` and not ``triton_op`` + ``wrap_triton`` (tried on torch
+2.13 + triton 3.6; torch 2.11 could not be installed here, its ``triton_op`` likewise builds
+the fake kernel by tracing the Python body, so points 1 and 3 hold there too):
+
+1. ``triton_op`` builds its fake (meta) kernel by running the op's Python body on
+   FakeTensors. Our launch code chooses the TMA path from data pointers
+   (``kernels.config.use_tma`` checks 16-byte alignment of ``data_ptr()``), and the Hopper
+   family checks the same in ``hopper.support.call_unsupported``: a ``triton_op`` around
+   ``kernels.fwd.flash_fwd`` fails under torch.compile with "Cannot access data pointer of
+   Tensor (e.g. FakeTensor, FunctionalTensor)". The choice depends on the address at run
+   time, which a trace cannot know.
+2. Under ``TRITON_INTERPRET=1`` (the CPU CI) ``wrap_triton`` hands back interpreted kernels
+   unchanged (``torch/_library/triton.py``: an InterpretedFunction is not traceable), so the
+   fake pass launches the kernel on FakeTensors and fails even with TMA forced off
+   (checked). The plain-torch CPU path (``cpu.py``) would be traced into the graph instead,
+   so one op would mean different graphs per device.
+3. ``wrap_triton`` must wrap every launch site inside ``kernels/*.py`` and
+   ``hopper/*.py`` (autotuned kernels with ``early_config_prune``, ``reset_to_zero``,
+   ``cache_results`` and in-kernel TMA descriptors that need ``triton.set_allocator``);
+   Inductor would re-launch them through its own launcher, a second code path to keep right.
+
+An opaque custom op runs exactly the eager code (autotuning, allocator, backend dispatch
+included); the compiler only needs the output shapes (``register_fake``) and the gradient
+formula (``register_autograd``). The cost is that Inductor cannot fuse into our kernels,
+which it could not do with hand-written Triton kernels either.
+
+Adding an op: write a plain function of tensors and scalars in the module that owns the
+computation (as ``varlen._varlen_fwd``), register it here in its own section with
+``torch.library.custom_op`` (``mutates_args`` naming every tensor written in place), a fake
+that allocates the outputs with the real strides, and, if differentiable,
+``register_autograd``; check it with ``torch.library.opcheck`` (``tests/test_ops.py``).
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple, Union
+
+import torch
+
+from flashattn import dispatch
+
+Tensor = torch.Tensor
+
+# Seeds in [0, 2**63 - 1): non-negative int64, inside the [0, 2**63) the backends accept.
+_SEED_HIGH = 2**63 - 1
+
+
+def draw_philox_seed() -> Tensor:
+    """A dropout seed: int64 CPU tensor of shape (1,), from torch's default CPU generator.
+
+    The same draw as ``int(torch.randint(0, 2**63 - 1, (1,)).item())``, kept as a tensor so
+    torch.compile records it as a random op of the graph (a fresh seed per call).
+    """
+    return torch.randint(0, _SEED_HIGH, (1,), dtype=torch.int64, device="cpu")
+
+
+def _seed_value(philox_seed: Optional[Tensor]) -> int:
+    return 0 if philox_seed is None else int(philox_seed.item())
+
+
+def _empty_dmask(q: Tensor) -> Tensor:
+    return q.new_empty((0,))
+
+
+def _fresh(*tensors: Tensor) -> Tuple[Tensor, ...]:
+    """Contiguous outputs, as the fake kernels promise (a no-op for the backends' outputs)."""
+    return tuple(t.contiguous() for t in tensors)
+
+
+# ---------------------------------------------------------------------------------------------
+# Dense attention: flash_attn_func, flash_attn_qkvpacked_func, flash_attn_kvpacked_func
+# ---------------------------------------------------------------------------------------------
+@torch.library.custom_op("flashattn::fwd", mutates_args=())
+def fwd(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    alibi_slopes: Optional[Tensor],
+    philox_seed: Optional[Tensor],
+    softmax_scale: float,
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    dropout_p: float,
+    deterministic: bool,
+    return_softmax: bool,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """Attention forward. q (b, s_q, h, d), k (b, s_k, h_k, d), v (b, s_k, h_k, d_v).
+
+    Returns out (b, s_q, h, d_v) in q's dtype, lse float32 (b, h, s_q), and S_dmask
+    (b, h, s_q, s_k) in q's dtype when ``return_softmax`` else an empty (0,) tensor; all
+    contiguous.
+    """
+    out, lse, s_dmask = dispatch.forward(
+        q, k, v, softmax_scale=softmax_scale, causal=causal, window_left=window_left,
+        window_right=window_right, softcap=softcap, alibi_slopes=alibi_slopes,
+        dropout_p=dropout_p, philox_seed=_seed_value(philox_seed),
+        return_softmax=return_softmax,
+    )
+    if s_dmask is None:
+        s_dmask = _empty_dmask(q)
+    return _fresh(out, lse, s_dmask)  # type: ignore[return-value]
+
+
+@fwd.register_fake
+def _fwd_fake(q, k, v, alibi_slopes, philox_seed, softmax_scale, causal, window_left,
+              window_right, softcap, dropout_p, deterministic, return_softmax):
+    b, s_q, h, _ = q.shape
+    s_k, d_v = k.shape[1], v.shape[-1]
+    out = q.new_empty((b, s_q, h, d_v))
+    lse = q.new_empty((b, h, s_q), dtype=torch.float32)
+    s_dmask = q.new_empty((b, h, s_q, s_k)) if return_softmax else _empty_dmask(q)
+    return out, lse, s_dmask
+
+
+@torch.library.custom_op("flashattn::bwd", mutates_args=())
+def bwd(
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    alibi_slopes: Optional[Tensor],
+    philox_seed: Optional[Tensor],
+    softmax_scale: float,
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    dropout_p: float,
+    deterministic: bool,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """Attention backward: (dq, dk, dv), contiguous, shaped and typed like q, k, v.
+
+    dout (b, s_q, h, d_v) with unit last-dim stride; out, lse as ``fwd`` returned them; the
+    same ``philox_seed`` as the forward (it replays the dropout mask).
+    """
+    dq, dk, dv = dispatch.backward(
+        dout, q, k, v, out, lse, softmax_scale=softmax_scale, causal=causal,
+        window_left=window_left, window_right=window_right, softcap=softcap,
+        alibi_slopes=alibi_slopes, dropout_p=dropout_p, philox_seed=_seed_value(philox_seed),
+        deterministic=deterministic,
+    )
+    return _fresh(dq, dk, dv)  # type: ignore[return-value]
+
+
+@bwd.register_fake
+def _bwd_fake(dout, q, k, v, out, lse, alibi_slopes, philox_seed, softmax_scale, causal,
+              window_left, window_right, softcap, dropout_p, deterministic):
+    return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
+            torch.empty(k.shape, dtype=k.dtype, device=k.device),
+            torch.empty(v.shape, dtype=v.dtype, device=v.device))
+
+
+def _unit_last_stride(dout: Tensor) -> Tensor:
+    # e.g. the expanded gradient of out.sum(); the backends need unit last-dim stride.
+    if dout.stride(-1) != 1 and dout.shape[-1] > 1:
+        return dout.contiguous()
+    return dout
+
+
+def _fwd_setup_context(ctx, inputs, output) -> None:
+    (q, k, v, alibi_slopes, philox_seed, softmax_scale, causal, window_left, window_right,
+     softcap, dropout_p, deterministic, _return_softmax) = inputs
+    out, lse, s_dmask = output
+    ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, philox_seed)
+    # The seed is saved, not redrawn: backward replays forward's dropout mask.
+    ctx.params = (softmax_scale, causal, window_left, window_right, softcap, dropout_p,
+                  deterministic)
+    ctx.mark_non_differentiable(lse, s_dmask)
+
+
+def _fwd_backward(ctx, dout, _dlse, _ds_dmask):
+    q, k, v, out, lse, alibi_slopes, philox_seed = ctx.saved_tensors
+    dq, dk, dv = bwd(_unit_last_stride(dout), q, k, v, out, lse, alibi_slopes, philox_seed,
+                     *ctx.params)
+    return (dq, dk, dv) + (None,) * 10
+
+
+fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
+
+
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    alibi_slopes: Optional[Tensor],
+    philox_seed: Optional[Tensor],
+    softmax_scale: float,
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    dropout_p: float,
+    deterministic: bool,
+    return_softmax: bool,
+) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+    """``fwd`` with flash-attn's return convention: S_dmask None unless ``return_softmax``."""
+    out, lse, s_dmask = fwd(q, k, v, alibi_slopes, philox_seed, softmax_scale, causal,
+                            window_left, window_right, softcap, dropout_p, deterministic,
+                            return_softmax)
+    return out, lse, (s_dmask if return_softmax else None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Variable-length (packed) attention: the plain backend call sites of flashattn.varlen.
+# flash_attn_varlen_func's autograd.Function calls varlen._varlen_fwd / _varlen_bwd
+# directly; to make it compile through these ops, replace ``_FlashAttnVarlenFunction.apply``
+# in varlen._varlen_attention by :func:`varlen_attention` (same argument order).
+# ---------------------------------------------------------------------------------------------
+def _varlen_impl():
+    from flashattn import varlen
+
+    return varlen._varlen_fwd, varlen._varlen_bwd
+
+
+@torch.library.custom_op("flashattn::varlen_fwd", mutates_args=())
+def varlen_fwd(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    seqused_k: Optional[Tensor],
+    block_table: Optional[Tensor],
+    alibi_slopes: Optional[Tensor],
+    philox_seed: Optional[Tensor],
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float,
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    dropout_p: float,
+    deterministic: bool,
+    return_softmax: bool,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """Varlen forward. q (total_q, h, d); k, v (total_k, h_k, d / d_v), or the paged caches
+    (num_blocks, page_size, h_k, d / d_v) with ``block_table``.
+
+    Returns out (total_q, h, d_v), lse float32 (h, total_q), S_dmask
+    (b, h, max_seqlen_q, max_seqlen_k) or an empty (0,) tensor; all contiguous.
+    """
+    varlen_fwd_fn, _ = _varlen_impl()
+    out, lse, s_dmask = varlen_fwd_fn(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
+        max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
+        dropout_p, _seed_value(philox_seed), return_softmax,
+    )
+    if s_dmask is None:
+        s_dmask = _empty_dmask(q)
+    return _fresh(out, lse, s_dmask)  # type: ignore[return-value]
+
+
+@varlen_fwd.register_fake
+def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
+                     philox_seed, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                     window_left, window_right, softcap, dropout_p, deterministic,
+                     return_softmax):
+    total_q, h, _ = q.shape
+    batch = cu_seqlens_q.shape[0] - 1
+    out = q.new_empty((total_q, h, v.shape[-1]))
+    lse = q.new_empty((h, total_q), dtype=torch.float32)
+    s_dmask = (q.new_empty((batch, h, max_seqlen_q, max_seqlen_k)) if return_softmax
+               else _empty_dmask(q))
+    return out, lse, s_dmask
+
+
+@torch.library.custom_op("flashattn::varlen_bwd", mutates_args=())
+def varlen_bwd(
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    seqused_k: Optional[Tensor],
+    alibi_slopes: Optional[Tensor],
+    philox_seed: Optional[Tensor],
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float,
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    dropout_p: float,
+    deterministic: bool,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """Varlen backward: (dq, dk, dv), contiguous, shaped and typed like q, k, v."""
+    _, varlen_bwd_fn = _varlen_impl()
+    dq, dk, dv = varlen_bwd_fn(
+        dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes,
+        max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
+        dropout_p, _seed_value(philox_seed), deterministic,
+    )
+    return _fresh(dq, dk, dv)  # type: ignore[return-value]
+
+
+@varlen_bwd.register_fake
+def _varlen_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                     alibi_slopes, philox_seed, max_seqlen_q, max_seqlen_k, softmax_scale,
+                     causal, window_left, window_right, softcap, dropout_p, deterministic):
+    return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
+            torch.empty(k.shape, dtype=k.dtype, device=k.device),
+            torch.empty(v.shape, dtype=v.dtype, device=v.device))
+
+
+def _varlen_setup_context(ctx, inputs, output) -> None:
+    (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes, philox_seed,
+     max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
+     dropout_p, deterministic, _return_softmax) = inputs
+    out, lse, s_dmask = output
+    ctx.paged = block_table is not None
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                          alibi_slopes, philox_seed)
+    ctx.params = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
+                  softcap, dropout_p, deterministic)
+    ctx.mark_non_differentiable(lse, s_dmask)
+
+
+def _varlen_backward(ctx, dout, _dlse, _ds_dmask):
+    if ctx.paged:
+        raise NotImplementedError(
+            "flash_attn_varlen_func: gradients through the paged KV cache path "
+            "(block_table given) are not supported; it is for inference. Call it under "
+            "torch.no_grad(), or pass contiguous k/v without block_table to train."
+        )
+    (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes,
+     philox_seed) = ctx.saved_tensors
+    dq, dk, dv = varlen_bwd(_unit_last_stride(dout), q, k, v, out, lse, cu_seqlens_q,
+                            cu_seqlens_k, seqused_k, alibi_slopes, philox_seed, *ctx.params)
+    return (dq, dk, dv) + (None,) * 16
+
+
+varlen_fwd.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
+
+
+def varlen_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    seqused_k: Optional[Tensor],
+    block_table: Optional[Tensor],
+    alibi_slopes: Optional[Tensor],
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float,
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    dropout_p: float,
+    philox_seed: Union[int, Tensor, None],
+    deterministic: bool,
+    return_softmax: bool,
+) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+    """Drop-in for ``varlen._FlashAttnVarlenFunction.apply`` (same argument order) through the
+    ``varlen_fwd`` op; S_dmask None unless ``return_softmax``.
+
+    ``philox_seed``: a tensor from :func:`draw_philox_seed` (compile friendly), or an int
+    (wrapped in a CPU tensor), or None / ignored when ``dropout_p == 0``.
+    """
+    if dropout_p <= 0.0:
+        philox_seed = None
+    elif not isinstance(philox_seed, Tensor):
+        philox_seed = torch.tensor([int(philox_seed or 0)], dtype=torch.int64)
+    out, lse, s_dmask = varlen_fwd(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes, philox_seed,
+        max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
+        dropout_p, deterministic, return_softmax,
+    )
+    return out, lse, (s_dmask if return_softmax else None)
+
+
+# ---------------------------------------------------------------------------------------------
+# KV cache (flash_attn_with_kvcache) and the split combine (flash_attn_combine): forward-only
+# ops, so a compiled decode step traces through. kvcache.py has no separate backend call site
+# yet, so ``fwd_kvcache`` runs the public function (its argument checks run again, at run
+# time). To route the public function through this op, split its body after validation into
+# a plain ``kvcache._kvcache_fwd`` and call that here instead (else it would recurse).
+# ---------------------------------------------------------------------------------------------
+@torch.library.custom_op("flashattn::fwd_kvcache", mutates_args=("k_cache", "v_cache"))
+def fwd_kvcache(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    k: Optional[Tensor],
+    v: Optional[Tensor],
+    rotary_cos: Optional[Tensor],
+    rotary_sin: Optional[Tensor],
+    cache_seqlens: Optional[Tensor],
+    cache_batch_idx: Optional[Tensor],
+    cache_leftpad: Optional[Tensor],
+    block_table: Optional[Tensor],
+    alibi_slopes: Optional[Tensor],
+    softmax_scale: Optional[float],
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    rotary_interleaved: bool,
+    num_splits: int,
+) -> Tuple[Tensor, Tensor]:
+    """``flash_attn_with_kvcache`` as an op: k / v (if given) are written into k_cache /
+    v_cache in place. Returns out (b, s_q, h, d_v) in q's dtype and lse float32 (b, h, s_q),
+    contiguous. Arguments as the public function's (window_size split in two ints,
+    cache_seqlens a (b,) int32 tensor or None)."""
+    from flashattn.kvcache import flash_attn_with_kvcache
+
+    out, lse = flash_attn_with_kvcache(
+        q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+        cache_leftpad, block_table, softmax_scale, causal, (window_left, window_right), softcap,
+        rotary_interleaved, alibi_slopes, num_splits, return_softmax_lse=True)
+    return _fresh(out, lse)  # type: ignore[return-value]
+
+
+@fwd_kvcache.register_fake
+def _fwd_kvcache_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                      cache_batch_idx, cache_leftpad, block_table, alibi_slopes, softmax_scale,
+                      causal, window_left, window_right, softcap, rotary_interleaved,
+                      num_splits):
+    b, s_q, h, _ = q.shape
+    return (q.new_empty((b, s_q, h, v_cache.shape[-1])),
+            q.new_empty((b, h, s_q), dtype=torch.float32))
+
+
+def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor] = None,
+                      v: Optional[Tensor] = None, rotary_cos: Optional[Tensor] = None,
+                      rotary_sin: Optional[Tensor] = None,
+                      cache_seqlens: Union[int, Tensor, None] = None,
+                      cache_batch_idx: Optional[Tensor] = None,
+                      cache_leftpad: Optional[Tensor] = None,
+                      block_table: Optional[Tensor] = None,
+                      softmax_scale: Optional[float] = None, causal: bool = False,
+                      window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                      rotary_interleaved: bool = True, alibi_slopes: Optional[Tensor] = None,
+                      num_splits: int = 0, return_softmax_lse: bool = False):
+    """``flash_attn_with_kvcache`` (same signature and returns) through the ``fwd_kvcache`` op."""
+    if cache_seqlens is not None and not isinstance(cache_seqlens, Tensor):
+        cache_seqlens = torch.full((q.shape[0],), int(cache_seqlens), dtype=torch.int32,
+                                   device=q.device)
+    out, lse = fwd_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                           cache_batch_idx, cache_leftpad, block_table, alibi_slopes,
+                           softmax_scale, causal, int(window_size[0]), int(window_size[1]),
+                           softcap, rotary_interleaved, num_splits)
+    return (out, lse) if return_softmax_lse else out
+
+
+@torch.library.custom_op("flashattn::combine", mutates_args=())
+def combine(out_partial: Tensor, lse_partial: Tensor,
+            out_dtype: Optional[torch.dtype]) -> Tuple[Tensor, Tensor]:
+    """``flash_attn_combine`` without ``out=``: out_partial (splits, b, s_q, h, d_v) and
+    lse_partial (splits, b, h, s_q) float32 -> out (b, s_q, h, d_v) in ``out_dtype`` (default
+    float32) and lse float32 (b, h, s_q), contiguous."""
+    from flashattn.kvcache import flash_attn_combine
+
+    out, lse = flash_attn_combine(out_partial, lse_partial, None,
+                                  out_dtype if out_dtype is not None else torch.float32)
+    return _fresh(out, lse)  # type: ignore[return-value]
+
+
+@combine.register_fake
+def _combine_fake(out_partial, lse_partial, out_dtype):
+    _, b, s_q, h, d_v = out_partial.shape
+    dtype = out_dtype if out_dtype is not None else torch.float32
+    return (out_partial.new_empty((b, s_q, h, d_v), dtype=dtype),
+            out_partial.new_empty((b, h, s_q), dtype=torch.float32))
+
+
+def combine_splits(out_partial: Tensor, lse_partial: Tensor, out: Optional[Tensor] = None,
+                   out_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor]:
+    """``flash_attn_combine`` (same signature and returns) through the ``combine`` op; with
+    ``out`` the result is copied into it (a traced copy_, since an op's output cannot alias
+    its input)."""
+    dtype = out_dtype if out_dtype is not None else (out.dtype if out is not None else None)
+    res, lse = combine(out_partial, lse_partial, dtype)
+    if out is not None:
+        out.copy_(res)
+        res = out
+    return res, lse
+
+
+__all__ = [
+    "attention",
+    "combine",
+    "combine_splits",
+    "fwd_kvcache",
+    "kvcache_attention",
+    "draw_philox_seed",
+    "fwd",
+    "bwd",
+    "varlen_attention",
+    "varlen_fwd",
+    "varlen_bwd",
+]

@@ -118,66 +118,6 @@ def _varlen_bwd(
                max_seqlen_k, **params)
 
 
-class _FlashAttnVarlenFunction(torch.autograd.Function):
-    """out, lse, S_dmask = varlen attention(q, k, v); gradients for q, k, v only."""
-
-    @staticmethod
-    def forward(  # type: ignore[override]
-        ctx,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        cu_seqlens_q: Tensor,
-        cu_seqlens_k: Tensor,
-        seqused_k: Optional[Tensor],
-        block_table: Optional[Tensor],
-        alibi_slopes: Optional[Tensor],
-        max_seqlen_q: int,
-        max_seqlen_k: int,
-        softmax_scale: float,
-        causal: bool,
-        window_left: int,
-        window_right: int,
-        softcap: float,
-        dropout_p: float,
-        philox_seed: int,
-        deterministic: bool,
-        return_softmax: bool,
-    ) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
-        out, lse, s_dmask = _varlen_fwd(
-            q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
-            max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
-            softcap, dropout_p, philox_seed, return_softmax,
-        )
-        ctx.paged = block_table is not None
-        if not ctx.paged:
-            ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                                  alibi_slopes)
-        # The seed is saved, not redrawn: backward must replay forward's dropout mask.
-        ctx.params = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-                      window_right, softcap, dropout_p, philox_seed, deterministic)
-        ctx.mark_non_differentiable(lse)
-        if s_dmask is not None:
-            ctx.mark_non_differentiable(s_dmask)
-        return out, lse, s_dmask
-
-    @staticmethod
-    def backward(ctx, dout: Tensor, _dlse: Optional[Tensor], _ds: Optional[Tensor]):  # type: ignore[override]
-        if ctx.paged:
-            raise NotImplementedError(
-                "flash_attn_varlen_func: gradients through the paged KV cache path "
-                "(block_table given) are not supported; it is for inference. Call it under "
-                "torch.no_grad(), or pass contiguous k/v without block_table to train."
-            )
-        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes = ctx.saved_tensors
-        if dout.stride(-1) != 1 and dout.shape[-1] > 1:
-            # e.g. the expanded gradient of out.sum(); backends need unit last-dim stride.
-            dout = dout.contiguous()
-        dq, dk, dv = _varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                                 alibi_slopes, *ctx.params)
-        return (dq, dk, dv) + (None,) * 16
-
-
 # ---------------------------------------------------------------------------------------------
 # Argument normalisation
 # ---------------------------------------------------------------------------------------------
@@ -256,7 +196,11 @@ def _varlen_attention(
     # As flash-attn 2: S_dmask only exists with dropout.
     return_softmax = return_attn_probs and dropout_p > 0.0
 
-    out, lse, s_dmask = _FlashAttnVarlenFunction.apply(
+    # Through the registered op (flashattn.ops): its autograd replays this seed in backward,
+    # refuses gradients through the paged path, and torch.compile sees one opaque call.
+    from flashattn import ops
+
+    out, lse, s_dmask = ops.varlen_attention(
         q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
         max_seqlen_q, max_seqlen_k, scale, causal, window_left, window_right, softcap,
         dropout_p, philox_seed, deterministic, return_softmax,

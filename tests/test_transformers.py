@@ -1,4 +1,4 @@
-"""Hugging Face transformers backend: attn_implementation="flashattn".
+"""Hugging Face transformers backend: attn_implementation="fa_triton" (fa_hf.NAME).
 
 Tiny randomly initialised Llama (GQA), Mistral (sliding window) and Gemma-2 (softcap,
 sliding layers, query_pre_attn_scalar scaling) models built with ``from_config`` (no
@@ -51,9 +51,9 @@ def _pair(family: str, device: str = "cpu", dtype=torch.float32):
     ref = transformers.AutoModelForCausalLM.from_config(
         copy.deepcopy(cfg), attn_implementation=_reference_impl(family), dtype=dtype)
     ours = transformers.AutoModelForCausalLM.from_config(
-        copy.deepcopy(cfg), attn_implementation="flashattn", dtype=dtype)
+        copy.deepcopy(cfg), attn_implementation=fa_hf.NAME, dtype=dtype)
     ours.load_state_dict(ref.state_dict())
-    assert ours.config._attn_implementation == "flashattn"
+    assert ours.config._attn_implementation == fa_hf.NAME
     return ref.to(device).eval(), ours.to(device).eval()
 
 
@@ -150,7 +150,7 @@ def test_packed_sequences_match_separate_sequences():
 def test_dropout_in_training_follows_the_seed(monkeypatch):
     cfg = _config("llama")
     cfg.attention_dropout = 0.3
-    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="flashattn")
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=fa_hf.NAME)
     seen = []
     real = flashattn.interface.flash_attn_func
 
@@ -218,6 +218,22 @@ def test_compiled_model_fullgraph():
         torch.testing.assert_close(g, expected[1][name], rtol=1e-5, atol=1e-6, msg=name)
 
 
+def test_register_name_rules():
+    """The default name works on every supported transformers; on releases that reserve
+    names containing "flash" (5.x) such a name is refused with a clear error, on 4.x the
+    legacy alias "flashattn" is registered too."""
+    from transformers import AttentionInterface
+
+    assert fa_hf.register() == fa_hf.NAME == "fa_triton"
+    assert "flash" not in fa_hf.NAME
+    assert AttentionInterface._global_mapping[fa_hf.NAME] is fa_hf.attention_forward
+    if fa_hf._flash_in_name_is_reserved():
+        with pytest.raises(ValueError, match="name='my_flash'"):
+            fa_hf.register("my_flash")
+    else:
+        assert AttentionInterface._global_mapping[fa_hf.LEGACY_NAME] is fa_hf.attention_forward
+
+
 def test_unsupported_inputs_raise_clear_errors():
     _, ours = _pair("llama")
     attn = ours.model.layers[0].self_attn
@@ -233,13 +249,6 @@ def test_unsupported_inputs_raise_clear_errors():
 @pytest.mark.parametrize("family", ["llama", "mistral", "gemma2"])
 def test_models_on_gpu_bf16(family, monkeypatch):
     """bf16 on the GPU: logits close to the reference at bf16 resolution, generate agrees."""
-    # Known (2026-11-22): the GPU image ships a different transformers whose
-    # attn_implementation check treats "flashattn" (llama, mistral) as a hub-kernel request
-    # ("Could not find the currently requested flash attention implementation"). The
-    # integration is tested against the pinned 4.57.x (scripts/setup.sh); fixing the name
-    # handling for newer releases is open work.
-    if not transformers.__version__.startswith("4.57."):
-        pytest.skip(f"transformers {transformers.__version__}: integration tested with 4.57.x only")
     monkeypatch.setenv("FLASHATTN_AUTOTUNE", "0")
     torch.manual_seed(0)
     ref, ours = _pair(family, device="cuda", dtype=torch.bfloat16)

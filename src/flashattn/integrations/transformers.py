@@ -1,11 +1,16 @@
-"""Hugging Face transformers backend: ``attn_implementation="flashattn"``.
+"""Hugging Face transformers backend: ``attn_implementation="fa_triton"``.
 
 Usage::
 
     import flashattn.integrations.transformers as fa_hf
-    fa_hf.register()
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="flashattn")
-    # or: model.set_attn_implementation("flashattn")
+    fa_hf.register()                      # returns the name, "fa_triton"
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="fa_triton")
+    # or: model.set_attn_implementation("fa_triton")
+
+Why not "flashattn": transformers 5 treats every implementation name that contains "flash"
+as a flash-attention request and tries to import flash-attn (or a Hub kernel of that name)
+for it, which fails for a registered function. On transformers 4.x, where that check does
+not exist, :func:`register` also registers the earlier name "flashattn" (an alias).
 
 :func:`register` adds the name to transformers' ``AttentionInterface`` (the attention call
 of every model written against it: Llama, Mistral, Gemma-2, Qwen, ...) and to its
@@ -50,7 +55,9 @@ from flashattn.padding import index_first_axis, pad_input, unpad_input
 
 Tensor = torch.Tensor
 
-NAME = "flashattn"
+NAME = "fa_triton"
+# The name of session-2 releases; transformers >= 5 cannot use it (see the module docstring).
+LEGACY_NAME = "flashattn"
 
 
 def _varlen_function() -> Optional[Callable[..., Any]]:
@@ -180,14 +187,14 @@ def attention_forward(
         (attn_output (batch, q_len, nheads, head_dim) in query's dtype, None).
     """
     if kwargs.get("output_attentions", False) or kwargs.get("head_mask") is not None:
-        _warn_once("attn_implementation='flashattn' does not return attention weights or "
+        _warn_once("attn_implementation='fa_triton' does not return attention weights or "
                    "apply head_mask; use 'eager' for those.")
     if kwargs.get("s_aux") is not None:
-        raise NotImplementedError("attn_implementation='flashattn' does not support attention "
+        raise NotImplementedError("attn_implementation='fa_triton' does not support attention "
                                   "sinks (s_aux); use 'eager' or 'sdpa' for this model.")
     if attention_mask is not None and attention_mask.dim() != 2:
         raise ValueError(
-            f"attn_implementation='flashattn' takes a 2D padding mask (batch, kv_len); got an "
+            f"attn_implementation='fa_triton' takes a 2D padding mask (batch, kv_len); got an "
             f"attention_mask of shape {tuple(attention_mask.shape)} (a custom 4D mask); use "
             "attn_implementation='sdpa' or 'eager' for custom masks.")
     # (b, h, s, d) -> flash-attn's (b, s, h, d): views, last dim stays unit-stride
@@ -230,10 +237,30 @@ def attention_forward(
     return out, None
 
 
+def _flash_in_name_is_reserved() -> bool:
+    """True when this transformers treats names containing "flash" as flash-attn requests."""
+    try:
+        from transformers.utils import generic
+    except ImportError:  # pragma: no cover
+        return False
+    return hasattr(generic, "is_flash_attention_requested")
+
+
 def register(name: str = NAME) -> str:
-    """Register ``name`` (default "flashattn") with transformers' AttentionInterface and
-    AttentionMaskInterface. Idempotent; returns the name. Needs ``transformers`` (>= 4.56,
-    tested with 4.57.1)."""
+    """Register ``name`` (default "fa_triton") with transformers' AttentionInterface and
+    AttentionMaskInterface; on transformers without the "flash" name check (4.x) also the
+    alias "flashattn". Idempotent; returns ``name``. Needs ``transformers`` >= 4.56 (tested
+    with 4.57.1 and 5.23.0).
+
+    Raises:
+        ValueError: ``name`` contains "flash" on a transformers that reserves such names.
+    """
+    reserved = _flash_in_name_is_reserved()
+    if reserved and "flash" in name:
+        raise ValueError(
+            f"register(name={name!r}): this transformers treats implementation names that "
+            "contain 'flash' as flash-attn requests and would not call flashattn; use a name "
+            f"without 'flash' (default {NAME!r}).")
     try:
         from transformers import AttentionInterface
         from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
@@ -241,9 +268,11 @@ def register(name: str = NAME) -> str:
         raise ImportError(
             "flashattn.integrations.transformers.register() needs the 'transformers' package "
             f"with AttentionInterface and AttentionMaskInterface (>= 4.56): {e}") from e
-    AttentionInterface.register(name, attention_forward)
-    AttentionMaskInterface.register(name, flash_attention_mask)
+    names = [name] if reserved or name == LEGACY_NAME else [name, LEGACY_NAME]
+    for registered in names:
+        AttentionInterface.register(registered, attention_forward)
+        AttentionMaskInterface.register(registered, flash_attention_mask)
     return name
 
 
-__all__ = ["NAME", "attention_forward", "register"]
+__all__ = ["LEGACY_NAME", "NAME", "attention_forward", "register"]

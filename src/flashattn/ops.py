@@ -106,8 +106,7 @@ def _fresh(*tensors: Tensor) -> Tuple[Tensor, ...]:
 # ---------------------------------------------------------------------------------------------
 # Dense attention: flash_attn_func, flash_attn_qkvpacked_func, flash_attn_kvpacked_func
 # ---------------------------------------------------------------------------------------------
-@torch.library.custom_op("flashattn::fwd", mutates_args=())
-def fwd(
+def _fwd_impl(
     q: Tensor,
     k: Tensor,
     v: Tensor,
@@ -139,6 +138,9 @@ def fwd(
     return _fresh(out, lse, s_dmask)  # type: ignore[return-value]
 
 
+fwd = torch.library.custom_op("flashattn::fwd", _fwd_impl, mutates_args=())
+
+
 @fwd.register_fake
 def _fwd_fake(q, k, v, alibi_slopes, philox_seed, softmax_scale, causal, window_left,
               window_right, softcap, dropout_p, deterministic, return_softmax):
@@ -150,8 +152,7 @@ def _fwd_fake(q, k, v, alibi_slopes, philox_seed, softmax_scale, causal, window_
     return out, lse, s_dmask
 
 
-@torch.library.custom_op("flashattn::bwd", mutates_args=())
-def bwd(
+def _bwd_impl(
     dout: Tensor,
     q: Tensor,
     k: Tensor,
@@ -182,6 +183,9 @@ def bwd(
     return _fresh(dq, dk, dv)  # type: ignore[return-value]
 
 
+bwd = torch.library.custom_op("flashattn::bwd", _bwd_impl, mutates_args=())
+
+
 @bwd.register_fake
 def _bwd_fake(dout, q, k, v, out, lse, alibi_slopes, philox_seed, softmax_scale, causal,
               window_left, window_right, softcap, dropout_p, deterministic):
@@ -208,14 +212,40 @@ def _fwd_setup_context(ctx, inputs, output) -> None:
     ctx.mark_non_differentiable(lse, s_dmask)
 
 
-def _fwd_backward(ctx, dout, _dlse, _ds_dmask):
+def _fwd_backward(ctx, dout, _dlse, _ds_dmask, backward_fn=bwd):
     q, k, v, out, lse, alibi_slopes, philox_seed = ctx.saved_tensors
-    dq, dk, dv = bwd(_unit_last_stride(dout), q, k, v, out, lse, alibi_slopes, philox_seed,
-                     *ctx.params)
+    dq, dk, dv = backward_fn(_unit_last_stride(dout), q, k, v, out, lse, alibi_slopes,
+                             philox_seed, *ctx.params)
     return (dq, dk, dv) + (None,) * 10
 
 
 fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
+
+
+class _EagerAttention(torch.autograd.Function):
+    """The ``fwd`` / ``bwd`` ops' bodies and autograd formula, called without torch.library's
+    dispatch: that layer measured 86 us per forward call on the H100 host
+    (benchmarks/overhead_probe.py, ``ops.attention`` vs ``dispatch.forward``), more than a
+    small attention kernel runs. Used only for plain eager tensors (see :func:`_eager_call`);
+    torch.compile, export and tensor subclasses always see the registered ops."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        output = _fwd_impl(*inputs)
+        _fwd_setup_context(ctx, inputs, output)
+        return output
+
+    @staticmethod
+    def backward(ctx, dout, dlse, ds_dmask):
+        return _fwd_backward(ctx, dout, dlse, ds_dmask, backward_fn=_bwd_impl)
+
+
+def _eager_call(*tensors: Optional[Tensor]) -> bool:
+    """True for a plain eager call: not under torch.compile / export tracing, no tensor
+    subclass (FakeTensor, FunctionalTensor, DTensor, nested), no Python dispatch mode."""
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
+        return False
+    return all(t is None or type(t) is torch.Tensor for t in tensors)
 
 
 def attention(
@@ -233,10 +263,19 @@ def attention(
     deterministic: bool,
     return_softmax: bool,
 ) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
-    """``fwd`` with flash-attn's return convention: S_dmask None unless ``return_softmax``."""
-    out, lse, s_dmask = fwd(q, k, v, alibi_slopes, philox_seed, softmax_scale, causal,
-                            window_left, window_right, softcap, dropout_p, deterministic,
-                            return_softmax)
+    """``fwd`` with flash-attn's return convention: S_dmask None unless ``return_softmax``.
+
+    Plain eager tensors skip the op dispatch (same bodies, same autograd formula:
+    :class:`_EagerAttention`); everything else goes through the registered op.
+    """
+    inputs = (q, k, v, alibi_slopes, philox_seed, softmax_scale, causal, window_left,
+              window_right, softcap, dropout_p, deterministic, return_softmax)
+    if not _eager_call(q, k, v, alibi_slopes, philox_seed):
+        out, lse, s_dmask = fwd(*inputs)
+    elif torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        out, lse, s_dmask = _EagerAttention.apply(*inputs)
+    else:
+        out, lse, s_dmask = _fwd_impl(*inputs)
     return out, lse, (s_dmask if return_softmax else None)
 
 

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from flashattn.kernels import config
+from flashattn.kernels.launch import launch_tuned
 from flashattn.kernels.masks import (LOG2E, dropout_keep, key_range, query_range, score_mod,
                                      score_scales, seq_bounds, visible_mask)
 from flashattn.philox import dropout_threshold
@@ -481,7 +482,9 @@ def _bwd_passes(dout, q, k, v, lse, delta, dq, dk, dv, n_seqs, seqlen_q, seqlen_
             return (n_seqs * nheads_k, triton.cdiv(seqlen_k, meta["BLOCK_N"]))
         return (triton.cdiv(seqlen_k, meta["BLOCK_N"]), n_seqs * nheads_k)
 
-    _dkdv_autotuned[grid_kv](
+    dtypes = (q.dtype, k.dtype, v.dtype, dout.dtype, dq_acc.dtype, alibi_arg.dtype)
+    launch_tuned(
+        _dkdv_autotuned, grid_kv, (bucket, *dtypes),
         q, k, v, dout, lse, delta, dk, dv, dq_acc, alibi_arg, cu_q, cu_k, seqused_k,
         *rs(q), *rs(k), *rs(v), *rs(dout), *rs(dk), *rs(dv), *rs(dq_acc),
         alibi_strides[0], alibi_strides[1],
@@ -496,7 +499,8 @@ def _bwd_passes(dout, q, k, v, lse, delta, dq, dk, dv, n_seqs, seqlen_q, seqlen_
             return (n_seqs * nheads, triton.cdiv(seqlen_q, meta["BLOCK_M"]))
         return (triton.cdiv(seqlen_q, meta["BLOCK_M"]), n_seqs * nheads)
 
-    _dq_autotuned[grid_q](
+    launch_tuned(
+        _dq_autotuned, grid_q, (bucket, *dtypes),
         q, k, v, dout, lse, delta, dq_acc, alibi_arg, cu_q, cu_k, seqused_k,
         *rs(q), *rs(k), *rs(v), *rs(dout), *rs(dq_acc),
         alibi_strides[0], alibi_strides[1],

@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from flashattn.kernels import config
+from flashattn.kernels.launch import launch_tuned
 from flashattn.philox import dropout_threshold
 from flashattn.kernels.masks import (LN2, LOG2E, dropout_keep, key_range, score_mod,
                                      score_scales, seq_bounds, visible_mask)
@@ -304,12 +305,15 @@ def _launch_fwd(q, k, v, out, lse, p_mat, strides, n_seqs, seqlen_q, seqlen_k, l
         return (triton.cdiv(seqlen_q, meta["BLOCK_M"]), n_seqs * nheads)
 
     config.install_allocator()
-    _fwd_autotuned[grid](
+    bucket = config.seq_bucket(seqlen_q, seqlen_k)
+    tuned_key = (bucket, q.dtype, k.dtype, v.dtype, alibi_arg.dtype)
+    launch_tuned(
+        _fwd_autotuned, grid, tuned_key,
         q, k, v, out, lse, alibi_arg, p_arg, cu_q, cu_k, seqused_k,
         *strides[0], *strides[1], *strides[2], *strides[3],
         alibi_strides[0], alibi_strides[1],
         p_strides[0], p_strides[1], p_strides[2],
-        nheads, seqlen_q, seqlen_k, nheads // nheads_k, config.seq_bucket(seqlen_q, seqlen_k),
+        nheads, seqlen_q, seqlen_k, nheads // nheads_k, bucket,
         lse_stride_h,
         float(softmax_scale), float(softcap), int(window_left), int(window_right),
         drop_threshold, drop_scale, int(philox_seed) if has_dropout else 0,

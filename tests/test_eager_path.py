@@ -1,0 +1,71 @@
+"""The eager fast path (ops._EagerAttention: the op bodies without torch.library dispatch)
+must be bitwise the registered op path, forward and backward, and must step aside for
+anything that traces or wraps tensors (dispatch modes, subclasses, torch.compile)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import flashattn
+from flashattn import ops
+
+
+def _inputs(seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(2, 19, 4, 32, generator=g, dtype=dtype).requires_grad_() for _ in range(3)]
+
+
+def _run(q, k, v, **kw):
+    out = flashattn.flash_attn_func(q, k, v, **kw)
+    grads = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    return out.detach(), grads
+
+
+@pytest.mark.parametrize("kw", [dict(causal=True), dict(window_size=(5, 2), softcap=3.0),
+                                dict(dropout_p=0.2)])
+def test_eager_path_is_bitwise_the_op_path(kw, monkeypatch):
+    q, k, v = _inputs()
+    torch.manual_seed(7)
+    out_fast, grads_fast = _run(q, k, v, **kw)
+    calls = []
+    monkeypatch.setattr(ops, "_eager_call", lambda *t: calls.append(1) and False)
+    torch.manual_seed(7)
+    out_op, grads_op = _run(q, k, v, **kw)
+    assert calls, "the op path was not taken"
+    assert torch.equal(out_fast, out_op)
+    for a, b in zip(grads_fast, grads_op):
+        assert torch.equal(a, b)
+
+
+def test_eager_call_rules():
+    t = torch.zeros(1)
+    assert ops._eager_call(t, None, t)
+    assert not ops._eager_call(torch.nn.Parameter(t), t)
+
+
+class _OpNames(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_dispatch_modes_see_the_registered_ops():
+    q, k, v = _inputs()
+    with _OpNames() as mode:
+        out = flashattn.flash_attn_func(q, k, v, causal=True)
+        out.sum().backward()
+    assert any(n.startswith("flashattn.fwd") for n in mode.names), mode.names[:20]
+    assert any(n.startswith("flashattn.bwd") for n in mode.names), mode.names[-20:]
+
+
+def test_no_grad_call_matches():
+    q, k, v = _inputs()
+    with torch.no_grad():
+        a = flashattn.flash_attn_func(q, k, v, causal=True)
+    b = flashattn.flash_attn_func(q, k, v, causal=True).detach()
+    assert torch.equal(a, b)

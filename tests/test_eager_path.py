@@ -69,3 +69,22 @@ def test_no_grad_call_matches():
         a = flashattn.flash_attn_func(q, k, v, causal=True)
     b = flashattn.flash_attn_func(q, k, v, causal=True).detach()
     assert torch.equal(a, b)
+
+
+def test_varlen_eager_path_is_bitwise_the_op_path(monkeypatch):
+    lengths = [5, 0, 11]
+    cu = torch.tensor([0, 5, 5, 16], dtype=torch.int32)
+    q, k, v = (x[0, :16].detach().requires_grad_() for x in _inputs(3))
+
+    def run():
+        out = flashattn.flash_attn_varlen_func(q, k, v, cu, cu, max(lengths), max(lengths),
+                                               causal=True)
+        return out.detach(), torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+
+    out_fast, grads_fast = run()
+    calls = []
+    monkeypatch.setattr(ops, "_eager_call", lambda *t: calls.append(1) and False)
+    out_op, grads_op = run()
+    assert calls
+    assert torch.equal(out_fast, out_op)
+    assert all(torch.equal(a, b) for a, b in zip(grads_fast, grads_op))

@@ -103,6 +103,42 @@ def _fresh(*tensors: Tensor) -> Tuple[Tensor, ...]:
     return tuple(t.contiguous() for t in tensors)
 
 
+def _eager_autograd(name: str, fwd_impl, setup_context, backward, bwd_impl):
+    """An autograd.Function running an op's bodies and autograd formula without torch.library's
+    dispatch: that layer measured 86 us per dense forward call on the H100 host
+    (benchmarks/overhead_probe.py, ``ops.attention`` vs ``dispatch.forward``), more than a
+    small attention kernel runs. Used only for plain eager tensors (see :func:`_eager_call`);
+    torch.compile, export, dispatch modes and tensor subclasses always see the registered ops."""
+
+    def forward(ctx, *inputs):
+        output = fwd_impl(*inputs)
+        setup_context(ctx, inputs, output)
+        return output
+
+    def backward_(ctx, *grads):
+        return backward(ctx, *grads, backward_fn=bwd_impl)
+
+    return type(name, (torch.autograd.Function,),
+                {"forward": staticmethod(forward), "backward": staticmethod(backward_)})
+
+
+def _eager_call(*tensors: Optional[Tensor]) -> bool:
+    """True for a plain eager call: not under torch.compile / export tracing, no tensor
+    subclass (FakeTensor, FunctionalTensor, DTensor, nested), no Python dispatch mode."""
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
+        return False
+    return all(t is None or type(t) is torch.Tensor for t in tensors)
+
+
+def _run(op, eager_fn, fwd_impl, inputs, tensors, differentiable):
+    """``op(*inputs)``, or for plain eager tensors the same bodies without the dispatch."""
+    if not _eager_call(*tensors):
+        return op(*inputs)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in differentiable):
+        return eager_fn.apply(*inputs)
+    return fwd_impl(*inputs)
+
+
 # ---------------------------------------------------------------------------------------------
 # Dense attention: flash_attn_func, flash_attn_qkvpacked_func, flash_attn_kvpacked_func
 # ---------------------------------------------------------------------------------------------
@@ -220,32 +256,8 @@ def _fwd_backward(ctx, dout, _dlse, _ds_dmask, backward_fn=bwd):
 
 
 fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
-
-
-class _EagerAttention(torch.autograd.Function):
-    """The ``fwd`` / ``bwd`` ops' bodies and autograd formula, called without torch.library's
-    dispatch: that layer measured 86 us per forward call on the H100 host
-    (benchmarks/overhead_probe.py, ``ops.attention`` vs ``dispatch.forward``), more than a
-    small attention kernel runs. Used only for plain eager tensors (see :func:`_eager_call`);
-    torch.compile, export and tensor subclasses always see the registered ops."""
-
-    @staticmethod
-    def forward(ctx, *inputs):
-        output = _fwd_impl(*inputs)
-        _fwd_setup_context(ctx, inputs, output)
-        return output
-
-    @staticmethod
-    def backward(ctx, dout, dlse, ds_dmask):
-        return _fwd_backward(ctx, dout, dlse, ds_dmask, backward_fn=_bwd_impl)
-
-
-def _eager_call(*tensors: Optional[Tensor]) -> bool:
-    """True for a plain eager call: not under torch.compile / export tracing, no tensor
-    subclass (FakeTensor, FunctionalTensor, DTensor, nested), no Python dispatch mode."""
-    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
-        return False
-    return all(t is None or type(t) is torch.Tensor for t in tensors)
+_EagerAttention = _eager_autograd("_EagerAttention", _fwd_impl, _fwd_setup_context, _fwd_backward,
+                                  _bwd_impl)
 
 
 def attention(
@@ -270,12 +282,8 @@ def attention(
     """
     inputs = (q, k, v, alibi_slopes, philox_seed, softmax_scale, causal, window_left,
               window_right, softcap, dropout_p, deterministic, return_softmax)
-    if not _eager_call(q, k, v, alibi_slopes, philox_seed):
-        out, lse, s_dmask = fwd(*inputs)
-    elif torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        out, lse, s_dmask = _EagerAttention.apply(*inputs)
-    else:
-        out, lse, s_dmask = _fwd_impl(*inputs)
+    out, lse, s_dmask = _run(fwd, _EagerAttention, _fwd_impl, inputs,
+                             (q, k, v, alibi_slopes, philox_seed), (q, k, v))
     return out, lse, (s_dmask if return_softmax else None)
 
 
@@ -291,8 +299,7 @@ def _varlen_impl():
     return varlen._varlen_fwd, varlen._varlen_bwd
 
 
-@torch.library.custom_op("flashattn::varlen_fwd", mutates_args=())
-def varlen_fwd(
+def _varlen_fwd_impl(
     q: Tensor,
     k: Tensor,
     v: Tensor,
@@ -330,6 +337,9 @@ def varlen_fwd(
     return _fresh(out, lse, s_dmask)  # type: ignore[return-value]
 
 
+varlen_fwd = torch.library.custom_op("flashattn::varlen_fwd", _varlen_fwd_impl, mutates_args=())
+
+
 @varlen_fwd.register_fake
 def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
                      philox_seed, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
@@ -344,8 +354,7 @@ def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table
     return out, lse, s_dmask
 
 
-@torch.library.custom_op("flashattn::varlen_bwd", mutates_args=())
-def varlen_bwd(
+def _varlen_bwd_impl(
     dout: Tensor,
     q: Tensor,
     k: Tensor,
@@ -377,6 +386,9 @@ def varlen_bwd(
     return _fresh(dq, dk, dv)  # type: ignore[return-value]
 
 
+varlen_bwd = torch.library.custom_op("flashattn::varlen_bwd", _varlen_bwd_impl, mutates_args=())
+
+
 @varlen_bwd.register_fake
 def _varlen_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
                      alibi_slopes, philox_seed, max_seqlen_q, max_seqlen_k, softmax_scale,
@@ -399,7 +411,7 @@ def _varlen_setup_context(ctx, inputs, output) -> None:
     ctx.mark_non_differentiable(lse, s_dmask)
 
 
-def _varlen_backward(ctx, dout, _dlse, _ds_dmask):
+def _varlen_backward(ctx, dout, _dlse, _ds_dmask, backward_fn=varlen_bwd):
     if ctx.paged:
         raise NotImplementedError(
             "flash_attn_varlen_func: gradients through the paged KV cache path "
@@ -408,12 +420,14 @@ def _varlen_backward(ctx, dout, _dlse, _ds_dmask):
         )
     (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes,
      philox_seed) = ctx.saved_tensors
-    dq, dk, dv = varlen_bwd(_unit_last_stride(dout), q, k, v, out, lse, cu_seqlens_q,
-                            cu_seqlens_k, seqused_k, alibi_slopes, philox_seed, *ctx.params)
+    dq, dk, dv = backward_fn(_unit_last_stride(dout), q, k, v, out, lse, cu_seqlens_q,
+                             cu_seqlens_k, seqused_k, alibi_slopes, philox_seed, *ctx.params)
     return (dq, dk, dv) + (None,) * 16
 
 
 varlen_fwd.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
+_EagerVarlenAttention = _eager_autograd("_EagerVarlenAttention", _varlen_fwd_impl,
+                                        _varlen_setup_context, _varlen_backward, _varlen_bwd_impl)
 
 
 def varlen_attention(
@@ -447,11 +461,13 @@ def varlen_attention(
         philox_seed = None
     elif not isinstance(philox_seed, Tensor):
         philox_seed = torch.tensor([int(philox_seed or 0)], dtype=torch.int64)
-    out, lse, s_dmask = varlen_fwd(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes, philox_seed,
-        max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
-        dropout_p, deterministic, return_softmax,
-    )
+    inputs = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
+              philox_seed, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+              window_right, softcap, dropout_p, deterministic, return_softmax)
+    tensors = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
+               philox_seed)
+    out, lse, s_dmask = _run(varlen_fwd, _EagerVarlenAttention, _varlen_fwd_impl, inputs,
+                             tensors, (q, k, v))
     return out, lse, (s_dmask if return_softmax else None)
 
 

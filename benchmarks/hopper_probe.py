@@ -4,6 +4,8 @@ switched off in turn).
 
 Usage (device machine): PYTHONPATH=src python3 benchmarks/hopper_probe.py
     [--d 64,128,256] [--seqlens 2048,8192,16384] [--causal 0,1] [--ablate 8192,16384]
+    [--mode fwd|bwd]   (bwd: the Hopper backward vs cuDNN's and the portable backward;
+                        bwd FLOPs = 2.5 x fwd; writes $OUT/hopper_probe_bwd.json)
 Config: 16k tokens per call (batch = 16384 / s), hidden 2048 (heads = 2048 / d), bf16.
 Writes $OUT/hopper_probe.json when OUT is set.
 """
@@ -48,8 +50,82 @@ def _bench(fn, warmup, rep):
     return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
 
 
+def _bwd_main(args):
+    """--mode bwd: time the backward alone (forward outputs computed once per point)."""
+    from flashattn.hopper.bwd import flash_bwd_hopper
+    from flashattn.kernels.bwd import flash_bwd
+
+    rows = []
+    t0 = time.time()
+    if args.points:
+        points = [(int(a), bool(int(b)), int(c)) for a, b, c in
+                  (p.split(":") for p in args.points.split(","))]
+    else:
+        points = [(d, c, s) for d in [int(x) for x in args.d.split(",")]
+                  for c in [bool(int(x)) for x in args.causal.split(",")]
+                  for s in [int(x) for x in args.seqlens.split(",")]]
+    variants = {"full": {}}
+    for spec in [x for x in args.bwd_variants.split(";") if x]:
+        name, _, kv = spec.partition("=")
+        variants[name] = {k: int(v) for k, v in (p.split(":") for p in kv.split(",") if p)}
+    for d, causal, s in points:
+        b, h = max(1, 16384 // s), 2048 // d
+        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        p = _params(d, causal)
+        out, lse, _ = flash_fwd_hopper(q, k, v, **p)
+        dout = torch.randn_like(out)
+        bp = {kk: vv for kk, vv in p.items() if kk != "return_softmax"}
+        row = {"d": d, "causal": causal, "s": s, "b": b, "h": h}
+        dq, dk, dv = flash_bwd_hopper(dout, q, k, v, out, lse, deterministic=False, **bp)
+        # spot check against the portable backward (same out / lse)
+        rq, rk, rv = flash_bwd(dout, q, k, v, out, lse, deterministic=False, **bp)
+        row["max_diff_portable"] = max((a.float() - r.float()).abs().max().item()
+                                       for a, r in ((dq, rq), (dk, rk), (dv, rv)))
+        row["nan"] = bool(any(torch.isnan(x).any().item() for x in (dq, dk, dv)))
+        del rq, rk, rv, dq, dk, dv
+        for name, ov in variants.items():
+            ms = _bench(lambda: flash_bwd_hopper(dout, q, k, v, out, lse, deterministic=False,
+                                                 config_overrides=ov or None, **bp),
+                        args.warmup, args.rep)
+            row["hopper" if name == "full" else f"hopper_{name}"] = 2.5 * _tflops(b, h, s, d, causal, ms)
+        qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+            g = dout.transpose(1, 2)
+            ms = _bench(lambda: torch.autograd.grad(o, (qt, kt, vt), g, retain_graph=True),
+                        args.warmup, args.rep)
+            row["cudnn"] = 2.5 * _tflops(b, h, s, d, causal, ms)
+            del o
+        if args.portable:
+            ms = _bench(lambda: flash_bwd(dout, q, k, v, out, lse, deterministic=False, **bp),
+                        args.warmup, args.rep)
+            row["portable"] = 2.5 * _tflops(b, h, s, d, causal, ms)
+        row["ratio_cudnn"] = row["hopper"] / row["cudnn"]
+        rows.append(row)
+        print(json.dumps({k2: (round(v2, 4) if isinstance(v2, float) else v2)
+                          for k2, v2 in row.items()}), flush=True)
+        del q, k, v, out, lse, dout, qt, kt, vt
+    names = [n for n in variants if n != "full"]
+    print(f"\nbwd TFLOP/s\n{'d':>4} {'causal':>6} {'s':>6} {'hopper':>7} {'cudnn':>7} {'ratio':>6}"
+          f" {'portable':>8} {'diff':>8}  " + " / ".join(names))
+    for r in rows:
+        extra = " / ".join(f"{r[f'hopper_{n}']:.0f}" for n in names)
+        print(f"{r['d']:>4} {int(r['causal']):>6} {r['s']:>6} {r['hopper']:>7.0f} {r['cudnn']:>7.0f}"
+              f" {r['ratio_cudnn']:>6.3f} {r.get('portable', 0):>8.0f} {r['max_diff_portable']:>8.1e}  {extra}")
+    print(f"total {time.time() - t0:.0f} s; {torch.cuda.get_device_name()}, torch {torch.__version__},"
+          f" triton {triton.__version__}")
+    out_dir = os.environ.get("OUT")
+    if out_dir:
+        with open(os.path.join(out_dir, "hopper_probe_bwd.json"), "w") as f:
+            json.dump({"rows": rows, "device": torch.cuda.get_device_name(),
+                       "torch": torch.__version__, "triton": triton.__version__}, f, indent=1)
+
+
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--mode", default="fwd", choices=["fwd", "bwd"])
+    ap.add_argument("--bwd-variants", default="",
+                    help="bwd: 'name=field:value,...;...' BwdConfig overrides timed beside the default")
     ap.add_argument("--d", default="128,64,256")
     ap.add_argument("--seqlens", default="2048,8192,16384")
     ap.add_argument("--causal", default="0,1")
@@ -63,6 +139,8 @@ def main():
     ap.add_argument("--rep", type=int, default=40)
     args = ap.parse_args()
     os.environ.setdefault("FLASHATTN_AUTOTUNE", "0")
+    if args.mode == "bwd":
+        return _bwd_main(args)
     rows = []
     t0 = time.time()
     ablate = [int(x) for x in args.ablate.split(",") if x]

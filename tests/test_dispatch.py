@@ -244,20 +244,29 @@ def fake_hopper(monkeypatch, fake_backends):
 
     mod.flash_fwd_hopper = flash_fwd_hopper
     monkeypatch.setitem(sys.modules, "flashattn.hopper.fwd", mod)
+    bwd_mod = types.ModuleType("flashattn.hopper.bwd")
+
+    def flash_bwd_hopper(*args, **kw):
+        calls.append(("hopper.bwd", kw))
+        return tuple(torch.zeros_like(x) for x in args[1:4])
+
+    bwd_mod.flash_bwd_hopper = flash_bwd_hopper
+    monkeypatch.setitem(sys.modules, "flashattn.hopper.bwd", bwd_mod)
     return calls
 
 
-@pytest.mark.parametrize("backend,kw,expected", [
-    ("hopper", {}, "hopper.fwd"),
-    (None, {}, "hopper.fwd"),
-    ("hopper", dict(dropout_p=0.1), "portable.fwd"),
-    ("hopper", dict(softcap=5.0, window_size=(8, 8)), "hopper.fwd"),
-    ("portable", {}, "portable.fwd"),
+@pytest.mark.parametrize("backend,kw,expected,expected_bwd", [
+    ("hopper", {}, "hopper.fwd", "hopper.bwd"),
+    (None, {}, "hopper.fwd", "hopper.bwd"),
+    ("hopper", dict(dropout_p=0.1), "portable.fwd", "portable.bwd"),
+    ("hopper", dict(softcap=5.0, window_size=(8, 8)), "hopper.fwd", "hopper.bwd"),
+    ("hopper", dict(deterministic=True), "hopper.fwd", "portable.bwd"),
+    ("portable", {}, "portable.fwd", "portable.bwd"),
 ])
 def test_forward_routes_hopper_and_falls_back(env, fake_sm90, fake_hopper, monkeypatch, backend,
-                                             kw, expected):
-    """On (fake) sm90: covered calls go to the Hopper forward, the backward is portable's;
-    uncovered ones fall back to the portable forward."""
+                                             kw, expected, expected_bwd):
+    """On (fake) sm90: covered calls go to the Hopper forward and backward; uncovered ones
+    (dropout; deterministic=True for the backward) fall back to the portable kernels."""
     env(backend, None)
     # CPU tensors posing as CUDA for routing: the device check is faked, the call check is real
     monkeypatch.setattr(dispatch, "family_for", lambda t: "hopper" if backend != "portable"
@@ -270,7 +279,30 @@ def test_forward_routes_hopper_and_falls_back(env, fake_sm90, fake_hopper, monke
     k = torch.randn(1, 6, 1, 64, dtype=torch.bfloat16, requires_grad=True)
     v = torch.randn(1, 6, 1, 64, dtype=torch.bfloat16, requires_grad=True)
     flash_attn_func(q, k, v, causal=True, **kw).float().sum().backward()
-    assert [c[0] for c in fake_hopper] == [expected, "portable.bwd"]
+    assert [c[0] for c in fake_hopper] == [expected, expected_bwd]
+
+
+def test_hopper_backward_env_switch_and_rules(env, monkeypatch):
+    """FLASHATTN_HOPPER_BWD=0 keeps the backward portable; d > 128 and deterministic=True are
+    not covered by the Hopper backward (reason strings name them)."""
+    from flashattn.hopper.support import backward_unsupported
+
+    env("hopper", None)
+    monkeypatch.setattr(dispatch, "family_for", lambda t: "hopper")  # (fake) sm90 device
+    monkeypatch.setattr(dispatch, "backend_for", lambda t: "portable")
+    q, k, v = _meta((2, 300, 8, 128)), _meta((2, 500, 2, 128)), _meta((2, 500, 2, 128))
+    p = _params(deterministic=False)
+    del p["return_softmax"]
+    assert backward_unsupported(q, k, v, p) is None
+    assert dispatch.backward_family(q, k, v, **p) == "hopper"
+    monkeypatch.setenv("FLASHATTN_HOPPER_BWD", "0")
+    assert "FLASHATTN_HOPPER_BWD" in backward_unsupported(q, k, v, p)
+    assert dispatch.backward_family(q, k, v, **p) == "portable"
+    monkeypatch.delenv("FLASHATTN_HOPPER_BWD")
+    assert "deterministic" in backward_unsupported(q, k, v, {**p, "deterministic": True})
+    big = _meta((1, 5, 2, 256))
+    assert "head dim" in backward_unsupported(big, big, big, p)
+    assert "dropout" in backward_unsupported(q, k, v, {**p, "dropout_p": 0.1})
 
 
 @pytest.mark.parametrize("backend,causal,seqlen_k,expected", [

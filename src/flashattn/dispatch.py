@@ -7,8 +7,9 @@ Backends (all take the normalised parameters of ``docs/internals.md``)::
     cpu       chunked torch, flashattn.cpu.chunked_fwd / chunked_bwd. Any device torch runs on.
     hopper    Gluon kernels for sm90 (flashattn.hopper): the forward of the calls they cover
               (fp16/bf16, head dims 64/96/128/192/256, causal, window, softcap, GQA, no dropout,
-              alibi or return_softmax, TMA-aligned strides); the backward is the portable one
-              (it accepts the Hopper forward's lse). Everything else falls back to ``portable``.
+              alibi or return_softmax, TMA-aligned strides) and the backward of those with
+              d <= 128 and deterministic=False (``FLASHATTN_HOPPER_BWD=0`` turns the Hopper
+              backward off). Everything else falls back to ``portable``.
 
 ``FLASHATTN_BACKEND`` = ``auto`` (default) | ``portable`` | ``cpu`` | ``hopper`` forces a path.
 ``auto`` and ``hopper`` use the Hopper kernels on an sm90 device for the calls they cover;
@@ -178,12 +179,26 @@ def forward_family(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **params: 
     return family
 
 
+def backward_family(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **params: Any) -> str:
+    """The family whose backward runs this call: 'hopper' when the device allows it and the
+    Hopper backward covers the call (``flashattn.hopper.support.backward_unsupported``:
+    fp16/bf16, d <= 128, no dropout / alibi, ``deterministic=False``, TMA-aligned strides;
+    ``FLASHATTN_HOPPER_BWD=0`` turns it off), else the device backend."""
+    family = family_for(q)
+    if family == "hopper":
+        from flashattn.hopper.support import backward_unsupported
+
+        if backward_unsupported(q, k, v, params) is not None:
+            return backend_for(q)
+    return family
+
+
 def _backend_fns(name: str) -> Tuple[Callable[..., Any], Callable[..., Any]]:
     if name == "hopper":
+        from flashattn.hopper.bwd import flash_bwd_hopper
         from flashattn.hopper.fwd import flash_fwd_hopper
-        from flashattn.kernels.bwd import flash_bwd
 
-        return flash_fwd_hopper, flash_bwd
+        return flash_fwd_hopper, flash_bwd_hopper
     if name == "portable":
         from flashattn.kernels.bwd import flash_bwd
         from flashattn.kernels.fwd import flash_fwd
@@ -244,8 +259,9 @@ def backward(
         return tuple(  # type: ignore[return-value]
             torch.zeros(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v)
         )
-    # The Hopper family's backward is the portable one (same lse contract).
-    _, bwd = _backend_fns(backend_for(q))
+    # The Hopper backward takes the calls it covers; the rest run the portable backward (same
+    # lse contract, so either forward's lse serves either backward).
+    _, bwd = _backend_fns(backward_family(q, k, v, **params))
     return bwd(dout, q, k, v, out, lse, **params)
 
 
@@ -254,6 +270,7 @@ __all__ = [
     "backend_for",
     "family_for",
     "forward_family",
+    "backward_family",
     "hopper_reason",
     "requested_backend",
     "interpreting",

@@ -100,6 +100,53 @@ def compile_fwd_variant(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, c
                          ptx=kernel.asm["ptx"])
 
 
+def _bwd_variant_key(head_dim, dtype, causal, window, softcap, overrides) -> str:
+    return "bwd" + _variant_key(head_dim, dtype, causal, window, softcap, overrides)[3:]
+
+
+def compile_bwd_variant(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, causal: bool = False,
+                        window: tuple = (-1, -1), softcap: float = 0.0,
+                        overrides: Optional[Dict[str, Any]] = None) -> CompileReport:
+    """Compile one backward variant for sm_90 (no GPU needed) and report its resources."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
+
+    from flashattn.hopper.bwd import launch_args
+    from flashattn.hopper.bwd_kernel import attn_bwd_kernel
+    from flashattn.hopper.config import bwd_config
+
+    cfg = bwd_config(head_dim, **(overrides or {}))
+    b, s, h = 2, 1000, 4
+    q = torch.empty((b, s, h, head_dim), dtype=dtype)
+    lse = torch.empty((b, h, s), dtype=torch.float32)
+    d_pad = 1 << (head_dim - 1).bit_length()
+    s_pad = -(-s // cfg.block_m) * cfg.block_m
+    dq_acc = torch.empty((b, h, s_pad, d_pad), dtype=torch.float32)
+    lse = torch.empty((b, h, s_pad), dtype=torch.float32)
+    window_left, window_right = window
+    if causal:
+        window_right = 0
+    args, constexprs, options, _ = launch_args(
+        q, q, q, q, lse, lse, dq_acc, q, q, cfg, softmax_scale=head_dim ** -0.5,
+        window_left=window_left, window_right=window_right, softcap=softcap)
+    names = list(attn_bwd_kernel.arg_names)
+    signature = {}
+    for name, value in zip(names, args):
+        signature[name] = mangle_type(value)
+    for name, value in constexprs.items():
+        signature[name] = "constexpr"
+    consts = {(names.index(k),): v for k, v in constexprs.items()}
+    src = GluonASTSource(attn_bwd_kernel, signature, consts)
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    res = _ptxas_report(kernel.asm["cubin"])
+    tag = _bwd_variant_key(head_dim, dtype, causal, window, softcap, overrides)
+    return CompileReport(name=tag, registers=res["registers"], spills=res["spills"],
+                         shared=kernel.metadata.shared, num_warps=kernel.metadata.num_warps,
+                         ptx=kernel.asm["ptx"])
+
+
 def main(argv=None) -> int:
     """``python -m flashattn.hopper.aot VARIANTS_JSON``: compile each variant, print one JSON
     report per line. Runs in its own process because Triton's language functions are
@@ -109,19 +156,26 @@ def main(argv=None) -> int:
 
     variants = json.loads((argv or sys.argv[1:])[0])
     dtypes = {"bfloat16": torch.bfloat16, "float16": torch.float16}
-    for d, dt, causal, window, softcap, overrides in variants:
+    for variant in variants:
+        # a variant is (d, dtype, causal, window, softcap, overrides), optionally led by
+        # "fwd" / "bwd" (the kernel; fwd when absent)
+        kind = variant[0] if isinstance(variant[0], str) else "fwd"
+        d, dt, causal, window, softcap, overrides = variant[1:] if kind == variant[0] else variant
+        compile_fn = compile_bwd_variant if kind == "bwd" else compile_fwd_variant
+        key_fn = _bwd_variant_key if kind == "bwd" else _variant_key
         try:
-            rep = compile_fwd_variant(d, dtypes[dt], causal=causal, window=tuple(window),
-                                      softcap=softcap, overrides=overrides)
+            rep = compile_fn(d, dtypes[dt], causal=causal, window=tuple(window),
+                             softcap=softcap, overrides=overrides)
             row = dict(key=rep.name, registers=rep.registers, spills=rep.spills,
                        shared=rep.shared, num_warps=rep.num_warps,
                        wgmma="wgmma.mma_async" in rep.ptx,
                        tma="cp.async.bulk.tensor" in rep.ptx,
+                       tma_reduce="cp.reduce.async.bulk.tensor" in rep.ptx,
                        setmaxnreg=[int(x) for x in __import__("re").findall(
                            r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", rep.ptx)],
                        ex2="ex2.approx" in rep.ptx, error=None)
         except Exception as exc:  # reported per variant, the test names it
-            row = dict(key=_variant_key(d, dtypes[dt], causal, window, softcap, overrides),
+            row = dict(key=key_fn(d, dtypes[dt], causal, window, softcap, overrides),
                        error=f"{type(exc).__name__}: {str(exc)[-2000:]}")
         print(json.dumps(row), flush=True)
     return 0

@@ -58,3 +58,52 @@ def fwd_config(head_dim: int, softcap: bool = False, **overrides) -> FwdConfig:
     """The config for ``head_dim`` (a key of FWD_CONFIGS), with overrides (ablations, tuning)."""
     cfg = SOFTCAP_CONFIGS.get(head_dim, FWD_CONFIGS[head_dim]) if softcap else FWD_CONFIGS[head_dim]
     return replace(cfg, **overrides) if overrides else cfg
+
+
+# ---------------------------------------------------------------------------------------------
+# Backward (bwd_kernel.py): one CTA per BLOCK_N keys; two consumer warpgroups of BLOCK_N // 2
+# keys each keep fp32 dK and dV (2 * (BLOCK_N // 2) * d / 128 registers per thread), so the
+# head dims whose dK + dV + S^T + dP^T + dQ half fit in 240 registers: d <= 128.
+# Shared memory: K, V (2 * BLOCK_N * d) + Q, dO rings (2 * NUM_STAGES * BLOCK_M * d) + dS^T
+# (2 slots * BLOCK_N * BLOCK_M), 16-bit elements, + fp32 dQ staging (BLOCK_M * d): 193.5 KiB
+# at d = 128.
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BwdConfig:
+    block_m: int = 64
+    block_n: int = 128
+    num_stages: int = 2
+    consumer_regs: int = 240
+    producer_regs: int = 24
+    maxnreg: int = 168
+    # dQ into the fp32 workspace by TMA reduce-add (staged through shared memory) instead of
+    # fp32 atomics from registers
+    dq_tma: bool = True
+    # dq_tma only: stage dQ in a per-consumer shared buffer and let the reduce run
+    # asynchronously (waited for at the next block) instead of waiting for it at once
+    dq_async: bool = True
+    # issue the next query block's S^T / dP^T GEMMs before this block's dQ reduction
+    pipeline: bool = False
+
+    def smem_bytes(self, head_dim: int, elem: int = 2) -> int:
+        head_dim = 1 << (head_dim - 1).bit_length()
+        kv = 2 * self.block_n * head_dim * elem
+        ring = 2 * self.num_stages * self.block_m * head_dim * elem
+        ds = 2 * self.block_n * self.block_m * elem
+        dq = self.block_m * head_dim * 4 if self.dq_tma else 0  # 2 consumers x fp32 half
+        return kv + ring + ds + dq + 1024
+
+
+# Measured on H100 (hopper_probe --mode bwd, 16k tokens per call): d = 64 with BLOCK_M = 128 was
+# +8% at s = 2k..8k dense, -4% at 16k and equal causal, and spills 112 bytes: kept at 64.
+BWD_CONFIGS: Dict[int, BwdConfig] = {
+    64: BwdConfig(num_stages=2),
+    96: BwdConfig(num_stages=2),
+    128: BwdConfig(num_stages=2),
+}
+
+
+def bwd_config(head_dim: int, **overrides) -> BwdConfig:
+    """The backward config for ``head_dim`` (a key of BWD_CONFIGS), with overrides."""
+    cfg = BWD_CONFIGS[head_dim]
+    return replace(cfg, **overrides) if overrides else cfg

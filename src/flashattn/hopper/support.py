@@ -123,3 +123,31 @@ def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 params: Mapping[str, Any]) -> Optional[str]:
     """Device check and call check together (None: the Hopper forward runs this call)."""
     return device_unavailable(q.device) or call_unsupported(q, k, v, params)
+
+
+# Backward (bwd_kernel.py): fp32 dK and dV of 64 keys per consumer warpgroup stay in registers,
+# which fits for d <= 128 (d = 96 runs as 128, zero-padded); larger head dims run the portable
+# backward. dQ is accumulated with fp32 atomics, so deterministic=True runs the portable one.
+BWD_HEAD_DIMS = (64, 96, 128)
+ENV_HOPPER_BWD = "FLASHATTN_HOPPER_BWD"
+
+
+def backward_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         params: Mapping[str, Any]) -> Optional[str]:
+    """Why this backward call is not covered by the Hopper backward kernel (None when it is).
+
+    params: the normalised keyword arguments of docs/internals.md (backward form, with
+    ``deterministic``). ``FLASHATTN_HOPPER_BWD=0`` turns the Hopper backward off.
+    """
+    import os
+
+    if os.environ.get(ENV_HOPPER_BWD, "").strip().lower() in ("0", "false", "off", "no"):
+        return f"{ENV_HOPPER_BWD}=0"
+    why = call_unsupported(q, k, v, {**params, "return_softmax": False})
+    if why is not None:
+        return why
+    if q.shape[-1] not in BWD_HEAD_DIMS:
+        return f"head dim {q.shape[-1]} (Hopper backward: one of {BWD_HEAD_DIMS})"
+    if params.get("deterministic", False):
+        return "deterministic=True (the Hopper backward adds dQ with atomics)"
+    return None

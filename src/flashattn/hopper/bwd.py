@@ -1,0 +1,115 @@
+"""Host side of the Hopper backward: delta preprocess, TMA descriptors, launch, dQ cast.
+
+``flash_bwd_hopper`` has the backend signature of docs/internals.md; dispatch calls it only
+for calls that ``support.backward_unsupported`` accepts (fp16/bf16, d = d_v in BWD head dims,
+no dropout / alibi, ``deterministic=False``, TMA-aligned strides, sm90).
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+import triton
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from flashattn.hopper.config import BwdConfig, bwd_config
+from flashattn.hopper.fwd import LOG2E, _desc, padded_head_dim
+
+# dQ accumulates by TMA reduce-add (or fp32 atomics): not bitwise repeatable, so
+# deterministic=True falls back to the portable backward.
+
+
+def _tma_ready(t: torch.Tensor) -> torch.Tensor:
+    """t itself when TMA can read it (16-byte aligned base and strides, unit last stride),
+    else a contiguous copy (dout from autograd can be an expanded, stride-0 view)."""
+    elem = t.element_size()
+    ok = t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(
+        s > 0 and (s * elem) % 16 == 0 for s in t.stride()[:-1])
+    return t if ok else t.contiguous()
+
+
+def _dq_desc(dq_acc: torch.Tensor, block_m: int) -> TensorDescriptor:
+    """2-D descriptor over the (b * h * s_q_pad, d_pad) fp32 dQ workspace, box [block_m,
+    d_pad // 2] (one consumer's column half of a query block)."""
+    rows = dq_acc.shape[0] * dq_acc.shape[1] * dq_acc.shape[2]
+    flat = dq_acc.view(rows, dq_acc.shape[3])
+    block = [block_m, dq_acc.shape[3] // 2]
+    layout = gl.NVMMASharedLayout.get_default_for(block, gl.float32)
+    return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), block, layout)
+
+
+def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                lse2: torch.Tensor, delta: torch.Tensor, dq_acc: torch.Tensor, dk: torch.Tensor,
+                dv: torch.Tensor, cfg: BwdConfig, *, softmax_scale: float, window_left: int,
+                window_right: int, softcap: float
+                ) -> Tuple[List[Any], Dict[str, Any], Dict[str, Any], Tuple[int, int]]:
+    """(positional args, constexpr kwargs, launch options, grid) of attn_bwd_kernel.
+
+    Shared by the launch and by the ahead-of-time compile (aot.py). lse2 / delta float32
+    (b, h, s_q_pad) (bwd_preprocess.row_stats); dq_acc float32 (b, h, s_q_pad, d_pad) zeros;
+    dk, dv (b, s_k, h_k, d) contiguous.
+    """
+    batch, seqlen_q, n_heads, head_dim = q.shape
+    _, seqlen_k, n_heads_k, _ = k.shape
+    has_softcap = softcap > 0.0
+    args = [
+        _desc(q, cfg.block_m), _desc(k, cfg.block_n), _desc(v, cfg.block_n),
+        _desc(dout, cfg.block_m), _dq_desc(dq_acc, cfg.block_m), lse2, delta, dq_acc, dk, dv,
+        seqlen_q, seqlen_k, n_heads, n_heads_k, n_heads // n_heads_k, dq_acc.shape[2],
+        int(window_left), int(window_right),
+        float(softmax_scale * LOG2E), float(softmax_scale),
+        float(softmax_scale / softcap) if has_softcap else 0.0,
+        float(softcap * LOG2E) if has_softcap else 0.0,
+    ]
+    constexprs = dict(
+        BLOCK_M=cfg.block_m, NUM_STAGES=cfg.num_stages, HEAD_DIM=head_dim,
+        HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, HAS_SOFTCAP=has_softcap,
+        DQ_TMA=cfg.dq_tma, PIPELINE=cfg.pipeline,
+        DQ_ASYNC=cfg.dq_tma and cfg.dq_async,
+        CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
+    )
+    options = dict(num_warps=4, maxnreg=cfg.maxnreg)
+    grid = (triton.cdiv(seqlen_k, cfg.block_n), batch * n_heads_k)
+    return args, constexprs, options, grid
+
+
+def flash_bwd_hopper(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     out: torch.Tensor, lse: torch.Tensor, *, softmax_scale: float, causal: bool,
+                     window_left: int, window_right: int, softcap: float,
+                     alibi_slopes: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
+                     philox_seed: int = 0, deterministic: bool = False,
+                     config_overrides: Optional[Dict[str, Any]] = None):
+    """Attention backward with the Gluon sm90 kernel.
+
+    dout/out (b, s_q, h, d), q (b, s_q, h, d), k/v (b, s_k, h_k, d); fp16/bf16, TMA-aligned
+    q/k/v; lse float32 (b, h, s_q) natural log (-inf: row sees no key). Returns dq, dk, dv with
+    the shapes and dtype of q, k, v (dk/dv summed over the query heads of a GQA group).
+    ``config_overrides``: BwdConfig fields (ablations, tuning).
+    """
+    if alibi_slopes is not None or dropout_p or deterministic:
+        raise ValueError("flash_bwd_hopper: alibi, dropout and deterministic=True are not "
+                         "covered; dispatch sends those calls to the portable kernels")
+    from flashattn.hopper.bwd_kernel import attn_bwd_kernel
+    from flashattn.hopper.bwd_preprocess import row_stats
+
+    batch, seqlen_q, n_heads, head_dim = q.shape
+    cfg = bwd_config(head_dim, **(config_overrides or {}))
+    dout = _tma_ready(dout)
+    if out.stride(-1) != 1:
+        out = out.contiguous()
+    seqlen_q_pad = triton.cdiv(seqlen_q, cfg.block_m) * cfg.block_m
+    lse2, delta = row_stats(out, dout, lse.contiguous(), seqlen_q_pad)
+    d_pad = padded_head_dim(head_dim)
+    dq_acc = torch.zeros((batch, n_heads, seqlen_q_pad, d_pad), dtype=torch.float32,
+                         device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    args, constexprs, options, grid = launch_args(
+        dout, q, k, v, lse2, delta, dq_acc, dk, dv, cfg, softmax_scale=softmax_scale,
+        window_left=window_left, window_right=window_right, softcap=softcap)
+    with torch.cuda.device(q.device):
+        attn_bwd_kernel[grid](*args, **constexprs, **options)
+    dq = dq_acc[:, :, :seqlen_q, :head_dim].transpose(1, 2)
+    dq = dq.to(q.dtype, memory_format=torch.contiguous_format)
+    return dq, dk, dv

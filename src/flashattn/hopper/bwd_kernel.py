@@ -1,0 +1,479 @@
+"""FlashAttention-3-style backward for sm90, written in Gluon.
+
+One CTA per (key block of BLOCK_N = 128 keys, batch, KV head). K_j and V_j are loaded once into
+shared memory; the query blocks (BLOCK_M rows) of every query head of the GQA group stream past
+them. Three warp-specialised partitions:
+
+    producer   1 warp: TMA loads of K_j, V_j (once) and of Q_i, dO_i into NUM_STAGES ring
+               slots (separate ready / empty mbarriers for Q and dO), plus the row statistics
+               lse2_i, delta_i (plain loads into shared memory, their own ready barrier).
+    consumer0  warpgroup (default partition): keys [0, HALF_N) of the block
+    consumer1  warpgroup (worker partition):  keys [HALF_N, BLOCK_N)
+
+Each consumer, per query block i (everything transposed: rows are keys, columns queries):
+
+    S^T  = K_w Q_i^T                  wgmma, A = K_w (smem), B = Q_i^T (permuted smem view)
+    dP^T = V_w dO_i^T                 wgmma, issued together with S^T
+    P^T  = exp2(S^T * scale_log2 - lse2_i)  (mask on boundary / diagonal blocks only)
+    dS^T = P^T * (dP^T - delta_i)     (* (1 - tanh^2) with softcap)
+    dV  += P^T dO_i                   wgmma, A = P^T from registers
+    dK  += dS^T Q_i                   wgmma, A = dS^T from registers
+    dQ_i += dS K                      dS^T goes to shared memory (both halves), then each
+                                      consumer computes HEAD_DIM / 2 columns of dQ_i over all
+                                      BLOCK_N keys (A = dS, the permuted smem view; B = a
+                                      column half of K) and adds them to an fp32 workspace.
+
+The two halves of dS^T meet in shared memory: a 2-slot buffer with ds_ready / ds_free
+mbarriers (count 2: one arrive per consumer). dQ reaches the (b, h, s_q_pad, D_PAD) fp32
+workspace (already scaled) by a TMA bulk reduce-add: with DQ_ASYNC through a per-consumer
+staging tile that the copy engine reads while the consumer goes on (waited for one block
+later), else straight from registers (Triton's lowering stages and waits), or with fp32
+atomics (DQ_TMA off). The host casts the workspace to dq. dK (times softmax_scale) and dV are
+stored once at the end.
+
+Schedule switches (constexpr, measured in benchmarks/hopper_probe.py --mode bwd):
+    DQ_TMA     TMA reduce-add instead of atomics (d=128 16k: 496 vs 431 TFLOP/s)
+    DQ_ASYNC   asynchronous reduce (d=128 16k: 568 vs 496)
+    PIPELINE   the next block's S^T / dP^T issued before this block's dQ reduction: slower
+               (more registers live; 519 vs 568), off
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+                                                               warpgroup_mma, warpgroup_mma_wait)
+
+from triton._C.libtriton import ir
+from triton.experimental.gluon.language._core import builtin
+
+from flashattn.hopper.softmax import tanh_f32
+
+
+@builtin
+def tma_reduce_add(desc, coord, value, _semantic=None):
+    """TMA bulk reduce-add of a register tile into global memory (cp.reduce.async.bulk.tensor):
+    Triton's TMA lowering stages ``value`` through shared memory and waits until the copy engine
+    has read it. Gluon 3.6 has no wrapper for it, so this builds the descriptor_reduce op."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_descriptor_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, desc.handle,
+                                               value.handle, coord)
+
+
+@gluon.jit
+def query_block_range(n_start, seqlen_q, seqlen_k, window_left, window_right,
+                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                      HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr):
+    """First query block and number of query blocks that see some key of
+    [n_start, n_start + BLOCK_N) (query i sees key j iff i + diag - left <= j <= i + diag + right,
+    diag = s_k - s_q)."""
+    diag = seqlen_k - seqlen_q
+    n_last = gl.minimum(n_start + BLOCK_N, seqlen_k) - 1
+    lo = 0
+    if HAS_RIGHT:
+        lo = gl.maximum(lo, n_start - diag - window_right)
+    hi = seqlen_q
+    if HAS_LEFT:
+        hi = gl.minimum(hi, n_last - diag + window_left + 1)
+    lo_blk = lo // BLOCK_M
+    hi_blk = (hi + BLOCK_M - 1) // BLOCK_M
+    n_blocks = gl.maximum(hi_blk - lo_blk, 0)
+    if hi <= lo:
+        n_blocks = 0
+    return lo_blk, n_blocks
+
+
+@gluon.jit
+def block_needs_mask_t(n_start, m_start, seqlen_q, seqlen_k, window_left, window_right,
+                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                       HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr):
+    """True when some (key, query) pair of the BLOCK_N x BLOCK_M tile is invisible (keys past
+    s_k included; queries past s_q need no mask: their lse2 is +inf, so P = 0)."""
+    diag = seqlen_k - seqlen_q
+    m_last = m_start + BLOCK_M - 1
+    n_last = n_start + BLOCK_N - 1
+    need = n_last >= seqlen_k
+    if HAS_RIGHT:
+        need = need | (n_last > m_start + diag + window_right)
+    if HAS_LEFT:
+        need = need | (n_start < m_last + diag - window_left)
+    return need
+
+
+@gluon.jit
+def visible_t(key0, m_start, seqlen_q, seqlen_k, window_left, window_right,
+              LAYOUT: gl.constexpr, HALF_N: gl.constexpr, BLOCK_M: gl.constexpr,
+              HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr):
+    """Visibility of the transposed tile: rows = keys key0 + [0, HALF_N), columns = queries
+    m_start + [0, BLOCK_M); bool (HALF_N, BLOCK_M) in LAYOUT."""
+    keys = key0 + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, LAYOUT))
+    # query rows shifted onto the key axis (bottom-right alignment)
+    qpos = m_start + (seqlen_k - seqlen_q) + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, LAYOUT))
+    k2 = gl.expand_dims(keys, 1)
+    q2 = gl.expand_dims(qpos, 0)
+    vis = k2 < seqlen_k
+    if HAS_RIGHT:
+        vis = vis & (k2 <= q2 + window_right)
+    if HAS_LEFT:
+        vis = vis & (k2 >= q2 - window_left)
+    return vis
+
+
+@builtin
+def tma_reduce_add_from_shared(desc, coord, src, _semantic=None):
+    """Asynchronous TMA bulk reduce-add of a shared-memory tile into global memory; the bulk
+    group completes like a TMA store (``tma.store_wait``)."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, desc.handle, coord,
+                                              src.handle)
+
+
+@gluon.jit
+def _add_dq_async(dq_desc, row, col, dq, dq_buf):
+    """dq (BLOCK_M, HALF_D) fp32 into the workspace at (row, col) through this consumer's
+    staging buffer: the reduce runs on the copy engine while the consumer moves on; the next
+    call (or the epilogue) waits until it has read the buffer."""
+    tma.store_wait(0)
+    gl.thread_barrier()  # no thread overwrites the buffer before the previous reduce read it
+    dq_buf.store(dq)
+    fence_async_shared()
+    gl.thread_barrier()  # every thread's part is in shared memory before the one-thread issue
+    tma_reduce_add_from_shared(dq_desc, [row, col], dq_buf)
+
+
+@gluon.jit
+def _add_dq(dq_desc, row, col, dq, dq_ptr, dq_offs, DQ_TMA: gl.constexpr):
+    """dq (BLOCK_M, HALF_D) fp32 into the workspace at (row, col): TMA reduce-add, or atomics.
+    Rows past s_q add zeros (P = 0 there) into the workspace's padding rows."""
+    if DQ_TMA:
+        tma_reduce_add(dq_desc, [row, col], dq)
+    else:
+        D_PAD: gl.constexpr = dq_desc.block_type.shape[1] * 2
+        gl.atomic_add(dq_ptr + row.to(gl.int64) * D_PAD + dq_offs, dq, sem="relaxed")
+
+
+@gluon.jit
+def _issue_s_dp(k_mine, v_mine, q_smem, do_smem, q_ready, do_ready, s_zero, it, total,
+                BLOCK_M: gl.constexpr, D_PAD: gl.constexpr, dq_desc=None, dq_row=0, dq_col=0,
+                dq=None, dq_ptr=None, dq_offs=None, dq_buf=None, DQ_TMA: gl.constexpr = True,
+                DQ_ASYNC: gl.constexpr = False):
+    """S^T = K_w Q_it^T and dP^T = V_w dO_it^T for block ``it`` (zeros when it >= total);
+    when ``dq`` is given, the previous block's dQ is added while the GEMMs run."""
+    NUM_STAGES: gl.constexpr = q_smem.shape[0]
+    if it < total:
+        stage = it % NUM_STAGES
+        phase = (it // NUM_STAGES) & 1
+        q_view = q_smem.index(stage).reshape([BLOCK_M, D_PAD])
+        do_view = do_smem.index(stage).reshape([BLOCK_M, D_PAD])
+        mbarrier.wait(q_ready.index(stage), phase)
+        s_tok = warpgroup_mma(k_mine, q_view.permute((1, 0)), s_zero, use_acc=False,
+                              is_async=True)
+        mbarrier.wait(do_ready.index(stage), phase)
+        dp_tok = warpgroup_mma(v_mine, do_view.permute((1, 0)), s_zero, use_acc=False,
+                               is_async=True)
+        if dq is not None:
+            if DQ_ASYNC:
+                _add_dq_async(dq_desc, dq_row, dq_col, dq, dq_buf)
+            else:
+                _add_dq(dq_desc, dq_row, dq_col, dq, dq_ptr, dq_offs, DQ_TMA)
+        s, dp = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
+    else:
+        if dq is not None:
+            if DQ_ASYNC:
+                _add_dq_async(dq_desc, dq_row, dq_col, dq, dq_buf)
+            else:
+                _add_dq(dq_desc, dq_row, dq_col, dq, dq_ptr, dq_offs, DQ_TMA)
+        s = s_zero
+        dp = s_zero
+    return s, dp
+
+@gluon.jit
+def _producer(descs, smem, bars, problem, window, ptrs, BLOCK_M: gl.constexpr,
+              HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr):
+    """K_j, V_j once, then Q_i, dO_i and the row statistics (lse2_i, delta_i) of every query
+    block of every head of the group."""
+    q_desc, k_desc, v_desc, do_desc, dq_desc = descs
+    k_smem, v_smem, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem = smem
+    kv_ready, q_ready, q_empty, do_ready, do_empty, ds_ready, ds_free, stats_ready = bars
+    seqlen_q, seqlen_k, n_heads, n_heads_k, group_size, seqlen_q_pad = problem
+    window_left, window_right = window
+    lse2_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr = ptrs
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
+    NUM_STAGES: gl.constexpr = q_smem.shape[0]
+    # one warp moves the 2 x BLOCK_M row statistics (lse2, delta) of a query block
+    STAT_LAYOUT: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
+
+    n_start = gl.program_id(0) * BLOCK_N
+    bh_k = gl.program_id(1)
+    b = bh_k // n_heads_k
+    h_k = bh_k - b * n_heads_k
+    mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [b, n_start, h_k, 0], kv_ready, k_smem)
+    tma.async_copy_global_to_shared(v_desc, [b, n_start, h_k, 0], kv_ready, v_smem)
+    lo_blk, n_blocks = query_block_range(n_start, seqlen_q, seqlen_k, window_left, window_right,
+                                         BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+    q_bytes: gl.constexpr = q_desc.block_type.nbytes
+    do_bytes: gl.constexpr = do_desc.block_type.nbytes
+    it = 0
+    for g in range(group_size):
+        h = h_k * group_size + g
+        stats_base = (b * n_heads + h).to(gl.int64) * seqlen_q_pad
+        for i in range(n_blocks):
+            stage = it % NUM_STAGES
+            phase = (it // NUM_STAGES) & 1
+            m_start = (lo_blk + i) * BLOCK_M
+            # row statistics first: their (L2) load latency hides behind the TMA issue below
+            rows = m_start + gl.arange(0, BLOCK_M, layout=STAT_LAYOUT)
+            lse2 = gl.load(lse2_ptr + stats_base + rows)
+            delta = gl.load(delta_ptr + stats_base + rows)
+            mbarrier.wait(q_empty.index(stage), phase ^ 1)
+            mbarrier.expect(q_ready.index(stage), q_bytes)
+            tma.async_copy_global_to_shared(q_desc, [b, m_start, h, 0], q_ready.index(stage),
+                                            q_smem.index(stage))
+            mbarrier.wait(do_empty.index(stage), phase ^ 1)
+            mbarrier.expect(do_ready.index(stage), do_bytes)
+            tma.async_copy_global_to_shared(do_desc, [b, m_start, h, 0], do_ready.index(stage),
+                                            do_smem.index(stage))
+            # the slot's previous statistics were read before both consumers released Q and dO
+            lse_smem.index(stage).store(lse2)
+            delta_smem.index(stage).store(delta)
+            gl.thread_barrier()  # the whole warp's stores land before the single-thread arrive
+            mbarrier.arrive(stats_ready.index(stage))
+            it += 1
+
+
+@gluon.jit
+def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs,
+              BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, HAS_LEFT: gl.constexpr,
+              HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, DQ_TMA: gl.constexpr,
+              PIPELINE: gl.constexpr, DQ_ASYNC: gl.constexpr):
+    """One consumer warpgroup: keys [WG * HALF_N, (WG + 1) * HALF_N) of the key block."""
+    q_desc, k_desc, v_desc, do_desc, dq_desc = descs
+    k_smem, v_smem, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem = smem
+    kv_ready, q_ready, q_empty, do_ready, do_empty, ds_ready, ds_free, stats_ready = bars
+    seqlen_q, seqlen_k, n_heads, n_heads_k, group_size, seqlen_q_pad = problem
+    window_left, window_right = window
+    qk_scale, sm_scale, softcap_inv, softcap_log2 = scales
+    lse2_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr = ptrs
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
+    HALF_N: gl.constexpr = BLOCK_N // 2
+    D_PAD: gl.constexpr = q_desc.block_type.shape[3]
+    HALF_D: gl.constexpr = D_PAD // 2
+    NUM_STAGES: gl.constexpr = q_smem.shape[0]
+    dtype: gl.constexpr = q_desc.dtype
+
+    # wgmma layouts of one warpgroup: S^T / dP^T (HALF_N x BLOCK_M), dK / dV (HALF_N x D_PAD),
+    # dQ column half (BLOCK_M x HALF_D)
+    S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_M, 16])
+    KV_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, D_PAD, 16])
+    DQ_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, HALF_D, 16])
+    A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=KV_LAYOUT, k_width=2)
+    COL_S: gl.constexpr = gl.SliceLayout(0, S_LAYOUT)
+
+    n_start = gl.program_id(0) * BLOCK_N
+    bh_k = gl.program_id(1)
+    b = bh_k // n_heads_k
+    h_k = bh_k - b * n_heads_k
+    key0 = n_start + WG * HALF_N
+
+    k_all = k_smem.reshape([BLOCK_N, D_PAD])
+    v_all = v_smem.reshape([BLOCK_N, D_PAD])
+    k_mine = k_all.slice(WG * HALF_N, HALF_N, dim=0)           # A of S^T
+    v_mine = v_all.slice(WG * HALF_N, HALF_N, dim=0)           # A of dP^T
+    k_cols = k_all.slice(WG * HALF_D, HALF_D, dim=1)           # B of this consumer's dQ half
+
+    lo_blk, n_blocks = query_block_range(n_start, seqlen_q, seqlen_k, window_left, window_right,
+                                         BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+    dk = gl.zeros([HALF_N, D_PAD], gl.float32, KV_LAYOUT)
+    dv = gl.zeros([HALF_N, D_PAD], gl.float32, KV_LAYOUT)
+    s_zero = gl.zeros([HALF_N, BLOCK_M], gl.float32, S_LAYOUT)
+    dq_zero = gl.zeros([BLOCK_M, HALF_D], gl.float32, DQ_LAYOUT)
+    dq_rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, DQ_LAYOUT))
+    dq_cols = WG * HALF_D + gl.arange(0, HALF_D, layout=gl.SliceLayout(0, DQ_LAYOUT))
+    dq_offs = gl.expand_dims(dq_rows * D_PAD, 1) + gl.expand_dims(dq_cols, 0)
+
+    mbarrier.wait(kv_ready, 0)
+    total = group_size * n_blocks  # (query head of the group, query block) pairs, in order
+    if PIPELINE:
+        # S^T / dP^T of the first block; later ones are issued before the previous block's dQ
+        # reduction, so the copy engine and the tensor cores work at the same time
+        s, dp = _issue_s_dp(k_mine, v_mine, q_smem, do_smem, q_ready, do_ready, s_zero, 0,
+                            total, BLOCK_M, D_PAD)
+    else:
+        s = s_zero
+        dp = s_zero
+    for it in range(total):
+        g = it // n_blocks
+        h = h_k * group_size + g
+        # dQ workspace (b, h, s_q_pad, D_PAD) fp32, seen as (b * h * s_q_pad, D_PAD) rows
+        dq_row0 = (b * n_heads + h) * seqlen_q_pad
+        stage = it % NUM_STAGES
+        phase = (it // NUM_STAGES) & 1
+        m_start = (lo_blk + it - g * n_blocks) * BLOCK_M
+        q_view = q_smem.index(stage).reshape([BLOCK_M, D_PAD])
+        do_view = do_smem.index(stage).reshape([BLOCK_M, D_PAD])
+
+        if not PIPELINE:
+            # ---- S^T and dP^T (both async)
+            mbarrier.wait(q_ready.index(stage), phase)
+            s_tok = warpgroup_mma(k_mine, q_view.permute((1, 0)), s_zero, use_acc=False,
+                                  is_async=True)
+            mbarrier.wait(do_ready.index(stage), phase)
+            dp_tok = warpgroup_mma(v_mine, do_view.permute((1, 0)), s_zero, use_acc=False,
+                                   is_async=True)
+            s = warpgroup_mma_wait(1, deps=(s_tok,))
+        # lse2 = lse * log2(e), +inf for rows with no visible key and rows past s_q (P = 0)
+        mbarrier.wait(stats_ready.index(stage), phase)
+        lse2 = lse_smem.index(stage).load(COL_S)
+        if HAS_SOFTCAP:
+            t = tanh_f32(s * softcap_inv)
+            p = gl.exp2(t * softcap_log2 - gl.expand_dims(lse2, 0))
+        else:
+            p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 0))
+        if block_needs_mask_t(n_start, m_start, seqlen_q, seqlen_k, window_left, window_right,
+                              BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT):
+            vis = visible_t(key0, m_start, seqlen_q, seqlen_k, window_left, window_right,
+                            S_LAYOUT, HALF_N, BLOCK_M, HAS_LEFT, HAS_RIGHT)
+            p = gl.where(vis, p, 0.0)
+        if not PIPELINE:
+            dp = warpgroup_mma_wait(0, deps=(dp_tok,))
+        delta = delta_smem.index(stage).load(COL_S)
+        # dS before any accumulating GEMM is issued: fp32 P and dP^T die here, so the
+        # in-flight dV / dK / dQ accumulators never share the registers with them
+        ds = p * (dp - gl.expand_dims(delta, 0))
+        if HAS_SOFTCAP:
+            ds = ds * (1.0 - t * t)
+        ds_lp = ds.to(dtype)
+        p_op = gl.convert_layout(p.to(dtype), A_LAYOUT)
+        dv_tok = warpgroup_mma(p_op, do_view, dv, is_async=True)
+        ds_op = gl.convert_layout(ds_lp, A_LAYOUT)
+        dk_tok = warpgroup_mma(ds_op, q_view, dk, is_async=True)
+
+        # ---- dS^T of both consumers into shared memory, then this consumer's dQ half
+        ds_slot = it % 2
+        ds_phase = (it // 2) & 1
+        mbarrier.wait(ds_free.index(ds_slot), ds_phase ^ 1)
+        ds_buf = ds_smem.index(ds_slot)
+        ds_buf.slice(WG * HALF_N, HALF_N, dim=0).store(ds_lp)
+        fence_async_shared()
+        gl.thread_barrier()  # every thread's dS^T is in smem before the single-thread arrive
+        mbarrier.arrive(ds_ready.index(ds_slot))
+        mbarrier.wait(ds_ready.index(ds_slot), ds_phase)
+        dq_tok = warpgroup_mma(ds_buf.permute((1, 0)), k_cols, dq_zero, use_acc=False,
+                               is_async=True)
+        dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
+        mbarrier.arrive(ds_free.index(ds_slot))
+        mbarrier.arrive(q_empty.index(stage))
+        mbarrier.arrive(do_empty.index(stage))
+
+        if PIPELINE:
+            # next block's S^T / dP^T go to the tensor cores before this block's dQ leaves
+            s, dp = _issue_s_dp(k_mine, v_mine, q_smem, do_smem, q_ready, do_ready, s_zero,
+                                it + 1, total, BLOCK_M, D_PAD, dq_desc, dq_row0 + m_start,
+                                WG * HALF_D, dq * sm_scale, dq_ptr, dq_offs, dq_smem.index(WG),
+                                DQ_TMA, DQ_ASYNC)
+        elif DQ_ASYNC:
+            _add_dq_async(dq_desc, dq_row0 + m_start, WG * HALF_D, dq * sm_scale,
+                          dq_smem.index(WG))
+        else:
+            _add_dq(dq_desc, dq_row0 + m_start, WG * HALF_D, dq * sm_scale, dq_ptr, dq_offs,
+                    DQ_TMA)
+
+    if DQ_ASYNC:
+        tma.store_wait(0)  # the last dQ reduce has read its staging buffer
+    # ---- epilogue: dK (times softmax_scale) and dV of this consumer's keys
+    KV_ROWS: gl.constexpr = gl.SliceLayout(1, KV_LAYOUT)
+    KV_COLS: gl.constexpr = gl.SliceLayout(0, KV_LAYOUT)
+    keys = key0 + gl.arange(0, HALF_N, layout=KV_ROWS)
+    cols = gl.arange(0, D_PAD, layout=KV_COLS)
+    kv_stride_row = n_heads_k * HEAD_DIM
+    base = (b.to(gl.int64) * seqlen_k * n_heads_k + h_k) * HEAD_DIM
+    offs = gl.expand_dims((keys - key0) * kv_stride_row, 1) + gl.expand_dims(cols, 0)
+    row0 = key0.to(gl.int64) * kv_stride_row
+    ok = gl.expand_dims(keys < seqlen_k, 1) & gl.expand_dims(cols < HEAD_DIM, 0)
+    gl.store(dk_ptr + base + row0 + offs, (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=ok)
+    gl.store(dv_ptr + base + row0 + offs, dv.to(dv_ptr.dtype.element_ty), mask=ok)
+
+
+@gluon.jit
+def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_ptr, dq_ptr, dk_ptr,
+                    dv_ptr, seqlen_q, seqlen_k, n_heads, n_heads_k, group_size, seqlen_q_pad,
+                    window_left, window_right, qk_scale, sm_scale, softcap_inv, softcap_log2,
+                    BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, HEAD_DIM: gl.constexpr,
+                    HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
+                    DQ_TMA: gl.constexpr, PIPELINE: gl.constexpr, DQ_ASYNC: gl.constexpr,
+                    CONSUMER_REGS: gl.constexpr,
+                    PRODUCER_REGS: gl.constexpr):
+    """Warp-specialised attention backward (see module docstring).
+
+    Descriptors are rank 4 over (batch, seq, head, dim): q/do boxes [1, BLOCK_M, 1, D_PAD],
+    k/v boxes [1, BLOCK_N, 1, D_PAD] (D_PAD = HEAD_DIM rounded up to a power of two; TMA
+    zero-fills past s and d). lse2_ptr / delta_ptr: float32 (b, h, s_q_pad) contiguous,
+    s_q_pad = s_q rounded up to BLOCK_M: lse * log2(e) (+inf for rows that see no key and for
+    padding rows) and rowsum(dO * O) (0 on padding rows). dq_ptr: float32
+    (b, h, s_q_pad, D_PAD) zeros, receives softmax_scale * dS K (columns past HEAD_DIM get
+    zeros), through dq_desc (2-D over (b * h * s_q_pad, D_PAD), box [BLOCK_M, D_PAD // 2])
+    by TMA reduce-add when DQ_TMA, else by fp32 atomics from registers.
+    dk_ptr / dv_ptr: (b, s_k, h_k, HEAD_DIM)
+    contiguous, q's dtype.
+    Grid (cdiv(s_k, BLOCK_N), b * h_k), num_warps = 4 (the default partition is consumer 0).
+    """
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
+    D_PAD: gl.constexpr = q_desc.block_type.shape[3]
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, v_desc.block_type.shape, v_desc.layout)
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_STAGES] + q_desc.block_type.shape,
+                                       q_desc.layout)
+    do_smem = gl.allocate_shared_memory(do_desc.dtype, [NUM_STAGES] + do_desc.block_type.shape,
+                                        do_desc.layout)
+    DS_LAYOUT: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M],
+                                                                   q_desc.dtype)
+    ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BLOCK_N, BLOCK_M], DS_LAYOUT)
+    STAT_SMEM: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    lse_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, BLOCK_M], STAT_SMEM)
+    delta_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, BLOCK_M], STAT_SMEM)
+
+    kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    do_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    do_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    stats_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_ready, count=1)
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=2)
+        mbarrier.init(do_ready.index(i), count=1)
+        mbarrier.init(do_empty.index(i), count=2)
+        mbarrier.init(stats_ready.index(i), count=1)
+    for i in gl.static_range(2):
+        mbarrier.init(ds_ready.index(i), count=2)
+        mbarrier.init(ds_free.index(i), count=2)
+    fence_async_shared()
+
+    descs = (q_desc, k_desc, v_desc, do_desc, dq_desc)
+    if DQ_ASYNC:
+        # one fp32 dQ staging tile per consumer (the async TMA reduce reads it)
+        dq_smem = gl.allocate_shared_memory(gl.float32, [2] + dq_desc.block_type.shape,
+                                            dq_desc.layout)
+    else:
+        dq_smem = ds_smem  # unused
+    smem = (k_smem, v_smem, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem)
+    bars = (kv_ready, q_ready, q_empty, do_ready, do_empty, ds_ready, ds_free, stats_ready)
+    problem = (seqlen_q, seqlen_k, n_heads, n_heads_k, group_size, seqlen_q_pad)
+    window = (window_left, window_right)
+    scales = (qk_scale, sm_scale, softcap_inv, softcap_log2)
+    ptrs = (lse2_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr)
+    gl.warp_specialize([
+        # constexpr flags one by one (in a tuple they would reach the workers as i1 values)
+        (_consumer, (0, descs, smem, bars, problem, window, scales, ptrs, BLOCK_M, HEAD_DIM,
+                     HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC)),
+        (_consumer, (1, descs, smem, bars, problem, window, scales, ptrs, BLOCK_M, HEAD_DIM,
+                     HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC)),
+        (_producer, (descs, smem, bars, problem, window, ptrs, BLOCK_M, HAS_LEFT, HAS_RIGHT)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

@@ -1,0 +1,54 @@
+"""Row statistics for the Hopper backward (plain Triton: a bandwidth-bound pass).
+
+For every (batch, head, query row) of a padded (b, h, s_q_pad) layout (s_q_pad = s_q rounded
+up to the backward's BLOCK_M, so the kernel's loads of a query block need no mask):
+
+    lse2  = lse * log2(e)           +inf where lse = -inf (the row sees no key) and on padding
+    delta = rowsum(dO * O)  (fp32)   0 on padding rows
+
+With lse2 = +inf the backward's P = exp2(S * scale - lse2) is exactly 0: such rows add
+nothing to dK / dV / dQ and produce no NaN.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _row_stats_kernel(Out, DO, Lse, Lse2, Delta, stride_ob, stride_om, stride_oh,
+                      stride_dob, stride_dom, stride_doh, n_heads, seqlen_q, seqlen_q_pad,
+                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // n_heads
+    h = bh % n_heads
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_D)
+    ok = (rows[:, None] < seqlen_q) & (cols[None, :] < HEAD_DIM)
+    o = tl.load(Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+                + rows[:, None].to(tl.int64) * stride_om + cols[None, :], mask=ok, other=0.0)
+    do = tl.load(DO + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+                 + rows[:, None].to(tl.int64) * stride_dom + cols[None, :], mask=ok, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    lse = tl.load(Lse + bh.to(tl.int64) * seqlen_q + rows, mask=rows < seqlen_q,
+                  other=float("-inf"))
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+    base = bh.to(tl.int64) * seqlen_q_pad
+    tl.store(Lse2 + base + rows, lse2, mask=rows < seqlen_q_pad)
+    tl.store(Delta + base + rows, delta, mask=rows < seqlen_q_pad)
+
+
+def row_stats(out: torch.Tensor, dout: torch.Tensor, lse: torch.Tensor, seqlen_q_pad: int):
+    """(lse2, delta), float32 (b, h, seqlen_q_pad) each; out/dout (b, s_q, h, d) with unit last
+    stride, lse float32 (b, h, s_q) contiguous."""
+    batch, seqlen_q, n_heads, head_dim = out.shape
+    lse2 = torch.empty((batch, n_heads, seqlen_q_pad), dtype=torch.float32, device=out.device)
+    delta = torch.empty_like(lse2)
+    block_m = 64
+    _row_stats_kernel[(triton.cdiv(seqlen_q_pad, block_m), batch * n_heads)](
+        out, dout, lse, lse2, delta, out.stride(0), out.stride(1), out.stride(2),
+        dout.stride(0), dout.stride(1), dout.stride(2), n_heads, seqlen_q, seqlen_q_pad,
+        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_M=block_m)
+    return lse2, delta

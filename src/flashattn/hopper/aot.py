@@ -4,7 +4,8 @@ Gluon cannot run under TRITON_INTERPRET, so CI checks what it can: every shipped
 compiles for sm_90 with no register spills. ``compile_fwd_variant`` builds exactly the
 signature and constexprs a launch would (fwd.launch_args with CPU stand-in tensors).
 Compiles with ``triton.compile(GluonASTSource(...), target=GPUTarget("cuda", 90, 32))``
-(``flashattn._aot.compile_sm90`` did not exist yet when this was written; switch when it does).
+(the Gluon counterpart of ``flashattn._aot.compile_sm90``: these variants come from the host
+code's own ``launch_args``, so the compile sees exactly what a launch would pass).
 """
 from __future__ import annotations
 
@@ -49,6 +50,27 @@ def _ptxas_report(cubin: bytes) -> Dict[str, int]:
                 spills=(int(stack.group(1)) if stack else 0) + (int(local.group(1)) if local else 0))
 
 
+def _compile(kernel_fn, args, constexprs: Dict[str, Any], options: Dict[str, Any],
+             tag: str) -> CompileReport:
+    """Compile a Gluon kernel for sm_90 with the positional ``args`` and ``constexprs`` a launch
+    would pass (CPU stand-in tensors are fine: only their types matter) and report resources."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
+
+    names = list(kernel_fn.arg_names)
+    signature = {name: mangle_type(value) for name, value in zip(names, args)}
+    signature.update({name: "constexpr" for name in constexprs})
+    consts = {(names.index(k),): v for k, v in constexprs.items()}
+    src = GluonASTSource(kernel_fn, signature, consts)
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    res = _ptxas_report(kernel.asm["cubin"])
+    return CompileReport(name=tag, registers=res["registers"], spills=res["spills"],
+                         shared=kernel.metadata.shared, num_warps=kernel.metadata.num_warps,
+                         ptx=kernel.asm["ptx"])
+
+
 def _variant_key(head_dim, dtype, causal, window, softcap, overrides) -> str:
     tag = f"fwd_d{head_dim}_{str(dtype).split('.')[-1]}" + ("_causal" if causal else "")
     if tuple(window) != (-1, -1):
@@ -65,11 +87,6 @@ def compile_fwd_variant(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, c
                         window: tuple = (-1, -1), softcap: float = 0.0,
                         overrides: Optional[Dict[str, Any]] = None) -> CompileReport:
     """Compile one forward variant for sm_90 (no GPU needed) and report its resources."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import mangle_type
-
     from flashattn.hopper.config import fwd_config
     from flashattn.hopper.fwd import launch_args
     from flashattn.hopper.fwd_kernel import attn_fwd_kernel
@@ -84,20 +101,8 @@ def compile_fwd_variant(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, c
     args, constexprs, options, _ = launch_args(
         q, q, q, q, lse, cfg, softmax_scale=head_dim ** -0.5, window_left=window_left,
         window_right=window_right, softcap=softcap, num_sms=132)
-    names = list(attn_fwd_kernel.arg_names)
-    signature = {}
-    for name, value in zip(names, args):
-        signature[name] = mangle_type(value)
-    for name, value in constexprs.items():
-        signature[name] = "constexpr"
-    consts = {(names.index(k),): v for k, v in constexprs.items()}
-    src = GluonASTSource(attn_fwd_kernel, signature, consts)
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
-    res = _ptxas_report(kernel.asm["cubin"])
-    tag = _variant_key(head_dim, dtype, causal, window, softcap, overrides)
-    return CompileReport(name=tag, registers=res["registers"], spills=res["spills"],
-                         shared=kernel.metadata.shared, num_warps=kernel.metadata.num_warps,
-                         ptx=kernel.asm["ptx"])
+    return _compile(attn_fwd_kernel, args, constexprs, options,
+                    _variant_key(head_dim, dtype, causal, window, softcap, overrides))
 
 
 def _bwd_variant_key(head_dim, dtype, causal, window, softcap, overrides) -> str:
@@ -108,11 +113,6 @@ def compile_bwd_variant(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, c
                         window: tuple = (-1, -1), softcap: float = 0.0,
                         overrides: Optional[Dict[str, Any]] = None) -> CompileReport:
     """Compile one backward variant for sm_90 (no GPU needed) and report its resources."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import mangle_type
-
     from flashattn.hopper.bwd import launch_args
     from flashattn.hopper.bwd_kernel import attn_bwd_kernel
     from flashattn.hopper.config import bwd_config
@@ -131,20 +131,8 @@ def compile_bwd_variant(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, c
     args, constexprs, options, _ = launch_args(
         q, q, q, q, lse, lse, dq_acc, q, q, cfg, softmax_scale=head_dim ** -0.5,
         window_left=window_left, window_right=window_right, softcap=softcap)
-    names = list(attn_bwd_kernel.arg_names)
-    signature = {}
-    for name, value in zip(names, args):
-        signature[name] = mangle_type(value)
-    for name, value in constexprs.items():
-        signature[name] = "constexpr"
-    consts = {(names.index(k),): v for k, v in constexprs.items()}
-    src = GluonASTSource(attn_bwd_kernel, signature, consts)
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
-    res = _ptxas_report(kernel.asm["cubin"])
-    tag = _bwd_variant_key(head_dim, dtype, causal, window, softcap, overrides)
-    return CompileReport(name=tag, registers=res["registers"], spills=res["spills"],
-                         shared=kernel.metadata.shared, num_warps=kernel.metadata.num_warps,
-                         ptx=kernel.asm["ptx"])
+    return _compile(attn_bwd_kernel, args, constexprs, options,
+                    _bwd_variant_key(head_dim, dtype, causal, window, softcap, overrides))
 
 
 def main(argv=None) -> int:

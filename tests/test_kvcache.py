@@ -348,3 +348,34 @@ def test_decode_kernels_compile_for_sm90() -> None:
             # K/V tiles stream asynchronously: TMA (contiguous, aligned) or cp.async
             assert row["tma"] if row["key"].endswith("_tma") else row["cp_async"], row
             assert row["shared"] <= 227 * 1024, row
+
+
+def test_decode_host_helpers_match_triton():
+    """The plain-int helpers on the decode launch path agree with triton.cdiv / next_power_of_2,
+    and the cached launch plan tracks the environment overrides (part of its key)."""
+    import os
+
+    import triton
+
+    from flashattn.kernels import decode as _dec
+
+    for n in range(0, 300):
+        if n > 0:  # callers pass >= 1 (triton's gives 0 for 0, ours 1)
+            assert _dec._next_pow2(n) == triton.next_power_of_2(n), n
+        for b in (1, 3, 16, 64):
+            assert _dec._cdiv(n, b) == triton.cdiv(n, b), (n, b)
+    cpu = torch.device("cpu")
+    plan = _dec._launch_plan(128, 128, 2, False, 4, 1, 1, 8, 16384, 0, cpu, "", "")
+    assert plan[6] == _dec.num_splits_heuristic(1, 8, plan[5], 16384, plan[0], cpu)
+    forced = _dec._launch_plan(128, 128, 2, False, 4, 1, 1, 8, 16384, 3, cpu, "", "")
+    assert forced[6] == 3
+    old = os.environ.get("FLASHATTN_DECODE_CONFIG")
+    os.environ["FLASHATTN_DECODE_CONFIG"] = "32,4,2"
+    try:
+        over = _dec._launch_plan(128, 128, 2, False, 4, 1, 1, 8, 16384, 0, cpu, "32,4,2", "")
+        assert over[:3] == (32, 4, 2)
+    finally:
+        if old is None:
+            del os.environ["FLASHATTN_DECODE_CONFIG"]
+        else:
+            os.environ["FLASHATTN_DECODE_CONFIG"] = old

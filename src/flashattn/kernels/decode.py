@@ -215,7 +215,7 @@ def launch_config(head_dim: int, elem_bytes: int, paged: bool) -> Tuple[int, int
     # contiguous, TMA, 64 keys x 4 stages = 3 K/V buffers, ~104 KB shared, 2 programs / SM;
     # paged: the block-table load takes a pipeline stage, so 5 stages give 2 K/V buffers
     # (~72 KB shared, 3 programs / SM). fp32 and d = 256 halve the tile to stay in shared.
-    d = max(16, triton.next_power_of_2(head_dim))
+    d = max(16, _next_pow2(head_dim))
     if elem_bytes >= 4:
         # fp32 (exact IEEE dots): the TMA tile layout spills at any size; pointer loads do not
         return (32, 8, 3, False) if d <= 128 else (16, 8, 3, False)
@@ -252,7 +252,7 @@ def num_splits_heuristic(batch: int, nheads_k: int, m_blocks: int, max_seqlen_k:
     """
     sms = sm_count(device)
     base = max(1, batch * nheads_k * m_blocks)
-    n_blocks = triton.cdiv(max(1, max_seqlen_k), block_n)
+    n_blocks = _cdiv(max(1, max_seqlen_k), block_n)
     if base >= 0.8 * sms or n_blocks < 8:
         return 1
     # ``waves`` programs per SM are resident at once (shared memory allows 2-3): fill those
@@ -264,7 +264,42 @@ def num_splits_heuristic(batch: int, nheads_k: int, m_blocks: int, max_seqlen_k:
 
 def block_m_for(rows: int) -> int:
     """Rows of the packed query tile: the whole group x positions up to 64 (tl.dot needs 16)."""
-    return max(16, min(64, triton.next_power_of_2(max(1, rows))))
+    return max(16, min(64, _next_pow2(max(1, rows))))
+
+
+def _cdiv(a: int, b: int) -> int:
+    # plain Python: triton.cdiv is a JIT function whose host-side call costs ~2 us
+    return -(-a // b)
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+@functools.lru_cache(maxsize=1024)
+def _launch_plan(d: int, d_v: int, elem_bytes: int, paged: bool, g: int, s_q_grid: int,
+                 batch: int, nheads_k: int, max_seqlen_k: int, num_splits: int,
+                 device: torch.device, env_config: str, env_waves: str
+                 ) -> Tuple[int, int, int, bool, int, int, int, int, int]:
+    """Every launch decision that depends only on shapes, cached per shape key.
+
+    A decode step runs the same shapes thousands of times; recomputing the heuristic, the
+    tile sizes and the multiprocessor count each call was a measurable part of the ~tens of
+    microseconds of host time per step. The environment overrides are part of the key so that
+    probes changing them between calls still take effect.
+
+    Returns (BLOCK_N, num_warps, num_stages, allow_tma, BLOCK_M, m_blocks, num_splits,
+    BLOCK_D, BLOCK_DV).
+    """
+    block_n, num_warps, num_stages, allow_tma = launch_config(d, elem_bytes, paged)
+    block_m = block_m_for(g * s_q_grid)
+    m_blocks = _cdiv(g * s_q_grid, block_m)
+    if num_splits <= 0:
+        num_splits = num_splits_heuristic(batch, nheads_k, m_blocks, max_seqlen_k, block_n,
+                                          device)
+    num_splits = max(1, min(int(num_splits), MAX_SPLITS, _cdiv(max(1, max_seqlen_k), block_n)))
+    return (block_n, num_warps, num_stages, allow_tma, block_m, m_blocks, num_splits,
+            config.block_dim(d), config.block_dim(d_v))
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -302,14 +337,13 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     nheads_k, d_v = k_cache.shape[2], v_cache.shape[3]
     g = h // nheads_k
     device = q.device
-    block_n, num_warps, num_stages, allow_tma = launch_config(d, q.element_size(), paged)
-    block_m = block_m_for(g * s_q_grid)
-    m_blocks = triton.cdiv(g * s_q_grid, block_m)
-    if num_splits <= 0:
-        num_splits = num_splits_heuristic(batch, nheads_k, m_blocks, max_seqlen_k, block_n,
-                                          device)
-    num_splits = max(1, min(int(num_splits), MAX_SPLITS,
-                            triton.cdiv(max(1, max_seqlen_k), block_n)))
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    (block_n, num_warps, num_stages, allow_tma, block_m, m_blocks, num_splits, block_d,
+     block_dv) = _launch_plan(d, d_v, q.element_size(), paged, g, s_q_grid, batch, nheads_k,
+                              int(max_seqlen_k), int(num_splits), device,
+                              os.environ.get(_ENV_CONFIG, ""),
+                              os.environ.get(_ENV_SPLITS_PER_SM, ""))
 
     # outputs (shapes from host ints only: graph friendly)
     out_shape = q4.shape[:-1] + (d_v,)
@@ -348,7 +382,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     use_tma = (allow_tma and not paged and k_cache.stride(1) > 0
                and config.use_tma(k_cache, v_cache)
                and (d * q.element_size()) % 16 == 0 and (d_v * q.element_size()) % 16 == 0
-               and d == config.block_dim(d) and d_v == config.block_dim(d_v))
+               and d == block_d and d_v == block_dv)
     dummy = seqlens_k
     alibi_strides = alibi_slopes.stride() if alibi_slopes is not None else (0, 0)
     grid = (batch * nheads_k, m_blocks, num_splits)
@@ -369,7 +403,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         s_q_grid, int(seqlen_k_add), k_cache.shape[1], nheads_k,
         float(softmax_scale), float(softcap), int(window_left), int(window_right),
         G=g, HEAD_DIM=d, HEAD_DIM_V=d_v,
-        BLOCK_D=config.block_dim(d), BLOCK_DV=config.block_dim(d_v),
+        BLOCK_D=block_d, BLOCK_DV=block_dv,
         BLOCK_M=block_m, BLOCK_N=block_n, PAGE_SIZE=page_size,
         PAGED=paged, HAS_LEFTPAD=leftpad is not None, HAS_BATCH_IDX=batch_idx is not None,
         VARLEN_Q=varlen, HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0,

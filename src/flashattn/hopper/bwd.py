@@ -15,6 +15,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from flashattn.hopper.config import BwdConfig, bwd_config
 from flashattn.hopper.fwd import LOG2E, _desc, padded_head_dim
+from flashattn.kernels.launch import launch_jit
 
 # dQ accumulates by TMA reduce-add (or fp32 atomics): not bitwise repeatable, so
 # deterministic=True falls back to the portable backward.
@@ -109,7 +110,7 @@ def flash_bwd_hopper(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         dout, q, k, v, lse2, delta, dq_acc, dk, dv, cfg, softmax_scale=softmax_scale,
         window_left=window_left, window_right=window_right, softcap=softcap)
     with torch.cuda.device(q.device):
-        attn_bwd_kernel[grid](*args, **constexprs, **options)
+        launch_jit(attn_bwd_kernel, grid, args, {**constexprs, **options})
     dq = dq_acc[:, :, :seqlen_q, :head_dim].transpose(1, 2)
     dq = dq.to(q.dtype, memory_format=torch.contiguous_format)
     return dq, dk, dv

@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from flashattn.kernels.launch import launch_jit
+
 
 @triton.jit
 def _row_stats_kernel(Out, DO, Lse, Lse2, Delta, stride_ob, stride_om, stride_oh,
@@ -47,8 +49,8 @@ def row_stats(out: torch.Tensor, dout: torch.Tensor, lse: torch.Tensor, seqlen_q
     lse2 = torch.empty((batch, n_heads, seqlen_q_pad), dtype=torch.float32, device=out.device)
     delta = torch.empty_like(lse2)
     block_m = 64
-    _row_stats_kernel[(triton.cdiv(seqlen_q_pad, block_m), batch * n_heads)](
+    launch_jit(_row_stats_kernel, (-(-seqlen_q_pad // block_m), batch * n_heads), (
         out, dout, lse, lse2, delta, out.stride(0), out.stride(1), out.stride(2),
-        dout.stride(0), dout.stride(1), dout.stride(2), n_heads, seqlen_q, seqlen_q_pad,
-        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_M=block_m)
+        dout.stride(0), dout.stride(1), dout.stride(2), n_heads, seqlen_q, seqlen_q_pad), dict(
+        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_M=block_m))
     return lse2, delta

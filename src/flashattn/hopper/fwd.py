@@ -17,6 +17,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from flashattn.hopper.config import FwdConfig, fwd_config
 from flashattn.hopper.fwd_kernel import attn_fwd_kernel
+from flashattn.kernels.launch import launch_jit
 
 LOG2E = 1.4426950408889634
 _GL_DTYPE = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
@@ -110,5 +111,5 @@ def flash_fwd_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softm
         q, k, v, out, lse, cfg, softmax_scale=softmax_scale, window_left=window_left,
         window_right=window_right, softcap=softcap, num_sms=_num_sms(index))
     with torch.cuda.device(q.device):
-        attn_fwd_kernel[(grid,)](*args, **constexprs, **options)
+        launch_jit(attn_fwd_kernel, (grid,), args, {**constexprs, **options})
     return out, lse, None

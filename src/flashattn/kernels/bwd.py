@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from flashattn.kernels import config
-from flashattn.kernels.launch import launch_tuned
+from flashattn.kernels.launch import launch_jit, launch_tuned
 from flashattn.kernels.masks import (LOG2E, dropout_keep, key_range, query_range, score_mod,
                                      score_scales, seq_bounds, visible_mask)
 from flashattn.philox import dropout_threshold
@@ -426,10 +426,10 @@ _dq_autotuned = config.autotune_bwd_q(_bwd_dq_kernel)
 def _preprocess(out, dout, delta, batch, seqlen_q, nheads, head_dim_v):
     """delta (batch, nheads, seqlen_q) = rowsum(dO * O); out/dout (batch, seqlen_q, h, d_v)."""
     pre_block = 64 if not config.INTERPRET else 16
-    _bwd_preprocess[(triton.cdiv(seqlen_q, pre_block), batch * nheads)](
+    launch_jit(_bwd_preprocess, (-(-seqlen_q // pre_block), batch * nheads), (
         out, dout, delta, out.stride(0), out.stride(1), out.stride(2),
-        dout.stride(0), dout.stride(1), dout.stride(2), nheads, seqlen_q,
-        HEAD_DIM_V=head_dim_v, BLOCK_DV=config.block_dim(head_dim_v), BLOCK_M=pre_block)
+        dout.stride(0), dout.stride(1), dout.stride(2), nheads, seqlen_q), dict(
+        HEAD_DIM_V=head_dim_v, BLOCK_DV=config.block_dim(head_dim_v), BLOCK_M=pre_block))
 
 
 def _row_strides(t: torch.Tensor, varlen: bool):

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from flashattn.kernels import config
+from flashattn.kernels.launch import launch_jit
 
 
 @triton.jit
@@ -86,15 +87,15 @@ def combine_splits(out_partial: torch.Tensor, lse_partial: torch.Tensor, out: to
     block_s = max(2, 1 << max(0, int(n_splits) - 1).bit_length())  # plain int: no JIT call
     block_dv = config.block_dim(d_v)
     chunk = min(block_s, 16 if block_dv <= 128 else 8)
-    _combine_kernel[(b * s_q * h,)](
+    launch_jit(_combine_kernel, (b * s_q * h,), (
         out_partial, lse_partial, out, lse, n_splits, s_q, h,
         out_partial.stride(0), out_partial.stride(1), out_partial.stride(2), out_partial.stride(3),
         *lse_partial.stride(),
         out.stride(0), out.stride(1), out.stride(2),
-        *lse.stride(),
+        *lse.stride()), dict(
         HEAD_DIM_V=d_v, BLOCK_DV=block_dv, BLOCK_S=block_s, SPLIT_CHUNK=chunk,
         num_warps=4 if block_dv * chunk >= 2048 else 2,
-    )
+    ))
 
 
 __all__ = ["combine_splits"]

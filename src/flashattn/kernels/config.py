@@ -7,6 +7,7 @@ Under ``TRITON_INTERPRET=1`` a single small config runs (the interpreter has one
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -153,7 +154,16 @@ def use_tma(*tensors: torch.Tensor) -> bool:
     if INTERPRET:
         return True
     t = tensors[0]
-    return t.is_cuda and torch.cuda.get_device_capability(t.device)[0] >= 9
+    if not t.is_cuda:
+        return False
+    index = t.device.index
+    return _capability_major(torch.cuda.current_device() if index is None else index) >= 9
+
+
+@functools.lru_cache(maxsize=None)
+def _capability_major(index: int) -> int:
+    # get_device_capability queries the device properties (~10 us per call on the H100 host)
+    return torch.cuda.get_device_capability(index)[0]
 
 
 def _scratch(size: int, alignment: int, stream):

@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from flashattn.kernels import config
+from flashattn.kernels.launch import launch_jit
 from flashattn.kernels.masks import LN2, LOG2E, key_range, score_mod, score_scales, visible_mask
 
 
@@ -388,7 +389,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     grid = (batch * nheads_k, m_blocks, num_splits)
     if use_tma:
         config.install_allocator()
-    _decode_kernel[grid](
+    launch_jit(_decode_kernel, grid, (
         q4, k_cache, v_cache, out_k, lse_k, seqlens_k,
         leftpad if leftpad is not None else dummy,
         batch_idx if batch_idx is not None else dummy,
@@ -401,7 +402,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         *o_strides, *l_strides,
         block_table.stride(0) if paged else 0, alibi_strides[0], alibi_strides[1],
         s_q_grid, int(seqlen_k_add), k_cache.shape[1], nheads_k,
-        float(softmax_scale), float(softcap), int(window_left), int(window_right),
+        float(softmax_scale), float(softcap), int(window_left), int(window_right)), dict(
         G=g, HEAD_DIM=d, HEAD_DIM_V=d_v,
         BLOCK_D=block_d, BLOCK_DV=block_dv,
         BLOCK_M=block_m, BLOCK_N=block_n, PAGE_SIZE=page_size,
@@ -410,7 +411,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         HAS_SOFTCAP=softcap > 0.0, HAS_ALIBI=alibi_slopes is not None,
         UPCAST=config.upcast_dots(q), DOT_PREC=config.dot_precision(q), USE_TMA=use_tma,
         num_warps=num_warps, num_stages=num_stages,
-    )
+    ))
     if num_splits > 1:
         from flashattn.kernels.combine import combine_splits
 

@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from flashattn.kernels.launch import launch_jit
 
 
 @triton.jit
@@ -112,7 +113,7 @@ def rotary_store(x: torch.Tensor, dst: torch.Tensor, seqlens: torch.Tensor, *,
     block_h = max(1, min(triton.next_power_of_2(nh), max(1, 4096 // block_d)))
     grid = (b * s, triton.cdiv(nh, block_h))
     dummy = seqlens
-    _rotary_store_kernel[grid](
+    launch_jit(_rotary_store_kernel, grid, (
         x, dst, cos if has_rot else x, sin if has_rot else x, seqlens,
         batch_idx if batch_idx is not None else dummy,
         block_table if paged else dummy,
@@ -120,12 +121,12 @@ def rotary_store(x: torch.Tensor, dst: torch.Tensor, seqlens: torch.Tensor, *,
         dst.stride(0), dst.stride(1), dst.stride(2),
         block_table.stride(0) if paged else 0,
         cos.stride(0) if has_rot else 0, sin.stride(0) if has_rot else 0,
-        s, nh, cos.shape[0] if has_rot else 0, cos.shape[1] if has_rot else 0, int(pos_step),
+        s, nh, cos.shape[0] if has_rot else 0, cos.shape[1] if has_rot else 0, int(pos_step)), dict(
         HEAD_DIM=d, BLOCK_D=block_d, BLOCK_H=block_h,
         HAS_ROTARY=has_rot, INTERLEAVED=bool(interleaved), DEST=dest,
         HAS_BATCH_IDX=batch_idx is not None, PAGE_SIZE=dst.shape[1] if paged else 1,
         num_warps=4,
-    )
+    ))
 
 
 __all__ = ["rotary_store"]

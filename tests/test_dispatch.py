@@ -275,6 +275,7 @@ def test_forward_routes_hopper_and_falls_back(env, fake_sm90, fake_hopper, monke
     from flashattn.hopper import support
     monkeypatch.setattr(support, "MIN_SEQLEN_K_DENSE", 0)  # tiny shapes: skip auto's speed rule
     monkeypatch.setattr(support, "MIN_SEQLEN_K_MASKED", 0)
+    monkeypatch.setattr(support, "MIN_SEQLEN_K_BWD_MASKED", 0)
     q = torch.randn(1, 5, 2, 64, dtype=torch.bfloat16, requires_grad=True)
     k = torch.randn(1, 6, 1, 64, dtype=torch.bfloat16, requires_grad=True)
     v = torch.randn(1, 6, 1, 64, dtype=torch.bfloat16, requires_grad=True)
@@ -305,18 +306,40 @@ def test_hopper_backward_env_switch_and_rules(env, monkeypatch):
     assert "dropout" in backward_unsupported(q, k, v, {**p, "dropout_p": 0.1})
 
 
-@pytest.mark.parametrize("backend,causal,seqlen_k,expected", [
-    ("auto", False, 1024, "portable"),   # short dense keys: portable measured faster
-    ("auto", False, 2048, "hopper"),
-    ("auto", True, 2048, "portable"),    # masked calls need longer keys to pay off
-    ("auto", True, 4096, "hopper"),
-    ("hopper", True, 512, "hopper"),     # forcing ignores the speed rule
+@pytest.mark.parametrize("backend,causal,seqlen_k,d,expected", [
+    ("auto", False, 512, 128, "portable"),   # short dense keys: portable measured faster
+    ("auto", False, 1024, 128, "hopper"),
+    ("auto", False, 1024, 256, "portable"),  # d = 256 pays off from 2k
+    ("auto", False, 2048, 256, "hopper"),
+    ("auto", True, 1024, 128, "portable"),   # masked calls need longer keys to pay off
+    ("auto", True, 2048, 128, "hopper"),
+    ("hopper", True, 512, 128, "hopper"),    # forcing ignores the speed rule
 ])
-def test_auto_keeps_short_keys_on_portable(env, monkeypatch, backend, causal, seqlen_k, expected):
+def test_auto_keeps_short_keys_on_portable(env, monkeypatch, backend, causal, seqlen_k, d,
+                                           expected):
     env(backend, None)
     monkeypatch.setattr(dispatch, "family_for", lambda t: "hopper")  # (fake) sm90 device
-    q = torch.empty((1, 256, 8, 128), dtype=torch.bfloat16, device="meta")
-    k = v = torch.empty((1, seqlen_k, 8, 128), dtype=torch.bfloat16, device="meta")
+    q = torch.empty((1, 256, 8, d), dtype=torch.bfloat16, device="meta")
+    k = v = torch.empty((1, seqlen_k, 8, d), dtype=torch.bfloat16, device="meta")
     params = _params(causal=causal, window_right=0 if causal else -1)
     family = dispatch.forward_family(q, k, v, **params)
     assert family == expected
+
+
+@pytest.mark.parametrize("backend,causal,seqlen_k,expected", [
+    ("auto", False, 512, "portable"),
+    ("auto", False, 1024, "hopper"),
+    ("auto", True, 1024, "portable"),
+    ("auto", True, 2048, "hopper"),
+    ("hopper", True, 512, "hopper"),     # forcing ignores the speed rule
+])
+def test_auto_backward_keeps_short_keys_on_portable(env, monkeypatch, backend, causal,
+                                                    seqlen_k, expected):
+    env(backend, None)
+    monkeypatch.setattr(dispatch, "family_for", lambda t: "hopper")  # (fake) sm90 device
+    monkeypatch.setattr(dispatch, "backend_for", lambda t: "portable")
+    q = _meta((1, 256, 8, 128))
+    k = v = _meta((1, seqlen_k, 8, 128))
+    params = _params(causal=causal, window_right=0 if causal else -1, deterministic=False)
+    del params["return_softmax"]
+    assert dispatch.backward_family(q, k, v, **params) == expected

@@ -186,9 +186,13 @@ def backward_family(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **params:
     ``FLASHATTN_HOPPER_BWD=0`` turns it off), else the device backend."""
     family = family_for(q)
     if family == "hopper":
-        from flashattn.hopper.support import backward_unsupported
+        from flashattn.hopper.support import backward_unsupported, slower_than_portable
 
         if backward_unsupported(q, k, v, params) is not None:
+            return backend_for(q)
+        # auto: short keys run faster on the portable backward (measured; see support.py)
+        if requested_backend() == "auto" and slower_than_portable(q, k, params,
+                                                                  backward=True) is not None:
             return backend_for(q)
     return family
 

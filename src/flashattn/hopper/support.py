@@ -99,23 +99,36 @@ def call_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return None
 
 
-# Below these key lengths the portable kernels measured faster on the H100 (bench grid of
-# 2026-11-22, session 2, 16k tokens per call): the persistent Hopper kernel pays its fixed costs
-# (descriptor set-up, tile queue, warp-role start) over too few key blocks per tile.
-# Dense: hopper/portable at s_k=1k was 0.56-0.94x, at 2k 1.08-1.54x. Masked (causal/window):
-# at 2k 0.77-1.08x, at 4k 1.09-1.37x.
-MIN_SEQLEN_K_DENSE = 2048
-MIN_SEQLEN_K_MASKED = 4096
+# Below these key lengths the portable kernels measured faster on the H100 (16k tokens per
+# call; benchmarks/NOTES.md, session 4, after the launch-overhead work): the Hopper kernels pay
+# fixed costs (descriptors, tile queue, warp-role start; the backward's dQ workspace and its
+# cast) over too few key blocks, and at s_k = 512 every call is host-bound anyway.
+# Forward hopper/portable, dense: d <= 128 at 1k 1.07-1.23x, at 512 0.79-1.03x; d = 256 at 1k
+# 0.94x, at 2k 1.42x. Masked (causal): at 1k 0.67-0.72x, at 2k 1.10-1.14x.
+# Backward, dense: at 1k 1.05-1.18x, at 512 0.68-1.0x; causal: at 1k 0.84-1.06x, at 2k 1.09-1.22x.
+MIN_SEQLEN_K_DENSE = 1024
+MIN_SEQLEN_K_DENSE_LARGE_D = 2048  # head dim > 128 (forward)
+MIN_SEQLEN_K_MASKED = 2048
+MIN_SEQLEN_K_BWD_DENSE = 1024
+MIN_SEQLEN_K_BWD_MASKED = 2048
 
 
-def slower_than_portable(q: torch.Tensor, k: torch.Tensor, params: Mapping[str, Any]) -> Optional[str]:
-    """Why ``dispatch`` in auto mode keeps this covered call on the portable kernels (measured
-    to be faster there), or None. FLASHATTN_BACKEND=hopper ignores this rule."""
+def slower_than_portable(q: torch.Tensor, k: torch.Tensor, params: Mapping[str, Any],
+                         backward: bool = False) -> Optional[str]:
+    """Why ``dispatch`` in auto mode keeps this covered call (forward, or ``backward``) on the
+    portable kernels (measured to be faster there), or None. FLASHATTN_BACKEND=hopper ignores
+    this rule."""
     seqlen_k = k.shape[1]
     masked = int(params.get("window_left", -1)) >= 0 or int(params.get("window_right", -1)) >= 0
-    need = MIN_SEQLEN_K_MASKED if masked else MIN_SEQLEN_K_DENSE
+    if backward:
+        need = MIN_SEQLEN_K_BWD_MASKED if masked else MIN_SEQLEN_K_BWD_DENSE
+    elif masked:
+        need = MIN_SEQLEN_K_MASKED
+    else:
+        need = MIN_SEQLEN_K_DENSE if q.shape[-1] <= 128 else MIN_SEQLEN_K_DENSE_LARGE_D
     if seqlen_k < need:
-        return f"seqlen_k {seqlen_k} < {need} ({'masked' if masked else 'dense'}): portable is faster there"
+        return (f"seqlen_k {seqlen_k} < {need} ({'backward, ' if backward else ''}"
+                f"{'masked' if masked else 'dense'}): portable is faster there")
     return None
 
 

@@ -202,8 +202,10 @@ _ENV_CONFIG = "FLASHATTN_DECODE_CONFIG"  # "BLOCK_N,num_warps,num_stages[,tma]":
 _ENV_SPLITS_PER_SM = "FLASHATTN_DECODE_WAVES"
 
 
-def launch_config(head_dim: int, elem_bytes: int, paged: bool) -> Tuple[int, int, int, bool]:
-    """(BLOCK_N, num_warps, num_stages, allow_tma) for the decode kernel."""
+def launch_config(head_dim: int, elem_bytes: int, paged: bool, long_unsplit: bool = False
+                  ) -> Tuple[int, int, int, bool]:
+    """(BLOCK_N, num_warps, num_stages, allow_tma) for the decode kernel; ``long_unsplit``:
+    the grid is full without splitting and every program streams >= 16k keys."""
     env = os.environ.get(_ENV_CONFIG, "").strip()
     if env:
         parts = [p.strip() for p in env.split(",")]
@@ -212,16 +214,21 @@ def launch_config(head_dim: int, elem_bytes: int, paged: bool) -> Tuple[int, int
         return bn, warps, stages, tma
     if config.INTERPRET:
         return 16, 4, 1, True
-    # Chosen from the sm_90 compile reports (benchmarks/decode_aot.py; no GPU run yet):
-    # contiguous, TMA, 64 keys x 4 stages = 3 K/V buffers, ~104 KB shared, 2 programs / SM;
-    # paged: the block-table load takes a pipeline stage, so 5 stages give 2 K/V buffers
-    # (~72 KB shared, 3 programs / SM). fp32 and d = 256 halve the tile to stay in shared.
+    # d <= 128, 16-bit: from the H100 sweep of session 4 (benchmarks/NOTES.md; CUDA-graph
+    # replays, GQA 32/8, the issue's five decode points). Contiguous: 64 keys x 3 stages over
+    # TMA (best at the four split / short points, +1-2 % over the former 64 x 4), and for long
+    # unsplit streams 128 keys x 3 stages with 8 warps (+1.3 % at (64, 32k); 64 x 3 loses 7 %
+    # there). Paged: 128 keys x 3 stages (3.03 TB/s at (64, 32k) page 16, was 2.55 with the
+    # former 64 x 5, within 2 % of the contiguous cache). d = 256 and fp32 were not swept: the
+    # compile-report choices (d = 256 halves the tile to stay in shared memory).
     d = max(16, _next_pow2(head_dim))
     if elem_bytes >= 4:
         # fp32 (exact IEEE dots): the TMA tile layout spills at any size; pointer loads do not
         return (32, 8, 3, False) if d <= 128 else (16, 8, 3, False)
     if d <= 128:
-        return (64, 4, 5, True) if paged else (64, 4, 4, True)
+        if paged:
+            return (128, 4, 3, True)
+        return (128, 8, 3, True) if long_unsplit else (64, 4, 3, True)
     return (32, 4, 5, True) if paged else (32, 4, 4, True)
 
 
@@ -242,14 +249,16 @@ MAX_SPLITS = 128
 
 
 def num_splits_heuristic(batch: int, nheads_k: int, m_blocks: int, max_seqlen_k: int,
-                         block_n: int, device: torch.device) -> int:
+                         block_n: int, device: torch.device, paged: bool = False) -> int:
     """Splits of the key range so that the grid fills the GPU (from shapes only).
 
     Programs without a split: ``batch * nheads_k * m_blocks``. When they already cover most
     multiprocessors, one split (no combine pass). Otherwise fill ``waves`` programs per
-    multiprocessor (FLASHATTN_DECODE_WAVES, default 2), never giving a split fewer than 4
-    key blocks (the fixed cost of loading
-    q and writing a partial row must stay small next to its K/V stream).
+    multiprocessor (FLASHATTN_DECODE_WAVES; default 1 for a contiguous cache, 2 paged: the
+    H100 sweep of session 4 measured +2-4 % for 1 over 2 contiguous at (1, 16k), (1, 128k)
+    and (8, 8k), and -5 to -15 % paged), never giving a split fewer than 4 key blocks (the
+    fixed cost of loading q and writing a partial row must stay small next to its K/V
+    stream).
     """
     sms = sm_count(device)
     base = max(1, batch * nheads_k * m_blocks)
@@ -258,7 +267,7 @@ def num_splits_heuristic(batch: int, nheads_k: int, m_blocks: int, max_seqlen_k:
         return 1
     # ``waves`` programs per SM are resident at once (shared memory allows 2-3): fill those
     # slots in one round; rounding down keeps the grid from spilling a sliver into a second.
-    waves = float(os.environ.get(_ENV_SPLITS_PER_SM, "2"))
+    waves = float(os.environ.get(_ENV_SPLITS_PER_SM, "") or (2 if paged else 1))
     want = int(waves * sms) // base
     return int(max(1, min(want, n_blocks // 4, MAX_SPLITS)))
 
@@ -297,8 +306,11 @@ def _launch_plan(d: int, d_v: int, elem_bytes: int, paged: bool, g: int, s_q_gri
     m_blocks = _cdiv(g * s_q_grid, block_m)
     if num_splits <= 0:
         num_splits = num_splits_heuristic(batch, nheads_k, m_blocks, max_seqlen_k, block_n,
-                                          device)
+                                          device, paged)
     num_splits = max(1, min(int(num_splits), MAX_SPLITS, _cdiv(max(1, max_seqlen_k), block_n)))
+    full_grid = batch * nheads_k * m_blocks >= 0.8 * sm_count(device)
+    if num_splits == 1 and full_grid and max_seqlen_k >= 16384:  # long unsplit streams
+        block_n, num_warps, num_stages, allow_tma = launch_config(d, elem_bytes, paged, True)
     return (block_n, num_warps, num_stages, allow_tma, block_m, m_blocks, num_splits,
             config.block_dim(d), config.block_dim(d_v))
 

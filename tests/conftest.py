@@ -45,6 +45,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped without one)")
     config.addinivalue_line("markers", "slow: larger CPU cases")
+    config.addinivalue_line("markers", "bigmem: GPU tests that take tens of GiB (run serially)")
     # numpy >= 1.25 deprecation raised inside triton's interpreter, thousands of times a test
     config.addinivalue_line(
         "filterwarnings", "ignore:Conversion of an array with ndim > 0:DeprecationWarning"

@@ -389,6 +389,7 @@ def test_dropout_matches_reference_gpu():
                          dropout_p=0.25, window=(200, 50)), device="cuda")
 
 
+@pytest.mark.bigmem  # tens of GiB: run alone (gpu_check.sh), not beside other workers
 @pytest.mark.gpu
 def test_over_2_31_elements_gpu():
     """q, k, v, out, dq, dk, dv each hold > 2**31 elements: offsets must be 64-bit.

@@ -155,6 +155,7 @@ def test_strided_inputs_and_persistent_many_tiles():
            lse[3:4, 6:8])
 
 
+@pytest.mark.bigmem  # tens of GiB: run alone (gpu_check.sh), not beside other workers
 def test_large_offsets():
     """b * h * s_q * d past 2**31 elements: 64-bit offsets in the lse store, TMA for the rest."""
     b, s, h, d = 1, 131072, 128, 128  # 2**31 elements of q

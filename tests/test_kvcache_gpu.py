@@ -103,6 +103,7 @@ def test_combine_many_splits_with_empty() -> None:
     assert torch.all(out[0, 0, 0] == 0)
 
 
+@pytest.mark.bigmem  # tens of GiB: run alone (gpu_check.sh), not beside other workers
 def test_paged_offsets_beyond_2_31() -> None:
     """Pages whose element offset passes 2**31 (64-bit addressing of the gather)."""
     page, h_k, d = 256, 1, 128

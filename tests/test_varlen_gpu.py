@@ -150,6 +150,7 @@ def test_qkvpacked_gpu():
     torch.testing.assert_close(dqkv, torch.stack(grads, dim=1), rtol=0, atol=5e-2)
 
 
+@pytest.mark.bigmem  # tens of GiB: run alone (gpu_check.sh), not beside other workers
 def test_over_2_31_elements_varlen_gpu():
     """Packed q, k, v, out and grads hold > 2**31 elements: row offsets must be 64-bit.
 

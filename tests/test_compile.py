@@ -156,13 +156,16 @@ def test_training_block_with_dropout_compiles(device):
         _assert_same(g, r, 1e-6)
 
 
-def test_decode_step_through_kvcache_op_compiles(device):
-    """A decode step (append to the cache in place + attention) through the fwd_kvcache op,
-    fullgraph: same output and same cache contents as eager flash_attn_with_kvcache."""
+@pytest.mark.parametrize("entry", ["flash_attn_with_kvcache", "ops.kvcache_attention"])
+def test_decode_step_through_kvcache_op_compiles(device, entry):
+    """A decode step (append to the cache in place + attention), fullgraph, through the public
+    function (which traces into the fwd_kvcache op) and through the op's drop-in: same output
+    and same cache contents as eager flash_attn_with_kvcache."""
+    fn = flashattn.flash_attn_with_kvcache if entry == "flash_attn_with_kvcache" else \
+        flashattn.ops.kvcache_attention
 
     def step(q, k_cache, v_cache, k, v, seqlens):
-        return flashattn.ops.kvcache_attention(q, k_cache, v_cache, k, v,
-                                               cache_seqlens=seqlens, causal=True)
+        return fn(q, k_cache, v_cache, k, v, cache_seqlens=seqlens, causal=True)
 
     q, k, v = torch.randn(2, 1, 4, 16), torch.randn(2, 1, 2, 16), torch.randn(2, 1, 2, 16)
     k_cache, v_cache = torch.randn(2, 12, 2, 16), torch.randn(2, 12, 2, 16)

@@ -88,3 +88,33 @@ def test_varlen_eager_path_is_bitwise_the_op_path(monkeypatch):
     assert calls
     assert torch.equal(out_fast, out_op)
     assert all(torch.equal(a, b) for a, b in zip(grads_fast, grads_op))
+
+
+def test_kvcache_eager_path_is_the_op_path(monkeypatch):
+    """flash_attn_with_kvcache: eager tensors skip the fwd_kvcache op's dispatch, anything else
+    goes through it; both append the same way and return the same bits."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 2, 4, 16, generator=g)
+    k, v = (torch.randn(2, 2, 2, 16, generator=g) for _ in range(2))
+    caches = [torch.randn(2, 9, 2, 16, generator=g) for _ in range(2)]
+    seqlens = torch.tensor([3, 6], dtype=torch.int32)
+    results = []
+    real_op = ops.fwd_kvcache
+    for eager in (True, False):
+        calls = []
+
+        def spy(*a, calls=calls, **kw):
+            calls.append(1)
+            return real_op(*a, **kw)
+
+        monkeypatch.setattr(ops, "fwd_kvcache", spy)
+        if not eager:
+            monkeypatch.setattr(ops, "_eager_call", lambda *t: False)
+        cs = [c.clone() for c in caches]
+        out, lse = flashattn.flash_attn_with_kvcache(q, *cs, k, v, cache_seqlens=seqlens,
+                                                     causal=True, return_softmax_lse=True)
+        assert bool(calls) == (not eager)
+        results.append((out, lse, cs))
+    (o1, l1, c1), (o2, l2, c2) = results
+    assert torch.equal(o1, o2) and torch.equal(l1, l2)
+    assert all(torch.equal(a, b) for a, b in zip(c1, c2))

@@ -169,7 +169,8 @@ def _kvcache_args(paged: bool):
         block_table = None
     cos, sin = torch.rand(12, 4), torch.rand(12, 4)
     seqlens = torch.tensor([3, 7], dtype=torch.int32)
-    return (q, k_cache, v_cache, k, v, cos, sin, seqlens, None, None, block_table, None, None,
+    # the op takes what kvcache._prepare returns: softmax_scale resolved (d ** -0.5)
+    return (q, k_cache, v_cache, k, v, cos, sin, seqlens, None, None, block_table, None, 0.25,
             True, -1, 0, 0.0, False, 0)
 
 

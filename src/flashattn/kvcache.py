@@ -107,6 +107,28 @@ def flash_attn_with_kvcache(
         out (batch, seqlen_q, nheads, headdim_v) in q's dtype, and with return_softmax_lse
         lse (batch, nheads, seqlen_q) float32 (-inf on rows that see no key; their out is 0).
     """
+    args = _prepare(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                    cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
+                    window_size, softcap, rotary_interleaved, alibi_slopes, num_splits)
+    return_softmax_lse = _v.check_bool(return_softmax_lse, "return_softmax_lse")
+    # plain eager tensors run the body directly (torch.library's dispatch costs tens of us per
+    # call, as for the dense ops); compile, export, modes and subclasses see the op
+    from flashattn import ops
+
+    if ops._eager_call(*(a for a in args[:12])):
+        out, lse = kvcache_fwd(*args)
+    else:
+        out, lse = ops.fwd_kvcache(*args)
+    return (out, lse) if return_softmax_lse else out
+
+
+def _prepare(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+             cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
+             rotary_interleaved, alibi_slopes, num_splits) -> tuple:
+    """Every argument check of :func:`flash_attn_with_kvcache` that needs no tensor value
+    (those run in :func:`kvcache_fwd`, at run time); returns the arguments of
+    :func:`kvcache_fwd` / ``ops.fwd_kvcache``: cache_seqlens as a (b,) int32 tensor or None,
+    softmax_scale resolved, window_size as two ints."""
     paged = block_table is not None
     _kv.check_cache(q, k_cache, v_cache, paged)
     batch, s_q, h, d = q.shape
@@ -132,26 +154,45 @@ def flash_attn_with_kvcache(
     rotary_interleaved = _v.check_bool(rotary_interleaved, "rotary_interleaved")
     _v.check_alibi_slopes(alibi_slopes, batch, h, device)
     num_splits = _kv.check_num_splits(num_splits)
-    return_softmax_lse = _v.check_bool(return_softmax_lse, "return_softmax_lse")
     if not paged and cache_batch_idx is None and k_cache.shape[0] < batch:
         raise ValueError(f"k_cache has {k_cache.shape[0]} rows but q has batch {batch}: pass "
                          "cache_batch_idx to map batch rows to cache rows, or a larger cache")
-
     if scale is None:
         scale = d ** -0.5
-    window_left, window_right = _normalize_window(causal, window, capacity)
+    # cache_seqlens as an int32 (b,) device tensor; from host ints only (graph friendly)
+    if cache_seqlens is not None and not isinstance(cache_seqlens, torch.Tensor):
+        cache_seqlens = torch.full((batch,), int(cache_seqlens), dtype=torch.int32,
+                                   device=device)
+    return (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+            cache_leftpad, block_table, alibi_slopes, float(scale), causal, int(window[0]),
+            int(window[1]), float(softcap), rotary_interleaved, num_splits)
+
+
+def kvcache_fwd(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor],
+                v: Optional[Tensor], rotary_cos: Optional[Tensor], rotary_sin: Optional[Tensor],
+                cache_seqlens: Optional[Tensor], cache_batch_idx: Optional[Tensor],
+                cache_leftpad: Optional[Tensor], block_table: Optional[Tensor],
+                alibi_slopes: Optional[Tensor], softmax_scale: float, causal: bool,
+                window_left: int, window_right: int, softcap: float, rotary_interleaved: bool,
+                num_splits: int) -> Tuple[Tensor, Tensor]:
+    """The body of :func:`flash_attn_with_kvcache` (and of the ``fwd_kvcache`` op) after the
+    argument checks of :func:`_prepare`: value checks where they are allowed
+    (``kvcache_validation.values_checkable``), the in-place append (with rotary), attention.
+    Returns out (b, s_q, h, d_v) and lse float32 (b, h, s_q)."""
+    batch, s_q, h, d = q.shape
+    device = q.device
+    capacity = _capacity(k_cache, block_table)
+    s_new = 0 if k is None else k.shape[1]
+    # flash-attn rotates each query token at its own position when causal or local (any window
+    # given, even one wider than the cache), else every token at cache_seqlens
+    rotary_q_step = 1 if (causal or (window_left, window_right) != (-1, -1)) else 0
+    window_left, window_right = _normalize_window(causal, (window_left, window_right), capacity)
     if s_q == 1 and window_right == 0:
         # one query row sits on the last key: a right edge of 0 hides nothing (no mask work)
         window_right = -1
-    rotary_q_step = 1 if (causal or window != (-1, -1)) else 0
-
-    # cache_seqlens as an int32 (b,) device tensor; from host ints only (graph friendly)
-    if cache_seqlens is None:
+    seqlens = cache_seqlens
+    if seqlens is None:
         seqlens = torch.full((batch,), capacity, dtype=torch.int32, device=device)
-    elif isinstance(cache_seqlens, torch.Tensor):
-        seqlens = cache_seqlens
-    else:
-        seqlens = torch.full((batch,), int(cache_seqlens), dtype=torch.int32, device=device)
 
     if _kv.values_checkable(seqlens, cache_leftpad, cache_batch_idx, block_table):
         _kv.check_values(seqlens, s_new, capacity, cache_leftpad, cache_batch_idx,
@@ -166,26 +207,24 @@ def flash_attn_with_kvcache(
         if s_new > 0 and batch > 0:
             _append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, rotary_interleaved,
                     seqlens, cache_batch_idx, block_table)
-        return (out, lse) if return_softmax_lse else out
+        return out, lse
 
     alibi_bh = _alibi_bh(alibi_slopes, batch, h)
     q_rot = q
     if s_new > 0:
         q_rot = _append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, rotary_interleaved,
                         seqlens, cache_batch_idx, block_table, rotary_q_step)
-    params = dict(softmax_scale=scale, window_left=window_left, window_right=window_right,
-                  softcap=softcap, alibi_slopes=alibi_bh, leftpad=cache_leftpad,
-                  batch_idx=cache_batch_idx, block_table=block_table)
+    params = dict(softmax_scale=softmax_scale, window_left=window_left,
+                  window_right=window_right, softcap=softcap, alibi_slopes=alibi_bh,
+                  leftpad=cache_leftpad, batch_idx=cache_batch_idx, block_table=block_table)
     if dispatch.backend_for(q) == "portable":
         from flashattn.kernels.decode import decode_attention
 
-        out, lse = decode_attention(q_rot, k_cache, v_cache, seqlens, s_new,
-                                    num_splits=num_splits, max_seqlen_k=capacity, **params)
-    else:
-        from flashattn.cpu_kvcache import kvcache_fwd
+        return decode_attention(q_rot, k_cache, v_cache, seqlens, s_new, num_splits=num_splits,
+                                max_seqlen_k=capacity, **params)
+    from flashattn.cpu_kvcache import kvcache_fwd as cpu_kvcache_fwd
 
-        out, lse = kvcache_fwd(q_rot, k_cache, v_cache, seqlens, s_new, **params)
-    return (out, lse) if return_softmax_lse else out
+    return cpu_kvcache_fwd(q_rot, k_cache, v_cache, seqlens, s_new, **params)
 
 
 def _append(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor,

@@ -473,10 +473,9 @@ def varlen_attention(
 
 # ---------------------------------------------------------------------------------------------
 # KV cache (flash_attn_with_kvcache) and the split combine (flash_attn_combine): forward-only
-# ops, so a compiled decode step traces through. kvcache.py has no separate backend call site
-# yet, so ``fwd_kvcache`` runs the public function (its argument checks run again, at run
-# time). To route the public function through this op, split its body after validation into
-# a plain ``kvcache._kvcache_fwd`` and call that here instead (else it would recurse).
+# ops, so a compiled decode step traces through. ``flash_attn_with_kvcache`` checks its
+# arguments (``kvcache._prepare``) and calls this op, or for plain eager tensors its body
+# ``kvcache.kvcache_fwd`` directly (no dispatch cost).
 # ---------------------------------------------------------------------------------------------
 @torch.library.custom_op("flashattn::fwd_kvcache", mutates_args=("k_cache", "v_cache"))
 def fwd_kvcache(
@@ -492,7 +491,7 @@ def fwd_kvcache(
     cache_leftpad: Optional[Tensor],
     block_table: Optional[Tensor],
     alibi_slopes: Optional[Tensor],
-    softmax_scale: Optional[float],
+    softmax_scale: float,
     causal: bool,
     window_left: int,
     window_right: int,
@@ -502,14 +501,14 @@ def fwd_kvcache(
 ) -> Tuple[Tensor, Tensor]:
     """``flash_attn_with_kvcache`` as an op: k / v (if given) are written into k_cache /
     v_cache in place. Returns out (b, s_q, h, d_v) in q's dtype and lse float32 (b, h, s_q),
-    contiguous. Arguments as the public function's (window_size split in two ints,
-    cache_seqlens a (b,) int32 tensor or None)."""
-    from flashattn.kvcache import flash_attn_with_kvcache
+    contiguous. Arguments as checked and normalised by ``kvcache._prepare`` (softmax_scale
+    resolved, window_size split in two ints, cache_seqlens a (b,) int32 tensor or None)."""
+    from flashattn.kvcache import kvcache_fwd
 
-    out, lse = flash_attn_with_kvcache(
-        q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-        cache_leftpad, block_table, softmax_scale, causal, (window_left, window_right), softcap,
-        rotary_interleaved, alibi_slopes, num_splits, return_softmax_lse=True)
+    out, lse = kvcache_fwd(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                           cache_batch_idx, cache_leftpad, block_table, alibi_slopes,
+                           softmax_scale, causal, window_left, window_right, softcap,
+                           rotary_interleaved, num_splits)
     return _fresh(out, lse)  # type: ignore[return-value]
 
 
@@ -534,14 +533,15 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[T
                       window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                       rotary_interleaved: bool = True, alibi_slopes: Optional[Tensor] = None,
                       num_splits: int = 0, return_softmax_lse: bool = False):
-    """``flash_attn_with_kvcache`` (same signature and returns) through the ``fwd_kvcache`` op."""
-    if cache_seqlens is not None and not isinstance(cache_seqlens, Tensor):
-        cache_seqlens = torch.full((q.shape[0],), int(cache_seqlens), dtype=torch.int32,
-                                   device=q.device)
-    out, lse = fwd_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                           cache_batch_idx, cache_leftpad, block_table, alibi_slopes,
-                           softmax_scale, causal, int(window_size[0]), int(window_size[1]),
-                           softcap, rotary_interleaved, num_splits)
+    """``flash_attn_with_kvcache`` (same signature, checks and returns) always through the
+    ``fwd_kvcache`` op, eager tensors included (the public function skips the op's dispatch
+    for those)."""
+    from flashattn.kvcache import _prepare
+
+    out, lse = fwd_kvcache(*_prepare(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
+                                     cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                                     softmax_scale, causal, window_size, softcap,
+                                     rotary_interleaved, alibi_slopes, num_splits))
     return (out, lse) if return_softmax_lse else out
 
 

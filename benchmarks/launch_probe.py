@@ -24,10 +24,8 @@ import io
 import json
 import os
 import pstats
-import statistics
 import sys
-import time
-from typing import Callable, Dict, List
+from typing import Callable, Dict
 
 import torch
 
@@ -36,6 +34,7 @@ import triton  # noqa: E402
 from triton.runtime import jit as _jit  # noqa: E402
 
 import flashattn  # noqa: E402
+from overhead_probe import per_call_us  # noqa: E402  (this folder is on sys.path)
 
 _RECORDED: Dict[str, tuple] = {}
 _orig_run = _jit.JITFunction.run
@@ -45,20 +44,6 @@ def _recording_run(self, *args, grid, warmup, **kwargs):
     if not warmup:
         _RECORDED[getattr(self, "__name__", repr(self))] = (self, args, grid, dict(kwargs))
     return _orig_run(self, *args, grid=grid, warmup=warmup, **kwargs)
-
-
-def per_call_us(fn: Callable[[], object], calls: int, reps: int) -> float:
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    times: List[float] = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) / calls * 1e6)
-    return round(statistics.median(times), 2)
 
 
 def workloads() -> Dict[str, Callable[[], object]]:

@@ -357,13 +357,14 @@ def test_decode_host_helpers_match_triton():
 
     import triton
 
+    from flashattn.kernels import config
     from flashattn.kernels import decode as _dec
 
     for n in range(0, 300):
         if n > 0:  # callers pass >= 1 (triton's gives 0 for 0, ours 1)
-            assert _dec._next_pow2(n) == triton.next_power_of_2(n), n
+            assert config.next_pow2(n) == triton.next_power_of_2(n), n
         for b in (1, 3, 16, 64):
-            assert _dec._cdiv(n, b) == triton.cdiv(n, b), (n, b)
+            assert config.cdiv(n, b) == triton.cdiv(n, b), (n, b)
     cpu = torch.device("cpu")
     plan = _dec._launch_plan(128, 128, 2, False, 4, 1, 1, 8, 16384, 0, cpu, "", "")
     assert plan[6] == _dec.num_splits_heuristic(1, 8, plan[5], 16384, plan[0], cpu)

@@ -51,10 +51,14 @@ def check_cache(q: Any, k_cache: Any, v_cache: Any, paged: bool) -> None:
                          f"{tuple(k_cache.shape)}")
     for x, n in ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache")):
         _v._check_last_dim_contiguous(x, n)
-    # dense rules (dtype, device, heads, head dims) on q against one cache row, as views
+    # dense rules (dtype, device, heads, head dims) on q against the cache rows, as views with
+    # q's batch (the caches themselves when their row count already is q's: no view to build)
     b = q.shape[0]
-    k_view = k_cache[:1].expand(max(b, 1), -1, -1, -1)[:b]
-    v_view = v_cache[:1].expand(max(b, 1), -1, -1, -1)[:b]
+    if not paged and k_cache.shape[0] == b:
+        k_view, v_view = k_cache, v_cache
+    else:
+        k_view = k_cache[:1].expand(max(b, 1), -1, -1, -1)[:b]
+        v_view = v_cache[:1].expand(max(b, 1), -1, -1, -1)[:b]
     _v.check_qkv(q, k_view, v_view, ("q", "k_cache", "v_cache"))
 
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
-import triton
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from flashattn.hopper.config import BwdConfig, bwd_config
 from flashattn.hopper.fwd import LOG2E, _desc, padded_head_dim
+from flashattn.kernels.config import cdiv
 from flashattn.kernels.launch import launch_jit
 
 # dQ accumulates by TMA reduce-add (or fp32 atomics): not bitwise repeatable, so
@@ -71,7 +71,7 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
         CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
     )
     options = dict(num_warps=4, maxnreg=cfg.maxnreg)
-    grid = (triton.cdiv(seqlen_k, cfg.block_n), batch * n_heads_k)
+    grid = (cdiv(seqlen_k, cfg.block_n), batch * n_heads_k)
     return args, constexprs, options, grid
 
 
@@ -99,7 +99,7 @@ def flash_bwd_hopper(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     dout = _tma_ready(dout)
     if out.stride(-1) != 1:
         out = out.contiguous()
-    seqlen_q_pad = triton.cdiv(seqlen_q, cfg.block_m) * cfg.block_m
+    seqlen_q_pad = cdiv(seqlen_q, cfg.block_m) * cfg.block_m
     lse2, delta = row_stats(out, dout, lse.contiguous(), seqlen_q_pad)
     d_pad = padded_head_dim(head_dim)
     dq_acc = torch.zeros((batch, n_heads, seqlen_q_pad, d_pad), dtype=torch.float32,

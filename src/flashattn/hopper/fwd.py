@@ -7,16 +7,15 @@ no dropout / alibi / return_softmax, TMA-aligned strides, sm90).
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
-import triton
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from flashattn.hopper.config import FwdConfig, fwd_config
 from flashattn.hopper.fwd_kernel import attn_fwd_kernel
+from flashattn.kernels.config import cdiv, next_pow2
 from flashattn.kernels.launch import launch_jit
 
 LOG2E = 1.4426950408889634
@@ -33,7 +32,7 @@ def _num_sms(index: int) -> int:
 def padded_head_dim(head_dim: int) -> int:
     """TMA boxes are powers of two: d = 96 / 192 load as 128 / 256 columns, zero-filled past d
     (zeros add nothing to QK^T, give zero O columns, and the TMA store drops them)."""
-    return triton.next_power_of_2(head_dim)
+    return next_pow2(head_dim)
 
 
 def _desc(t: torch.Tensor, rows: int) -> TensorDescriptor:
@@ -60,7 +59,7 @@ def launch_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Te
     batch, seqlen_q, n_heads, head_dim = q.shape
     _, seqlen_k, n_heads_k, _ = k.shape
     half_m = cfg.block_m // 2
-    n_m_blocks = triton.cdiv(seqlen_q, cfg.block_m)
+    n_m_blocks = cdiv(seqlen_q, cfg.block_m)
     n_bh = batch * n_heads
     n_tiles = n_bh * n_m_blocks
     has_softcap = softcap > 0.0

@@ -479,8 +479,8 @@ def _bwd_passes(dout, q, k, v, lse, delta, dq, dk, dv, n_seqs, seqlen_q, seqlen_
 
     def grid_kv(meta):
         if varlen:
-            return (n_seqs * nheads_k, triton.cdiv(seqlen_k, meta["BLOCK_N"]))
-        return (triton.cdiv(seqlen_k, meta["BLOCK_N"]), n_seqs * nheads_k)
+            return (n_seqs * nheads_k, config.cdiv(seqlen_k, meta["BLOCK_N"]))
+        return (config.cdiv(seqlen_k, meta["BLOCK_N"]), n_seqs * nheads_k)
 
     dtypes = (q.dtype, k.dtype, v.dtype, dout.dtype, dq_acc.dtype, alibi_arg.dtype)
     launch_tuned(
@@ -496,8 +496,8 @@ def _bwd_passes(dout, q, k, v, lse, delta, dq, dk, dv, n_seqs, seqlen_q, seqlen_
 
     def grid_q(meta):
         if varlen:
-            return (n_seqs * nheads, triton.cdiv(seqlen_q, meta["BLOCK_M"]))
-        return (triton.cdiv(seqlen_q, meta["BLOCK_M"]), n_seqs * nheads)
+            return (n_seqs * nheads, config.cdiv(seqlen_q, meta["BLOCK_M"]))
+        return (config.cdiv(seqlen_q, meta["BLOCK_M"]), n_seqs * nheads)
 
     launch_tuned(
         _dq_autotuned, grid_q, (bucket, *dtypes),

@@ -84,7 +84,7 @@ def combine_splits(out_partial: torch.Tensor, lse_partial: torch.Tensor, out: to
         return
     if out_partial.stride(-1) != 1:
         out_partial = out_partial.contiguous()
-    block_s = max(2, 1 << max(0, int(n_splits) - 1).bit_length())  # plain int: no JIT call
+    block_s = max(2, config.next_pow2(n_splits))
     block_dv = config.block_dim(d_v)
     chunk = min(block_s, 16 if block_dv <= 128 else 8)
     launch_jit(_combine_kernel, (b * s_q * h,), (

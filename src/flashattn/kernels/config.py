@@ -21,14 +21,25 @@ def atomic_dq_enabled() -> bool:
     return os.environ.get("FLASHATTN_ATOMIC_DQ", "0") == "1"
 
 
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for host ints. (``triton.cdiv`` / ``triton.next_power_of_2`` are JIT
+    functions: each host-side call costs ~2 us, several per attention call.)"""
+    return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    """Smallest power of two >= n, for host ints n >= 1 (1 for n <= 1)."""
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
 def block_dim(head_dim: int) -> int:
     """Padded head-dim tile: a power of two, at least 16 (tl.dot's minimum K)."""
-    return max(16, triton.next_power_of_2(head_dim))
+    return max(16, next_pow2(head_dim))
 
 
 def seq_bucket(seqlen_q: int, seqlen_k: int) -> int:
     """Autotune key for sequence length: next power of two of the longer side, capped."""
-    return min(triton.next_power_of_2(max(seqlen_q, seqlen_k, 1)), 16384)
+    return min(next_pow2(max(seqlen_q, seqlen_k, 1)), 16384)
 
 
 def upcast_dots(t: torch.Tensor) -> bool:

@@ -221,7 +221,7 @@ def launch_config(head_dim: int, elem_bytes: int, paged: bool, long_unsplit: boo
     # there). Paged: 128 keys x 3 stages (3.03 TB/s at (64, 32k) page 16, was 2.55 with the
     # former 64 x 5, within 2 % of the contiguous cache). d = 256 and fp32 were not swept: the
     # compile-report choices (d = 256 halves the tile to stay in shared memory).
-    d = max(16, _next_pow2(head_dim))
+    d = max(16, config.next_pow2(head_dim))
     if elem_bytes >= 4:
         # fp32 (exact IEEE dots): the TMA tile layout spills at any size; pointer loads do not
         return (32, 8, 3, False) if d <= 128 else (16, 8, 3, False)
@@ -262,7 +262,7 @@ def num_splits_heuristic(batch: int, nheads_k: int, m_blocks: int, max_seqlen_k:
     """
     sms = sm_count(device)
     base = max(1, batch * nheads_k * m_blocks)
-    n_blocks = _cdiv(max(1, max_seqlen_k), block_n)
+    n_blocks = config.cdiv(max(1, max_seqlen_k), block_n)
     if base >= 0.8 * sms or n_blocks < 8:
         return 1
     # ``waves`` programs per SM are resident at once (shared memory allows 2-3): fill those
@@ -274,16 +274,7 @@ def num_splits_heuristic(batch: int, nheads_k: int, m_blocks: int, max_seqlen_k:
 
 def block_m_for(rows: int) -> int:
     """Rows of the packed query tile: the whole group x positions up to 64 (tl.dot needs 16)."""
-    return max(16, min(64, _next_pow2(max(1, rows))))
-
-
-def _cdiv(a: int, b: int) -> int:
-    # plain Python: triton.cdiv is a JIT function whose host-side call costs ~2 us
-    return -(-a // b)
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
+    return max(16, min(64, config.next_pow2(max(1, rows))))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -303,11 +294,11 @@ def _launch_plan(d: int, d_v: int, elem_bytes: int, paged: bool, g: int, s_q_gri
     """
     block_n, num_warps, num_stages, allow_tma = launch_config(d, elem_bytes, paged)
     block_m = block_m_for(g * s_q_grid)
-    m_blocks = _cdiv(g * s_q_grid, block_m)
+    m_blocks = config.cdiv(g * s_q_grid, block_m)
     if num_splits <= 0:
         num_splits = num_splits_heuristic(batch, nheads_k, m_blocks, max_seqlen_k, block_n,
                                           device, paged)
-    num_splits = max(1, min(int(num_splits), MAX_SPLITS, _cdiv(max(1, max_seqlen_k), block_n)))
+    num_splits = max(1, min(int(num_splits), MAX_SPLITS, config.cdiv(max(1, max_seqlen_k), block_n)))
     full_grid = batch * nheads_k * m_blocks >= 0.8 * sm_count(device)
     if num_splits == 1 and full_grid and max_seqlen_k >= 16384:  # long unsplit streams
         block_n, num_warps, num_stages, allow_tma = launch_config(d, elem_bytes, paged, True)
@@ -392,7 +383,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         q_strides = q.stride()[:3]
 
     page_size = k_cache.shape[1] if paged else 1
-    use_tma = (allow_tma and not paged and k_cache.stride(1) > 0
+    k_strides = k_cache.stride()
+    use_tma = (allow_tma and not paged and k_strides[1] > 0
                and config.use_tma(k_cache, v_cache)
                and (d * q.element_size()) % 16 == 0 and (d_v * q.element_size()) % 16 == 0
                and d == block_d and d_v == block_dv)
@@ -409,8 +401,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         alibi_slopes if alibi_slopes is not None else lse,
         cu_seqlens_q if varlen else dummy,
         *q_strides,
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        *k_strides[:3], *v_cache.stride()[:3],
         *o_strides, *l_strides,
         block_table.stride(0) if paged else 0, alibi_strides[0], alibi_strides[1],
         s_q_grid, int(seqlen_k_add), k_cache.shape[1], nheads_k,

@@ -13,7 +13,6 @@ end exit (``flash_varlen_fwd``).
 """
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
@@ -301,8 +300,8 @@ def _launch_fwd(q, k, v, out, lse, p_mat, strides, n_seqs, seqlen_q, seqlen_k, l
 
     def grid(meta):
         if varlen:
-            return (n_seqs * nheads, triton.cdiv(seqlen_q, meta["BLOCK_M"]))
-        return (triton.cdiv(seqlen_q, meta["BLOCK_M"]), n_seqs * nheads)
+            return (n_seqs * nheads, config.cdiv(seqlen_q, meta["BLOCK_M"]))
+        return (config.cdiv(seqlen_q, meta["BLOCK_M"]), n_seqs * nheads)
 
     config.install_allocator()
     bucket = config.seq_bucket(seqlen_q, seqlen_k)

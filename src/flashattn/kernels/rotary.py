@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from flashattn.kernels import config
 from flashattn.kernels.launch import launch_jit
 
 
@@ -109,9 +110,9 @@ def rotary_store(x: torch.Tensor, dst: torch.Tensor, seqlens: torch.Tensor, *,
     paged = block_table is not None
     dest = 0 if not to_cache else (2 if paged else 1)
     has_rot = cos is not None
-    block_d = triton.next_power_of_2(d)
-    block_h = max(1, min(triton.next_power_of_2(nh), max(1, 4096 // block_d)))
-    grid = (b * s, triton.cdiv(nh, block_h))
+    block_d = config.next_pow2(d)
+    block_h = max(1, min(config.next_pow2(nh), max(1, 4096 // block_d)))
+    grid = (b * s, config.cdiv(nh, block_h))
     dummy = seqlens
     launch_jit(_rotary_store_kernel, grid, (
         x, dst, cos if has_rot else x, sin if has_rot else x, seqlens,

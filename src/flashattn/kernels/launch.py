@@ -59,6 +59,7 @@ _JIT_RUN = JITFunction.run  # Triton's own, as imported (the AOT recorder patche
 # A/B switch of benchmarks/launch_probe.py, which flips this attribute)
 FAST_LAUNCH = os.environ.get("FLASHATTN_FAST_LAUNCH", "1") != "0"
 
+
 def _has_hooks(hook: Any) -> bool:
     # Triton 3.6 keeps a HookChain here, empty unless a profiler (proton) added a hook
     return hook is not None and bool(getattr(hook, "calls", True))

@@ -115,7 +115,7 @@ def flash_attn_with_kvcache(
     # call, as for the dense ops); compile, export, modes and subclasses see the op
     from flashattn import ops
 
-    if ops._eager_call(*(a for a in args[:12])):
+    if ops._eager_call(*args[:12]):  # the tensor arguments
         out, lse = kvcache_fwd(*args)
     else:
         out, lse = ops.fwd_kvcache(*args)

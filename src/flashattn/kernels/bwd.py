@@ -426,7 +426,7 @@ _dq_autotuned = config.autotune_bwd_q(_bwd_dq_kernel)
 def _preprocess(out, dout, delta, batch, seqlen_q, nheads, head_dim_v):
     """delta (batch, nheads, seqlen_q) = rowsum(dO * O); out/dout (batch, seqlen_q, h, d_v)."""
     pre_block = 64 if not config.INTERPRET else 16
-    launch_jit(_bwd_preprocess, (-(-seqlen_q // pre_block), batch * nheads), (
+    launch_jit(_bwd_preprocess, (config.cdiv(seqlen_q, pre_block), batch * nheads), (
         out, dout, delta, out.stride(0), out.stride(1), out.stride(2),
         dout.stride(0), dout.stride(1), dout.stride(2), nheads, seqlen_q), dict(
         HEAD_DIM_V=head_dim_v, BLOCK_DV=config.block_dim(head_dim_v), BLOCK_M=pre_block))

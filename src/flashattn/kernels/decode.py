@@ -298,7 +298,8 @@ def _launch_plan(d: int, d_v: int, elem_bytes: int, paged: bool, g: int, s_q_gri
     if num_splits <= 0:
         num_splits = num_splits_heuristic(batch, nheads_k, m_blocks, max_seqlen_k, block_n,
                                           device, paged)
-    num_splits = max(1, min(int(num_splits), MAX_SPLITS, config.cdiv(max(1, max_seqlen_k), block_n)))
+    num_splits = max(1, min(int(num_splits), MAX_SPLITS,
+                            config.cdiv(max(1, max_seqlen_k), block_n)))
     full_grid = batch * nheads_k * m_blocks >= 0.8 * sm_count(device)
     if num_splits == 1 and full_grid and max_seqlen_k >= 16384:  # long unsplit streams
         block_n, num_warps, num_stages, allow_tma = launch_config(d, elem_bytes, paged, True)

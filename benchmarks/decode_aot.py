@@ -62,8 +62,9 @@ def compile_captured(fn, args, kwargs, force: Dict[str, Any] | None = None):
 
     kwargs = dict(kwargs)
     kwargs.update(force or {})
-    options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages") if k in kwargs}
     names = list(fn.arg_names)
+    # launch options (num_warps, num_stages, launch_pdl, ...): every keyword not a parameter
+    options = {k: kwargs.pop(k) for k in list(kwargs) if k not in names}
     signature, consts, attrs = {}, {}, {}
     for i, (name, value) in enumerate(zip(names, args)):
         # the JIT's own specialisation: 16-divisible ints / 16-aligned pointers, ints == 1

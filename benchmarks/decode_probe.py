@@ -71,6 +71,7 @@ def main() -> int:
     ap.add_argument("--configs", default="")
     ap.add_argument("--waves", default="")
     ap.add_argument("--points", default="")
+    ap.add_argument("--env", default="", help="variants 'NAME=VALUE;...' (one variant each)")
     ap.add_argument("--no-paged", action="store_true")
     ap.add_argument("--graph", action="store_true", help="time CUDA-graph replays (all impls)")
     args = ap.parse_args()
@@ -84,6 +85,9 @@ def main() -> int:
         variants.append((f"cfg={c}", {"FLASHATTN_DECODE_CONFIG": c}))
     for w in [w for w in args.waves.split(",") if w.strip()]:
         variants.append((f"waves={w}", {"FLASHATTN_DECODE_WAVES": w}))
+    for e in [e for e in args.env.split(";") if e.strip()]:
+        name, _, value = e.partition("=")
+        variants.append((e, {name.strip(): value.strip()}))
     t0 = time.monotonic()
     rows = []
     dev = "cuda"

@@ -32,8 +32,27 @@ ABLATIONS = {
     "no_intra_overlap": dict(intra_overlap=False),
     "no_persistent": dict(persistent=False),
     "static_sched": dict(dynamic=False),  # persistent, round-robin (causal only differs)
+    "no_ws": dict(warp_specialized=False),  # no producer warp: warpgroup 0 issues the loads
     "stages3_o_in_q": dict(num_stages=3, separate_o=False),  # d=128: deeper K/V ring
 }
+
+
+def _parse_extra(spec):
+    """'name=field:value,...;...' -> {name: {field: value}} with FwdConfig's field types."""
+    import dataclasses
+
+    from flashattn.hopper.config import FwdConfig
+
+    types = {f.name: {"int": int, "bool": bool}[str(f.type)] for f in dataclasses.fields(FwdConfig)}
+    out = {}
+    for item in [x for x in spec.split(";") if x]:
+        name, _, kv = item.partition("=")
+        ov = {}
+        for pair in [p for p in kv.split(",") if p]:
+            key, _, val = pair.partition(":")
+            ov[key] = val.lower() in ("1", "true", "yes") if types[key] is bool else types[key](val)
+        out[name] = ov
+    return out
 
 
 def _params(d, causal):
@@ -134,6 +153,9 @@ def main():
     ap.add_argument("--portable", type=int, default=1)
     ap.add_argument("--points", default="", help="d:causal:s,... instead of the d x causal x s grid")
     ap.add_argument("--variants", default="", help="comma list of ABLATIONS names to time at every point")
+    ap.add_argument("--extra", default="",
+                    help="more fwd variants 'name=field:value,...;...' (FwdConfig overrides), "
+                         "added to ABLATIONS so --variants can name them")
     ap.add_argument("--repeat", type=int, default=1, help="interleaved timings per variant (median)")
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--rep", type=int, default=40)
@@ -141,6 +163,7 @@ def main():
     os.environ.setdefault("FLASHATTN_AUTOTUNE", "0")
     if args.mode == "bwd":
         return _bwd_main(args)
+    ABLATIONS.update(_parse_extra(args.extra))
     rows = []
     t0 = time.time()
     ablate = [int(x) for x in args.ablate.split(",") if x]
@@ -175,6 +198,11 @@ def main():
                     variants = {n: o for n, o in variants.items() if n != "static_sched"}
                 if d != 128:
                     variants = {n: o for n, o in variants.items() if n != "stages3_o_in_q"}
+                for name, ov in variants.items():  # every variant computes the same thing
+                    if ov:
+                        o_v, _, _ = flash_fwd_hopper(q, k, v, config_overrides=ov, **p)
+                        row[f"diff_{name}"] = (o_v.float() - out.float()).abs().max().item()
+                        del o_v
                 times = {name: [] for name in variants}
                 for _ in range(args.repeat):  # interleaved, so drift hits every variant alike
                     for name, ov in variants.items():
@@ -199,7 +227,7 @@ def main():
     print(f"\n{'d':>4} {'causal':>6} {'s':>6} {'hopper':>7} {'cudnn':>7} {'ratio':>6} {'portable':>8}"
           f" {'err':>8}  variants (pingpong on / no_intra / no_persistent [/ static_sched] [/ stages3])")
     for r in rows:
-        abl = " / ".join(f"{r[f'hopper_{n}']:.0f}" for n in list(ABLATIONS)[1:] if f"hopper_{n}" in r)
+        abl = " / ".join(f"{n} {r[f'hopper_{n}']:.0f}" for n in list(ABLATIONS)[1:] if f"hopper_{n}" in r)
         print(f"{r['d']:>4} {int(r['causal']):>6} {r['s']:>6} {r['hopper']:>7.0f} {r['cudnn']:>7.0f}"
               f" {r['ratio_cudnn']:>6.3f} {r.get('portable', 0):>8.0f} {r['max_err']:>8.1e}  {abl}")
     print(f"total {time.time() - t0:.0f} s; {torch.cuda.get_device_name()}, torch {torch.__version__},"

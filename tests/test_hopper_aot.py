@@ -33,7 +33,8 @@ VARIANTS = (
        (128, "bfloat16", False, (-1, -1), 30.0, None),
        (256, "bfloat16", True, (-1, -1), 30.0, None),
        (128, "bfloat16", True, (-1, -1), 0.0, {"pingpong": True}),
-       (128, "bfloat16", True, (-1, -1), 0.0, {"intra_overlap": False})]
+       (128, "bfloat16", True, (-1, -1), 0.0, {"intra_overlap": False}),
+       (128, "bfloat16", False, (-1, -1), 0.0, {"warp_specialized": False})]
 )
 
 
@@ -96,10 +97,13 @@ def test_fwd_variant_compiles_without_spills(variant, reports, capsys):
     allowed = SPILL_ALLOWANCE.get(rep["key"], 0)
     assert rep["spills"] <= allowed, f"{rep['key']}: {rep['spills']} bytes of spills/stack"
     assert rep["shared"] <= SMEM_LIMIT
+    assert rep["wgmma"] and rep["tma"] and rep["ex2"]
+    if (variant[5] or {}).get("warp_specialized") is False:  # the no-producer ablation
+        assert rep["num_warps"] == 8
+        return
     assert rep["num_warps"] == 12  # 2 consumer warpgroups + the producer's (padded) warpgroup
     # the techniques are really there: wgmma, TMA, register reallocation (producer down to
     # 24, consumers up to 240), exp2
-    assert rep["wgmma"] and rep["tma"] and rep["ex2"]
     assert 24 in rep["setmaxnreg"] and 240 in rep["setmaxnreg"]
 
 

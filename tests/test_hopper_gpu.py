@@ -130,9 +130,12 @@ def test_features(d, dtype, causal, window, softcap, shape):
 
 @pytest.mark.parametrize("overrides", [dict(pingpong=True), dict(intra_overlap=False),
                                        dict(persistent=False), dict(dynamic=False),
-                                       dict(pingpong=True, intra_overlap=False)],
+                                       dict(pingpong=True, intra_overlap=False),
+                                       dict(warp_specialized=False),
+                                       dict(warp_specialized=False, num_stages=3,
+                                            separate_o=False)],
                          ids=["pingpong", "no_intra_overlap", "not_persistent", "static_sched",
-                              "pingpong_no_intra"])
+                              "pingpong_no_intra", "no_ws", "no_ws_stages3"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_ablation_variants_are_exact(overrides, causal):
     """The ablation switches change the schedule, never the function."""

@@ -30,6 +30,9 @@ class FwdConfig:
     intra_overlap: bool = True
     persistent: bool = True
     dynamic: bool = True  # persistent tile queue for causal / windowed calls
+    # Ablation only (benchmarks/NOTES.md): False drops the producer warp; consumer warpgroup 0
+    # issues the TMA loads between its own GEMMs (static tile order).
+    warp_specialized: bool = True
 
     def smem_bytes(self, head_dim: int, elem: int = 2) -> int:
         head_dim = 1 << (head_dim - 1).bit_length()  # TMA boxes are powers of two

@@ -63,7 +63,8 @@ def launch_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Te
     n_bh = batch * n_heads
     n_tiles = n_bh * n_m_blocks
     has_softcap = softcap > 0.0
-    dynamic = cfg.dynamic and window_right >= 0 and cfg.persistent
+    # the tile queue's next index reaches the consumers through the producer warp
+    dynamic = cfg.dynamic and window_right >= 0 and cfg.persistent and cfg.warp_specialized
     counter = torch.zeros(1, dtype=torch.int32, device=q.device) if dynamic else lse
     args = [
         _desc(q, half_m), _desc(k, cfg.block_n), _desc(v, cfg.block_n), _desc(out, half_m), lse,
@@ -80,9 +81,11 @@ def launch_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Te
         HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, HAS_SOFTCAP=has_softcap,
         LONGEST_FIRST=window_right >= 0, PINGPONG=cfg.pingpong,
         INTRA_OVERLAP=cfg.intra_overlap, SEPARATE_O=cfg.separate_o, DYNAMIC=dynamic,
+        NO_WS=not cfg.warp_specialized,
         CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
     )
-    options = dict(num_warps=4, maxnreg=cfg.maxnreg)
+    # without the producer warp the kernel has 8 warps: 240 registers each fit the file
+    options = dict(num_warps=4, maxnreg=cfg.maxnreg if cfg.warp_specialized else 240)
     grid = min(num_sms, n_tiles) if cfg.persistent else n_tiles
     return args, constexprs, options, grid
 

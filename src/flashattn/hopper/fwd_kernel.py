@@ -24,6 +24,13 @@ Scheduling knobs (constexpr, for the ablation table in benchmarks/NOTES.md):
                    (longest remaining) tile when they finish one.
     Persistence is a launch choice (grid = #SMs, or one CTA per tile). The producer hands each
     tile index to the consumers through shared memory with Q's barrier.
+    NO_WS          ablation only: no producer warp; consumer warpgroup 0 issues the TMA loads
+                   between its own GEMMs (static tile order). Measured -35..-45 % at d=128.
+
+Every Gluon ``mbarrier.arrive`` from a consumer is a warpgroup ``bar.sync`` followed by a
+one-thread arrive (Triton's lowering): each K or V release costs one warpgroup barrier, which
+is where ncu's "CTA barrier" stalls of this kernel come from. Releasing K and V of a slot with
+one arrive after PV was measured slower (K's slot refills a block later: NOTES).
 """
 from __future__ import annotations
 
@@ -47,12 +54,8 @@ def _producer(descs, smem, bars, problem, window, tile_counter, BLOCK_M: gl.cons
     q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn = bars
     seqlen_q, seqlen_k, n_heads, group_size, n_bh, n_m_blocks, n_tiles, heads_per_group = problem
     window_left, window_right = window
-    HALF_M: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
-    NUM_STAGES: gl.constexpr = k_smem.shape[0]
 
-    q_bytes: gl.constexpr = q_desc.block_type.nbytes
-    kv_bytes: gl.constexpr = k_desc.block_type.nbytes
     kv_count = 0
     tile_iter = 0
     tile = gl.program_id(0)
@@ -66,10 +69,7 @@ def _producer(descs, smem, bars, problem, window, tile_counter, BLOCK_M: gl.cons
         # released the previous tile's Q). The tile index rides along in shared memory.
         mbarrier.wait(q_empty, (tile_iter & 1) ^ 1)
         _publish_tile(tile_slot, tile)
-        mbarrier.expect(q_ready, 2 * q_bytes)
-        tma.async_copy_global_to_shared(q_desc, [b, m_start, h, 0], q_ready, q_smem.index(0))
-        tma.async_copy_global_to_shared(q_desc, [b, m_start + HALF_M, h, 0], q_ready,
-                                        q_smem.index(1))
+        _load_q(q_desc, q_smem, q_ready, b, h, m_start)
         if DYNAMIC:
             # next tile from the global queue (tiles are ordered longest first); its latency
             # hides behind this tile's K/V loads
@@ -77,24 +77,46 @@ def _producer(descs, smem, bars, problem, window, tile_counter, BLOCK_M: gl.cons
         else:
             next_tile = tile + gl.num_programs(0)
         for j in range(n_blocks):
-            stage = kv_count % NUM_STAGES
-            phase = (kv_count // NUM_STAGES) & 1
-            n_start = (lo_blk + j) * BLOCK_N
-            mbarrier.wait(k_empty.index(stage), phase ^ 1)
-            mbarrier.expect(k_ready.index(stage), kv_bytes)
-            tma.async_copy_global_to_shared(k_desc, [b, n_start, h_k, 0], k_ready.index(stage),
-                                            k_smem.index(stage))
-            mbarrier.wait(v_empty.index(stage), phase ^ 1)
-            mbarrier.expect(v_ready.index(stage), kv_bytes)
-            tma.async_copy_global_to_shared(v_desc, [b, n_start, h_k, 0], v_ready.index(stage),
-                                            v_smem.index(stage))
-            kv_count += 1
+            kv_count = _load_kv(descs, smem, bars, kv_count, b, (lo_blk + j) * BLOCK_N, h_k)
         tile_iter += 1
         tile = next_tile
     # no more tiles: tell the consumers (an index >= n_tiles, published like the others)
     mbarrier.wait(q_empty, (tile_iter & 1) ^ 1)
     _publish_tile(tile_slot, tile)
     mbarrier.arrive(q_ready)
+
+
+@gluon.jit
+def _load_q(q_desc, q_smem, q_ready, b, h, m_start):
+    """TMA loads of a tile's Q, both halves (one per consumer) on ``q_ready``; the caller has
+    waited for ``q_empty``."""
+    HALF_M: gl.constexpr = q_desc.block_type.shape[1]
+    mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [b, m_start, h, 0], q_ready, q_smem.index(0))
+    tma.async_copy_global_to_shared(q_desc, [b, m_start + HALF_M, h, 0], q_ready,
+                                    q_smem.index(1))
+
+
+@gluon.jit
+def _load_kv(descs, smem, bars, kv_count, b, n_start, h_k):
+    """TMA loads of key block ``n_start`` (K, then V) into ring slot ``kv_count % NUM_STAGES``,
+    each once both consumers have released the slot. Returns ``kv_count + 1``."""
+    q_desc, k_desc, v_desc, o_desc = descs
+    q_smem, k_smem, v_smem, o_smem, tile_slot = smem
+    q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn = bars
+    NUM_STAGES: gl.constexpr = k_smem.shape[0]
+    kv_bytes: gl.constexpr = k_desc.block_type.nbytes
+    stage = kv_count % NUM_STAGES
+    phase = (kv_count // NUM_STAGES) & 1
+    mbarrier.wait(k_empty.index(stage), phase ^ 1)
+    mbarrier.expect(k_ready.index(stage), kv_bytes)
+    tma.async_copy_global_to_shared(k_desc, [b, n_start, h_k, 0], k_ready.index(stage),
+                                    k_smem.index(stage))
+    mbarrier.wait(v_empty.index(stage), phase ^ 1)
+    mbarrier.expect(v_ready.index(stage), kv_bytes)
+    tma.async_copy_global_to_shared(v_desc, [b, n_start, h_k, 0], v_ready.index(stage),
+                                    v_smem.index(stage))
+    return kv_count + 1
 
 
 @gluon.jit
@@ -130,8 +152,12 @@ def _turn_pass(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
 def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, lse_ptr,
               BLOCK_M: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
               LONGEST_FIRST: gl.constexpr, PINGPONG: gl.constexpr, INTRA_OVERLAP: gl.constexpr,
-              SEPARATE_O: gl.constexpr, DYNAMIC: gl.constexpr):
-    """One consumer warpgroup: rows [WG * HALF_M, (WG + 1) * HALF_M) of every tile."""
+              SEPARATE_O: gl.constexpr, DYNAMIC: gl.constexpr, NO_WS: gl.constexpr):
+    """One consumer warpgroup: rows [WG * HALF_M, (WG + 1) * HALF_M) of every tile.
+
+    NO_WS (ablation only): there is no producer warp; warpgroup 0 issues the TMA loads itself,
+    NUM_STAGES key blocks ahead, at the end of each key block (FA2-style software pipelining
+    inside the compute warps), and both warpgroups walk the static round-robin tile order."""
     q_desc, k_desc, v_desc, o_desc = descs
     q_smem, k_smem, v_smem, o_smem, tile_slot = smem
     q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn = bars
@@ -168,14 +194,27 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, lse_
     s_zero = gl.zeros([HALF_M, BLOCK_N], gl.float32, S_LAYOUT)
     q_view = q_smem.index(WG).reshape([HALF_M, HEAD_DIM])
     o_view = o_smem.index(WG).reshape([HALF_M, HEAD_DIM])
-    mbarrier.wait(q_ready, 0)
-    tile = _read_tile(tile_slot)
+    load_count = 0  # NO_WS: key blocks whose loads warpgroup 0 has issued
+    if NO_WS:
+        tile = gl.program_id(0)
+    else:
+        mbarrier.wait(q_ready, 0)
+        tile = _read_tile(tile_slot)
     while tile < n_tiles:
         b, h, m_block = tile_coords(tile, n_m_blocks, n_heads, n_bh, heads_per_group, LONGEST_FIRST)
         m_start = m_block * BLOCK_M
         row0 = m_start + WG * HALF_M
         lo_blk, n_blocks = key_block_range(m_start, seqlen_q, seqlen_k, window_left, window_right,
                                            BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+        h_k = h // group_size
+        if NO_WS:
+            if WG == 0:  # this tile's Q and the first NUM_STAGES key blocks
+                mbarrier.wait(q_empty, (tile_iter & 1) ^ 1)
+                _load_q(q_desc, q_smem, q_ready, b, h, m_start)
+                for i in range(gl.minimum(n_blocks, NUM_STAGES)):
+                    load_count = _load_kv(descs, smem, bars, load_count, b,
+                                          (lo_blk + i) * BLOCK_N, h_k)
+            mbarrier.wait(q_ready, tile_iter & 1)
         m_i = gl.full([HALF_M], float("-inf"), gl.float32, ROW_S)
         l_i = gl.zeros([HALF_M], gl.float32, ROW_S)
         acc = gl.zeros([HALF_M, HEAD_DIM], gl.float32, O_LAYOUT)
@@ -241,6 +280,11 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, lse_
                 if INTRA_OVERLAP:
                     acc = warpgroup_mma_wait(0, deps=(acc_tok,))
                     mbarrier.arrive(v_empty.index(prev_stage))
+                if NO_WS:
+                    if WG == 0:  # block j - 1's slot is free once the other warpgroup agrees
+                        if j - 1 + NUM_STAGES < n_blocks:
+                            load_count = _load_kv(descs, smem, bars, load_count, b,
+                                                  (lo_blk + j - 1 + NUM_STAGES) * BLOCK_N, h_k)
                 acc = acc * gl.expand_dims(gl.convert_layout(alpha, ROW_O), 1)
                 p_op = gl.convert_layout(p.to(dtype), P_LAYOUT)
                 prev_stage = stage
@@ -275,8 +319,11 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, lse_
             tma.store_wait(0)
             mbarrier.arrive(q_empty)  # O went out through Q's slot
         tile_iter += 1
-        mbarrier.wait(q_ready, tile_iter & 1)
-        tile = _read_tile(tile_slot)
+        if NO_WS:
+            tile += gl.num_programs(0)
+        else:
+            mbarrier.wait(q_ready, tile_iter & 1)
+            tile = _read_tile(tile_slot)
     tma.store_wait(0)
 
 
@@ -289,7 +336,7 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
                     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
                     LONGEST_FIRST: gl.constexpr, PINGPONG: gl.constexpr,
                     INTRA_OVERLAP: gl.constexpr, SEPARATE_O: gl.constexpr, DYNAMIC: gl.constexpr,
-                    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                    NO_WS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     """Persistent warp-specialised attention forward (see module docstring).
 
     Descriptors are rank 4 over (batch, seq, head, dim) with boxes [1, rows, 1, HEAD_DIM]:
@@ -337,16 +384,27 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
     problem = (seqlen_q, seqlen_k, n_heads, group_size, n_bh, n_m_blocks, n_tiles, heads_per_group)
     window = (window_left, window_right)
     scales = (qk_scale, softcap_inv, softcap_log2)
-    gl.warp_specialize([
-        # constexpr flags go one by one: packed in a tuple they would reach the worker
-        # partitions as i1 values, not constants
-        (_consumer, (0, descs, smem, bars, problem, window, scales, lse_ptr, BLOCK_M, HAS_LEFT,
-                     HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG, INTRA_OVERLAP, SEPARATE_O,
-                     DYNAMIC)),
-        (_consumer, (1, descs, smem, bars, problem, window, scales, lse_ptr, BLOCK_M, HAS_LEFT,
-                     HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG, INTRA_OVERLAP, SEPARATE_O,
-                     DYNAMIC)),
-        (_producer, (descs, smem, bars, problem, window, tile_counter, BLOCK_M, HAS_LEFT,
-                     HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG, INTRA_OVERLAP, SEPARATE_O,
-                     DYNAMIC)),
-    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    # constexpr flags go one by one: packed in a tuple they would reach the worker partitions
+    # as i1 values, not constants. (The partition lists are written out twice: a function
+    # cannot be bound to a variable inside a Gluon kernel.)
+    if NO_WS:
+        gl.warp_specialize([
+            (_consumer, (0, descs, smem, bars, problem, window, scales, lse_ptr, BLOCK_M,
+                         HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
+                         INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS)),
+            (_consumer, (1, descs, smem, bars, problem, window, scales, lse_ptr, BLOCK_M,
+                         HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
+                         INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS)),
+        ], [4], [CONSUMER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer, (0, descs, smem, bars, problem, window, scales, lse_ptr, BLOCK_M,
+                         HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
+                         INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS)),
+            (_consumer, (1, descs, smem, bars, problem, window, scales, lse_ptr, BLOCK_M,
+                         HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
+                         INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS)),
+            (_producer, (descs, smem, bars, problem, window, tile_counter, BLOCK_M, HAS_LEFT,
+                         HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG, INTRA_OVERLAP,
+                         SEPARATE_O, DYNAMIC)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

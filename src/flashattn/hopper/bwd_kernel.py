@@ -47,6 +47,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton._C.libtriton import ir
 from triton.experimental.gluon.language._core import builtin
 
+from flashattn.hopper.ring import ring_load
 from flashattn.hopper.softmax import tanh_f32
 
 
@@ -212,8 +213,6 @@ def _producer(descs, smem, bars, problem, window, ptrs, BLOCK_M: gl.constexpr,
     tma.async_copy_global_to_shared(v_desc, [b, n_start, h_k, 0], kv_ready, v_smem)
     lo_blk, n_blocks = query_block_range(n_start, seqlen_q, seqlen_k, window_left, window_right,
                                          BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
-    q_bytes: gl.constexpr = q_desc.block_type.nbytes
-    do_bytes: gl.constexpr = do_desc.block_type.nbytes
     it = 0
     for g in range(group_size):
         h = h_k * group_size + g
@@ -226,14 +225,8 @@ def _producer(descs, smem, bars, problem, window, ptrs, BLOCK_M: gl.constexpr,
             rows = m_start + gl.arange(0, BLOCK_M, layout=STAT_LAYOUT)
             lse2 = gl.load(lse2_ptr + stats_base + rows)
             delta = gl.load(delta_ptr + stats_base + rows)
-            mbarrier.wait(q_empty.index(stage), phase ^ 1)
-            mbarrier.expect(q_ready.index(stage), q_bytes)
-            tma.async_copy_global_to_shared(q_desc, [b, m_start, h, 0], q_ready.index(stage),
-                                            q_smem.index(stage))
-            mbarrier.wait(do_empty.index(stage), phase ^ 1)
-            mbarrier.expect(do_ready.index(stage), do_bytes)
-            tma.async_copy_global_to_shared(do_desc, [b, m_start, h, 0], do_ready.index(stage),
-                                            do_smem.index(stage))
+            ring_load(q_desc, [b, m_start, h, 0], q_smem, q_ready, q_empty, stage, phase)
+            ring_load(do_desc, [b, m_start, h, 0], do_smem, do_ready, do_empty, stage, phase)
             # the slot's previous statistics were read before both consumers released Q and dO
             lse_smem.index(stage).store(lse2)
             delta_smem.index(stage).store(delta)
@@ -422,7 +415,6 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
     Grid (cdiv(s_k, BLOCK_N), b * h_k), num_warps = 4 (the default partition is consumer 0).
     """
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
-    D_PAD: gl.constexpr = q_desc.block_type.shape[3]
     k_smem = gl.allocate_shared_memory(k_desc.dtype, k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, v_desc.block_type.shape, v_desc.layout)
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_STAGES] + q_desc.block_type.shape,

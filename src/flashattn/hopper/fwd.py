@@ -6,7 +6,6 @@ no dropout / alibi / return_softmax, TMA-aligned strides, sm90).
 """
 from __future__ import annotations
 
-import functools
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -15,18 +14,13 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from flashattn.hopper.config import FwdConfig, fwd_config
 from flashattn.hopper.fwd_kernel import attn_fwd_kernel
-from flashattn.kernels.config import cdiv, next_pow2
+from flashattn.kernels.config import cdiv, next_pow2, sm_count
 from flashattn.kernels.launch import launch_jit
 
 LOG2E = 1.4426950408889634
 _GL_DTYPE = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 # K/V bytes of the heads that run at the same time should stay in L2 (50 MB on H100)
 _L2_KV_BUDGET = 24 * 2**20
-
-
-@functools.lru_cache(maxsize=None)
-def _num_sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def padded_head_dim(head_dim: int) -> int:
@@ -108,10 +102,9 @@ def flash_fwd_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softm
     cfg = fwd_config(head_dim, softcap > 0.0, **(config_overrides or {}))
     out = torch.empty((batch, seqlen_q, n_heads, head_dim), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, n_heads, seqlen_q), dtype=torch.float32, device=q.device)
-    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
     args, constexprs, options, grid = launch_args(
         q, k, v, out, lse, cfg, softmax_scale=softmax_scale, window_left=window_left,
-        window_right=window_right, softcap=softcap, num_sms=_num_sms(index))
+        window_right=window_right, softcap=softcap, num_sms=sm_count(q.device))
     with torch.cuda.device(q.device):
         launch_jit(attn_fwd_kernel, (grid,), args, {**constexprs, **options})
     return out, lse, None

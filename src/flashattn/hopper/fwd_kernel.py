@@ -39,6 +39,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                                warpgroup_mma, warpgroup_mma_wait)
 
+from flashattn.hopper.ring import ring_load
 from flashattn.hopper.softmax import LN2, apply_softcap, mask_scores, online_softmax
 from flashattn.hopper.tiles import block_needs_mask, key_block_range, tile_coords
 
@@ -105,17 +106,10 @@ def _load_kv(descs, smem, bars, kv_count, b, n_start, h_k):
     q_smem, k_smem, v_smem, o_smem, tile_slot = smem
     q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn = bars
     NUM_STAGES: gl.constexpr = k_smem.shape[0]
-    kv_bytes: gl.constexpr = k_desc.block_type.nbytes
     stage = kv_count % NUM_STAGES
     phase = (kv_count // NUM_STAGES) & 1
-    mbarrier.wait(k_empty.index(stage), phase ^ 1)
-    mbarrier.expect(k_ready.index(stage), kv_bytes)
-    tma.async_copy_global_to_shared(k_desc, [b, n_start, h_k, 0], k_ready.index(stage),
-                                    k_smem.index(stage))
-    mbarrier.wait(v_empty.index(stage), phase ^ 1)
-    mbarrier.expect(v_ready.index(stage), kv_bytes)
-    tma.async_copy_global_to_shared(v_desc, [b, n_start, h_k, 0], v_ready.index(stage),
-                                    v_smem.index(stage))
+    ring_load(k_desc, [b, n_start, h_k, 0], k_smem, k_ready, k_empty, stage, phase)
+    ring_load(v_desc, [b, n_start, h_k, 0], v_smem, v_ready, v_empty, stage, phase)
     return kv_count + 1
 
 
@@ -347,7 +341,6 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
     Launch with num_warps=4 (the default partition is consumer 0) and
     grid = min(#SMs, n_tiles) (or n_tiles: not persistent).
     """
-    HALF_M: gl.constexpr = BLOCK_M // 2
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [NUM_STAGES] + k_desc.block_type.shape,
                                        k_desc.layout)

@@ -172,6 +172,19 @@ def use_tma(*tensors: torch.Tensor) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """Multiprocessors of ``device`` (a small fixed number under the interpreter / on CPU).
+    Cached per device: the property query costs microseconds on every call otherwise."""
+    if device.type != "cuda":
+        return 16
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
 def _capability_major(index: int) -> int:
     # get_device_capability queries the device properties (~10 us per call on the H100 host)
     return torch.cuda.get_device_capability(index)[0]

@@ -232,19 +232,6 @@ def launch_config(head_dim: int, elem_bytes: int, paged: bool, long_unsplit: boo
     return (32, 4, 5, True) if paged else (32, 4, 4, True)
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def sm_count(device: torch.device) -> int:
-    """Multiprocessors of ``device`` (a small fixed number under the interpreter / on CPU)."""
-    if device.type != "cuda":
-        return 16
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    return _sm_count(idx)
-
-
 MAX_SPLITS = 128
 
 
@@ -260,7 +247,7 @@ def num_splits_heuristic(batch: int, nheads_k: int, m_blocks: int, max_seqlen_k:
     fixed cost of loading q and writing a partial row must stay small next to its K/V
     stream).
     """
-    sms = sm_count(device)
+    sms = config.sm_count(device)
     base = max(1, batch * nheads_k * m_blocks)
     n_blocks = config.cdiv(max(1, max_seqlen_k), block_n)
     if base >= 0.8 * sms or n_blocks < 8:
@@ -300,7 +287,7 @@ def _launch_plan(d: int, d_v: int, elem_bytes: int, paged: bool, g: int, s_q_gri
                                           device, paged)
     num_splits = max(1, min(int(num_splits), MAX_SPLITS,
                             config.cdiv(max(1, max_seqlen_k), block_n)))
-    full_grid = batch * nheads_k * m_blocks >= 0.8 * sm_count(device)
+    full_grid = batch * nheads_k * m_blocks >= 0.8 * config.sm_count(device)
     if num_splits == 1 and full_grid and max_seqlen_k >= 16384:  # long unsplit streams
         block_n, num_warps, num_stages, allow_tma = launch_config(d, elem_bytes, paged, True)
     return (block_n, num_warps, num_stages, allow_tma, block_m, m_blocks, num_splits,
@@ -424,4 +411,4 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
 
 __all__ = ["decode_attention", "num_splits_heuristic", "launch_config", "block_m_for",
-           "sm_count", "MAX_SPLITS"]
+           "MAX_SPLITS"]

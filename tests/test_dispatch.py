@@ -284,8 +284,8 @@ def test_forward_routes_hopper_and_falls_back(env, fake_sm90, fake_hopper, monke
 
 
 def test_hopper_backward_env_switch_and_rules(env, monkeypatch):
-    """FLASHATTN_HOPPER_BWD=0 keeps the backward portable; d > 128 and deterministic=True are
-    not covered by the Hopper backward (reason strings name them)."""
+    """FLASHATTN_HOPPER_BWD=0 keeps the backward portable; head dims outside 64/96/128/192/256
+    and deterministic=True are not covered by the Hopper backward (reason strings name them)."""
     from flashattn.hopper.support import backward_unsupported
 
     env("hopper", None)
@@ -301,8 +301,11 @@ def test_hopper_backward_env_switch_and_rules(env, monkeypatch):
     assert dispatch.backward_family(q, k, v, **p) == "portable"
     monkeypatch.delenv("FLASHATTN_HOPPER_BWD")
     assert "deterministic" in backward_unsupported(q, k, v, {**p, "deterministic": True})
-    big = _meta((1, 5, 2, 256))
-    assert "head dim" in backward_unsupported(big, big, big, p)
+    for d in (64, 96, 192, 256):  # 192 / 256: bwd_wide_kernel.py
+        x = _meta((1, 5, 2, d))
+        assert backward_unsupported(x, x, x, p) is None
+    odd = _meta((1, 5, 2, 80))
+    assert "head dim" in backward_unsupported(odd, odd, odd, p)
     assert "dropout" in backward_unsupported(q, k, v, {**p, "dropout_p": 0.1})
 
 

@@ -90,7 +90,7 @@ def _check(q, k, v, params, grads, dout):
 # ---------------------------------------------------------------------------------------------
 _SHAPES = [(2, 1024, 1024, 4, 4), (1, 257, 771, 4, 2), (2, 700, 300, 6, 1), (1, 1, 513, 2, 2),
            (3, 129, 129, 2, 1)]
-_CORE = [(d, dt, causal, shape) for d in (64, 128) for dt in (torch.bfloat16, torch.float16)
+_CORE = [(d, dt, causal, shape) for d in (64, 128, 256) for dt in (torch.bfloat16, torch.float16)
          for causal in (False, True) for shape in _SHAPES]
 
 
@@ -117,6 +117,16 @@ _EXTRA = [
     (128, torch.float16, True, (-1, -1), 15.0, (1, 511, 1023, 4, 1)),
     (64, torch.float16, False, (200, 200), 20.0, (2, 1000, 1000, 2, 2)),
     (64, torch.bfloat16, True, (-1, -1), 0.0, (1, 1000, 200, 8, 1)),  # many rows see no key
+    # bwd_wide_kernel.py (d = 192 runs as 256, zero-padded)
+    (192, torch.bfloat16, False, (-1, -1), 0.0, (2, 600, 600, 4, 2)),
+    (192, torch.float16, True, (-1, -1), 0.0, (1, 333, 555, 4, 4)),
+    (256, torch.bfloat16, False, (100, 50), 0.0, (2, 1000, 1000, 4, 2)),
+    (256, torch.float16, True, (37, -1), 0.0, (1, 513, 1025, 2, 2)),
+    (192, torch.bfloat16, False, (-1, 10), 0.0, (1, 777, 300, 2, 2)),
+    (256, torch.bfloat16, False, (-1, -1), 30.0, (2, 800, 800, 4, 4)),
+    (192, torch.float16, True, (-1, -1), 15.0, (1, 511, 1023, 4, 1)),
+    (256, torch.float16, False, (200, 200), 20.0, (2, 1000, 1000, 2, 2)),
+    (256, torch.bfloat16, True, (-1, -1), 0.0, (1, 1000, 200, 8, 1)),
 ]
 
 
@@ -182,7 +192,8 @@ def _end_to_end(monkeypatch, d=128, h=4, h_k=2, **kw):
     return q, k, v
 
 
-def test_dispatch_picks_hopper_backward(monkeypatch):
+@pytest.mark.parametrize("d", [128, 256])
+def test_dispatch_picks_hopper_backward(monkeypatch, d):
     calls = []
     from flashattn.hopper import bwd as hopper_bwd
     real = hopper_bwd.flash_bwd_hopper
@@ -192,9 +203,9 @@ def test_dispatch_picks_hopper_backward(monkeypatch):
         return real(*a, **kw)
 
     monkeypatch.setattr(hopper_bwd, "flash_bwd_hopper", spy)
-    q, k, v = _end_to_end(monkeypatch)
+    q, k, v = _end_to_end(monkeypatch, d=d)
     assert calls == ["hopper"]
-    p = _params(128, True)
+    p = _params(d, True)
     assert dispatch.backward_family(q, k, v, deterministic=False, **p) == "hopper"
     monkeypatch.setenv("FLASHATTN_HOPPER_BWD", "0")
     assert dispatch.backward_family(q, k, v, deterministic=False, **p) == "portable"
@@ -203,7 +214,7 @@ def test_dispatch_picks_hopper_backward(monkeypatch):
     assert dispatch.backward_family(q, k, v, deterministic=False, **p) == "portable"
 
 
-@pytest.mark.parametrize("what", ["deterministic", "d256", "hopper_bwd_off"])
+@pytest.mark.parametrize("what", ["deterministic", "deterministic_d256", "hopper_bwd_off"])
 def test_uncovered_backward_falls_back(monkeypatch, what):
     calls = []
     from flashattn.hopper import bwd as hopper_bwd
@@ -216,6 +227,6 @@ def test_uncovered_backward_falls_back(monkeypatch, what):
     monkeypatch.setattr(hopper_bwd, "flash_bwd_hopper", spy)
     if what == "hopper_bwd_off":
         monkeypatch.setenv("FLASHATTN_HOPPER_BWD", "0")
-    kw = dict(deterministic=True) if what == "deterministic" else {}
-    _end_to_end(monkeypatch, d=256 if what == "d256" else 128, **kw)
+    kw = dict(deterministic=True) if what.startswith("deterministic") else {}
+    _end_to_end(monkeypatch, d=256 if what.endswith("d256") else 128, **kw)
     assert calls == []

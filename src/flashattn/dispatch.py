@@ -8,8 +8,7 @@ Backends (all take the normalised parameters of ``docs/internals.md``)::
     hopper    Gluon kernels for sm90 (flashattn.hopper): the forward of the calls they cover
               (fp16/bf16, head dims 64/96/128/192/256, causal, window, softcap, GQA, no dropout,
               alibi or return_softmax, TMA-aligned strides) and the backward of those with
-              d <= 128 and deterministic=False (``FLASHATTN_HOPPER_BWD=0`` turns the Hopper
-              backward off). Everything else falls back to ``portable``.
+              deterministic=False (``FLASHATTN_HOPPER_BWD=0`` turns the Hopper backward off). Everything else falls back to ``portable``.
 
 ``FLASHATTN_BACKEND`` = ``auto`` (default) | ``portable`` | ``cpu`` | ``hopper`` forces a path.
 ``auto`` and ``hopper`` use the Hopper kernels on an sm90 device for the calls they cover;
@@ -182,7 +181,8 @@ def forward_family(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **params: 
 def backward_family(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **params: Any) -> str:
     """The family whose backward runs this call: 'hopper' when the device allows it and the
     Hopper backward covers the call (``flashattn.hopper.support.backward_unsupported``:
-    fp16/bf16, d <= 128, no dropout / alibi, ``deterministic=False``, TMA-aligned strides;
+    fp16/bf16, d in 64/96/128/192/256, no dropout / alibi, ``deterministic=False``, TMA-aligned
+    strides;
     ``FLASHATTN_HOPPER_BWD=0`` turns it off), else the device backend."""
     family = family_for(q)
     if family == "hopper":

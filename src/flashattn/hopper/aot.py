@@ -113,17 +113,14 @@ def compile_bwd_variant(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, c
                         window: tuple = (-1, -1), softcap: float = 0.0,
                         overrides: Optional[Dict[str, Any]] = None) -> CompileReport:
     """Compile one backward variant for sm_90 (no GPU needed) and report its resources."""
-    from flashattn.hopper.bwd import launch_args
-    from flashattn.hopper.bwd_kernel import attn_bwd_kernel
+    from flashattn.hopper.bwd import bwd_kernel_for, dq_workspace, launch_args
     from flashattn.hopper.config import bwd_config
 
     cfg = bwd_config(head_dim, **(overrides or {}))
     b, s, h = 2, 1000, 4
     q = torch.empty((b, s, h, head_dim), dtype=dtype)
-    lse = torch.empty((b, h, s), dtype=torch.float32)
-    d_pad = 1 << (head_dim - 1).bit_length()
     s_pad = -(-s // cfg.block_m) * cfg.block_m
-    dq_acc = torch.empty((b, h, s_pad, d_pad), dtype=torch.float32)
+    dq_acc = dq_workspace(q, s_pad)
     lse = torch.empty((b, h, s_pad), dtype=torch.float32)
     window_left, window_right = window
     if causal:
@@ -131,7 +128,7 @@ def compile_bwd_variant(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, c
     args, constexprs, options, _ = launch_args(
         q, q, q, q, lse, lse, dq_acc, q, q, cfg, softmax_scale=head_dim ** -0.5,
         window_left=window_left, window_right=window_right, softcap=softcap)
-    return _compile(attn_bwd_kernel, args, constexprs, options,
+    return _compile(bwd_kernel_for(head_dim), args, constexprs, options,
                     _bwd_variant_key(head_dim, dtype, causal, window, softcap, overrides))
 
 

@@ -30,14 +30,40 @@ def _tma_ready(t: torch.Tensor) -> torch.Tensor:
     return t if ok else t.contiguous()
 
 
-def _dq_desc(dq_acc: torch.Tensor, block_m: int) -> TensorDescriptor:
-    """2-D descriptor over the (b * h * s_q_pad, d_pad) fp32 dQ workspace, box [block_m,
-    d_pad // 2] (one consumer's column half of a query block)."""
+def is_wide(head_dim: int) -> bool:
+    """Head dims whose backward runs bwd_wide_kernel (D_PAD = 256: dK / dV split by columns)."""
+    return padded_head_dim(head_dim) > 128
+
+
+def dq_workspace(q: torch.Tensor, seqlen_q_pad: int) -> torch.Tensor:
+    """fp32 zeros the kernel adds dQ into: (b, h, s_q_pad, d_pad), or transposed
+    (b, h, d_pad, s_q_pad) for the wide kernel."""
+    batch, _, n_heads, head_dim = q.shape
+    d_pad = padded_head_dim(head_dim)
+    shape = ((batch, n_heads, d_pad, seqlen_q_pad) if is_wide(head_dim)
+             else (batch, n_heads, seqlen_q_pad, d_pad))
+    return torch.zeros(shape, dtype=torch.float32, device=q.device)
+
+
+def _dq_desc(dq_acc: torch.Tensor, block_m: int, wide: bool) -> TensorDescriptor:
+    """2-D descriptor over the fp32 dQ workspace seen as rows of its last dim:
+    (b * h * s_q_pad, d_pad) with box [block_m, d_pad // 2] (one consumer's column half of a
+    query block), or for the wide kernel (b * h * d_pad, s_q_pad) with box [64, block_m // 2]
+    (one dQ^T piece)."""
     rows = dq_acc.shape[0] * dq_acc.shape[1] * dq_acc.shape[2]
     flat = dq_acc.view(rows, dq_acc.shape[3])
-    block = [block_m, dq_acc.shape[3] // 2]
+    block = [64, block_m // 2] if wide else [block_m, dq_acc.shape[3] // 2]
     layout = gl.NVMMASharedLayout.get_default_for(block, gl.float32)
     return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), block, layout)
+
+
+def bwd_kernel_for(head_dim: int):
+    """The Gluon backward kernel that runs ``head_dim``."""
+    if is_wide(head_dim):
+        from flashattn.hopper.bwd_wide_kernel import attn_bwd_wide_kernel
+        return attn_bwd_wide_kernel
+    from flashattn.hopper.bwd_kernel import attn_bwd_kernel
+    return attn_bwd_kernel
 
 
 def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -45,19 +71,21 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
                 dv: torch.Tensor, cfg: BwdConfig, *, softmax_scale: float, window_left: int,
                 window_right: int, softcap: float
                 ) -> Tuple[List[Any], Dict[str, Any], Dict[str, Any], Tuple[int, int]]:
-    """(positional args, constexpr kwargs, launch options, grid) of attn_bwd_kernel.
+    """(positional args, constexpr kwargs, launch options, grid) of bwd_kernel_for(d).
 
     Shared by the launch and by the ahead-of-time compile (aot.py). lse2 / delta float32
-    (b, h, s_q_pad) (bwd_preprocess.row_stats); dq_acc float32 (b, h, s_q_pad, d_pad) zeros;
+    (b, h, s_q_pad) (bwd_preprocess.row_stats); dq_acc: dq_workspace's fp32 zeros;
     dk, dv (b, s_k, h_k, d) contiguous.
     """
     batch, seqlen_q, n_heads, head_dim = q.shape
     _, seqlen_k, n_heads_k, _ = k.shape
     has_softcap = softcap > 0.0
+    wide = is_wide(head_dim)
     args = [
         _desc(q, cfg.block_m), _desc(k, cfg.block_n), _desc(v, cfg.block_n),
-        _desc(dout, cfg.block_m), _dq_desc(dq_acc, cfg.block_m), lse2, delta, dq_acc, dk, dv,
-        seqlen_q, seqlen_k, n_heads, n_heads_k, n_heads // n_heads_k, dq_acc.shape[2],
+        _desc(dout, cfg.block_m), _dq_desc(dq_acc, cfg.block_m, wide), lse2, delta, dq_acc,
+        dk, dv, seqlen_q, seqlen_k, n_heads, n_heads_k, n_heads // n_heads_k,
+        dq_acc.shape[3] if wide else dq_acc.shape[2],
         int(window_left), int(window_right),
         float(softmax_scale * LOG2E), float(softmax_scale),
         float(softmax_scale / softcap) if has_softcap else 0.0,
@@ -66,10 +94,15 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     constexprs = dict(
         BLOCK_M=cfg.block_m, NUM_STAGES=cfg.num_stages, HEAD_DIM=head_dim,
         HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, HAS_SOFTCAP=has_softcap,
-        DQ_TMA=cfg.dq_tma, PIPELINE=cfg.pipeline,
-        DQ_ASYNC=cfg.dq_tma and cfg.dq_async,
         CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
     )
+    if wide:
+        if not (cfg.dq_tma and cfg.dq_async) or cfg.pipeline:
+            raise ValueError("bwd_wide_kernel has one dQ schedule: dq_tma=True, dq_async=True, "
+                             "pipeline=False")
+    else:
+        constexprs.update(DQ_TMA=cfg.dq_tma, PIPELINE=cfg.pipeline,
+                          DQ_ASYNC=cfg.dq_tma and cfg.dq_async)
     options = dict(num_warps=4, maxnreg=cfg.maxnreg)
     grid = (cdiv(seqlen_k, cfg.block_n), batch * n_heads_k)
     return args, constexprs, options, grid
@@ -91,7 +124,6 @@ def flash_bwd_hopper(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     if alibi_slopes is not None or dropout_p or deterministic:
         raise ValueError("flash_bwd_hopper: alibi, dropout and deterministic=True are not "
                          "covered; dispatch sends those calls to the portable kernels")
-    from flashattn.hopper.bwd_kernel import attn_bwd_kernel
     from flashattn.hopper.bwd_preprocess import row_stats
 
     batch, seqlen_q, n_heads, head_dim = q.shape
@@ -101,16 +133,17 @@ def flash_bwd_hopper(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         out = out.contiguous()
     seqlen_q_pad = cdiv(seqlen_q, cfg.block_m) * cfg.block_m
     lse2, delta = row_stats(out, dout, lse.contiguous(), seqlen_q_pad)
-    d_pad = padded_head_dim(head_dim)
-    dq_acc = torch.zeros((batch, n_heads, seqlen_q_pad, d_pad), dtype=torch.float32,
-                         device=q.device)
+    dq_acc = dq_workspace(q, seqlen_q_pad)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     args, constexprs, options, grid = launch_args(
         dout, q, k, v, lse2, delta, dq_acc, dk, dv, cfg, softmax_scale=softmax_scale,
         window_left=window_left, window_right=window_right, softcap=softcap)
     with torch.cuda.device(q.device):
-        launch_jit(attn_bwd_kernel, grid, args, {**constexprs, **options})
-    dq = dq_acc[:, :, :seqlen_q, :head_dim].transpose(1, 2)
+        launch_jit(bwd_kernel_for(head_dim), grid, args, {**constexprs, **options})
+    if is_wide(head_dim):
+        dq = dq_acc[:, :, :head_dim, :seqlen_q].permute(0, 3, 1, 2)
+    else:
+        dq = dq_acc[:, :, :seqlen_q, :head_dim].transpose(1, 2)
     dq = dq.to(q.dtype, memory_format=torch.contiguous_format)
     return dq, dk, dv

@@ -138,10 +138,10 @@ def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return device_unavailable(q.device) or call_unsupported(q, k, v, params)
 
 
-# Backward (bwd_kernel.py): fp32 dK and dV of 64 keys per consumer warpgroup stay in registers,
-# which fits for d <= 128 (d = 96 runs as 128, zero-padded); larger head dims run the portable
-# backward. dQ is accumulated with fp32 atomics, so deterministic=True runs the portable one.
-BWD_HEAD_DIMS = (64, 96, 128)
+# Backward: bwd_kernel.py for d <= 128 (d = 96 runs as 128, zero-padded), bwd_wide_kernel.py
+# for d = 192 / 256 (run as 256). dQ is accumulated by TMA reduce-add (fp32, order not fixed),
+# so deterministic=True runs the portable backward.
+BWD_HEAD_DIMS = (64, 96, 128, 192, 256)
 ENV_HOPPER_BWD = "FLASHATTN_HOPPER_BWD"
 
 
@@ -162,5 +162,5 @@ def backward_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if q.shape[-1] not in BWD_HEAD_DIMS:
         return f"head dim {q.shape[-1]} (Hopper backward: one of {BWD_HEAD_DIMS})"
     if params.get("deterministic", False):
-        return "deterministic=True (the Hopper backward adds dQ with atomics)"
+        return "deterministic=True (the Hopper backward adds dQ in no fixed order)"
     return None

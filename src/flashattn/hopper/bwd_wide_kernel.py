@@ -1,0 +1,273 @@
+"""FlashAttention-3-style backward for sm90 at head dims 192 / 256 (D_PAD = 256), in Gluon.
+
+Why a second kernel: bwd_kernel.py keeps fp32 dK and dV of 64 keys x D_PAD per consumer
+warpgroup in registers, 2 * 64 * 256 / 128 = 256 registers per thread at D_PAD = 256, over the
+240 a consumer may have. Here the two consumer warpgroups split the *head dim* of dK / dV
+instead of the keys: one CTA per key block of BLOCK_N = 64 keys, consumer w keeps
+dK[:, w*128:(w+1)*128] and dV[:, w*128:(w+1)*128] (64 + 64 registers per thread). The
+register file (64K registers per SM) holds the fp32 dK + dV of 64 keys x 256 columns with room
+for the rest, not of 128 keys: BLOCK_N = 64 is forced.
+
+Per query block i (BLOCK_M = 64 queries; HALF_M = 32 queries per consumer), consumer w
+(everything transposed: rows are keys, columns are queries):
+
+    S^T_w  = K Q_w^T            wgmma 64 keys x 32 queries (K = 256), A = K (smem)
+    dP^T_w = V dO_w^T           issued together with S^T_w
+    P^T_w  = exp2(S^T_w * scale_log2 - lse2_w)    (mask on boundary / diagonal blocks only)
+    dS^T_w = P^T_w * (dP^T_w - delta_w)           (* (1 - tanh^2) with softcap)
+    P^T_w, dS^T_w -> shared memory (a [64, 32] tile per consumer); both consumers wait for
+    all four tiles (p_ready, count 2), then, with j over the two query halves:
+    dV_w   += sum_j P^T_j  dO[j, w cols]          wgmma 64 x 128 (K = 32 each)
+    dK_w   += sum_j dS^T_j Q[j, w cols]
+    dQ^T[w cols, j] = K[:, w cols]^T dS^T_j       wgmma 64 x 32 per 64 head-dim rows
+    and the four dQ^T pieces (64 head-dim rows x 32 queries, fp32, already scaled) go to the
+    transposed fp32 workspace (b, h, D_PAD, s_q_pad) by TMA reduce-add through a per-consumer
+    staging tile; the host transposes and casts it.
+
+The producer warp is bwd_kernel's (K, V once; Q, dO ring; row statistics).
+
+Shared memory at D_PAD = 256, 16-bit inputs: K + V 64 KiB, Q + dO rings 2 stages x 64 KiB,
+P^T / dS^T 16 KiB (one slot), dQ staging 2 x 8 KiB, statistics 1 KiB: 225 KiB of the 227.
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+                                                               warpgroup_mma, warpgroup_mma_wait)
+
+from flashattn.hopper.bwd_kernel import (_producer, block_needs_mask_t, query_block_range,
+                                         tma_reduce_add_from_shared, visible_t)
+from flashattn.hopper.softmax import tanh_f32
+
+
+@gluon.jit
+def _add_dq_piece(dq_desc, row, col, piece, dq_buf):
+    """One dQ^T piece (DQ_ROWS head-dim rows x HALF_M queries, fp32) into the transposed
+    workspace at (row, col) by TMA reduce-add from this consumer's staging tile, asynchronously:
+    the next piece waits until the copy engine has read the tile. (No atomics variant: at
+    d = 128 the TMA reduce measured 1.15-1.3x faster, hopper/config.py.)"""
+    tma.store_wait(0)
+    gl.thread_barrier()  # no thread overwrites the tile before the previous reduce read it
+    dq_buf.store(piece)
+    fence_async_shared()
+    gl.thread_barrier()  # every thread's part is in shared memory before the issue
+    tma_reduce_add_from_shared(dq_desc, [row, col], dq_buf)
+
+
+@gluon.jit
+def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs,
+              BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, HAS_LEFT: gl.constexpr,
+              HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr):
+    """One consumer warpgroup: head-dim columns [WG * HALF_D, (WG + 1) * HALF_D) of dK / dV,
+    queries [WG * HALF_M, (WG + 1) * HALF_M) of each block for S^T / dP^T."""
+    q_desc, k_desc, v_desc, do_desc, dq_desc = descs
+    k_smem, v_smem, q_smem, do_smem, pds_smem, lse_smem, delta_smem, dq_smem = smem
+    kv_ready, q_ready, q_empty, do_ready, do_empty, p_ready, p_free, stats_ready = bars
+    seqlen_q, seqlen_k, n_heads, n_heads_k, group_size, seqlen_q_pad = problem
+    window_left, window_right = window
+    qk_scale, sm_scale, softcap_inv, softcap_log2 = scales
+    lse2_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr = ptrs
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
+    D_PAD: gl.constexpr = q_desc.block_type.shape[3]
+    HALF_D: gl.constexpr = D_PAD // 2
+    HALF_M: gl.constexpr = BLOCK_M // 2
+    DQ_ROWS: gl.constexpr = dq_desc.block_type.shape[0]  # head-dim rows of one dQ^T piece
+    NUM_STAGES: gl.constexpr = q_smem.shape[0]
+    dtype: gl.constexpr = q_desc.dtype
+
+    # wgmma layouts of one warpgroup: S^T / dP^T and dQ^T pieces (64 x HALF_M), dK / dV
+    # column halves (BLOCK_N x HALF_D)
+    S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HALF_M, 16])
+    KV_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, HALF_D, 16])
+    COL_S: gl.constexpr = gl.SliceLayout(0, S_LAYOUT)
+
+    n_start = gl.program_id(0) * BLOCK_N
+    bh_k = gl.program_id(1)
+    b = bh_k // n_heads_k
+    h_k = bh_k - b * n_heads_k
+
+    dq_buf = dq_smem.index(WG)
+
+    lo_blk, n_blocks = query_block_range(n_start, seqlen_q, seqlen_k, window_left, window_right,
+                                         BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+    dk = gl.zeros([BLOCK_N, HALF_D], gl.float32, KV_LAYOUT)
+    dv = gl.zeros([BLOCK_N, HALF_D], gl.float32, KV_LAYOUT)
+    s_zero = gl.zeros([BLOCK_N, HALF_M], gl.float32, S_LAYOUT)
+    dq_zero = gl.zeros([DQ_ROWS, HALF_M], gl.float32, S_LAYOUT)
+
+    mbarrier.wait(kv_ready, 0)
+    total = group_size * n_blocks  # (query head of the group, query block) pairs, in order
+    for it in range(total):
+        g = it // n_blocks
+        h = h_k * group_size + g
+        stage = it % NUM_STAGES
+        phase = (it // NUM_STAGES) & 1
+        m_start = (lo_blk + it - g * n_blocks) * BLOCK_M
+        # K / V through a run-time index that is always 0 (it < 2^30): with a constant
+        # address the compiler hoists all 16 K-step wgmma descriptors of K and of V out of the
+        # loop, and 64-bit descriptors in registers beside dK / dV spill
+        zero = it >> 30
+        k_all = k_smem.index(zero).reshape([BLOCK_N, D_PAD])
+        v_all = v_smem.index(zero).reshape([BLOCK_N, D_PAD])
+        q_view = q_smem.index(stage).reshape([BLOCK_M, D_PAD])
+        do_view = do_smem.index(stage).reshape([BLOCK_M, D_PAD])
+
+        # ---- S^T_w and dP^T_w for this consumer's query half (both async)
+        mbarrier.wait(q_ready.index(stage), phase)
+        q_mine_t = q_view.slice(WG * HALF_M, HALF_M, dim=0).permute((1, 0))
+        s_tok = warpgroup_mma(k_all, q_mine_t, s_zero, use_acc=False, is_async=True)
+        mbarrier.wait(do_ready.index(stage), phase)
+        do_mine_t = do_view.slice(WG * HALF_M, HALF_M, dim=0).permute((1, 0))
+        dp_tok = warpgroup_mma(v_all, do_mine_t, s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(1, deps=(s_tok,))
+        # lse2 = lse * log2(e), +inf for rows with no visible key and rows past s_q (P = 0)
+        mbarrier.wait(stats_ready.index(stage), phase)
+        lse2 = lse_smem.index(stage).slice(WG * HALF_M, HALF_M).load(COL_S)
+        if HAS_SOFTCAP:
+            t = tanh_f32(s * softcap_inv)
+            p = gl.exp2(t * softcap_log2 - gl.expand_dims(lse2, 0))
+        else:
+            p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 0))
+        if block_needs_mask_t(n_start, m_start, seqlen_q, seqlen_k, window_left, window_right,
+                              BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT):
+            vis = visible_t(n_start, m_start + WG * HALF_M, seqlen_q, seqlen_k, window_left,
+                            window_right, S_LAYOUT, BLOCK_N, HALF_M, HAS_LEFT, HAS_RIGHT)
+            p = gl.where(vis, p, 0.0)
+        dp = warpgroup_mma_wait(0, deps=(dp_tok,))
+        delta = delta_smem.index(stage).slice(WG * HALF_M, HALF_M).load(COL_S)
+        ds = p * (dp - gl.expand_dims(delta, 0))
+        if HAS_SOFTCAP:
+            ds = ds * (1.0 - t * t)
+
+        # ---- P^T_w, dS^T_w into shared memory; wait for the other consumer's halves
+        p_phase = it & 1
+        mbarrier.wait(p_free, p_phase ^ 1)
+        pds_smem.index(WG).store(p.to(dtype))
+        pds_smem.index(2 + WG).store(ds.to(dtype))
+        fence_async_shared()
+        gl.thread_barrier()  # every thread's tiles are in smem before the single-thread arrive
+        mbarrier.arrive(p_ready)
+        mbarrier.wait(p_ready, p_phase)
+
+        # ---- dV_w, dK_w over both query halves; dQ^T pieces of this consumer's columns
+        for j in gl.static_range(2):
+            do_j = do_view.slice(j * HALF_M, HALF_M, dim=0).slice(WG * HALF_D, HALF_D, dim=1)
+            dv = warpgroup_mma(pds_smem.index(j), do_j, dv, is_async=True)
+        for j in gl.static_range(2):
+            q_j = q_view.slice(j * HALF_M, HALF_M, dim=0).slice(WG * HALF_D, HALF_D, dim=1)
+            dk = warpgroup_mma(pds_smem.index(2 + j), q_j, dk, is_async=True)
+        # dQ^T in two rounds of two pieces (64 head-dim rows x both query halves), so at most
+        # two fp32 pieces (32 registers) sit beside dK and dV: four at once spilled
+        k_t0 = k_all.slice(WG * HALF_D, DQ_ROWS, dim=1).permute((1, 0))
+        dq0 = warpgroup_mma(k_t0, pds_smem.index(2), dq_zero, use_acc=False, is_async=True)
+        dq1 = warpgroup_mma(k_t0, pds_smem.index(3), dq_zero, use_acc=False, is_async=True)
+        dv, dk, dq0, dq1 = warpgroup_mma_wait(0, deps=(dv, dk, dq0, dq1))
+        mbarrier.arrive(q_empty.index(stage))  # Q and dO are read: the producer may refill
+        mbarrier.arrive(do_empty.index(stage))
+        # dQ^T workspace (b, h, D_PAD, s_q_pad) fp32, seen as (b * h * D_PAD, s_q_pad)
+        row0 = (b * n_heads + h) * D_PAD + WG * HALF_D
+        _add_dq_piece(dq_desc, row0, m_start, dq0 * sm_scale, dq_buf)
+        _add_dq_piece(dq_desc, row0, m_start + HALF_M, dq1 * sm_scale, dq_buf)
+        k_t1 = k_all.slice(WG * HALF_D + DQ_ROWS, DQ_ROWS, dim=1).permute((1, 0))
+        dq0 = warpgroup_mma(k_t1, pds_smem.index(2), dq_zero, use_acc=False, is_async=True)
+        dq1 = warpgroup_mma(k_t1, pds_smem.index(3), dq_zero, use_acc=False, is_async=True)
+        dq0, dq1 = warpgroup_mma_wait(0, deps=(dq0, dq1))
+        mbarrier.arrive(p_free)  # this consumer is done reading P^T / dS^T
+        _add_dq_piece(dq_desc, row0 + DQ_ROWS, m_start, dq0 * sm_scale, dq_buf)
+        _add_dq_piece(dq_desc, row0 + DQ_ROWS, m_start + HALF_M, dq1 * sm_scale, dq_buf)
+
+    tma.store_wait(0)  # the last dQ reduce has read the staging tile
+    # ---- epilogue: dK (times softmax_scale) and dV, this consumer's columns of the key block
+    KV_ROWS: gl.constexpr = gl.SliceLayout(1, KV_LAYOUT)
+    KV_COLS: gl.constexpr = gl.SliceLayout(0, KV_LAYOUT)
+    keys = n_start + gl.arange(0, BLOCK_N, layout=KV_ROWS)
+    cols = WG * HALF_D + gl.arange(0, HALF_D, layout=KV_COLS)
+    kv_stride_row = n_heads_k * HEAD_DIM
+    base = (b.to(gl.int64) * seqlen_k * n_heads_k + h_k) * HEAD_DIM
+    offs = gl.expand_dims((keys - n_start) * kv_stride_row, 1) + gl.expand_dims(cols, 0)
+    row0 = n_start.to(gl.int64) * kv_stride_row
+    ok = gl.expand_dims(keys < seqlen_k, 1) & gl.expand_dims(cols < HEAD_DIM, 0)
+    gl.store(dk_ptr + base + row0 + offs, (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=ok)
+    gl.store(dv_ptr + base + row0 + offs, dv.to(dv_ptr.dtype.element_ty), mask=ok)
+
+
+@gluon.jit
+def attn_bwd_wide_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_ptr, dq_ptr,
+                         dk_ptr, dv_ptr, seqlen_q, seqlen_k, n_heads, n_heads_k, group_size,
+                         seqlen_q_pad, window_left, window_right, qk_scale, sm_scale,
+                         softcap_inv, softcap_log2,
+                         BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr,
+                         HEAD_DIM: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+                         HAS_SOFTCAP: gl.constexpr,
+                         CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+    """Warp-specialised attention backward for D_PAD = 256 (see module docstring).
+
+    Descriptors are rank 4 over (batch, seq, head, dim): q/do boxes [1, BLOCK_M, 1, D_PAD],
+    k/v boxes [1, BLOCK_N, 1, D_PAD] (TMA zero-fills past s and d). lse2_ptr / delta_ptr:
+    float32 (b, h, s_q_pad), as in bwd_kernel.attn_bwd_kernel. dq_ptr: float32
+    (b, h, D_PAD, s_q_pad) zeros (dQ *transposed*), receives softmax_scale * (dS K)^T through
+    dq_desc (2-D over (b * h * D_PAD, s_q_pad), box [64, BLOCK_M // 2]) by TMA reduce-add. dk_ptr / dv_ptr: (b, s_k, h_k, HEAD_DIM) contiguous,
+    q's dtype. Grid (cdiv(s_k, BLOCK_N), b * h_k), num_warps = 4 (the default partition is
+    consumer 0).
+    """
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
+    HALF_M: gl.constexpr = BLOCK_M // 2
+    # K and V with a leading dimension of 1, so the consumers can index it at run time
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [1] + k_desc.block_type.shape,
+                                       k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [1] + v_desc.block_type.shape,
+                                       v_desc.layout)
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_STAGES] + q_desc.block_type.shape,
+                                       q_desc.layout)
+    do_smem = gl.allocate_shared_memory(do_desc.dtype, [NUM_STAGES] + do_desc.block_type.shape,
+                                        do_desc.layout)
+    PT_LAYOUT: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HALF_M],
+                                                                   q_desc.dtype)
+    # P^T of query halves 0, 1, then dS^T of query halves 0, 1 ([BLOCK_N keys, HALF_M]): one slot
+    pds_smem = gl.allocate_shared_memory(q_desc.dtype, [4, BLOCK_N, HALF_M], PT_LAYOUT)
+    STAT_SMEM: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    lse_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, BLOCK_M], STAT_SMEM)
+    delta_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, BLOCK_M], STAT_SMEM)
+
+    kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    do_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    do_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    p_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    p_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    stats_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_ready, count=1)
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=2)
+        mbarrier.init(do_ready.index(i), count=1)
+        mbarrier.init(do_empty.index(i), count=2)
+        mbarrier.init(stats_ready.index(i), count=1)
+    mbarrier.init(p_ready, count=2)
+    mbarrier.init(p_free, count=2)
+    fence_async_shared()
+
+    # one fp32 dQ^T staging tile per consumer (the async TMA reduce reads it)
+    dq_smem = gl.allocate_shared_memory(gl.float32, [2] + dq_desc.block_type.shape,
+                                        dq_desc.layout)
+    descs = (q_desc, k_desc, v_desc, do_desc, dq_desc)
+    smem = (k_smem, v_smem, q_smem, do_smem, pds_smem, lse_smem, delta_smem, dq_smem)
+    smem_producer = (k_smem.index(0), v_smem.index(0), q_smem, do_smem, pds_smem, lse_smem,
+                     delta_smem, dq_smem)
+    bars = (kv_ready, q_ready, q_empty, do_ready, do_empty, p_ready, p_free, stats_ready)
+    problem = (seqlen_q, seqlen_k, n_heads, n_heads_k, group_size, seqlen_q_pad)
+    window = (window_left, window_right)
+    scales = (qk_scale, sm_scale, softcap_inv, softcap_log2)
+    ptrs = (lse2_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr)
+    gl.warp_specialize([
+        # constexpr flags one by one (in a tuple they would reach the workers as i1 values)
+        (_consumer, (0, descs, smem, bars, problem, window, scales, ptrs, BLOCK_M, HEAD_DIM,
+                     HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP)),
+        (_consumer, (1, descs, smem, bars, problem, window, scales, ptrs, BLOCK_M, HEAD_DIM,
+                     HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP)),
+        (_producer, (descs, smem_producer, bars, problem, window, ptrs, BLOCK_M, HAS_LEFT, HAS_RIGHT)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

@@ -30,7 +30,8 @@ def kernel_times(fn, calls: int = 20, flush: bool = True):
     """{kernel name: mean device us per call} of ``fn`` (after 3 warm-up calls).
 
     flush: overwrite a 256 MiB buffer before each call (as ``do_bench`` does), so a call does
-    not find its predecessor's K/V in the 50 MB L2; the fill kernel is left out of the times.
+    not find its predecessor's K/V in the 50 MB L2; that kernel (a bitwise_not, so the call's
+    own fills, e.g. torch.zeros, stay in the times) is left out.
     """
     cache = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda") if flush else None
     for _ in range(3):
@@ -39,12 +40,12 @@ def kernel_times(fn, calls: int = 20, flush: bool = True):
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
             if cache is not None:
-                cache.zero_()
+                cache.bitwise_not_()
             fn()
         torch.cuda.synchronize()
     times = defaultdict(float)
     for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA and "FillFunctor" not in ev.name:
+        if ev.device_type == torch.autograd.DeviceType.CUDA and "bitwise_not" not in ev.name:
             times[ev.name[:90]] += ev.device_time / calls
     return dict(times)
 

@@ -124,6 +124,7 @@ def flash_bwd_hopper(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     if alibi_slopes is not None or dropout_p or deterministic:
         raise ValueError("flash_bwd_hopper: alibi, dropout and deterministic=True are not "
                          "covered; dispatch sends those calls to the portable kernels")
+    from flashattn.hopper.bwd_postprocess import dq_from_workspace
     from flashattn.hopper.bwd_preprocess import row_stats
 
     batch, seqlen_q, n_heads, head_dim = q.shape
@@ -141,9 +142,5 @@ def flash_bwd_hopper(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         window_left=window_left, window_right=window_right, softcap=softcap)
     with torch.cuda.device(q.device):
         launch_jit(bwd_kernel_for(head_dim), grid, args, {**constexprs, **options})
-    if is_wide(head_dim):
-        dq = dq_acc[:, :, :head_dim, :seqlen_q].permute(0, 3, 1, 2)
-    else:
-        dq = dq_acc[:, :, :seqlen_q, :head_dim].transpose(1, 2)
-    dq = dq.to(q.dtype, memory_format=torch.contiguous_format)
+    dq = dq_from_workspace(dq_acc, q, transposed=is_wide(head_dim))
     return dq, dk, dv

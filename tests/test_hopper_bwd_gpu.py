@@ -144,7 +144,8 @@ def test_features(d, dtype, causal, window, softcap, shape):
 _VARIANTS = [(128, dict(dq_async=False)), (128, dict(pipeline=True)),
              (128, dict(dq_tma=False)), (128, dict(pipeline=True, dq_async=False)),
              (64, dict(block_m=128)), (64, dict(block_m=128, dq_async=False)),
-             (64, dict(pipeline=True)), (64, dict(dq_async=False))]
+             (64, dict(pipeline=True)), (64, dict(dq_async=False)),
+             (256, dict(pipeline=False)), (192, dict(pipeline=False))]
 
 
 @pytest.mark.parametrize("causal", [False, True])

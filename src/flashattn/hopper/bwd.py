@@ -97,9 +97,9 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
         CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
     )
     if wide:
-        if not (cfg.dq_tma and cfg.dq_async) or cfg.pipeline:
-            raise ValueError("bwd_wide_kernel has one dQ schedule: dq_tma=True, dq_async=True, "
-                             "pipeline=False")
+        if not (cfg.dq_tma and cfg.dq_async):
+            raise ValueError("bwd_wide_kernel adds dQ one way: dq_tma=True, dq_async=True")
+        constexprs.update(PIPELINE=cfg.pipeline)
     else:
         constexprs.update(DQ_TMA=cfg.dq_tma, PIPELINE=cfg.pipeline,
                           DQ_ASYNC=cfg.dq_tma and cfg.dq_async)

@@ -22,9 +22,18 @@ Per query block i (BLOCK_M = 64 queries; HALF_M = 32 queries per consumer), cons
     dQ^T[w cols, j] = K[:, w cols]^T dS^T_j       wgmma 64 x 32 per 64 head-dim rows
     and the four dQ^T pieces (64 head-dim rows x 32 queries, fp32, already scaled) go to the
     transposed fp32 workspace (b, h, D_PAD, s_q_pad) by TMA reduce-add through a per-consumer
-    staging tile; the host transposes and casts it.
+    staging tile (bwd_postprocess.py turns it into dq).
 
 The producer warp is bwd_kernel's (K, V once; Q, dO ring; row statistics).
+
+Where the time goes (H100, d = 256, 16k tokens, measured with switches that break the result,
+benchmarks/NOTES.md): without the dQ^T GEMMs and their reduce the rest runs at 650 TFLOP/s
+(5-GEMM count); staging and reducing the four dQ^T pieces one after another through the single
+8 KiB tile per consumer is what costs (336 as first written). So the schedule hides the staging
+behind tensor-core work: the second round of dQ^T GEMMs runs while the first round's pieces are
+staged, and with PIPELINE the next block's S^T / dP^T run while the second round's are
+(336 -> 360 -> 372 at 16k). A second staging tile or [64, 64] pieces would not fit: shared
+memory is full (below).
 
 Shared memory at D_PAD = 256, 16-bit inputs: K + V 64 KiB, Q + dO rings 2 stages x 64 KiB,
 P^T / dS^T 16 KiB (one slot), dQ staging 2 x 8 KiB, statistics 1 KiB: 225 KiB of the 227.
@@ -56,9 +65,29 @@ def _add_dq_piece(dq_desc, row, col, piece, dq_buf):
 
 
 @gluon.jit
+def _issue_s_dp(k_all, v_all, q_smem, do_smem, q_ready, do_ready, s_zero, it,
+                WG: gl.constexpr, BLOCK_M: gl.constexpr, D_PAD: gl.constexpr):
+    """Issue S^T_w = K Q_w^T and dP^T_w = V dO_w^T of query block ``it`` (asynchronous: the
+    caller waits)."""
+    NUM_STAGES: gl.constexpr = q_smem.shape[0]
+    HALF_M: gl.constexpr = BLOCK_M // 2
+    stage = it % NUM_STAGES
+    phase = (it // NUM_STAGES) & 1
+    q_view = q_smem.index(stage).reshape([BLOCK_M, D_PAD])
+    do_view = do_smem.index(stage).reshape([BLOCK_M, D_PAD])
+    mbarrier.wait(q_ready.index(stage), phase)
+    q_mine_t = q_view.slice(WG * HALF_M, HALF_M, dim=0).permute((1, 0))
+    s_tok = warpgroup_mma(k_all, q_mine_t, s_zero, use_acc=False, is_async=True)
+    mbarrier.wait(do_ready.index(stage), phase)
+    do_mine_t = do_view.slice(WG * HALF_M, HALF_M, dim=0).permute((1, 0))
+    dp_tok = warpgroup_mma(v_all, do_mine_t, s_zero, use_acc=False, is_async=True)
+    return s_tok, dp_tok
+
+
+@gluon.jit
 def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs,
               BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, HAS_LEFT: gl.constexpr,
-              HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr):
+              HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, PIPELINE: gl.constexpr):
     """One consumer warpgroup: head-dim columns [WG * HALF_D, (WG + 1) * HALF_D) of dK / dV,
     queries [WG * HALF_M, (WG + 1) * HALF_M) of each block for S^T / dP^T."""
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
@@ -100,6 +129,18 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
 
     mbarrier.wait(kv_ready, 0)
     total = group_size * n_blocks  # (query head of the group, query block) pairs, in order
+    if PIPELINE:
+        # S^T / dP^T of the first block; each later one is issued at the end of the previous
+        # iteration, before its last dQ^T pieces are staged
+        if total > 0:
+            k_0 = k_smem.index(0).reshape([BLOCK_N, D_PAD])
+            v_0 = v_smem.index(0).reshape([BLOCK_N, D_PAD])
+            s_tok, dp_tok = _issue_s_dp(k_0, v_0, q_smem, do_smem, q_ready, do_ready, s_zero, 0,
+                                        WG, BLOCK_M, D_PAD)
+            s, dp = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
+        else:
+            s = s_zero
+            dp = s_zero
     for it in range(total):
         g = it // n_blocks
         h = h_k * group_size + g
@@ -116,13 +157,10 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
         do_view = do_smem.index(stage).reshape([BLOCK_M, D_PAD])
 
         # ---- S^T_w and dP^T_w for this consumer's query half (both async)
-        mbarrier.wait(q_ready.index(stage), phase)
-        q_mine_t = q_view.slice(WG * HALF_M, HALF_M, dim=0).permute((1, 0))
-        s_tok = warpgroup_mma(k_all, q_mine_t, s_zero, use_acc=False, is_async=True)
-        mbarrier.wait(do_ready.index(stage), phase)
-        do_mine_t = do_view.slice(WG * HALF_M, HALF_M, dim=0).permute((1, 0))
-        dp_tok = warpgroup_mma(v_all, do_mine_t, s_zero, use_acc=False, is_async=True)
-        s = warpgroup_mma_wait(1, deps=(s_tok,))
+        if not PIPELINE:
+            s_tok, dp_tok = _issue_s_dp(k_all, v_all, q_smem, do_smem, q_ready, do_ready,
+                                        s_zero, it, WG, BLOCK_M, D_PAD)
+            s = warpgroup_mma_wait(1, deps=(s_tok,))
         # lse2 = lse * log2(e), +inf for rows with no visible key and rows past s_q (P = 0)
         mbarrier.wait(stats_ready.index(stage), phase)
         lse2 = lse_smem.index(stage).slice(WG * HALF_M, HALF_M).load(COL_S)
@@ -136,7 +174,8 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
             vis = visible_t(n_start, m_start + WG * HALF_M, seqlen_q, seqlen_k, window_left,
                             window_right, S_LAYOUT, BLOCK_N, HALF_M, HAS_LEFT, HAS_RIGHT)
             p = gl.where(vis, p, 0.0)
-        dp = warpgroup_mma_wait(0, deps=(dp_tok,))
+        if not PIPELINE:
+            dp = warpgroup_mma_wait(0, deps=(dp_tok,))
         delta = delta_smem.index(stage).slice(WG * HALF_M, HALF_M).load(COL_S)
         ds = p * (dp - gl.expand_dims(delta, 0))
         if HAS_SOFTCAP:
@@ -159,25 +198,39 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
         for j in gl.static_range(2):
             q_j = q_view.slice(j * HALF_M, HALF_M, dim=0).slice(WG * HALF_D, HALF_D, dim=1)
             dk = warpgroup_mma(pds_smem.index(2 + j), q_j, dk, is_async=True)
-        # dQ^T in two rounds of two pieces (64 head-dim rows x both query halves), so at most
-        # two fp32 pieces (32 registers) sit beside dK and dV: four at once spilled
+        # dQ^T in two rounds of two pieces (64 head-dim rows x both query halves): the second
+        # round's GEMMs run while the first round's pieces are staged, and with PIPELINE the
+        # next block's S^T / dP^T while the second round's are
         k_t0 = k_all.slice(WG * HALF_D, DQ_ROWS, dim=1).permute((1, 0))
         dq0 = warpgroup_mma(k_t0, pds_smem.index(2), dq_zero, use_acc=False, is_async=True)
         dq1 = warpgroup_mma(k_t0, pds_smem.index(3), dq_zero, use_acc=False, is_async=True)
         dv, dk, dq0, dq1 = warpgroup_mma_wait(0, deps=(dv, dk, dq0, dq1))
         mbarrier.arrive(q_empty.index(stage))  # Q and dO are read: the producer may refill
         mbarrier.arrive(do_empty.index(stage))
+        k_t1 = k_all.slice(WG * HALF_D + DQ_ROWS, DQ_ROWS, dim=1).permute((1, 0))
+        dq2 = warpgroup_mma(k_t1, pds_smem.index(2), dq_zero, use_acc=False, is_async=True)
+        dq3 = warpgroup_mma(k_t1, pds_smem.index(3), dq_zero, use_acc=False, is_async=True)
         # dQ^T workspace (b, h, D_PAD, s_q_pad) fp32, seen as (b * h * D_PAD, s_q_pad)
         row0 = (b * n_heads + h) * D_PAD + WG * HALF_D
         _add_dq_piece(dq_desc, row0, m_start, dq0 * sm_scale, dq_buf)
         _add_dq_piece(dq_desc, row0, m_start + HALF_M, dq1 * sm_scale, dq_buf)
-        k_t1 = k_all.slice(WG * HALF_D + DQ_ROWS, DQ_ROWS, dim=1).permute((1, 0))
-        dq0 = warpgroup_mma(k_t1, pds_smem.index(2), dq_zero, use_acc=False, is_async=True)
-        dq1 = warpgroup_mma(k_t1, pds_smem.index(3), dq_zero, use_acc=False, is_async=True)
-        dq0, dq1 = warpgroup_mma_wait(0, deps=(dq0, dq1))
+        dq2, dq3 = warpgroup_mma_wait(0, deps=(dq2, dq3))
         mbarrier.arrive(p_free)  # this consumer is done reading P^T / dS^T
-        _add_dq_piece(dq_desc, row0 + DQ_ROWS, m_start, dq0 * sm_scale, dq_buf)
-        _add_dq_piece(dq_desc, row0 + DQ_ROWS, m_start + HALF_M, dq1 * sm_scale, dq_buf)
+        if PIPELINE:
+            if it + 1 < total:
+                s_tok, dp_tok = _issue_s_dp(k_all, v_all, q_smem, do_smem, q_ready, do_ready,
+                                            s_zero, it + 1, WG, BLOCK_M, D_PAD)
+                _add_dq_piece(dq_desc, row0 + DQ_ROWS, m_start, dq2 * sm_scale, dq_buf)
+                _add_dq_piece(dq_desc, row0 + DQ_ROWS, m_start + HALF_M, dq3 * sm_scale, dq_buf)
+                s, dp = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
+            else:
+                _add_dq_piece(dq_desc, row0 + DQ_ROWS, m_start, dq2 * sm_scale, dq_buf)
+                _add_dq_piece(dq_desc, row0 + DQ_ROWS, m_start + HALF_M, dq3 * sm_scale, dq_buf)
+                s = s_zero
+                dp = s_zero
+        else:
+            _add_dq_piece(dq_desc, row0 + DQ_ROWS, m_start, dq2 * sm_scale, dq_buf)
+            _add_dq_piece(dq_desc, row0 + DQ_ROWS, m_start + HALF_M, dq3 * sm_scale, dq_buf)
 
     tma.store_wait(0)  # the last dQ reduce has read the staging tile
     # ---- epilogue: dK (times softmax_scale) and dV, this consumer's columns of the key block
@@ -201,7 +254,7 @@ def attn_bwd_wide_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, del
                          softcap_inv, softcap_log2,
                          BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr,
                          HEAD_DIM: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
-                         HAS_SOFTCAP: gl.constexpr,
+                         HAS_SOFTCAP: gl.constexpr, PIPELINE: gl.constexpr,
                          CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     """Warp-specialised attention backward for D_PAD = 256 (see module docstring).
 
@@ -266,8 +319,8 @@ def attn_bwd_wide_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, del
     gl.warp_specialize([
         # constexpr flags one by one (in a tuple they would reach the workers as i1 values)
         (_consumer, (0, descs, smem, bars, problem, window, scales, ptrs, BLOCK_M, HEAD_DIM,
-                     HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP)),
+                     HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, PIPELINE)),
         (_consumer, (1, descs, smem, bars, problem, window, scales, ptrs, BLOCK_M, HEAD_DIM,
-                     HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP)),
+                     HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, PIPELINE)),
         (_producer, (descs, smem_producer, bars, problem, window, ptrs, BLOCK_M, HAS_LEFT, HAS_RIGHT)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

@@ -329,20 +329,24 @@ def test_auto_keeps_short_keys_on_portable(env, monkeypatch, backend, causal, se
     assert family == expected
 
 
-@pytest.mark.parametrize("backend,causal,seqlen_k,expected", [
-    ("auto", False, 512, "portable"),
-    ("auto", False, 1024, "hopper"),
-    ("auto", True, 1024, "portable"),
-    ("auto", True, 2048, "hopper"),
-    ("hopper", True, 512, "hopper"),     # forcing ignores the speed rule
+@pytest.mark.parametrize("backend,causal,seqlen_k,d,expected", [
+    ("auto", False, 512, 128, "portable"),
+    ("auto", False, 1024, 128, "hopper"),
+    ("auto", True, 1024, 128, "portable"),
+    ("auto", True, 2048, 128, "hopper"),
+    ("auto", False, 256, 256, "portable"),  # d = 192 / 256 (wide kernel): from 512 dense,
+    ("auto", False, 512, 256, "hopper"),
+    ("auto", True, 512, 192, "portable"),   # from 1k masked
+    ("auto", True, 1024, 192, "hopper"),
+    ("hopper", True, 512, 128, "hopper"),     # forcing ignores the speed rule
 ])
 def test_auto_backward_keeps_short_keys_on_portable(env, monkeypatch, backend, causal,
-                                                    seqlen_k, expected):
+                                                    seqlen_k, d, expected):
     env(backend, None)
     monkeypatch.setattr(dispatch, "family_for", lambda t: "hopper")  # (fake) sm90 device
     monkeypatch.setattr(dispatch, "backend_for", lambda t: "portable")
-    q = _meta((1, 256, 8, 128))
-    k = v = _meta((1, seqlen_k, 8, 128))
+    q = _meta((1, 256, 8, d))
+    k = v = _meta((1, seqlen_k, 8, d))
     params = _params(causal=causal, window_right=0 if causal else -1, deterministic=False)
     del params["return_softmax"]
     assert dispatch.backward_family(q, k, v, **params) == expected

@@ -116,6 +116,9 @@ def test_fwd_variant_compiles_without_spills(variant, reports, capsys):
 # Backward: ptxas keeps a few loop scalars in local memory on the d = 96 / 128 variants (the
 # consumers hold fp32 dK + dV, 128 registers, for the whole key block); bounded so growth fails.
 BWD_SPILL_ALLOWANCE = 160
+# bwd_wide_kernel.py: none, except one 8-byte kernel-entry value ptxas parks on the stack and
+# the producer warp reloads once (d = 192 non-causal, as for the forward's d = 192 / 256 causal).
+BWD_WIDE_SPILL_ALLOWANCE = {"bwd_d192_bfloat16": 8}
 
 
 @pytest.mark.parametrize("variant", BWD_VARIANTS, ids=[_key(v) for v in BWD_VARIANTS])
@@ -127,7 +130,10 @@ def test_bwd_variant_compiles(variant, reports, capsys):
     with capsys.disabled():
         print(f"\n  {rep['key']}: {rep['registers']} regs (cap; setmaxnreg {rep['setmaxnreg']}), "
               f"{rep['spills']} spill bytes, {rep['shared'] / 1024:.1f} KiB shared")
-    allowed = 0 if (variant[1] == 64 and not variant[5]) or variant[1] > 128 else BWD_SPILL_ALLOWANCE
+    if variant[1] > 128:
+        allowed = BWD_WIDE_SPILL_ALLOWANCE.get(rep["key"], 0)
+    else:
+        allowed = 0 if variant[1] == 64 and not variant[5] else BWD_SPILL_ALLOWANCE
     assert rep["spills"] <= allowed, f"{rep['key']}: {rep['spills']} bytes of spills/stack"
     assert rep["shared"] <= SMEM_LIMIT
     assert rep["num_warps"] == 12

@@ -111,6 +111,10 @@ MIN_SEQLEN_K_DENSE_LARGE_D = 2048  # head dim > 128 (forward)
 MIN_SEQLEN_K_MASKED = 2048
 MIN_SEQLEN_K_BWD_DENSE = 1024
 MIN_SEQLEN_K_BWD_MASKED = 2048
+# Backward at d = 192 / 256 (bwd_wide_kernel.py against the portable backward, session 6):
+# dense 512: 216 vs 162 TFLOP/s, 1k: 276 vs 198; causal 512: 109 vs 119, 1k: 212 vs 156.
+MIN_SEQLEN_K_BWD_DENSE_LARGE_D = 512
+MIN_SEQLEN_K_BWD_MASKED_LARGE_D = 1024
 
 
 def slower_than_portable(q: torch.Tensor, k: torch.Tensor, params: Mapping[str, Any],
@@ -120,7 +124,9 @@ def slower_than_portable(q: torch.Tensor, k: torch.Tensor, params: Mapping[str, 
     this rule."""
     seqlen_k = k.shape[1]
     masked = int(params.get("window_left", -1)) >= 0 or int(params.get("window_right", -1)) >= 0
-    if backward:
+    if backward and q.shape[-1] > 128:
+        need = MIN_SEQLEN_K_BWD_MASKED_LARGE_D if masked else MIN_SEQLEN_K_BWD_DENSE_LARGE_D
+    elif backward:
         need = MIN_SEQLEN_K_BWD_MASKED if masked else MIN_SEQLEN_K_BWD_DENSE
     elif masked:
         need = MIN_SEQLEN_K_MASKED

@@ -378,10 +378,22 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
     if DQ_ASYNC:
         tma.store_wait(0)  # the last dQ reduce has read its staging buffer
     # ---- epilogue: dK (times softmax_scale) and dV of this consumer's keys
-    KV_ROWS: gl.constexpr = gl.SliceLayout(1, KV_LAYOUT)
-    KV_COLS: gl.constexpr = gl.SliceLayout(0, KV_LAYOUT)
-    keys = key0 + gl.arange(0, HALF_N, layout=KV_ROWS)
-    cols = gl.arange(0, D_PAD, layout=KV_COLS)
+    store_kv_grads(dk, dv, dk_ptr, dv_ptr, key0, 0, seqlen_k, b, h_k, n_heads_k, sm_scale,
+                   HEAD_DIM)
+
+
+@gluon.jit
+def store_kv_grads(dk, dv, dk_ptr, dv_ptr, key0, col0, seqlen_k, b, h_k, n_heads_k, sm_scale,
+                   HEAD_DIM: gl.constexpr):
+    """dK * softmax_scale and dV, fp32 [ROWS, COLS] tiles in one register layout, into
+    (b, s_k, h_k, HEAD_DIM) tensors at keys key0 + [0, ROWS) and head-dim columns
+    col0 + [0, COLS) of KV head h_k, in the tensors' dtype; keys past s_k and columns past
+    HEAD_DIM are not written."""
+    ROWS: gl.constexpr = dk.shape[0]
+    COLS: gl.constexpr = dk.shape[1]
+    LAYOUT: gl.constexpr = dk.type.layout
+    keys = key0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, LAYOUT))
+    cols = col0 + gl.arange(0, COLS, layout=gl.SliceLayout(0, LAYOUT))
     kv_stride_row = n_heads_k * HEAD_DIM
     base = (b.to(gl.int64) * seqlen_k * n_heads_k + h_k) * HEAD_DIM
     offs = gl.expand_dims((keys - key0) * kv_stride_row, 1) + gl.expand_dims(cols, 0)
@@ -389,6 +401,41 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
     ok = gl.expand_dims(keys < seqlen_k, 1) & gl.expand_dims(cols < HEAD_DIM, 0)
     gl.store(dk_ptr + base + row0 + offs, (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=ok)
     gl.store(dv_ptr + base + row0 + offs, dv.to(dv_ptr.dtype.element_ty), mask=ok)
+
+
+@gluon.jit
+def alloc_query_streams(q_desc, do_desc, NUM_STAGES: gl.constexpr, BLOCK_M: gl.constexpr):
+    """Shared memory and mbarriers of what the producer streams to the consumers, the same in
+    both backward kernels: the Q and dO rings (NUM_STAGES slots; ready barriers completed by
+    the TMA byte count, empty barriers of count 2, one arrive per consumer), the row statistics
+    lse2 / delta per slot (their ready barrier gets the producer warp's arrive) and the
+    barrier of the resident K / V tiles. The caller allocates its own exchange buffers and
+    fences the barrier inits (fence_async_shared) once all are initialised.
+
+    Returns (q_smem, do_smem, lse_smem, delta_smem) and (kv_ready, q_ready, q_empty, do_ready,
+    do_empty, stats_ready)."""
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_STAGES] + q_desc.block_type.shape,
+                                       q_desc.layout)
+    do_smem = gl.allocate_shared_memory(do_desc.dtype, [NUM_STAGES] + do_desc.block_type.shape,
+                                        do_desc.layout)
+    STAT_SMEM: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    lse_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, BLOCK_M], STAT_SMEM)
+    delta_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, BLOCK_M], STAT_SMEM)
+    kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    do_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    do_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    stats_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_ready, count=1)
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=2)
+        mbarrier.init(do_ready.index(i), count=1)
+        mbarrier.init(do_empty.index(i), count=2)
+        mbarrier.init(stats_ready.index(i), count=1)
+    return ((q_smem, do_smem, lse_smem, delta_smem),
+            (kv_ready, q_ready, q_empty, do_ready, do_empty, stats_ready))
 
 
 @gluon.jit
@@ -417,32 +464,14 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
     k_smem = gl.allocate_shared_memory(k_desc.dtype, k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, v_desc.block_type.shape, v_desc.layout)
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_STAGES] + q_desc.block_type.shape,
-                                       q_desc.layout)
-    do_smem = gl.allocate_shared_memory(do_desc.dtype, [NUM_STAGES] + do_desc.block_type.shape,
-                                        do_desc.layout)
+    streams, stream_bars = alloc_query_streams(q_desc, do_desc, NUM_STAGES, BLOCK_M)
+    q_smem, do_smem, lse_smem, delta_smem = streams
+    kv_ready, q_ready, q_empty, do_ready, do_empty, stats_ready = stream_bars
     DS_LAYOUT: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M],
                                                                    q_desc.dtype)
     ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BLOCK_N, BLOCK_M], DS_LAYOUT)
-    STAT_SMEM: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-    lse_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, BLOCK_M], STAT_SMEM)
-    delta_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, BLOCK_M], STAT_SMEM)
-
-    kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    q_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    do_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    do_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    stats_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(kv_ready, count=1)
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(q_ready.index(i), count=1)
-        mbarrier.init(q_empty.index(i), count=2)
-        mbarrier.init(do_ready.index(i), count=1)
-        mbarrier.init(do_empty.index(i), count=2)
-        mbarrier.init(stats_ready.index(i), count=1)
     for i in gl.static_range(2):
         mbarrier.init(ds_ready.index(i), count=2)
         mbarrier.init(ds_free.index(i), count=2)

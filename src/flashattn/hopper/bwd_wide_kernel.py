@@ -45,7 +45,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                                warpgroup_mma, warpgroup_mma_wait)
 
-from flashattn.hopper.bwd_kernel import (_producer, block_needs_mask_t, query_block_range,
+from flashattn.hopper.bwd_kernel import (_producer, alloc_query_streams, block_needs_mask_t,
+                                         query_block_range, store_kv_grads,
                                          tma_reduce_add_from_shared, visible_t)
 from flashattn.hopper.softmax import tanh_f32
 
@@ -234,17 +235,8 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
 
     tma.store_wait(0)  # the last dQ reduce has read the staging tile
     # ---- epilogue: dK (times softmax_scale) and dV, this consumer's columns of the key block
-    KV_ROWS: gl.constexpr = gl.SliceLayout(1, KV_LAYOUT)
-    KV_COLS: gl.constexpr = gl.SliceLayout(0, KV_LAYOUT)
-    keys = n_start + gl.arange(0, BLOCK_N, layout=KV_ROWS)
-    cols = WG * HALF_D + gl.arange(0, HALF_D, layout=KV_COLS)
-    kv_stride_row = n_heads_k * HEAD_DIM
-    base = (b.to(gl.int64) * seqlen_k * n_heads_k + h_k) * HEAD_DIM
-    offs = gl.expand_dims((keys - n_start) * kv_stride_row, 1) + gl.expand_dims(cols, 0)
-    row0 = n_start.to(gl.int64) * kv_stride_row
-    ok = gl.expand_dims(keys < seqlen_k, 1) & gl.expand_dims(cols < HEAD_DIM, 0)
-    gl.store(dk_ptr + base + row0 + offs, (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=ok)
-    gl.store(dv_ptr + base + row0 + offs, dv.to(dv_ptr.dtype.element_ty), mask=ok)
+    store_kv_grads(dk, dv, dk_ptr, dv_ptr, n_start, WG * HALF_D, seqlen_k, b, h_k, n_heads_k,
+                   sm_scale, HEAD_DIM)
 
 
 @gluon.jit
@@ -262,9 +254,9 @@ def attn_bwd_wide_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, del
     k/v boxes [1, BLOCK_N, 1, D_PAD] (TMA zero-fills past s and d). lse2_ptr / delta_ptr:
     float32 (b, h, s_q_pad), as in bwd_kernel.attn_bwd_kernel. dq_ptr: float32
     (b, h, D_PAD, s_q_pad) zeros (dQ *transposed*), receives softmax_scale * (dS K)^T through
-    dq_desc (2-D over (b * h * D_PAD, s_q_pad), box [64, BLOCK_M // 2]) by TMA reduce-add. dk_ptr / dv_ptr: (b, s_k, h_k, HEAD_DIM) contiguous,
-    q's dtype. Grid (cdiv(s_k, BLOCK_N), b * h_k), num_warps = 4 (the default partition is
-    consumer 0).
+    dq_desc (2-D over (b * h * D_PAD, s_q_pad), box [64, BLOCK_M // 2]) by TMA reduce-add.
+    dk_ptr / dv_ptr: (b, s_k, h_k, HEAD_DIM) contiguous, q's dtype. Grid (cdiv(s_k, BLOCK_N),
+    b * h_k), num_warps = 4 (the default partition is consumer 0).
     """
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
     HALF_M: gl.constexpr = BLOCK_M // 2
@@ -273,33 +265,15 @@ def attn_bwd_wide_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, del
                                        k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [1] + v_desc.block_type.shape,
                                        v_desc.layout)
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_STAGES] + q_desc.block_type.shape,
-                                       q_desc.layout)
-    do_smem = gl.allocate_shared_memory(do_desc.dtype, [NUM_STAGES] + do_desc.block_type.shape,
-                                        do_desc.layout)
+    streams, stream_bars = alloc_query_streams(q_desc, do_desc, NUM_STAGES, BLOCK_M)
+    q_smem, do_smem, lse_smem, delta_smem = streams
+    kv_ready, q_ready, q_empty, do_ready, do_empty, stats_ready = stream_bars
     PT_LAYOUT: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HALF_M],
                                                                    q_desc.dtype)
     # P^T of query halves 0, 1, then dS^T of query halves 0, 1 ([BLOCK_N keys, HALF_M]): one slot
     pds_smem = gl.allocate_shared_memory(q_desc.dtype, [4, BLOCK_N, HALF_M], PT_LAYOUT)
-    STAT_SMEM: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-    lse_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, BLOCK_M], STAT_SMEM)
-    delta_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, BLOCK_M], STAT_SMEM)
-
-    kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    q_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    do_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    do_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     p_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     p_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    stats_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(kv_ready, count=1)
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(q_ready.index(i), count=1)
-        mbarrier.init(q_empty.index(i), count=2)
-        mbarrier.init(do_ready.index(i), count=1)
-        mbarrier.init(do_empty.index(i), count=2)
-        mbarrier.init(stats_ready.index(i), count=1)
     mbarrier.init(p_ready, count=2)
     mbarrier.init(p_free, count=2)
     fence_async_shared()
@@ -322,5 +296,6 @@ def attn_bwd_wide_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, del
                      HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, PIPELINE)),
         (_consumer, (1, descs, smem, bars, problem, window, scales, ptrs, BLOCK_M, HEAD_DIM,
                      HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, PIPELINE)),
-        (_producer, (descs, smem_producer, bars, problem, window, ptrs, BLOCK_M, HAS_LEFT, HAS_RIGHT)),
+        (_producer, (descs, smem_producer, bars, problem, window, ptrs, BLOCK_M, HAS_LEFT,
+                     HAS_RIGHT)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

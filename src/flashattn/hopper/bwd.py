@@ -13,7 +13,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from flashattn.hopper.config import BwdConfig, bwd_config
-from flashattn.hopper.fwd import LOG2E, _desc, padded_head_dim
+from flashattn.hopper.fwd import LOG2E, _desc, nvmma_layout, padded_head_dim
 from flashattn.kernels.config import cdiv
 from flashattn.kernels.launch import launch_jit
 
@@ -53,7 +53,7 @@ def _dq_desc(dq_acc: torch.Tensor, block_m: int, wide: bool) -> TensorDescriptor
     rows = dq_acc.shape[0] * dq_acc.shape[1] * dq_acc.shape[2]
     flat = dq_acc.view(rows, dq_acc.shape[3])
     block = [64, block_m // 2] if wide else [block_m, dq_acc.shape[3] // 2]
-    layout = gl.NVMMASharedLayout.get_default_for(block, gl.float32)
+    layout = nvmma_layout(tuple(block), gl.float32)
     return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), block, layout)
 
 

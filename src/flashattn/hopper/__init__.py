@@ -6,8 +6,11 @@
     softmax.py     softcap, visibility mask, online softmax in exp2
     fwd_kernel.py  the warp-specialised forward kernel
     fwd.py         host side: descriptors, grid, launch -> flash_fwd_hopper(...)
-    bwd_kernel.py  the warp-specialised backward kernel (dK/dV on chip, dQ by TMA reduce-add)
-    bwd_preprocess.py  row statistics of the backward (delta, lse in log2 units), Triton
+    bwd_kernel.py  the warp-specialised backward kernel, d <= 128 (dK/dV on chip, dQ by TMA
+                   reduce-add)
+    bwd_wide_kernel.py  the backward for d = 192 / 256 (dK/dV split by head-dim columns)
+    bwd_preprocess.py   row statistics of the backward (delta, lse in log2 units), Triton
+    bwd_postprocess.py  dq out of the fp32 dQ workspace, Triton
     bwd.py         host side of the backward -> flash_bwd_hopper(...)
     aot.py         compile the kernel variants for sm_90 without a GPU (CI, register checks)
 

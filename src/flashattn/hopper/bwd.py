@@ -1,4 +1,5 @@
-"""Host side of the Hopper backward: delta preprocess, TMA descriptors, launch, dQ cast.
+"""Host side of the Hopper backward: delta preprocess, TMA descriptors, launch of
+bwd_kernel.py (d <= 128) or bwd_wide_kernel.py (d = 192 / 256), dQ out of the workspace.
 
 ``flash_bwd_hopper`` has the backend signature of docs/internals.md; dispatch calls it only
 for calls that ``support.backward_unsupported`` accepts (fp16/bf16, d = d_v in BWD head dims,

@@ -66,7 +66,8 @@ def fwd_config(head_dim: int, softcap: bool = False, **overrides) -> FwdConfig:
 # ---------------------------------------------------------------------------------------------
 # Backward (bwd_kernel.py): one CTA per BLOCK_N keys; two consumer warpgroups of BLOCK_N // 2
 # keys each keep fp32 dK and dV (2 * (BLOCK_N // 2) * d / 128 registers per thread), so the
-# head dims whose dK + dV + S^T + dP^T + dQ half fit in 240 registers: d <= 128.
+# head dims whose dK + dV + S^T + dP^T + dQ half fit in 240 registers: d <= 128. d = 192 / 256
+# run bwd_wide_kernel.py (BLOCK_N = 64, the consumers split dK / dV by head-dim columns).
 # Shared memory: K, V (2 * BLOCK_N * d) + Q, dO rings (2 * NUM_STAGES * BLOCK_M * d) + dS^T
 # (2 slots * BLOCK_N * BLOCK_M), 16-bit elements, + fp32 dQ staging (BLOCK_M * d): 193.5 KiB
 # at d = 128.

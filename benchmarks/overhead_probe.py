@@ -11,8 +11,10 @@ Layers timed (each ``--calls`` back-to-back calls, one synchronisation at the en
     autotuner.run        the launch through Triton's autotuner (cached winner), args recorded
     jit.run              the same launch straight to the JIT function with the winner's config
     sdpa-flash           torch's SDPA flash backend, for scale
-and with a backward: the API, dispatch.backward (portable and, when on sm90, forced Hopper),
-and SDPA.
+and with a backward: the API, dispatch.backward, the portable backward and SDPA. On sm90 also
+the Gluon path's layers: flash_fwd_hopper, its launch_args (Python argument building), the
+launch alone with prebuilt arguments (binder, TMA descriptor encoding, launcher) and
+flash_bwd_hopper.
 
     python benchmarks/overhead_probe.py --out $OUT/overhead.json
 """
@@ -110,6 +112,27 @@ def main() -> int:
         with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
             F.scaled_dot_product_attention(qtg, ktg, vtg, is_causal=True).sum().backward()
 
+    if dispatch.hopper_reason(q) is None:  # sm90: the Gluon path's host layers as well
+        from flashattn.hopper import bwd as hbwd, fwd as hfwd
+        from flashattn.hopper.config import fwd_config
+        from flashattn.kernels.config import sm_count
+        from flashattn.kernels.launch import launch_jit
+
+        fns["fwd flash_fwd_hopper"] = lambda: hfwd.flash_fwd_hopper(q, k, v, **params)
+        h_out = torch.empty_like(q)
+        h_lse = torch.empty((b, h, s), dtype=torch.float32, device=q.device)
+        h_kw = dict(softmax_scale=scale, window_left=-1, window_right=0, softcap=0.0)
+        cfg = fwd_config(d)
+        fns["fwd hopper launch_args"] = lambda: hfwd.launch_args(
+            q, k, v, h_out, h_lse, cfg, num_sms=sm_count(q.device), **h_kw)
+        h_args, h_const, h_opts, h_grid = hfwd.launch_args(q, k, v, h_out, h_lse, cfg,
+                                                           num_sms=sm_count(q.device), **h_kw)
+        # the launch alone (binder, TMA descriptor encoding, launcher), arguments prebuilt;
+        # the causal tile-queue counter is reused, so only the timing is meaningful here
+        fns["fwd hopper launch_jit"] = lambda: launch_jit(hfwd.attn_fwd_kernel, (h_grid,), h_args,
+                                                          {**h_const, **h_opts})
+        fns["bwd flash_bwd_hopper"] = lambda: hbwd.flash_bwd_hopper(dout, q, k, v, out, lse,
+                                                                     **bparams)
     fns["fwd+bwd flash_attn_func"] = api_fwd_bwd
     fns["fwd+bwd sdpa-flash"] = sdpa_fwd_bwd
     rows = []

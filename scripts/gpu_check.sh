@@ -6,6 +6,14 @@
 #   bash scripts/gpu_check.sh                     # all steps, full grid, within ~9 minutes
 #   GRID=quick TESTS=0 bash scripts/gpu_check.sh  # a quick grid only
 #
+# The whole GPU suite no longer fits one device call beside a grid (session 6, H100: 279
+# non-bigmem tests in 434 s with 4 workers, then 6 bigmem tests serially, ~2 min), so a full
+# check is two calls:
+#   BENCH=0 CHECK=0 TEST_TIMEOUT=560 BUDGET=590 PYTEST_ARGS=--maxfail=30 bash scripts/gpu_check.sh
+#   GRID=full MODES=fwd,bwd,decode TESTS=0 CHECK=0 BUDGET=570 bash scripts/gpu_check.sh
+# (the bigmem step gets what TEST_TIMEOUT leaves after the parallel step, at least 30 s: run
+#  `pytest -m "gpu and bigmem"` on its own when that is not enough).
+#
 # Knobs (environment):
 #   GRID=full|anchors|quick   full: d 128,64,256 x s 512..16k; anchors: d 128,64,256 x s 2k,8k,16k;
 #                             quick: d 128 x s 2k,16k                        (default full)

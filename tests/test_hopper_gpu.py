@@ -6,8 +6,6 @@ kernels are written for; elsewhere the module is skipped (the CPU side is test_h
 """
 from __future__ import annotations
 
-import itertools
-import math
 
 import pytest
 import torch

@@ -15,8 +15,8 @@ import inspect
 import itertools
 import sys
 import types
-from dataclasses import dataclass, replace
-from typing import List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Optional, Tuple
 
 import pytest
 import torch

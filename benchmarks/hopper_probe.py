@@ -37,13 +37,15 @@ ABLATIONS = {
 }
 
 
-def _parse_extra(spec):
-    """'name=field:value,...;...' -> {name: {field: value}} with FwdConfig's field types."""
+def _parse_extra(spec, config_cls=None):
+    """'name=field:value,...;...' -> {name: {field: value}} with the field types of
+    ``config_cls`` (FwdConfig by default; BwdConfig for --bwd-variants)."""
     import dataclasses
 
     from flashattn.hopper.config import FwdConfig
 
-    types = {f.name: {"int": int, "bool": bool}[str(f.type)] for f in dataclasses.fields(FwdConfig)}
+    types = {f.name: {"int": int, "bool": bool}[str(f.type)]
+             for f in dataclasses.fields(config_cls or FwdConfig)}
     out = {}
     for item in [x for x in spec.split(";") if x]:
         name, _, kv = item.partition("=")
@@ -83,10 +85,9 @@ def _bwd_main(args):
         points = [(d, c, s) for d in [int(x) for x in args.d.split(",")]
                   for c in [bool(int(x)) for x in args.causal.split(",")]
                   for s in [int(x) for x in args.seqlens.split(",")]]
-    variants = {"full": {}}
-    for spec in [x for x in args.bwd_variants.split(";") if x]:
-        name, _, kv = spec.partition("=")
-        variants[name] = {k: int(v) for k, v in (p.split(":") for p in kv.split(",") if p)}
+    from flashattn.hopper.config import BwdConfig
+
+    variants = {"full": {}, **_parse_extra(args.bwd_variants, BwdConfig)}
     for d, causal, s in points:
         b, h = max(1, 16384 // s), 2048 // d
         q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))

@@ -172,6 +172,25 @@ def test_strided_inputs_and_expanded_dout():
     _check(q, k, v, params, grads, dout)
 
 
+@pytest.mark.parametrize("d", [128, 256])
+def test_replayed_launches_match_full_launches(monkeypatch, d):
+    """Repeated call shapes replay the launch plans of the three backward launches (row
+    statistics, the Gluon kernel, the dQ pass) with the new tensors: each call checked against
+    the oracle, a new plan for new strides (an expanded dout is copied: its strides repeat)."""
+    from flashattn.hopper import bwd, bwd_postprocess, bwd_preprocess
+
+    for plans in (bwd._PLANS, bwd_preprocess._PLANS, bwd_postprocess._PLANS):
+        plans.clear()
+    params = _params(d, True)
+    runs = [_inputs(1, 600, 600, 4, 2, d, torch.bfloat16) for _ in range(2)]
+    runs.append(tuple(torch.randn(1, h, 600, d, device="cuda", dtype=torch.bfloat16)
+                      .transpose(1, 2) for h in (4, 2, 2)))
+    for q, k, v in runs + runs[:1]:
+        grads, dout = _run(q, k, v, params)
+        _check(q, k, v, params, grads, dout)
+    assert len(bwd._PLANS._plans) == 2
+
+
 @pytest.mark.bigmem  # tens of GiB: run alone (gpu_check.sh), not beside other workers
 @pytest.mark.parametrize("d", [128, 256])
 def test_large_offsets(d):

@@ -15,8 +15,9 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from flashattn.hopper.config import BwdConfig, bwd_config
 from flashattn.hopper.fwd import LOG2E, _desc, nvmma_layout, padded_head_dim
+from flashattn.hopper.support import tma_ok
 from flashattn.kernels.config import cdiv
-from flashattn.kernels.launch import launch_jit
+from flashattn.kernels.launch import LaunchPlans
 
 # dQ accumulates by TMA reduce-add (or fp32 atomics): not bitwise repeatable, so
 # deterministic=True falls back to the portable backward.
@@ -25,10 +26,7 @@ from flashattn.kernels.launch import launch_jit
 def _tma_ready(t: torch.Tensor) -> torch.Tensor:
     """t itself when TMA can read it (16-byte aligned base and strides, unit last stride),
     else a contiguous copy (dout from autograd can be an expanded, stride-0 view)."""
-    elem = t.element_size()
-    ok = t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(
-        s > 0 and (s * elem) % 16 == 0 for s in t.stride()[:-1])
-    return t if ok else t.contiguous()
+    return t if tma_ok(t) else t.contiguous()
 
 
 def is_wide(head_dim: int) -> bool:
@@ -138,10 +136,23 @@ def flash_bwd_hopper(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     dq_acc = dq_workspace(q, seqlen_q_pad)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-    args, constexprs, options, grid = launch_args(
-        dout, q, k, v, lse2, delta, dq_acc, dk, dv, cfg, softmax_scale=softmax_scale,
-        window_left=window_left, window_right=window_right, softcap=softcap)
-    with torch.cuda.device(q.device):
-        launch_jit(bwd_kernel_for(head_dim), grid, args, {**constexprs, **options})
+    # what the launch's arguments are made of apart from the tensors (lse2, delta, dq_acc, dk,
+    # dv are made here: their strides follow from the shapes)
+    key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), dout.stride(), q.dtype,
+           q.device, softmax_scale, window_left, window_right, softcap,
+           tuple(sorted(config_overrides.items())) if config_overrides else None)
+
+    def build():
+        args, constexprs, options, grid = launch_args(
+            dout, q, k, v, lse2, delta, dq_acc, dk, dv, cfg, softmax_scale=softmax_scale,
+            window_left=window_left, window_right=window_right, softcap=softcap)
+        return bwd_kernel_for(head_dim), grid, args, {**constexprs, **options}
+
+    _PLANS.launch(key, (q, k, v, dout, dq_acc, lse2, delta, dq_acc, dk, dv), build)
     dq = dq_from_workspace(dq_acc, q, transposed=is_wide(head_dim))
     return dq, dk, dv
+
+
+# Launch plans of earlier calls (kernels/launch.py; see hopper/fwd.py). Slots: the q, k, v,
+# dout and dQ-workspace descriptors, lse2, delta, the workspace, dk, dv.
+_PLANS = LaunchPlans(slots=tuple(range(10)))

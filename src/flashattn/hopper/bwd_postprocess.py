@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from flashattn.kernels.config import cdiv, next_pow2
-from flashattn.kernels.launch import launch_jit
+from flashattn.kernels.launch import LaunchPlans
 
 
 @triton.jit
@@ -46,8 +46,14 @@ def dq_from_workspace(dq_acc: torch.Tensor, q: torch.Tensor, transposed: bool) -
                           else (dq_acc.stride(2), dq_acc.stride(3)))
     block_d = next_pow2(head_dim)
     block_s = max(16, 8192 // block_d)  # 8K fp32 per program
-    launch_jit(_dq_convert_kernel, (cdiv(seqlen_q, block_s), batch * n_heads), (
-        dq_acc, dq, stride_bh, stride_s, stride_d, dq.stride(0), dq.stride(1), dq.stride(2),
-        n_heads, seqlen_q), dict(HEAD_DIM=head_dim, BLOCK_S=block_s, BLOCK_D=block_d,
-                                 num_warps=8))
+    key = (dq_acc.shape, dq_acc.stride(), q.shape, q.dtype, q.device, transposed)
+    _PLANS.launch(key, (dq_acc, dq), lambda: (
+        _dq_convert_kernel, (cdiv(seqlen_q, block_s), batch * n_heads), (
+            dq_acc, dq, stride_bh, stride_s, stride_d, dq.stride(0), dq.stride(1), dq.stride(2),
+            n_heads, seqlen_q),
+        dict(HEAD_DIM=head_dim, BLOCK_S=block_s, BLOCK_D=block_d, num_warps=8)))
     return dq
+
+
+# launch plans by call shape (kernels/launch.py); slots: the workspace, dq
+_PLANS = LaunchPlans(slots=(0, 1))

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from flashattn.kernels.config import cdiv, next_pow2
-from flashattn.kernels.launch import launch_jit
+from flashattn.kernels.launch import LaunchPlans
 
 
 @triton.jit
@@ -50,8 +50,15 @@ def row_stats(out: torch.Tensor, dout: torch.Tensor, lse: torch.Tensor, seqlen_q
     lse2 = torch.empty((batch, n_heads, seqlen_q_pad), dtype=torch.float32, device=out.device)
     delta = torch.empty_like(lse2)
     block_m = 64
-    launch_jit(_row_stats_kernel, (cdiv(seqlen_q_pad, block_m), batch * n_heads), (
-        out, dout, lse, lse2, delta, out.stride(0), out.stride(1), out.stride(2),
-        dout.stride(0), dout.stride(1), dout.stride(2), n_heads, seqlen_q, seqlen_q_pad), dict(
-        HEAD_DIM=head_dim, BLOCK_D=next_pow2(head_dim), BLOCK_M=block_m))
+    key = (out.shape, out.stride(), dout.stride(), out.dtype, dout.dtype, out.device,
+           seqlen_q_pad)
+    _PLANS.launch(key, (out, dout, lse, lse2, delta), lambda: (
+        _row_stats_kernel, (cdiv(seqlen_q_pad, block_m), batch * n_heads), (
+            out, dout, lse, lse2, delta, out.stride(0), out.stride(1), out.stride(2),
+            dout.stride(0), dout.stride(1), dout.stride(2), n_heads, seqlen_q, seqlen_q_pad),
+        dict(HEAD_DIM=head_dim, BLOCK_D=next_pow2(head_dim), BLOCK_M=block_m)))
     return lse2, delta
+
+
+# launch plans by call shape (kernels/launch.py); slots: out, dout, lse, lse2, delta
+_PLANS = LaunchPlans(slots=range(5))

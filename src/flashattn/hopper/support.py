@@ -61,12 +61,18 @@ def device_unavailable(device: torch.device) -> Optional[str]:
     return _device_unavailable(index)
 
 
-def _tma_ok(t: torch.Tensor) -> bool:
-    # TMA: 16-byte aligned base and strides, unit last stride, positive strides
-    elem = t.element_size()
-    if t.stride(-1) != 1 or t.data_ptr() % 16:
+def tma_ok(t: torch.Tensor) -> bool:
+    """Whether TMA can address ``t``: 16-byte aligned base and strides, unit last stride,
+    positive strides."""
+    # (a plain loop, no generator: this runs three times per call on the dispatch path)
+    strides = t.stride()
+    if strides[-1] != 1 or t.data_ptr() % 16:
         return False
-    return all(s > 0 and (s * elem) % 16 == 0 for s in t.stride()[:-1])
+    elem = t.element_size()
+    for s in strides[:-1]:
+        if s <= 0 or (s * elem) % 16:
+            return False
+    return True
 
 
 def call_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -94,7 +100,7 @@ def call_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         return f"softcap {softcap}"
     if max(q.shape[:3]) >= 2**31 or max(k.shape[:3]) >= 2**31:
         return "a dimension >= 2**31"
-    if not all(_tma_ok(t) for t in (q, k, v)):
+    if not (tma_ok(q) and tma_ok(k) and tma_ok(v)):
         return "strides or base not 16-byte aligned (TMA)"
     return None
 

@@ -15,7 +15,7 @@ the package launches through it.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict, Hashable, Sequence, Tuple
+from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
 import torch
 import triton
@@ -65,11 +65,16 @@ def _has_hooks(hook: Any) -> bool:
     return hook is not None and bool(getattr(hook, "calls", True))
 
 
+# how many launch plans a caller keeps before it drops them all (each holds a few hundred bytes
+# of Python objects and no tensors; shapes that never repeat should not grow the cache forever)
+MAX_PLANS = 1024
+
 # (id(fn), device index, specialisation, options) -> compiled kernel
 _KERNELS: Dict[Tuple[Hashable, ...], Any] = {}
 
 
-def launch_jit(fn: Any, grid: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> None:
+def launch_jit(fn: Any, grid: Any, args: Sequence[Any], kwargs: Dict[str, Any],
+               plan_slots: Optional[Sequence[int]] = None) -> Optional["LaunchPlan"]:
     """``fn[grid](*args, **kwargs)`` for a ``triton.jit`` / ``gluon.jit`` function, minus the
     parts of ``JITFunction.run`` that cost host time on every call without changing the launch.
 
@@ -83,12 +88,16 @@ def launch_jit(fn: Any, grid: Any, args: Sequence[Any], kwargs: Dict[str, Any]) 
     The first launch of each key, and every launch while a profiler's ``launch_enter_hook`` is
     set, go through ``fn.run`` unchanged. ``TRITON_DEBUG`` toggled after a kernel's first
     launch does not recompile it here (it is read at that first launch).
+
+    ``plan_slots``: positions in ``args`` of the tensors (or tensor descriptors) that change
+    from call to call; the launch then also returns a :class:`LaunchPlan` that replays it with
+    new tensors in those positions (None when this launch took Triton's own path).
     """
     if (not FAST_LAUNCH or INTERPRET or JITFunction.run is not _JIT_RUN  # interpreted, AOT
             or not isinstance(fn, JITFunction)  # a recorder standing in for the kernel
             or _has_hooks(triton.knobs.runtime.launch_enter_hook)):  # a profiler listens
         fn[grid](*args, **kwargs)
-        return
+        return None
     device = torch.cuda.current_device()
     binder = fn.device_caches[device][4]
     bound, spec, options = binder(*args, **kwargs)
@@ -97,21 +106,121 @@ def launch_jit(fn: Any, grid: Any, args: Sequence[Any], kwargs: Dict[str, Any]) 
         kernel = _KERNELS.get(key)
     except TypeError:  # an unhashable option or constexpr: Triton's path (it str()s them)
         key, kernel = None, None
-    if kernel is None:
-        kernel = fn.run(*args, grid=grid, warmup=False, **kwargs)
-        if key is not None and kernel is not None and not hasattr(kernel, "result"):
-            # (a future from async compilation is not a kernel yet: keep asking Triton)
-            _KERNELS[key] = kernel
-        return
     if callable(grid):
         grid = grid(bound)
     n = len(grid)
-    kernel.run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1,
-               _current_stream(device), kernel.function,
-               kernel.packed_metadata, None, None, None, *bound.values())
+    grid3 = (grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1)
+    if kernel is None:
+        kernel = fn.run(*args, grid=grid, warmup=False, **kwargs)
+        if key is None or kernel is None or hasattr(kernel, "result"):
+            # (a future from async compilation is not a kernel yet: keep asking Triton)
+            return None
+        _KERNELS[key] = kernel
+    else:
+        kernel.run(*grid3, _current_stream(device), kernel.function,
+                   kernel.packed_metadata, None, None, None, *bound.values())
+    if plan_slots is None:
+        return None
+    return LaunchPlan(kernel, list(bound.values()), grid3, device,
+                      [(i, args[i]) for i in plan_slots])
+
+
+class TensorDescArg:
+    """What Triton 3.6's launcher reads from a host tensor descriptor (``base.data_ptr()``,
+    ``shape``, ``strides``, ``padding``: nvidia driver ``make_tensordesc_arg``), without
+    ``TensorDescriptor``'s construction-time validation (~6 us of Python per descriptor on the
+    H100 host): a replayed launch changes only the base; the shape and strides it replays were
+    validated when the plan was recorded."""
+
+    __slots__ = ("base", "shape", "strides", "padding")
+
+    def __init__(self, base: torch.Tensor, shape: Any, strides: Any, padding: str) -> None:
+        self.base, self.shape, self.strides, self.padding = base, shape, strides, padding
+
+
+class LaunchPlan:
+    """One recorded launch (compiled kernel, bound argument values, grid) that later calls
+    replay with new tensors in the recorded slots: no binder, no descriptor validation.
+
+    Contract: a caller replays a plan only for calls whose every non-slot argument, constexpr,
+    option and grid equals the recorded call's, and whose slot descriptors cover tensors of the
+    recorded shape and strides: it caches plans under a key made of exactly what determines
+    those (shapes, strides, dtypes, scalars, config). What the key cannot see is checked in
+    :meth:`launch`: the 16-byte alignment of plain tensor slots (part of Triton's
+    specialisation), the current device, and whether the fast path is allowed right now.
+    """
+
+    __slots__ = ("kernel", "values", "grid", "device", "slots")
+
+    def __init__(self, kernel: Any, values: List[Any], grid: Tuple[int, int, int], device: int,
+                 slots: Sequence[Tuple[int, Any]]) -> None:
+        self.kernel, self.grid, self.device = kernel, grid, device
+        # (position, descriptor (shape, strides, padding) or None, alignment of a plain tensor)
+        self.slots = tuple(
+            (i, (list(a.shape), list(a.strides), a.padding) if hasattr(a, "block_shape")
+             else None, None if hasattr(a, "block_shape") else a.data_ptr() % 16 == 0)
+            for i, a in slots)
+        # the recorded call's tensors leave the template: a cached plan must not keep them alive
+        self.values = [None if i in {j for j, _ in slots} else a for i, a in enumerate(values)]
+
+    def launch(self, *tensors: torch.Tensor) -> bool:
+        """Launch with ``tensors`` in the slots (in ``plan_slots`` order; a descriptor slot
+        takes the tensor the descriptor covers). False, with nothing launched, when this call
+        must take the full path: fast launches off or a profiler hook set, another current
+        device, or a plain tensor whose 16-byte alignment differs from the recorded one."""
+        if (not FAST_LAUNCH or _has_hooks(triton.knobs.runtime.launch_enter_hook)
+                or torch.cuda.current_device() != self.device):
+            return False
+        values = self.values.copy()
+        for (i, desc, aligned), t in zip(self.slots, tensors):
+            if desc is None:
+                if (t.data_ptr() % 16 == 0) != aligned:
+                    return False
+                values[i] = t
+            else:
+                values[i] = TensorDescArg(t, *desc)
+        kernel = self.kernel
+        kernel.run(*self.grid, _current_stream(self.device), kernel.function,
+                   kernel.packed_metadata, None, None, None, *values)
+        return True
 
 
 def forget_winners() -> None:
     """Drop the remembered winners and compiled kernels (tests that change spaces or env)."""
     _WINNERS.clear()
     _KERNELS.clear()
+
+
+class LaunchPlans:
+    """One call site's launch plans by key, at most MAX_PLANS (then dropped all at once:
+    shapes that never repeat must not grow the cache forever).
+
+    ``key`` must determine every argument of the launch apart from the slot tensors (see
+    :class:`LaunchPlan`'s contract); ``build()`` returns ``(fn, grid, args, kwargs)`` with
+    ``args[slots[i]]`` made from ``tensors[i]`` (the tensor itself, or a descriptor over it)
+    and runs only when no plan replays the call.
+    """
+
+    def __init__(self, slots: Sequence[int]) -> None:
+        self.slots = tuple(slots)
+        self._plans: Dict[Hashable, LaunchPlan] = {}
+
+    def launch(self, key: Hashable, tensors: Sequence[torch.Tensor],
+               build: Callable[[], Tuple[Any, Any, Sequence[Any], Dict[str, Any]]]) -> None:
+        plan = self._plans.get(key)
+        if plan is not None and plan.launch(*tensors):
+            return
+        fn, grid, args, kwargs = build()
+        device = tensors[0].device
+        if device.type == "cuda":  # (CPU tensors: the interpreter)
+            with torch.cuda.device(device):
+                recorded = launch_jit(fn, grid, args, kwargs, plan_slots=self.slots)
+        else:
+            recorded = launch_jit(fn, grid, args, kwargs, plan_slots=self.slots)
+        if recorded is not None:
+            if len(self._plans) >= MAX_PLANS:
+                self._plans.clear()
+            self._plans[key] = recorded
+
+    def clear(self) -> None:
+        self._plans.clear()

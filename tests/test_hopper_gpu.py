@@ -143,6 +143,26 @@ def test_ablation_variants_are_exact(overrides, causal):
     _check(q, k, v, params, out, lse)
 
 
+_THREE_CONSUMERS = dict(consumers=3, block_m=192, consumer_regs=160, maxnreg=128)
+
+
+@pytest.mark.parametrize("overrides", [_THREE_CONSUMERS,
+                                       dict(_THREE_CONSUMERS, block_n=64, num_stages=4)],
+                         ids=["bn128", "bn64"])
+@pytest.mark.parametrize("causal,window,softcap,shape", [
+    (False, (-1, -1), 0.0, (2, 1000, 1000, 4, 2)), (True, (-1, -1), 0.0, (1, 700, 1300, 4, 4)),
+    (True, (-1, -1), 0.0, (2, 385, 385, 2, 1)), (False, (100, 30), 0.0, (1, 1000, 800, 2, 2)),
+    (False, (-1, -1), 20.0, (1, 193, 500, 2, 2)), (True, (-1, -1), 0.0, (1, 1, 1, 2, 2))],
+    ids=["full", "causal_sk_gt_sq", "causal_ragged", "window", "softcap", "one_token"])
+def test_three_consumer_warpgroups(overrides, causal, window, softcap, shape):
+    """BLOCK_M = 192 as three consumer warpgroups of 64 rows (small head dims)."""
+    b, s_q, s_k, h, h_k = shape
+    q, k, v = _inputs(b, s_q, s_k, h, h_k, 64, torch.bfloat16)
+    params = _params(64, causal, window, softcap, s_k)
+    out, lse = _run_hopper(q, k, v, params, **overrides)
+    _check(q, k, v, params, out, lse)
+
+
 def test_strided_inputs_and_persistent_many_tiles():
     """(b, h, s, d) memory viewed as (b, s, h, d), and more tiles than SMs (persistent loop)."""
     d = 128

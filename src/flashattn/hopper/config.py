@@ -1,6 +1,7 @@
 """Tile configurations of the Hopper forward, per head dim (data, not code).
 
-BLOCK_M query rows per CTA (two consumer warpgroups of BLOCK_M // 2 rows each), BLOCK_N keys
+BLOCK_M query rows per CTA (``consumers`` warpgroups of BLOCK_M // consumers rows each: two, or
+three at d = 64), BLOCK_N keys
 per pipeline slot, NUM_STAGES slots. Shared memory per CTA (16-bit elements):
 Q 2 * BLOCK_M * d + K/V 2 * 2 * NUM_STAGES * BLOCK_N * d bytes (+ O 2 * BLOCK_M * d when
 SEPARATE_O; otherwise O leaves through Q's slot), within the 227 KB an sm90 CTA may use.
@@ -33,6 +34,10 @@ class FwdConfig:
     # Ablation only (benchmarks/NOTES.md): False drops the producer warp; consumer warpgroup 0
     # issues the TMA loads between its own GEMMs (static tile order).
     warp_specialized: bool = True
+    # consumer warpgroups of BLOCK_M // consumers rows each: 2, or 3 (BLOCK_M = 192, small head
+    # dims: each K/V block loaded serves 192 query rows; registers: 3 x 128 consumer threads
+    # + the producer warp share the file, so consumer_regs <= 160 and maxnreg <= 152)
+    consumers: int = 2
 
     def smem_bytes(self, head_dim: int, elem: int = 2) -> int:
         head_dim = 1 << (head_dim - 1).bit_length()  # TMA boxes are powers of two
@@ -41,8 +46,12 @@ class FwdConfig:
         return q + kv + (q if self.separate_o else 0) + 1024
 
 
+# d = 64: three consumer warpgroups (BLOCK_M = 192) against two (128), H100 session 7, TFLOP/s
+# at 2k / 8k / 16k: dense 455 / 518 / 515 vs 418 / 474 / 461, causal 342 / 468 / 481 vs
+# 353 / 438 / 447 (benchmarks/NOTES.md).
 FWD_CONFIGS: Dict[int, FwdConfig] = {
-    64: FwdConfig(block_m=128, block_n=128, num_stages=3, separate_o=True),
+    64: FwdConfig(block_m=192, block_n=128, num_stages=3, separate_o=True, consumers=3,
+                  consumer_regs=160, maxnreg=128),
     96: FwdConfig(block_m=128, block_n=128, num_stages=2, separate_o=True),
     128: FwdConfig(block_m=128, block_n=128, num_stages=2, separate_o=True),
     192: FwdConfig(block_m=128, block_n=64, num_stages=2, separate_o=False),
@@ -50,8 +59,10 @@ FWD_CONFIGS: Dict[int, FwdConfig] = {
 }
 
 
-# Softcap's tanh needs registers: at d = 96/128 the 64 x 128 score tile spills, 64 x 64 fits.
+# Softcap's tanh needs registers: at d = 96/128 the 64 x 128 score tile spills, 64 x 64 fits;
+# at d = 64 the three 160-register consumers spill (56 bytes), so softcap keeps two.
 SOFTCAP_CONFIGS: Dict[int, FwdConfig] = {
+    64: FwdConfig(block_m=128, block_n=128, num_stages=3, separate_o=True),
     96: FwdConfig(block_m=128, block_n=64, num_stages=3, separate_o=True),
     128: FwdConfig(block_m=128, block_n=64, num_stages=3, separate_o=True),
 }
@@ -60,7 +71,16 @@ SOFTCAP_CONFIGS: Dict[int, FwdConfig] = {
 def fwd_config(head_dim: int, softcap: bool = False, **overrides) -> FwdConfig:
     """The config for ``head_dim`` (a key of FWD_CONFIGS), with overrides (ablations, tuning)."""
     cfg = SOFTCAP_CONFIGS.get(head_dim, FWD_CONFIGS[head_dim]) if softcap else FWD_CONFIGS[head_dim]
-    return replace(cfg, **overrides) if overrides else cfg
+    if not overrides:
+        return cfg
+    cfg = replace(cfg, **overrides)
+    if cfg.consumers == 3 and (cfg.pingpong or not cfg.warp_specialized):
+        raise ValueError(f"FwdConfig {overrides}: pingpong and warp_specialized=False need two "
+                         "consumer warpgroups (pass consumers=2, block_m=128, consumer_regs=240, "
+                         "maxnreg=168)")
+    if cfg.consumers not in (2, 3) or cfg.block_m % cfg.consumers:
+        raise ValueError(f"FwdConfig {overrides}: consumers must be 2 or 3 and divide block_m")
+    return cfg
 
 
 # ---------------------------------------------------------------------------------------------

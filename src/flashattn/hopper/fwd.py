@@ -71,7 +71,7 @@ def launch_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Te
     """
     batch, seqlen_q, n_heads, head_dim = q.shape
     _, seqlen_k, n_heads_k, _ = k.shape
-    half_m = cfg.block_m // 2
+    half_m = cfg.block_m // cfg.consumers  # rows per consumer warpgroup
     n_m_blocks = cdiv(seqlen_q, cfg.block_m)
     n_bh = batch * n_heads
     n_tiles = n_bh * n_m_blocks
@@ -96,6 +96,7 @@ def launch_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Te
         INTRA_OVERLAP=cfg.intra_overlap, SEPARATE_O=cfg.separate_o, DYNAMIC=dynamic,
         NO_WS=not cfg.warp_specialized,
         CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
+        CONSUMERS=cfg.consumers,
     )
     # without the producer warp the kernel has 8 warps: 240 registers each fit the file
     options = dict(num_warps=4, maxnreg=cfg.maxnreg if cfg.warp_specialized else 240)

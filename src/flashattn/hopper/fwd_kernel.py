@@ -7,6 +7,8 @@ One CTA = three warp-specialised partitions sharing a circular shared-memory pip
                count) and an *empty* mbarrier (both consumers arrive when done reading).
     consumer0  warpgroup (default partition), ~240 registers: rows [0, HALF_M) of the tile
     consumer1  warpgroup (worker partition),  ~240 registers: rows [HALF_M, BLOCK_M)
+    (CONSUMERS = 3, used at d = 64: BLOCK_M = 192, a third consumer warpgroup, 160 registers
+    each; every K/V block loaded then serves 192 query rows instead of 128)
 
 Each consumer computes S = Q K^T and O += P V with wgmma (Q, K, V from shared memory, P from
 registers: the S accumulator converted in registers to the A-operand layout), online softmax
@@ -89,19 +91,20 @@ def _producer(descs, smem, bars, problem, window, tile_counter, BLOCK_M: gl.cons
 
 @gluon.jit
 def _load_q(q_desc, q_smem, q_ready, b, h, m_start):
-    """TMA loads of a tile's Q, both halves (one per consumer) on ``q_ready``; the caller has
-    waited for ``q_empty``."""
+    """TMA loads of a tile's Q, one HALF_M-row piece per consumer, all on ``q_ready``; the
+    caller has waited for ``q_empty``."""
     HALF_M: gl.constexpr = q_desc.block_type.shape[1]
-    mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [b, m_start, h, 0], q_ready, q_smem.index(0))
-    tma.async_copy_global_to_shared(q_desc, [b, m_start + HALF_M, h, 0], q_ready,
-                                    q_smem.index(1))
+    CONSUMERS: gl.constexpr = q_smem.shape[0]
+    mbarrier.expect(q_ready, CONSUMERS * q_desc.block_type.nbytes)
+    for i in gl.static_range(CONSUMERS):
+        tma.async_copy_global_to_shared(q_desc, [b, m_start + i * HALF_M, h, 0], q_ready,
+                                        q_smem.index(i))
 
 
 @gluon.jit
 def _load_kv(descs, smem, bars, kv_count, b, n_start, h_k):
     """TMA loads of key block ``n_start`` (K, then V) into ring slot ``kv_count % NUM_STAGES``,
-    each once both consumers have released the slot. Returns ``kv_count + 1``."""
+    each once every consumer has released the slot. Returns ``kv_count + 1``."""
     q_desc, k_desc, v_desc, o_desc = descs
     q_smem, k_smem, v_smem, o_smem, tile_slot = smem
     q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn = bars
@@ -147,7 +150,8 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, lse_
               BLOCK_M: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
               LONGEST_FIRST: gl.constexpr, PINGPONG: gl.constexpr, INTRA_OVERLAP: gl.constexpr,
               SEPARATE_O: gl.constexpr, DYNAMIC: gl.constexpr, NO_WS: gl.constexpr):
-    """One consumer warpgroup: rows [WG * HALF_M, (WG + 1) * HALF_M) of every tile.
+    """One consumer warpgroup: rows [WG * HALF_M, (WG + 1) * HALF_M) of every tile
+    (HALF_M = BLOCK_M // CONSUMERS: the name is from the two-consumer layout).
 
     NO_WS (ablation only): there is no producer warp; warpgroup 0 issues the TMA loads itself,
     NUM_STAGES key blocks ahead, at the end of each key block (FA2-style software pipelining
@@ -178,7 +182,8 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, lse_
     else:
         s_unit = qk_scale
 
-    gl.static_assert(WG == 0 or WG == 1)
+    gl.static_assert(WG * HALF_M < BLOCK_M)
+    gl.static_assert(not PINGPONG or BLOCK_M == 2 * HALF_M)  # the turn token passes 0 <-> 1
     if PINGPONG:
         if WG == 1:
             mbarrier.arrive(turn.index(0))  # warpgroup 0 issues first
@@ -330,24 +335,29 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
                     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
                     LONGEST_FIRST: gl.constexpr, PINGPONG: gl.constexpr,
                     INTRA_OVERLAP: gl.constexpr, SEPARATE_O: gl.constexpr, DYNAMIC: gl.constexpr,
-                    NO_WS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                    NO_WS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+                    CONSUMERS: gl.constexpr = 2):
     """Persistent warp-specialised attention forward (see module docstring).
 
     Descriptors are rank 4 over (batch, seq, head, dim) with boxes [1, rows, 1, HEAD_DIM]:
-    q/o boxes have HALF_M = BLOCK_M // 2 rows (one per consumer), k/v boxes BLOCK_N rows.
+    q/o boxes have HALF_M = BLOCK_M // CONSUMERS rows (one per consumer warpgroup: 2, or 3
+    with BLOCK_M = 192 for small head dims), k/v boxes BLOCK_N rows.
     TMA zero-fills rows past the sequence end and drops stored rows past it.
     lse_ptr: float32 (b, h, s_q) contiguous. tile_counter: int32 zero (DYNAMIC: the global
     tile queue, CTA i starts with tile i, then takes num_programs + atomic_add(counter, 1)).
     Launch with num_warps=4 (the default partition is consumer 0) and
     grid = min(#SMs, n_tiles) (or n_tiles: not persistent).
     """
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+    gl.static_assert(BLOCK_M == CONSUMERS * q_desc.block_type.shape[1])
+    gl.static_assert(CONSUMERS == 2 or (CONSUMERS == 3 and not NO_WS))
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS] + q_desc.block_type.shape,
+                                       q_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [NUM_STAGES] + k_desc.block_type.shape,
                                        k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [NUM_STAGES] + v_desc.block_type.shape,
                                        v_desc.layout)
     if SEPARATE_O:
-        o_smem = gl.allocate_shared_memory(o_desc.dtype, [2] + o_desc.block_type.shape,
+        o_smem = gl.allocate_shared_memory(o_desc.dtype, [CONSUMERS] + o_desc.block_type.shape,
                                            o_desc.layout)
     else:
         o_smem = q_smem
@@ -361,12 +371,12 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
     v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_ready, count=1)
-    mbarrier.init(q_empty, count=2)
+    mbarrier.init(q_empty, count=CONSUMERS)
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=2)
+        mbarrier.init(k_empty.index(i), count=CONSUMERS)
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(v_empty.index(i), count=2)
+        mbarrier.init(v_empty.index(i), count=CONSUMERS)
     for i in gl.static_range(2):
         mbarrier.init(turn.index(i), count=1)
     fence_async_shared()
@@ -389,7 +399,7 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS)),
         ], [4], [CONSUMER_REGS])
-    else:
+    elif CONSUMERS == 2:
         gl.warp_specialize([
             (_consumer, (0, descs, smem, bars, problem, window, scales, lse_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
@@ -401,3 +411,18 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
                          HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG, INTRA_OVERLAP,
                          SEPARATE_O, DYNAMIC)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    else:  # three consumer warpgroups (small head dims: more rows per K/V block loaded)
+        gl.warp_specialize([
+            (_consumer, (0, descs, smem, bars, problem, window, scales, lse_ptr, BLOCK_M,
+                         HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
+                         INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS)),
+            (_consumer, (1, descs, smem, bars, problem, window, scales, lse_ptr, BLOCK_M,
+                         HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
+                         INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS)),
+            (_consumer, (2, descs, smem, bars, problem, window, scales, lse_ptr, BLOCK_M,
+                         HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
+                         INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS)),
+            (_producer, (descs, smem, bars, problem, window, tile_counter, BLOCK_M, HAS_LEFT,
+                         HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG, INTRA_OVERLAP,
+                         SEPARATE_O, DYNAMIC)),
+        ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])

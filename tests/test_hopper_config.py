@@ -1,0 +1,49 @@
+"""The Hopper forward's tile configurations as data (CPU): every shipped config fits an sm90
+SM (shared memory, register file), and fwd_config rejects combinations the kernel cannot build
+with a message that names them."""
+from __future__ import annotations
+
+import pytest
+
+from flashattn.hopper.config import FWD_CONFIGS, SMEM_LIMIT, SOFTCAP_CONFIGS, fwd_config
+
+REGISTER_FILE = 65536  # 32-bit registers per SM (sm90)
+
+
+@pytest.mark.parametrize("head_dim,softcap", [(d, False) for d in FWD_CONFIGS]
+                         + [(d, True) for d in SOFTCAP_CONFIGS])
+def test_shipped_configs_fit_an_sm(head_dim, softcap):
+    cfg = fwd_config(head_dim, softcap)
+    assert cfg.consumers in (2, 3) and cfg.block_m % cfg.consumers == 0
+    assert cfg.block_m // cfg.consumers == 64  # one wgmma M-tile of rows per warpgroup
+    assert cfg.smem_bytes(head_dim) <= SMEM_LIMIT
+    # warps are allocated per warpgroup: the producer's one warp occupies a whole one
+    threads = 128 * (cfg.consumers + 1)
+    assert cfg.maxnreg * threads <= REGISTER_FILE  # the launch itself must fit
+    # after setmaxnreg: consumers up, the producer's warpgroup down
+    assert 128 * (cfg.consumers * cfg.consumer_regs + cfg.producer_regs) <= REGISTER_FILE
+
+
+def test_three_consumers_reject_two_way_schedules():
+    assert fwd_config(64).consumers == 3
+    for bad in (dict(pingpong=True), dict(warp_specialized=False)):
+        with pytest.raises(ValueError, match="two consumer warpgroups"):
+            fwd_config(64, **bad)
+    two = dict(consumers=2, block_m=128, consumer_regs=240, maxnreg=168)
+    assert fwd_config(64, pingpong=True, **two).pingpong
+    with pytest.raises(ValueError, match="divide block_m"):
+        fwd_config(128, consumers=3)  # block_m 128 is not three warpgroups of rows
+    with pytest.raises(ValueError, match="consumers must be 2 or 3"):
+        fwd_config(128, consumers=4)
+
+
+def test_tile_queue_only_for_masked_persistent_warp_specialised_calls():
+    pytest.importorskip("triton.experimental.gluon")
+    from flashattn.hopper.fwd import uses_tile_queue
+
+    cfg = fwd_config(128)
+    assert uses_tile_queue(cfg, window_right=0)  # causal
+    assert not uses_tile_queue(cfg, window_right=-1)  # dense: equal tiles, round robin
+    assert not uses_tile_queue(fwd_config(128, dynamic=False), 0)
+    assert not uses_tile_queue(fwd_config(128, persistent=False), 0)
+    assert not uses_tile_queue(fwd_config(128, warp_specialized=False), 0)

@@ -35,13 +35,13 @@ def is_wide(head_dim: int) -> bool:
 
 
 def dq_workspace(q: torch.Tensor, seqlen_q_pad: int) -> torch.Tensor:
-    """fp32 zeros the kernel adds dQ into: (b, h, s_q_pad, d_pad), or transposed
-    (b, h, d_pad, s_q_pad) for the wide kernel."""
+    """The fp32 buffer the kernel adds dQ into, uninitialised (``row_stats`` zeroes it):
+    (b, h, s_q_pad, d_pad), or transposed (b, h, d_pad, s_q_pad) for the wide kernel."""
     batch, _, n_heads, head_dim = q.shape
     d_pad = padded_head_dim(head_dim)
     shape = ((batch, n_heads, d_pad, seqlen_q_pad) if is_wide(head_dim)
              else (batch, n_heads, seqlen_q_pad, d_pad))
-    return torch.zeros(shape, dtype=torch.float32, device=q.device)
+    return torch.empty(shape, dtype=torch.float32, device=q.device)
 
 
 def _dq_desc(dq_acc: torch.Tensor, block_m: int, wide: bool) -> TensorDescriptor:
@@ -73,7 +73,7 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     """(positional args, constexpr kwargs, launch options, grid) of bwd_kernel_for(d).
 
     Shared by the launch and by the ahead-of-time compile (aot.py). lse2 / delta float32
-    (b, h, s_q_pad) (bwd_preprocess.row_stats); dq_acc: dq_workspace's fp32 zeros;
+    (b, h, s_q_pad) (bwd_preprocess.row_stats); dq_acc: dq_workspace, zeroed by row_stats;
     dk, dv (b, s_k, h_k, d) contiguous.
     """
     batch, seqlen_q, n_heads, head_dim = q.shape
@@ -132,8 +132,9 @@ def flash_bwd_hopper(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     if out.stride(-1) != 1:
         out = out.contiguous()
     seqlen_q_pad = cdiv(seqlen_q, cfg.block_m) * cfg.block_m
-    lse2, delta = row_stats(out, dout, lse.contiguous(), seqlen_q_pad)
     dq_acc = dq_workspace(q, seqlen_q_pad)
+    lse2, delta = row_stats(out, dout, lse.contiguous(), seqlen_q_pad, dq_acc,
+                            transposed=is_wide(head_dim))
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     # what the launch's arguments are made of apart from the tensors (lse2, delta, dq_acc, dk,

@@ -8,6 +8,10 @@ up to the backward's BLOCK_M, so the kernel's loads of a query block need no mas
 
 With lse2 = +inf the backward's P = exp2(S * scale - lse2) is exactly 0: such rows add
 nothing to dK / dV / dQ and produce no NaN.
+
+The same pass zeroes the fp32 dQ workspace the Gluon kernel then reduce-adds into (each
+program its query block's rows, all padded head-dim columns): one launch and one Python
+allocation path fewer than a separate ``torch.zeros`` (the bytes written are the same).
 """
 from __future__ import annotations
 
@@ -20,9 +24,11 @@ from flashattn.kernels.launch import LaunchPlans
 
 
 @triton.jit
-def _row_stats_kernel(Out, DO, Lse, Lse2, Delta, stride_ob, stride_om, stride_oh,
-                      stride_dob, stride_dom, stride_doh, n_heads, seqlen_q, seqlen_q_pad,
-                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
+def _row_stats_kernel(Out, DO, Lse, Lse2, Delta, DQAcc, stride_ob, stride_om, stride_oh,
+                      stride_dob, stride_dom, stride_doh, stride_acc_bh, stride_acc_s,
+                      stride_acc_d, n_heads, seqlen_q, seqlen_q_pad,
+                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                      ACC_TRANSPOSED: tl.constexpr):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // n_heads
@@ -41,24 +47,47 @@ def _row_stats_kernel(Out, DO, Lse, Lse2, Delta, stride_ob, stride_om, stride_oh
     base = bh.to(tl.int64) * seqlen_q_pad
     tl.store(Lse2 + base + rows, lse2, mask=rows < seqlen_q_pad)
     tl.store(Delta + base + rows, delta, mask=rows < seqlen_q_pad)
+    # this block's rows of the dQ workspace, every padded column; the tile runs along the
+    # workspace's contiguous dim (s when transposed, d otherwise) so the stores coalesce
+    acc = DQAcc + bh.to(tl.int64) * stride_acc_bh
+    if ACC_TRANSPOSED:
+        tile = (cols[:, None].to(tl.int64) * stride_acc_d
+                + rows[None, :].to(tl.int64) * stride_acc_s)
+        tl.store(acc + tile, tl.zeros([BLOCK_D, BLOCK_M], tl.float32),
+                 mask=rows[None, :] < seqlen_q_pad)
+    else:
+        tile = (rows[:, None].to(tl.int64) * stride_acc_s
+                + cols[None, :].to(tl.int64) * stride_acc_d)
+        tl.store(acc + tile, tl.zeros([BLOCK_M, BLOCK_D], tl.float32),
+                 mask=rows[:, None] < seqlen_q_pad)
 
 
-def row_stats(out: torch.Tensor, dout: torch.Tensor, lse: torch.Tensor, seqlen_q_pad: int):
-    """(lse2, delta), float32 (b, h, seqlen_q_pad) each; out/dout (b, s_q, h, d) with unit last
-    stride, lse float32 (b, h, s_q) contiguous."""
+def row_stats(out: torch.Tensor, dout: torch.Tensor, lse: torch.Tensor, seqlen_q_pad: int,
+              dq_acc: torch.Tensor, transposed: bool):
+    """(lse2, delta), float32 (b, h, seqlen_q_pad) each (views of one allocation); out/dout
+    (b, s_q, h, d) with unit last stride, lse float32 (b, h, s_q) contiguous. Zeroes
+    ``dq_acc``, the fp32 dQ workspace (b, h, seqlen_q_pad, d_pad), or (b, h, d_pad,
+    seqlen_q_pad) when ``transposed``, d_pad = next_pow2(d), contiguous; seqlen_q_pad a
+    multiple of 64."""
     batch, seqlen_q, n_heads, head_dim = out.shape
-    lse2 = torch.empty((batch, n_heads, seqlen_q_pad), dtype=torch.float32, device=out.device)
-    delta = torch.empty_like(lse2)
+    stats = torch.empty((2, batch, n_heads, seqlen_q_pad), dtype=torch.float32,
+                        device=out.device)
+    lse2, delta = stats[0], stats[1]
     block_m = 64
+    stride_s, stride_d = ((dq_acc.stride(3), dq_acc.stride(2)) if transposed
+                          else (dq_acc.stride(2), dq_acc.stride(3)))
     key = (out.shape, out.stride(), dout.stride(), out.dtype, dout.dtype, out.device,
-           seqlen_q_pad)
-    _PLANS.launch(key, (out, dout, lse, lse2, delta), lambda: (
+           seqlen_q_pad, dq_acc.shape, dq_acc.stride(), transposed)
+    _PLANS.launch(key, (out, dout, lse, lse2, delta, dq_acc), lambda: (
         _row_stats_kernel, (cdiv(seqlen_q_pad, block_m), batch * n_heads), (
-            out, dout, lse, lse2, delta, out.stride(0), out.stride(1), out.stride(2),
-            dout.stride(0), dout.stride(1), dout.stride(2), n_heads, seqlen_q, seqlen_q_pad),
-        dict(HEAD_DIM=head_dim, BLOCK_D=next_pow2(head_dim), BLOCK_M=block_m)))
+            out, dout, lse, lse2, delta, dq_acc, out.stride(0), out.stride(1), out.stride(2),
+            dout.stride(0), dout.stride(1), dout.stride(2), dq_acc.stride(1), stride_s,
+            stride_d, n_heads, seqlen_q, seqlen_q_pad),
+        dict(HEAD_DIM=head_dim, BLOCK_D=next_pow2(head_dim), BLOCK_M=block_m,
+             ACC_TRANSPOSED=transposed)))
     return lse2, delta
 
 
-# launch plans by call shape (kernels/launch.py); slots: out, dout, lse, lse2, delta
-_PLANS = LaunchPlans(slots=range(5))
+# launch plans by call shape (kernels/launch.py); slots: out, dout, lse, lse2, delta,
+# the dQ workspace
+_PLANS = LaunchPlans(slots=range(6))

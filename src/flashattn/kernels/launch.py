@@ -161,7 +161,8 @@ class LaunchPlan:
              else None, None if hasattr(a, "block_shape") else a.data_ptr() % 16 == 0)
             for i, a in slots)
         # the recorded call's tensors leave the template: a cached plan must not keep them alive
-        self.values = [None if i in {j for j, _ in slots} else a for i, a in enumerate(values)]
+        positions = {i for i, _ in slots}
+        self.values = [None if i in positions else a for i, a in enumerate(values)]
 
     def launch(self, *tensors: torch.Tensor) -> bool:
         """Launch with ``tensors`` in the slots (in ``plan_slots`` order; a descriptor slot
@@ -207,6 +208,8 @@ class LaunchPlans:
 
     def launch(self, key: Hashable, tensors: Sequence[torch.Tensor],
                build: Callable[[], Tuple[Any, Any, Sequence[Any], Dict[str, Any]]]) -> None:
+        """Launch: replay ``key``'s plan with ``tensors``, or build the arguments, launch through
+        :func:`launch_jit` on ``tensors[0]``'s device and keep the plan it records."""
         plan = self._plans.get(key)
         if plan is not None and plan.launch(*tensors):
             return

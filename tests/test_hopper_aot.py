@@ -54,7 +54,9 @@ BWD_VARIANTS = (
        ("bwd", 192, "bfloat16", True, (-1, -1), 30.0, None),
        ("bwd", 256, "float16", False, (200, 200), 20.0, None),
        ("bwd", 256, "bfloat16", True, (-1, -1), 0.0, {"pipeline": False}),
-       ("bwd", 192, "float16", False, (-1, -1), 30.0, {"pipeline": False})]
+       ("bwd", 192, "float16", False, (-1, -1), 30.0, {"pipeline": False}),
+       ("bwd", 128, "bfloat16", True, (-1, -1), 0.0, {"longest_first": True}),
+       ("bwd", 256, "bfloat16", True, (-1, -1), 0.0, {"longest_first": True})]
 )
 
 

@@ -145,7 +145,8 @@ _VARIANTS = [(128, dict(dq_async=False)), (128, dict(pipeline=True)),
              (128, dict(dq_tma=False)), (128, dict(pipeline=True, dq_async=False)),
              (64, dict(block_m=128)), (64, dict(block_m=128, dq_async=False)),
              (64, dict(pipeline=True)), (64, dict(dq_async=False)),
-             (256, dict(pipeline=False)), (192, dict(pipeline=False))]
+             (256, dict(pipeline=False)), (192, dict(pipeline=False)),
+             (128, dict(longest_first=True)), (256, dict(longest_first=True))]
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -153,8 +154,8 @@ _VARIANTS = [(128, dict(dq_async=False)), (128, dict(pipeline=True)),
                          ids=[f"d{d}-" + "-".join(f"{k}{int(v)}" for k, v in o.items())
                               for d, o in _VARIANTS])
 def test_config_variants_are_exact(d, overrides, causal):
-    """The schedule switches (dQ by atomics / synchronous TMA reduce, pipelining, BLOCK_M)
-    change the schedule, never the function."""
+    """The schedule switches (dQ by atomics / synchronous TMA reduce, pipelining, BLOCK_M,
+    program order) change the schedule, never the function."""
     q, k, v = _inputs(2, 1000, 900, 4, 2, d, torch.bfloat16)
     params = _params(d, causal)
     grads, dout = _run(q, k, v, params, **overrides)
@@ -223,6 +224,22 @@ def test_large_offsets(d):
     for name, got, ref in (("dk", dk, dk_ref), ("dv", dv, dv_ref)):
         err = (got.float() - ref.float()).norm() / ref.float().norm()
         assert err < 1e-2, f"{name}: relative error {err:.2e} against the portable backward"
+
+
+@pytest.mark.bigmem  # ~5 GiB: run alone (gpu_check.sh), not beside other workers
+@pytest.mark.parametrize("d", [64, 256])
+def test_more_than_65535_heads(d):
+    """b * h_k past 65535 (the limit of grid axis 1): the backward's grids keep (batch, head)
+    on axis 0 / in a 1-D grid. Heads at both ends checked against the float64 oracle."""
+    b, s, h = 32800, 64, 2  # b * h = 65600 (KV) heads
+    try:
+        q, k, v = _inputs(b, s, s, h, h, d, torch.bfloat16)
+    except torch.OutOfMemoryError:
+        pytest.skip("not enough GPU memory")
+    params = _params(d, True)
+    grads, dout = _run(q, k, v, params)
+    for sl in (slice(0, 2), slice(b - 2, b)):
+        _check(q[sl], k[sl], v[sl], params, tuple(g[sl] for g in grads), dout[sl])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -56,6 +56,18 @@ def _dq_desc(dq_acc: torch.Tensor, block_m: int, wide: bool) -> TensorDescriptor
     return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), block, layout)
 
 
+def _kv_heads_per_group(n_bh_k: int, seqlen_q: int, group_size: int, d_pad: int,
+                        elem: int) -> int:
+    """KV heads whose Q and dO (all query heads of each GQA group) fit the L2 budget together:
+    the longest-first program order walks that many KV heads at a time."""
+    per_kv_head = max(1, 2 * seqlen_q * d_pad * elem * group_size)
+    return max(1, min(n_bh_k, _L2_QDO_BUDGET // per_kv_head))
+
+
+# Q / dO bytes of the KV heads in flight that should stay in L2 (50 MB on H100)
+_L2_QDO_BUDGET = 24 * 2**20
+
+
 def bwd_kernel_for(head_dim: int):
     """The Gluon backward kernel that runs ``head_dim``."""
     if is_wide(head_dim):
@@ -80,11 +92,17 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     _, seqlen_k, n_heads_k, _ = k.shape
     has_softcap = softcap > 0.0
     wide = is_wide(head_dim)
+    n_key_blocks = cdiv(seqlen_k, cfg.block_n)
+    n_bh_k = batch * n_heads_k
+    group_size = n_heads // n_heads_k
     args = [
         _desc(q, cfg.block_m), _desc(k, cfg.block_n), _desc(v, cfg.block_n),
         _desc(dout, cfg.block_m), _dq_desc(dq_acc, cfg.block_m, wide), lse2, delta, dq_acc,
-        dk, dv, seqlen_q, seqlen_k, n_heads, n_heads_k, n_heads // n_heads_k,
+        dk, dv, seqlen_q, seqlen_k, n_heads, n_heads_k, group_size,
         dq_acc.shape[3] if wide else dq_acc.shape[2],
+        n_key_blocks, n_bh_k,
+        _kv_heads_per_group(n_bh_k, seqlen_q, group_size, padded_head_dim(head_dim),
+                            q.element_size()),
         int(window_left), int(window_right),
         float(softmax_scale * LOG2E), float(softmax_scale),
         float(softmax_scale / softcap) if has_softcap else 0.0,
@@ -94,6 +112,7 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
         BLOCK_M=cfg.block_m, NUM_STAGES=cfg.num_stages, HEAD_DIM=head_dim,
         HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, HAS_SOFTCAP=has_softcap,
         CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
+        LONGEST_FIRST=cfg.longest_first,
     )
     if wide:
         if not (cfg.dq_tma and cfg.dq_async):
@@ -103,7 +122,8 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
         constexprs.update(DQ_TMA=cfg.dq_tma, PIPELINE=cfg.pipeline,
                           DQ_ASYNC=cfg.dq_tma and cfg.dq_async)
     options = dict(num_warps=4, maxnreg=cfg.maxnreg)
-    grid = (cdiv(seqlen_k, cfg.block_n), batch * n_heads_k)
+    # 1-D: b * h_k on a second axis would stop at its 65535 limit
+    grid = (n_key_blocks * n_bh_k,)
     return args, constexprs, options, grid
 
 

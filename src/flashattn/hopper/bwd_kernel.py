@@ -1,6 +1,6 @@
 """FlashAttention-3-style backward for sm90, written in Gluon.
 
-One CTA per (key block of BLOCK_N = 128 keys, batch, KV head). K_j and V_j are loaded once into
+One CTA per (key block of BLOCK_N = 128 keys, batch, KV head) on a 1-D grid. K_j and V_j are loaded once into
 shared memory; the query blocks (BLOCK_M rows) of every query head of the GQA group stream past
 them. Three warp-specialised partitions:
 
@@ -49,6 +49,7 @@ from triton.experimental.gluon.language._core import builtin
 
 from flashattn.hopper.ring import ring_load
 from flashattn.hopper.softmax import tanh_f32
+from flashattn.hopper.tiles import key_block_coords
 
 
 @builtin
@@ -189,7 +190,7 @@ def _issue_s_dp(k_mine, v_mine, q_smem, do_smem, q_ready, do_ready, s_zero, it, 
     return s, dp
 
 @gluon.jit
-def _producer(descs, smem, bars, problem, window, ptrs, BLOCK_M: gl.constexpr,
+def _producer(descs, smem, bars, problem, window, ptrs, key_tile, BLOCK_M: gl.constexpr,
               HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr):
     """K_j, V_j once, then Q_i, dO_i and the row statistics (lse2_i, delta_i) of every query
     block of every head of the group."""
@@ -204,10 +205,7 @@ def _producer(descs, smem, bars, problem, window, ptrs, BLOCK_M: gl.constexpr,
     # one warp moves the 2 x BLOCK_M row statistics (lse2, delta) of a query block
     STAT_LAYOUT: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
 
-    n_start = gl.program_id(0) * BLOCK_N
-    bh_k = gl.program_id(1)
-    b = bh_k // n_heads_k
-    h_k = bh_k - b * n_heads_k
+    b, h_k, n_start = key_tile
     mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [b, n_start, h_k, 0], kv_ready, k_smem)
     tma.async_copy_global_to_shared(v_desc, [b, n_start, h_k, 0], kv_ready, v_smem)
@@ -236,7 +234,7 @@ def _producer(descs, smem, bars, problem, window, ptrs, BLOCK_M: gl.constexpr,
 
 
 @gluon.jit
-def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs,
+def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs, key_tile,
               BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, HAS_LEFT: gl.constexpr,
               HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, DQ_TMA: gl.constexpr,
               PIPELINE: gl.constexpr, DQ_ASYNC: gl.constexpr):
@@ -266,10 +264,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
     A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=KV_LAYOUT, k_width=2)
     COL_S: gl.constexpr = gl.SliceLayout(0, S_LAYOUT)
 
-    n_start = gl.program_id(0) * BLOCK_N
-    bh_k = gl.program_id(1)
-    b = bh_k // n_heads_k
-    h_k = bh_k - b * n_heads_k
+    b, h_k, n_start = key_tile
     key0 = n_start + WG * HALF_N
 
     k_all = k_smem.reshape([BLOCK_N, D_PAD])
@@ -441,12 +436,13 @@ def alloc_query_streams(q_desc, do_desc, NUM_STAGES: gl.constexpr, BLOCK_M: gl.c
 @gluon.jit
 def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_ptr, dq_ptr, dk_ptr,
                     dv_ptr, seqlen_q, seqlen_k, n_heads, n_heads_k, group_size, seqlen_q_pad,
+                    n_key_blocks, n_bh_k, heads_per_group,
                     window_left, window_right, qk_scale, sm_scale, softcap_inv, softcap_log2,
                     BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, HEAD_DIM: gl.constexpr,
                     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
                     DQ_TMA: gl.constexpr, PIPELINE: gl.constexpr, DQ_ASYNC: gl.constexpr,
                     CONSUMER_REGS: gl.constexpr,
-                    PRODUCER_REGS: gl.constexpr):
+                    PRODUCER_REGS: gl.constexpr, LONGEST_FIRST: gl.constexpr = False):
     """Warp-specialised attention backward (see module docstring).
 
     Descriptors are rank 4 over (batch, seq, head, dim): q/do boxes [1, BLOCK_M, 1, D_PAD],
@@ -459,7 +455,9 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
     by TMA reduce-add when DQ_TMA, else by fp32 atomics from registers.
     dk_ptr / dv_ptr: (b, s_k, h_k, HEAD_DIM)
     contiguous, q's dtype.
-    Grid (cdiv(s_k, BLOCK_N), b * h_k), num_warps = 4 (the default partition is consumer 0).
+    Grid (n_key_blocks * n_bh_k,) = (cdiv(s_k, BLOCK_N) * b * h_k,), in the order of
+    tiles.key_block_coords (LONGEST_FIRST: grouped by heads_per_group KV heads, key blocks
+    ascending); num_warps = 4 (the default partition is consumer 0).
     """
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
     k_smem = gl.allocate_shared_memory(k_desc.dtype, k_desc.block_type.shape, k_desc.layout)
@@ -490,11 +488,15 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
     window = (window_left, window_right)
     scales = (qk_scale, sm_scale, softcap_inv, softcap_log2)
     ptrs = (lse2_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr)
+    b, h_k, n_block = key_block_coords((n_key_blocks, n_bh_k, heads_per_group), n_heads_k,
+                                       LONGEST_FIRST)
+    key_tile = (b, h_k, n_block * BLOCK_N)
     gl.warp_specialize([
         # constexpr flags one by one (in a tuple they would reach the workers as i1 values)
-        (_consumer, (0, descs, smem, bars, problem, window, scales, ptrs, BLOCK_M, HEAD_DIM,
-                     HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC)),
-        (_consumer, (1, descs, smem, bars, problem, window, scales, ptrs, BLOCK_M, HEAD_DIM,
-                     HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC)),
-        (_producer, (descs, smem, bars, problem, window, ptrs, BLOCK_M, HAS_LEFT, HAS_RIGHT)),
+        (_consumer, (0, descs, smem, bars, problem, window, scales, ptrs, key_tile, BLOCK_M,
+                     HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC)),
+        (_consumer, (1, descs, smem, bars, problem, window, scales, ptrs, key_tile, BLOCK_M,
+                     HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC)),
+        (_producer, (descs, smem, bars, problem, window, ptrs, key_tile, BLOCK_M, HAS_LEFT,
+                     HAS_RIGHT)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

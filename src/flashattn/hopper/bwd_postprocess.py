@@ -22,8 +22,9 @@ from flashattn.kernels.launch import LaunchPlans
 def _dq_convert_kernel(Acc, DQ, stride_acc_bh, stride_acc_s, stride_acc_d, stride_qb, stride_qs,
                        stride_qh, n_heads, seqlen_q, HEAD_DIM: tl.constexpr,
                        BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
-    pid_s = tl.program_id(0)
-    bh = tl.program_id(1)
+    # (batch, head) on grid axis 0: b * h can pass the 65535 limit of axis 1
+    bh = tl.program_id(0)
+    pid_s = tl.program_id(1)
     b = bh // n_heads
     h = bh % n_heads
     rows = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
@@ -48,7 +49,7 @@ def dq_from_workspace(dq_acc: torch.Tensor, q: torch.Tensor, transposed: bool) -
     block_s = max(16, 8192 // block_d)  # 8K fp32 per program
     key = (dq_acc.shape, dq_acc.stride(), q.shape, q.dtype, q.device, transposed)
     _PLANS.launch(key, (dq_acc, dq), lambda: (
-        _dq_convert_kernel, (cdiv(seqlen_q, block_s), batch * n_heads), (
+        _dq_convert_kernel, (batch * n_heads, cdiv(seqlen_q, block_s)), (
             dq_acc, dq, stride_bh, stride_s, stride_d, dq.stride(0), dq.stride(1), dq.stride(2),
             n_heads, seqlen_q),
         dict(HEAD_DIM=head_dim, BLOCK_S=block_s, BLOCK_D=block_d, num_warps=8)))

@@ -29,8 +29,9 @@ def _row_stats_kernel(Out, DO, Lse, Lse2, Delta, DQAcc, stride_ob, stride_om, st
                       stride_acc_d, n_heads, seqlen_q, seqlen_q_pad,
                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                       ACC_TRANSPOSED: tl.constexpr):
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
+    # (batch, head) on grid axis 0: b * h can pass the 65535 limit of axis 1
+    bh = tl.program_id(0)
+    pid_m = tl.program_id(1)
     b = bh // n_heads
     h = bh % n_heads
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -79,7 +80,7 @@ def row_stats(out: torch.Tensor, dout: torch.Tensor, lse: torch.Tensor, seqlen_q
     key = (out.shape, out.stride(), dout.stride(), out.dtype, dout.dtype, out.device,
            seqlen_q_pad, dq_acc.shape, dq_acc.stride(), transposed)
     _PLANS.launch(key, (out, dout, lse, lse2, delta, dq_acc), lambda: (
-        _row_stats_kernel, (cdiv(seqlen_q_pad, block_m), batch * n_heads), (
+        _row_stats_kernel, (batch * n_heads, cdiv(seqlen_q_pad, block_m)), (
             out, dout, lse, lse2, delta, dq_acc, out.stride(0), out.stride(1), out.stride(2),
             dout.stride(0), dout.stride(1), dout.stride(2), dq_acc.stride(1), stride_s,
             stride_d, n_heads, seqlen_q, seqlen_q_pad),

@@ -49,6 +49,7 @@ from flashattn.hopper.bwd_kernel import (_producer, alloc_query_streams, block_n
                                          query_block_range, store_kv_grads,
                                          tma_reduce_add_from_shared, visible_t)
 from flashattn.hopper.softmax import tanh_f32
+from flashattn.hopper.tiles import key_block_coords
 
 
 @gluon.jit
@@ -86,7 +87,7 @@ def _issue_s_dp(k_all, v_all, q_smem, do_smem, q_ready, do_ready, s_zero, it,
 
 
 @gluon.jit
-def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs,
+def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs, key_tile,
               BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, HAS_LEFT: gl.constexpr,
               HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, PIPELINE: gl.constexpr):
     """One consumer warpgroup: head-dim columns [WG * HALF_D, (WG + 1) * HALF_D) of dK / dV,
@@ -114,10 +115,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
                                                         instr_shape=[16, HALF_D, 16])
     COL_S: gl.constexpr = gl.SliceLayout(0, S_LAYOUT)
 
-    n_start = gl.program_id(0) * BLOCK_N
-    bh_k = gl.program_id(1)
-    b = bh_k // n_heads_k
-    h_k = bh_k - b * n_heads_k
+    b, h_k, n_start = key_tile
 
     dq_buf = dq_smem.index(WG)
 
@@ -242,12 +240,13 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
 @gluon.jit
 def attn_bwd_wide_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_ptr, dq_ptr,
                          dk_ptr, dv_ptr, seqlen_q, seqlen_k, n_heads, n_heads_k, group_size,
-                         seqlen_q_pad, window_left, window_right, qk_scale, sm_scale,
-                         softcap_inv, softcap_log2,
+                         seqlen_q_pad, n_key_blocks, n_bh_k, heads_per_group, window_left,
+                         window_right, qk_scale, sm_scale, softcap_inv, softcap_log2,
                          BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr,
                          HEAD_DIM: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                          HAS_SOFTCAP: gl.constexpr, PIPELINE: gl.constexpr,
-                         CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                         CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+                         LONGEST_FIRST: gl.constexpr = False):
     """Warp-specialised attention backward for D_PAD = 256 (see module docstring).
 
     Descriptors are rank 4 over (batch, seq, head, dim): q/do boxes [1, BLOCK_M, 1, D_PAD],
@@ -255,8 +254,9 @@ def attn_bwd_wide_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, del
     float32 (b, h, s_q_pad), as in bwd_kernel.attn_bwd_kernel. dq_ptr: float32
     (b, h, D_PAD, s_q_pad) zeros (dQ *transposed*), receives softmax_scale * (dS K)^T through
     dq_desc (2-D over (b * h * D_PAD, s_q_pad), box [64, BLOCK_M // 2]) by TMA reduce-add.
-    dk_ptr / dv_ptr: (b, s_k, h_k, HEAD_DIM) contiguous, q's dtype. Grid (cdiv(s_k, BLOCK_N),
-    b * h_k), num_warps = 4 (the default partition is consumer 0).
+    dk_ptr / dv_ptr: (b, s_k, h_k, HEAD_DIM) contiguous, q's dtype. Grid and program order as
+    bwd_kernel.attn_bwd_kernel (1-D, tiles.key_block_coords), num_warps = 4 (the default
+    partition is consumer 0).
     """
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
     HALF_M: gl.constexpr = BLOCK_M // 2
@@ -290,12 +290,15 @@ def attn_bwd_wide_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, del
     window = (window_left, window_right)
     scales = (qk_scale, sm_scale, softcap_inv, softcap_log2)
     ptrs = (lse2_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr)
+    b, h_k, n_block = key_block_coords((n_key_blocks, n_bh_k, heads_per_group), n_heads_k,
+                                       LONGEST_FIRST)
+    key_tile = (b, h_k, n_block * BLOCK_N)
     gl.warp_specialize([
         # constexpr flags one by one (in a tuple they would reach the workers as i1 values)
-        (_consumer, (0, descs, smem, bars, problem, window, scales, ptrs, BLOCK_M, HEAD_DIM,
-                     HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, PIPELINE)),
-        (_consumer, (1, descs, smem, bars, problem, window, scales, ptrs, BLOCK_M, HEAD_DIM,
-                     HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, PIPELINE)),
-        (_producer, (descs, smem_producer, bars, problem, window, ptrs, BLOCK_M, HAS_LEFT,
-                     HAS_RIGHT)),
+        (_consumer, (0, descs, smem, bars, problem, window, scales, ptrs, key_tile, BLOCK_M,
+                     HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, PIPELINE)),
+        (_consumer, (1, descs, smem, bars, problem, window, scales, ptrs, key_tile, BLOCK_M,
+                     HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, PIPELINE)),
+        (_producer, (descs, smem_producer, bars, problem, window, ptrs, key_tile, BLOCK_M,
+                     HAS_LEFT, HAS_RIGHT)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

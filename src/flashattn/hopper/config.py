@@ -108,6 +108,10 @@ class BwdConfig:
     dq_async: bool = True
     # issue the next query block's S^T / dP^T GEMMs before this block's dQ reduction
     pipeline: bool = False
+    # program order: key blocks ascending across groups of KV heads sized to keep their Q / dO
+    # in L2 (tiles.key_block_coords), instead of one head's key blocks after another. Off:
+    # written without a GPU (session 7), not measured yet.
+    longest_first: bool = False
 
     def smem_bytes(self, head_dim: int, elem: int = 2) -> int:
         head_dim = 1 << (head_dim - 1).bit_length()

@@ -75,3 +75,28 @@ def tile_coords(tile, n_m_blocks, n_heads, n_bh, heads_per_group, LONGEST_FIRST:
     b = bh // n_heads
     h = bh - b * n_heads
     return b, h, m_block
+
+
+@gluon.jit
+def key_block_coords(key_grid, n_heads_k, LONGEST_FIRST: gl.constexpr):
+    """(batch, KV head, key block) of this CTA of the backward's 1-D grid of
+    n_key_blocks * n_bh_k programs, key_grid = (n_key_blocks, n_bh_k, heads_per_group)
+    (1-D: b * h_k may pass the 65535 limit of grid axis 1).
+
+    Default: key blocks of one (batch, KV head) after another, the order of the former 2-D grid
+    (cdiv(s_k, BLOCK_N), b * h_k): the CTAs running together share that head's Q / dO in L2.
+    LONGEST_FIRST: ``tile_coords``'s grouped order, key blocks ascending across
+    ``heads_per_group`` heads at a time (under a causal mask the first key blocks see the most
+    query rows: they start first and the short ones fill the tail).
+    """
+    n_key_blocks, n_bh_k, heads_per_group = key_grid
+    tile = gl.program_id(0)
+    if LONGEST_FIRST:
+        b, h_k, n_block = tile_coords(tile, n_key_blocks, n_heads_k, n_bh_k, heads_per_group,
+                                      False)
+    else:
+        bh_k = tile // n_key_blocks
+        n_block = tile - bh_k * n_key_blocks
+        b = bh_k // n_heads_k
+        h_k = bh_k - b * n_heads_k
+    return b, h_k, n_block

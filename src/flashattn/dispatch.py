@@ -97,8 +97,11 @@ def backend_for(tensor: "torch.Tensor | torch.device | str") -> str:
     backend that cannot run on that device (e.g. 'portable' for CPU tensors without
     TRITON_INTERPRET=1, or without triton installed).
     """
-    device = _device_of(tensor)
-    requested = requested_backend()
+    return _backend_for(_device_of(tensor), requested_backend())
+
+
+def _backend_for(device: torch.device, requested: str) -> str:
+    """:func:`backend_for` with ``FLASHATTN_BACKEND`` already read (``requested``)."""
     if requested == "cpu":
         return "cpu"
     # Triton runs on CUDA (and ROCm, which torch also calls 'cuda') devices, or anything
@@ -142,8 +145,9 @@ def family_for(tensor: "torch.Tensor | torch.device | str") -> str:
     'portable' (:func:`forward_family`).
     """
     device = _device_of(tensor)
-    backend = backend_for(device)
-    if backend != "portable" or requested_backend() not in ("auto", "hopper"):
+    requested = requested_backend()  # read once: this runs on every call
+    backend = _backend_for(device, requested)
+    if backend != "portable" or requested not in ("auto", "hopper"):
         return backend
     if device.type != "cuda" or interpreting():
         return backend

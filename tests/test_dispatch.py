@@ -230,6 +230,24 @@ def test_call_coverage_rules():
         assert reason is not None and what.strip().split()[0] in reason, (what, reason)
 
 
+def test_mixed_head_dims_are_opt_in_and_forward_only(monkeypatch):
+    """d != d_v (e.g. 192 / 128) reaches the Hopper forward only with FLASHATTN_HOPPER_MIXED_D=1
+    (written without a GPU); the Hopper backward never takes it."""
+    from flashattn.hopper.support import (ENV_MIXED_HEAD_DIMS, backward_unsupported,
+                                          call_unsupported)
+
+    q, k, v = _meta((2, 300, 8, 192)), _meta((2, 500, 2, 192)), _meta((2, 500, 2, 128))
+    monkeypatch.delenv(ENV_MIXED_HEAD_DIMS, raising=False)
+    assert ENV_MIXED_HEAD_DIMS in call_unsupported(q, k, v, _params())
+    monkeypatch.setenv(ENV_MIXED_HEAD_DIMS, "1")
+    assert call_unsupported(q, k, v, _params()) is None
+    odd = _meta((2, 500, 2, 80))
+    assert "head dims" in call_unsupported(q, k, odd, _params())
+    p = _params(deterministic=False)
+    del p["return_softmax"]
+    assert "head dims 192/128" in backward_unsupported(q, k, v, p)
+
+
 @pytest.fixture
 def fake_hopper(monkeypatch, fake_backends):
     """A recorder standing in for flashattn.hopper.fwd (the real one needs an sm90 GPU)."""

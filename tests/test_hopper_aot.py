@@ -36,7 +36,12 @@ VARIANTS = (
        (128, "bfloat16", True, (-1, -1), 0.0, {"intra_overlap": False}),
        (128, "bfloat16", False, (-1, -1), 0.0, {"warp_specialized": False}),
        (64, "bfloat16", True, (100, -1), 0.0, None),
-       (64, "bfloat16", False, (-1, -1), 20.0, None)]
+       (64, "bfloat16", False, (-1, -1), 20.0, None),
+       # head_dim_v != head_dim: (d, d_v)
+       ((192, 128), "bfloat16", True, (-1, -1), 0.0, None),
+       ((192, 128), "float16", False, (-1, -1), 0.0, None),
+       ((128, 64), "bfloat16", True, (-1, -1), 0.0, None),
+       ((64, 128), "bfloat16", False, (-1, -1), 0.0, None)]
 )
 
 
@@ -65,7 +70,8 @@ def _key(v):
     if isinstance(v[0], str):
         kind, v = v[0], v[1:]
     d, dt, c, w, cap, ov = v
-    s = f"{kind}_d{d}_{dt}" + ("_causal" if c else "")
+    dims = "x".join(str(x) for x in d) if isinstance(d, tuple) else d  # (d, d_v)
+    s = f"{kind}_d{dims}_{dt}" + ("_causal" if c else "")
     if tuple(w) != (-1, -1):
         s += f"_win{w[0]}_{w[1]}"
     if cap:
@@ -116,7 +122,9 @@ def test_fwd_variant_compiles_without_spills(variant, reports, capsys):
         return
     from flashattn.hopper.config import fwd_config
 
-    cfg = fwd_config(variant[0], variant[4] > 0.0, **(variant[5] or {}))
+    d, d_v = variant[0] if isinstance(variant[0], tuple) else (variant[0], variant[0])
+    cfg = fwd_config(d, variant[4] > 0.0, head_dim_v=d_v if d_v != d else None,
+                     **(variant[5] or {}))
     # consumer warpgroups + the producer's (padded) warpgroup
     assert rep["num_warps"] == 4 * (cfg.consumers + 1)
     # the techniques are really there: wgmma, TMA, register reallocation (producer down to

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from flashattn.hopper.config import FWD_CONFIGS, SMEM_LIMIT, SOFTCAP_CONFIGS, fwd_config
+from flashattn.hopper.support import HEAD_DIMS
 
 REGISTER_FILE = 65536  # 32-bit registers per SM (sm90)
 
@@ -22,6 +23,16 @@ def test_shipped_configs_fit_an_sm(head_dim, softcap):
     assert cfg.maxnreg * threads <= REGISTER_FILE  # the launch itself must fit
     # after setmaxnreg: consumers up, the producer's warpgroup down
     assert 128 * (cfg.consumers * cfg.consumer_regs + cfg.producer_regs) <= REGISTER_FILE
+
+
+@pytest.mark.parametrize("head_dim_v", HEAD_DIMS)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_mixed_head_dim_configs_fit_an_sm(head_dim, head_dim_v):
+    """d != d_v takes the larger dim's config with O in its own slot; it fits shared memory."""
+    cfg = fwd_config(head_dim, head_dim_v=head_dim_v)
+    assert cfg.smem_bytes(head_dim, head_dim_v=head_dim_v) <= SMEM_LIMIT
+    if (head_dim_v - 1).bit_length() != (head_dim - 1).bit_length():  # other padded width
+        assert cfg.separate_o
 
 
 def test_three_consumers_reject_two_way_schedules():

@@ -218,6 +218,52 @@ def test_large_offsets():
     del q, out
 
 
+_MIXED = [((192, 128), False, (2, 600, 600, 4, 2)), ((192, 128), True, (1, 700, 1300, 4, 1)),
+          ((128, 64), True, (2, 385, 385, 2, 2)), ((64, 128), False, (1, 257, 771, 4, 2)),
+          ((128, 256), True, (1, 300, 300, 2, 2)), ((256, 192), False, (1, 500, 200, 2, 1))]
+
+
+@pytest.mark.parametrize("dims,causal,shape", _MIXED,
+                         ids=[f"d{d[0]}x{d[1]}-{'causal' if c else 'full'}-"
+                              f"b{s[0]}s{s[1]}x{s[2]}h{s[3]}k{s[4]}" for d, c, s in _MIXED])
+def test_mixed_head_dims(dims, causal, shape):
+    """head_dim_v != head_dim (192 / 128 is DeepSeek's MLA prefill): V and O boxes of their own
+    width, O in its own shared-memory slot when the padded widths differ."""
+    (d, d_v), (b, s_q, s_k, h, h_k) = dims, shape
+    q = torch.randn(b, s_q, h, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(b, s_k, h_k, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(b, s_k, h_k, d_v, device="cuda", dtype=torch.bfloat16)
+    params = _params(d, causal)
+    out, lse = _run_hopper(q, k, v, params)
+    _check(q, k, v, params, out, lse)
+
+
+def test_mixed_head_dims_end_to_end(monkeypatch):
+    """With FLASHATTN_HOPPER_MIXED_D=1, a 192 / 128 call runs the Hopper forward and the portable
+    backward (fed the Hopper lse)."""
+    from flashattn.hopper import support
+
+    monkeypatch.setenv(support.ENV_MIXED_HEAD_DIMS, "1")
+    monkeypatch.setenv("FLASHATTN_BACKEND", "hopper")
+    monkeypatch.setenv("FLASHATTN_AUTOTUNE", "0")
+    b, s, h = 1, 600, 4
+    q = torch.randn(b, s, h, 192, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(b, s, h, 192, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(b, s, h, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    assert dispatch.forward_family(q, k, v, **_params(192, True)) == "hopper"
+    out = flash_attn_func(q, k, v, causal=True)
+    g = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), g)
+    x64 = [x.detach().double().requires_grad_() for x in (q, k, v)]
+    out_ref, _ = attention_ref(*x64, window_size=(-1, 0))
+    grads_ref = torch.autograd.grad(out_ref, x64, g.double())
+    out_lp, _ = attention_ref(q, k, v, window_size=(-1, 0), upcast=False)
+    grads_lp = torch.autograd.grad(out_lp, (q, k, v), g)
+    assert_close_rule(out, out_ref, out_lp, name="out")
+    for name, got, ref, lp in zip(("dq", "dk", "dv"), grads, grads_ref, grads_lp):
+        assert_close_rule(got, ref, lp, factor=3.0, name=name)
+
+
 # ---------------------------------------------------------------------------------------------
 # Dispatch on sm90: covered calls take the Hopper forward, the rest fall back (never wrong)
 # ---------------------------------------------------------------------------------------------

@@ -72,7 +72,9 @@ def _compile(kernel_fn, args, constexprs: Dict[str, Any], options: Dict[str, Any
 
 
 def _variant_key(head_dim, dtype, causal, window, softcap, overrides) -> str:
-    tag = f"fwd_d{head_dim}_{str(dtype).split('.')[-1]}" + ("_causal" if causal else "")
+    # head_dim: d, or (d, d_v) when they differ ("d192x128")
+    dims = "x".join(str(x) for x in head_dim) if isinstance(head_dim, (tuple, list)) else head_dim
+    tag = f"fwd_d{dims}_{str(dtype).split('.')[-1]}" + ("_causal" if causal else "")
     if tuple(window) != (-1, -1):
         tag += f"_win{window[0]}_{window[1]}"
     if softcap:
@@ -86,20 +88,24 @@ def _variant_key(head_dim, dtype, causal, window, softcap, overrides) -> str:
 def compile_fwd_variant(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, causal: bool = False,
                         window: tuple = (-1, -1), softcap: float = 0.0,
                         overrides: Optional[Dict[str, Any]] = None) -> CompileReport:
-    """Compile one forward variant for sm_90 (no GPU needed) and report its resources."""
+    """Compile one forward variant for sm_90 (no GPU needed) and report its resources.
+    ``head_dim``: d, or (d, d_v) for V / O of another head dim."""
     from flashattn.hopper.config import fwd_config
     from flashattn.hopper.fwd import launch_args
     from flashattn.hopper.fwd_kernel import attn_fwd_kernel
 
-    cfg = fwd_config(head_dim, softcap > 0.0, **(overrides or {}))
+    d, d_v = head_dim if isinstance(head_dim, (tuple, list)) else (head_dim, head_dim)
+    cfg = fwd_config(d, softcap > 0.0, head_dim_v=d_v if d_v != d else None,
+                     **(overrides or {}))
     b, s, h = 2, 1000, 4
-    q = torch.empty((b, s, h, head_dim), dtype=dtype)
+    q = torch.empty((b, s, h, d), dtype=dtype)
+    v = torch.empty((b, s, h, d_v), dtype=dtype)
     lse = torch.empty((b, h, s), dtype=torch.float32)
     window_left, window_right = window
     if causal:
         window_right = 0
     args, constexprs, options, _ = launch_args(
-        q, q, q, q, lse, cfg, softmax_scale=head_dim ** -0.5, window_left=window_left,
+        q, q, v, v, lse, cfg, softmax_scale=d ** -0.5, window_left=window_left,
         window_right=window_right, softcap=softcap, num_sms=132)
     return _compile(attn_fwd_kernel, args, constexprs, options,
                     _variant_key(head_dim, dtype, causal, window, softcap, overrides))

@@ -11,9 +11,14 @@ for block j and j+1 under intra-warpgroup overlap) + P, within CONSUMER_REGS.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Dict
+from typing import Dict, Optional
 
 SMEM_LIMIT = 227 * 1024
+
+
+def _box_width(head_dim: int) -> int:
+    """A head dim as a TMA box holds it: rounded up to a power of two."""
+    return 1 << (head_dim - 1).bit_length()
 
 
 @dataclass(frozen=True)
@@ -36,14 +41,19 @@ class FwdConfig:
     warp_specialized: bool = True
     # consumer warpgroups of BLOCK_M // consumers rows each: 2, or 3 (BLOCK_M = 192, small head
     # dims: each K/V block loaded serves 192 query rows; registers: 3 x 128 consumer threads
-    # + the producer warp share the file, so consumer_regs <= 160 and maxnreg <= 152)
+    # + the producer's warp, padded to a warpgroup, share the file: 16 warps, so maxnreg <= 128
+    # and consumer_regs <= 160)
     consumers: int = 2
 
-    def smem_bytes(self, head_dim: int, elem: int = 2) -> int:
-        head_dim = 1 << (head_dim - 1).bit_length()  # TMA boxes are powers of two
-        q = self.block_m * head_dim * elem
-        kv = 2 * self.num_stages * self.block_n * head_dim * elem
-        return q + kv + (q if self.separate_o else 0) + 1024
+    def smem_bytes(self, head_dim: int, elem: int = 2, head_dim_v: Optional[int] = None) -> int:
+        """Shared memory of the Q / K / V (/ O) tiles, head dims padded to powers of two
+        (TMA boxes); ``head_dim_v``: of V and O when it differs from Q and K's."""
+        d = _box_width(head_dim)
+        d_v = _box_width(head_dim_v or head_dim)
+        q = self.block_m * d * elem
+        kv = self.num_stages * self.block_n * (d + d_v) * elem
+        o = self.block_m * d_v * elem if self.separate_o else 0
+        return q + kv + o + 1024
 
 
 # d = 64: three consumer warpgroups (BLOCK_M = 192) against two (128), H100 session 7, TFLOP/s
@@ -68,9 +78,18 @@ SOFTCAP_CONFIGS: Dict[int, FwdConfig] = {
 }
 
 
-def fwd_config(head_dim: int, softcap: bool = False, **overrides) -> FwdConfig:
-    """The config for ``head_dim`` (a key of FWD_CONFIGS), with overrides (ablations, tuning)."""
-    cfg = SOFTCAP_CONFIGS.get(head_dim, FWD_CONFIGS[head_dim]) if softcap else FWD_CONFIGS[head_dim]
+def fwd_config(head_dim: int, softcap: bool = False, head_dim_v: Optional[int] = None,
+               **overrides) -> FwdConfig:
+    """The config for ``head_dim`` (a key of FWD_CONFIGS), with overrides (ablations, tuning).
+
+    ``head_dim_v`` (V / O) other than ``head_dim`` (Q / K), both keys of FWD_CONFIGS: the larger
+    one's config, O in its own shared-memory slot when the padded widths differ (Q's slot has
+    the other width)."""
+    key = max(head_dim, head_dim_v or head_dim)
+    cfg = SOFTCAP_CONFIGS.get(key, FWD_CONFIGS[key]) if softcap else FWD_CONFIGS[key]
+    if (head_dim_v is not None and _box_width(head_dim_v) != _box_width(head_dim)
+            and not cfg.separate_o):
+        cfg = replace(cfg, separate_o=True)
     if not overrides:
         return cfg
     cfg = replace(cfg, **overrides)
@@ -114,7 +133,7 @@ class BwdConfig:
     longest_first: bool = False
 
     def smem_bytes(self, head_dim: int, elem: int = 2) -> int:
-        head_dim = 1 << (head_dim - 1).bit_length()
+        head_dim = _box_width(head_dim)
         kv = 2 * self.block_n * head_dim * elem
         ring = 2 * self.num_stages * self.block_m * head_dim * elem
         ds = 2 * self.block_n * self.block_m * elem

@@ -111,22 +111,25 @@ def flash_fwd_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softm
                      config_overrides: Optional[Dict[str, Any]] = None):
     """Attention forward with the Gluon sm90 kernel.
 
-    q (b, s_q, h, d), k (b, s_k, h_k, d), v (b, s_k, h_k, d); fp16/bf16, TMA-aligned strides.
-    Returns out (b, s_q, h, d) in q's dtype, lse float32 (b, h, s_q) (natural log, -inf for
+    q (b, s_q, h, d), k (b, s_k, h_k, d), v (b, s_k, h_k, d_v); fp16/bf16, TMA-aligned
+    strides; d, d_v in support.HEAD_DIMS. Returns out (b, s_q, h, d_v) in q's dtype, lse float32 (b, h, s_q) (natural log, -inf for
     rows that see no key), None. ``config_overrides``: FwdConfig fields (ablations, tuning).
     """
     if alibi_slopes is not None or dropout_p or return_softmax:
         raise ValueError("flash_fwd_hopper: alibi, dropout and return_softmax are not covered; "
                          "dispatch sends those calls to the portable kernels")
     batch, seqlen_q, n_heads, head_dim = q.shape
-    cfg = fwd_config(head_dim, softcap > 0.0, **(config_overrides or {}))
-    out = torch.empty((batch, seqlen_q, n_heads, head_dim), dtype=q.dtype, device=q.device)
+    head_dim_v = v.shape[3]
+    cfg = fwd_config(head_dim, softcap > 0.0,
+                     head_dim_v=head_dim_v if head_dim_v != head_dim else None,
+                     **(config_overrides or {}))
+    out = torch.empty((batch, seqlen_q, n_heads, head_dim_v), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, n_heads, seqlen_q), dtype=torch.float32, device=q.device)
     counter = (torch.zeros(1, dtype=torch.int32, device=q.device)
                if uses_tile_queue(cfg, window_right) else lse)
     # what the launch's arguments are made of apart from the tensors (out is contiguous: its
     # strides follow from q's shape)
-    key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.device,
+    key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.device,
            softmax_scale, window_left, window_right, softcap,
            tuple(sorted(config_overrides.items())) if config_overrides else None)
 

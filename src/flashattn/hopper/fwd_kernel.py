@@ -166,13 +166,14 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, lse_
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
     NUM_STAGES: gl.constexpr = k_smem.shape[0]
 
-    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]  # of Q and K (padded)
+    HEAD_DIM_V: gl.constexpr = v_desc.block_type.shape[3]  # of V and O (padded)
     dtype: gl.constexpr = q_desc.dtype
-    # wgmma layouts of one warpgroup: S (HALF_M x BLOCK_N) and O (HALF_M x HEAD_DIM)
+    # wgmma layouts of one warpgroup: S (HALF_M x BLOCK_N) and O (HALF_M x HEAD_DIM_V)
     S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
+                                                       instr_shape=[16, HEAD_DIM_V, 16])
     P_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
     ROW_S: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)
     ROW_O: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
@@ -192,7 +193,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, lse_
     tile_iter = 0
     s_zero = gl.zeros([HALF_M, BLOCK_N], gl.float32, S_LAYOUT)
     q_view = q_smem.index(WG).reshape([HALF_M, HEAD_DIM])
-    o_view = o_smem.index(WG).reshape([HALF_M, HEAD_DIM])
+    o_view = o_smem.index(WG).reshape([HALF_M, HEAD_DIM_V])
     load_count = 0  # NO_WS: key blocks whose loads warpgroup 0 has issued
     if NO_WS:
         tile = gl.program_id(0)
@@ -216,7 +217,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, lse_
             mbarrier.wait(q_ready, tile_iter & 1)
         m_i = gl.full([HALF_M], float("-inf"), gl.float32, ROW_S)
         l_i = gl.zeros([HALF_M], gl.float32, ROW_S)
-        acc = gl.zeros([HALF_M, HEAD_DIM], gl.float32, O_LAYOUT)
+        acc = gl.zeros([HALF_M, HEAD_DIM_V], gl.float32, O_LAYOUT)
 
         if n_blocks > 0:
             # ---- first key block: S_0, softmax -> P_0 (acc is still zero)
@@ -248,7 +249,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, lse_
                 phase = (kv_count // NUM_STAGES) & 1
                 n_start = (lo_blk + j) * BLOCK_N
                 k_view = k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-                v_prev = v_smem.index(prev_stage).reshape([BLOCK_N, HEAD_DIM])
+                v_prev = v_smem.index(prev_stage).reshape([BLOCK_N, HEAD_DIM_V])
                 if INTRA_OVERLAP:
                     mbarrier.wait(k_ready.index(stage), phase)
                     mbarrier.wait(v_ready.index(prev_stage), prev_phase)
@@ -291,7 +292,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, lse_
                 kv_count += 1
 
             # ---- last PV
-            v_prev = v_smem.index(prev_stage).reshape([BLOCK_N, HEAD_DIM])
+            v_prev = v_smem.index(prev_stage).reshape([BLOCK_N, HEAD_DIM_V])
             mbarrier.wait(v_ready.index(prev_stage), prev_phase)
             turn_count = _turn_wait(turn, WG, turn_count, PINGPONG)
             acc_tok = warpgroup_mma(p_op, v_prev, acc, is_async=True)
@@ -339,7 +340,8 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
                     CONSUMERS: gl.constexpr = 2):
     """Persistent warp-specialised attention forward (see module docstring).
 
-    Descriptors are rank 4 over (batch, seq, head, dim) with boxes [1, rows, 1, HEAD_DIM]:
+    Descriptors are rank 4 over (batch, seq, head, dim) with boxes [1, rows, 1, dim_pad] (dim_pad
+    of q / k may differ from that of v / o: head_dim_v != head_dim, e.g. 192 / 128):
     q/o boxes have HALF_M = BLOCK_M // CONSUMERS rows (one per consumer warpgroup: 2, or 3
     with BLOCK_M = 192 for small head dims), k/v boxes BLOCK_N rows.
     TMA zero-fills rows past the sequence end and drops stored rows past it.
@@ -360,6 +362,7 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
         o_smem = gl.allocate_shared_memory(o_desc.dtype, [CONSUMERS] + o_desc.block_type.shape,
                                            o_desc.layout)
     else:
+        gl.static_assert(o_desc.block_type.shape[3] == q_desc.block_type.shape[3])  # O in Q's slot
         o_smem = q_smem
 
     tile_slot = gl.allocate_shared_memory(gl.int32, [1], gl.SwizzledSharedLayout(1, 1, 1, [0]))

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["max_abs_err", "assert_close_rule", "assert_same_nonfinite"]
+__all__ = ["max_abs_err", "assert_close_rule", "assert_same_nonfinite",
+           "assert_attention_close"]
 
 
 def assert_same_nonfinite(out: torch.Tensor, ref: torch.Tensor, name: str = "out") -> None:
@@ -68,3 +69,24 @@ def assert_close_rule(out: torch.Tensor, ref: torch.Tensor, lowprec: torch.Tenso
             f"ref {r[idx].item():.6g}) exceeds {factor:g} * max|lowprec - ref| "
             f"({base:.3e}) + atol {atol:.1e} = {bound:.3e}; "
             f"max|ref| = {r[torch.isfinite(r)].abs().max().item() if torch.isfinite(r).any() else 0:.3e}")
+
+
+def assert_attention_close(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                           dout: torch.Tensor, grads, *, lse=None,
+                           window_size=(-1, -1)) -> None:
+    """One attention call end to end against the float64 oracle (flashattn.reference): ``out``
+    (and ``lse`` when given) by the 2x rule, ``grads`` = autograd.grad(out, (q, k, v), dout)
+    by the 3x rule. q, k, v: the call's inputs (requires_grad); default softmax scale."""
+    from flashattn.reference import attention_ref
+
+    x64 = [x.detach().double().requires_grad_() for x in (q, k, v)]
+    out_ref, lse_ref = attention_ref(*x64, window_size=window_size)
+    grads_ref = torch.autograd.grad(out_ref, x64, dout.double())
+    xlp = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    out_lp, lse_lp = attention_ref(*xlp, window_size=window_size, upcast=False)
+    grads_lp = torch.autograd.grad(out_lp, xlp, dout)
+    assert_close_rule(out, out_ref, out_lp, name="out")
+    if lse is not None:
+        assert_close_rule(lse, lse_ref, lse_lp, name="lse")
+    for name, got, ref, lp in zip(("dq", "dk", "dv"), grads, grads_ref, grads_lp):
+        assert_close_rule(got, ref, lp, factor=3.0, name=name)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from accuracy import assert_close_rule
+from accuracy import assert_attention_close, assert_close_rule
 from flashattn import dispatch, flash_attn_func
 from flashattn.reference import attention_ref
 
@@ -254,14 +254,7 @@ def test_mixed_head_dims_end_to_end(monkeypatch):
     out = flash_attn_func(q, k, v, causal=True)
     g = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v), g)
-    x64 = [x.detach().double().requires_grad_() for x in (q, k, v)]
-    out_ref, _ = attention_ref(*x64, window_size=(-1, 0))
-    grads_ref = torch.autograd.grad(out_ref, x64, g.double())
-    out_lp, _ = attention_ref(q, k, v, window_size=(-1, 0), upcast=False)
-    grads_lp = torch.autograd.grad(out_lp, (q, k, v), g)
-    assert_close_rule(out, out_ref, out_lp, name="out")
-    for name, got, ref, lp in zip(("dq", "dk", "dv"), grads, grads_ref, grads_lp):
-        assert_close_rule(got, ref, lp, factor=3.0, name=name)
+    assert_attention_close(q, k, v, out, g, grads, window_size=(-1, 0))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -295,15 +288,7 @@ def test_end_to_end_with_portable_backward(monkeypatch, backend):
     out, lse, _ = flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
     g = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v), g)
-    x64 = [x.detach().double().requires_grad_() for x in (q, k, v)]
-    out_ref, lse_ref = attention_ref(*x64, window_size=(-1, 0))
-    grads_ref = torch.autograd.grad(out_ref, x64, g.double())
-    out_lp, lse_lp = attention_ref(q, k, v, window_size=(-1, 0), upcast=False)
-    grads_lp = torch.autograd.grad(out_lp, (q, k, v), g)
-    assert_close_rule(out, out_ref, out_lp, name="out")
-    assert_close_rule(lse, lse_ref, lse_lp, name="lse")
-    for name, got, ref, lp in zip(("dq", "dk", "dv"), grads, grads_ref, grads_lp):
-        assert_close_rule(got, ref, lp, factor=3.0, name=name)
+    assert_attention_close(q, k, v, out, g, grads, lse=lse, window_size=(-1, 0))
 
 
 _FALLBACKS = {

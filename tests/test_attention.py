@@ -20,7 +20,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import pytest
 import torch
 
-from accuracy import assert_close_rule
+from accuracy import assert_attention_close, assert_close_rule
 from flashattn import dispatch, flash_attn_func
 from flashattn.reference import attention_ref, visible_mask
 
@@ -283,6 +283,20 @@ def test_odd_head_dims(backend, case):
     check_attention(case)
 
 
+@pytest.mark.parametrize("case", [Case(s_q=29, s_k=45, d=40, h=4, h_k=2, causal=True),
+                                  Case(s_q=33, s_k=17, d=32, h=3, h_k=1, dtype=torch.float32,
+                                       window=(5, 2), dropout_p=0.2, deterministic=True)],
+                         ids=lambda c: c.id)
+def test_heads_on_grid_axis0(backend, case, monkeypatch):
+    """Dense calls whose b * h passes the 65535 limit of grid axis 1 put (batch, head) on axis 0
+    in every pass (forward, dK/dV, the deterministic dQ pass). The limit is lowered to 1 here,
+    so these small calls take that layout; test_more_than_65535_heads_gpu runs the real size."""
+    from flashattn.kernels import config
+
+    monkeypatch.setattr(config, "MAX_GRID_YZ", 1)
+    check_attention(case)
+
+
 @pytest.mark.parametrize("p", [0.0, 0.5, 0.9])
 def test_dropout_rates(backend, p):
     check_attention(Case(s_q=33, s_k=47, d=32, h=4, h_k=1, dtype=torch.float32, dropout_p=p,
@@ -387,6 +401,24 @@ def test_dropout_reproducible_gpu():
 def test_dropout_matches_reference_gpu():
     check_attention(Case(s_q=777, s_k=1024, d=128, h=8, h_k=2, dtype=torch.bfloat16,
                          dropout_p=0.25, window=(200, 50)), device="cuda")
+
+
+@pytest.mark.bigmem  # a few GiB: run alone (gpu_check.sh), not beside other workers
+@pytest.mark.gpu
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_more_than_65535_heads_gpu(monkeypatch, deterministic):
+    """b * h = 65600 on the portable kernels (grid axis 1 stops at 65535): heads at both ends
+    against the float64 oracle."""
+    monkeypatch.setenv("FLASHATTN_BACKEND", "portable")
+    b, s, h, d = 32800, 64, 2, 64
+    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    out = flash_attn_func(q, k, v, causal=True, deterministic=deterministic)
+    g = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), g)
+    for sl in (slice(0, 2), slice(b - 2, b)):
+        assert_attention_close(q[sl], k[sl], v[sl], out[sl], g[sl], [x[sl] for x in grads],
+                               window_size=(-1, 0))
 
 
 @pytest.mark.bigmem  # tens of GiB: run alone (gpu_check.sh), not beside other workers

@@ -32,8 +32,9 @@ from flashattn.philox import dropout_threshold
 def _bwd_preprocess(Out, DO, Delta, stride_ob, stride_om, stride_oh,
                     stride_dob, stride_dom, stride_doh, nheads, seqlen_q,
                     HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    # (batch, head) on axis 0: b * h can pass the 65535 limit of grid axis 1
+    pid_bh = tl.program_id(0)
+    pid_m = tl.program_id(1)
     off_b = pid_bh // nheads
     off_h = pid_bh % nheads
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -139,9 +140,10 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, DQ, Alibi, CuSeqQ, CuSeqK,
                      HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
                      HAS_DROPOUT: tl.constexpr, ATOMIC_DQ: tl.constexpr,
                      UPCAST: tl.constexpr, DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr,
-                     VARLEN: tl.constexpr, HAS_SEQUSED: tl.constexpr):
-    if VARLEN:
+                     VARLEN: tl.constexpr, HAS_SEQUSED: tl.constexpr, BH_AXIS0: tl.constexpr):
+    if BH_AXIS0:
         # (sequence, kv head) on axis 0: b * h_k can pass the 65535 limit of grid axis 1
+        # (config.bh_on_axis0: varlen calls, and dense calls with that many heads)
         pid_n = tl.program_id(1)
         pid_bhk = tl.program_id(0)
     else:
@@ -325,8 +327,9 @@ def _bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, Alibi, CuSeqQ, CuSeqK, SeqUsedK,
                    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
                    HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr, DOT_PREC: tl.constexpr,
-                   USE_TMA: tl.constexpr, VARLEN: tl.constexpr, HAS_SEQUSED: tl.constexpr):
-    if VARLEN:
+                   USE_TMA: tl.constexpr, VARLEN: tl.constexpr, HAS_SEQUSED: tl.constexpr,
+                   BH_AXIS0: tl.constexpr):
+    if BH_AXIS0:
         # (sequence, head) on axis 0: b * h can pass the 65535 limit of grid axis 1
         pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
         pid_bh = tl.program_id(0)
@@ -426,7 +429,7 @@ _dq_autotuned = config.autotune_bwd_q(_bwd_dq_kernel)
 def _preprocess(out, dout, delta, batch, seqlen_q, nheads, head_dim_v):
     """delta (batch, nheads, seqlen_q) = rowsum(dO * O); out/dout (batch, seqlen_q, h, d_v)."""
     pre_block = 64 if not config.INTERPRET else 16
-    launch_jit(_bwd_preprocess, (config.cdiv(seqlen_q, pre_block), batch * nheads), (
+    launch_jit(_bwd_preprocess, (batch * nheads, config.cdiv(seqlen_q, pre_block)), (
         out, dout, delta, out.stride(0), out.stride(1), out.stride(2),
         dout.stride(0), dout.stride(1), dout.stride(2), nheads, seqlen_q), dict(
         HEAD_DIM_V=head_dim_v, BLOCK_DV=config.block_dim(head_dim_v), BLOCK_M=pre_block))
@@ -477,8 +480,11 @@ def _bwd_passes(dout, q, k, v, lse, delta, dq, dk, dv, n_seqs, seqlen_q, seqlen_
         dq_acc = dq
     rs = functools.partial(_row_strides, varlen=varlen)
 
+    kv_bh_axis0 = config.bh_on_axis0(n_seqs * nheads_k, varlen)
+    q_bh_axis0 = config.bh_on_axis0(n_seqs * nheads, varlen)
+
     def grid_kv(meta):
-        if varlen:
+        if kv_bh_axis0:
             return (n_seqs * nheads_k, config.cdiv(seqlen_k, meta["BLOCK_N"]))
         return (config.cdiv(seqlen_k, meta["BLOCK_N"]), n_seqs * nheads_k)
 
@@ -489,13 +495,13 @@ def _bwd_passes(dout, q, k, v, lse, delta, dq, dk, dv, n_seqs, seqlen_q, seqlen_
         *rs(q), *rs(k), *rs(v), *rs(dout), *rs(dk), *rs(dv), *rs(dq_acc),
         alibi_strides[0], alibi_strides[1],
         nheads, nheads_k, seqlen_q, seqlen_k, group, bucket, lse_stride_h, *scalars,
-        ATOMIC_DQ=atomic_dq, **flags)
+        ATOMIC_DQ=atomic_dq, BH_AXIS0=kv_bh_axis0, **flags)
 
     if atomic_dq:
         return dq_acc.to(q.dtype)
 
     def grid_q(meta):
-        if varlen:
+        if q_bh_axis0:
             return (n_seqs * nheads, config.cdiv(seqlen_q, meta["BLOCK_M"]))
         return (config.cdiv(seqlen_q, meta["BLOCK_M"]), n_seqs * nheads)
 
@@ -504,7 +510,8 @@ def _bwd_passes(dout, q, k, v, lse, delta, dq, dk, dv, n_seqs, seqlen_q, seqlen_
         q, k, v, dout, lse, delta, dq_acc, alibi_arg, cu_q, cu_k, seqused_k,
         *rs(q), *rs(k), *rs(v), *rs(dout), *rs(dq_acc),
         alibi_strides[0], alibi_strides[1],
-        nheads, seqlen_q, seqlen_k, group, bucket, lse_stride_h, *scalars, **flags)
+        nheads, seqlen_q, seqlen_k, group, bucket, lse_stride_h, *scalars,
+        BH_AXIS0=q_bh_axis0, **flags)
     return dq_acc
 
 

@@ -27,6 +27,18 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+# CUDA limits grid axes 1 and 2 to 65535 blocks (axis 0: 2**31 - 1)
+MAX_GRID_YZ = 65535
+
+
+def bh_on_axis0(n_bh: int, varlen: bool) -> bool:
+    """Whether a kernel's (sequence, head) index goes on grid axis 0 instead of axis 1: always
+    in varlen mode, and for dense calls whose b * h would pass axis 1's limit. (Dense calls keep
+    the query / key blocks on axis 0 otherwise: the blocks of one head then run together and
+    share its K / V in L2.)"""
+    return varlen or n_bh > MAX_GRID_YZ
+
+
 def next_pow2(n: int) -> int:
     """Smallest power of two >= n, for host ints n >= 1 (1 for n <= 1)."""
     return 1 << max(0, int(n) - 1).bit_length()

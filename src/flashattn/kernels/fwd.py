@@ -149,10 +149,12 @@ def _fwd_kernel(Q, K, V, Out, Lse, Alibi, P, CuSeqQ, CuSeqK, SeqUsedK,
                 HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
                 HAS_DROPOUT: tl.constexpr, RETURN_P: tl.constexpr,
                 UPCAST: tl.constexpr, DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr,
-                WARP_SPEC: tl.constexpr, VARLEN: tl.constexpr, HAS_SEQUSED: tl.constexpr):
+                WARP_SPEC: tl.constexpr, VARLEN: tl.constexpr, HAS_SEQUSED: tl.constexpr,
+                BH_AXIS0: tl.constexpr):
     # Heavy causal rows (high m) are scheduled first: program 0 takes the last query block.
-    if VARLEN:
+    if BH_AXIS0:
         # (sequence, head) on axis 0: b * h can pass the 65535 limit of grid axis 1
+        # (config.bh_on_axis0: varlen calls, and dense calls with that many heads)
         pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
         pid_bh = tl.program_id(0)
     else:
@@ -298,8 +300,10 @@ def _launch_fwd(q, k, v, out, lse, p_mat, strides, n_seqs, seqlen_q, seqlen_k, l
     drop_threshold = dropout_threshold(dropout_p)
     drop_scale = 1.0 / (1.0 - dropout_p) if has_dropout else 1.0
 
+    bh_axis0 = config.bh_on_axis0(n_seqs * nheads, varlen)
+
     def grid(meta):
-        if varlen:
+        if bh_axis0:
             return (n_seqs * nheads, config.cdiv(seqlen_q, meta["BLOCK_M"]))
         return (config.cdiv(seqlen_q, meta["BLOCK_M"]), n_seqs * nheads)
 
@@ -323,6 +327,7 @@ def _launch_fwd(q, k, v, out, lse, p_mat, strides, n_seqs, seqlen_q, seqlen_k, l
         HAS_DROPOUT=has_dropout, RETURN_P=return_softmax,
         UPCAST=config.upcast_dots(q), DOT_PREC=config.dot_precision(q),
         USE_TMA=config.use_tma(k, v), VARLEN=varlen, HAS_SEQUSED=has_seqused,
+        BH_AXIS0=bh_axis0,
     )
 
 

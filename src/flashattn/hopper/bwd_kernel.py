@@ -1,8 +1,8 @@
 """FlashAttention-3-style backward for sm90, written in Gluon.
 
-One CTA per (key block of BLOCK_N = 128 keys, batch, KV head) on a 1-D grid. K_j and V_j are loaded once into
-shared memory; the query blocks (BLOCK_M rows) of every query head of the GQA group stream past
-them. Three warp-specialised partitions:
+One CTA per (key block of BLOCK_N = 128 keys, batch, KV head), on a 1-D grid. K_j and V_j are
+loaded once into shared memory; the query blocks (BLOCK_M rows) of every query head of the GQA
+group stream past them. Three warp-specialised partitions:
 
     producer   1 warp: TMA loads of K_j, V_j (once) and of Q_i, dO_i into NUM_STAGES ring
                slots (separate ready / empty mbarriers for Q and dO), plus the row statistics

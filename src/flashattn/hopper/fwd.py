@@ -112,8 +112,9 @@ def flash_fwd_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softm
     """Attention forward with the Gluon sm90 kernel.
 
     q (b, s_q, h, d), k (b, s_k, h_k, d), v (b, s_k, h_k, d_v); fp16/bf16, TMA-aligned
-    strides; d, d_v in support.HEAD_DIMS. Returns out (b, s_q, h, d_v) in q's dtype, lse float32 (b, h, s_q) (natural log, -inf for
-    rows that see no key), None. ``config_overrides``: FwdConfig fields (ablations, tuning).
+    strides; d, d_v in support.HEAD_DIMS. Returns out (b, s_q, h, d_v) in q's dtype, lse
+    float32 (b, h, s_q) (natural log, -inf for rows that see no key), None.
+    ``config_overrides``: FwdConfig fields (ablations, tuning).
     """
     if alibi_slopes is not None or dropout_p or return_softmax:
         raise ValueError("flash_fwd_hopper: alibi, dropout and return_softmax are not covered; "

@@ -61,7 +61,9 @@ BWD_VARIANTS = (
        ("bwd", 256, "bfloat16", True, (-1, -1), 0.0, {"pipeline": False}),
        ("bwd", 192, "float16", False, (-1, -1), 30.0, {"pipeline": False}),
        ("bwd", 128, "bfloat16", True, (-1, -1), 0.0, {"longest_first": True}),
-       ("bwd", 256, "bfloat16", True, (-1, -1), 0.0, {"longest_first": True})]
+       ("bwd", 256, "bfloat16", True, (-1, -1), 0.0, {"longest_first": True}),
+       ("bwd", 128, "bfloat16", True, (-1, -1), 0.0, {"persistent": True}),
+       ("bwd", 64, "bfloat16", False, (-1, -1), 0.0, {"persistent": True, "longest_first": True})]
 )
 
 

@@ -146,7 +146,9 @@ _VARIANTS = [(128, dict(dq_async=False)), (128, dict(pipeline=True)),
              (64, dict(block_m=128)), (64, dict(block_m=128, dq_async=False)),
              (64, dict(pipeline=True)), (64, dict(dq_async=False)),
              (256, dict(pipeline=False)), (192, dict(pipeline=False)),
-             (128, dict(longest_first=True)), (256, dict(longest_first=True))]
+             (128, dict(longest_first=True)), (256, dict(longest_first=True)),
+             (128, dict(persistent=True)), (64, dict(persistent=True, longest_first=True)),
+             (128, dict(persistent=True, dq_async=False))]
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -155,7 +157,7 @@ _VARIANTS = [(128, dict(dq_async=False)), (128, dict(pipeline=True)),
                               for d, o in _VARIANTS])
 def test_config_variants_are_exact(d, overrides, causal):
     """The schedule switches (dQ by atomics / synchronous TMA reduce, pipelining, BLOCK_M,
-    program order) change the schedule, never the function."""
+    program order, persistence) change the schedule, never the function."""
     q, k, v = _inputs(2, 1000, 900, 4, 2, d, torch.bfloat16)
     params = _params(d, causal)
     grads, dout = _run(q, k, v, params, **overrides)

@@ -16,7 +16,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from flashattn.hopper.config import BwdConfig, bwd_config
 from flashattn.hopper.fwd import LOG2E, _desc, nvmma_layout, padded_head_dim
 from flashattn.hopper.support import tma_ok
-from flashattn.kernels.config import cdiv
+from flashattn.kernels.config import cdiv, sm_count
 from flashattn.kernels.launch import LaunchPlans
 
 # dQ accumulates by TMA reduce-add (or fp32 atomics): not bitwise repeatable, so
@@ -115,15 +115,20 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
         LONGEST_FIRST=cfg.longest_first,
     )
     if wide:
+        if cfg.persistent:
+            raise ValueError("bwd_wide_kernel has no persistent schedule (persistent=False)")
         if not (cfg.dq_tma and cfg.dq_async):
             raise ValueError("bwd_wide_kernel adds dQ one way: dq_tma=True, dq_async=True")
         constexprs.update(PIPELINE=cfg.pipeline)
     else:
+        if cfg.persistent and cfg.pipeline:
+            raise ValueError("BwdConfig: persistent=True needs pipeline=False")
         constexprs.update(DQ_TMA=cfg.dq_tma, PIPELINE=cfg.pipeline,
-                          DQ_ASYNC=cfg.dq_tma and cfg.dq_async)
+                          DQ_ASYNC=cfg.dq_tma and cfg.dq_async, PERSISTENT=cfg.persistent)
     options = dict(num_warps=4, maxnreg=cfg.maxnreg)
     # 1-D: b * h_k on a second axis would stop at its 65535 limit
-    grid = (n_key_blocks * n_bh_k,)
+    n_tiles = n_key_blocks * n_bh_k
+    grid = (min(n_tiles, sm_count(q.device)) if cfg.persistent else n_tiles,)
     return args, constexprs, options, grid
 
 

@@ -190,28 +190,57 @@ def _issue_s_dp(k_mine, v_mine, q_smem, do_smem, q_ready, do_ready, s_zero, it, 
     return s, dp
 
 @gluon.jit
-def _producer(descs, smem, bars, problem, window, ptrs, key_tile, BLOCK_M: gl.constexpr,
-              HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr):
-    """K_j, V_j once, then Q_i, dO_i and the row statistics (lse2_i, delta_i) of every query
-    block of every head of the group."""
+def _producer(descs, smem, bars, problem, window, ptrs, schedule, BLOCK_M: gl.constexpr,
+              HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, LONGEST_FIRST: gl.constexpr,
+              PERSISTENT: gl.constexpr):
+    """Per key tile: K_j, V_j once, then Q_i, dO_i and the row statistics (lse2_i, delta_i) of
+    every query block of every head of the group. PERSISTENT: tile after tile (program id,
+    then + num_programs), the next K_j / V_j loaded once both consumers have released the
+    previous ones (kv_empty), while they still write the previous dK / dV."""
+    n_key_blocks, n_bh_k, heads_per_group, kv_empty = schedule
+    if PERSISTENT:
+        n_tiles = n_key_blocks * n_bh_k
+        it = 0  # query blocks streamed so far (ring slot and phase), across tiles
+        tile_iter = 0
+        tile = gl.program_id(0)
+        while tile < n_tiles:
+            # both consumers are done with the previous tile's K / V
+            mbarrier.wait(kv_empty, (tile_iter & 1) ^ 1)
+            it = _produce_key_tile(tile, it, descs, smem, bars, problem, window, ptrs, schedule,
+                                   BLOCK_M, HAS_LEFT, HAS_RIGHT, LONGEST_FIRST)
+            tile_iter += 1
+            tile += gl.num_programs(0)
+    else:
+        _produce_key_tile(gl.program_id(0), gl.to_tensor(0), descs, smem, bars, problem,
+                          window, ptrs, schedule, BLOCK_M, HAS_LEFT, HAS_RIGHT, LONGEST_FIRST)
+
+
+@gluon.jit
+def _produce_key_tile(tile, it, descs, smem, bars, problem, window, ptrs, schedule,
+                      BLOCK_M: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+                      LONGEST_FIRST: gl.constexpr):
+    """The loads of key tile ``tile``: K_j, V_j, then the Q / dO blocks and row statistics of
+    every query head of the group, ring slots continuing from ``it``; returns the next ``it``."""
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
     k_smem, v_smem, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem = smem
     kv_ready, q_ready, q_empty, do_ready, do_empty, ds_ready, ds_free, stats_ready = bars
     seqlen_q, seqlen_k, n_heads, n_heads_k, group_size, seqlen_q_pad = problem
     window_left, window_right = window
     lse2_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr = ptrs
+    n_key_blocks, n_bh_k, heads_per_group, kv_empty = schedule
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
     NUM_STAGES: gl.constexpr = q_smem.shape[0]
     # one warp moves the 2 x BLOCK_M row statistics (lse2, delta) of a query block
     STAT_LAYOUT: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
 
-    b, h_k, n_start = key_tile
+    b, h_k, n_block = key_block_coords(tile, (n_key_blocks, n_bh_k, heads_per_group), n_heads_k,
+                                       LONGEST_FIRST)
+    n_start = n_block * BLOCK_N
     mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [b, n_start, h_k, 0], kv_ready, k_smem)
     tma.async_copy_global_to_shared(v_desc, [b, n_start, h_k, 0], kv_ready, v_smem)
     lo_blk, n_blocks = query_block_range(n_start, seqlen_q, seqlen_k, window_left, window_right,
                                          BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
-    it = 0
     for g in range(group_size):
         h = h_k * group_size + g
         stats_base = (b * n_heads + h).to(gl.int64) * seqlen_q_pad
@@ -231,14 +260,119 @@ def _producer(descs, smem, bars, problem, window, ptrs, key_tile, BLOCK_M: gl.co
             gl.thread_barrier()  # the whole warp's stores land before the single-thread arrive
             mbarrier.arrive(stats_ready.index(stage))
             it += 1
+    return it
 
 
 @gluon.jit
-def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs, key_tile,
+def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs, schedule,
               BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, HAS_LEFT: gl.constexpr,
               HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, DQ_TMA: gl.constexpr,
-              PIPELINE: gl.constexpr, DQ_ASYNC: gl.constexpr):
-    """One consumer warpgroup: keys [WG * HALF_N, (WG + 1) * HALF_N) of the key block."""
+              PIPELINE: gl.constexpr, DQ_ASYNC: gl.constexpr, LONGEST_FIRST: gl.constexpr,
+              PERSISTENT: gl.constexpr):
+    """One consumer warpgroup: keys [WG * HALF_N, (WG + 1) * HALF_N) of each key block (tile)
+    it processes (one, or with PERSISTENT every num_programs-th)."""
+    q_desc, k_desc, v_desc, do_desc, dq_desc = descs
+    k_smem = smem[0]
+    v_smem = smem[1]
+    n_key_blocks, n_bh_k = schedule[0], schedule[1]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
+    HALF_N: gl.constexpr = BLOCK_N // 2
+    D_PAD: gl.constexpr = q_desc.block_type.shape[3]
+    HALF_D: gl.constexpr = D_PAD // 2
+
+    # wgmma layouts of one warpgroup: S^T / dP^T (HALF_N x BLOCK_M) and the dQ column half
+    # (BLOCK_M x HALF_D); dK / dV (HALF_N x D_PAD) in _key_tile
+    S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_M, 16])
+    DQ_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, HALF_D, 16])
+
+    gl.static_assert(not (PERSISTENT and PIPELINE))  # PIPELINE's block count is per tile
+    k_all = k_smem.reshape([BLOCK_N, D_PAD])
+    v_all = v_smem.reshape([BLOCK_N, D_PAD])
+    k_mine = k_all.slice(WG * HALF_N, HALF_N, dim=0)           # A of S^T
+    v_mine = v_all.slice(WG * HALF_N, HALF_N, dim=0)           # A of dP^T
+    k_cols = k_all.slice(WG * HALF_D, HALF_D, dim=1)           # B of this consumer's dQ half
+    s_zero = gl.zeros([HALF_N, BLOCK_M], gl.float32, S_LAYOUT)
+    dq_zero = gl.zeros([BLOCK_M, HALF_D], gl.float32, DQ_LAYOUT)
+    dq_rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, DQ_LAYOUT))
+    dq_cols = WG * HALF_D + gl.arange(0, HALF_D, layout=gl.SliceLayout(0, DQ_LAYOUT))
+    dq_offs = gl.expand_dims(dq_rows * D_PAD, 1) + gl.expand_dims(dq_cols, 0)
+
+    consts = (k_mine, v_mine, k_cols, s_zero, dq_zero, dq_offs)
+    if PERSISTENT:
+        n_tiles = n_key_blocks * n_bh_k
+        it_base = 0  # query blocks consumed in earlier tiles (ring and dS slot phases continue)
+        tile_iter = 0
+        tile = gl.program_id(0)
+        while tile < n_tiles:
+            it_base = _key_tile(WG, tile, tile_iter, it_base, descs, smem, bars, problem, window,
+                                scales, ptrs, schedule, consts, BLOCK_M, HEAD_DIM, HAS_LEFT,
+                                HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
+                                LONGEST_FIRST, PERSISTENT)
+            tile_iter += 1
+            tile += gl.num_programs(0)
+    else:  # one tile per CTA: no loop around the body (it costs ptxas registers)
+        _key_tile(WG, gl.program_id(0), 0, gl.to_tensor(0), descs, smem, bars, problem, window,
+                  scales, ptrs, schedule, consts, BLOCK_M, HEAD_DIM, HAS_LEFT, HAS_RIGHT,
+                  HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC, LONGEST_FIRST, PERSISTENT)
+    if DQ_ASYNC:
+        tma.store_wait(0)  # the last dQ reduce has read its staging buffer
+
+
+@gluon.jit
+def _key_tile(WG: gl.constexpr, tile, tile_iter, it_base, descs, smem, bars, problem, window,
+              scales, ptrs, schedule, consts, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr,
+              HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
+              DQ_TMA: gl.constexpr, PIPELINE: gl.constexpr, DQ_ASYNC: gl.constexpr,
+              LONGEST_FIRST: gl.constexpr, PERSISTENT: gl.constexpr):
+    """One consumer's work on key tile ``tile`` (the ``tile_iter``-th of this CTA): dK / dV over
+    its query blocks, then stored. Returns the query-block count to continue from."""
+    q_desc, k_desc, v_desc, do_desc, dq_desc = descs
+    kv_ready = bars[0]
+    seqlen_q, seqlen_k, n_heads, n_heads_k, group_size, seqlen_q_pad = problem
+    window_left, window_right = window
+    sm_scale = scales[1]
+    dk_ptr, dv_ptr = ptrs[3], ptrs[4]
+    n_key_blocks, n_bh_k, heads_per_group, kv_empty = schedule
+    k_mine, v_mine, k_cols, s_zero, dq_zero, dq_offs = consts
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
+    HALF_N: gl.constexpr = BLOCK_N // 2
+    D_PAD: gl.constexpr = q_desc.block_type.shape[3]
+    KV_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, D_PAD, 16])
+    b, h_k, n_block = key_block_coords(tile, (n_key_blocks, n_bh_k, heads_per_group), n_heads_k,
+                                       LONGEST_FIRST)
+    n_start = n_block * BLOCK_N
+    key0 = n_start + WG * HALF_N
+    lo_blk, n_blocks = query_block_range(n_start, seqlen_q, seqlen_k, window_left, window_right,
+                                         BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+    dk = gl.zeros([HALF_N, D_PAD], gl.float32, KV_LAYOUT)
+    dv = gl.zeros([HALF_N, D_PAD], gl.float32, KV_LAYOUT)
+    mbarrier.wait(kv_ready, tile_iter & 1)
+    total = group_size * n_blocks  # (query head of the group, query block) pairs, in order
+    it_base, dk, dv = _consume_key_tile(
+        WG, descs, smem, bars, problem, scales, ptrs, b, h_k, n_start, key0, lo_blk, n_blocks,
+        total, it_base, dk, dv, k_mine, v_mine, k_cols, s_zero, dq_zero, dq_offs, window,
+        BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC)
+    if PERSISTENT:
+        mbarrier.arrive(kv_empty)  # every GEMM reading this K / V has completed
+    # ---- epilogue: dK (times softmax_scale) and dV of this consumer's keys
+    store_kv_grads(dk, dv, dk_ptr, dv_ptr, key0, 0, seqlen_k, b, h_k, n_heads_k, sm_scale,
+                   HEAD_DIM)
+    return it_base
+
+
+@gluon.jit
+def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs, b, h_k, n_start,
+                      key0, lo_blk, n_blocks, total, it_base, dk, dv, k_mine, v_mine, k_cols,
+                      s_zero, dq_zero, dq_offs, window, BLOCK_M: gl.constexpr,
+                      HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+                      HAS_SOFTCAP: gl.constexpr, DQ_TMA: gl.constexpr, PIPELINE: gl.constexpr,
+                      DQ_ASYNC: gl.constexpr):
+    """The ``total`` query blocks of one key tile for one consumer: dK / dV accumulated in
+    registers (returned), dQ added to the workspace. Ring slots and dS slots continue from
+    ``it_base``; returns (it_base + total, dk, dv)."""
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
     k_smem, v_smem, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem = smem
     kv_ready, q_ready, q_empty, do_ready, do_empty, ds_ready, ds_free, stats_ready = bars
@@ -252,55 +386,29 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
     HALF_D: gl.constexpr = D_PAD // 2
     NUM_STAGES: gl.constexpr = q_smem.shape[0]
     dtype: gl.constexpr = q_desc.dtype
-
-    # wgmma layouts of one warpgroup: S^T / dP^T (HALF_N x BLOCK_M), dK / dV (HALF_N x D_PAD),
-    # dQ column half (BLOCK_M x HALF_D)
-    S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_M, 16])
-    KV_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, D_PAD, 16])
-    DQ_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, HALF_D, 16])
+    S_LAYOUT: gl.constexpr = s_zero.type.layout
+    KV_LAYOUT: gl.constexpr = dk.type.layout
     A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=KV_LAYOUT, k_width=2)
     COL_S: gl.constexpr = gl.SliceLayout(0, S_LAYOUT)
 
-    b, h_k, n_start = key_tile
-    key0 = n_start + WG * HALF_N
-
-    k_all = k_smem.reshape([BLOCK_N, D_PAD])
-    v_all = v_smem.reshape([BLOCK_N, D_PAD])
-    k_mine = k_all.slice(WG * HALF_N, HALF_N, dim=0)           # A of S^T
-    v_mine = v_all.slice(WG * HALF_N, HALF_N, dim=0)           # A of dP^T
-    k_cols = k_all.slice(WG * HALF_D, HALF_D, dim=1)           # B of this consumer's dQ half
-
-    lo_blk, n_blocks = query_block_range(n_start, seqlen_q, seqlen_k, window_left, window_right,
-                                         BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
-    dk = gl.zeros([HALF_N, D_PAD], gl.float32, KV_LAYOUT)
-    dv = gl.zeros([HALF_N, D_PAD], gl.float32, KV_LAYOUT)
-    s_zero = gl.zeros([HALF_N, BLOCK_M], gl.float32, S_LAYOUT)
-    dq_zero = gl.zeros([BLOCK_M, HALF_D], gl.float32, DQ_LAYOUT)
-    dq_rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, DQ_LAYOUT))
-    dq_cols = WG * HALF_D + gl.arange(0, HALF_D, layout=gl.SliceLayout(0, DQ_LAYOUT))
-    dq_offs = gl.expand_dims(dq_rows * D_PAD, 1) + gl.expand_dims(dq_cols, 0)
-
-    mbarrier.wait(kv_ready, 0)
-    total = group_size * n_blocks  # (query head of the group, query block) pairs, in order
     if PIPELINE:
         # S^T / dP^T of the first block; later ones are issued before the previous block's dQ
-        # reduction, so the copy engine and the tensor cores work at the same time
+        # reduction, so the copy engine and the tensor cores work at the same time. (PIPELINE
+        # runs without persistence: it_base == 0, so a block's ring index is its index j.)
         s, dp = _issue_s_dp(k_mine, v_mine, q_smem, do_smem, q_ready, do_ready, s_zero, 0,
                             total, BLOCK_M, D_PAD)
     else:
         s = s_zero
         dp = s_zero
-    for it in range(total):
-        g = it // n_blocks
+    for j in range(total):
+        it = it_base + j
+        g = j // n_blocks
         h = h_k * group_size + g
         # dQ workspace (b, h, s_q_pad, D_PAD) fp32, seen as (b * h * s_q_pad, D_PAD) rows
         dq_row0 = (b * n_heads + h) * seqlen_q_pad
         stage = it % NUM_STAGES
         phase = (it // NUM_STAGES) & 1
-        m_start = (lo_blk + it - g * n_blocks) * BLOCK_M
+        m_start = (lo_blk + j - g * n_blocks) * BLOCK_M
         q_view = q_smem.index(stage).reshape([BLOCK_M, D_PAD])
         do_view = do_smem.index(stage).reshape([BLOCK_M, D_PAD])
 
@@ -370,11 +478,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
             _add_dq(dq_desc, dq_row0 + m_start, WG * HALF_D, dq * sm_scale, dq_ptr, dq_offs,
                     DQ_TMA)
 
-    if DQ_ASYNC:
-        tma.store_wait(0)  # the last dQ reduce has read its staging buffer
-    # ---- epilogue: dK (times softmax_scale) and dV of this consumer's keys
-    store_kv_grads(dk, dv, dk_ptr, dv_ptr, key0, 0, seqlen_k, b, h_k, n_heads_k, sm_scale,
-                   HEAD_DIM)
+    return it_base + total, dk, dv
 
 
 @gluon.jit
@@ -407,8 +511,11 @@ def alloc_query_streams(q_desc, do_desc, NUM_STAGES: gl.constexpr, BLOCK_M: gl.c
     barrier of the resident K / V tiles. The caller allocates its own exchange buffers and
     fences the barrier inits (fence_async_shared) once all are initialised.
 
+    Also kv_empty (count 2: both consumers are done with the resident K / V; a persistent CTA's
+    producer waits for it before loading the next tile's).
+
     Returns (q_smem, do_smem, lse_smem, delta_smem) and (kv_ready, q_ready, q_empty, do_ready,
-    do_empty, stats_ready)."""
+    do_empty, stats_ready, kv_empty)."""
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_STAGES] + q_desc.block_type.shape,
                                        q_desc.layout)
     do_smem = gl.allocate_shared_memory(do_desc.dtype, [NUM_STAGES] + do_desc.block_type.shape,
@@ -422,7 +529,9 @@ def alloc_query_streams(q_desc, do_desc, NUM_STAGES: gl.constexpr, BLOCK_M: gl.c
     do_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     do_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     stats_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_ready, count=1)
+    mbarrier.init(kv_empty, count=2)
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=2)
@@ -430,7 +539,7 @@ def alloc_query_streams(q_desc, do_desc, NUM_STAGES: gl.constexpr, BLOCK_M: gl.c
         mbarrier.init(do_empty.index(i), count=2)
         mbarrier.init(stats_ready.index(i), count=1)
     return ((q_smem, do_smem, lse_smem, delta_smem),
-            (kv_ready, q_ready, q_empty, do_ready, do_empty, stats_ready))
+            (kv_ready, q_ready, q_empty, do_ready, do_empty, stats_ready, kv_empty))
 
 
 @gluon.jit
@@ -442,7 +551,8 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
                     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
                     DQ_TMA: gl.constexpr, PIPELINE: gl.constexpr, DQ_ASYNC: gl.constexpr,
                     CONSUMER_REGS: gl.constexpr,
-                    PRODUCER_REGS: gl.constexpr, LONGEST_FIRST: gl.constexpr = False):
+                    PRODUCER_REGS: gl.constexpr, LONGEST_FIRST: gl.constexpr = False,
+                    PERSISTENT: gl.constexpr = False):
     """Warp-specialised attention backward (see module docstring).
 
     Descriptors are rank 4 over (batch, seq, head, dim): q/do boxes [1, BLOCK_M, 1, D_PAD],
@@ -457,14 +567,15 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
     contiguous, q's dtype.
     Grid (n_key_blocks * n_bh_k,) = (cdiv(s_k, BLOCK_N) * b * h_k,), in the order of
     tiles.key_block_coords (LONGEST_FIRST: grouped by heads_per_group KV heads, key blocks
-    ascending); num_warps = 4 (the default partition is consumer 0).
+    ascending), or with PERSISTENT fewer CTAs (e.g. one per SM) that take tiles program id,
+    + num_programs, ...; num_warps = 4 (the default partition is consumer 0).
     """
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
     k_smem = gl.allocate_shared_memory(k_desc.dtype, k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, v_desc.block_type.shape, v_desc.layout)
     streams, stream_bars = alloc_query_streams(q_desc, do_desc, NUM_STAGES, BLOCK_M)
     q_smem, do_smem, lse_smem, delta_smem = streams
-    kv_ready, q_ready, q_empty, do_ready, do_empty, stats_ready = stream_bars
+    kv_ready, q_ready, q_empty, do_ready, do_empty, stats_ready, kv_empty = stream_bars
     DS_LAYOUT: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M],
                                                                    q_desc.dtype)
     ds_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BLOCK_N, BLOCK_M], DS_LAYOUT)
@@ -488,15 +599,15 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
     window = (window_left, window_right)
     scales = (qk_scale, sm_scale, softcap_inv, softcap_log2)
     ptrs = (lse2_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr)
-    b, h_k, n_block = key_block_coords((n_key_blocks, n_bh_k, heads_per_group), n_heads_k,
-                                       LONGEST_FIRST)
-    key_tile = (b, h_k, n_block * BLOCK_N)
+    schedule = (n_key_blocks, n_bh_k, heads_per_group, kv_empty)
     gl.warp_specialize([
         # constexpr flags one by one (in a tuple they would reach the workers as i1 values)
-        (_consumer, (0, descs, smem, bars, problem, window, scales, ptrs, key_tile, BLOCK_M,
-                     HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC)),
-        (_consumer, (1, descs, smem, bars, problem, window, scales, ptrs, key_tile, BLOCK_M,
-                     HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC)),
-        (_producer, (descs, smem, bars, problem, window, ptrs, key_tile, BLOCK_M, HAS_LEFT,
-                     HAS_RIGHT)),
+        (_consumer, (0, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
+                     HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
+                     LONGEST_FIRST, PERSISTENT)),
+        (_consumer, (1, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
+                     HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
+                     LONGEST_FIRST, PERSISTENT)),
+        (_producer, (descs, smem, bars, problem, window, ptrs, schedule, BLOCK_M, HAS_LEFT,
+                     HAS_RIGHT, LONGEST_FIRST, PERSISTENT)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

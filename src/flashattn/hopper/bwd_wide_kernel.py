@@ -87,9 +87,10 @@ def _issue_s_dp(k_all, v_all, q_smem, do_smem, q_ready, do_ready, s_zero, it,
 
 
 @gluon.jit
-def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs, key_tile,
+def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs, schedule,
               BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, HAS_LEFT: gl.constexpr,
-              HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, PIPELINE: gl.constexpr):
+              HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, PIPELINE: gl.constexpr,
+              LONGEST_FIRST: gl.constexpr):
     """One consumer warpgroup: head-dim columns [WG * HALF_D, (WG + 1) * HALF_D) of dK / dV,
     queries [WG * HALF_M, (WG + 1) * HALF_M) of each block for S^T / dP^T."""
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
@@ -115,7 +116,10 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
                                                         instr_shape=[16, HALF_D, 16])
     COL_S: gl.constexpr = gl.SliceLayout(0, S_LAYOUT)
 
-    b, h_k, n_start = key_tile
+    n_key_blocks, n_bh_k, heads_per_group, kv_empty = schedule
+    b, h_k, n_block = key_block_coords(gl.program_id(0), (n_key_blocks, n_bh_k, heads_per_group),
+                                       n_heads_k, LONGEST_FIRST)
+    n_start = n_block * BLOCK_N
 
     dq_buf = dq_smem.index(WG)
 
@@ -267,7 +271,7 @@ def attn_bwd_wide_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, del
                                        v_desc.layout)
     streams, stream_bars = alloc_query_streams(q_desc, do_desc, NUM_STAGES, BLOCK_M)
     q_smem, do_smem, lse_smem, delta_smem = streams
-    kv_ready, q_ready, q_empty, do_ready, do_empty, stats_ready = stream_bars
+    kv_ready, q_ready, q_empty, do_ready, do_empty, stats_ready, kv_empty = stream_bars
     PT_LAYOUT: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HALF_M],
                                                                    q_desc.dtype)
     # P^T of query halves 0, 1, then dS^T of query halves 0, 1 ([BLOCK_N keys, HALF_M]): one slot
@@ -290,15 +294,13 @@ def attn_bwd_wide_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, del
     window = (window_left, window_right)
     scales = (qk_scale, sm_scale, softcap_inv, softcap_log2)
     ptrs = (lse2_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr)
-    b, h_k, n_block = key_block_coords((n_key_blocks, n_bh_k, heads_per_group), n_heads_k,
-                                       LONGEST_FIRST)
-    key_tile = (b, h_k, n_block * BLOCK_N)
+    schedule = (n_key_blocks, n_bh_k, heads_per_group, kv_empty)  # (one tile per CTA here)
     gl.warp_specialize([
         # constexpr flags one by one (in a tuple they would reach the workers as i1 values)
-        (_consumer, (0, descs, smem, bars, problem, window, scales, ptrs, key_tile, BLOCK_M,
-                     HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, PIPELINE)),
-        (_consumer, (1, descs, smem, bars, problem, window, scales, ptrs, key_tile, BLOCK_M,
-                     HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, PIPELINE)),
-        (_producer, (descs, smem_producer, bars, problem, window, ptrs, key_tile, BLOCK_M,
-                     HAS_LEFT, HAS_RIGHT)),
+        (_consumer, (0, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
+                     HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, PIPELINE, LONGEST_FIRST)),
+        (_consumer, (1, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
+                     HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, PIPELINE, LONGEST_FIRST)),
+        (_producer, (descs, smem_producer, bars, problem, window, ptrs, schedule, BLOCK_M,
+                     HAS_LEFT, HAS_RIGHT, LONGEST_FIRST, False)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

@@ -131,6 +131,10 @@ class BwdConfig:
     # in L2 (tiles.key_block_coords), instead of one head's key blocks after another. Off:
     # written without a GPU (session 7), not measured yet.
     longest_first: bool = False
+    # a grid of at most one CTA per SM taking key tiles in turn: the next tile's K / V (and its
+    # first Q / dO blocks) load while the consumers still write the previous dK / dV. Needs
+    # pipeline=False. Off: written without a GPU (session 7), not measured yet.
+    persistent: bool = False
 
     def smem_bytes(self, head_dim: int, elem: int = 2) -> int:
         head_dim = _box_width(head_dim)

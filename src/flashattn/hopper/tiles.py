@@ -78,10 +78,10 @@ def tile_coords(tile, n_m_blocks, n_heads, n_bh, heads_per_group, LONGEST_FIRST:
 
 
 @gluon.jit
-def key_block_coords(key_grid, n_heads_k, LONGEST_FIRST: gl.constexpr):
-    """(batch, KV head, key block) of this CTA of the backward's 1-D grid of
-    n_key_blocks * n_bh_k programs, key_grid = (n_key_blocks, n_bh_k, heads_per_group)
-    (1-D: b * h_k may pass the 65535 limit of grid axis 1).
+def key_block_coords(tile, key_grid, n_heads_k, LONGEST_FIRST: gl.constexpr):
+    """(batch, KV head, key block) of backward tile ``tile`` (a program id, or a persistent CTA's
+    next tile) of n_key_blocks * n_bh_k, key_grid = (n_key_blocks, n_bh_k, heads_per_group).
+    The backward's grid is 1-D: b * h_k may pass the 65535 limit of grid axis 1.
 
     Default: key blocks of one (batch, KV head) after another, the order of the former 2-D grid
     (cdiv(s_k, BLOCK_N), b * h_k): the CTAs running together share that head's Q / dO in L2.
@@ -90,7 +90,6 @@ def key_block_coords(key_grid, n_heads_k, LONGEST_FIRST: gl.constexpr):
     query rows: they start first and the short ones fill the tail).
     """
     n_key_blocks, n_bh_k, heads_per_group = key_grid
-    tile = gl.program_id(0)
     if LONGEST_FIRST:
         b, h_k, n_block = tile_coords(tile, n_key_blocks, n_heads_k, n_bh_k, heads_per_group,
                                       False)

@@ -48,7 +48,7 @@ from triton._C.libtriton import ir
 from triton.experimental.gluon.language._core import builtin
 
 from flashattn.hopper.ring import ring_load
-from flashattn.hopper.softmax import tanh_f32
+from flashattn.hopper.softmax import ds_t, probs_t
 from flashattn.hopper.tiles import key_block_coords
 
 
@@ -424,11 +424,7 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
         # lse2 = lse * log2(e), +inf for rows with no visible key and rows past s_q (P = 0)
         mbarrier.wait(stats_ready.index(stage), phase)
         lse2 = lse_smem.index(stage).load(COL_S)
-        if HAS_SOFTCAP:
-            t = tanh_f32(s * softcap_inv)
-            p = gl.exp2(t * softcap_log2 - gl.expand_dims(lse2, 0))
-        else:
-            p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 0))
+        p, t = probs_t(s, lse2, qk_scale, softcap_inv, softcap_log2, HAS_SOFTCAP)
         if block_needs_mask_t(n_start, m_start, seqlen_q, seqlen_k, window_left, window_right,
                               BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT):
             vis = visible_t(key0, m_start, seqlen_q, seqlen_k, window_left, window_right,
@@ -439,9 +435,7 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
         delta = delta_smem.index(stage).load(COL_S)
         # dS before any accumulating GEMM is issued: fp32 P and dP^T die here, so the
         # in-flight dV / dK / dQ accumulators never share the registers with them
-        ds = p * (dp - gl.expand_dims(delta, 0))
-        if HAS_SOFTCAP:
-            ds = ds * (1.0 - t * t)
+        ds = ds_t(p, dp, delta, t, HAS_SOFTCAP)
         ds_lp = ds.to(dtype)
         p_op = gl.convert_layout(p.to(dtype), A_LAYOUT)
         dv_tok = warpgroup_mma(p_op, do_view, dv, is_async=True)

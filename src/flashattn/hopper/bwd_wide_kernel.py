@@ -48,7 +48,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from flashattn.hopper.bwd_kernel import (_producer, alloc_query_streams, block_needs_mask_t,
                                          query_block_range, store_kv_grads,
                                          tma_reduce_add_from_shared, visible_t)
-from flashattn.hopper.softmax import tanh_f32
+from flashattn.hopper.softmax import ds_t, probs_t
 from flashattn.hopper.tiles import key_block_coords
 
 
@@ -167,11 +167,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
         # lse2 = lse * log2(e), +inf for rows with no visible key and rows past s_q (P = 0)
         mbarrier.wait(stats_ready.index(stage), phase)
         lse2 = lse_smem.index(stage).slice(WG * HALF_M, HALF_M).load(COL_S)
-        if HAS_SOFTCAP:
-            t = tanh_f32(s * softcap_inv)
-            p = gl.exp2(t * softcap_log2 - gl.expand_dims(lse2, 0))
-        else:
-            p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 0))
+        p, t = probs_t(s, lse2, qk_scale, softcap_inv, softcap_log2, HAS_SOFTCAP)
         if block_needs_mask_t(n_start, m_start, seqlen_q, seqlen_k, window_left, window_right,
                               BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT):
             vis = visible_t(n_start, m_start + WG * HALF_M, seqlen_q, seqlen_k, window_left,
@@ -180,9 +176,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
         if not PIPELINE:
             dp = warpgroup_mma_wait(0, deps=(dp_tok,))
         delta = delta_smem.index(stage).slice(WG * HALF_M, HALF_M).load(COL_S)
-        ds = p * (dp - gl.expand_dims(delta, 0))
-        if HAS_SOFTCAP:
-            ds = ds * (1.0 - t * t)
+        ds = ds_t(p, dp, delta, t, HAS_SOFTCAP)
 
         # ---- P^T_w, dS^T_w into shared memory; wait for the other consumer's halves
         p_phase = it & 1

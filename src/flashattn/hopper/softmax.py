@@ -1,4 +1,5 @@
-"""Score modification, visibility mask and the online-softmax update of the Hopper forward.
+"""Score modification, visibility mask and the online-softmax update of the Hopper forward;
+the backward's probabilities and score gradients from the saved row statistics.
 
 Scores live in the wgmma accumulator layout (fp32, one warpgroup: HALF_M x BLOCK_N). The
 running max ``m_i`` is kept in log2 units (``softmax_scale * log2(e)`` folded in), so the
@@ -62,3 +63,27 @@ def online_softmax(s, m_i, l_i, s_unit):
     alpha = gl.exp2(m_i - m_use)
     l_new = l_i * alpha + gl.sum(p, axis=1)
     return p, m_new, l_new, alpha
+
+
+@gluon.jit
+def probs_t(s, lse2, qk_scale, softcap_inv, softcap_log2, HAS_SOFTCAP: gl.constexpr):
+    """The backward's P^T from scores S^T (keys x queries, fp32) and the queries' lse2
+    (lse * log2(e), +inf for rows that see no key: P = 0 there): exp2(score in log2 units -
+    lse2). Returns (p, t): t = tanh(s * scale / softcap) with softcap (ds_t needs it), else s."""
+    if HAS_SOFTCAP:
+        t = tanh_f32(s * softcap_inv)
+        p = gl.exp2(t * softcap_log2 - gl.expand_dims(lse2, 0))
+    else:
+        t = s
+        p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 0))
+    return p, t
+
+
+@gluon.jit
+def ds_t(p, dp, delta, t, HAS_SOFTCAP: gl.constexpr):
+    """dS^T = P^T * (dP^T - delta) (delta = rowsum(dO * O) per query), times the softcap's
+    derivative 1 - tanh^2 when there is one (t from probs_t)."""
+    ds = p * (dp - gl.expand_dims(delta, 0))
+    if HAS_SOFTCAP:
+        ds = ds * (1.0 - t * t)
+    return ds

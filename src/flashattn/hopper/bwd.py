@@ -14,7 +14,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from flashattn.hopper.config import BwdConfig, bwd_config
-from flashattn.hopper.fwd import LOG2E, _desc, nvmma_layout, padded_head_dim
+from flashattn.hopper.fwd import LOG2E, _desc, heads_per_group, nvmma_layout, padded_head_dim
 from flashattn.hopper.support import tma_ok
 from flashattn.kernels.config import cdiv, sm_count
 from flashattn.kernels.launch import LaunchPlans
@@ -56,18 +56,6 @@ def _dq_desc(dq_acc: torch.Tensor, block_m: int, wide: bool) -> TensorDescriptor
     return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), block, layout)
 
 
-def _kv_heads_per_group(n_bh_k: int, seqlen_q: int, group_size: int, d_pad: int,
-                        elem: int) -> int:
-    """KV heads whose Q and dO (all query heads of each GQA group) fit the L2 budget together:
-    the longest-first program order walks that many KV heads at a time."""
-    per_kv_head = max(1, 2 * seqlen_q * d_pad * elem * group_size)
-    return max(1, min(n_bh_k, _L2_QDO_BUDGET // per_kv_head))
-
-
-# Q / dO bytes of the KV heads in flight that should stay in L2 (50 MB on H100)
-_L2_QDO_BUDGET = 24 * 2**20
-
-
 def bwd_kernel_for(head_dim: int):
     """The Gluon backward kernel that runs ``head_dim``."""
     if is_wide(head_dim):
@@ -101,8 +89,10 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
         dk, dv, seqlen_q, seqlen_k, n_heads, n_heads_k, group_size,
         dq_acc.shape[3] if wide else dq_acc.shape[2],
         n_key_blocks, n_bh_k,
-        _kv_heads_per_group(n_bh_k, seqlen_q, group_size, padded_head_dim(head_dim),
-                            q.element_size()),
+        # the longest-first order walks KV heads whose Q and dO (all query heads of the
+        # GQA group) fit L2 together
+        heads_per_group(n_bh_k, 2 * seqlen_q * padded_head_dim(head_dim) * q.element_size()
+                        * group_size),
         int(window_left), int(window_right),
         float(softmax_scale * LOG2E), float(softmax_scale),
         float(softmax_scale / softcap) if has_softcap else 0.0,

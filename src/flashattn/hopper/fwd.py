@@ -20,8 +20,9 @@ from flashattn.kernels.launch import LaunchPlans
 
 LOG2E = 1.4426950408889634
 _GL_DTYPE = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
-# K/V bytes of the heads that run at the same time should stay in L2 (50 MB on H100)
-_L2_KV_BUDGET = 24 * 2**20
+# bytes of the tiles that the CTAs running at the same time share should stay in L2 (50 MB on
+# H100): the forward's K / V, the backward's Q / dO
+_L2_SHARED_BUDGET = 24 * 2**20
 
 
 def padded_head_dim(head_dim: int) -> int:
@@ -45,9 +46,18 @@ def _desc(t: torch.Tensor, rows: int) -> TensorDescriptor:
     return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
 
 
-def _heads_per_group(n_bh: int, seqlen_k: int, head_dim: int, elem: int) -> int:
-    kv_per_head = max(1, 2 * seqlen_k * head_dim * elem)
-    return max(1, min(n_bh, _L2_KV_BUDGET // kv_per_head))
+def heads_per_group(n_heads: int, bytes_per_head: int) -> int:
+    """How many of ``n_heads`` heads the grouped tile orders (tiles.tile_coords) walk at a time:
+    as many as keep ``bytes_per_head`` each (the tensors their CTAs share) within the L2
+    budget, at least one."""
+    return max(1, min(n_heads, _L2_SHARED_BUDGET // max(1, bytes_per_head)))
+
+
+def _tile_counter(cfg: FwdConfig, window_right: int, lse: torch.Tensor) -> torch.Tensor:
+    """The tile queue's int32 zero when the kernel uses one; else lse stands in (unused)."""
+    if uses_tile_queue(cfg, window_right):
+        return torch.zeros(1, dtype=torch.int32, device=lse.device)
+    return lse
 
 
 def uses_tile_queue(cfg: FwdConfig, window_right: int) -> bool:
@@ -78,12 +88,12 @@ def launch_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Te
     has_softcap = softcap > 0.0
     dynamic = uses_tile_queue(cfg, window_right)
     if counter is None:
-        counter = torch.zeros(1, dtype=torch.int32, device=q.device) if dynamic else lse
+        counter = _tile_counter(cfg, window_right, lse)
     args = [
         _desc(q, half_m), _desc(k, cfg.block_n), _desc(v, cfg.block_n), _desc(out, half_m), lse,
         counter,
         seqlen_q, seqlen_k, n_heads, n_heads // n_heads_k, n_bh, n_m_blocks, n_tiles,
-        _heads_per_group(n_bh, seqlen_k, head_dim, q.element_size()),
+        heads_per_group(n_bh, 2 * seqlen_k * head_dim * q.element_size()),  # K and V
         int(window_left), int(window_right),
         float(softmax_scale * LOG2E),
         float(softmax_scale / softcap) if has_softcap else 0.0,
@@ -126,8 +136,7 @@ def flash_fwd_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softm
                      **(config_overrides or {}))
     out = torch.empty((batch, seqlen_q, n_heads, head_dim_v), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, n_heads, seqlen_q), dtype=torch.float32, device=q.device)
-    counter = (torch.zeros(1, dtype=torch.int32, device=q.device)
-               if uses_tile_queue(cfg, window_right) else lse)
+    counter = _tile_counter(cfg, window_right, lse)
     # what the launch's arguments are made of apart from the tensors (out is contiguous: its
     # strides follow from q's shape)
     key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.device,

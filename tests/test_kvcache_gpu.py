@@ -133,3 +133,25 @@ def test_paged_offsets_beyond_2_31() -> None:
     ref, _ = attention_ref(q.cpu(), k_seq, v_seq)
     low, _ = attention_ref(q.cpu(), k_seq, v_seq, upcast=False)
     assert_close_rule(out, ref, low)
+
+
+@pytest.mark.bigmem  # ~2 GiB: run alone (gpu_check.sh), not beside other workers
+def test_more_than_65535_query_blocks() -> None:
+    """s_q * G / BLOCK_M past 65535 (grid axis 1's limit): the decode kernel's query blocks
+    share grid axis 0 with (batch, KV head). 600k queries x 8 heads of one KV head = 4.8M
+    rows, 75k blocks of 64; rows at both ends and in the middle checked against the oracle
+    (non-causal: each row sees the whole cache, so rows are independent)."""
+    s_q, h, h_k, d, s_cache = 600_000, 8, 1, 64, 96
+    q = torch.randn(1, s_q, h, d, device="cuda", dtype=torch.bfloat16)
+    kc = torch.randn(1, s_cache, h_k, d, device="cuda", dtype=torch.bfloat16)
+    vc = torch.randn_like(kc)
+    seqlens = torch.tensor([s_cache], dtype=torch.int32, device="cuda")
+    out = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, num_splits=1)
+    from flashattn.reference import attention_ref
+
+    rows = torch.cat([torch.arange(0, 64), torch.arange(s_q // 2, s_q // 2 + 64),
+                      torch.arange(s_q - 64, s_q)]).cuda()
+    q_rows = q[:, rows].cpu()
+    ref, _ = attention_ref(q_rows, kc.cpu(), vc.cpu())
+    low, _ = attention_ref(q_rows, kc.cpu(), vc.cpu(), upcast=False)
+    assert_close_rule(out[:, rows], ref, low)

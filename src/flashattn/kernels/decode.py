@@ -47,7 +47,7 @@ def _decode_kernel(
     stride_os, stride_ob, stride_om, stride_oh,
     stride_ls, stride_lb, stride_lh, stride_lm,
     stride_btb, stride_ab, stride_ah,
-    seqlen_q, seqlen_k_add, cache_rows, nheads_k,
+    seqlen_q, seqlen_k_add, cache_rows, nheads_k, n_bh,
     sm_scale, softcap, window_left, window_right,
     G: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
@@ -57,8 +57,11 @@ def _decode_kernel(
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     UPCAST: tl.constexpr, DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr,
 ):
-    pid_bh = tl.program_id(0)
-    pid_m = tl.program_id(1)
+    # (batch, KV head) and query block share grid axis 0, (batch, KV head) fastest: axis 1
+    # stops at 65535 blocks, which a long prefill through the kvcache API can pass
+    pid = tl.program_id(0)
+    pid_bh = pid % n_bh
+    pid_m = pid // n_bh
     pid_s = tl.program_id(2)
     n_splits = tl.num_programs(2)
     off_b = pid_bh // nheads_k
@@ -378,7 +381,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                and d == block_d and d_v == block_dv)
     dummy = seqlens_k
     alibi_strides = alibi_slopes.stride() if alibi_slopes is not None else (0, 0)
-    grid = (batch * nheads_k, m_blocks, num_splits)
+    grid = (batch * nheads_k * m_blocks, 1, num_splits)
     if use_tma:
         config.install_allocator()
     launch_jit(_decode_kernel, grid, (
@@ -392,7 +395,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         *k_strides[:3], *v_cache.stride()[:3],
         *o_strides, *l_strides,
         block_table.stride(0) if paged else 0, alibi_strides[0], alibi_strides[1],
-        s_q_grid, int(seqlen_k_add), k_cache.shape[1], nheads_k,
+        s_q_grid, int(seqlen_k_add), k_cache.shape[1], nheads_k, batch * nheads_k,
         float(softmax_scale), float(softcap), int(window_left), int(window_right)), dict(
         G=g, HEAD_DIM=d, HEAD_DIM_V=d_v,
         BLOCK_D=block_d, BLOCK_DV=block_dv,

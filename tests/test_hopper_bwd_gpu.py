@@ -148,7 +148,8 @@ _VARIANTS = [(128, dict(dq_async=False)), (128, dict(pipeline=True)),
              (256, dict(pipeline=False)), (192, dict(pipeline=False)),
              (128, dict(longest_first=True)), (256, dict(longest_first=True)),
              (128, dict(persistent=True)), (64, dict(persistent=True, longest_first=True)),
-             (128, dict(persistent=True, dq_async=False))]
+             (128, dict(persistent=True, dq_async=False)), (128, dict(persistent=False)),
+             (64, dict(persistent=False))]
 
 
 @pytest.mark.parametrize("causal", [False, True])

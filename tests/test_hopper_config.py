@@ -58,3 +58,18 @@ def test_tile_queue_only_for_masked_persistent_warp_specialised_calls():
     assert not uses_tile_queue(fwd_config(128, dynamic=False), 0)
     assert not uses_tile_queue(fwd_config(128, persistent=False), 0)
     assert not uses_tile_queue(fwd_config(128, warp_specialized=False), 0)
+
+
+def test_backward_runs_persistent_only_where_key_tiles_cost_the_same():
+    """Unmasked calls at d = 64 / 128 take the persistent backward schedule (measured faster
+    there); causal / windowed calls, d = 96 (spills), the wide kernel and explicit overrides
+    do not."""
+    from flashattn.hopper.config import bwd_config
+
+    assert bwd_config(128, masked=False).persistent
+    assert bwd_config(64, masked=False).persistent
+    assert not bwd_config(128, masked=True).persistent
+    assert not bwd_config(96, masked=False).persistent
+    assert not bwd_config(256, masked=False).persistent  # bwd_wide_kernel: no such schedule
+    assert not bwd_config(128, masked=False, persistent=False).persistent
+    assert not bwd_config(128, masked=False, pipeline=True).persistent  # needs pipeline=False

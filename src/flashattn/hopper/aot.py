@@ -122,15 +122,15 @@ def compile_bwd_variant(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, c
     from flashattn.hopper.bwd import bwd_kernel_for, dq_workspace, launch_args
     from flashattn.hopper.config import bwd_config
 
-    cfg = bwd_config(head_dim, **(overrides or {}))
+    window_left, window_right = window
+    if causal:
+        window_right = 0
+    cfg = bwd_config(head_dim, masked=window_left >= 0 or window_right >= 0, **(overrides or {}))
     b, s, h = 2, 1000, 4
     q = torch.empty((b, s, h, head_dim), dtype=dtype)
     s_pad = -(-s // cfg.block_m) * cfg.block_m
     dq_acc = dq_workspace(q, s_pad)
     lse = torch.empty((b, h, s_pad), dtype=torch.float32)
-    window_left, window_right = window
-    if causal:
-        window_right = 0
     args, constexprs, options, _ = launch_args(
         q, q, q, q, lse, lse, dq_acc, q, q, cfg, softmax_scale=head_dim ** -0.5,
         window_left=window_left, window_right=window_right, softcap=softcap)

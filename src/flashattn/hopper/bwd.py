@@ -142,7 +142,8 @@ def flash_bwd_hopper(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     from flashattn.hopper.bwd_preprocess import row_stats
 
     batch, seqlen_q, n_heads, head_dim = q.shape
-    cfg = bwd_config(head_dim, **(config_overrides or {}))
+    cfg = bwd_config(head_dim, masked=window_left >= 0 or window_right >= 0,
+                     **(config_overrides or {}))
     dout = _tma_ready(dout)
     if out.stride(-1) != 1:
         out = out.contiguous()

@@ -133,7 +133,7 @@ class BwdConfig:
     longest_first: bool = False
     # a grid of at most one CTA per SM taking key tiles in turn: the next tile's K / V (and its
     # first Q / dO blocks) load while the consumers still write the previous dK / dV. Needs
-    # pipeline=False. Off: written without a GPU (session 7), not measured yet.
+    # pipeline=False. bwd_config turns it on for unmasked calls at d = 64 / 128 (measured there).
     persistent: bool = False
 
     def smem_bytes(self, head_dim: int, elem: int = 2) -> int:
@@ -158,7 +158,23 @@ BWD_CONFIGS: Dict[int, BwdConfig] = {
 }
 
 
-def bwd_config(head_dim: int, **overrides) -> BwdConfig:
-    """The backward config for ``head_dim`` (a key of BWD_CONFIGS), with overrides."""
-    cfg = BWD_CONFIGS[head_dim]
-    return replace(cfg, **overrides) if overrides else cfg
+# Head dims whose unmasked backward runs persistent (measured at both; d = 96 spills 328 bytes
+# with the loop, d = 192 / 256 run bwd_wide_kernel, which has no persistent schedule)
+PERSISTENT_BWD_HEAD_DIMS = (64, 128)
+
+
+def bwd_config(head_dim: int, masked: bool = True, **overrides) -> BwdConfig:
+    """The backward config for ``head_dim`` (a key of BWD_CONFIGS), with overrides.
+
+    ``masked``: the call has a causal or sliding-window mask. Unmasked calls at d = 64 / 128
+    run the persistent schedule, where every key tile costs the same. Measured on H100
+    (hopper_probe --mode bwd, session 8), persistent / one CTA per tile: dense 2k d = 128
+    490 / 475, d = 64 387 / 370; 8k and 16k within +-1%. Causal: 284 / 361 at 2k and
+    329 / 541 at 16k (d = 128): the static tile stride lets CTAs drift apart in work, so
+    concurrent CTAs no longer share one head's Q / dO in L2.
+    """
+    cfg = replace(BWD_CONFIGS[head_dim], **overrides) if overrides else BWD_CONFIGS[head_dim]
+    if (not masked and "persistent" not in overrides and head_dim in PERSISTENT_BWD_HEAD_DIMS
+            and not cfg.pipeline):
+        cfg = replace(cfg, persistent=True)
+    return cfg

@@ -221,7 +221,7 @@ def test_call_coverage_rules():
         "return_softmax": (q, k, v, _params(return_softmax=True)),
         "dtype": (_meta((2, 3, 8, 128), torch.float32),) * 3 + (_params(),),
         "head dims": (_meta((1, 3, 2, 80)), _meta((1, 3, 2, 80)), _meta((1, 3, 2, 80)), _params()),
-        "head dims ": (q, k, _meta((2, 500, 2, 64)), _params()),
+        "head dims ": (q, k, _meta((2, 500, 2, 80)), _params()),
         "softmax_scale": (q, k, v, _params(softmax_scale=-1.0)),
         "16-byte": (_meta((2, 300, 8, 130))[..., :128], k, v, _params()),
     }
@@ -230,16 +230,12 @@ def test_call_coverage_rules():
         assert reason is not None and what.strip().split()[0] in reason, (what, reason)
 
 
-def test_mixed_head_dims_are_opt_in_and_forward_only(monkeypatch):
-    """d != d_v (e.g. 192 / 128) reaches the Hopper forward only with FLASHATTN_HOPPER_MIXED_D=1
-    (written without a GPU); the Hopper backward never takes it."""
-    from flashattn.hopper.support import (ENV_MIXED_HEAD_DIMS, backward_unsupported,
-                                          call_unsupported)
+def test_mixed_head_dims_take_the_hopper_forward_only():
+    """d != d_v (e.g. 192 / 128) is covered by the Hopper forward when both are Hopper head
+    dims; the Hopper backward never takes it (the portable backward runs it)."""
+    from flashattn.hopper.support import backward_unsupported, call_unsupported
 
     q, k, v = _meta((2, 300, 8, 192)), _meta((2, 500, 2, 192)), _meta((2, 500, 2, 128))
-    monkeypatch.delenv(ENV_MIXED_HEAD_DIMS, raising=False)
-    assert ENV_MIXED_HEAD_DIMS in call_unsupported(q, k, v, _params())
-    monkeypatch.setenv(ENV_MIXED_HEAD_DIMS, "1")
     assert call_unsupported(q, k, v, _params()) is None
     odd = _meta((2, 500, 2, 80))
     assert "head dims" in call_unsupported(q, k, odd, _params())

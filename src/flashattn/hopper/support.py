@@ -75,18 +75,6 @@ def tma_ok(t: torch.Tensor) -> bool:
     return True
 
 
-# d != d_v (e.g. 192 / 128, DeepSeek's MLA prefill) in the Hopper forward: written and compiled
-# for sm_90 in session 7 without a GPU; opt-in until the GPU suite has run it.
-ENV_MIXED_HEAD_DIMS = "FLASHATTN_HOPPER_MIXED_D"
-
-
-def mixed_head_dims_enabled() -> bool:
-    """Whether dispatch may send d != d_v forward calls to the Hopper kernel."""
-    import os
-
-    return os.environ.get(ENV_MIXED_HEAD_DIMS, "").strip().lower() in ("1", "true", "on", "yes")
-
-
 def call_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      params: Mapping[str, Any]) -> Optional[str]:
     """Why this forward call is not covered by the Hopper kernel (None when it is).
@@ -98,9 +86,6 @@ def call_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     d, d_v = q.shape[-1], v.shape[-1]
     if d not in HEAD_DIMS or d_v not in HEAD_DIMS:
         return f"head dims {d}/{d_v} (Hopper path: each one of {HEAD_DIMS})"
-    if d_v != d and not mixed_head_dims_enabled():
-        return (f"head dims {d}/{d_v} differ: the Hopper forward's d != d_v support is not yet "
-                f"validated on a GPU ({ENV_MIXED_HEAD_DIMS}=1 turns it on)")
     if params.get("alibi_slopes") is not None:
         return "alibi_slopes"
     if float(params.get("dropout_p", 0.0)) != 0.0:

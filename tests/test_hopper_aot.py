@@ -65,7 +65,12 @@ BWD_VARIANTS = (
        ("bwd", 128, "bfloat16", True, (-1, -1), 0.0, {"persistent": True}),
        ("bwd", 64, "bfloat16", False, (-1, -1), 0.0, {"persistent": True, "longest_first": True}),
        # unmasked calls at d = 64 / 128 run persistent by default; the one-tile-per-CTA schedule
-       ("bwd", 128, "bfloat16", False, (-1, -1), 0.0, {"persistent": False})]
+       ("bwd", 128, "bfloat16", False, (-1, -1), 0.0, {"persistent": False}),
+       # persistent CTAs drawing causal tiles from the global queue (BwdConfig.dynamic)
+       ("bwd", 128, "bfloat16", True, (-1, -1), 0.0, {"persistent": True, "dynamic": True}),
+       ("bwd", 64, "float16", True, (-1, -1), 0.0,
+        {"persistent": True, "dynamic": True, "longest_first": True}),
+       ("bwd", 128, "bfloat16", False, (300, 0), 0.0, {"persistent": True, "dynamic": True})]
 )
 
 

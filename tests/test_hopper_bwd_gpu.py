@@ -149,7 +149,9 @@ _VARIANTS = [(128, dict(dq_async=False)), (128, dict(pipeline=True)),
              (128, dict(longest_first=True)), (256, dict(longest_first=True)),
              (128, dict(persistent=True)), (64, dict(persistent=True, longest_first=True)),
              (128, dict(persistent=True, dq_async=False)), (128, dict(persistent=False)),
-             (64, dict(persistent=False))]
+             (64, dict(persistent=False)), (128, dict(persistent=True, dynamic=True)),
+             (64, dict(persistent=True, dynamic=True, longest_first=True)),
+             (96, dict(persistent=True, dynamic=True))]
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -73,3 +73,14 @@ def test_backward_runs_persistent_only_where_key_tiles_cost_the_same():
     assert not bwd_config(256, masked=False).persistent  # bwd_wide_kernel: no such schedule
     assert not bwd_config(128, masked=False, persistent=False).persistent
     assert not bwd_config(128, masked=False, pipeline=True).persistent  # needs pipeline=False
+
+
+def test_backward_tile_queue_needs_the_persistent_schedule():
+    """BwdConfig.dynamic (persistent CTAs drawing tiles from a global queue) without
+    persistent=True is refused before any compile, naming the field."""
+    import torch
+
+    from flashattn.hopper import aot
+
+    with pytest.raises(ValueError, match="dynamic=True"):
+        aot.compile_bwd_variant(128, torch.bfloat16, causal=True, overrides={"dynamic": True})

@@ -52,3 +52,49 @@ def test_row_stats(d, transposed):
     torch.testing.assert_close(lse2[:, :, :s], want_lse2)
     assert torch.all(lse2[:, :, s:] == float("inf"))
     assert torch.all(dq_acc == 0)
+
+
+@pytest.mark.parametrize("d,causal,overrides", [
+    (128, True, None), (128, False, None), (256, True, None),
+    (128, True, {"persistent": True, "dynamic": True})])
+def test_backward_host_path_fills_the_launch_slots(monkeypatch, d, causal, overrides):
+    """flash_bwd_hopper's host side on CPU (passes interpreted, the Gluon launch recorded):
+    the tensors a launch plan swaps per call sit at the argument positions of its slots, the
+    tile queue is (1 + grid,) int32 zeros only for persistent + dynamic, and the grid is what
+    the config asks for. A wrong position would run the kernel on another call's buffers."""
+    from flashattn.hopper import bwd
+    from flashattn.kernels.config import sm_count
+
+    seen = {}
+
+    def record(key, tensors, build):
+        fn, grid, args, kwargs = build()
+        seen.update(tensors=tensors, grid=grid, args=args, kwargs=kwargs, fn=fn)
+
+    monkeypatch.setattr(bwd._PLANS, "launch", record)
+    b, s, h, h_k = 2, 300, 4, 2
+    q = torch.randn(b, s, h, d, dtype=torch.bfloat16)
+    k, v = (torch.randn(b, s, h_k, d, dtype=torch.bfloat16) for _ in "kv")
+    out, dout = torch.randn_like(q), torch.randn_like(q)
+    lse = torch.randn(b, h, s, dtype=torch.float32)
+    bwd.flash_bwd_hopper(dout, q, k, v, out, lse, softmax_scale=d ** -0.5, causal=causal,
+                         window_left=-1, window_right=0 if causal else -1, softcap=0.0,
+                         config_overrides=overrides)
+    tensors, args = seen["tensors"], seen["args"]
+    assert len(tensors) == len(bwd._PLANS.slots)
+    for slot, t in zip(bwd._PLANS.slots, tensors):
+        a = args[slot]
+        held = a if isinstance(a, torch.Tensor) else a.base  # tensor descriptors hold .base
+        # (the dQ descriptor is over a 2-D view of the workspace: same storage)
+        assert held.data_ptr() == t.data_ptr(), f"argument {slot} is not the plan's tensor"
+    assert all(a.base is t for a, t in zip(args[:4], (q, k, v, dout)))
+    cfg = bwd.bwd_config(d, masked=causal, **(overrides or {}))
+    counter = tensors[-1]
+    n_tiles = -(-s // cfg.block_n) * b * h_k
+    if cfg.persistent and cfg.dynamic:
+        assert counter.dtype == torch.int32 and counter.shape == (1 + seen["grid"][0],)
+        assert not counter.any()
+        assert seen["kwargs"]["DYNAMIC"]
+    else:
+        assert counter is tensors[5]  # lse2 stands in
+    assert seen["grid"] == ((min(n_tiles, sm_count(q.device)) if cfg.persistent else n_tiles),)

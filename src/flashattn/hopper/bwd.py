@@ -65,16 +65,34 @@ def bwd_kernel_for(head_dim: int):
     return attn_bwd_kernel
 
 
+def grid_size(cfg: BwdConfig, k: torch.Tensor) -> int:
+    """CTAs of the 1-D backward grid (b * h_k on a second axis would stop at its 65535 limit):
+    one per key tile, or with ``cfg.persistent`` at most one per SM."""
+    batch, seqlen_k, n_heads_k, _ = k.shape
+    n_tiles = cdiv(seqlen_k, cfg.block_n) * batch * n_heads_k
+    return min(n_tiles, sm_count(k.device)) if cfg.persistent else n_tiles
+
+
+def tile_counter(cfg: BwdConfig, lse2: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """The tile queue when the kernel uses one (persistent + dynamic): int32 zeros (1 + grid,),
+    the queue's ticket counter, then each CTA's current tile (the producer warp's message to
+    its consumers). Else lse2 stands in (the kernel never reads it)."""
+    if cfg.persistent and cfg.dynamic:
+        return torch.zeros(1 + grid_size(cfg, k), dtype=torch.int32, device=lse2.device)
+    return lse2
+
+
 def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 lse2: torch.Tensor, delta: torch.Tensor, dq_acc: torch.Tensor, dk: torch.Tensor,
                 dv: torch.Tensor, cfg: BwdConfig, *, softmax_scale: float, window_left: int,
-                window_right: int, softcap: float
+                window_right: int, softcap: float, counter: Optional[torch.Tensor] = None
                 ) -> Tuple[List[Any], Dict[str, Any], Dict[str, Any], Tuple[int, int]]:
     """(positional args, constexpr kwargs, launch options, grid) of bwd_kernel_for(d).
 
     Shared by the launch and by the ahead-of-time compile (aot.py). lse2 / delta float32
     (b, h, s_q_pad) (bwd_preprocess.row_stats); dq_acc: dq_workspace, zeroed by row_stats;
-    dk, dv (b, s_k, h_k, d) contiguous.
+    dk, dv (b, s_k, h_k, d) contiguous; counter: tile_counter(cfg, lse2, k) (made here if
+    None).
     """
     batch, seqlen_q, n_heads, head_dim = q.shape
     _, seqlen_k, n_heads_k, _ = k.shape
@@ -83,10 +101,13 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     n_key_blocks = cdiv(seqlen_k, cfg.block_n)
     n_bh_k = batch * n_heads_k
     group_size = n_heads // n_heads_k
+    grid = (grid_size(cfg, k),)
+    if counter is None:
+        counter = tile_counter(cfg, lse2, k)
     args = [
         _desc(q, cfg.block_m), _desc(k, cfg.block_n), _desc(v, cfg.block_n),
         _desc(dout, cfg.block_m), _dq_desc(dq_acc, cfg.block_m, wide), lse2, delta, dq_acc,
-        dk, dv, seqlen_q, seqlen_k, n_heads, n_heads_k, group_size,
+        dk, dv, counter, seqlen_q, seqlen_k, n_heads, n_heads_k, group_size,
         dq_acc.shape[3] if wide else dq_acc.shape[2],
         n_key_blocks, n_bh_k,
         # the longest-first order walks KV heads whose Q and dO (all query heads of the
@@ -104,6 +125,8 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
         CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
         LONGEST_FIRST=cfg.longest_first,
     )
+    if cfg.dynamic and not cfg.persistent:
+        raise ValueError("BwdConfig: dynamic=True (the tile queue) needs persistent=True")
     if wide:
         if cfg.persistent:
             raise ValueError("bwd_wide_kernel has no persistent schedule (persistent=False)")
@@ -114,11 +137,9 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
         if cfg.persistent and cfg.pipeline:
             raise ValueError("BwdConfig: persistent=True needs pipeline=False")
         constexprs.update(DQ_TMA=cfg.dq_tma, PIPELINE=cfg.pipeline,
-                          DQ_ASYNC=cfg.dq_tma and cfg.dq_async, PERSISTENT=cfg.persistent)
+                          DQ_ASYNC=cfg.dq_tma and cfg.dq_async, PERSISTENT=cfg.persistent,
+                          DYNAMIC=cfg.dynamic)
     options = dict(num_warps=4, maxnreg=cfg.maxnreg)
-    # 1-D: b * h_k on a second axis would stop at its 65535 limit
-    n_tiles = n_key_blocks * n_bh_k
-    grid = (min(n_tiles, sm_count(q.device)) if cfg.persistent else n_tiles,)
     return args, constexprs, options, grid
 
 
@@ -153,6 +174,7 @@ def flash_bwd_hopper(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                             transposed=is_wide(head_dim))
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    counter = tile_counter(cfg, lse2, k)
     # what the launch's arguments are made of apart from the tensors (lse2, delta, dq_acc, dk,
     # dv are made here: their strides follow from the shapes)
     key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), dout.stride(), q.dtype,
@@ -162,14 +184,14 @@ def flash_bwd_hopper(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     def build():
         args, constexprs, options, grid = launch_args(
             dout, q, k, v, lse2, delta, dq_acc, dk, dv, cfg, softmax_scale=softmax_scale,
-            window_left=window_left, window_right=window_right, softcap=softcap)
+            window_left=window_left, window_right=window_right, softcap=softcap, counter=counter)
         return bwd_kernel_for(head_dim), grid, args, {**constexprs, **options}
 
-    _PLANS.launch(key, (q, k, v, dout, dq_acc, lse2, delta, dq_acc, dk, dv), build)
+    _PLANS.launch(key, (q, k, v, dout, dq_acc, lse2, delta, dq_acc, dk, dv, counter), build)
     dq = dq_from_workspace(dq_acc, q, transposed=is_wide(head_dim))
     return dq, dk, dv
 
 
 # Launch plans of earlier calls (kernels/launch.py; see hopper/fwd.py). Slots: the q, k, v,
-# dout and dQ-workspace descriptors, lse2, delta, the workspace, dk, dv.
-_PLANS = LaunchPlans(slots=tuple(range(10)))
+# dout and dQ-workspace descriptors, lse2, delta, the workspace, dk, dv, the tile counter.
+_PLANS = LaunchPlans(slots=tuple(range(11)))

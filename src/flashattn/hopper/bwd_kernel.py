@@ -192,12 +192,17 @@ def _issue_s_dp(k_mine, v_mine, q_smem, do_smem, q_ready, do_ready, s_zero, it, 
 @gluon.jit
 def _producer(descs, smem, bars, problem, window, ptrs, schedule, BLOCK_M: gl.constexpr,
               HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, LONGEST_FIRST: gl.constexpr,
-              PERSISTENT: gl.constexpr):
+              PERSISTENT: gl.constexpr, DYNAMIC: gl.constexpr):
     """Per key tile: K_j, V_j once, then Q_i, dO_i and the row statistics (lse2_i, delta_i) of
-    every query block of every head of the group. PERSISTENT: tile after tile (program id,
-    then + num_programs), the next K_j / V_j loaded once both consumers have released the
-    previous ones (kv_empty), while they still write the previous dK / dV."""
-    n_key_blocks, n_bh_k, heads_per_group, kv_empty = schedule
+    every query block of every head of the group. PERSISTENT: tile after tile, the next K_j /
+    V_j loaded once both consumers have released the previous ones (kv_empty), while they
+    still write the previous dK / dV; the tiles are program id, + num_programs, ... or with
+    DYNAMIC program id, then num_programs + an atomic ticket each (a global queue: tiles of
+    unequal cost, as under a causal mask, keep every CTA busy and the CTAs running together
+    close in tile order, so they share Q / dO in L2). DYNAMIC publishes each tile's index for
+    the consumers (_publish_tile), and an index >= n_tiles when the queue is empty."""
+    n_key_blocks, n_bh_k, heads_per_group, kv_empty, tile_counter = schedule
+    kv_ready = bars[0]
     if PERSISTENT:
         n_tiles = n_key_blocks * n_bh_k
         it = 0  # query blocks streamed so far (ring slot and phase), across tiles
@@ -206,13 +211,42 @@ def _producer(descs, smem, bars, problem, window, ptrs, schedule, BLOCK_M: gl.co
         while tile < n_tiles:
             # both consumers are done with the previous tile's K / V
             mbarrier.wait(kv_empty, (tile_iter & 1) ^ 1)
+            if DYNAMIC:
+                # before kv_ready's expect-arrive in _produce_key_tile (release)
+                _publish_tile(tile_counter, tile)
+                # the ticket's latency hides behind this tile's loads
+                next_tile = gl.num_programs(0) + gl.atomic_add(tile_counter, 1)
+            else:
+                next_tile = tile + gl.num_programs(0)
             it = _produce_key_tile(tile, it, descs, smem, bars, problem, window, ptrs, schedule,
                                    BLOCK_M, HAS_LEFT, HAS_RIGHT, LONGEST_FIRST)
             tile_iter += 1
-            tile += gl.num_programs(0)
+            tile = next_tile
+        if DYNAMIC:
+            # queue empty: the consumers get an index >= n_tiles (kv_ready without loads)
+            mbarrier.wait(kv_empty, (tile_iter & 1) ^ 1)
+            _publish_tile(tile_counter, tile)
+            mbarrier.arrive(kv_ready)
     else:
         _produce_key_tile(gl.program_id(0), gl.to_tensor(0), descs, smem, bars, problem,
                           window, ptrs, schedule, BLOCK_M, HAS_LEFT, HAS_RIGHT, LONGEST_FIRST)
+
+
+@gluon.jit
+def _publish_tile(tile_counter, tile):
+    """Producer warp -> consumers: this CTA's next tile index, in global memory at
+    tile_counter[1 + program id], stored before the kv_ready arrive that announces the tile.
+    (Read back as a scalar load: a shared-memory slot needs a cross-warp reduction to become
+    a scalar in Gluon, and that cost the consumers registers: 168 vs 80 spill bytes.)"""
+    gl.store(tile_counter + 1 + gl.program_id(0), tile)
+    gl.thread_barrier()  # the store is ordered before the single-thread arrive
+
+
+@gluon.jit
+def _read_tile(tile_counter):
+    """Consumer side of _publish_tile, after the kv_ready wait (acquire); volatile: not a
+    stale L1 line from this CTA's previous tile."""
+    return gl.load(tile_counter + 1 + gl.program_id(0), volatile=True)
 
 
 @gluon.jit
@@ -227,7 +261,7 @@ def _produce_key_tile(tile, it, descs, smem, bars, problem, window, ptrs, schedu
     seqlen_q, seqlen_k, n_heads, n_heads_k, group_size, seqlen_q_pad = problem
     window_left, window_right = window
     lse2_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr = ptrs
-    n_key_blocks, n_bh_k, heads_per_group, kv_empty = schedule
+    n_key_blocks, n_bh_k, heads_per_group = schedule[0], schedule[1], schedule[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
     NUM_STAGES: gl.constexpr = q_smem.shape[0]
     # one warp moves the 2 x BLOCK_M row statistics (lse2, delta) of a query block
@@ -268,9 +302,10 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
               BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, HAS_LEFT: gl.constexpr,
               HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, DQ_TMA: gl.constexpr,
               PIPELINE: gl.constexpr, DQ_ASYNC: gl.constexpr, LONGEST_FIRST: gl.constexpr,
-              PERSISTENT: gl.constexpr):
+              PERSISTENT: gl.constexpr, DYNAMIC: gl.constexpr):
     """One consumer warpgroup: keys [WG * HALF_N, (WG + 1) * HALF_N) of each key block (tile)
-    it processes (one, or with PERSISTENT every num_programs-th)."""
+    it processes (one; with PERSISTENT every num_programs-th, or with DYNAMIC those the
+    producer publishes)."""
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
     k_smem = smem[0]
     v_smem = smem[1]
@@ -304,14 +339,26 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
         n_tiles = n_key_blocks * n_bh_k
         it_base = 0  # query blocks consumed in earlier tiles (ring and dS slot phases continue)
         tile_iter = 0
-        tile = gl.program_id(0)
+        tile_counter = schedule[4]
+        kv_ready = bars[0]
+        if DYNAMIC:
+            mbarrier.wait(kv_ready, 0)
+            tile = _read_tile(tile_counter)
+        else:
+            tile = gl.program_id(0)
         while tile < n_tiles:
             it_base = _key_tile(WG, tile, tile_iter, it_base, descs, smem, bars, problem, window,
                                 scales, ptrs, schedule, consts, BLOCK_M, HEAD_DIM, HAS_LEFT,
                                 HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
                                 LONGEST_FIRST, PERSISTENT)
             tile_iter += 1
-            tile += gl.num_programs(0)
+            if DYNAMIC:
+                # the producer publishes the next index once both consumers have released
+                # this tile's K / V, so the slot cannot change again before both read it
+                mbarrier.wait(kv_ready, tile_iter & 1)
+                tile = _read_tile(tile_counter)
+            else:
+                tile += gl.num_programs(0)
     else:  # one tile per CTA: no loop around the body (it costs ptxas registers)
         _key_tile(WG, gl.program_id(0), 0, gl.to_tensor(0), descs, smem, bars, problem, window,
                   scales, ptrs, schedule, consts, BLOCK_M, HEAD_DIM, HAS_LEFT, HAS_RIGHT,
@@ -334,7 +381,8 @@ def _key_tile(WG: gl.constexpr, tile, tile_iter, it_base, descs, smem, bars, pro
     window_left, window_right = window
     sm_scale = scales[1]
     dk_ptr, dv_ptr = ptrs[3], ptrs[4]
-    n_key_blocks, n_bh_k, heads_per_group, kv_empty = schedule
+    n_key_blocks, n_bh_k, heads_per_group, kv_empty = (schedule[0], schedule[1], schedule[2],
+                                                       schedule[3])
     k_mine, v_mine, k_cols, s_zero, dq_zero, dq_offs = consts
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
     HALF_N: gl.constexpr = BLOCK_N // 2
@@ -538,7 +586,7 @@ def alloc_query_streams(q_desc, do_desc, NUM_STAGES: gl.constexpr, BLOCK_M: gl.c
 
 @gluon.jit
 def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_ptr, dq_ptr, dk_ptr,
-                    dv_ptr, seqlen_q, seqlen_k, n_heads, n_heads_k, group_size, seqlen_q_pad,
+                    dv_ptr, tile_counter, seqlen_q, seqlen_k, n_heads, n_heads_k, group_size, seqlen_q_pad,
                     n_key_blocks, n_bh_k, heads_per_group,
                     window_left, window_right, qk_scale, sm_scale, softcap_inv, softcap_log2,
                     BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, HEAD_DIM: gl.constexpr,
@@ -546,7 +594,7 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
                     DQ_TMA: gl.constexpr, PIPELINE: gl.constexpr, DQ_ASYNC: gl.constexpr,
                     CONSUMER_REGS: gl.constexpr,
                     PRODUCER_REGS: gl.constexpr, LONGEST_FIRST: gl.constexpr = False,
-                    PERSISTENT: gl.constexpr = False):
+                    PERSISTENT: gl.constexpr = False, DYNAMIC: gl.constexpr = False):
     """Warp-specialised attention backward (see module docstring).
 
     Descriptors are rank 4 over (batch, seq, head, dim): q/do boxes [1, BLOCK_M, 1, D_PAD],
@@ -558,11 +606,14 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
     zeros), through dq_desc (2-D over (b * h * s_q_pad, D_PAD), box [BLOCK_M, D_PAD // 2])
     by TMA reduce-add when DQ_TMA, else by fp32 atomics from registers.
     dk_ptr / dv_ptr: (b, s_k, h_k, HEAD_DIM)
-    contiguous, q's dtype.
+    contiguous, q's dtype. tile_counter: int32 zeros (1 + grid,), PERSISTENT + DYNAMIC only:
+    [0] the tile queue, [1 + program id] that CTA's current tile (any pointer otherwise:
+    unused).
     Grid (n_key_blocks * n_bh_k,) = (cdiv(s_k, BLOCK_N) * b * h_k,), in the order of
     tiles.key_block_coords (LONGEST_FIRST: grouped by heads_per_group KV heads, key blocks
     ascending), or with PERSISTENT fewer CTAs (e.g. one per SM) that take tiles program id,
-    + num_programs, ...; num_warps = 4 (the default partition is consumer 0).
+    + num_programs, ... (DYNAMIC: program id, then tickets from tile_counter, in the same
+    order); num_warps = 4 (the default partition is consumer 0).
     """
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
     k_smem = gl.allocate_shared_memory(k_desc.dtype, k_desc.block_type.shape, k_desc.layout)
@@ -593,15 +644,15 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
     window = (window_left, window_right)
     scales = (qk_scale, sm_scale, softcap_inv, softcap_log2)
     ptrs = (lse2_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr)
-    schedule = (n_key_blocks, n_bh_k, heads_per_group, kv_empty)
+    schedule = (n_key_blocks, n_bh_k, heads_per_group, kv_empty, tile_counter)
     gl.warp_specialize([
         # constexpr flags one by one (in a tuple they would reach the workers as i1 values)
         (_consumer, (0, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
                      HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
-                     LONGEST_FIRST, PERSISTENT)),
+                     LONGEST_FIRST, PERSISTENT, DYNAMIC)),
         (_consumer, (1, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
                      HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
-                     LONGEST_FIRST, PERSISTENT)),
+                     LONGEST_FIRST, PERSISTENT, DYNAMIC)),
         (_producer, (descs, smem, bars, problem, window, ptrs, schedule, BLOCK_M, HAS_LEFT,
-                     HAS_RIGHT, LONGEST_FIRST, PERSISTENT)),
+                     HAS_RIGHT, LONGEST_FIRST, PERSISTENT, DYNAMIC)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

@@ -116,7 +116,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
                                                         instr_shape=[16, HALF_D, 16])
     COL_S: gl.constexpr = gl.SliceLayout(0, S_LAYOUT)
 
-    n_key_blocks, n_bh_k, heads_per_group, kv_empty = schedule
+    n_key_blocks, n_bh_k, heads_per_group = schedule[0], schedule[1], schedule[2]
     b, h_k, n_block = key_block_coords(gl.program_id(0), (n_key_blocks, n_bh_k, heads_per_group),
                                        n_heads_k, LONGEST_FIRST)
     n_start = n_block * BLOCK_N
@@ -237,7 +237,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
 
 @gluon.jit
 def attn_bwd_wide_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_ptr, dq_ptr,
-                         dk_ptr, dv_ptr, seqlen_q, seqlen_k, n_heads, n_heads_k, group_size,
+                         dk_ptr, dv_ptr, tile_counter, seqlen_q, seqlen_k, n_heads, n_heads_k, group_size,
                          seqlen_q_pad, n_key_blocks, n_bh_k, heads_per_group, window_left,
                          window_right, qk_scale, sm_scale, softcap_inv, softcap_log2,
                          BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr,
@@ -252,7 +252,8 @@ def attn_bwd_wide_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, del
     float32 (b, h, s_q_pad), as in bwd_kernel.attn_bwd_kernel. dq_ptr: float32
     (b, h, D_PAD, s_q_pad) zeros (dQ *transposed*), receives softmax_scale * (dS K)^T through
     dq_desc (2-D over (b * h * D_PAD, s_q_pad), box [64, BLOCK_M // 2]) by TMA reduce-add.
-    dk_ptr / dv_ptr: (b, s_k, h_k, HEAD_DIM) contiguous, q's dtype. Grid and program order as
+    dk_ptr / dv_ptr: (b, s_k, h_k, HEAD_DIM) contiguous, q's dtype; tile_counter unused (one tile
+    per CTA: the shared producer's queue argument). Grid and program order as
     bwd_kernel.attn_bwd_kernel (1-D, tiles.key_block_coords), num_warps = 4 (the default
     partition is consumer 0).
     """
@@ -288,7 +289,8 @@ def attn_bwd_wide_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, del
     window = (window_left, window_right)
     scales = (qk_scale, sm_scale, softcap_inv, softcap_log2)
     ptrs = (lse2_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr)
-    schedule = (n_key_blocks, n_bh_k, heads_per_group, kv_empty)  # (one tile per CTA here)
+    # one tile per CTA here: no tile queue (the producer's counter is unused)
+    schedule = (n_key_blocks, n_bh_k, heads_per_group, kv_empty, tile_counter)
     gl.warp_specialize([
         # constexpr flags one by one (in a tuple they would reach the workers as i1 values)
         (_consumer, (0, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
@@ -296,5 +298,5 @@ def attn_bwd_wide_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, del
         (_consumer, (1, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
                      HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, PIPELINE, LONGEST_FIRST)),
         (_producer, (descs, smem_producer, bars, problem, window, ptrs, schedule, BLOCK_M,
-                     HAS_LEFT, HAS_RIGHT, LONGEST_FIRST, False)),
+                     HAS_LEFT, HAS_RIGHT, LONGEST_FIRST, False, False)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

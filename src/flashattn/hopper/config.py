@@ -135,6 +135,10 @@ class BwdConfig:
     # first Q / dO blocks) load while the consumers still write the previous dK / dV. Needs
     # pipeline=False. bwd_config turns it on for unmasked calls at d = 64 / 128 (measured there).
     persistent: bool = False
+    # persistent only: CTAs take tiles from a global atomic queue (the producer warp draws a
+    # ticket and publishes the index) instead of a static stride, for tiles of unequal cost
+    # (causal). Off: written without a GPU (session 8), not measured yet.
+    dynamic: bool = False
 
     def smem_bytes(self, head_dim: int, elem: int = 2) -> int:
         head_dim = _box_width(head_dim)

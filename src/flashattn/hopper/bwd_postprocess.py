@@ -37,14 +37,21 @@ def _dq_convert_kernel(Acc, DQ, stride_acc_bh, stride_acc_s, stride_acc_d, strid
              acc.to(DQ.dtype.element_ty), mask=ok)
 
 
+def workspace_strides(dq_acc: torch.Tensor, transposed: bool):
+    """(per (batch, head), per query row, per head-dim column) element strides of the dQ
+    workspace, (b, h, s_q_pad, d_pad) or, ``transposed``, (b, h, d_pad, s_q_pad): the passes
+    that zero it and read it index it through these."""
+    if transposed:
+        return dq_acc.stride(1), dq_acc.stride(3), dq_acc.stride(2)
+    return dq_acc.stride(1), dq_acc.stride(2), dq_acc.stride(3)
+
+
 def dq_from_workspace(dq_acc: torch.Tensor, q: torch.Tensor, transposed: bool) -> torch.Tensor:
     """dq (b, s_q, h, d), contiguous, q's dtype, from the fp32 workspace ``dq_acc``:
     (b, h, s_q_pad, d_pad), or (b, h, d_pad, s_q_pad) when ``transposed``."""
     batch, seqlen_q, n_heads, head_dim = q.shape
     dq = torch.empty((batch, seqlen_q, n_heads, head_dim), dtype=q.dtype, device=q.device)
-    stride_bh = dq_acc.stride(1)
-    stride_s, stride_d = ((dq_acc.stride(3), dq_acc.stride(2)) if transposed
-                          else (dq_acc.stride(2), dq_acc.stride(3)))
+    stride_bh, stride_s, stride_d = workspace_strides(dq_acc, transposed)
     block_d = next_pow2(head_dim)
     block_s = max(16, 8192 // block_d)  # 8K fp32 per program
     key = (dq_acc.shape, dq_acc.stride(), q.shape, q.dtype, q.device, transposed)

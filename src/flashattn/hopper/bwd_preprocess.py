@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from flashattn.hopper.bwd_postprocess import workspace_strides
 from flashattn.kernels.config import cdiv, next_pow2
 from flashattn.kernels.launch import LaunchPlans
 
@@ -75,15 +76,14 @@ def row_stats(out: torch.Tensor, dout: torch.Tensor, lse: torch.Tensor, seqlen_q
                         device=out.device)
     lse2, delta = stats[0], stats[1]
     block_m = 64
-    stride_s, stride_d = ((dq_acc.stride(3), dq_acc.stride(2)) if transposed
-                          else (dq_acc.stride(2), dq_acc.stride(3)))
+    stride_bh, stride_s, stride_d = workspace_strides(dq_acc, transposed)
     key = (out.shape, out.stride(), dout.stride(), out.dtype, dout.dtype, out.device,
            seqlen_q_pad, dq_acc.shape, dq_acc.stride(), transposed)
     _PLANS.launch(key, (out, dout, lse, lse2, delta, dq_acc), lambda: (
         _row_stats_kernel, (batch * n_heads, cdiv(seqlen_q_pad, block_m)), (
             out, dout, lse, lse2, delta, dq_acc, out.stride(0), out.stride(1), out.stride(2),
-            dout.stride(0), dout.stride(1), dout.stride(2), dq_acc.stride(1), stride_s,
-            stride_d, n_heads, seqlen_q, seqlen_q_pad),
+            dout.stride(0), dout.stride(1), dout.stride(2), stride_bh, stride_s, stride_d,
+            n_heads, seqlen_q, seqlen_q_pad),
         dict(HEAD_DIM=head_dim, BLOCK_D=next_pow2(head_dim), BLOCK_M=block_m,
              ACC_TRANSPOSED=transposed)))
     return lse2, delta

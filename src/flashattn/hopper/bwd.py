@@ -65,7 +65,7 @@ def bwd_kernel_for(head_dim: int):
     return attn_bwd_kernel
 
 
-def grid_size(cfg: BwdConfig, k: torch.Tensor) -> int:
+def _grid_size(cfg: BwdConfig, k: torch.Tensor) -> int:
     """CTAs of the 1-D backward grid (b * h_k on a second axis would stop at its 65535 limit):
     one per key tile, or with ``cfg.persistent`` at most one per SM."""
     batch, seqlen_k, n_heads_k, _ = k.shape
@@ -73,12 +73,12 @@ def grid_size(cfg: BwdConfig, k: torch.Tensor) -> int:
     return min(n_tiles, sm_count(k.device)) if cfg.persistent else n_tiles
 
 
-def tile_counter(cfg: BwdConfig, lse2: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+def _tile_counter(cfg: BwdConfig, lse2: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """The tile queue when the kernel uses one (persistent + dynamic): int32 zeros (1 + grid,),
     the queue's ticket counter, then each CTA's current tile (the producer warp's message to
     its consumers). Else lse2 stands in (the kernel never reads it)."""
     if cfg.persistent and cfg.dynamic:
-        return torch.zeros(1 + grid_size(cfg, k), dtype=torch.int32, device=lse2.device)
+        return torch.zeros(1 + _grid_size(cfg, k), dtype=torch.int32, device=lse2.device)
     return lse2
 
 
@@ -91,7 +91,7 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
 
     Shared by the launch and by the ahead-of-time compile (aot.py). lse2 / delta float32
     (b, h, s_q_pad) (bwd_preprocess.row_stats); dq_acc: dq_workspace, zeroed by row_stats;
-    dk, dv (b, s_k, h_k, d) contiguous; counter: tile_counter(cfg, lse2, k) (made here if
+    dk, dv (b, s_k, h_k, d) contiguous; counter: _tile_counter(cfg, lse2, k) (made here if
     None).
     """
     batch, seqlen_q, n_heads, head_dim = q.shape
@@ -101,9 +101,9 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     n_key_blocks = cdiv(seqlen_k, cfg.block_n)
     n_bh_k = batch * n_heads_k
     group_size = n_heads // n_heads_k
-    grid = (grid_size(cfg, k),)
+    grid = (_grid_size(cfg, k),)
     if counter is None:
-        counter = tile_counter(cfg, lse2, k)
+        counter = _tile_counter(cfg, lse2, k)
     args = [
         _desc(q, cfg.block_m), _desc(k, cfg.block_n), _desc(v, cfg.block_n),
         _desc(dout, cfg.block_m), _dq_desc(dq_acc, cfg.block_m, wide), lse2, delta, dq_acc,
@@ -174,7 +174,7 @@ def flash_bwd_hopper(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                             transposed=is_wide(head_dim))
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-    counter = tile_counter(cfg, lse2, k)
+    counter = _tile_counter(cfg, lse2, k)
     # what the launch's arguments are made of apart from the tensors (lse2, delta, dq_acc, dk,
     # dv are made here: their strides follow from the shapes)
     key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), dout.stride(), q.dtype,

@@ -33,6 +33,8 @@ VARIANTS = (
        (128, "bfloat16", False, (-1, -1), 30.0, None),
        (256, "bfloat16", True, (-1, -1), 30.0, None),
        (128, "bfloat16", True, (-1, -1), 0.0, {"pingpong": True}),
+       (128, "bfloat16", True, (-1, -1), 0.0, {"pingpong": 2}),
+       (128, "bfloat16", False, (-1, -1), 0.0, {"rescale_early": True}),
        (128, "bfloat16", True, (-1, -1), 0.0, {"intra_overlap": False}),
        (128, "bfloat16", False, (-1, -1), 0.0, {"warp_specialized": False}),
        (64, "bfloat16", True, (100, -1), 0.0, None),

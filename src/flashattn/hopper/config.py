@@ -30,10 +30,16 @@ class FwdConfig:
     consumer_regs: int = 240
     producer_regs: int = 24
     maxnreg: int = 168  # kernel cap: 3 warpgroups x 128 threads x 168 <= 64K registers
-    # Ping-pong between the consumer warpgroups: measured slower on H100 with this kernel
-    # (d=128 causal 16k: 593 vs 645 TFLOP/s; d=64: -4..-6%), so off by default; kept as a switch.
-    pingpong: bool = False
+    # Ping-pong between the consumer warpgroups (fwd_kernel PINGPONG): 0 off, 1 (or True) the
+    # token passes through mbarriers, 2 through hardware named barriers. 1 measured slower on
+    # H100 with this kernel (d=128 causal 16k: 593 vs 645 TFLOP/s; d=64: -4..-6%); 2 equal or
+    # 1-3% slower at d = 128 / 256 (H200, session 9: benchmarks/NOTES.md).
+    pingpong: int = 0
     intra_overlap: bool = True
+    # intra_overlap only: rescale O by block j's alpha between the QK^T and PV issues of the
+    # next iteration (under QK^T) instead of right after PV lands (fwd_kernel INTRA_OVERLAP 2).
+    # Measured equal (+-1%) at d = 128, -2% at d = 256 dense (H200, session 9): off.
+    rescale_early: bool = False
     persistent: bool = True
     dynamic: bool = True  # persistent tile queue for causal / windowed calls
     # Ablation only (benchmarks/NOTES.md): False drops the producer warp; consumer warpgroup 0
@@ -129,7 +135,7 @@ class BwdConfig:
     pipeline: bool = False
     # program order: key blocks ascending across groups of KV heads sized to keep their Q / dO
     # in L2 (tiles.key_block_coords), instead of one head's key blocks after another. Off:
-    # written without a GPU (session 7), not measured yet.
+    # measured equal or slower (H100, session 8: -4% at d = 128 causal 16k, -8% dense 2k).
     longest_first: bool = False
     # a grid of at most one CTA per SM taking key tiles in turn: the next tile's K / V (and its
     # first Q / dO blocks) load while the consumers still write the previous dK / dV. Needs
@@ -137,7 +143,9 @@ class BwdConfig:
     persistent: bool = False
     # persistent only: CTAs take tiles from a global atomic queue (the producer warp draws a
     # ticket and publishes the index) instead of a static stride, for tiles of unequal cost
-    # (causal). Off: written without a GPU (session 8), not measured yet.
+    # (causal). Off: measured slower than one CTA per tile on causal calls (H200, session 9,
+    # d = 128 2k / 8k / 16k: 368 / 462 / 492 vs 386 / 488 / 530 TFLOP/s; d = 64 -2..-4%);
+    # kept as a switch (exact, GPU-tested).
     dynamic: bool = False
 
     def smem_bytes(self, head_dim: int, elem: int = 2) -> int:

@@ -102,8 +102,8 @@ def launch_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Te
     constexprs = dict(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, NUM_STAGES=cfg.num_stages,
         HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, HAS_SOFTCAP=has_softcap,
-        LONGEST_FIRST=window_right >= 0, PINGPONG=cfg.pingpong,
-        INTRA_OVERLAP=cfg.intra_overlap, SEPARATE_O=cfg.separate_o, DYNAMIC=dynamic,
+        LONGEST_FIRST=window_right >= 0, PINGPONG=int(cfg.pingpong),
+        INTRA_OVERLAP=(2 if cfg.rescale_early else 1) if cfg.intra_overlap else 0, SEPARATE_O=cfg.separate_o, DYNAMIC=dynamic,
         NO_WS=not cfg.warp_specialized,
         CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
         CONSUMERS=cfg.consumers,

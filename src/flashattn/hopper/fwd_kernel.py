@@ -16,11 +16,17 @@ in exp2 with log2(e) folded into the scale, and writes O through shared memory w
 store plus the natural-log LSE (b, h, s_q) float32.
 
 Scheduling knobs (constexpr, for the ablation table in benchmarks/NOTES.md):
-    PINGPONG       the two consumers take turns issuing their GEMMs (two mbarriers pass a token),
-                   so one warpgroup's softmax runs while the other's GEMMs use the tensor cores.
-                   Off by default (config.py): measured equal or slower on H100 here.
+    PINGPONG       the two consumers take turns issuing their GEMMs, so one warpgroup's softmax
+                   runs while the other's GEMMs use the tensor cores. 0 off; 1 the token passes
+                   through two mbarriers (every arrive is a warpgroup bar.sync + one-thread
+                   arrive, Triton's lowering); 2 through two hardware named barriers (bar.sync /
+                   bar.arrive over 256 threads, as CUTLASS kernels do), in inline PTX, around the
+                   steady-state GEMM pairs only.
     INTRA_OVERLAP  inside a warpgroup, S_{j+1} = Q K_{j+1}^T and O += P_j V_j are issued together
                    and the softmax of block j+1 runs while P_j V_j is still in flight.
+                   2: as 1, and O's rescale by block j's alpha runs between the two issues
+                   (while QK^T is in flight) instead of after P_{j-1} V_{j-1} has landed, where
+                   it delays the next issue (FA4's sm90 forward does this for d_v > 128).
     DYNAMIC        persistent tile queue (global atomic counter) instead of a static
                    round-robin: causal tiles differ in length, so CTAs take the next
                    (longest remaining) tile when they finish one.
@@ -130,19 +136,78 @@ def _read_tile(tile_slot):
     return gl.max(tile_slot.load(layout), axis=0)
 
 
+# Hardware named-barrier ids of the ping-pong token (PINGPONG == 2): warpgroup WG waits on
+# TURN_BARRIER + WG. Triton's own partitions use ids 0-2 (membar's per-partition bar.sync and
+# the warp_specialize start-up barrier in this kernel's PTX); 16 exist.
+TURN_BARRIER = gl.constexpr(12)
+
+
 @gluon.jit
-def _turn_wait(turn, WG: gl.constexpr, turn_count, PINGPONG: gl.constexpr):
-    """Ping-pong: wait until the other warpgroup has issued its GEMMs."""
-    if PINGPONG:
+def _named_barrier(BAR_ID: gl.constexpr, ARRIVE: gl.constexpr):
+    """bar.sync (wait until 256 threads, both consumer warpgroups, have arrived) or bar.arrive
+    (count this warpgroup's 128 threads and go on) on named barrier BAR_ID, from every thread of
+    one warpgroup. Gluon has no named-barrier op: inline PTX over a 128-element tensor, one
+    element per thread, so the asm runs once per thread; not pure, so it is neither dropped nor
+    moved across the wgmma issue (also side-effecting asm)."""
+    gl.static_assert(BAR_ID == 12 or BAR_ID == 13)
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    one_per_thread = gl.zeros([128], gl.int32, layout)
+    if ARRIVE:
+        if BAR_ID == 12:
+            asm: gl.constexpr = "mov.b32 $0, $1;\n\tbar.arrive 12, 256;"
+        else:
+            asm: gl.constexpr = "mov.b32 $0, $1;\n\tbar.arrive 13, 256;"
+    else:
+        if BAR_ID == 12:
+            asm: gl.constexpr = "mov.b32 $0, $1;\n\tbar.sync 12, 256;"
+        else:
+            asm: gl.constexpr = "mov.b32 $0, $1;\n\tbar.sync 13, 256;"
+    gl.inline_asm_elementwise(asm, "=r,r", [one_per_thread], dtype=gl.int32, is_pure=False,
+                              pack=1)
+
+
+@gluon.jit
+def _turn_start(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """Ping-pong: warpgroup 1 hands the first turn to warpgroup 0 (once per kernel)."""
+    if PINGPONG == 1:
+        if WG == 1:
+            mbarrier.arrive(turn.index(0))
+    if PINGPONG == 2:
+        if WG == 1:
+            _named_barrier(TURN_BARRIER, True)
+
+
+@gluon.jit
+def _turn_end(WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """Ping-pong (named): warpgroup 0 consumes warpgroup 1's last hand-off, so no arrival is
+    left pending on a hardware barrier when the CTA exits (mbarriers need no such step)."""
+    if PINGPONG == 2:
+        if WG == 0:
+            _named_barrier(TURN_BARRIER, False)
+
+
+@gluon.jit
+def _turn_wait(turn, WG: gl.constexpr, turn_count, PINGPONG: gl.constexpr,
+               STEADY: gl.constexpr = False):
+    """Ping-pong: wait until the other warpgroup has issued its GEMMs. The named-barrier
+    token (PINGPONG == 2) is passed only around the steady-state GEMM pairs (STEADY), the
+    same count in both warpgroups for every tile."""
+    if PINGPONG == 1:
         mbarrier.wait(turn.index(WG), turn_count & 1)
+    if PINGPONG == 2:
+        if STEADY:
+            _named_barrier(TURN_BARRIER + WG, False)
     return turn_count + 1
 
 
 @gluon.jit
-def _turn_pass(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
+def _turn_pass(turn, WG: gl.constexpr, PINGPONG: gl.constexpr, STEADY: gl.constexpr = False):
     """Ping-pong: hand the tensor cores to the other warpgroup."""
-    if PINGPONG:
+    if PINGPONG == 1:
         mbarrier.arrive(turn.index(1 - WG))
+    if PINGPONG == 2:
+        if STEADY:
+            _named_barrier(TURN_BARRIER + 1 - WG, True)
 
 
 @gluon.jit
@@ -184,10 +249,8 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, lse_
         s_unit = qk_scale
 
     gl.static_assert(WG * HALF_M < BLOCK_M)
-    gl.static_assert(not PINGPONG or BLOCK_M == 2 * HALF_M)  # the turn token passes 0 <-> 1
-    if PINGPONG:
-        if WG == 1:
-            mbarrier.arrive(turn.index(0))  # warpgroup 0 issues first
+    gl.static_assert(PINGPONG == 0 or BLOCK_M == 2 * HALF_M)  # the turn token passes 0 <-> 1
+    _turn_start(turn, WG, PINGPONG)  # warpgroup 0 issues first
     turn_count = 0
     kv_count = 0
     tile_iter = 0
@@ -239,6 +302,8 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, lse_
                                 S_LAYOUT, HALF_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
             p, m_i, l_i, alpha = online_softmax(s, m_i, l_i, s_unit)
             p_op = gl.convert_layout(p.to(dtype), P_LAYOUT)
+            if INTRA_OVERLAP == 2:
+                alpha_o = gl.convert_layout(alpha, ROW_O)  # (acc is still zero: no-op rescale)
             prev_stage = stage
             prev_phase = phase
             kv_count += 1
@@ -253,21 +318,23 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, lse_
                 if INTRA_OVERLAP:
                     mbarrier.wait(k_ready.index(stage), phase)
                     mbarrier.wait(v_ready.index(prev_stage), prev_phase)
-                    turn_count = _turn_wait(turn, WG, turn_count, PINGPONG)
+                    turn_count = _turn_wait(turn, WG, turn_count, PINGPONG, True)
                     s_tok = warpgroup_mma(q_view, k_view, s_zero, use_acc=False, is_async=True)
+                    if INTRA_OVERLAP == 2:  # block j-1's rescale, under QK^T
+                        acc = acc * gl.expand_dims(alpha_o, 1)
                     acc_tok = warpgroup_mma(p_op, v_prev, acc, is_async=True)
-                    _turn_pass(turn, WG, PINGPONG)
+                    _turn_pass(turn, WG, PINGPONG, True)
                     s = warpgroup_mma_wait(1, deps=(s_tok,))
                     mbarrier.arrive(k_empty.index(stage))
                 else:
                     mbarrier.wait(v_ready.index(prev_stage), prev_phase)
-                    turn_count = _turn_wait(turn, WG, turn_count, PINGPONG)
+                    turn_count = _turn_wait(turn, WG, turn_count, PINGPONG, True)
                     acc_tok = warpgroup_mma(p_op, v_prev, acc, is_async=True)
                     acc = warpgroup_mma_wait(0, deps=(acc_tok,))
                     mbarrier.arrive(v_empty.index(prev_stage))
                     mbarrier.wait(k_ready.index(stage), phase)
                     s_tok = warpgroup_mma(q_view, k_view, s_zero, use_acc=False, is_async=True)
-                    _turn_pass(turn, WG, PINGPONG)
+                    _turn_pass(turn, WG, PINGPONG, True)
                     s = warpgroup_mma_wait(0, deps=(s_tok,))
                     mbarrier.arrive(k_empty.index(stage))
                 if HAS_SOFTCAP:
@@ -285,7 +352,10 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, lse_
                         if j - 1 + NUM_STAGES < n_blocks:
                             load_count = _load_kv(descs, smem, bars, load_count, b,
                                                   (lo_blk + j - 1 + NUM_STAGES) * BLOCK_N, h_k)
-                acc = acc * gl.expand_dims(gl.convert_layout(alpha, ROW_O), 1)
+                if INTRA_OVERLAP == 2:
+                    alpha_o = gl.convert_layout(alpha, ROW_O)  # applied before PV_j's issue
+                else:
+                    acc = acc * gl.expand_dims(gl.convert_layout(alpha, ROW_O), 1)
                 p_op = gl.convert_layout(p.to(dtype), P_LAYOUT)
                 prev_stage = stage
                 prev_phase = phase
@@ -295,6 +365,8 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, lse_
             v_prev = v_smem.index(prev_stage).reshape([BLOCK_N, HEAD_DIM_V])
             mbarrier.wait(v_ready.index(prev_stage), prev_phase)
             turn_count = _turn_wait(turn, WG, turn_count, PINGPONG)
+            if INTRA_OVERLAP == 2:
+                acc = acc * gl.expand_dims(alpha_o, 1)
             acc_tok = warpgroup_mma(p_op, v_prev, acc, is_async=True)
             _turn_pass(turn, WG, PINGPONG)
             acc = warpgroup_mma_wait(0, deps=(acc_tok,))
@@ -324,6 +396,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, lse_
         else:
             mbarrier.wait(q_ready, tile_iter & 1)
             tile = _read_tile(tile_slot)
+    _turn_end(WG, PINGPONG)
     tma.store_wait(0)
 
 

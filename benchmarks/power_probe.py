@@ -11,7 +11,7 @@ and reports the medians beside the TFLOP/s of that loop. Implementations are int
     python3 benchmarks/power_probe.py --points 128:0:fwd,128:1:bwd --seconds 4 --json $OUT/power.json
 
 Shapes: bf16, 16k tokens per call (batch = 16384 / s), h * d = 2048, layout (b, s, h, d) for
-both (cuDNN through SDPA on the transposed views, as in bench.py). ``bwd`` times the backward
+both (cuDNN through SDPA on the transposed views, as hopper_probe.py times it). ``bwd`` times the backward
 alone (autograd.grad of one forward, graph retained); FLOPs as in ANCHORS.md.
 """
 from __future__ import annotations
@@ -85,6 +85,12 @@ def _sampled_run(fn, seconds: float, period_ms: int):
     rate = calls / (time.perf_counter() - t0)
     smi.terminate()
     text, _ = smi.communicate(timeout=5)
+    return rate, parse_samples(text)
+
+
+def parse_samples(text: str):
+    """nvidia-smi's csv lines 'MHz, W, 0xMASK' -> [(MHz, W, mask)]; other lines (a header,
+    '[N/A]' values, a line cut by terminate()) are skipped."""
     samples = []
     for line in text.splitlines():
         parts = [p.strip() for p in line.split(",")]
@@ -92,7 +98,7 @@ def _sampled_run(fn, seconds: float, period_ms: int):
             samples.append((float(parts[0]), float(parts[1]), int(parts[2], 16)))
         except (ValueError, IndexError):
             continue
-    return rate, samples
+    return samples
 
 
 def main() -> int:

@@ -21,12 +21,14 @@ Scheduling knobs (constexpr, for the ablation table in benchmarks/NOTES.md):
                    through two mbarriers (every arrive is a warpgroup bar.sync + one-thread
                    arrive, Triton's lowering); 2 through two hardware named barriers (bar.sync /
                    bar.arrive over 256 threads, as CUTLASS kernels do), in inline PTX, around the
-                   steady-state GEMM pairs only.
+                   steady-state GEMM pairs only. Off by default (config.py): both measured equal
+                   or slower here (benchmarks/NOTES.md).
     INTRA_OVERLAP  inside a warpgroup, S_{j+1} = Q K_{j+1}^T and O += P_j V_j are issued together
                    and the softmax of block j+1 runs while P_j V_j is still in flight.
                    2: as 1, and O's rescale by block j's alpha runs between the two issues
                    (while QK^T is in flight) instead of after P_{j-1} V_{j-1} has landed, where
                    it delays the next issue (FA4's sm90 forward does this for d_v > 128).
+                   Measured equal at d = 128, -2% at d = 256: off by default.
     DYNAMIC        persistent tile queue (global atomic counter) instead of a static
                    round-robin: causal tiles differ in length, so CTAs take the next
                    (longest remaining) tile when they finish one.

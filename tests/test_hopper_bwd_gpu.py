@@ -64,7 +64,7 @@ def _reference_grads(q, k, v, dout, params):
     return g64, glp
 
 
-def _run(q, k, v, params, dout=None, **overrides):
+def _run(q, k, v, params, dout=None, deterministic=False, **overrides):
     from flashattn.hopper.bwd import flash_bwd_hopper
     from flashattn.hopper.fwd import flash_fwd_hopper
 
@@ -72,7 +72,7 @@ def _run(q, k, v, params, dout=None, **overrides):
     if dout is None:
         dout = torch.randn_like(out)
     _poison_allocator(4 * (q.numel() + k.numel() + v.numel()) * 2)
-    grads = flash_bwd_hopper(dout, q, k, v, out, lse, deterministic=False,
+    grads = flash_bwd_hopper(dout, q, k, v, out, lse, deterministic=deterministic,
                              config_overrides=overrides or None, **params)
     torch.cuda.synchronize()
     return grads, dout
@@ -167,6 +167,50 @@ def test_config_variants_are_exact(d, overrides, causal):
     _check(q, k, v, params, grads, dout)
 
 
+# deterministic=True: dQ added in key-block order (BwdConfig.deterministic)
+_DETERMINISTIC = [(64, False, (-1, -1), (2, 1000, 900, 4, 2)),
+                  (128, False, (-1, -1), (1, 2048, 2048, 8, 2)),
+                  (128, True, (-1, -1), (2, 1000, 1000, 4, 4)),
+                  (64, True, (-1, -1), (1, 700, 1300, 6, 2)),
+                  (128, False, (-1, 100), (1, 900, 600, 4, 1)),
+                  (128, True, (-1, -1), (3, 129, 129, 2, 1))]
+
+
+@pytest.mark.parametrize("d,causal,window,shape", _DETERMINISTIC,
+                         ids=[f"d{d}-{'causal' if c else 'full'}-win{w[1]}-"
+                              f"b{s[0]}s{s[1]}x{s[2]}h{s[3]}k{s[4]}"
+                              for d, c, w, s in _DETERMINISTIC])
+def test_deterministic_backward_is_exact_and_bitwise_repeatable(d, causal, window, shape):
+    """Ordered dQ: within the accuracy rule, and the same bits on every run (5 runs, fresh
+    workspaces and turn counters each time)."""
+    b, s_q, s_k, h, h_k = shape
+    q, k, v = _inputs(b, s_q, s_k, h, h_k, d, torch.bfloat16)
+    params = _params(d, causal, window, s_k=s_k)
+    first, dout = _run(q, k, v, params, deterministic=True)
+    _check(q, k, v, params, first, dout)
+    for _ in range(4):
+        again, _ = _run(q, k, v, params, dout=dout, deterministic=True)
+        for name, a, bb in zip(("dq", "dk", "dv"), first, again):
+            assert torch.equal(a, bb), f"{name} differs between deterministic runs"
+
+
+def test_deterministic_backward_through_the_api(monkeypatch):
+    """flash_attn_func(deterministic=True) at d = 128 causal runs the Hopper backward
+    (behind FLASHATTN_HOPPER_DETERMINISTIC=1 until this file has passed on a GPU)."""
+    monkeypatch.setenv("FLASHATTN_HOPPER_DETERMINISTIC", "1")
+    calls = []
+    from flashattn.hopper import bwd as hopper_bwd
+    real = hopper_bwd.flash_bwd_hopper
+
+    def spy(*a, **kw):
+        calls.append(kw["deterministic"])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(hopper_bwd, "flash_bwd_hopper", spy)
+    _end_to_end(monkeypatch, d=128, deterministic=True)
+    assert calls == [True]
+
+
 def test_strided_inputs_and_expanded_dout():
     """(b, h, s, d) memory viewed as (b, s, h, d); dout an expanded (stride 0) view."""
     d = 128
@@ -258,7 +302,7 @@ def _end_to_end(monkeypatch, d=128, h=4, h_k=2, **kw):
     out = flash_attn_func(q, k, v, causal=True, **kw)
     g = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v), g)
-    assert_attention_close(q, k, v, out, g, grads, window_size=(-1, 0))
+    assert_attention_close(q, k, v, out, g, grads, window_size=kw.get("window_size", (-1, 0)))
     return q, k, v
 
 
@@ -284,7 +328,8 @@ def test_dispatch_picks_hopper_backward(monkeypatch, d):
     assert dispatch.backward_family(q, k, v, deterministic=False, **p) == "portable"
 
 
-@pytest.mark.parametrize("what", ["deterministic", "deterministic_d256", "hopper_bwd_off"])
+@pytest.mark.parametrize("what", ["deterministic_window", "deterministic_d256",
+                                  "hopper_bwd_off"])
 def test_uncovered_backward_falls_back(monkeypatch, what):
     calls = []
     from flashattn.hopper import bwd as hopper_bwd
@@ -298,5 +343,7 @@ def test_uncovered_backward_falls_back(monkeypatch, what):
     if what == "hopper_bwd_off":
         monkeypatch.setenv("FLASHATTN_HOPPER_BWD", "0")
     kw = dict(deterministic=True) if what.startswith("deterministic") else {}
+    if what == "deterministic_window":  # a left window: the ordered dQ does not cover it
+        kw["window_size"] = (300, 0)
     _end_to_end(monkeypatch, d=256 if what.endswith("d256") else 128, **kw)
     assert calls == []

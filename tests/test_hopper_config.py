@@ -84,3 +84,33 @@ def test_backward_tile_queue_needs_the_persistent_schedule():
 
     with pytest.raises(ValueError, match="dynamic=True"):
         aot.compile_bwd_variant(128, torch.bfloat16, causal=True, overrides={"dynamic": True})
+
+
+def test_deterministic_backward_runs_the_ordered_persistent_schedule():
+    """deterministic=True: persistent CTAs (static stride unmasked, the ticket queue masked:
+    tiles wait only on tiles of lower index, which are running or done), d = 64 / 128 only."""
+    from flashattn.hopper.config import bwd_config
+
+    for d in (64, 128):
+        for masked in (False, True):
+            cfg = bwd_config(d, masked=masked, deterministic=True)
+            assert cfg.deterministic and cfg.persistent and not cfg.pipeline
+            assert cfg.dynamic == masked
+            assert bwd_config(d, masked, True) is cfg  # prebuilt: no per-call dataclass
+        assert bwd_config(d, masked=True, deterministic=True, num_stages=3).num_stages == 3
+    assert not bwd_config(128, masked=True).deterministic
+    for d in (96, 192, 256):
+        with pytest.raises(ValueError, match="deterministic"):
+            bwd_config(d, deterministic=True)
+
+
+def test_deterministic_backward_refuses_a_left_window():
+    """The ordered dQ relies on every lower key tile visiting each query block that a tile
+    visits: true without a left window. With one, the launch is refused, naming the rule."""
+    import torch
+
+    from flashattn.hopper import aot
+
+    with pytest.raises(ValueError, match="left window"):
+        aot.compile_bwd_variant(128, torch.bfloat16, window=(300, 0),
+                                overrides={"deterministic": True})

@@ -4,6 +4,8 @@
     config.py      tile configurations per head dim
     tiles.py       key-block ranges, masks needed, persistent tile scheduler
     softmax.py     softcap, visibility mask, online softmax in exp2
+    ptx.py         inline PTX run by every thread of a warpgroup (named barriers, fences)
+    ring.py        one TMA load into a ring slot guarded by ready / empty mbarriers
     fwd_kernel.py  the warp-specialised forward kernel
     fwd.py         host side: descriptors, grid, launch -> flash_fwd_hopper(...)
     bwd_kernel.py  the warp-specialised backward kernel, d <= 128 (dK/dV on chip, dQ by TMA

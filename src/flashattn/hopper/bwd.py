@@ -3,7 +3,8 @@ bwd_kernel.py (d <= 128) or bwd_wide_kernel.py (d = 192 / 256), dQ out of the wo
 
 ``flash_bwd_hopper`` has the backend signature of docs/internals.md; dispatch calls it only
 for calls that ``support.backward_unsupported`` accepts (fp16/bf16, d = d_v in BWD head dims,
-no dropout / alibi, ``deterministic=False``, TMA-aligned strides, sm90).
+no dropout / alibi, TMA-aligned strides, sm90; ``deterministic=True`` at d = 64 / 128 without
+a left window or softcap).
 """
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ from flashattn.hopper.support import tma_ok
 from flashattn.kernels.config import cdiv, sm_count
 from flashattn.kernels.launch import LaunchPlans
 
-# dQ accumulates by TMA reduce-add (or fp32 atomics): not bitwise repeatable, so
-# deterministic=True falls back to the portable backward.
+# dQ accumulates by TMA reduce-add in no fixed order. deterministic=True fixes the order
+# (BwdConfig.deterministic: key tiles take turns per query block) at d = 64 / 128 without a
+# left window or softcap; the other deterministic calls run the portable backward (support.py).
 
 
 def _tma_ready(t: torch.Tensor) -> torch.Tensor:
@@ -76,9 +78,13 @@ def _grid_size(cfg: BwdConfig, k: torch.Tensor) -> int:
 def _tile_counter(cfg: BwdConfig, lse2: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """The tile queue when the kernel uses one (persistent + dynamic): int32 zeros (1 + grid,),
     the queue's ticket counter, then each CTA's current tile (the producer warp's message to
-    its consumers). Else lse2 stands in (the kernel never reads it)."""
-    if cfg.persistent and cfg.dynamic:
-        return torch.zeros(1 + _grid_size(cfg, k), dtype=torch.int32, device=lse2.device)
+    its consumers); with ``cfg.deterministic`` followed by the dQ turn counters, two per
+    (batch, head, query block) (lse2 is (b, h, s_q_pad)). Else lse2 stands in (the kernel
+    never reads it)."""
+    turns = lse2.numel() // cfg.block_m * 2 if cfg.deterministic else 0
+    if (cfg.persistent and cfg.dynamic) or turns:
+        return torch.zeros(1 + _grid_size(cfg, k) + turns, dtype=torch.int32,
+                           device=lse2.device)
     return lse2
 
 
@@ -127,6 +133,10 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     )
     if cfg.dynamic and not cfg.persistent:
         raise ValueError("BwdConfig: dynamic=True (the tile queue) needs persistent=True")
+    if cfg.deterministic and (wide or window_left >= 0 or has_softcap or not cfg.persistent
+                              or cfg.pipeline or not (cfg.dq_tma and cfg.dq_async)):
+        raise ValueError("BwdConfig: deterministic=True needs d <= 128, no left window, no "
+                         "softcap, persistent=True, pipeline=False, dq_tma=dq_async=True")
     if wide:
         if cfg.persistent:
             raise ValueError("bwd_wide_kernel has no persistent schedule (persistent=False)")
@@ -138,7 +148,7 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
             raise ValueError("BwdConfig: persistent=True needs pipeline=False")
         constexprs.update(DQ_TMA=cfg.dq_tma, PIPELINE=cfg.pipeline,
                           DQ_ASYNC=cfg.dq_tma and cfg.dq_async, PERSISTENT=cfg.persistent,
-                          DYNAMIC=cfg.dynamic)
+                          DYNAMIC=cfg.dynamic, DETERMINISTIC=cfg.deterministic)
     options = dict(num_warps=4, maxnreg=cfg.maxnreg)
     return args, constexprs, options, grid
 
@@ -154,17 +164,20 @@ def flash_bwd_hopper(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     dout/out (b, s_q, h, d), q (b, s_q, h, d), k/v (b, s_k, h_k, d); fp16/bf16, TMA-aligned
     q/k/v; lse float32 (b, h, s_q) natural log (-inf: row sees no key). Returns dq, dk, dv with
     the shapes and dtype of q, k, v (dk/dv summed over the query heads of a GQA group).
-    ``config_overrides``: BwdConfig fields (ablations, tuning).
+    ``config_overrides``: BwdConfig fields (ablations, tuning). ``deterministic``: dq bitwise
+    repeatable (d = 64 / 128, no left window, no softcap).
     """
-    if alibi_slopes is not None or dropout_p or deterministic:
-        raise ValueError("flash_bwd_hopper: alibi, dropout and deterministic=True are not "
-                         "covered; dispatch sends those calls to the portable kernels")
+    if alibi_slopes is not None or dropout_p:
+        raise ValueError("flash_bwd_hopper: alibi and dropout are not covered; dispatch sends "
+                         "those calls to the portable kernels")
     from flashattn.hopper.bwd_postprocess import dq_from_workspace
     from flashattn.hopper.bwd_preprocess import row_stats
 
     batch, seqlen_q, n_heads, head_dim = q.shape
+    overrides = dict(config_overrides or {})
+    deterministic = bool(overrides.pop("deterministic", False)) or deterministic
     cfg = bwd_config(head_dim, masked=window_left >= 0 or window_right >= 0,
-                     **(config_overrides or {}))
+                     deterministic=deterministic, **overrides)
     dout = _tma_ready(dout)
     if out.stride(-1) != 1:
         out = out.contiguous()
@@ -178,7 +191,7 @@ def flash_bwd_hopper(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     # what the launch's arguments are made of apart from the tensors (lse2, delta, dq_acc, dk,
     # dv are made here: their strides follow from the shapes)
     key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), dout.stride(), q.dtype,
-           q.device, softmax_scale, window_left, window_right, softcap,
+           q.device, softmax_scale, window_left, window_right, softcap, deterministic,
            tuple(sorted(config_overrides.items())) if config_overrides else None)
 
     def build():

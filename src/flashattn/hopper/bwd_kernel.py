@@ -31,6 +31,16 @@ later), else straight from registers (Triton's lowering stages and waits), or wi
 atomics (DQ_TMA off). The host casts the workspace to dq. dK (times softmax_scale) and dV are
 stored once at the end.
 
+DETERMINISTIC (deterministic=True): the key tiles of one (batch, KV head) add into each
+query block's dQ in ascending key-block order, so the fp32 sums, and dq, are bitwise
+repeatable. Each (batch, head, query block, column half) has an int32 turn counter. A
+consumer waits until the counter equals its key block before it issues that block's
+reduce-add. It raises the counter (release) once the reduce has completed: at its next add,
+or at the end of the tile, so the reduce still overlaps the next block's GEMMs. Tiles wait
+only on tiles of lower index, so the persistent grid cannot deadlock: the static stride
+(unmasked) or the ticket queue (causal), whose tickets come in index order. Every key tile
+below n visits each query block that tile n visits (no left window: host check).
+
 Schedule switches (constexpr, measured in benchmarks/hopper_probe.py --mode bwd):
     DQ_TMA     TMA reduce-add instead of atomics (d=128 16k: 496 vs 431 TFLOP/s)
     DQ_ASYNC   asynchronous reduce (d=128 16k: 568 vs 496)
@@ -47,6 +57,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton._C.libtriton import ir
 from triton.experimental.gluon.language._core import builtin
 
+from flashattn.hopper.ptx import per_thread_ptx
 from flashattn.hopper.ring import ring_load
 from flashattn.hopper.softmax import ds_t, probs_t
 from flashattn.hopper.tiles import key_block_coords
@@ -136,6 +147,57 @@ def _add_dq_async(dq_desc, row, col, dq, dq_buf):
     staging buffer: the reduce runs on the copy engine while the consumer moves on; the next
     call (or the epilogue) waits until it has read the buffer."""
     tma.store_wait(0)
+    gl.thread_barrier()  # no thread overwrites the buffer before the previous reduce read it
+    dq_buf.store(dq)
+    fence_async_shared()
+    gl.thread_barrier()  # every thread's part is in shared memory before the one-thread issue
+    tma_reduce_add_from_shared(dq_desc, [row, col], dq_buf)
+
+
+@gluon.jit
+def _fence_proxy_async_global():
+    """Orders this thread's generic-proxy accesses to global memory (the turn counters) with
+    its async-proxy ones (the TMA reduce-adds). Gluon has no op for it."""
+    per_thread_ptx("fence.proxy.async.global;")
+
+
+@gluon.jit
+def _wait_reduces_complete():
+    """Until this thread's bulk reduce-adds have completed, writes included. tma.store_wait
+    lowers to cp.async.bulk.wait_group.read, which only waits until the source tile has been
+    read: too early to let the next key tile add behind us."""
+    per_thread_ptx("cp.async.bulk.wait_group 0;\n\tfence.proxy.async.global;")
+
+
+@gluon.jit
+def _dq_turns(tile_counter):
+    """DETERMINISTIC: the dQ turn counters, after the tile queue in tile_counter (recomputed at
+    each use from the kernel argument: a pointer kept across the loop costs registers)."""
+    return tile_counter + 1 + gl.num_programs(0)
+
+
+@gluon.jit
+def _pass_dq_turn(tile_counter, done):
+    """DETERMINISTIC: this consumer's last reduce-add has completed; pass turn slot ``done``
+    (a query block's column half) to the next key tile (+= 1, release)."""
+    _wait_reduces_complete()  # in the issuing thread
+    gl.thread_barrier()  # ... before the (one-thread) release below
+    gl.atomic_add(_dq_turns(tile_counter) + done, 1, sem="release", scope="gpu")
+
+
+@gluon.jit
+def _add_dq_in_turn(dq_desc, row, col, dq, dq_buf, tile_counter, done, has_done, slot, my_turn):
+    """DETERMINISTIC version of _add_dq_async: pass the previous block's turn (slot ``done``,
+    if ``has_done``), wait until turn slot ``slot`` reaches ``my_turn`` (acquire), then stage
+    and issue the reduce. The reduce completes while the consumer goes on; the next call (or
+    the end of the tile) passes its turn."""
+    tma.store_wait(0)
+    if has_done:
+        _pass_dq_turn(tile_counter, done)
+    turn = gl.atomic_add(_dq_turns(tile_counter) + slot, 0, sem="acquire", scope="gpu")
+    while turn != my_turn:
+        turn = gl.atomic_add(_dq_turns(tile_counter) + slot, 0, sem="acquire", scope="gpu")
+    _fence_proxy_async_global()  # the reduce below comes after the acquire
     gl.thread_barrier()  # no thread overwrites the buffer before the previous reduce read it
     dq_buf.store(dq)
     fence_async_shared()
@@ -302,7 +364,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
               BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, HAS_LEFT: gl.constexpr,
               HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, DQ_TMA: gl.constexpr,
               PIPELINE: gl.constexpr, DQ_ASYNC: gl.constexpr, LONGEST_FIRST: gl.constexpr,
-              PERSISTENT: gl.constexpr, DYNAMIC: gl.constexpr):
+              PERSISTENT: gl.constexpr, DYNAMIC: gl.constexpr, DETERMINISTIC: gl.constexpr):
     """One consumer warpgroup: keys [WG * HALF_N, (WG + 1) * HALF_N) of each key block (tile)
     it processes (one; with PERSISTENT every num_programs-th, or with DYNAMIC those the
     producer publishes)."""
@@ -323,6 +385,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
                                                         instr_shape=[16, HALF_D, 16])
 
     gl.static_assert(not (PERSISTENT and PIPELINE))  # PIPELINE's block count is per tile
+    gl.static_assert(PERSISTENT or not DETERMINISTIC)  # waits only on live lower tiles
     k_all = k_smem.reshape([BLOCK_N, D_PAD])
     v_all = v_smem.reshape([BLOCK_N, D_PAD])
     k_mine = k_all.slice(WG * HALF_N, HALF_N, dim=0)           # A of S^T
@@ -350,7 +413,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
             it_base = _key_tile(WG, tile, tile_iter, it_base, descs, smem, bars, problem, window,
                                 scales, ptrs, schedule, consts, BLOCK_M, HEAD_DIM, HAS_LEFT,
                                 HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
-                                LONGEST_FIRST, PERSISTENT)
+                                LONGEST_FIRST, PERSISTENT, DETERMINISTIC)
             tile_iter += 1
             if DYNAMIC:
                 # the producer publishes the next index once both consumers have released
@@ -362,7 +425,8 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
     else:  # one tile per CTA: no loop around the body (it costs ptxas registers)
         _key_tile(WG, gl.program_id(0), 0, gl.to_tensor(0), descs, smem, bars, problem, window,
                   scales, ptrs, schedule, consts, BLOCK_M, HEAD_DIM, HAS_LEFT, HAS_RIGHT,
-                  HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC, LONGEST_FIRST, PERSISTENT)
+                  HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC, LONGEST_FIRST, PERSISTENT,
+                  DETERMINISTIC)
     if DQ_ASYNC:
         tma.store_wait(0)  # the last dQ reduce has read its staging buffer
 
@@ -372,7 +436,8 @@ def _key_tile(WG: gl.constexpr, tile, tile_iter, it_base, descs, smem, bars, pro
               scales, ptrs, schedule, consts, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr,
               HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
               DQ_TMA: gl.constexpr, PIPELINE: gl.constexpr, DQ_ASYNC: gl.constexpr,
-              LONGEST_FIRST: gl.constexpr, PERSISTENT: gl.constexpr):
+              LONGEST_FIRST: gl.constexpr, PERSISTENT: gl.constexpr,
+              DETERMINISTIC: gl.constexpr = False):
     """One consumer's work on key tile ``tile`` (the ``tile_iter``-th of this CTA): dK / dV over
     its query blocks, then stored. Returns the query-block count to continue from."""
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
@@ -402,7 +467,8 @@ def _key_tile(WG: gl.constexpr, tile, tile_iter, it_base, descs, smem, bars, pro
     it_base, dk, dv = _consume_key_tile(
         WG, descs, smem, bars, problem, scales, ptrs, b, h_k, n_start, key0, lo_blk, n_blocks,
         total, it_base, dk, dv, k_mine, v_mine, k_cols, s_zero, dq_zero, dq_offs, window,
-        BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC)
+        BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC, schedule[4],
+        n_block, DETERMINISTIC)
     if PERSISTENT:
         mbarrier.arrive(kv_empty)  # every GEMM reading this K / V has completed
     # ---- epilogue: dK (times softmax_scale) and dV of this consumer's keys
@@ -417,10 +483,13 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
                       s_zero, dq_zero, dq_offs, window, BLOCK_M: gl.constexpr,
                       HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                       HAS_SOFTCAP: gl.constexpr, DQ_TMA: gl.constexpr, PIPELINE: gl.constexpr,
-                      DQ_ASYNC: gl.constexpr):
+                      DQ_ASYNC: gl.constexpr, tile_counter=None, n_block=0,
+                      DETERMINISTIC: gl.constexpr = False):
     """The ``total`` query blocks of one key tile for one consumer: dK / dV accumulated in
     registers (returned), dQ added to the workspace. Ring slots and dS slots continue from
-    ``it_base``; returns (it_base + total, dk, dv)."""
+    ``it_base``; returns (it_base + total, dk, dv). DETERMINISTIC: the dQ turn counters follow
+    the tile queue in tile_counter, (b, h, query block, column half) int32; this tile's turn
+    at each query block is its key block ``n_block``."""
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
     k_smem, v_smem, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem = smem
     kv_ready, q_ready, q_empty, do_ready, do_empty, ds_ready, ds_free, stats_ready = bars
@@ -438,6 +507,9 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
     KV_LAYOUT: gl.constexpr = dk.type.layout
     A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=KV_LAYOUT, k_width=2)
     COL_S: gl.constexpr = gl.SliceLayout(0, S_LAYOUT)
+    if DETERMINISTIC:
+        gl.static_assert(DQ_ASYNC and not PIPELINE and not HAS_LEFT)
+        done = 0  # the turn slot of this consumer's previous reduce in this tile
 
     if PIPELINE:
         # S^T / dP^T of the first block; later ones are issued before the previous block's dQ
@@ -513,6 +585,13 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
                                 it + 1, total, BLOCK_M, D_PAD, dq_desc, dq_row0 + m_start,
                                 WG * HALF_D, dq * sm_scale, dq_ptr, dq_offs, dq_smem.index(WG),
                                 DQ_TMA, DQ_ASYNC)
+        elif DETERMINISTIC:
+            # slot of (b, h, query block, WG): the workspace row over BLOCK_M (s_q_pad is a
+            # multiple of it), times 2 column halves
+            slot = (dq_row0 + m_start) // BLOCK_M * 2 + WG
+            _add_dq_in_turn(dq_desc, dq_row0 + m_start, WG * HALF_D, dq * sm_scale,
+                            dq_smem.index(WG), tile_counter, done, j > 0, slot, n_block)
+            done = slot
         elif DQ_ASYNC:
             _add_dq_async(dq_desc, dq_row0 + m_start, WG * HALF_D, dq * sm_scale,
                           dq_smem.index(WG))
@@ -520,6 +599,9 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
             _add_dq(dq_desc, dq_row0 + m_start, WG * HALF_D, dq * sm_scale, dq_ptr, dq_offs,
                     DQ_TMA)
 
+    if DETERMINISTIC:
+        if total > 0:
+            _pass_dq_turn(tile_counter, done)
     return it_base + total, dk, dv
 
 
@@ -594,7 +676,8 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
                     DQ_TMA: gl.constexpr, PIPELINE: gl.constexpr, DQ_ASYNC: gl.constexpr,
                     CONSUMER_REGS: gl.constexpr,
                     PRODUCER_REGS: gl.constexpr, LONGEST_FIRST: gl.constexpr = False,
-                    PERSISTENT: gl.constexpr = False, DYNAMIC: gl.constexpr = False):
+                    PERSISTENT: gl.constexpr = False, DYNAMIC: gl.constexpr = False,
+                    DETERMINISTIC: gl.constexpr = False):
     """Warp-specialised attention backward (see module docstring).
 
     Descriptors are rank 4 over (batch, seq, head, dim): q/do boxes [1, BLOCK_M, 1, D_PAD],
@@ -608,7 +691,8 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
     dk_ptr / dv_ptr: (b, s_k, h_k, HEAD_DIM)
     contiguous, q's dtype. tile_counter: int32 zeros (1 + grid,), PERSISTENT + DYNAMIC only:
     [0] the tile queue, [1 + program id] that CTA's current tile (any pointer otherwise:
-    unused).
+    unused); DETERMINISTIC (needs PERSISTENT): (1 + grid + b * h * s_q_pad / BLOCK_M * 2,),
+    the dQ turn counters after the queue.
     Grid (n_key_blocks * n_bh_k,) = (cdiv(s_k, BLOCK_N) * b * h_k,), in the order of
     tiles.key_block_coords (LONGEST_FIRST: grouped by heads_per_group KV heads, key blocks
     ascending), or with PERSISTENT fewer CTAs (e.g. one per SM) that take tiles program id,
@@ -649,10 +733,10 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
         # constexpr flags one by one (in a tuple they would reach the workers as i1 values)
         (_consumer, (0, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
                      HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
-                     LONGEST_FIRST, PERSISTENT, DYNAMIC)),
+                     LONGEST_FIRST, PERSISTENT, DYNAMIC, DETERMINISTIC)),
         (_consumer, (1, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
                      HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
-                     LONGEST_FIRST, PERSISTENT, DYNAMIC)),
+                     LONGEST_FIRST, PERSISTENT, DYNAMIC, DETERMINISTIC)),
         (_producer, (descs, smem, bars, problem, window, ptrs, schedule, BLOCK_M, HAS_LEFT,
                      HAS_RIGHT, LONGEST_FIRST, PERSISTENT, DYNAMIC)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

@@ -147,6 +147,10 @@ class BwdConfig:
     # d = 128 2k / 8k / 16k: 368 / 462 / 492 vs 386 / 488 / 530 TFLOP/s; d = 64 -2..-4%);
     # kept as a switch (exact, GPU-tested).
     dynamic: bool = False
+    # dQ added in key-block order (bitwise repeatable: deterministic=True). Needs persistent,
+    # dq_tma + dq_async, no pipeline, and no left window (the host checks); bwd_config turns
+    # on persistent (and dynamic for masked calls) with it.
+    deterministic: bool = False
 
     def smem_bytes(self, head_dim: int, elem: int = 2) -> int:
         head_dim = _box_width(head_dim)
@@ -175,8 +179,13 @@ BWD_CONFIGS: Dict[int, BwdConfig] = {
 PERSISTENT_BWD_HEAD_DIMS = (64, 128)
 
 
-def bwd_config(head_dim: int, masked: bool = True, **overrides) -> BwdConfig:
+def bwd_config(head_dim: int, masked: bool = True, deterministic: bool = False,
+               **overrides) -> BwdConfig:
     """The backward config for ``head_dim`` (a key of BWD_CONFIGS), with overrides.
+
+    ``deterministic``: dQ in key-block order (``BwdConfig.deterministic``), on the persistent
+    schedule, static (unmasked) or the ticket queue (masked), whose tickets come in tile order
+    (the turn waits are deadlock-free only so). Head dims in PERSISTENT_BWD_HEAD_DIMS only.
 
     ``masked``: the call has a causal or sliding-window mask. Unmasked calls at d = 64 / 128
     run the persistent schedule, where every key tile costs the same. Measured on H100
@@ -186,7 +195,13 @@ def bwd_config(head_dim: int, masked: bool = True, **overrides) -> BwdConfig:
     concurrent CTAs no longer share one head's Q / dO in L2.
     """
     if not overrides:  # the per-call path: no dict to sort, no dataclass to rebuild
-        return _BWD_DEFAULTS[head_dim, bool(masked)]
+        key = (head_dim, bool(masked), bool(deterministic))
+        if key not in _BWD_DEFAULTS:
+            raise ValueError(f"bwd_config: deterministic=True covers head dims "
+                             f"{PERSISTENT_BWD_HEAD_DIMS}, not {head_dim}")
+        return _BWD_DEFAULTS[key]
+    if deterministic:
+        overrides = {"deterministic": True, **overrides}
     return _bwd_config(head_dim, masked, overrides)
 
 
@@ -195,8 +210,16 @@ def _bwd_config(head_dim: int, masked: bool, overrides: Dict[str, Any]) -> BwdCo
     if (not masked and "persistent" not in overrides and head_dim in PERSISTENT_BWD_HEAD_DIMS
             and not cfg.pipeline):
         cfg = replace(cfg, persistent=True)
+    if cfg.deterministic:
+        if head_dim not in PERSISTENT_BWD_HEAD_DIMS:
+            raise ValueError(f"bwd_config: deterministic=True covers head dims "
+                             f"{PERSISTENT_BWD_HEAD_DIMS}, not {head_dim}")
+        cfg = replace(cfg, persistent=True, pipeline=False,
+                      dynamic=cfg.dynamic if "dynamic" in overrides else masked)
     return cfg
 
 
 # bwd_config without overrides, built once (dataclasses.replace costs ~4 us per call)
-_BWD_DEFAULTS = {(d, m): _bwd_config(d, m, {}) for d in BWD_CONFIGS for m in (False, True)}
+_BWD_DEFAULTS = {(d, m, False): _bwd_config(d, m, {}) for d in BWD_CONFIGS for m in (False, True)}
+_BWD_DEFAULTS.update({(d, m, True): _bwd_config(d, m, {"deterministic": True})
+                      for d in PERSISTENT_BWD_HEAD_DIMS for m in (False, True)})

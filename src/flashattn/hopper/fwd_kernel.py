@@ -49,6 +49,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                                warpgroup_mma, warpgroup_mma_wait)
 
+from flashattn.hopper.ptx import per_thread_ptx
 from flashattn.hopper.ring import ring_load
 from flashattn.hopper.softmax import LN2, apply_softcap, mask_scores, online_softmax
 from flashattn.hopper.tiles import block_needs_mask, key_block_range, tile_coords
@@ -148,24 +149,18 @@ TURN_BARRIER = gl.constexpr(12)
 def _named_barrier(BAR_ID: gl.constexpr, ARRIVE: gl.constexpr):
     """bar.sync (wait until 256 threads, both consumer warpgroups, have arrived) or bar.arrive
     (count this warpgroup's 128 threads and go on) on named barrier BAR_ID, from every thread of
-    one warpgroup. Gluon has no named-barrier op: inline PTX over a 128-element tensor, one
-    element per thread, so the asm runs once per thread; not pure, so it is neither dropped nor
-    moved across the wgmma issue (also side-effecting asm)."""
+    one warpgroup (Gluon has no named-barrier op: ptx.per_thread_ptx)."""
     gl.static_assert(BAR_ID == 12 or BAR_ID == 13)
-    layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    one_per_thread = gl.zeros([128], gl.int32, layout)
     if ARRIVE:
         if BAR_ID == 12:
-            asm: gl.constexpr = "mov.b32 $0, $1;\n\tbar.arrive 12, 256;"
+            per_thread_ptx("bar.arrive 12, 256;")
         else:
-            asm: gl.constexpr = "mov.b32 $0, $1;\n\tbar.arrive 13, 256;"
+            per_thread_ptx("bar.arrive 13, 256;")
     else:
         if BAR_ID == 12:
-            asm: gl.constexpr = "mov.b32 $0, $1;\n\tbar.sync 12, 256;"
+            per_thread_ptx("bar.sync 12, 256;")
         else:
-            asm: gl.constexpr = "mov.b32 $0, $1;\n\tbar.sync 13, 256;"
-    gl.inline_asm_elementwise(asm, "=r,r", [one_per_thread], dtype=gl.int32, is_pure=False,
-                              pack=1)
+            per_thread_ptx("bar.sync 13, 256;")
 
 
 @gluon.jit

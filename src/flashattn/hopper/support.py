@@ -151,10 +151,17 @@ def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 # Backward: bwd_kernel.py for d <= 128 (d = 96 runs as 128, zero-padded), bwd_wide_kernel.py
-# for d = 192 / 256 (run as 256). dQ is accumulated by TMA reduce-add (fp32, order not fixed),
-# so deterministic=True runs the portable backward.
+# for d = 192 / 256 (run as 256). dQ is accumulated by TMA reduce-add (fp32). Its order is
+# fixed for deterministic=True at d = 64 / 128 without a left window or softcap (the key tiles
+# take turns, config.BwdConfig.deterministic); other deterministic calls run the portable
+# backward.
 BWD_HEAD_DIMS = (64, 96, 128, 192, 256)
 ENV_HOPPER_BWD = "FLASHATTN_HOPPER_BWD"
+# The ordered dQ (deterministic=True on the Hopper backward) was written when the session's
+# device time had run out: it compiles for sm_90 (CI) but has not run on a GPU yet, so
+# deterministic calls take it only when this is set to 1 (tests/test_hopper_bwd_gpu.py
+# checks it; then the gate goes, as FLASHATTN_HOPPER_MIXED_D's did).
+ENV_HOPPER_DETERMINISTIC = "FLASHATTN_HOPPER_DETERMINISTIC"
 
 
 def backward_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -176,5 +183,18 @@ def backward_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if v.shape[-1] != q.shape[-1]:
         return f"head dims {q.shape[-1]}/{v.shape[-1]} (Hopper backward: equal)"
     if params.get("deterministic", False):
-        return "deterministic=True (the Hopper backward adds dQ in no fixed order)"
+        from flashattn.hopper.config import PERSISTENT_BWD_HEAD_DIMS
+
+        if os.environ.get(ENV_HOPPER_DETERMINISTIC, "").strip() != "1":
+            return (f"deterministic=True (the Hopper backward's ordered dQ is GPU-untested: "
+                    f"{ENV_HOPPER_DETERMINISTIC}=1 turns it on)")
+
+        if q.shape[-1] not in PERSISTENT_BWD_HEAD_DIMS:
+            return (f"deterministic=True at head dim {q.shape[-1]} (the Hopper backward's "
+                    f"ordered dQ: {PERSISTENT_BWD_HEAD_DIMS})")
+        if int(params.get("window_left", -1)) >= 0:
+            return "deterministic=True with a left window (the Hopper backward's ordered dQ)"
+        if float(params.get("softcap", 0.0)) > 0.0:
+            # tanh's registers on top of the turn logic: 368 bytes of spills at d = 128
+            return "deterministic=True with softcap (the Hopper backward's ordered dQ)"
     return None

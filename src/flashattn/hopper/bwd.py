@@ -14,7 +14,7 @@ import torch
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from flashattn.hopper.config import BwdConfig, bwd_config
+from flashattn.hopper.config import BwdConfig, bwd_config, ordered_dq_unsupported
 from flashattn.hopper.fwd import LOG2E, _desc, heads_per_group, nvmma_layout, padded_head_dim
 from flashattn.hopper.support import tma_ok
 from flashattn.kernels.config import cdiv, sm_count
@@ -133,10 +133,12 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     )
     if cfg.dynamic and not cfg.persistent:
         raise ValueError("BwdConfig: dynamic=True (the tile queue) needs persistent=True")
-    if cfg.deterministic and (wide or window_left >= 0 or has_softcap or not cfg.persistent
-                              or cfg.pipeline or not (cfg.dq_tma and cfg.dq_async)):
-        raise ValueError("BwdConfig: deterministic=True needs d <= 128, no left window, no "
-                         "softcap, persistent=True, pipeline=False, dq_tma=dq_async=True")
+    if cfg.deterministic:
+        why = ordered_dq_unsupported(head_dim, window_left, softcap)
+        if why is None and (cfg.pipeline or not (cfg.persistent and cfg.dq_tma and cfg.dq_async)):
+            why = "pipeline=True, or persistent / dq_tma / dq_async off"
+        if why is not None:
+            raise ValueError(f"BwdConfig: deterministic=True with {why}")
     if wide:
         if cfg.persistent:
             raise ValueError("bwd_wide_kernel has no persistent schedule (persistent=False)")

@@ -190,8 +190,8 @@ def _add_dq_in_turn(dq_desc, row, col, dq, dq_buf, tile_counter, done, has_done,
     """DETERMINISTIC version of _add_dq_async: pass the previous block's turn (slot ``done``,
     if ``has_done``), wait until turn slot ``slot`` reaches ``my_turn`` (acquire), then stage
     and issue the reduce. The reduce completes while the consumer goes on; the next call (or
-    the end of the tile) passes its turn."""
-    tma.store_wait(0)
+    the end of the tile) passes its turn. (No store_wait first: the previous reduce is the
+    one _pass_dq_turn waits for, fully; at a tile's first block none is outstanding.)"""
     if has_done:
         _pass_dq_turn(tile_counter, done)
     turn = gl.atomic_add(_dq_turns(tile_counter) + slot, 0, sem="acquire", scope="gpu")

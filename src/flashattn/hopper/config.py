@@ -179,6 +179,22 @@ BWD_CONFIGS: Dict[int, BwdConfig] = {
 PERSISTENT_BWD_HEAD_DIMS = (64, 128)
 
 
+def ordered_dq_unsupported(head_dim: int, window_left: int, softcap: float) -> Optional[str]:
+    """Why a deterministic=True backward cannot take the ordered dQ (None when it can); the
+    one rule for dispatch (support.backward_unsupported) and the launch (bwd.launch_args).
+
+    The turn waits need the persistent schedule (PERSISTENT_BWD_HEAD_DIMS) and every lower key
+    tile visiting each query block a tile visits (no left window); softcap's tanh on top of the
+    turn logic spills 368 bytes at d = 128."""
+    if head_dim not in PERSISTENT_BWD_HEAD_DIMS:
+        return f"head dim {head_dim} (ordered dQ: {PERSISTENT_BWD_HEAD_DIMS})"
+    if window_left >= 0:
+        return "a left window (ordered dQ)"
+    if softcap > 0.0:
+        return "softcap (ordered dQ)"
+    return None
+
+
 def bwd_config(head_dim: int, masked: bool = True, deterministic: bool = False,
                **overrides) -> BwdConfig:
     """The backward config for ``head_dim`` (a key of BWD_CONFIGS), with overrides.
@@ -195,11 +211,9 @@ def bwd_config(head_dim: int, masked: bool = True, deterministic: bool = False,
     concurrent CTAs no longer share one head's Q / dO in L2.
     """
     if not overrides:  # the per-call path: no dict to sort, no dataclass to rebuild
-        key = (head_dim, bool(masked), bool(deterministic))
-        if key not in _BWD_DEFAULTS:
-            raise ValueError(f"bwd_config: deterministic=True covers head dims "
-                             f"{PERSISTENT_BWD_HEAD_DIMS}, not {head_dim}")
-        return _BWD_DEFAULTS[key]
+        cfg = _BWD_DEFAULTS.get((head_dim, bool(masked), bool(deterministic)))
+        if cfg is not None:
+            return cfg
     if deterministic:
         overrides = {"deterministic": True, **overrides}
     return _bwd_config(head_dim, masked, overrides)

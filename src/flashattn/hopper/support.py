@@ -183,18 +183,13 @@ def backward_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if v.shape[-1] != q.shape[-1]:
         return f"head dims {q.shape[-1]}/{v.shape[-1]} (Hopper backward: equal)"
     if params.get("deterministic", False):
-        from flashattn.hopper.config import PERSISTENT_BWD_HEAD_DIMS
+        from flashattn.hopper.config import ordered_dq_unsupported
 
         if os.environ.get(ENV_HOPPER_DETERMINISTIC, "").strip() != "1":
             return (f"deterministic=True (the Hopper backward's ordered dQ is GPU-untested: "
                     f"{ENV_HOPPER_DETERMINISTIC}=1 turns it on)")
-
-        if q.shape[-1] not in PERSISTENT_BWD_HEAD_DIMS:
-            return (f"deterministic=True at head dim {q.shape[-1]} (the Hopper backward's "
-                    f"ordered dQ: {PERSISTENT_BWD_HEAD_DIMS})")
-        if int(params.get("window_left", -1)) >= 0:
-            return "deterministic=True with a left window (the Hopper backward's ordered dQ)"
-        if float(params.get("softcap", 0.0)) > 0.0:
-            # tanh's registers on top of the turn logic: 368 bytes of spills at d = 128
-            return "deterministic=True with softcap (the Hopper backward's ordered dQ)"
+        why = ordered_dq_unsupported(q.shape[-1], int(params.get("window_left", -1)),
+                                     float(params.get("softcap", 0.0)))
+        if why is not None:
+            return f"deterministic=True with {why}"
     return None

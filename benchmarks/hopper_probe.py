@@ -118,7 +118,9 @@ def _bwd_main(args):
             row["cudnn"] = 2.5 * _tflops(b, h, s, d, causal, ms)
             del o
         if args.portable:
-            ms = _bench(lambda: flash_bwd(dout, q, k, v, out, lse, deterministic=False, **bp),
+            # --portable-det 1: the portable backward as deterministic=True runs it
+            ms = _bench(lambda: flash_bwd(dout, q, k, v, out, lse,
+                                          deterministic=bool(args.portable_det), **bp),
                         args.warmup, args.rep)
             row["portable"] = 2.5 * _tflops(b, h, s, d, causal, ms)
         row["ratio_cudnn"] = row["hopper"] / row["cudnn"]
@@ -153,6 +155,8 @@ def main():
     ap.add_argument("--ablate", default="8192,16384", help="seqlens for the ablations")
     ap.add_argument("--ablate-d", default="128", help="head dims for the ablations")
     ap.add_argument("--portable", type=int, default=1)
+    ap.add_argument("--portable-det", type=int, default=0,
+                    help="bwd: time the portable backward with deterministic=True")
     ap.add_argument("--points", default="", help="d:causal:s,... instead of the d x causal x s grid")
     ap.add_argument("--variants", default="", help="comma list of ABLATIONS names to time at every point")
     ap.add_argument("--extra", default="",

@@ -274,13 +274,13 @@ def fake_hopper(monkeypatch, fake_backends):
     (None, {}, "hopper.fwd", "hopper.bwd"),
     ("hopper", dict(dropout_p=0.1), "portable.fwd", "portable.bwd"),
     ("hopper", dict(softcap=5.0, window_size=(8, 8)), "hopper.fwd", "hopper.bwd"),
-    ("hopper", dict(deterministic=True), "hopper.fwd", "portable.bwd"),  # gated (support.py)
+    ("hopper", dict(deterministic=True), "hopper.fwd", "portable.bwd"),  # masked (support.py)
     ("portable", {}, "portable.fwd", "portable.bwd"),
 ])
 def test_forward_routes_hopper_and_falls_back(env, fake_sm90, fake_hopper, monkeypatch, backend,
                                              kw, expected, expected_bwd):
     """On (fake) sm90: covered calls go to the Hopper forward and backward; uncovered ones
-    (dropout; deterministic=True with a left window for the backward) fall back to the
+    (dropout; deterministic=True under a mask for the backward) fall back to the
     portable kernels."""
     env(backend, None)
     # CPU tensors posing as CUDA for routing: the device check is faked, the call check is real
@@ -298,28 +298,29 @@ def test_forward_routes_hopper_and_falls_back(env, fake_sm90, fake_hopper, monke
     assert [c[0] for c in fake_hopper] == [expected, expected_bwd]
 
 
-@pytest.mark.parametrize("kw,expected_bwd", [
-    (dict(deterministic=True), "hopper.bwd"),
-    (dict(deterministic=True, window_size=(3, 0)), "portable.bwd"),  # left window
-    (dict(deterministic=True, softcap=5.0), "portable.bwd")])
-def test_deterministic_backward_routes_behind_its_gate(env, fake_sm90, fake_hopper, monkeypatch,
-                                                      kw, expected_bwd):
-    """FLASHATTN_HOPPER_DETERMINISTIC=1: deterministic=True at d = 64 takes the Hopper
-    backward's ordered dQ, except with a left window or softcap."""
+@pytest.mark.parametrize("d,kw,expected_bwd", [
+    (128, dict(deterministic=True), "hopper.bwd"),
+    (64, dict(deterministic=True), "portable.bwd"),  # measured slower at d = 64
+    (128, dict(deterministic=True, causal=True), "portable.bwd"),  # masked: measured slower
+    (128, dict(deterministic=True, window_size=(3, 3)), "portable.bwd"),
+    (128, dict(deterministic=True, softcap=5.0), "portable.bwd")])
+def test_deterministic_backward_routes(env, fake_sm90, fake_hopper, monkeypatch, d, kw,
+                                       expected_bwd):
+    """deterministic=True at d = 128 takes the Hopper backward's ordered dQ when unmasked and
+    without softcap; masked calls and d = 64 keep the portable backward (faster there)."""
     env("hopper", None)
-    monkeypatch.setenv("FLASHATTN_HOPPER_DETERMINISTIC", "1")
     monkeypatch.setattr(dispatch, "family_for", lambda t: "hopper")
     monkeypatch.setattr(dispatch, "backend_for", lambda t: "portable")
-    q = torch.randn(1, 5, 2, 64, dtype=torch.bfloat16, requires_grad=True)
-    k = torch.randn(1, 6, 1, 64, dtype=torch.bfloat16, requires_grad=True)
-    v = torch.randn(1, 6, 1, 64, dtype=torch.bfloat16, requires_grad=True)
-    flash_attn_func(q, k, v, causal=True, **kw).float().sum().backward()
+    q = torch.randn(1, 5, 2, d, dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(1, 6, 1, d, dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(1, 6, 1, d, dtype=torch.bfloat16, requires_grad=True)
+    flash_attn_func(q, k, v, **kw).float().sum().backward()
     assert [c[0] for c in fake_hopper] == ["hopper.fwd", expected_bwd]
 
 
 def test_hopper_backward_env_switch_and_rules(env, monkeypatch):
     """FLASHATTN_HOPPER_BWD=0 keeps the backward portable; head dims outside 64/96/128/192/256,
-    and deterministic=True outside d = 64 / 128 or with a left window, are not covered by the
+    and deterministic=True outside d = 128, masked or with softcap, are not covered by the
     Hopper backward (reason strings name them)."""
     from flashattn.hopper.support import backward_unsupported
 
@@ -335,14 +336,11 @@ def test_hopper_backward_env_switch_and_rules(env, monkeypatch):
     assert "FLASHATTN_HOPPER_BWD" in backward_unsupported(q, k, v, p)
     assert dispatch.backward_family(q, k, v, **p) == "portable"
     monkeypatch.delenv("FLASHATTN_HOPPER_BWD")
-    assert "FLASHATTN_HOPPER_DETERMINISTIC" in backward_unsupported(q, k, v,
-                                                                    {**p, "deterministic": True})
-    monkeypatch.setenv("FLASHATTN_HOPPER_DETERMINISTIC", "1")
-    assert backward_unsupported(q, k, v, {**p, "deterministic": True}) is None
-    assert "left window" in backward_unsupported(q, k, v, {**p, "deterministic": True,
-                                                           "window_left": 64})
-    assert "softcap" in backward_unsupported(q, k, v, {**p, "deterministic": True,
-                                                       "softcap": 30.0})
+    dense = {**p, "causal": False, "window_right": -1, "deterministic": True}
+    assert backward_unsupported(q, k, v, dense) is None
+    assert "causal or window" in backward_unsupported(q, k, v, {**p, "deterministic": True})
+    assert "causal or window" in backward_unsupported(q, k, v, {**dense, "window_left": 64})
+    assert "softcap" in backward_unsupported(q, k, v, {**dense, "softcap": 30.0})
     for d in (96, 192, 256):
         x = _meta((1, 5, 2, d))
         assert "deterministic" in backward_unsupported(x, x, x, {**p, "deterministic": True})

@@ -88,7 +88,7 @@ def test_backward_tile_queue_needs_the_persistent_schedule():
 
 def test_deterministic_backward_runs_the_ordered_persistent_schedule():
     """deterministic=True: persistent CTAs (static stride unmasked, the ticket queue masked:
-    tiles wait only on tiles of lower index, which are running or done), d = 64 / 128 only."""
+    tiles wait only on tiles handed out earlier, which are running or done), d = 64 / 128."""
     from flashattn.hopper.config import bwd_config
 
     for d in (64, 128):
@@ -105,8 +105,8 @@ def test_deterministic_backward_runs_the_ordered_persistent_schedule():
 
 
 def test_deterministic_backward_refuses_a_left_window():
-    """The ordered dQ relies on every lower key tile visiting each query block that a tile
-    visits: true without a left window. With one, the launch is refused, naming the rule."""
+    """The ordered dQ relies on every key tile from 0 to the last one reaching a query block
+    visiting it: true without a left window. With one, the launch is refused, naming the rule."""
     import torch
 
     from flashattn.hopper import aot

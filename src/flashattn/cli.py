@@ -210,8 +210,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(f"numpy     {numpy.__version__}")
     except ImportError:
         print("numpy     not installed")
-    for var in ("FLASHATTN_BACKEND", "FLASHATTN_HOPPER_BWD", "FLASHATTN_HOPPER_DETERMINISTIC",
-                "FLASHATTN_FAST_LAUNCH", "TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES"):
+    for var in ("FLASHATTN_BACKEND", "FLASHATTN_HOPPER_BWD", "FLASHATTN_FAST_LAUNCH", "TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES"):
         print(f"{var}={os.environ.get(var, '')!r}")
     devices = ["cpu"]
     if torch.cuda.is_available():

@@ -8,8 +8,8 @@ Backends (all take the normalised parameters of ``docs/internals.md``)::
     hopper    Gluon kernels for sm90 (flashattn.hopper): the forward of the calls they cover
               (fp16/bf16, head dims 64/96/128/192/256, causal, window, softcap, GQA, no dropout,
               alibi or return_softmax, TMA-aligned strides) and the backward of those with
-              deterministic=False (``FLASHATTN_HOPPER_BWD=0`` turns the Hopper backward off;
-              deterministic=True behind ``FLASHATTN_HOPPER_DETERMINISTIC=1``, GPU-untested).
+              deterministic=False, and of unmasked deterministic=True calls at d = 128
+              without softcap (``FLASHATTN_HOPPER_BWD=0`` turns the Hopper backward off).
               Everything else falls back to ``portable``.
 
 ``FLASHATTN_BACKEND`` = ``auto`` (default) | ``portable`` | ``cpu`` | ``hopper`` forces a path.

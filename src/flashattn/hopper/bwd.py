@@ -3,8 +3,9 @@ bwd_kernel.py (d <= 128) or bwd_wide_kernel.py (d = 192 / 256), dQ out of the wo
 
 ``flash_bwd_hopper`` has the backend signature of docs/internals.md; dispatch calls it only
 for calls that ``support.backward_unsupported`` accepts (fp16/bf16, d = d_v in BWD head dims,
-no dropout / alibi, TMA-aligned strides, sm90; ``deterministic=True`` at d = 64 / 128 without
-a left window or softcap).
+no dropout / alibi, TMA-aligned strides, sm90; ``deterministic=True`` at d = 128 without a
+mask or softcap). The kernel itself runs deterministic=True at d = 64 / 128 without a left
+window or softcap (tests and benchmarks call it so).
 """
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ from flashattn.kernels.config import cdiv, sm_count
 from flashattn.kernels.launch import LaunchPlans
 
 # dQ accumulates by TMA reduce-add in no fixed order. deterministic=True fixes the order
-# (BwdConfig.deterministic: key tiles take turns per query block) at d = 64 / 128 without a
-# left window or softcap; the other deterministic calls run the portable backward (support.py).
+# (BwdConfig.deterministic: key tiles take turns per query block, through a dQ writer warp) at
+# d = 64 / 128 without a left window or softcap; dispatch uses it where it measured faster than
+# the portable backward (support.py).
 
 
 def _tma_ready(t: torch.Tensor) -> torch.Tensor:
@@ -75,17 +77,48 @@ def _grid_size(cfg: BwdConfig, k: torch.Tensor) -> int:
     return min(n_tiles, sm_count(k.device)) if cfg.persistent else n_tiles
 
 
-def _tile_counter(cfg: BwdConfig, lse2: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+def dq_turn_starts(seqlen_q_pad: int, seqlen_q: int, seqlen_k: int, window_right: int,
+                   block_m: int, block_n: int, device=None) -> torch.Tensor:
+    """Where each query block's dQ turn counter starts (deterministic backward): int64
+    (seqlen_q_pad // block_m,), -(the highest key block whose tile visits the query block).
+
+    The key tiles add in descending order and tile n's turn comes when the counter reads -n,
+    so the start must count exactly the tiles that visit the block: a miscount hangs the
+    kernel. It follows bwd_kernel.query_block_range (block-granular: the query block's last
+    row unclipped by s_q): with a right window the tile at n_start reaches query block j iff
+    n_start <= j * block_m + block_m - 1 + (s_k - s_q) + window_right, and without a left
+    window every lower key block visits it too. Blocks no tile visits get any value.
+    """
+    last = cdiv(seqlen_k, block_n) - 1
+    n_blocks = seqlen_q_pad // block_m
+    if window_right < 0:
+        return torch.full((n_blocks,), -last, dtype=torch.int64, device=device)
+    reach = (torch.arange(n_blocks, device=device) * block_m
+             + (block_m - 1 + seqlen_k - seqlen_q + window_right))
+    return -torch.clamp(torch.div(reach, block_n, rounding_mode="floor"), max=last)
+
+
+def _tile_counter(cfg: BwdConfig, lse2: torch.Tensor, k: torch.Tensor, seqlen_q: int,
+                  window_right: int) -> torch.Tensor:
     """The tile queue when the kernel uses one (persistent + dynamic): int32 zeros (1 + grid,),
     the queue's ticket counter, then each CTA's current tile (the producer warp's message to
-    its consumers); with ``cfg.deterministic`` followed by the dQ turn counters, two per
-    (batch, head, query block) (lse2 is (b, h, s_q_pad)). Else lse2 stands in (the kernel
-    never reads it)."""
-    turns = lse2.numel() // cfg.block_m * 2 if cfg.deterministic else 0
-    if (cfg.persistent and cfg.dynamic) or turns:
-        return torch.zeros(1 + _grid_size(cfg, k) + turns, dtype=torch.int32,
-                           device=lse2.device)
-    return lse2
+    its consumers); with ``cfg.deterministic`` followed by the dQ turn counters, one per
+    (batch, head, query block) (lse2 is (b, h, s_q_pad)), each at dq_turn_starts. Else lse2
+    stands in (the kernel never reads it). Built on the device (no host copy: the call stays
+    capturable in a CUDA graph)."""
+    if not (cfg.persistent and cfg.dynamic) and not cfg.deterministic:
+        return lse2
+    head = 1 + _grid_size(cfg, k)
+    if not cfg.deterministic:
+        return torch.zeros(head, dtype=torch.int32, device=lse2.device)
+    n_bh, seqlen_q_pad = lse2.shape[0] * lse2.shape[1], lse2.shape[2]
+    counter = torch.empty(head + n_bh * (seqlen_q_pad // cfg.block_m), dtype=torch.int32,
+                          device=lse2.device)
+    counter[:head].zero_()
+    counter[head:].view(n_bh, -1).copy_(  # (b * h, query block)
+        dq_turn_starts(seqlen_q_pad, seqlen_q, k.shape[1], window_right, cfg.block_m,
+                       cfg.block_n, device=lse2.device).view(1, -1))
+    return counter
 
 
 def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -97,8 +130,8 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
 
     Shared by the launch and by the ahead-of-time compile (aot.py). lse2 / delta float32
     (b, h, s_q_pad) (bwd_preprocess.row_stats); dq_acc: dq_workspace, zeroed by row_stats;
-    dk, dv (b, s_k, h_k, d) contiguous; counter: _tile_counter(cfg, lse2, k) (made here if
-    None).
+    dk, dv (b, s_k, h_k, d) contiguous; counter: _tile_counter(cfg, lse2, k, s_q,
+    window_right) (made here if None).
     """
     batch, seqlen_q, n_heads, head_dim = q.shape
     _, seqlen_k, n_heads_k, _ = k.shape
@@ -109,7 +142,7 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     group_size = n_heads // n_heads_k
     grid = (_grid_size(cfg, k),)
     if counter is None:
-        counter = _tile_counter(cfg, lse2, k)
+        counter = _tile_counter(cfg, lse2, k, seqlen_q, window_right)
     args = [
         _desc(q, cfg.block_m), _desc(k, cfg.block_n), _desc(v, cfg.block_n),
         _desc(dout, cfg.block_m), _dq_desc(dq_acc, cfg.block_m, wide), lse2, delta, dq_acc,
@@ -150,7 +183,9 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
             raise ValueError("BwdConfig: persistent=True needs pipeline=False")
         constexprs.update(DQ_TMA=cfg.dq_tma, PIPELINE=cfg.pipeline,
                           DQ_ASYNC=cfg.dq_tma and cfg.dq_async, PERSISTENT=cfg.persistent,
-                          DYNAMIC=cfg.dynamic, DETERMINISTIC=cfg.deterministic)
+                          DYNAMIC=cfg.dynamic,
+                          DETERMINISTIC=cfg.det_order if cfg.deterministic else 0,
+                          DQ_RELEASE_LATE=cfg.det_release_late)
     options = dict(num_warps=4, maxnreg=cfg.maxnreg)
     return args, constexprs, options, grid
 
@@ -189,7 +224,7 @@ def flash_bwd_hopper(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                             transposed=is_wide(head_dim))
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-    counter = _tile_counter(cfg, lse2, k)
+    counter = _tile_counter(cfg, lse2, k, seqlen_q, window_right)
     # what the launch's arguments are made of apart from the tensors (lse2, delta, dq_acc, dk,
     # dv are made here: their strides follow from the shapes)
     key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), dout.stride(), q.dtype,

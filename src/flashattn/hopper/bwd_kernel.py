@@ -2,7 +2,7 @@
 
 One CTA per (key block of BLOCK_N = 128 keys, batch, KV head), on a 1-D grid. K_j and V_j are
 loaded once into shared memory; the query blocks (BLOCK_M rows) of every query head of the GQA
-group stream past them. Three warp-specialised partitions:
+group stream past them. Three warp-specialised partitions (four with DETERMINISTIC, below):
 
     producer   1 warp: TMA loads of K_j, V_j (once) and of Q_i, dO_i into NUM_STAGES ring
                slots (separate ready / empty mbarriers for Q and dO), plus the row statistics
@@ -31,15 +31,20 @@ later), else straight from registers (Triton's lowering stages and waits), or wi
 atomics (DQ_TMA off). The host casts the workspace to dq. dK (times softmax_scale) and dV are
 stored once at the end.
 
-DETERMINISTIC (deterministic=True): the key tiles of one (batch, KV head) add into each
-query block's dQ in ascending key-block order, so the fp32 sums, and dq, are bitwise
+DETERMINISTIC (deterministic=True; a fourth partition, the 1-warp dQ writer, _dq_writer,
+takes the consumers' dQ tiles from shared memory and does the ordered adds, so the
+consumers never wait on global memory): the key tiles of one (batch, KV head) add into each
+query block's dQ in descending key-block order, so the fp32 sums, and dq, are bitwise
 repeatable. Each (batch, head, query block, column half) has an int32 turn counter. A
-consumer waits until the counter equals its key block before it issues that block's
-reduce-add. It raises the counter (release) once the reduce has completed: at its next add,
-or at the end of the tile, so the reduce still overlaps the next block's GEMMs. Tiles wait
-only on tiles of lower index, so the persistent grid cannot deadlock: the static stride
-(unmasked) or the ticket queue (causal), whose tickets come in index order. Every key tile
-below n visits each query block that tile n visits (no left window: host check).
+counter starts at -(the last key block that visits its query block: bwd.dq_turn_starts),
+and the writer waits until it reads -(its own key block) before it issues that block's
+reduce-add: every higher key block that visits the query block has added. It raises the
+counter (release) once the reduce has completed. Tiles run in a key_block_coords DESCENDING
+order (1: key-block major across heads, for masked calls; 2: head major, unmasked). A tile
+waits only on higher key blocks of its head, which come earlier in either order, so the
+persistent grid cannot deadlock (the static stride when unmasked, the ticket queue when
+masked: both hand out tiles in order). Every key block from 0 to the last visits the query
+block (no left window: host check). Measured in benchmarks/NOTES.md (session 10).
 
 Schedule switches (constexpr, measured in benchmarks/hopper_probe.py --mode bwd):
     DQ_TMA     TMA reduce-add instead of atomics (d=128 16k: 496 vs 431 TFLOP/s)
@@ -155,54 +160,110 @@ def _add_dq_async(dq_desc, row, col, dq, dq_buf):
 
 
 @gluon.jit
-def _fence_proxy_async_global():
-    """Orders this thread's generic-proxy accesses to global memory (the turn counters) with
-    its async-proxy ones (the TMA reduce-adds). Gluon has no op for it."""
-    per_thread_ptx("fence.proxy.async.global;")
-
-
-@gluon.jit
-def _wait_reduces_complete():
-    """Until this thread's bulk reduce-adds have completed, writes included. tma.store_wait
-    lowers to cp.async.bulk.wait_group.read, which only waits until the source tile has been
-    read: too early to let the next key tile add behind us."""
-    per_thread_ptx("cp.async.bulk.wait_group 0;\n\tfence.proxy.async.global;")
-
-
-@gluon.jit
 def _dq_turns(tile_counter):
-    """DETERMINISTIC: the dQ turn counters, after the tile queue in tile_counter (recomputed at
-    each use from the kernel argument: a pointer kept across the loop costs registers)."""
+    """DETERMINISTIC: the dQ turn counters, one per (batch, head, query block), after the tile
+    queue in tile_counter."""
     return tile_counter + 1 + gl.num_programs(0)
 
 
 @gluon.jit
-def _pass_dq_turn(tile_counter, done):
-    """DETERMINISTIC: this consumer's last reduce-add has completed; pass turn slot ``done``
-    (a query block's column half) to the next key tile (+= 1, release)."""
-    _wait_reduces_complete()  # in the issuing thread
-    gl.thread_barrier()  # ... before the (one-thread) release below
-    gl.atomic_add(_dq_turns(tile_counter) + done, 1, sem="release", scope="gpu")
+def _hand_dq_to_writer(dq, dq_buf, handoff, it, row, turn, WG: gl.constexpr):
+    """DETERMINISTIC, consumer side: this consumer's dQ half of a query block (BLOCK_M, HALF_D)
+    fp32 into its staging buffer for the dQ writer, with the block's workspace row and turn
+    (consumer 0 writes them: both consumers' are the same). ``it`` counts the handoffs (one
+    per query block, across tiles): the buffer is free once the writer has read handoff
+    it - 1. The consumer never waits on global memory: the writer takes the turn."""
+    dq_full, dq_empty, meta_smem = handoff
+    mbarrier.wait(dq_empty, (it & 1) ^ 1)
+    dq_buf.store(dq)
+    if WG == 0:
+        _write_meta(meta_smem, row, turn)
+    fence_async_shared()
+    gl.thread_barrier()  # every thread's part is in shared memory before the one-thread arrive
+    mbarrier.arrive(dq_full)
 
 
 @gluon.jit
-def _add_dq_in_turn(dq_desc, row, col, dq, dq_buf, tile_counter, done, has_done, slot, my_turn):
-    """DETERMINISTIC version of _add_dq_async: pass the previous block's turn (slot ``done``,
-    if ``has_done``), wait until turn slot ``slot`` reaches ``my_turn`` (acquire), then stage
-    and issue the reduce. The reduce completes while the consumer goes on; the next call (or
-    the end of the tile) passes its turn. (No store_wait first: the previous reduce is the
-    one _pass_dq_turn waits for, fully; at a tile's first block none is outstanding.)"""
-    if has_done:
-        _pass_dq_turn(tile_counter, done)
-    turn = gl.atomic_add(_dq_turns(tile_counter) + slot, 0, sem="acquire", scope="gpu")
-    while turn != my_turn:
-        turn = gl.atomic_add(_dq_turns(tile_counter) + slot, 0, sem="acquire", scope="gpu")
-    _fence_proxy_async_global()  # the reduce below comes after the acquire
-    gl.thread_barrier()  # no thread overwrites the buffer before the previous reduce read it
-    dq_buf.store(dq)
-    fence_async_shared()
-    gl.thread_barrier()  # every thread's part is in shared memory before the one-thread issue
-    tma_reduce_add_from_shared(dq_desc, [row, col], dq_buf)
+def _write_meta(meta_smem, row, turn):
+    """(row, turn) into the 2-int32 handoff slot (every thread writes the same values)."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    idx = gl.arange(0, 2, layout=layout)
+    meta_smem.store(gl.where(idx == 0, row, turn))
+
+
+@gluon.jit
+def _read_meta(meta_smem):
+    """The writer's (one warp) view of _write_meta's slot: (row, turn) as scalars."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    idx = gl.arange(0, 2, layout=layout)
+    meta = meta_smem.load(layout)
+    return gl.sum(gl.where(idx == 0, meta, 0), axis=0), gl.sum(gl.where(idx == 1, meta, 0),
+                                                               axis=0)
+
+
+@gluon.jit
+def _end_dq_writer(handoff, it, WG: gl.constexpr):
+    """DETERMINISTIC, consumer side, after its last tile: handoff ``it`` carries row -1, which
+    stops the writer."""
+    dq_full, dq_empty, meta_smem = handoff
+    mbarrier.wait(dq_empty, (it & 1) ^ 1)
+    if WG == 0:
+        _write_meta(meta_smem, -1, 0)
+    gl.thread_barrier()
+    mbarrier.arrive(dq_full)
+
+
+@gluon.jit
+def _dq_writer(dq_desc, dq_smem, handoff, tile_counter, RELEASE_LATE: gl.constexpr):
+    """DETERMINISTIC: the dQ writer warp. Per handoff (both consumers' halves of one query
+    block): wait for the block's turn (its counter reads ``turn``: every higher key block
+    that visits the query block has added; acquire), issue both halves' TMA reduce-adds,
+    release the staging buffers once the copy engine has read them, wait until the reduces
+    have completed (writes included) and pass the turn (+= 1, release). The consumers go on
+    computing meanwhile: only this warp waits on global memory.
+
+    RELEASE_LATE (measured slower, off): pass the previous block's turn after issuing this
+    block's reduces, so the completion wait (``wait_group 2``: all but the newest two bulk
+    groups, one per reduce) overlaps them. tma.store_wait lowers to
+    cp.async.bulk.wait_group.read (source read); the completion waits and the proxy fences are
+    inline PTX (Gluon has no op for them). No deadlock from holding a turn while waiting: a
+    key block waits only on higher ones, which never wait on it."""
+    dq_full, dq_empty, meta_smem = handoff
+    BLOCK_M: gl.constexpr = dq_desc.block_type.shape[0]
+    HALF_D: gl.constexpr = dq_desc.block_type.shape[1]
+    turns = _dq_turns(tile_counter)
+    n = 0
+    mbarrier.wait(dq_full, 0)
+    row, turn = _read_meta(meta_smem)
+    prev = row  # the query block whose turn is still held (valid once n > 0)
+    while row >= 0:
+        block = row // BLOCK_M
+        seen = gl.atomic_add(turns + block, 0, sem="acquire", scope="gpu")
+        while seen != turn:
+            seen = gl.atomic_add(turns + block, 0, sem="acquire", scope="gpu")
+        per_thread_ptx("fence.proxy.async.global;", 1)  # the reduces come after the acquire
+        tma_reduce_add_from_shared(dq_desc, [row, 0], dq_smem.index(0))
+        tma_reduce_add_from_shared(dq_desc, [row, HALF_D], dq_smem.index(1))
+        tma.store_wait(0)  # both staging tiles read
+        gl.thread_barrier()
+        mbarrier.arrive(dq_empty)
+        if not RELEASE_LATE:
+            per_thread_ptx("cp.async.bulk.wait_group 0;\n\tfence.proxy.async.global;", 1)
+            gl.thread_barrier()
+            gl.atomic_add(turns + block, 1, sem="release", scope="gpu")
+        elif n > 0:
+            # the previous block's sums are in global memory before its next key block adds
+            per_thread_ptx("cp.async.bulk.wait_group 2;\n\tfence.proxy.async.global;", 1)
+            gl.thread_barrier()
+            gl.atomic_add(turns + prev, 1, sem="release", scope="gpu")
+        prev = block
+        n += 1
+        mbarrier.wait(dq_full, n & 1)
+        row, turn = _read_meta(meta_smem)
+    if RELEASE_LATE and n > 0:
+        per_thread_ptx("cp.async.bulk.wait_group 0;\n\tfence.proxy.async.global;", 1)
+        gl.thread_barrier()
+        gl.atomic_add(turns + prev, 1, sem="release", scope="gpu")
 
 
 @gluon.jit
@@ -254,7 +315,8 @@ def _issue_s_dp(k_mine, v_mine, q_smem, do_smem, q_ready, do_ready, s_zero, it, 
 @gluon.jit
 def _producer(descs, smem, bars, problem, window, ptrs, schedule, BLOCK_M: gl.constexpr,
               HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, LONGEST_FIRST: gl.constexpr,
-              PERSISTENT: gl.constexpr, DYNAMIC: gl.constexpr):
+              PERSISTENT: gl.constexpr, DYNAMIC: gl.constexpr,
+              DETERMINISTIC: gl.constexpr = False):
     """Per key tile: K_j, V_j once, then Q_i, dO_i and the row statistics (lse2_i, delta_i) of
     every query block of every head of the group. PERSISTENT: tile after tile, the next K_j /
     V_j loaded once both consumers have released the previous ones (kv_empty), while they
@@ -281,7 +343,7 @@ def _producer(descs, smem, bars, problem, window, ptrs, schedule, BLOCK_M: gl.co
             else:
                 next_tile = tile + gl.num_programs(0)
             it = _produce_key_tile(tile, it, descs, smem, bars, problem, window, ptrs, schedule,
-                                   BLOCK_M, HAS_LEFT, HAS_RIGHT, LONGEST_FIRST)
+                                   BLOCK_M, HAS_LEFT, HAS_RIGHT, LONGEST_FIRST, DETERMINISTIC)
             tile_iter += 1
             tile = next_tile
         if DYNAMIC:
@@ -291,7 +353,8 @@ def _producer(descs, smem, bars, problem, window, ptrs, schedule, BLOCK_M: gl.co
             mbarrier.arrive(kv_ready)
     else:
         _produce_key_tile(gl.program_id(0), gl.to_tensor(0), descs, smem, bars, problem,
-                          window, ptrs, schedule, BLOCK_M, HAS_LEFT, HAS_RIGHT, LONGEST_FIRST)
+                          window, ptrs, schedule, BLOCK_M, HAS_LEFT, HAS_RIGHT, LONGEST_FIRST,
+                          DETERMINISTIC)
 
 
 @gluon.jit
@@ -314,7 +377,7 @@ def _read_tile(tile_counter):
 @gluon.jit
 def _produce_key_tile(tile, it, descs, smem, bars, problem, window, ptrs, schedule,
                       BLOCK_M: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
-                      LONGEST_FIRST: gl.constexpr):
+                      LONGEST_FIRST: gl.constexpr, DETERMINISTIC: gl.constexpr = False):
     """The loads of key tile ``tile``: K_j, V_j, then the Q / dO blocks and row statistics of
     every query head of the group, ring slots continuing from ``it``; returns the next ``it``."""
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
@@ -330,7 +393,7 @@ def _produce_key_tile(tile, it, descs, smem, bars, problem, window, ptrs, schedu
     STAT_LAYOUT: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
 
     b, h_k, n_block = key_block_coords(tile, (n_key_blocks, n_bh_k, heads_per_group), n_heads_k,
-                                       LONGEST_FIRST)
+                                       LONGEST_FIRST, DETERMINISTIC)
     n_start = n_block * BLOCK_N
     mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [b, n_start, h_k, 0], kv_ready, k_smem)
@@ -364,10 +427,12 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
               BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, HAS_LEFT: gl.constexpr,
               HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, DQ_TMA: gl.constexpr,
               PIPELINE: gl.constexpr, DQ_ASYNC: gl.constexpr, LONGEST_FIRST: gl.constexpr,
-              PERSISTENT: gl.constexpr, DYNAMIC: gl.constexpr, DETERMINISTIC: gl.constexpr):
+              PERSISTENT: gl.constexpr, DYNAMIC: gl.constexpr,
+              DETERMINISTIC: gl.constexpr = False, handoff=None):
     """One consumer warpgroup: keys [WG * HALF_N, (WG + 1) * HALF_N) of each key block (tile)
     it processes (one; with PERSISTENT every num_programs-th, or with DYNAMIC those the
-    producer publishes)."""
+    producer publishes). DETERMINISTIC: dQ goes to the writer warp through ``handoff``, and
+    a last handoff stops it."""
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
     k_smem = smem[0]
     v_smem = smem[1]
@@ -413,7 +478,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
             it_base = _key_tile(WG, tile, tile_iter, it_base, descs, smem, bars, problem, window,
                                 scales, ptrs, schedule, consts, BLOCK_M, HEAD_DIM, HAS_LEFT,
                                 HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
-                                LONGEST_FIRST, PERSISTENT, DETERMINISTIC)
+                                LONGEST_FIRST, PERSISTENT, handoff, DETERMINISTIC)
             tile_iter += 1
             if DYNAMIC:
                 # the producer publishes the next index once both consumers have released
@@ -425,9 +490,10 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
     else:  # one tile per CTA: no loop around the body (it costs ptxas registers)
         _key_tile(WG, gl.program_id(0), 0, gl.to_tensor(0), descs, smem, bars, problem, window,
                   scales, ptrs, schedule, consts, BLOCK_M, HEAD_DIM, HAS_LEFT, HAS_RIGHT,
-                  HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC, LONGEST_FIRST, PERSISTENT,
-                  DETERMINISTIC)
-    if DQ_ASYNC:
+                  HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC, LONGEST_FIRST, PERSISTENT)
+    if DETERMINISTIC:
+        _end_dq_writer(handoff, it_base, WG)
+    elif DQ_ASYNC:
         tma.store_wait(0)  # the last dQ reduce has read its staging buffer
 
 
@@ -436,7 +502,7 @@ def _key_tile(WG: gl.constexpr, tile, tile_iter, it_base, descs, smem, bars, pro
               scales, ptrs, schedule, consts, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr,
               HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
               DQ_TMA: gl.constexpr, PIPELINE: gl.constexpr, DQ_ASYNC: gl.constexpr,
-              LONGEST_FIRST: gl.constexpr, PERSISTENT: gl.constexpr,
+              LONGEST_FIRST: gl.constexpr, PERSISTENT: gl.constexpr, handoff=None,
               DETERMINISTIC: gl.constexpr = False):
     """One consumer's work on key tile ``tile`` (the ``tile_iter``-th of this CTA): dK / dV over
     its query blocks, then stored. Returns the query-block count to continue from."""
@@ -455,7 +521,7 @@ def _key_tile(WG: gl.constexpr, tile, tile_iter, it_base, descs, smem, bars, pro
     KV_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, D_PAD, 16])
     b, h_k, n_block = key_block_coords(tile, (n_key_blocks, n_bh_k, heads_per_group), n_heads_k,
-                                       LONGEST_FIRST)
+                                       LONGEST_FIRST, DETERMINISTIC)
     n_start = n_block * BLOCK_N
     key0 = n_start + WG * HALF_N
     lo_blk, n_blocks = query_block_range(n_start, seqlen_q, seqlen_k, window_left, window_right,
@@ -467,8 +533,8 @@ def _key_tile(WG: gl.constexpr, tile, tile_iter, it_base, descs, smem, bars, pro
     it_base, dk, dv = _consume_key_tile(
         WG, descs, smem, bars, problem, scales, ptrs, b, h_k, n_start, key0, lo_blk, n_blocks,
         total, it_base, dk, dv, k_mine, v_mine, k_cols, s_zero, dq_zero, dq_offs, window,
-        BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC, schedule[4],
-        n_block, DETERMINISTIC)
+        BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC, n_block,
+        handoff, DETERMINISTIC)
     if PERSISTENT:
         mbarrier.arrive(kv_empty)  # every GEMM reading this K / V has completed
     # ---- epilogue: dK (times softmax_scale) and dV of this consumer's keys
@@ -483,13 +549,13 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
                       s_zero, dq_zero, dq_offs, window, BLOCK_M: gl.constexpr,
                       HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                       HAS_SOFTCAP: gl.constexpr, DQ_TMA: gl.constexpr, PIPELINE: gl.constexpr,
-                      DQ_ASYNC: gl.constexpr, tile_counter=None, n_block=0,
+                      DQ_ASYNC: gl.constexpr, n_block=0, handoff=None,
                       DETERMINISTIC: gl.constexpr = False):
     """The ``total`` query blocks of one key tile for one consumer: dK / dV accumulated in
     registers (returned), dQ added to the workspace. Ring slots and dS slots continue from
-    ``it_base``; returns (it_base + total, dk, dv). DETERMINISTIC: the dQ turn counters follow
-    the tile queue in tile_counter, (b, h, query block, column half) int32; this tile's turn
-    at each query block is its key block ``n_block``."""
+    ``it_base``; returns (it_base + total, dk, dv). DETERMINISTIC: dQ goes to the writer warp
+    (_dq_writer) through ``handoff`` = (dq_full, dq_empty, meta_smem) with this tile's turn,
+    ``-n_block``."""
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
     k_smem, v_smem, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem = smem
     kv_ready, q_ready, q_empty, do_ready, do_empty, ds_ready, ds_free, stats_ready = bars
@@ -509,7 +575,6 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
     COL_S: gl.constexpr = gl.SliceLayout(0, S_LAYOUT)
     if DETERMINISTIC:
         gl.static_assert(DQ_ASYNC and not PIPELINE and not HAS_LEFT)
-        done = 0  # the turn slot of this consumer's previous reduce in this tile
 
     if PIPELINE:
         # S^T / dP^T of the first block; later ones are issued before the previous block's dQ
@@ -586,12 +651,10 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
                                 WG * HALF_D, dq * sm_scale, dq_ptr, dq_offs, dq_smem.index(WG),
                                 DQ_TMA, DQ_ASYNC)
         elif DETERMINISTIC:
-            # slot of (b, h, query block, WG): the workspace row over BLOCK_M (s_q_pad is a
-            # multiple of it), times 2 column halves
-            slot = (dq_row0 + m_start) // BLOCK_M * 2 + WG
-            _add_dq_in_turn(dq_desc, dq_row0 + m_start, WG * HALF_D, dq * sm_scale,
-                            dq_smem.index(WG), tile_counter, done, j > 0, slot, n_block)
-            done = slot
+            # the query block's counter starts at -(the last key block that reaches it) and
+            # the higher key blocks go first: this one's turn comes at -n_block
+            _hand_dq_to_writer(dq * sm_scale, dq_smem.index(WG), handoff, it,
+                               dq_row0 + m_start, -n_block, WG)
         elif DQ_ASYNC:
             _add_dq_async(dq_desc, dq_row0 + m_start, WG * HALF_D, dq * sm_scale,
                           dq_smem.index(WG))
@@ -599,9 +662,6 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
             _add_dq(dq_desc, dq_row0 + m_start, WG * HALF_D, dq * sm_scale, dq_ptr, dq_offs,
                     DQ_TMA)
 
-    if DETERMINISTIC:
-        if total > 0:
-            _pass_dq_turn(tile_counter, done)
     return it_base + total, dk, dv
 
 
@@ -677,7 +737,7 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
                     CONSUMER_REGS: gl.constexpr,
                     PRODUCER_REGS: gl.constexpr, LONGEST_FIRST: gl.constexpr = False,
                     PERSISTENT: gl.constexpr = False, DYNAMIC: gl.constexpr = False,
-                    DETERMINISTIC: gl.constexpr = False):
+                    DETERMINISTIC: gl.constexpr = False, DQ_RELEASE_LATE: gl.constexpr = False):
     """Warp-specialised attention backward (see module docstring).
 
     Descriptors are rank 4 over (batch, seq, head, dim): q/do boxes [1, BLOCK_M, 1, D_PAD],
@@ -695,7 +755,7 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
     the dQ turn counters after the queue.
     Grid (n_key_blocks * n_bh_k,) = (cdiv(s_k, BLOCK_N) * b * h_k,), in the order of
     tiles.key_block_coords (LONGEST_FIRST: grouped by heads_per_group KV heads, key blocks
-    ascending), or with PERSISTENT fewer CTAs (e.g. one per SM) that take tiles program id,
+    ascending; DETERMINISTIC: key-block major, descending), or with PERSISTENT fewer CTAs (e.g. one per SM) that take tiles program id,
     + num_programs, ... (DYNAMIC: program id, then tickets from tile_counter, in the same
     order); num_warps = 4 (the default partition is consumer 0).
     """
@@ -729,14 +789,38 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
     scales = (qk_scale, sm_scale, softcap_inv, softcap_log2)
     ptrs = (lse2_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr)
     schedule = (n_key_blocks, n_bh_k, heads_per_group, kv_empty, tile_counter)
-    gl.warp_specialize([
-        # constexpr flags one by one (in a tuple they would reach the workers as i1 values)
-        (_consumer, (0, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
-                     HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
-                     LONGEST_FIRST, PERSISTENT, DYNAMIC, DETERMINISTIC)),
-        (_consumer, (1, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
-                     HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
-                     LONGEST_FIRST, PERSISTENT, DYNAMIC, DETERMINISTIC)),
-        (_producer, (descs, smem, bars, problem, window, ptrs, schedule, BLOCK_M, HAS_LEFT,
-                     HAS_RIGHT, LONGEST_FIRST, PERSISTENT, DYNAMIC)),
-    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    if DETERMINISTIC:
+        # the consumers -> dQ writer handoff: both staging tiles of a query block (dq_full,
+        # one arrive per consumer), released once the copy engine has read them (dq_empty),
+        # and the block's (workspace row, turn)
+        dq_full = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        dq_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(dq_full, count=2)
+        mbarrier.init(dq_empty, count=1)
+        meta_smem = gl.allocate_shared_memory(gl.int32, [2],
+                                              gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        fence_async_shared()
+        handoff = (dq_full, dq_empty, meta_smem)
+        gl.warp_specialize([
+            (_consumer, (0, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
+                         HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
+                         LONGEST_FIRST, PERSISTENT, DYNAMIC, DETERMINISTIC, handoff)),
+            (_consumer, (1, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
+                         HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
+                         LONGEST_FIRST, PERSISTENT, DYNAMIC, DETERMINISTIC, handoff)),
+            (_producer, (descs, smem, bars, problem, window, ptrs, schedule, BLOCK_M, HAS_LEFT,
+                         HAS_RIGHT, LONGEST_FIRST, PERSISTENT, DYNAMIC, DETERMINISTIC)),
+            (_dq_writer, (dq_desc, dq_smem, handoff, tile_counter, DQ_RELEASE_LATE)),
+        ], [4, 1, 1], [CONSUMER_REGS, PRODUCER_REGS, 32])
+    else:
+        gl.warp_specialize([
+            # constexpr flags one by one (in a tuple they would reach the workers as i1 values)
+            (_consumer, (0, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
+                         HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
+                         LONGEST_FIRST, PERSISTENT, DYNAMIC)),
+            (_consumer, (1, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
+                         HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
+                         LONGEST_FIRST, PERSISTENT, DYNAMIC)),
+            (_producer, (descs, smem, bars, problem, window, ptrs, schedule, BLOCK_M, HAS_LEFT,
+                         HAS_RIGHT, LONGEST_FIRST, PERSISTENT, DYNAMIC)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

@@ -147,10 +147,18 @@ class BwdConfig:
     # d = 128 2k / 8k / 16k: 368 / 462 / 492 vs 386 / 488 / 530 TFLOP/s; d = 64 -2..-4%);
     # kept as a switch (exact, GPU-tested).
     dynamic: bool = False
-    # dQ added in key-block order (bitwise repeatable: deterministic=True). Needs persistent,
-    # dq_tma + dq_async, no pipeline, and no left window (the host checks); bwd_config turns
-    # on persistent (and dynamic for masked calls) with it.
+    # dQ added in descending key-block order, tiles handed out key-block major (bitwise
+    # repeatable: deterministic=True). Needs persistent, dq_tma + dq_async, no pipeline, and
+    # no left window (the host checks); bwd_config turns on persistent (and dynamic for
+    # masked calls) with it.
     deterministic: bool = False
+    # deterministic only: the tile order (tiles.key_block_coords DESCENDING): 1 key-block
+    # major across heads, 2 head major (bwd_config picks per mask); and whether the dQ writer
+    # passes a block's turn after issuing the next block's reduce (late) instead of at once.
+    # Late measured equal to -25% (H100, session 10: dense d = 128 16k 396 vs 474, causal
+    # 333 vs 303 TFLOP/s): off.
+    det_order: int = 1
+    det_release_late: bool = False
 
     def smem_bytes(self, head_dim: int, elem: int = 2) -> int:
         head_dim = _box_width(head_dim)
@@ -183,9 +191,9 @@ def ordered_dq_unsupported(head_dim: int, window_left: int, softcap: float) -> O
     """Why a deterministic=True backward cannot take the ordered dQ (None when it can); the
     one rule for dispatch (support.backward_unsupported) and the launch (bwd.launch_args).
 
-    The turn waits need the persistent schedule (PERSISTENT_BWD_HEAD_DIMS) and every lower key
-    tile visiting each query block a tile visits (no left window); softcap's tanh on top of the
-    turn logic spills 368 bytes at d = 128."""
+    The turn waits need the persistent schedule (PERSISTENT_BWD_HEAD_DIMS) and every key tile
+    from 0 up to the last one that reaches a query block visiting it (no left window);
+    softcap's tanh on top of the turn logic spilled 368 bytes at d = 128 (session 9)."""
     if head_dim not in PERSISTENT_BWD_HEAD_DIMS:
         return f"head dim {head_dim} (ordered dQ: {PERSISTENT_BWD_HEAD_DIMS})"
     if window_left >= 0:
@@ -199,9 +207,10 @@ def bwd_config(head_dim: int, masked: bool = True, deterministic: bool = False,
                **overrides) -> BwdConfig:
     """The backward config for ``head_dim`` (a key of BWD_CONFIGS), with overrides.
 
-    ``deterministic``: dQ in key-block order (``BwdConfig.deterministic``), on the persistent
-    schedule, static (unmasked) or the ticket queue (masked), whose tickets come in tile order
-    (the turn waits are deadlock-free only so). Head dims in PERSISTENT_BWD_HEAD_DIMS only.
+    ``deterministic``: dQ in descending key-block order (``BwdConfig.deterministic``), on the
+    persistent schedule, static (unmasked) or the ticket queue (masked), both of which hand
+    out tiles in order (the turn waits are deadlock-free only so). Head dims in
+    PERSISTENT_BWD_HEAD_DIMS only; head-major tiles unmasked, key-block major masked.
 
     ``masked``: the call has a causal or sliding-window mask. Unmasked calls at d = 64 / 128
     run the persistent schedule, where every key tile costs the same. Measured on H100
@@ -228,8 +237,14 @@ def _bwd_config(head_dim: int, masked: bool, overrides: Dict[str, Any]) -> BwdCo
         if head_dim not in PERSISTENT_BWD_HEAD_DIMS:
             raise ValueError(f"bwd_config: deterministic=True covers head dims "
                              f"{PERSISTENT_BWD_HEAD_DIMS}, not {head_dim}")
+        # head-major on unmasked calls (each head's key tiles start together and pass their
+        # turns down the chain one block apart), key-block major across heads on masked ones
+        # (H100, session 10: dense 16k 498 vs 474 TFLOP/s, 2k 364 vs 245; causal 16k 96 vs
+        # 303: one head's 128 key tiles at once serialise on the diagonal's counters)
         cfg = replace(cfg, persistent=True, pipeline=False,
-                      dynamic=cfg.dynamic if "dynamic" in overrides else masked)
+                      dynamic=cfg.dynamic if "dynamic" in overrides else masked,
+                      det_order=(cfg.det_order if "det_order" in overrides
+                                 else 1 if masked else 2))
     return cfg
 
 

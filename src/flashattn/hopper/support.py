@@ -152,16 +152,15 @@ def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 # Backward: bwd_kernel.py for d <= 128 (d = 96 runs as 128, zero-padded), bwd_wide_kernel.py
 # for d = 192 / 256 (run as 256). dQ is accumulated by TMA reduce-add (fp32). Its order is
-# fixed for deterministic=True at d = 64 / 128 without a left window or softcap (the key tiles
-# take turns, config.BwdConfig.deterministic); other deterministic calls run the portable
-# backward.
+# fixed for deterministic=True at d = 128 without a mask or softcap (the key tiles take turns
+# through a dQ writer warp, config.BwdConfig.deterministic; the kernel also runs d = 64 and
+# masks); other deterministic calls run the portable backward. Measured on H100 (session 10,
+# hopper_probe --mode bwd, TFLOP/s, ordered Hopper / portable deterministic): dense d = 128
+# 16k 500 / 405, 8k 444 / 393, 2k 359 / 339; d = 64 8k 326 / 313, 2k 242 / 272; causal d = 128
+# 16k 315 / 408, 8k 252 / 368, 2k 193 / 279, d = 64 8k 224 / 296. Under a mask the key tiles'
+# turns serialise; at d = 64 the writer's per-block round trips cost as much as the GEMMs.
 BWD_HEAD_DIMS = (64, 96, 128, 192, 256)
 ENV_HOPPER_BWD = "FLASHATTN_HOPPER_BWD"
-# The ordered dQ (deterministic=True on the Hopper backward) was written when the session's
-# device time had run out: it compiles for sm_90 (CI) but has not run on a GPU yet, so
-# deterministic calls take it only when this is set to 1 (tests/test_hopper_bwd_gpu.py
-# checks it; then the gate goes, as FLASHATTN_HOPPER_MIXED_D's did).
-ENV_HOPPER_DETERMINISTIC = "FLASHATTN_HOPPER_DETERMINISTIC"
 
 
 def backward_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -185,9 +184,12 @@ def backward_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if params.get("deterministic", False):
         from flashattn.hopper.config import ordered_dq_unsupported
 
-        if os.environ.get(ENV_HOPPER_DETERMINISTIC, "").strip() != "1":
-            return (f"deterministic=True (the Hopper backward's ordered dQ is GPU-untested: "
-                    f"{ENV_HOPPER_DETERMINISTIC}=1 turns it on)")
+        if int(params.get("window_right", -1)) >= 0 or int(params.get("window_left", -1)) >= 0:
+            return ("deterministic=True with a causal or window mask (the ordered dQ measured "
+                    "slower than the portable backward there)")
+        if q.shape[-1] != 128:
+            return (f"deterministic=True at head dim {q.shape[-1]} (the ordered dQ measured "
+                    f"faster than the portable backward at d = 128 only)")
         why = ordered_dq_unsupported(q.shape[-1], int(params.get("window_left", -1)),
                                      float(params.get("softcap", 0.0)))
         if why is not None:

@@ -78,7 +78,8 @@ def tile_coords(tile, n_m_blocks, n_heads, n_bh, heads_per_group, LONGEST_FIRST:
 
 
 @gluon.jit
-def key_block_coords(tile, key_grid, n_heads_k, LONGEST_FIRST: gl.constexpr):
+def key_block_coords(tile, key_grid, n_heads_k, LONGEST_FIRST: gl.constexpr,
+                     DESCENDING: gl.constexpr = 0):
     """(batch, KV head, key block) of backward tile ``tile`` (a program id, or a persistent CTA's
     next tile) of n_key_blocks * n_bh_k, key_grid = (n_key_blocks, n_bh_k, heads_per_group).
     The backward's grid is 1-D: b * h_k may pass the 65535 limit of grid axis 1.
@@ -88,9 +89,25 @@ def key_block_coords(tile, key_grid, n_heads_k, LONGEST_FIRST: gl.constexpr):
     LONGEST_FIRST: ``tile_coords``'s grouped order, key blocks ascending across
     ``heads_per_group`` heads at a time (under a causal mask the first key blocks see the most
     query rows: they start first and the short ones fill the tail).
+    DESCENDING (the deterministic backward's orders: a tile's dQ turn waits only on higher
+    key blocks of its head, which these hand out earlier): 1, key-block major: the last key
+    block of every (batch, KV head), then the one before it, ... (few key blocks of any one
+    head run together: short turn chains, but every head's Q / dO / dQ at once in L2);
+    2, head major: one head's key blocks from the last down, then the next head's.
     """
     n_key_blocks, n_bh_k, heads_per_group = key_grid
-    if LONGEST_FIRST:
+    if DESCENDING == 1:
+        idx = tile // n_bh_k
+        bh_k = tile - idx * n_bh_k
+        n_block = n_key_blocks - 1 - idx
+        b = bh_k // n_heads_k
+        h_k = bh_k - b * n_heads_k
+    elif DESCENDING == 2:
+        bh_k = tile // n_key_blocks
+        n_block = n_key_blocks - 1 - (tile - bh_k * n_key_blocks)
+        b = bh_k // n_heads_k
+        h_k = bh_k - b * n_heads_k
+    elif LONGEST_FIRST:
         b, h_k, n_block = tile_coords(tile, n_key_blocks, n_heads_k, n_bh_k, heads_per_group,
                                       False)
     else:

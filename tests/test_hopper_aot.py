@@ -178,6 +178,11 @@ def test_bwd_variant_compiles(variant, reports, capsys):
     assert rep["shared"] <= SMEM_LIMIT
     assert rep["num_warps"] == 12
     assert rep["wgmma"] and rep["tma"] and rep["ex2"]
-    assert 24 in rep["setmaxnreg"] and 240 in rep["setmaxnreg"]
+    if (variant[6] or {}).get("deterministic"):
+        # the producer and dQ-writer warps share a warpgroup at 32 registers; the consumers
+        # then come out at 232 / 256 (warp_specialize splits the rest of the file)
+        assert 32 in rep["setmaxnreg"] and max(rep["setmaxnreg"]) >= 232
+    else:
+        assert 24 in rep["setmaxnreg"] and 240 in rep["setmaxnreg"]
     # dQ leaves by TMA bulk reduce-add unless the atomics variant was asked for
     assert rep["tma_reduce"] == ((variant[6] or {}).get("dq_tma", True))

@@ -9,7 +9,7 @@ per call (``--calls`` back-to-back, median of ``--reps``):
     cache_key      ``compute_cache_key`` on that specialisation
     launcher       the compiled kernel's launcher alone (pre-bound args; TMA descriptors filled)
     tma_fill       one ``make_tensordesc_arg`` per host TensorDescriptor argument (summed)
-    fast           flashattn.kernels.launch.launch_jit (what our kernels call now)
+    fast           flashattn.runtime.launch.launch_jit (what our kernels call now)
 plus the whole public call of the workload (``api``; ``api_triton_launch`` with
 FLASHATTN_FAST_LAUNCH off, i.e. every launch through ``fn[grid]``) and a cProfile of it
 (``--profile``).
@@ -100,7 +100,7 @@ def time_pieces(name: str, rec: tuple, calls: int, reps: int) -> Dict[str, float
         row["tma_fill"] = per_call_us(
             lambda: [_drv.make_tensordesc_arg(d, m) for d, m in zip(descs, metas)], calls, reps)
     try:
-        from flashattn.kernels import launch as _launch
+        from flashattn.runtime import launch as _launch
         if hasattr(_launch, "launch_jit"):
             row["fast"] = per_call_us(lambda: _launch.launch_jit(fn, grid, args, kwargs),
                                       calls, reps)
@@ -118,7 +118,7 @@ def main() -> int:
     args = ap.parse_args()
     result: Dict[str, object] = {"torch": torch.__version__, "triton": triton.__version__,
                                  "gpu": torch.cuda.get_device_name()}
-    from flashattn.kernels import launch as _launch
+    from flashattn.runtime import launch as _launch
     hook = triton.knobs.runtime.launch_enter_hook
     result["fast_launch_state"] = dict(
         FAST_LAUNCH=_launch.FAST_LAUNCH, interpret=_launch.INTERPRET,

@@ -76,7 +76,7 @@ def main() -> int:
         "fwd dispatch.forward": lambda: dispatch.forward(q, k, v, **params),
         "fwd sdpa-flash": sdpa,
     }
-    from flashattn.kernels import fwd as kfwd
+    from flashattn.triton import fwd as kfwd
 
     fns["fwd forward_family"] = lambda: dispatch.forward_family(q, k, v, **params)
     fns["fwd flash_fwd"] = lambda: kfwd.flash_fwd(q, k, v, **params)
@@ -99,7 +99,7 @@ def main() -> int:
     dout = torch.randn_like(out)
     bparams = {**{n: params[n] for n in params if n != "return_softmax"}, "deterministic": False}
     fns["bwd dispatch.backward"] = lambda: dispatch.backward(dout, q, k, v, out, lse, **bparams)
-    from flashattn.kernels import bwd as kbwd
+    from flashattn.triton import bwd as kbwd
 
     fns["bwd flash_bwd (portable)"] = lambda: kbwd.flash_bwd(dout, q, k, v, out, lse, **bparams)
     qg, kg, vg = (x.detach().clone().requires_grad_() for x in (q, k, v))
@@ -113,10 +113,10 @@ def main() -> int:
             F.scaled_dot_product_attention(qtg, ktg, vtg, is_causal=True).sum().backward()
 
     if dispatch.hopper_reason(q) is None:  # sm90: the Gluon path's host layers as well
-        from flashattn.hopper import bwd as hbwd, fwd as hfwd
-        from flashattn.hopper.config import fwd_config
-        from flashattn.kernels.config import sm_count
-        from flashattn.kernels.launch import launch_jit
+        from flashattn.sm90 import bwd as hbwd, fwd as hfwd
+        from flashattn.sm90.config import fwd_config
+        from flashattn.triton.config import sm_count
+        from flashattn.runtime.launch import launch_jit
 
         fns["fwd flash_fwd_hopper"] = lambda: hfwd.flash_fwd_hopper(q, k, v, **params)
         h_out = torch.empty_like(q)

@@ -3,7 +3,7 @@
 
 Every variant comes from a real call of the wrappers (``kernels.fwd.flash_fwd``,
 ``kernels.bwd.flash_bwd``, their varlen forms) whose launches are recorded instead of run
-(``flashattn._aot``), then compiled with ``triton.compile(..., target=GPUTarget("cuda", 90, 32))``
+(``tools.aot_portable``), then compiled with ``triton.compile(..., target=GPUTarget("cuda", 90, 32))``
 and measured with the bundled ``ptxas -v --gpu-name sm_90a``. By default: every candidate
 config of every autotune space x head dims {64, 128, 256} x {plain, causal} in bf16, plus the
 feature variants (softcap, alibi, dropout, fp32, local window, varlen, atomic dQ) with the
@@ -26,6 +26,8 @@ import sys
 import time
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _REPO not in sys.path:  # tools/ (the AOT helpers) is importable from the repository root
+    sys.path.insert(0, _REPO)
 
 
 def _csv(text: str):
@@ -33,7 +35,7 @@ def _csv(text: str):
 
 
 def _parse(argv):
-    from flashattn._aot import FEATURES, HEAD_DIMS
+    from tools.aot_portable import FEATURES, HEAD_DIMS
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -83,7 +85,7 @@ def main(argv=None) -> int:
         import flashattn  # noqa: F401
     except ImportError:  # a checkout without `pip install -e .`
         sys.path.insert(0, os.path.join(_REPO, "src"))
-    from flashattn import _aot
+    from tools import aot_portable as _aot
 
     args = _parse(argv)
     t0 = time.perf_counter()

@@ -61,7 +61,7 @@ left() { echo $(( BUDGET - SECONDS )); }
     echo "== python -m flashattn info"
     "$PY" -m flashattn info
 } 2>&1 | tee "$OUT/env.txt"
-SLUG="$("$PY" -c 'import sys, torch; sys.path.insert(0, "benchmarks"); import bench; print(bench.gpu_slug(torch.cuda.get_device_name()) if torch.cuda.is_available() else "cpu")' 2>/dev/null || echo gpu)"
+SLUG="$("$PY" -c 'import torch; from flashattn import bench; print(bench.gpu_slug(torch.cuda.get_device_name()) if torch.cuda.is_available() else "cpu")' 2>/dev/null || echo gpu)"
 note env "$SLUG, $("$PY" -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' 2>/dev/null)"
 
 # ---- 2. GPU tests --------------------------------------------------------------------------

@@ -7,7 +7,7 @@
   ``--seed N`` or ``FLASHATTN_TEST_SEED=N``) mixed with the test id.
 - Tests marked ``gpu`` are skipped without CUDA; run them with ``pytest -m gpu`` on a GPU box.
 - ``backend`` fixture: 'cpu' (chunked torch) and 'portable' (Triton kernels), forced through
-  FLASHATTN_BACKEND for the duration of one test.
+  ``flashattn.use_backend`` for the duration of one test (``set_env`` changes any setting).
 """
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ import zlib
 
 import pytest
 import torch
+
+from tests.settings import set_env
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -94,7 +96,7 @@ def portable_skip_reason() -> "str | None":
     # a GPU machine (where conftest leaves TRITON_INTERPRET alone; gpu tests cover the kernels).
     if os.environ.get("TRITON_INTERPRET", "").strip().lower() not in ("1", "true", "on", "yes"):
         return "Triton kernels on CPU tensors need TRITON_INTERPRET=1"
-    for mod, fn in (("flashattn.kernels.fwd", "flash_fwd"), ("flashattn.kernels.bwd", "flash_bwd")):
+    for mod, fn in (("flashattn.triton.fwd", "flash_fwd"), ("flashattn.triton.bwd", "flash_bwd")):
         try:
             m = importlib.import_module(mod)
         except ModuleNotFoundError as e:
@@ -107,17 +109,19 @@ def portable_skip_reason() -> "str | None":
 
 
 def use_backend(monkeypatch: pytest.MonkeyPatch, name: str) -> str:
+    """Force backend ``name`` for one test (what ``flashattn.use_backend`` does in a with
+    block), skipping when the portable kernels cannot run here."""
     if name == "portable":
         reason = portable_skip_reason()
         if reason:
             pytest.skip(reason)
-    monkeypatch.setenv("FLASHATTN_BACKEND", name)
+    set_env(monkeypatch, FLASHATTN_BACKEND=name)
     return name
 
 
 @pytest.fixture(params=["cpu", "portable"])
 def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Each backend in turn, forced with FLASHATTN_BACKEND."""
+    """Each backend in turn, forced as flashattn.use_backend does."""
     return use_backend(monkeypatch, request.param)
 
 

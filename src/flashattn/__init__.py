@@ -1,29 +1,31 @@
-"""flashattn: exact attention (FlashAttention-2 algorithm) for PyTorch, in Triton.
+"""flashattn: exact attention (the FlashAttention family) for PyTorch, in Triton and Gluon.
 
-Public API mirrors flash-attn 2: see :mod:`flashattn.interface`.
+Public API mirrors flash-attn 2 (:mod:`flashattn.api`); layers and contracts in
+docs/internals.md.
 """
-from flashattn.interface import (
-    flash_attn_func,
-    flash_attn_kvpacked_func,
-    flash_attn_qkvpacked_func,
-)
-
-__all__ = [
-    "flash_attn_func",
-    "flash_attn_kvpacked_func",
-    "flash_attn_qkvpacked_func",
-]
-from flashattn.varlen import (  # noqa: E402  (packed variable-length sequences)
+from flashattn.api.backend import use_backend
+from flashattn.api.combine import flash_attn_combine
+from flashattn.api.dense import flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
+from flashattn.api.kvcache import flash_attn_with_kvcache
+from flashattn.api.varlen import (
     flash_attn_varlen_func,
     flash_attn_varlen_kvpacked_func,
     flash_attn_varlen_qkvpacked_func,
 )
 
-__all__ += ["flash_attn_varlen_func", "flash_attn_varlen_kvpacked_func",
-            "flash_attn_varlen_qkvpacked_func"]
-__version__ = "0.1.0"
-from flashattn.kvcache import flash_attn_combine, flash_attn_with_kvcache  # noqa: E402  (KV cache)
-
-__all__ += ["flash_attn_with_kvcache", "flash_attn_combine"]
 # torch.library ops (torch.ops.flashattn.*) and flash-attn's bert_padding helpers, as modules
-from flashattn import ops, padding  # noqa: E402,F401
+from flashattn import ops  # noqa: E402,F401
+from flashattn.api import padding  # noqa: E402,F401
+
+__version__ = "0.1.0"
+__all__ = [
+    "flash_attn_combine",
+    "flash_attn_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_qkvpacked_func",
+    "flash_attn_varlen_func",
+    "flash_attn_varlen_kvpacked_func",
+    "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_with_kvcache",
+    "use_backend",
+]

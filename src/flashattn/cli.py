@@ -12,7 +12,6 @@ Heavy imports (torch, triton, matplotlib) happen inside the commands, so ``--hel
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import platform
 import sys
@@ -21,57 +20,16 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, List, Optional, Sequence
 
-_BENCH_MODULE = "flashattn_benchmarks_bench"
-
+from flashattn.report import format_table
 
 # ---------------------------------------------------------------------------------------------
 # Helpers
 # ---------------------------------------------------------------------------------------------
 def load_bench() -> ModuleType:
-    """The repository's ``benchmarks/bench.py`` (found beside ``src/`` of this checkout, or under
-    the current directory)."""
-    if _BENCH_MODULE in sys.modules:
-        return sys.modules[_BENCH_MODULE]
-    here = Path(__file__).resolve()
-    candidates = [here.parents[2] / "benchmarks" / "bench.py", Path.cwd() / "benchmarks" / "bench.py"]
-    for path in candidates:
-        if path.is_file():
-            spec = importlib.util.spec_from_file_location(_BENCH_MODULE, path)
-            assert spec is not None and spec.loader is not None
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[_BENCH_MODULE] = module  # dataclasses look their module up here
-            try:
-                spec.loader.exec_module(module)
-            except BaseException:
-                del sys.modules[_BENCH_MODULE]
-                raise
-            return module
-    raise FileNotFoundError(
-        "the benchmark grid lives in benchmarks/bench.py of the flashattn repository; run from "
-        "a checkout (looked in: " + ", ".join(str(c) for c in candidates) + ")")
+    """The benchmark grid (:mod:`flashattn.bench`, part of the installed package)."""
+    from flashattn import bench
 
-
-def _numeric(cell: str) -> bool:
-    try:
-        float(cell.rstrip("x%"))
-        return True
-    except ValueError:
-        return cell in ("", "-", "err", "n/a")
-
-
-def format_table(headers: Sequence[str], lines: Sequence[Sequence[Any]]) -> str:
-    """Plain-text table: numeric columns right-aligned, text columns left-aligned."""
-    cells = [[str(c) for c in headers]] + [[str(c) for c in line] for line in lines]
-    ncol = len(headers)
-    widths = [max(len(row[i]) for row in cells) for i in range(ncol)]
-    right = [all(_numeric(row[i]) for row in cells[1:]) and any(row[i] for row in cells[1:])
-             for i in range(ncol)]
-
-    def fmt(row: Sequence[str]) -> str:
-        return "  ".join(c.rjust(w) if r else c.ljust(w)
-                         for c, w, r in zip(row, widths, right)).rstrip()
-
-    return "\n".join([fmt(cells[0]), "  ".join("-" * w for w in widths)] + [fmt(r) for r in cells[1:]])
+    return bench
 
 
 def _csv(item: Any) -> Any:
@@ -210,8 +168,12 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(f"numpy     {numpy.__version__}")
     except ImportError:
         print("numpy     not installed")
-    for var in ("FLASHATTN_BACKEND", "FLASHATTN_HOPPER_BWD", "FLASHATTN_FAST_LAUNCH", "TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES"):
-        print(f"{var}={os.environ.get(var, '')!r}")
+    from flashattn.runtime import env
+
+    print("\nenvironment variables flashattn reads (README: Environment variables):")
+    for var, raw in env.raw_values().items():
+        print(f"  {var}={raw!r}")
+    print(f"  CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')!r}")
     devices = ["cpu"]
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
@@ -229,22 +191,16 @@ def cmd_info(args: argparse.Namespace) -> int:
     print("\nbackend dispatch picks (FLASHATTN_BACKEND value -> backend, per device):")
     requests = ("auto", "portable", "cpu", "hopper")
     lines = []
-    old = os.environ.get("FLASHATTN_BACKEND")
-    try:
-        for dev in devices:
-            line = [dev]
-            for req in requests:
-                os.environ["FLASHATTN_BACKEND"] = req
+    old = env.settings().backend
+    for dev in devices:
+        line = [dev]
+        for req in requests:
+            with flashattn.use_backend(req):
                 try:
                     line.append(dispatch.backend_for(torch.device(dev)))
                 except Exception as exc:
                     line.append(f"refused ({type(exc).__name__})")
-            lines.append(line)
-    finally:
-        if old is None:
-            os.environ.pop("FLASHATTN_BACKEND", None)
-        else:
-            os.environ["FLASHATTN_BACKEND"] = old
+        lines.append(line)
     print(format_table(["device"] + list(requests), lines))
     try:
         current = dispatch.backend_for(torch.device(devices[-1]))
@@ -270,7 +226,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     import torch
 
-    from flashattn import _selfcheck as sc
+    from flashattn import check as sc
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
@@ -311,7 +267,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 def _cpu_demo(args: argparse.Namespace) -> int:
     import torch
 
-    from flashattn import _selfcheck as sc
+    from flashattn import check as sc
     from flashattn import dispatch
 
     try:

@@ -1,29 +1,35 @@
-"""Backend choice: which implementation runs a call.
+"""Backend choice for every op: the one place that decides which implementation runs a call.
 
-Backends (all take the normalised parameters of ``docs/internals.md``)::
+Backends (packages with a ``backend.py`` interface: one function per op, taking the normalised
+:class:`flashattn.params.AttnParams`)::
 
-    portable  Triton kernels, flashattn.kernels.fwd.flash_fwd / kernels.bwd.flash_bwd.
-              CUDA tensors, or CPU tensors when TRITON_INTERPRET=1 (the Triton interpreter).
-    cpu       chunked torch, flashattn.cpu.chunked_fwd / chunked_bwd. Any device torch runs on.
-    hopper    Gluon kernels for sm90 (flashattn.hopper): the forward of the calls they cover
+    portable  flashattn.triton: Triton kernels. CUDA tensors, or CPU tensors when
+              TRITON_INTERPRET=1 (the Triton interpreter). Every op.
+    cpu       flashattn.cpu: chunked torch. Any device torch runs on. Every op.
+    hopper    flashattn.sm90: Gluon kernels for sm90, the dense forward of the calls they cover
               (fp16/bf16, head dims 64/96/128/192/256, causal, window, softcap, GQA, no dropout,
               alibi or return_softmax, TMA-aligned strides) and the backward of those with
               deterministic=False, and of unmasked deterministic=True calls at d = 128
               without softcap (``FLASHATTN_HOPPER_BWD=0`` turns the Hopper backward off).
               Everything else falls back to ``portable``.
 
-``FLASHATTN_BACKEND`` = ``auto`` (default) | ``portable`` | ``cpu`` | ``hopper`` forces a path.
-``auto`` and ``hopper`` use the Hopper kernels on an sm90 device for the calls they cover;
-``portable`` never does. It is read at every call, so tests can switch it with
-``monkeypatch.setenv``.
+:func:`select` answers for every op (``OPS``); the op functions below (:func:`forward`,
+:func:`backward`, :func:`varlen_forward`, :func:`varlen_backward`, :func:`kvcache`,
+:func:`varlen_paged_forward`, :func:`combine`) run the chosen backend, and are what the
+torch.library ops in :mod:`flashattn.ops` call.
 
-Two questions, two functions: :func:`backend_for` answers which *device backend* runs
-('portable' Triton or 'cpu' torch; varlen and other callers choose their kernels by it), and
-:func:`family_for` refines it to the kernel family a dense call starts from ('hopper' on sm90
-when allowed). :func:`forward_family` adds the per-call check (features, strides).
+``FLASHATTN_BACKEND`` = ``auto`` (default) | ``portable`` | ``cpu`` | ``hopper`` forces a path;
+``flashattn.use_backend(name)`` does the same inside a ``with`` block (both read through
+:mod:`flashattn.runtime.env`). ``auto`` and ``hopper`` use the Hopper kernels on an sm90 device
+for the calls they cover (``auto`` only where they measured faster); ``portable`` never does.
 
-Kernel modules are imported lazily, on the first call that needs them, so ``import flashattn``
-works where Triton does not (a laptop without CUDA uses the cpu path).
+Two questions about devices: :func:`backend_for` answers which *device backend* runs
+('portable' Triton or 'cpu' torch), and :func:`family_for` refines it to the kernel family a
+dense call starts from ('hopper' on sm90 when allowed). :func:`forward_family` /
+:func:`backward_family` add the per-call checks (features, strides, measured crossovers).
+
+Backend packages are imported lazily, on the first call that needs them, so
+``import flashattn`` works where Triton does not (a laptop without CUDA uses the cpu path).
 
 Degenerate shapes (batch, seqlen_q or seqlen_k of 0) are answered here without calling any
 backend: zero-size grids are not worth special-casing in every kernel.
@@ -31,28 +37,34 @@ backend: zero-size grids are not worth special-casing in every kernel.
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.util
-import os
 import warnings
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 
-BACKENDS: Tuple[str, ...] = ("auto", "portable", "cpu", "hopper")
+from flashattn import metadata
+from flashattn.params import AttnParams
+from flashattn.runtime import env
+
+BACKENDS: Tuple[str, ...] = env.BACKENDS
 ENV_BACKEND = "FLASHATTN_BACKEND"
 ENV_INTERPRET = "TRITON_INTERPRET"
-
-# Same truthy spellings as triton's own getenv_bool (case-insensitive).
-_TRUTHY = frozenset({"1", "true", "on", "yes"})
+# every op dispatch chooses a backend for (select's first argument)
+OPS: Tuple[str, ...] = ("fwd", "bwd", "varlen_fwd", "varlen_bwd", "kvcache", "varlen_paged_fwd",
+                        "combine")
+_BACKEND_MODULES = {"hopper": "flashattn.sm90.backend", "portable": "flashattn.triton.backend",
+                    "cpu": "flashattn.cpu.backend"}
+_LOADED: Dict[str, Any] = {}
 
 
 def requested_backend() -> str:
-    """The backend forced by ``FLASHATTN_BACKEND`` ('auto' when unset or empty)."""
-    raw = os.environ.get(ENV_BACKEND, "")
-    name = raw.strip().lower() or "auto"
+    """The backend forced by ``FLASHATTN_BACKEND`` / ``use_backend`` ('auto' when unset)."""
+    name = env.settings().backend
     if name not in BACKENDS:
         raise ValueError(
-            f"environment variable {ENV_BACKEND}={raw!r} is not a backend; "
+            f"environment variable {ENV_BACKEND}={name!r} is not a backend; "
             f"allowed: {', '.join(BACKENDS)}"
         )
     return name
@@ -62,9 +74,9 @@ def interpreting() -> bool:
     """True when TRITON_INTERPRET asks for the Triton interpreter (kernels run on CPU tensors).
 
     Triton reads this variable when a ``@triton.jit`` function is defined, so it must be set
-    before ``flashattn.kernels`` is first imported.
+    before ``flashattn`` is first imported (``runtime.env`` reads it once).
     """
-    return os.environ.get(ENV_INTERPRET, "").strip().lower() in _TRUTHY
+    return env.settings().interpret
 
 
 @functools.lru_cache(maxsize=None)
@@ -133,7 +145,7 @@ def _backend_for(device: torch.device, requested: str) -> str:
 
 def _hopper_device_reason(device: torch.device) -> Optional[str]:
     """Why the Hopper kernels cannot run on ``device`` (None: they can). A seam for tests."""
-    from flashattn.hopper.support import device_unavailable
+    from flashattn.sm90.support import device_unavailable
 
     return device_unavailable(device)
 
@@ -143,7 +155,7 @@ def family_for(tensor: "torch.Tensor | torch.device | str") -> str:
 
     'hopper' when :func:`backend_for` says 'portable', ``FLASHATTN_BACKEND`` is ``auto`` or
     ``hopper``, and the device is sm90 with a Triton whose Gluon API the kernels know
-    (``flashattn.hopper.support``). A call the Hopper kernels do not cover still falls back to
+    (``flashattn.sm90.support``). A call the Hopper kernels do not cover still falls back to
     'portable' (:func:`forward_family`).
     """
     device = _device_of(tensor)
@@ -170,11 +182,11 @@ def hopper_reason(tensor: "torch.Tensor | torch.device | str") -> Optional[str]:
 
 def forward_family(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **params: Any) -> str:
     """The family whose forward runs this call: 'hopper' when the device allows it and the
-    Hopper kernel covers the call (``flashattn.hopper.support.call_unsupported``), else the
+    Hopper kernel covers the call (``flashattn.sm90.support.call_unsupported``), else the
     device backend."""
     family = family_for(q)
     if family == "hopper":
-        from flashattn.hopper.support import call_unsupported, slower_than_portable
+        from flashattn.sm90.support import call_unsupported, slower_than_portable
 
         if call_unsupported(q, k, v, params) is not None:
             return "portable"
@@ -186,13 +198,13 @@ def forward_family(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **params: 
 
 def backward_family(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **params: Any) -> str:
     """The family whose backward runs this call: 'hopper' when the device allows it and the
-    Hopper backward covers the call (``flashattn.hopper.support.backward_unsupported``:
+    Hopper backward covers the call (``flashattn.sm90.support.backward_unsupported``:
     fp16/bf16, d in 64/96/128/192/256, no dropout / alibi, ``deterministic=False``, TMA-aligned
     strides;
     ``FLASHATTN_HOPPER_BWD=0`` turns it off), else the device backend."""
     family = family_for(q)
     if family == "hopper":
-        from flashattn.hopper.support import backward_unsupported, slower_than_portable
+        from flashattn.sm90.support import backward_unsupported, slower_than_portable
 
         if backward_unsupported(q, k, v, params) is not None:
             return backend_for(q)
@@ -203,22 +215,35 @@ def backward_family(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **params:
     return family
 
 
-def _backend_fns(name: str) -> Tuple[Callable[..., Any], Callable[..., Any]]:
-    if name == "hopper":
-        from flashattn.hopper.bwd import flash_bwd_hopper
-        from flashattn.hopper.fwd import flash_fwd_hopper
 
-        return flash_fwd_hopper, flash_bwd_hopper
-    if name == "portable":
-        from flashattn.kernels.bwd import flash_bwd
-        from flashattn.kernels.fwd import flash_fwd
-
-        return flash_fwd, flash_bwd
-    from flashattn.cpu import chunked_bwd, chunked_fwd
-
-    return chunked_fwd, chunked_bwd
+def backend(name: str) -> Any:
+    """The interface module (``backend.py``) of backend ``name`` ('hopper', 'portable',
+    'cpu'), imported on first use."""
+    mod = _LOADED.get(name)
+    if mod is None:
+        mod = _LOADED[name] = importlib.import_module(_BACKEND_MODULES[name])
+    return mod
 
 
+def select(op: str, q: torch.Tensor, k: Optional[torch.Tensor] = None,
+           v: Optional[torch.Tensor] = None, params: Optional[AttnParams] = None,
+           return_softmax: bool = False) -> str:
+    """The backend ('hopper' | 'portable' | 'cpu') that runs ``op`` (one of :data:`OPS`) for
+    these inputs: the dense forward / backward may take the Hopper kernels (per-call checks
+    need k, v and the params); every other op runs on the device backend."""
+    if op == "fwd":
+        return forward_family(q, k, v, **params.kernel_kwargs(), return_softmax=return_softmax)
+    if op == "bwd":
+        return backward_family(q, k, v, **params.kernel_kwargs(),
+                               deterministic=params.deterministic)
+    if op not in OPS:
+        raise ValueError(f"op must be one of {OPS}, got {op!r}")
+    return backend_for(q)
+
+
+# ---------------------------------------------------------------------------------------------
+# The ops' bodies: pick the backend, run it
+# ---------------------------------------------------------------------------------------------
 def _is_degenerate(q: torch.Tensor, k: torch.Tensor) -> bool:
     return q.shape[0] == 0 or q.shape[1] == 0 or k.shape[1] == 0
 
@@ -237,54 +262,171 @@ def _degenerate_fwd(
     return out, lse, s_dmask
 
 
-def forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **params: Any
-) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-    """Run the forward of the chosen backend: ``(out, lse, S_dmask | None)``.
-
-    ``params`` are the normalised keyword arguments of ``docs/internals.md`` (softmax_scale,
-    causal, window_left, window_right, softcap, alibi_slopes, dropout_p, philox_seed,
-    return_softmax). Inputs are assumed validated.
-    """
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: AttnParams,
+            return_softmax: bool = False
+            ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """Dense forward: ``(out, lse, S_dmask | None)``. Inputs validated and normalised."""
     if _is_degenerate(q, k):
-        return _degenerate_fwd(q, k, v, bool(params.get("return_softmax", False)))
-    fwd, _ = _backend_fns(forward_family(q, k, v, **params))
-    return fwd(q, k, v, **params)
+        return _degenerate_fwd(q, k, v, return_softmax)
+    return backend(select("fwd", q, k, v, params, return_softmax)).fwd(q, k, v, params,
+                                                                      return_softmax)
 
 
-def backward(
-    dout: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    **params: Any,
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Run the backward of the chosen backend: ``(dq, dk, dv)`` shaped and typed like q, k, v.
-
-    ``params`` as for :func:`forward`, with ``deterministic`` instead of ``return_softmax``.
-    """
+def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             out: torch.Tensor, lse: torch.Tensor, params: AttnParams
+             ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Dense backward: ``(dq, dk, dv)`` shaped and typed like q, k, v. The Hopper backward
+    takes the calls it covers; the rest run the portable backward (same lse contract, so
+    either forward's lse serves either backward)."""
     if _is_degenerate(q, k):
         return tuple(  # type: ignore[return-value]
             torch.zeros(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v)
         )
-    # The Hopper backward takes the calls it covers; the rest run the portable backward (same
-    # lse contract, so either forward's lse serves either backward).
-    _, bwd = _backend_fns(backward_family(q, k, v, **params))
-    return bwd(dout, q, k, v, out, lse, **params)
+    return backend(select("bwd", q, k, v, params)).bwd(dout, q, k, v, out, lse, params)
+
+
+def varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                   cu_seqlens_k: torch.Tensor, seqused_k: Optional[torch.Tensor],
+                   block_table: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int,
+                   params: AttnParams, return_softmax: bool = False
+                   ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """Packed variable-length forward: ``(out (total_q, h, d_v), lse (h, total_q), S_dmask |
+    None)``; with ``block_table`` k / v are paged caches (forward only, no dropout)."""
+    if block_table is not None:
+        out, lse = varlen_paged_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                                        max_seqlen_q, max_seqlen_k, block_table, params)
+        return out, lse, None
+    return backend(select("varlen_fwd", q)).varlen_fwd(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, params,
+        return_softmax)
+
+
+def varlen_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    out: torch.Tensor, lse: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                    cu_seqlens_k: torch.Tensor, seqused_k: Optional[torch.Tensor],
+                    max_seqlen_q: int, max_seqlen_k: int, params: AttnParams
+                    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Packed variable-length backward: ``(dq, dk, dv)``; dout / out (total_q, h, d_v) (dout
+    with unit last-dim stride), lse float32 (h, total_q)."""
+    return backend(select("varlen_bwd", q)).varlen_bwd(
+        dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+        max_seqlen_k, params)
+
+
+def varlen_paged_forward(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                         cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                         seqused_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int,
+                         block_table: torch.Tensor, params: AttnParams
+                         ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Packed varlen queries (total_q, h, d) against a paged KV cache (num_blocks, page_size,
+    h_k, d / d_v). Sequence b has queries ``q[cu_seqlens_q[b]:cu_seqlens_q[b + 1]]`` and keys
+    at positions ``[0, s_k)`` of its pages, ``s_k = seqused_k[b]`` if given else the
+    cu_seqlens_k difference. Returns out (total_q, h, d_v) (0 on rows outside every sequence)
+    and lse float32 (h, total_q)."""
+    total_q, h, _ = q.shape
+    if total_q == 0 or cu_seqlens_q.shape[0] < 2:
+        out = torch.zeros((total_q, h, v_cache.shape[3]), dtype=q.dtype, device=q.device)
+        lse = torch.full((h, total_q), float("-inf"), dtype=torch.float32, device=q.device)
+        return out, lse
+    return backend(select("varlen_paged_fwd", q)).varlen_paged_fwd(
+        q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+        block_table, params)
+
+
+def _capacity(k_cache: torch.Tensor, block_table: Optional[torch.Tensor]) -> int:
+    """Positions a sequence can hold: s_cache, or max_blocks * page_size when paged."""
+    if block_table is not None:
+        return block_table.shape[1] * k_cache.shape[1]
+    return k_cache.shape[1]
+
+
+def kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+            k: Optional[torch.Tensor], v: Optional[torch.Tensor],
+            rotary_cos: Optional[torch.Tensor], rotary_sin: Optional[torch.Tensor],
+            cache_seqlens: Optional[torch.Tensor], cache_batch_idx: Optional[torch.Tensor],
+            cache_leftpad: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
+            params: AttnParams, rotary_interleaved: bool, num_splits: int
+            ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The body of ``flash_attn_with_kvcache`` after its argument checks: value checks where
+    they are allowed (:func:`flashattn.metadata.values_checkable`), the in-place append (with
+    rotary), attention. ``params`` carries the window as given (normalised here against the
+    cache capacity). Returns out (b, s_q, h, d_v) and lse float32 (b, h, s_q)."""
+    batch, s_q, h, d = q.shape
+    device = q.device
+    capacity = _capacity(k_cache, block_table)
+    s_new = 0 if k is None else k.shape[1]
+    window_left, window_right = params.window_left, params.window_right
+    # flash-attn rotates each query token at its own position when causal or local (any window
+    # given, even one wider than the cache), else every token at cache_seqlens
+    rotary_q_step = 1 if (params.causal or (window_left, window_right) != (-1, -1)) else 0
+    window_left, window_right = (-1 if w < 0 or w >= capacity else int(w)
+                                 for w in (window_left, window_right))
+    if params.causal:
+        window_right = 0
+    if s_q == 1 and window_right == 0:
+        # one query row sits on the last key: a right edge of 0 hides nothing (no mask work)
+        window_right = -1
+    alibi = params.alibi_slopes
+    if alibi is not None and alibi.dim() == 1:
+        alibi = alibi.view(1, h).expand(batch, h)
+    params = params._replace(window_left=window_left, window_right=window_right,
+                             alibi_slopes=alibi)
+    seqlens = cache_seqlens
+    if seqlens is None:
+        seqlens = torch.full((batch,), capacity, dtype=torch.int32, device=device)
+
+    if metadata.values_checkable(seqlens, cache_leftpad, cache_batch_idx, block_table):
+        metadata.check_values(seqlens, s_new, capacity, cache_leftpad, cache_batch_idx,
+                              k_cache.shape[0], block_table, k_cache.shape[0], k_cache.shape[1],
+                              None if rotary_cos is None else rotary_cos.shape[0],
+                              s_q if rotary_q_step else 1)
+
+    impl = backend(select("kvcache", q))
+    if batch == 0 or s_q == 0:
+        out = torch.zeros((batch, s_q, h, v_cache.shape[3]), dtype=q.dtype, device=device)
+        lse = torch.full((batch, h, s_q), float("-inf"), dtype=torch.float32, device=device)
+        if s_new > 0 and batch > 0:
+            impl.append_kv(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, rotary_interleaved,
+                           seqlens, cache_batch_idx, block_table)
+        return out, lse
+    q_rot = q
+    if s_new > 0:
+        q_rot = impl.append_kv(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
+                               rotary_interleaved, seqlens, cache_batch_idx, block_table,
+                               rotary_q_step)
+    return impl.kvcache_attention(q_rot, k_cache, v_cache, seqlens, s_new, p=params,
+                                  leftpad=cache_leftpad, batch_idx=cache_batch_idx,
+                                  block_table=block_table, num_splits=num_splits,
+                                  capacity=capacity)
+
+
+def combine(out_partial: torch.Tensor, lse_partial: torch.Tensor, out: Optional[torch.Tensor],
+            out_dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Merge attention computed over disjoint key splits: out_partial (splits, b, s_q, h, d_v)
+    and lse_partial (splits, b, h, s_q) float32 -> (out (b, s_q, h, d_v) in ``out_dtype``,
+    written into ``out`` when given; lse float32 (b, h, s_q))."""
+    return backend(select("combine", out_partial)).combine(out_partial, lse_partial, out,
+                                                           out_dtype)
 
 
 __all__ = [
     "BACKENDS",
+    "OPS",
+    "backend",
     "backend_for",
-    "family_for",
-    "forward_family",
-    "backward_family",
-    "hopper_reason",
-    "requested_backend",
-    "interpreting",
-    "triton_available",
-    "forward",
     "backward",
+    "backward_family",
+    "combine",
+    "family_for",
+    "forward",
+    "forward_family",
+    "hopper_reason",
+    "interpreting",
+    "kvcache",
+    "requested_backend",
+    "select",
+    "triton_available",
+    "varlen_backward",
+    "varlen_forward",
+    "varlen_paged_forward",
 ]

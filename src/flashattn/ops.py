@@ -17,11 +17,17 @@ Registered ops (namespace ``flashattn``; call them as ``torch.ops.flashattn.<nam
         window_left, window_right, softcap, rotary_interleaved, num_splits) -> (out, lse)
     combine(out_partial, lse_partial, out_dtype?) -> (out, lse)
 
-Python entry points with the public signatures: :func:`attention` / :func:`varlen_attention`
-(the autograd.Function replacements) and :func:`kvcache_attention` / :func:`combine_splits`
-(drop-ins for ``flash_attn_with_kvcache`` / ``flash_attn_combine``).
+Python entry points the api layer calls: :func:`attention`, :func:`varlen_attention`,
+:func:`kvcache_attention` and :func:`combine_splits`. For plain eager tensors they run the op
+bodies directly (same functions, same autograd formula; torch.library's dispatch measured
+~86 us per call on the H100 host); under torch.compile / export, a dispatch mode or a tensor
+subclass they call the registered ops.
 
-Parameters are the normalised ones of ``docs/internals.md`` (the interface has already
+This module imports only :mod:`flashattn.dispatch` (and the parameter object): each op body
+builds one :class:`flashattn.params.AttnParams` from its flat arguments (op schemas have no
+structs) and calls the dispatch function of the same name.
+
+Parameters are the normalised ones of ``docs/internals.md`` (the api layer has already
 validated and normalised them), with these differences forced by graph capture:
 
 - ``philox_seed`` is an int64 CPU tensor of one element, or None when ``dropout_p == 0``.
@@ -61,33 +67,21 @@ included); the compiler only needs the output shapes (``register_fake``) and the
 formula (``register_autograd``). The cost is that Inductor cannot fuse into our kernels,
 which it could not do with hand-written Triton kernels either.
 
-Adding an op: write a plain function of tensors and scalars in the module that owns the
-computation (as ``varlen._varlen_fwd``), register it here in its own section with
+Adding an op: write its body as a dispatch function (``dispatch.varlen_forward``), register it here in its own section with
 ``torch.library.custom_op`` (``mutates_args`` naming every tensor written in place), a fake
 that allocates the outputs with the real strides, and, if differentiable,
 ``register_autograd``; check it with ``torch.library.opcheck`` (``tests/test_ops.py``).
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple, Union
+from typing import Any, Optional, Tuple, Union
 
 import torch
 
 from flashattn import dispatch
+from flashattn.params import AttnParams
 
 Tensor = torch.Tensor
-
-# Seeds in [0, 2**63 - 1): non-negative int64, inside the [0, 2**63) the backends accept.
-_SEED_HIGH = 2**63 - 1
-
-
-def draw_philox_seed() -> Tensor:
-    """A dropout seed: int64 CPU tensor of shape (1,), from torch's default CPU generator.
-
-    The same draw as ``int(torch.randint(0, 2**63 - 1, (1,)).item())``, kept as a tensor so
-    torch.compile records it as a random op of the graph (a fresh seed per call).
-    """
-    return torch.randint(0, _SEED_HIGH, (1,), dtype=torch.int64, device="cpu")
 
 
 def _seed_value(philox_seed: Optional[Tensor]) -> int:
@@ -163,12 +157,9 @@ def _fwd_impl(
     (b, h, s_q, s_k) in q's dtype when ``return_softmax`` else an empty (0,) tensor; all
     contiguous.
     """
-    out, lse, s_dmask = dispatch.forward(
-        q, k, v, softmax_scale=softmax_scale, causal=causal, window_left=window_left,
-        window_right=window_right, softcap=softcap, alibi_slopes=alibi_slopes,
-        dropout_p=dropout_p, philox_seed=_seed_value(philox_seed),
-        return_softmax=return_softmax,
-    )
+    params = AttnParams(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
+                        dropout_p, _seed_value(philox_seed), deterministic)
+    out, lse, s_dmask = dispatch.forward(q, k, v, params, return_softmax)
     if s_dmask is None:
         s_dmask = _empty_dmask(q)
     return _fresh(out, lse, s_dmask)  # type: ignore[return-value]
@@ -210,12 +201,9 @@ def _bwd_impl(
     dout (b, s_q, h, d_v) with unit last-dim stride; out, lse as ``fwd`` returned them; the
     same ``philox_seed`` as the forward (it replays the dropout mask).
     """
-    dq, dk, dv = dispatch.backward(
-        dout, q, k, v, out, lse, softmax_scale=softmax_scale, causal=causal,
-        window_left=window_left, window_right=window_right, softcap=softcap,
-        alibi_slopes=alibi_slopes, dropout_p=dropout_p, philox_seed=_seed_value(philox_seed),
-        deterministic=deterministic,
-    )
+    params = AttnParams(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
+                        dropout_p, _seed_value(philox_seed), deterministic)
+    dq, dk, dv = dispatch.backward(dout, q, k, v, out, lse, params)
     return _fresh(dq, dk, dv)  # type: ignore[return-value]
 
 
@@ -288,17 +276,8 @@ def attention(
 
 
 # ---------------------------------------------------------------------------------------------
-# Variable-length (packed) attention: the plain backend call sites of flashattn.varlen.
-# flash_attn_varlen_func's autograd.Function calls varlen._varlen_fwd / _varlen_bwd
-# directly; to make it compile through these ops, replace ``_FlashAttnVarlenFunction.apply``
-# in varlen._varlen_attention by :func:`varlen_attention` (same argument order).
+# Variable-length (packed) attention: flash_attn_varlen_func and its packed variants
 # ---------------------------------------------------------------------------------------------
-def _varlen_impl():
-    from flashattn import varlen
-
-    return varlen._varlen_fwd, varlen._varlen_bwd
-
-
 def _varlen_fwd_impl(
     q: Tensor,
     k: Tensor,
@@ -326,12 +305,11 @@ def _varlen_fwd_impl(
     Returns out (total_q, h, d_v), lse float32 (h, total_q), S_dmask
     (b, h, max_seqlen_q, max_seqlen_k) or an empty (0,) tensor; all contiguous.
     """
-    varlen_fwd_fn, _ = _varlen_impl()
-    out, lse, s_dmask = varlen_fwd_fn(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
-        max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
-        dropout_p, _seed_value(philox_seed), return_softmax,
-    )
+    params = AttnParams(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
+                        dropout_p, _seed_value(philox_seed), deterministic)
+    out, lse, s_dmask = dispatch.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                                                block_table, max_seqlen_q, max_seqlen_k, params,
+                                                return_softmax)
     if s_dmask is None:
         s_dmask = _empty_dmask(q)
     return _fresh(out, lse, s_dmask)  # type: ignore[return-value]
@@ -377,12 +355,10 @@ def _varlen_bwd_impl(
     deterministic: bool,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """Varlen backward: (dq, dk, dv), contiguous, shaped and typed like q, k, v."""
-    _, varlen_bwd_fn = _varlen_impl()
-    dq, dk, dv = varlen_bwd_fn(
-        dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes,
-        max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
-        dropout_p, _seed_value(philox_seed), deterministic,
-    )
+    params = AttnParams(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
+                        dropout_p, _seed_value(philox_seed), deterministic)
+    dq, dk, dv = dispatch.varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                                          seqused_k, max_seqlen_q, max_seqlen_k, params)
     return _fresh(dq, dk, dv)  # type: ignore[return-value]
 
 
@@ -451,11 +427,12 @@ def varlen_attention(
     deterministic: bool,
     return_softmax: bool,
 ) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
-    """Drop-in for ``varlen._FlashAttnVarlenFunction.apply`` (same argument order) through the
-    ``varlen_fwd`` op; S_dmask None unless ``return_softmax``.
+    """``varlen_fwd`` with flash-attn's return convention: S_dmask None unless
+    ``return_softmax``. Plain eager tensors skip the op dispatch (:class:`_EagerVarlenAttention`).
 
-    ``philox_seed``: a tensor from :func:`draw_philox_seed` (compile friendly), or an int
-    (wrapped in a CPU tensor), or None / ignored when ``dropout_p == 0``.
+    ``philox_seed``: an int64 CPU tensor of one element (``api.params.draw_philox_seed``: a
+    random op of a compiled graph, so every call of a compiled function draws a fresh seed), an
+    int (wrapped in a CPU tensor), or None / ignored when ``dropout_p == 0``.
     """
     if dropout_p <= 0.0:
         philox_seed = None
@@ -473,12 +450,9 @@ def varlen_attention(
 
 # ---------------------------------------------------------------------------------------------
 # KV cache (flash_attn_with_kvcache) and the split combine (flash_attn_combine): forward-only
-# ops, so a compiled decode step traces through. ``flash_attn_with_kvcache`` checks its
-# arguments (``kvcache._prepare``) and calls this op, or for plain eager tensors its body
-# ``kvcache.kvcache_fwd`` directly (no dispatch cost).
+# ops, so a compiled decode step traces through.
 # ---------------------------------------------------------------------------------------------
-@torch.library.custom_op("flashattn::fwd_kvcache", mutates_args=("k_cache", "v_cache"))
-def fwd_kvcache(
+def _fwd_kvcache_impl(
     q: Tensor,
     k_cache: Tensor,
     v_cache: Tensor,
@@ -501,15 +475,18 @@ def fwd_kvcache(
 ) -> Tuple[Tensor, Tensor]:
     """``flash_attn_with_kvcache`` as an op: k / v (if given) are written into k_cache /
     v_cache in place. Returns out (b, s_q, h, d_v) in q's dtype and lse float32 (b, h, s_q),
-    contiguous. Arguments as checked and normalised by ``kvcache._prepare`` (softmax_scale
-    resolved, window_size split in two ints, cache_seqlens a (b,) int32 tensor or None)."""
-    from flashattn.kvcache import kvcache_fwd
-
-    out, lse = kvcache_fwd(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                           cache_batch_idx, cache_leftpad, block_table, alibi_slopes,
-                           softmax_scale, causal, window_left, window_right, softcap,
-                           rotary_interleaved, num_splits)
+    contiguous. Arguments as checked by the api (softmax_scale resolved, window_size as given
+    in two ints, cache_seqlens a (b,) int32 tensor or None)."""
+    params = AttnParams(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
+                        0.0, 0, False)
+    out, lse = dispatch.kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                                cache_batch_idx, cache_leftpad, block_table, params,
+                                rotary_interleaved, num_splits)
     return _fresh(out, lse)  # type: ignore[return-value]
+
+
+fwd_kvcache = torch.library.custom_op("flashattn::fwd_kvcache", _fwd_kvcache_impl,
+                                      mutates_args=("k_cache", "v_cache"))
 
 
 @fwd_kvcache.register_fake
@@ -522,40 +499,25 @@ def _fwd_kvcache_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_s
             q.new_empty((b, h, s_q), dtype=torch.float32))
 
 
-def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor] = None,
-                      v: Optional[Tensor] = None, rotary_cos: Optional[Tensor] = None,
-                      rotary_sin: Optional[Tensor] = None,
-                      cache_seqlens: Union[int, Tensor, None] = None,
-                      cache_batch_idx: Optional[Tensor] = None,
-                      cache_leftpad: Optional[Tensor] = None,
-                      block_table: Optional[Tensor] = None,
-                      softmax_scale: Optional[float] = None, causal: bool = False,
-                      window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
-                      rotary_interleaved: bool = True, alibi_slopes: Optional[Tensor] = None,
-                      num_splits: int = 0, return_softmax_lse: bool = False):
-    """``flash_attn_with_kvcache`` (same signature, checks and returns) always through the
-    ``fwd_kvcache`` op, eager tensors included (the public function skips the op's dispatch
-    for those)."""
-    from flashattn.kvcache import _prepare
-
-    out, lse = fwd_kvcache(*_prepare(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
-                                     cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
-                                     softmax_scale, causal, window_size, softcap,
-                                     rotary_interleaved, alibi_slopes, num_splits))
-    return (out, lse) if return_softmax_lse else out
+def kvcache_attention(*args: Any) -> Tuple[Tensor, Tensor]:
+    """``fwd_kvcache(*args)`` (the op's argument order), or its body for plain eager tensors
+    (the first 12 arguments are the tensors)."""
+    if _eager_call(*args[:12]):
+        return _fwd_kvcache_impl(*args)
+    return fwd_kvcache(*args)
 
 
-@torch.library.custom_op("flashattn::combine", mutates_args=())
-def combine(out_partial: Tensor, lse_partial: Tensor,
-            out_dtype: Optional[torch.dtype]) -> Tuple[Tensor, Tensor]:
+def _combine_impl(out_partial: Tensor, lse_partial: Tensor,
+                  out_dtype: Optional[torch.dtype]) -> Tuple[Tensor, Tensor]:
     """``flash_attn_combine`` without ``out=``: out_partial (splits, b, s_q, h, d_v) and
     lse_partial (splits, b, h, s_q) float32 -> out (b, s_q, h, d_v) in ``out_dtype`` (default
     float32) and lse float32 (b, h, s_q), contiguous."""
-    from flashattn.kvcache import flash_attn_combine
-
-    out, lse = flash_attn_combine(out_partial, lse_partial, None,
-                                  out_dtype if out_dtype is not None else torch.float32)
+    out, lse = dispatch.combine(out_partial, lse_partial, None,
+                                out_dtype if out_dtype is not None else torch.float32)
     return _fresh(out, lse)  # type: ignore[return-value]
+
+
+combine = torch.library.custom_op("flashattn::combine", _combine_impl, mutates_args=())
 
 
 @combine.register_fake
@@ -568,10 +530,13 @@ def _combine_fake(out_partial, lse_partial, out_dtype):
 
 def combine_splits(out_partial: Tensor, lse_partial: Tensor, out: Optional[Tensor] = None,
                    out_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor]:
-    """``flash_attn_combine`` (same signature and returns) through the ``combine`` op; with
-    ``out`` the result is copied into it (a traced copy_, since an op's output cannot alias
-    its input)."""
-    dtype = out_dtype if out_dtype is not None else (out.dtype if out is not None else None)
+    """``flash_attn_combine`` (same arguments and returns, validated by the api): plain eager
+    tensors run the body, writing into ``out`` directly; otherwise the ``combine`` op, whose
+    result is copied into ``out`` (a traced copy_: an op's output cannot alias its input)."""
+    dtype = out_dtype if out_dtype is not None else (out.dtype if out is not None
+                                                     else torch.float32)
+    if _eager_call(out_partial, lse_partial, out):
+        return dispatch.combine(out_partial, lse_partial, out, dtype)
     res, lse = combine(out_partial, lse_partial, dtype)
     if out is not None:
         out.copy_(res)
@@ -585,7 +550,6 @@ __all__ = [
     "combine_splits",
     "fwd_kvcache",
     "kvcache_attention",
-    "draw_philox_seed",
     "fwd",
     "bwd",
     "varlen_attention",

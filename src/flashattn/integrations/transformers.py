@@ -44,14 +44,14 @@ flash-attention 2 path does, which breaks the graph there.
 """
 from __future__ import annotations
 
-import os
 import warnings
 from typing import Any, Callable, Optional, Tuple
 
 import torch
 
-from flashattn.interface import flash_attn_func
-from flashattn.padding import index_first_axis, pad_input, unpad_input
+from flashattn.api.dense import flash_attn_func
+from flashattn.runtime import env
+from flashattn.api.padding import index_first_axis, pad_input, unpad_input
 
 Tensor = torch.Tensor
 
@@ -64,7 +64,7 @@ def _varlen_function() -> Optional[Callable[..., Any]]:
     """flashattn's ``flash_attn_varlen_func`` (flash-attn 2 signature), looked up at call time
     so that the packed kernels are used as soon as they are importable; None if they are not."""
     try:
-        from flashattn.varlen import flash_attn_varlen_func
+        from flashattn.api.varlen import flash_attn_varlen_func
     except ImportError:
         return None
     return flash_attn_varlen_func
@@ -211,7 +211,7 @@ def attention_forward(
         window = (sliding_window - 1, sliding_window - 1)
     deterministic = kwargs.get("deterministic")
     if deterministic is None:
-        deterministic = os.environ.get("FLASH_ATTENTION_DETERMINISTIC", "0") == "1"
+        deterministic = env.hf_deterministic()
     params = dict(dropout_p=float(dropout), softmax_scale=scaling, causal=bool(is_causal),
                   window_size=window, softcap=float(softcap or 0.0),
                   deterministic=bool(deterministic))

@@ -1,0 +1,234 @@
+"""flash-attn 2 compatible public API.
+
+``flash_attn_func``, ``flash_attn_qkvpacked_func`` and ``flash_attn_kvpacked_func`` take the
+same arguments, defaults and return conventions as flash-attn 2 (``flash_attn`` package).
+This module validates arguments and turns them into the normalised parameters of
+``docs/internals.md``; it does no tensor math beyond views. The compute is the
+``torch.library`` op ``flashattn::fwd`` (:mod:`flashattn.ops`; its autograd formula calls
+``flashattn::bwd``), which runs the backend that :mod:`flashattn.dispatch` picks. Being ops
+with fake kernels, the three functions here trace under ``torch.compile(fullgraph=True)``
+without graph breaks, with static or dynamic sequence lengths, ``return_attn_probs=True``
+and dropout included (the dropout seed is a random op of the graph, see
+:func:`flashattn.api.params.draw_philox_seed`).
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple, Union
+
+import torch
+
+from flashattn import ops as _ops
+from flashattn.api import params as _p
+from flashattn.api import validation as _v
+
+Tensor = torch.Tensor
+AttnOutput = Union[Tensor, Tuple[Tensor, Tensor, Optional[Tensor]]]
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation and normalisation
+# ---------------------------------------------------------------------------------------------
+def _attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    dropout_p: float,
+    softmax_scale: Optional[float],
+    causal: bool,
+    window_size: Sequence[int],
+    softcap: float,
+    alibi_slopes: Optional[Tensor],
+    deterministic: bool,
+    return_attn_probs: bool,
+    names: Tuple[str, str, str],
+) -> AttnOutput:
+    """Validate, normalise (flash-attn 2 semantics), run. q, k, v may be views of packed inputs."""
+    _v.check_qkv(q, k, v, names)
+    dropout_p = _v.check_dropout_p(dropout_p)
+    scale = _v.check_softmax_scale(softmax_scale)
+    causal = _v.check_causal(causal)
+    window_left, window_right = _v.check_window_size(window_size)
+    softcap = _v.check_softcap(softcap)
+    deterministic = _v.check_bool(deterministic, "deterministic")
+    return_attn_probs = _v.check_bool(return_attn_probs, "return_attn_probs")
+    b, _, h, d_qk = q.shape
+    seqlen_k = k.shape[1]
+    _v.check_alibi_slopes(alibi_slopes, b, h, q.device)
+
+    scale = _p.softmax_scale_or_default(scale, d_qk)
+    window_left, window_right = _p.window(window_left, window_right, causal, seqlen_k)
+    alibi_slopes = _p.alibi_bh(alibi_slopes, b, h)
+    philox_seed = _p.dropout_seed(dropout_p)
+    # Like flash-attn 2: S_dmask only exists with dropout; return_attn_probs=True without
+    # dropout is commonly used just to get softmax_lse, so never materialise (b, h, s_q, s_k).
+    return_softmax = return_attn_probs and dropout_p > 0.0
+
+    out, lse, s_dmask = _ops.attention(
+        q, k, v, alibi_slopes, philox_seed, scale, causal, window_left, window_right, softcap,
+        dropout_p, deterministic, return_softmax,
+    )
+    if return_attn_probs:
+        return out, lse, s_dmask
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Public API
+# ---------------------------------------------------------------------------------------------
+def flash_attn_func(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),  # -1 means infinite context window
+    softcap: float = 0.0,  # 0.0 means deactivated
+    alibi_slopes: Optional[Tensor] = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+) -> AttnOutput:
+    """Exact attention ``softmax(q @ k^T * softmax_scale) @ v`` (FlashAttention-2).
+
+    Supports multi-query and grouped-query attention (MQA/GQA): k and v may have fewer heads
+    than q; nheads must be a multiple of nheads_k, and query head i uses kv head
+    ``i // (nheads // nheads_k)``.
+
+    Arguments:
+        q: (batch, seqlen_q, nheads, headdim), float16, bfloat16 or float32; last dim
+            contiguous, other strides arbitrary. headdim in 1..256.
+        k: (batch, seqlen_k, nheads_k, headdim), same dtype and device as q.
+        v: (batch, seqlen_k, nheads_k, headdim_v), same dtype and device; headdim_v in 1..256.
+        dropout_p: float in [0, 1). Dropout probability, applied as given (pass 0.0 at
+            evaluation, as flash-attn's modules do). The Philox seed is drawn from torch's
+            default CPU generator (``torch.manual_seed`` reproduces it) only when dropout_p > 0.
+        softmax_scale: float > 0 or None. Scaling of q @ k^T before softmax; default
+            ``headdim ** -0.5``.
+        causal: bool. Causal mask aligned to the bottom-right corner (window_size (left, 0)).
+        window_size: (left, right) ints >= -1, -1 = unbounded. Query i attends to keys
+            ``[i + seqlen_k - seqlen_q - left, i + seqlen_k - seqlen_q + right]`` (inclusive);
+            as in flash-attn 2, a side >= seqlen_k counts as unbounded.
+        softcap: float >= 0, 0.0 = off. Scores become ``softcap * tanh(scores / softcap)``.
+        alibi_slopes: float32 tensor (nheads,) or (batch, nheads), or None. Adds
+            ``-slope * |i + seqlen_k - seqlen_q - j|`` to the score of query i and key j.
+        deterministic: bool. Bitwise-reproducible backward (may be slower).
+        return_attn_probs: bool. Also return softmax_lse and S_dmask (S_dmask for testing only).
+
+    Returns:
+        out: (batch, seqlen_q, nheads, headdim_v), dtype of q.
+        softmax_lse [if return_attn_probs]: float32 (batch, nheads, seqlen_q), natural log of
+            the softmax denominator; -inf for a row that sees no key (its out row is 0).
+        S_dmask [if return_attn_probs]: (batch, nheads, seqlen_q, seqlen_k), dtype of q, or
+            None when dropout_p == 0 (as flash-attn 2). The softmax probabilities before
+            dropout scaling, negative where dropout dropped the entry, 0 where masked.
+    """
+    return _attention(
+        q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+        deterministic, return_attn_probs, ("q", "k", "v"),
+    )
+
+
+def flash_attn_qkvpacked_func(
+    qkv: Tensor,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),  # -1 means infinite context window
+    softcap: float = 0.0,  # 0.0 means deactivated
+    alibi_slopes: Optional[Tensor] = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+) -> AttnOutput:
+    """Self-attention with q, k, v packed in one tensor.
+
+    Same as ``flash_attn_func(*qkv.unbind(2), ...)``; the gradient comes back as one
+    (batch, seqlen, 3, nheads, headdim) tensor.
+
+    Arguments:
+        qkv: (batch, seqlen, 3, nheads, headdim), float16, bfloat16 or float32; last dim
+            contiguous. headdim in 1..256.
+        dropout_p: float in [0, 1). Dropout probability, applied as given (pass 0.0 at
+            evaluation, as flash-attn's modules do). The Philox seed is drawn from torch's
+            default CPU generator (``torch.manual_seed`` reproduces it) only when dropout_p > 0.
+        softmax_scale: float > 0 or None. Scaling of q @ k^T before softmax; default
+            ``headdim ** -0.5``.
+        causal: bool. Causal mask aligned to the bottom-right corner (window_size (left, 0)).
+        window_size: (left, right) ints >= -1, -1 = unbounded. Query i attends to keys
+            ``[i + seqlen_k - seqlen_q - left, i + seqlen_k - seqlen_q + right]`` (inclusive);
+            as in flash-attn 2, a side >= seqlen_k counts as unbounded.
+        softcap: float >= 0, 0.0 = off. Scores become ``softcap * tanh(scores / softcap)``.
+        alibi_slopes: float32 tensor (nheads,) or (batch, nheads), or None. Adds
+            ``-slope * |i + seqlen_k - seqlen_q - j|`` to the score of query i and key j.
+        deterministic: bool. Bitwise-reproducible backward (may be slower).
+        return_attn_probs: bool. Also return softmax_lse and S_dmask (S_dmask for testing only).
+
+    Returns:
+        out: (batch, seqlen_q, nheads, headdim_v), dtype of q.
+        softmax_lse [if return_attn_probs]: float32 (batch, nheads, seqlen_q), natural log of
+            the softmax denominator; -inf for a row that sees no key (its out row is 0).
+        S_dmask [if return_attn_probs]: (batch, nheads, seqlen_q, seqlen_k), dtype of q, or
+            None when dropout_p == 0 (as flash-attn 2). The softmax probabilities before
+            dropout scaling, negative where dropout dropped the entry, 0 where masked.
+    """
+    _v.check_qkvpacked(qkv)
+    q, k, v = qkv.unbind(dim=2)  # views: autograd assembles dqkv
+    return _attention(
+        q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+        deterministic, return_attn_probs, ("qkv[:, :, 0]", "qkv[:, :, 1]", "qkv[:, :, 2]"),
+    )
+
+
+def flash_attn_kvpacked_func(
+    q: Tensor,
+    kv: Tensor,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),  # -1 means infinite context window
+    softcap: float = 0.0,  # 0.0 means deactivated
+    alibi_slopes: Optional[Tensor] = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+) -> AttnOutput:
+    """Attention with k and v packed in one tensor (e.g. cross-attention, KV cache).
+
+    Same as ``flash_attn_func(q, *kv.unbind(2), ...)``. Supports MQA/GQA: nheads must be a
+    multiple of nheads_k.
+
+    Arguments:
+        q: (batch, seqlen_q, nheads, headdim), float16, bfloat16 or float32; last dim
+            contiguous. headdim in 1..256.
+        kv: (batch, seqlen_k, 2, nheads_k, headdim), same dtype and device as q.
+        dropout_p: float in [0, 1). Dropout probability, applied as given (pass 0.0 at
+            evaluation, as flash-attn's modules do). The Philox seed is drawn from torch's
+            default CPU generator (``torch.manual_seed`` reproduces it) only when dropout_p > 0.
+        softmax_scale: float > 0 or None. Scaling of q @ k^T before softmax; default
+            ``headdim ** -0.5``.
+        causal: bool. Causal mask aligned to the bottom-right corner (window_size (left, 0)).
+        window_size: (left, right) ints >= -1, -1 = unbounded. Query i attends to keys
+            ``[i + seqlen_k - seqlen_q - left, i + seqlen_k - seqlen_q + right]`` (inclusive);
+            as in flash-attn 2, a side >= seqlen_k counts as unbounded.
+        softcap: float >= 0, 0.0 = off. Scores become ``softcap * tanh(scores / softcap)``.
+        alibi_slopes: float32 tensor (nheads,) or (batch, nheads), or None. Adds
+            ``-slope * |i + seqlen_k - seqlen_q - j|`` to the score of query i and key j.
+        deterministic: bool. Bitwise-reproducible backward (may be slower).
+        return_attn_probs: bool. Also return softmax_lse and S_dmask (S_dmask for testing only).
+
+    Returns:
+        out: (batch, seqlen_q, nheads, headdim_v), dtype of q.
+        softmax_lse [if return_attn_probs]: float32 (batch, nheads, seqlen_q), natural log of
+            the softmax denominator; -inf for a row that sees no key (its out row is 0).
+        S_dmask [if return_attn_probs]: (batch, nheads, seqlen_q, seqlen_k), dtype of q, or
+            None when dropout_p == 0 (as flash-attn 2). The softmax probabilities before
+            dropout scaling, negative where dropout dropped the entry, 0 where masked.
+    """
+    _v.check_tensor(q, "q", 4, "(batch, seqlen_q, nheads, headdim)")
+    _v.check_kvpacked(kv)
+    k, v = kv.unbind(dim=2)
+    return _attention(
+        q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+        deterministic, return_attn_probs, ("q", "kv[:, :, 0]", "kv[:, :, 1]"),
+    )
+
+
+__all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func"]

@@ -1,0 +1,155 @@
+"""Inference with a KV cache: ``flash_attn_with_kvcache`` (``flash_attn_combine``: combine.py).
+
+flash-attn 2 semantics (``flash_attn_interface.flash_attn_with_kvcache``):
+
+- q (b, s_q, h, d) attends to each batch row's cached keys plus the new ones:
+  keys ``[cache_leftpad[b], cache_seqlens[b] + s_new)`` in cache positions (local key j is
+  position ``cache_leftpad[b] + j``); masks (causal / window, bottom-right aligned) and ALiBi
+  use those local indices.
+- k / v (b, s_new, h_k, d), when given, are written **in place** into the cache at positions
+  ``cache_seqlens[b] + i`` before the attention (``cache_seqlens`` itself is not changed).
+- rotary (rotary_cos / rotary_sin (s_ro, rotary_dim / 2)): new keys are rotated at positions
+  ``cache_seqlens[b] + i`` (absolute cache positions); q at ``cache_seqlens[b] + i`` when
+  causal or local, else every query token at ``cache_seqlens[b]``. Interleaved (GPT-J) or not
+  (GPT-NeoX). Needs k / v.
+- cache (b_cache, s_cache, h_k, d) with ``cache_batch_idx`` mapping batch rows to cache rows,
+  or paged (num_blocks, page_size, h_k, d) with ``block_table`` (b, max_blocks) int32; any
+  page size >= 1 (flash-attn asks for multiples of 256).
+- Window sides >= the cache capacity (s_cache, or max_blocks * page_size) are unbounded
+  (flash-attn's rule); causal sets right = 0.
+
+Flash-Decoding: the key range is split over ``num_splits`` programs (0 = heuristic from the
+SM count and the shapes, 1 = no split) and merged by ``kernels.combine``. Nothing here reads
+a tensor value on the host for GPU tensors and every allocation size comes from shapes, so a
+decode step (append + attention) can be captured in a CUDA graph and replayed with new
+cache_seqlens values.
+
+Backends: Triton (``triton/rotary.py``, ``triton/decode.py``, ``triton/combine.py``) on
+CUDA or under TRITON_INTERPRET=1; plain torch (``cpu/kvcache.py``) otherwise, as
+:func:`flashattn.dispatch.select` decides.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple, Union
+
+import torch
+
+from flashattn import ops as _ops
+from flashattn.api import kvcache_validation as _kv
+from flashattn.api import params as _p
+from flashattn.api import validation as _v
+
+Tensor = torch.Tensor
+
+
+def _capacity(k_cache: Tensor, block_table: Optional[Tensor]) -> int:
+    """Positions a sequence can hold: s_cache, or max_blocks * page_size when paged."""
+    if block_table is not None:
+        return block_table.shape[1] * k_cache.shape[1]
+    return k_cache.shape[1]
+
+
+def flash_attn_with_kvcache(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    k: Optional[Tensor] = None,
+    v: Optional[Tensor] = None,
+    rotary_cos: Optional[Tensor] = None,
+    rotary_sin: Optional[Tensor] = None,
+    cache_seqlens: Optional[Union[int, Tensor]] = None,
+    cache_batch_idx: Optional[Tensor] = None,
+    cache_leftpad: Optional[Tensor] = None,
+    block_table: Optional[Tensor] = None,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Sequence[int] = (-1, -1),
+    softcap: float = 0.0,
+    rotary_interleaved: bool = True,
+    alibi_slopes: Optional[Tensor] = None,
+    num_splits: int = 0,
+    return_softmax_lse: bool = False,
+) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """Attention against a KV cache, appending new keys / values in place (flash-attn 2 API).
+
+    Args:
+        q: (batch, seqlen_q, nheads, headdim), fp16 / bf16 / fp32.
+        k_cache, v_cache: (batch_size_cache, seqlen_cache, nheads_k, headdim[_v]), or with
+            block_table (num_blocks, page_size, nheads_k, headdim[_v]). Same dtype as q.
+            Modified in place when k / v are given.
+        k, v: None, or (batch, seqlen_new, nheads_k, headdim[_v]): appended at cache_seqlens.
+        rotary_cos, rotary_sin: None, or (seqlen_ro, rotary_dim / 2) (needs k / v).
+        cache_seqlens: None (every row holds the whole cache), an int, or (batch,) int32: the
+            number of cached positions of each row before this call.
+        cache_batch_idx: None or (batch,) int32: cache row of each batch row (not with
+            block_table).
+        cache_leftpad: None or (batch,) int32: first cache position of each row.
+        block_table: None or (batch, max_blocks_per_seq) int32: pages of each row.
+        softmax_scale: default headdim ** -0.5.
+        causal, window_size: bottom-right aligned masks, (-1, -1) = unbounded.
+        softcap: 0.0 = off. alibi_slopes: None or float32 (nheads,) / (batch, nheads).
+        rotary_interleaved: pairs (0, 1), (2, 3)... if True, else (0, rotary_dim / 2)...
+        num_splits: 0 = heuristic, 1 = no split, n = split the keys over n programs.
+        return_softmax_lse: also return the LSE.
+
+    Returns:
+        out (batch, seqlen_q, nheads, headdim_v) in q's dtype, and with return_softmax_lse
+        lse (batch, nheads, seqlen_q) float32 (-inf on rows that see no key; their out is 0).
+    """
+    args = _prepare(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                    cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
+                    window_size, softcap, rotary_interleaved, alibi_slopes, num_splits)
+    return_softmax_lse = _v.check_bool(return_softmax_lse, "return_softmax_lse")
+    # plain eager tensors run the op's body directly (torch.library's dispatch costs tens of
+    # us per call); compile, export, modes and subclasses see the op
+    out, lse = _ops.kvcache_attention(*args)
+    return (out, lse) if return_softmax_lse else out
+
+
+def _prepare(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+             cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
+             rotary_interleaved, alibi_slopes, num_splits) -> tuple:
+    """Every argument check of :func:`flash_attn_with_kvcache` that needs no tensor value
+    (those run in the op's body, ``dispatch.kvcache``, at run time); returns the arguments of
+    the ``flashattn::fwd_kvcache`` op: cache_seqlens as a (b,) int32 tensor or None,
+    softmax_scale resolved, window_size as two ints (as given: the op normalises them against
+    the cache capacity, after deciding how q is rotated)."""
+    paged = block_table is not None
+    _kv.check_cache(q, k_cache, v_cache, paged)
+    batch, s_q, h, d = q.shape
+    device = q.device
+    if paged:
+        _v.check_block_table(block_table, batch, device)
+        if cache_batch_idx is not None:
+            raise ValueError("cache_batch_idx cannot be combined with block_table: the block "
+                             "table already maps every batch row to its pages")
+    capacity = _capacity(k_cache, block_table)
+    s_new = _kv.check_new_kv(k, v, q, k_cache, v_cache, capacity)
+    _kv.check_cache_seqlens(cache_seqlens, batch, device, capacity)
+    if cache_seqlens is None and s_new > 0:
+        raise ValueError("cache_seqlens is required when k / v are given: it says where the "
+                         "new tokens go")
+    _kv.check_index_vector(cache_batch_idx, "cache_batch_idx", batch, device)
+    _kv.check_index_vector(cache_leftpad, "cache_leftpad", batch, device)
+    _kv.check_rotary(rotary_cos, rotary_sin, q, s_new > 0)
+    scale = _v.check_softmax_scale(softmax_scale)
+    causal = _v.check_causal(causal)
+    window = _v.check_window_size(window_size)
+    softcap = _v.check_softcap(softcap)
+    rotary_interleaved = _v.check_bool(rotary_interleaved, "rotary_interleaved")
+    _v.check_alibi_slopes(alibi_slopes, batch, h, device)
+    num_splits = _kv.check_num_splits(num_splits)
+    if not paged and cache_batch_idx is None and k_cache.shape[0] < batch:
+        raise ValueError(f"k_cache has {k_cache.shape[0]} rows but q has batch {batch}: pass "
+                         "cache_batch_idx to map batch rows to cache rows, or a larger cache")
+    scale = _p.softmax_scale_or_default(scale, d)
+    # cache_seqlens as an int32 (b,) device tensor; from host ints only (graph friendly)
+    if cache_seqlens is not None and not isinstance(cache_seqlens, torch.Tensor):
+        cache_seqlens = torch.full((batch,), int(cache_seqlens), dtype=torch.int32,
+                                   device=device)
+    return (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+            cache_leftpad, block_table, alibi_slopes, float(scale), causal, int(window[0]),
+            int(window[1]), float(softcap), rotary_interleaved, num_splits)
+
+
+__all__ = ["flash_attn_with_kvcache"]

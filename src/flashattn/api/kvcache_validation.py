@@ -1,0 +1,213 @@
+"""Argument checks of ``flash_attn_with_kvcache`` and ``flash_attn_combine``.
+
+Style of :mod:`flashattn.api.validation` (whose helpers are reused): ``TypeError`` for the wrong
+kind of object, ``ValueError`` for a wrong value, messages naming the argument, what was
+given and what is allowed.
+
+Two kinds of checks:
+- metadata (shapes, dtypes, devices, strides): always; they never touch data;
+- values (cache_seqlens + s_new within the cache, leftpad, cache_batch_idx and the used
+  block_table entries in range, rotary table long enough): on CPU tensors always, where
+  reading them is free. On a GPU they would cost a device synchronisation on every decode
+  step (and are impossible inside CUDA-graph capture), so by default they are skipped there,
+  as flash-attn does; ``FLASHATTN_KVCACHE_CHECKS=1`` turns them on outside graph capture
+  (debugging). The kernels never read outside the cache for valid lengths and mask every
+  row they do not own.
+"""
+from __future__ import annotations
+
+import numbers
+from typing import Any, Tuple
+
+import torch
+
+from flashattn.api import validation as _v
+from flashattn.api.validation import _describe, check_tensor
+
+
+
+def check_cache(q: Any, k_cache: Any, v_cache: Any, paged: bool) -> None:
+    """q (b, s_q, h, d); caches (b_cache, s_cache, h_k, d / d_v), or paged
+    (num_blocks, page_size, h_k, d / d_v). dtype, device, GQA and head-dim rules of q/k/v."""
+    check_tensor(q, "q", 4, "(batch, seqlen_q, nheads, headdim)")
+    layout = ("(num_blocks, page_size, nheads_k, {}) with block_table" if paged
+              else "(batch_size_cache, seqlen_cache, nheads_k, {})")
+    check_tensor(k_cache, "k_cache", 4, layout.format("headdim"))
+    check_tensor(v_cache, "v_cache", 4, layout.format("headdim_v"))
+    what = "num_blocks" if paged else "batch_size_cache"
+    if k_cache.shape[0] != v_cache.shape[0]:
+        raise ValueError(f"{what} mismatch: k_cache has {k_cache.shape[0]} but v_cache has "
+                         f"{v_cache.shape[0]}; they must be equal")
+    if k_cache.shape[1] != v_cache.shape[1]:
+        name = "page_size" if paged else "seqlen_cache"
+        raise ValueError(f"{name} mismatch: k_cache has {k_cache.shape[1]} but v_cache has "
+                         f"{v_cache.shape[1]} (shapes {tuple(k_cache.shape)}, "
+                         f"{tuple(v_cache.shape)}); they must be equal")
+    if k_cache.shape[0] < 1 or k_cache.shape[1] < 1:
+        raise ValueError(f"k_cache must have {what} >= 1 and "
+                         f"{'page_size' if paged else 'seqlen_cache'} >= 1, got shape "
+                         f"{tuple(k_cache.shape)}")
+    for x, n in ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache")):
+        _v._check_last_dim_contiguous(x, n)
+    # dense rules (dtype, device, heads, head dims) on q against the cache rows, as views with
+    # q's batch (the caches themselves when their row count already is q's: no view to build)
+    b = q.shape[0]
+    if not paged and k_cache.shape[0] == b:
+        k_view, v_view = k_cache, v_cache
+    else:
+        k_view = k_cache[:1].expand(max(b, 1), -1, -1, -1)[:b]
+        v_view = v_cache[:1].expand(max(b, 1), -1, -1, -1)[:b]
+    _v.check_qkv(q, k_view, v_view, ("q", "k_cache", "v_cache"))
+
+
+def check_new_kv(k: Any, v: Any, q: torch.Tensor, k_cache: torch.Tensor,
+                 v_cache: torch.Tensor, capacity: int) -> int:
+    """k (b, s_new, h_k, d), v (b, s_new, h_k, d_v), both or neither; returns s_new (0 when
+    none). s_new must fit in the cache (``capacity`` = s_cache or max_blocks * page_size)."""
+    if k is None and v is None:
+        return 0
+    if (k is None) != (v is None):
+        given, missing = ("k", "v") if v is None else ("v", "k")
+        raise ValueError(f"{given} was given without {missing}: pass both new keys and new "
+                         "values to append, or neither")
+    check_tensor(k, "k", 4, "(batch, seqlen_new, nheads_k, headdim)")
+    check_tensor(v, "v", 4, "(batch, seqlen_new, nheads_k, headdim_v)")
+    b, h_k, d, d_v = q.shape[0], k_cache.shape[2], k_cache.shape[3], v_cache.shape[3]
+    for x, n, last, ref in ((k, "k", d, k_cache), (v, "v", d_v, v_cache)):
+        want = (b, k.shape[1], h_k, last)
+        if tuple(x.shape) != want:
+            raise ValueError(f"{n} must have shape (batch, seqlen_new, nheads_k, "
+                             f"{'headdim' if n == 'k' else 'headdim_v'}) = {want} to match q "
+                             f"and {n}_cache, got {tuple(x.shape)}")
+        if x.dtype != ref.dtype:
+            raise TypeError(f"{n} must have the dtype of {n}_cache ({ref.dtype}), got {x.dtype}")
+        if x.device != ref.device:
+            raise ValueError(f"{n} must be on the device of {n}_cache ({ref.device}), got "
+                             f"{x.device}")
+        _v._check_last_dim_contiguous(x, n)
+    s_new = k.shape[1]
+    if s_new > capacity:
+        raise ValueError(f"the cache is too short for the new tokens: k has seqlen_new = {s_new} "
+                         f"but the cache holds {capacity} positions per sequence")
+    return s_new
+
+
+def check_cache_seqlens(cache_seqlens: Any, batch: int, device: torch.device,
+                        capacity: int) -> None:
+    """None, an int in [0, capacity], or an int32 (batch,) tensor on q's device."""
+    if cache_seqlens is None:
+        return
+    if isinstance(cache_seqlens, torch.Tensor):
+        if cache_seqlens.dtype != torch.int32:
+            raise TypeError(f"cache_seqlens must have dtype torch.int32, got "
+                            f"{cache_seqlens.dtype} (convert with .to(torch.int32))")
+        if cache_seqlens.dim() != 1 or cache_seqlens.shape[0] != batch:
+            raise ValueError(f"cache_seqlens must have shape (batch,) = ({batch},), got "
+                             f"{tuple(cache_seqlens.shape)}")
+        if cache_seqlens.device != device:
+            raise ValueError(f"cache_seqlens must be on the device of q ({device}), got "
+                             f"{cache_seqlens.device}")
+        return
+    if isinstance(cache_seqlens, bool) or not isinstance(cache_seqlens, numbers.Integral):
+        raise TypeError("cache_seqlens must be None, an int or a torch.int32 tensor of shape "
+                        f"(batch,), got {_describe(cache_seqlens)}")
+    if not 0 <= int(cache_seqlens) <= capacity:
+        raise ValueError(f"cache_seqlens must be in [0, {capacity}] (the cache length), got "
+                         f"{int(cache_seqlens)}")
+
+
+def check_index_vector(x: Any, name: str, batch: int, device: torch.device) -> None:
+    """cache_batch_idx / cache_leftpad: None or an int32 (batch,) tensor on q's device."""
+    if x is None:
+        return
+    _v._check_int32_vector(x, name, batch, "batch", device)
+
+
+def check_rotary(cos: Any, sin: Any, q: torch.Tensor, has_new_kv: bool) -> None:
+    """rotary_cos / rotary_sin: both or neither, (seqlen_ro, rotary_dim / 2) with
+    2 <= rotary_dim <= headdim, same floating dtype, on q's device; needs new k / v."""
+    if cos is None and sin is None:
+        return
+    if (cos is None) != (sin is None):
+        given, missing = ("rotary_cos", "rotary_sin") if sin is None else ("rotary_sin",
+                                                                           "rotary_cos")
+        raise ValueError(f"{given} was given without {missing}: pass both or neither")
+    for x, n in ((cos, "rotary_cos"), (sin, "rotary_sin")):
+        check_tensor(x, n, 2, "(seqlen_ro, rotary_dim / 2)")
+        if not x.is_floating_point():
+            raise TypeError(f"{n} must be a floating tensor, got {x.dtype}")
+        if x.device != q.device:
+            raise ValueError(f"{n} must be on the device of q ({q.device}), got {x.device}")
+        if x.shape[1] > 1 and x.stride(1) != 1:
+            raise ValueError(f"{n} must have a contiguous last dimension, got strides "
+                             f"{tuple(x.stride())}")
+    if cos.shape != sin.shape:
+        raise ValueError(f"rotary_cos and rotary_sin must have the same shape, got "
+                         f"{tuple(cos.shape)} and {tuple(sin.shape)}")
+    if cos.dtype != sin.dtype:
+        raise TypeError(f"rotary_cos and rotary_sin must have the same dtype, got {cos.dtype} "
+                        f"and {sin.dtype}")
+    d = q.shape[3]
+    rot = 2 * cos.shape[1]
+    if cos.shape[0] < 1 or not 2 <= rot <= d:
+        raise ValueError(f"rotary_cos must have shape (seqlen_ro, rotary_dim / 2) with "
+                         f"seqlen_ro >= 1 and 2 <= rotary_dim <= headdim ({d}), got "
+                         f"{tuple(cos.shape)} (rotary_dim = {rot})")
+    if not has_new_kv:
+        raise ValueError("rotary_cos / rotary_sin need new keys k and values v to append (the "
+                         "cached keys are already rotated)")
+
+
+def check_num_splits(num_splits: Any) -> int:
+    if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral):
+        raise TypeError(f"num_splits must be an int >= 0 (0 = heuristic, 1 = no split), got "
+                        f"{_describe(num_splits)}")
+    if int(num_splits) < 0:
+        raise ValueError(f"num_splits must be >= 0 (0 = heuristic, 1 = no split), got "
+                         f"{int(num_splits)}")
+    return int(num_splits)
+
+
+def check_combine(out_partial: Any, lse_partial: Any, out: Any, out_dtype: Any
+                  ) -> Tuple[int, int, int, int, int]:
+    """out_partial (num_splits, b, s_q, h, d_v) float32, lse_partial (num_splits, b, h, s_q)
+    float32 on the same device; out None or (b, s_q, h, d_v); out_dtype a float dtype."""
+    check_tensor(out_partial, "out_partial", 5, "(num_splits, batch, seqlen_q, nheads, headdim_v)")
+    check_tensor(lse_partial, "lse_partial", 4, "(num_splits, batch, nheads, seqlen_q)")
+    for x, n in ((out_partial, "out_partial"), (lse_partial, "lse_partial")):
+        if x.dtype != torch.float32:
+            raise TypeError(f"{n} must have dtype torch.float32, got {x.dtype}")
+    s, b, s_q, h, d_v = out_partial.shape
+    want = (s, b, h, s_q)
+    if tuple(lse_partial.shape) != want:
+        raise ValueError(f"lse_partial must have shape (num_splits, batch, nheads, seqlen_q) = "
+                         f"{want} to match out_partial {tuple(out_partial.shape)}, got "
+                         f"{tuple(lse_partial.shape)}")
+    if s < 1:
+        raise ValueError(f"out_partial must have num_splits >= 1, got shape "
+                         f"{tuple(out_partial.shape)}")
+    if lse_partial.device != out_partial.device:
+        raise ValueError(f"lse_partial must be on the device of out_partial "
+                         f"({out_partial.device}), got {lse_partial.device}")
+    if out_dtype is not None and (not isinstance(out_dtype, torch.dtype)
+                                  or out_dtype not in _v.SUPPORTED_DTYPES):
+        raise TypeError(f"out_dtype must be None or one of torch.float16, torch.bfloat16, "
+                        f"torch.float32, got {_describe(out_dtype)}")
+    if out is not None:
+        check_tensor(out, "out", 4, "(batch, seqlen_q, nheads, headdim_v)")
+        if tuple(out.shape) != (b, s_q, h, d_v):
+            raise ValueError(f"out must have shape {(b, s_q, h, d_v)}, got {tuple(out.shape)}")
+        if out.device != out_partial.device:
+            raise ValueError(f"out must be on the device of out_partial ({out_partial.device}), "
+                             f"got {out.device}")
+        if out_dtype is not None and out.dtype != out_dtype:
+            raise TypeError(f"out has dtype {out.dtype} but out_dtype is {out_dtype}")
+        if out.dtype not in _v.SUPPORTED_DTYPES:
+            raise TypeError(f"out has dtype {out.dtype}; supported: torch.float16, "
+                            "torch.bfloat16, torch.float32")
+        _v._check_last_dim_contiguous(out, "out")
+    return s, b, s_q, h, d_v
+
+
+__all__ = ["check_cache", "check_new_kv", "check_cache_seqlens", "check_index_vector",
+           "check_rotary", "check_num_splits", "check_combine"]

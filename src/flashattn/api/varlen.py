@@ -1,0 +1,286 @@
+"""flash-attn 2 compatible variable-length (packed) attention.
+
+``flash_attn_varlen_func``, ``flash_attn_varlen_qkvpacked_func`` and
+``flash_attn_varlen_kvpacked_func`` take flash-attn 2's arguments, defaults and return
+conventions. Sequences are packed along the first dim: sequence ``b`` owns query rows
+``[cu_seqlens_q[b], cu_seqlens_q[b+1])`` and the keys from ``cu_seqlens_k[b]`` on
+(``cu_seqlens_k[b+1] - cu_seqlens_k[b]`` of them, or ``seqused_k[b]``). Inside a sequence
+everything is the dense semantics of batch entry ``b``: causal / window bottom-right aligned
+to its own lengths, ALiBi distances and dropout counters local to it (batch index = sequence
+index, docs/internals.md).
+
+No tensor value is read on the host for GPU tensors (the grids come from ``max_seqlen_*``),
+so a call can be captured in a CUDA graph. The compute is the ``flashattn::varlen_fwd`` op
+(:func:`flashattn.ops.varlen_attention`; its autograd formula calls ``flashattn::varlen_bwd``),
+and the dropout seed is drawn as for the dense functions (a random op of a compiled graph).
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple, Union
+
+import torch
+
+from flashattn import ops as _ops
+from flashattn.api import params as _p
+from flashattn.api import validation as _v
+
+Tensor = torch.Tensor
+AttnOutput = Union[Tensor, Tuple[Tensor, Tensor, Optional[Tensor]]]
+
+# ---------------------------------------------------------------------------------------------
+# Validation and normalisation
+# ---------------------------------------------------------------------------------------------
+def _varlen_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    dropout_p: float,
+    softmax_scale: Optional[float],
+    causal: bool,
+    window_size: Sequence[int],
+    softcap: float,
+    alibi_slopes: Optional[Tensor],
+    deterministic: bool,
+    return_attn_probs: bool,
+    block_table: Optional[Tensor],
+    seqused_k: Optional[Tensor],
+    names: Tuple[str, str, str],
+    cu_names: Tuple[str, str] = ("cu_seqlens_q", "cu_seqlens_k"),
+    max_names: Tuple[str, str] = ("max_seqlen_q", "max_seqlen_k"),
+) -> AttnOutput:
+    """Validate, normalise (flash-attn 2 semantics), run. q, k, v may be views of packed inputs."""
+    if block_table is None:
+        _v.check_varlen_qkv(q, k, v, names)
+    else:
+        _v.check_paged_qkv(q, k, v, names)
+    batch = _v.check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q.device, cu_names)
+    max_seqlen_q = _v.check_max_seqlen(max_seqlen_q, max_names[0])
+    max_seqlen_k = _v.check_max_seqlen(max_seqlen_k, max_names[1])
+    _v.check_seqused_k(seqused_k, batch, q.device)
+    if block_table is not None:
+        _v.check_block_table(block_table, batch, q.device)
+    dropout_p = _v.check_dropout_p(dropout_p)
+    scale = _v.check_softmax_scale(softmax_scale)
+    causal = _v.check_causal(causal)
+    window_left, window_right = _v.check_window_size(window_size)
+    softcap = _v.check_softcap(softcap)
+    deterministic = _v.check_bool(deterministic, "deterministic")
+    return_attn_probs = _v.check_bool(return_attn_probs, "return_attn_probs")
+    h, d_qk = q.shape[1], q.shape[2]
+    _v.check_alibi_slopes(alibi_slopes, batch, h, q.device)
+    # Value checks only where the lengths already sit in host memory (never syncs a GPU).
+    _v.check_varlen_values(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                           q.shape[0], None if block_table is not None else k.shape[0])
+    if block_table is not None and dropout_p > 0.0:
+        raise ValueError(
+            f"dropout_p must be 0.0 with block_table (the paged KV path is inference only), "
+            f"got {dropout_p!r}")
+
+    scale = _p.softmax_scale_or_default(scale, d_qk)
+    # flash-attn 2 (varlen): the window rule against max_seqlen_k (the batch maximum)
+    window_left, window_right = _p.window(window_left, window_right, causal, max_seqlen_k)
+    alibi_slopes = _p.alibi_bh(alibi_slopes, batch, h)
+    philox_seed = _p.dropout_seed(dropout_p)
+    # As flash-attn 2: S_dmask only exists with dropout.
+    return_softmax = return_attn_probs and dropout_p > 0.0
+
+    # Through the registered op (flashattn.ops): its autograd replays this seed in backward,
+    # refuses gradients through the paged path, and torch.compile sees one opaque call.
+    out, lse, s_dmask = _ops.varlen_attention(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
+        max_seqlen_q, max_seqlen_k, scale, causal, window_left, window_right, softcap,
+        dropout_p, philox_seed, deterministic, return_softmax,
+    )
+    if return_attn_probs:
+        return out, lse, s_dmask
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Public API
+# ---------------------------------------------------------------------------------------------
+_COMMON_ARGS = """
+        dropout_p: float in [0, 1). Dropout probability, applied as given (pass 0.0 at
+            evaluation). The Philox seed is drawn from torch's default CPU generator
+            (``torch.manual_seed`` reproduces it) only when dropout_p > 0. Dropout counters
+            are per sequence: batch index = sequence index, rows/columns local to it.
+        softmax_scale: float > 0 or None. Scaling of q @ k^T before softmax; default
+            ``headdim ** -0.5``.
+        causal: bool. Causal mask aligned to the bottom-right corner of each sequence
+            (window_size (left, 0)).
+        window_size: (left, right) ints >= -1, -1 = unbounded. Query i of a sequence attends
+            to its keys ``[i + seqlen_k - seqlen_q - left, i + seqlen_k - seqlen_q + right]``
+            (inclusive, that sequence's own lengths); as in flash-attn 2, a side
+            >= max_seqlen_k counts as unbounded.
+        softcap: float >= 0, 0.0 = off. Scores become ``softcap * tanh(scores / softcap)``.
+        alibi_slopes: float32 tensor (nheads,) or (batch, nheads), or None. Adds
+            ``-slope * |i + seqlen_k - seqlen_q - j|`` to the score of query i and key j
+            (indices local to the sequence; batch = sequence).
+        deterministic: bool. Bitwise-reproducible backward (may be slower).
+        return_attn_probs: bool. Also return softmax_lse and S_dmask (S_dmask for testing only)."""
+
+_RETURNS = """
+    Returns:
+        out: (total_q, nheads, headdim_v), dtype of q; 0 on rows outside every sequence.
+        softmax_lse [if return_attn_probs]: float32 (nheads, total_q), natural log of the
+            softmax denominator; -inf for a row that sees no key (its out row is 0).
+        S_dmask [if return_attn_probs]: (batch, nheads, max_seqlen_q, max_seqlen_k), dtype of
+            q, or None when dropout_p == 0 (as flash-attn 2). Sequence b's probabilities in
+            [b, :, :seqlen_q, :seqlen_k] (before dropout scaling, negative where dropout
+            dropped the entry), 0 elsewhere.
+
+    The lengths in cu_seqlens / seqused_k are not read on the host for GPU tensors (the call
+    stays CUDA-graph friendly), so they must be consistent: non-decreasing, within the packed
+    tensors, and no sequence longer than max_seqlen_q / max_seqlen_k (checked for CPU
+    tensors only).
+    """
+
+
+def flash_attn_varlen_func(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),  # -1 means infinite context window
+    softcap: float = 0.0,  # 0.0 means deactivated
+    alibi_slopes: Optional[Tensor] = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+    block_table: Optional[Tensor] = None,
+    *,
+    seqused_k: Optional[Tensor] = None,
+) -> AttnOutput:
+    return _varlen_attention(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+        softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+        return_attn_probs, block_table, seqused_k, ("q", "k", "v"),
+    )
+
+
+flash_attn_varlen_func.__doc__ = """Exact attention over packed variable-length sequences.
+
+    Sequence b has query rows ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` of q and keys/values
+    ``cu_seqlens_k[b]:cu_seqlens_k[b+1]`` of k and v (or the first ``seqused_k[b]`` of them),
+    and is attended exactly as batch entry b of :func:`flashattn.flash_attn_func`.
+    Supports MQA/GQA (nheads % nheads_k == 0; query head i uses kv head
+    ``i // (nheads // nheads_k)``), zero-length sequences and forward + backward.
+
+    Arguments:
+        q: (total_q, nheads, headdim), float16, bfloat16 or float32; last dim contiguous.
+            headdim in 1..256.
+        k: (total_k, nheads_k, headdim), same dtype and device as q; or, with block_table,
+            the paged cache (num_blocks, page_size, nheads_k, headdim).
+        v: (total_k, nheads_k, headdim_v), same dtype and device; headdim_v in 1..256; or
+            the paged cache (num_blocks, page_size, nheads_k, headdim_v).
+        cu_seqlens_q: (batch + 1,) torch.int32, cumulative query lengths (row offsets into q).
+        cu_seqlens_k: (batch + 1,) torch.int32, cumulative key lengths (row offsets into k, v).
+        max_seqlen_q: int >= 1, the longest query sequence (sizes the launch grid).
+        max_seqlen_k: int >= 1, the longest key sequence.""" + _COMMON_ARGS + """
+        block_table: None, or (batch, max_blocks_per_seq) torch.int32: pages of the KV cache
+            for each sequence (paged KV, forward only: gradients raise NotImplementedError;
+            dropout_p must be 0).
+        seqused_k: None, or (batch,) torch.int32 (keyword only): the number of keys sequence
+            b actually uses, counted from cu_seqlens_k[b]; its seqlen_k for masks and
+            alignment. dk/dv of unused keys are 0.
+""" + _RETURNS
+
+
+def flash_attn_varlen_qkvpacked_func(
+    qkv: Tensor,
+    cu_seqlens: Tensor,
+    max_seqlen: int,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),  # -1 means infinite context window
+    softcap: float = 0.0,  # 0.0 means deactivated
+    alibi_slopes: Optional[Tensor] = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+) -> AttnOutput:
+    _v.check_tensor(qkv, "qkv", 4, "(total, 3, nheads, headdim)")
+    if qkv.shape[1] != 3:
+        raise ValueError(
+            f"qkv must have shape (total, 3, nheads, headdim) with size 3 in dim 1, got shape "
+            f"{tuple(qkv.shape)}")
+    q, k, v = qkv.unbind(dim=1)  # views: autograd assembles dqkv
+    return _varlen_attention(
+        q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, softmax_scale,
+        causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs, None,
+        None, ("qkv[:, 0]", "qkv[:, 1]", "qkv[:, 2]"), ("cu_seqlens", "cu_seqlens"),
+        ("max_seqlen", "max_seqlen"),
+    )
+
+
+flash_attn_varlen_qkvpacked_func.__doc__ = """Packed self-attention over variable-length sequences.
+
+    Same as ``flash_attn_varlen_func(*qkv.unbind(1), cu_seqlens, cu_seqlens, max_seqlen,
+    max_seqlen, ...)``; the gradient comes back as one (total, 3, nheads, headdim) tensor.
+
+    Arguments:
+        qkv: (total, 3, nheads, headdim), float16, bfloat16 or float32; last dim contiguous.
+            headdim in 1..256.
+        cu_seqlens: (batch + 1,) torch.int32, cumulative sequence lengths.
+        max_seqlen: int >= 1, the longest sequence.""" + _COMMON_ARGS + "\n" + _RETURNS
+
+
+def flash_attn_varlen_kvpacked_func(
+    q: Tensor,
+    kv: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),  # -1 means infinite context window
+    softcap: float = 0.0,  # 0.0 means deactivated
+    alibi_slopes: Optional[Tensor] = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+) -> AttnOutput:
+    _v.check_tensor(q, "q", 3, "(total_q, nheads, headdim)")
+    _v.check_tensor(kv, "kv", 4, "(total_k, 2, nheads_k, headdim)")
+    if kv.shape[1] != 2:
+        raise ValueError(
+            f"kv must have shape (total_k, 2, nheads_k, headdim) with size 2 in dim 1, got "
+            f"shape {tuple(kv.shape)}")
+    k, v = kv.unbind(dim=1)
+    return _varlen_attention(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+        softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+        return_attn_probs, None, None, ("q", "kv[:, 0]", "kv[:, 1]"),
+    )
+
+
+flash_attn_varlen_kvpacked_func.__doc__ = """Variable-length attention, k and v packed in one tensor.
+
+    Same as ``flash_attn_varlen_func(q, *kv.unbind(1), ...)``. Supports MQA/GQA: nheads must
+    be a multiple of nheads_k.
+
+    Arguments:
+        q: (total_q, nheads, headdim), float16, bfloat16 or float32; last dim contiguous.
+            headdim in 1..256.
+        kv: (total_k, 2, nheads_k, headdim), same dtype and device as q.
+        cu_seqlens_q: (batch + 1,) torch.int32, cumulative query lengths.
+        cu_seqlens_k: (batch + 1,) torch.int32, cumulative key lengths.
+        max_seqlen_q: int >= 1, the longest query sequence.
+        max_seqlen_k: int >= 1, the longest key sequence.""" + _COMMON_ARGS + "\n" + _RETURNS
+
+
+__all__ = [
+    "flash_attn_varlen_func",
+    "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_varlen_kvpacked_func",
+]

@@ -1,0 +1,93 @@
+"""The chunked torch backend's interface: one function per op, as dispatch calls them.
+
+Same contracts as :mod:`flashattn.triton.backend` (docs/internals.md); runs on any device torch
+runs on (the CPU path, and GPUs without triton). ``num_splits`` is ignored here (same math).
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from flashattn.cpu import kvcache as _kv
+from flashattn.cpu.dense import chunked_bwd, chunked_fwd, chunked_varlen_bwd, chunked_varlen_fwd
+from flashattn.params import AttnParams
+
+Tensor = torch.Tensor
+
+
+def fwd(q: Tensor, k: Tensor, v: Tensor, p: AttnParams, return_softmax: bool):
+    """Dense forward: (out, lse, S_dmask | None)."""
+    return chunked_fwd(q, k, v, **p.kernel_kwargs(), return_softmax=return_softmax)
+
+
+def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, p: AttnParams):
+    """Dense backward: (dq, dk, dv)."""
+    return chunked_bwd(dout, q, k, v, out, lse, **p.kernel_kwargs(),
+                       deterministic=p.deterministic)
+
+
+def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+               seqused_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
+               p: AttnParams, return_softmax: bool):
+    """Packed variable-length forward: (out (total_q, h, d_v), lse (h, total_q), S_dmask)."""
+    return chunked_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+                              max_seqlen_k, **p.kernel_kwargs(), return_softmax=return_softmax)
+
+
+def varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+               cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, seqused_k: Optional[Tensor],
+               max_seqlen_q: int, max_seqlen_k: int, p: AttnParams):
+    """Packed variable-length backward: (dq, dk, dv)."""
+    return chunked_varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                              max_seqlen_q, max_seqlen_k, **p.kernel_kwargs(),
+                              deterministic=p.deterministic)
+
+
+def append_kv(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor,
+              cos: Optional[Tensor], sin: Optional[Tensor], interleaved: bool, seqlens: Tensor,
+              batch_idx: Optional[Tensor], block_table: Optional[Tensor],
+              rotary_q_step: int = 1) -> Tensor:
+    """As :func:`flashattn.triton.backend.append_kv`, in torch."""
+    _kv.append_kv(k_cache, v_cache, k, v, seqlens, cos, sin, interleaved, batch_idx, block_table)
+    if cos is None:
+        return q
+    s_q = q.shape[1]
+    positions = seqlens.long().view(-1, 1) + rotary_q_step * torch.arange(s_q, device=q.device)
+    return _kv.rotate(q, cos, sin, positions, interleaved)
+
+
+def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens: Tensor, s_new: int,
+                      *, p: AttnParams, leftpad: Optional[Tensor], batch_idx: Optional[Tensor],
+                      block_table: Optional[Tensor], num_splits: int,
+                      capacity: int) -> Tuple[Tensor, Tensor]:
+    """Attention of q against the cache (keys already appended): (out, lse)."""
+    return _kv.kvcache_fwd(q, k_cache, v_cache, seqlens, s_new, softmax_scale=p.softmax_scale,
+                           window_left=p.window_left, window_right=p.window_right,
+                           softcap=p.softcap, alibi_slopes=p.alibi_slopes, leftpad=leftpad,
+                           batch_idx=batch_idx, block_table=block_table)
+
+
+def varlen_paged_fwd(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens_q: Tensor,
+                     cu_seqlens_k: Tensor, seqused_k: Optional[Tensor], max_seqlen_q: int,
+                     max_seqlen_k: int, block_table: Tensor, p: AttnParams
+                     ) -> Tuple[Tensor, Tensor]:
+    """Packed varlen queries against a paged cache: (out (total_q, h, d_v), lse (h, total_q))."""
+    return _kv.varlen_paged_fwd(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                                block_table, softmax_scale=p.softmax_scale,
+                                window_left=p.window_left, window_right=p.window_right,
+                                softcap=p.softcap, alibi_slopes=p.alibi_slopes)
+
+
+def combine(out_partial: Tensor, lse_partial: Tensor, out: Optional[Tensor],
+            out_dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+    """LSE-weighted merge of split results (into ``out`` when given): (out, lse)."""
+    res, lse = _kv.combine(out_partial, lse_partial, out_dtype)
+    if out is not None:
+        out.copy_(res)
+        res = out
+    return res, lse
+
+
+__all__ = ["append_kv", "bwd", "combine", "fwd", "kvcache_attention", "varlen_bwd",
+           "varlen_fwd", "varlen_paged_fwd"]

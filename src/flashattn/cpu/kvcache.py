@@ -1,0 +1,155 @@
+"""KV-cache attention in plain torch: the backend for CPU tensors without the interpreter.
+
+Same semantics as the Triton path (``kernels/rotary.py`` + ``kernels/decode.py``): the new
+keys / values are rotated (optional) and written into the cache in place, q is rotated,
+then every batch row gathers its keys ``[leftpad, cache_seqlens + s_new)`` (through the
+block table when paged) and runs :func:`flashattn.cpu.chunked_fwd` on them, so memory stays
+O(tile) beyond the gathered keys of one row. Lengths are read on the host, which is free
+for CPU tensors. ``num_splits`` does not change the math and is ignored here.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from flashattn.cpu.dense import chunked_fwd
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+           interleaved: bool) -> torch.Tensor:
+    """Rotary embedding of x (b, s, nh, d) at integer ``positions`` (b, s), computed in fp32
+    (float64 for float64 inputs) and returned in x's dtype. Positions past the table keep x.
+    """
+    comp = torch.promote_types(x.dtype, torch.float32)
+    half = cos.shape[1]
+    rot = 2 * half
+    valid = positions < cos.shape[0]
+    idx = positions.clamp(max=cos.shape[0] - 1).clamp(min=0).long()
+    c = cos.to(comp)[idx].unsqueeze(2)  # (b, s, 1, half)
+    s = sin.to(comp)[idx].unsqueeze(2)
+    xr = x[..., :rot].to(comp)
+    if interleaved:
+        x0, x1 = xr[..., 0::2], xr[..., 1::2]
+        r0, r1 = x0 * c - x1 * s, x1 * c + x0 * s
+        rotated = torch.stack((r0, r1), dim=-1).flatten(-2)
+    else:
+        x0, x1 = xr[..., :half], xr[..., half:]
+        rotated = torch.cat((x0 * c - x1 * s, x1 * c + x0 * s), dim=-1)
+    rotated = torch.where(valid[:, :, None, None], rotated, xr)
+    return torch.cat((rotated.to(x.dtype), x[..., rot:]), dim=-1)
+
+
+def _cache_rows(batch: int, positions: torch.Tensor, page_size: int,
+                block_table: Optional[torch.Tensor], batch_idx: Optional[torch.Tensor]
+                ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(dim-0 index, dim-1 index) of cache positions (b, n) for every batch row."""
+    if block_table is not None:
+        pages = torch.gather(block_table.long(), 1, positions // page_size)
+        return pages, positions % page_size
+    rows = batch_idx.long() if batch_idx is not None else torch.arange(
+        batch, device=positions.device)
+    return rows.view(-1, 1).expand_as(positions), positions
+
+
+def append_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              cache_seqlens: torch.Tensor, cos: Optional[torch.Tensor],
+              sin: Optional[torch.Tensor], interleaved: bool,
+              batch_idx: Optional[torch.Tensor], block_table: Optional[torch.Tensor]) -> None:
+    """Write k (rotated if cos is given) and v at cache positions cache_seqlens[b] + i."""
+    b, s_new = k.shape[:2]
+    positions = cache_seqlens.long().view(-1, 1) + torch.arange(s_new, device=k.device)
+    if cos is not None:
+        k = rotate(k, cos, sin, positions, interleaved)
+    d0, d1 = _cache_rows(b, positions, k_cache.shape[1], block_table, batch_idx)
+    k_cache[d0, d1] = k.to(k_cache.dtype)
+    v_cache[d0, d1] = v.to(v_cache.dtype)
+
+
+def kvcache_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                seqlens_k: torch.Tensor, seqlen_k_add: int, *, softmax_scale: float,
+                window_left: int, window_right: int, softcap: float,
+                alibi_slopes: Optional[torch.Tensor], leftpad: Optional[torch.Tensor],
+                batch_idx: Optional[torch.Tensor], block_table: Optional[torch.Tensor]
+                ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Attention of q (b, s_q, h, d) against each row's keys ``[leftpad, seqlens_k +
+    seqlen_k_add)`` of the cache. Returns out (b, s_q, h, d_v) in q's dtype and lse float32
+    (b, h, s_q) (-inf / 0 on rows that see no key)."""
+    b, s_q, h, _ = q.shape
+    d_v = v_cache.shape[3]
+    out = torch.zeros(b, s_q, h, d_v, dtype=q.dtype, device=q.device)
+    lse = torch.full((b, h, s_q), float("-inf"), dtype=torch.float32, device=q.device)
+    ends = (seqlens_k.long() + seqlen_k_add).tolist()
+    starts = leftpad.tolist() if leftpad is not None else [0] * b
+    page_size = k_cache.shape[1]
+    for i in range(b):
+        s_k = ends[i] - starts[i]
+        if s_k <= 0 or s_q == 0:
+            continue
+        positions = torch.arange(starts[i], ends[i], device=q.device).view(1, -1)
+        row = batch_idx[i:i + 1] if batch_idx is not None else torch.tensor([i])
+        d0, d1 = _cache_rows(1, positions, page_size,
+                             None if block_table is None else block_table[i:i + 1],
+                             row.to(q.device))
+        k_i, v_i = k_cache[d0, d1], v_cache[d0, d1]  # (1, s_k, h_k, d)
+        o_i, lse_i, _ = chunked_fwd(
+            q[i:i + 1], k_i, v_i, softmax_scale=softmax_scale, causal=window_right == 0,
+            window_left=window_left, window_right=window_right, softcap=softcap,
+            alibi_slopes=None if alibi_slopes is None else alibi_slopes[i:i + 1],
+            dropout_p=0.0, philox_seed=0, return_softmax=False)
+        out[i] = o_i[0]
+        lse[i] = lse_i[0]
+    return out, lse
+
+
+def varlen_paged_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                     seqused_k: Optional[torch.Tensor], block_table: torch.Tensor, *,
+                     softmax_scale: float, window_left: int, window_right: int, softcap: float,
+                     alibi_slopes: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Packed queries (total_q, h, d) against a paged cache; lse (h, total_q)."""
+    total_q, h, _ = q.shape
+    out = torch.zeros(total_q, h, v_cache.shape[3], dtype=q.dtype, device=q.device)
+    lse = torch.full((h, total_q), float("-inf"), dtype=torch.float32, device=q.device)
+    cu_q = cu_seqlens_q.tolist()
+    if seqused_k is not None:
+        lens_k = seqused_k.tolist()
+    else:
+        cu_k = cu_seqlens_k.tolist()
+        lens_k = [e - s for s, e in zip(cu_k, cu_k[1:])]
+    for i in range(len(cu_q) - 1):
+        q0, q1 = cu_q[i], cu_q[i + 1]
+        if q1 <= q0:
+            continue
+        seqlens = torch.tensor([lens_k[i]], dtype=torch.int32, device=q.device)
+        o_i, lse_i = kvcache_fwd(
+            q[q0:q1].unsqueeze(0), k_cache, v_cache, seqlens, 0, softmax_scale=softmax_scale,
+            window_left=window_left, window_right=window_right, softcap=softcap,
+            alibi_slopes=None if alibi_slopes is None else alibi_slopes[i:i + 1],
+            leftpad=None, batch_idx=None, block_table=block_table[i:i + 1])
+        out[q0:q1] = o_i[0]
+        lse[:, q0:q1] = lse_i[0]
+    return out, lse
+
+
+def combine(out_partial: torch.Tensor, lse_partial: torch.Tensor, out_dtype: torch.dtype
+            ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Merge split results (see ``kernels/combine.py``): out_partial (S, b, s_q, h, d_v),
+    lse_partial (S, b, h, s_q) -> out (b, s_q, h, d_v) in out_dtype, lse (b, h, s_q) fp32."""
+    lse_p = lse_partial.float()
+    lse_max = lse_p.amax(dim=0)
+    any_key = lse_max > float("-inf")
+    lse_ref = torch.where(any_key, lse_max, torch.zeros_like(lse_max))
+    w = torch.exp(lse_p - lse_ref)  # 0 for splits that saw no key
+    w_sum = w.sum(dim=0)
+    w_sum_safe = torch.where(any_key, w_sum, torch.ones_like(w_sum))
+    lse = torch.where(any_key, lse_ref + torch.log(w_sum_safe),
+                      torch.full_like(w_sum, float("-inf")))
+    w = (w / w_sum_safe).permute(0, 1, 3, 2).unsqueeze(-1)  # (S, b, s_q, h, 1)
+    o = out_partial.float()
+    # an empty split's buffer is never multiplied in (it may hold anything, even NaN)
+    contrib = torch.where(w > 0, o * w, torch.zeros_like(o))
+    return contrib.sum(dim=0).to(out_dtype), lse
+
+
+__all__ = ["rotate", "append_kv", "kvcache_fwd", "varlen_paged_fwd", "combine"]

@@ -1,0 +1,79 @@
+"""Value checks of device metadata (cache_seqlens, cache_batch_idx, cache_leftpad, block_table):
+pure functions that read the values on the host and raise a ValueError naming the argument.
+
+They run where reading is free (CPU tensors) always; for GPU tensors only in the checked mode
+(``FLASHATTN_KVCACHE_CHECKS=1``), outside CUDA-graph capture, since each costs a device sync.
+Used by the api layer (CPU metadata, before the op) and by dispatch (in the op's body).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from flashattn.runtime import env
+
+
+def values_checkable(*tensors: Optional[torch.Tensor]) -> bool:
+    """Whether value checks run: CPU tensors always; CUDA only with FLASHATTN_KVCACHE_CHECKS=1
+    and not while a CUDA graph is being captured."""
+    ts = [t for t in tensors if t is not None]
+    if not ts:
+        return False
+    if all(t.device.type == "cpu" for t in ts):
+        return True
+    if not env.settings().kvcache_checks:
+        return False
+    return not torch.cuda.is_current_stream_capturing()
+
+
+def check_values(seqlens: torch.Tensor, s_new: int, capacity: int,
+                 leftpad: Optional[torch.Tensor], batch_idx: Optional[torch.Tensor],
+                 batch_cache: int, block_table: Optional[torch.Tensor], num_blocks: int,
+                 page_size: int, rotary_len: Optional[int], q_positions: int) -> None:
+    """Value checks (host reads: see the module docstring for when they run).
+
+    seqlens (b,) int32 cache_seqlens; the rows' keys end at seqlens + s_new <= capacity;
+    leftpad[b] in [0, seqlens[b]]; cache_batch_idx in [0, batch_cache); block_table entries
+    covering positions [0, seqlens + s_new) in [0, num_blocks); positions touched by
+    rotary (seqlens + max(s_new, q_positions)) within the table's rotary_len rows.
+    """
+    lens = seqlens.tolist()
+    for i, n in enumerate(lens):
+        if n < 0:
+            raise ValueError(f"cache_seqlens[{i}] = {n} must be >= 0")
+        if n + s_new > capacity:
+            raise ValueError(
+                f"the cache is too short for the new tokens: cache_seqlens[{i}] = {n} plus "
+                f"seqlen_new = {s_new} exceeds the {capacity} positions of the cache")
+    if leftpad is not None:
+        for i, (p, n) in enumerate(zip(leftpad.tolist(), lens)):
+            if not 0 <= p <= n:
+                raise ValueError(f"cache_leftpad[{i}] = {p} must be in [0, cache_seqlens[{i}] = "
+                                 f"{n}]")
+    if batch_idx is not None:
+        for i, r in enumerate(batch_idx.tolist()):
+            if not 0 <= r < batch_cache:
+                raise ValueError(f"cache_batch_idx[{i}] = {r} is out of range: k_cache has "
+                                 f"{batch_cache} rows (allowed 0..{batch_cache - 1})")
+    if block_table is not None:
+        table = block_table.tolist()
+        for i, (row, n) in enumerate(zip(table, lens)):
+            used = -(-(n + s_new) // page_size)
+            for j in range(min(used, len(row))):
+                if not 0 <= row[j] < num_blocks:
+                    raise ValueError(
+                        f"block_table[{i}, {j}] = {row[j]} is out of range: the paged cache "
+                        f"has {num_blocks} blocks (allowed 0..{num_blocks - 1}); the entry "
+                        f"holds positions of the {n + s_new} keys of sequence {i}")
+    if rotary_len is not None:
+        need = max(s_new, q_positions)
+        for i, n in enumerate(lens):
+            if n + need > rotary_len:
+                raise ValueError(
+                    f"rotary_cos / rotary_sin have {rotary_len} positions but sequence {i} "
+                    f"needs positions up to {n + need - 1} (cache_seqlens[{i}] = {n} plus "
+                    f"{need} new tokens)")
+
+
+__all__ = ["check_values", "values_checkable"]

@@ -1,0 +1,52 @@
+"""The normalised attention parameters, one object below the op boundary.
+
+The api layer validates and normalises the public arguments (flash-attn 2 semantics:
+``softmax_scale`` defaulted, window sides past the keys made unbounded, causal folded into
+``window_right = 0``, ALiBi slopes as (b, h), the dropout seed drawn); the torch.library ops
+take them as flat arguments (op schemas have no structs) and build one :class:`AttnParams` that
+dispatch and every backend adapter receive. See docs/internals.md for the meaning of each field.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, NamedTuple, Optional
+
+import torch
+
+
+class AttnParams(NamedTuple):
+    """Normalised attention parameters (a NamedTuple: built on every call, ~0.3 us).
+
+    softmax_scale: float, already defaulted to ``head_dim ** -0.5``.
+    causal: bool, informational: already folded into ``window_right = 0``.
+    window_left, window_right: int, -1 = unbounded (bottom-right aligned).
+    softcap: float, 0.0 = off.
+    alibi_slopes: float32 Tensor (b, h) (a (h,) input expanded with batch stride 0) or None.
+    dropout_p: float in [0, 1).
+    philox_seed: int in [0, 2**63), the dropout RNG key (0 when dropout_p == 0).
+    deterministic: bool, bitwise-repeatable backward.
+    """
+
+    softmax_scale: float
+    causal: bool
+    window_left: int
+    window_right: int
+    softcap: float
+    alibi_slopes: Optional[torch.Tensor]
+    dropout_p: float
+    philox_seed: int
+    deterministic: bool = False
+
+    @property
+    def masked(self) -> bool:
+        """Whether a causal / window mask hides some keys."""
+        return self.window_left >= 0 or self.window_right >= 0
+
+    def kernel_kwargs(self) -> Dict[str, Any]:
+        """The keyword arguments of the kernels' wrappers (every field but deterministic)."""
+        return dict(softmax_scale=self.softmax_scale, causal=self.causal,
+                    window_left=self.window_left, window_right=self.window_right,
+                    softcap=self.softcap, alibi_slopes=self.alibi_slopes,
+                    dropout_p=self.dropout_p, philox_seed=self.philox_seed)
+
+
+__all__ = ["AttnParams"]

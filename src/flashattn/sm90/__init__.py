@@ -1,0 +1,23 @@
+"""Hopper (sm90) fast path written in Gluon: TMA, mbarrier pipelines, wgmma, warp specialisation.
+
+    support.py     can it run here / does it cover this call (reason strings, no kernel import)
+    config.py      tile configurations per head dim
+    tiles.py       key-block ranges, masks needed, persistent tile scheduler
+    softmax.py     softcap, visibility mask, online softmax in exp2
+    ptx.py         inline PTX run by every thread of a warpgroup (named barriers, fences)
+    ring.py        one TMA load into a ring slot guarded by ready / empty mbarriers
+    fwd_kernel.py  the warp-specialised forward kernel
+    fwd.py         host side: descriptors, grid, launch -> flash_fwd_hopper(...)
+    bwd_kernel.py  the warp-specialised backward kernel, d <= 128 (dK/dV on chip, dQ by TMA
+                   reduce-add)
+    bwd_wide_kernel.py  the backward for d = 192 / 256 (dK/dV split by head-dim columns)
+    bwd_preprocess.py   row statistics of the backward (delta, lse in log2 units), Triton
+    bwd_postprocess.py  dq out of the fp32 dQ workspace, Triton
+    bwd.py         host side of the backward -> flash_bwd_hopper(...)
+    aot.py         compile the kernel variants for sm_90 without a GPU (CI, register checks)
+
+Kernels are imported lazily (``flashattn.sm90.fwd``), so importing this package is cheap.
+"""
+from flashattn.sm90.support import call_unsupported, device_unavailable, gluon_unavailable, unsupported
+
+__all__ = ["call_unsupported", "device_unavailable", "gluon_unavailable", "unsupported"]

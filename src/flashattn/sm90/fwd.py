@@ -1,0 +1,126 @@
+"""Host side of the Hopper forward: TMA descriptors, tile-scheduler parameters, launch.
+
+``flash_fwd_hopper`` has the backend signature of docs/internals.md; dispatch calls it only
+for calls that ``support.unsupported`` accepts (fp16/bf16, d = d_v in {64, 96, 128, 192, 256},
+no dropout / alibi / return_softmax, TMA-aligned strides, sm90).
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from flashattn.sm90.config import FwdConfig, fwd_config
+from flashattn.sm90.descriptors import LOG2E, heads_per_group, tensor_desc
+from flashattn.sm90.fwd_kernel import attn_fwd_kernel
+from flashattn.runtime.device import sm_count
+from flashattn.runtime.grid import cdiv
+from flashattn.runtime.launch import LaunchPlans
+
+def _tile_counter(cfg: FwdConfig, window_right: int, lse: torch.Tensor) -> torch.Tensor:
+    """The tile queue's int32 zero when the kernel uses one; else lse stands in (unused)."""
+    if uses_tile_queue(cfg, window_right):
+        return torch.zeros(1, dtype=torch.int32, device=lse.device)
+    return lse
+
+
+def uses_tile_queue(cfg: FwdConfig, window_right: int) -> bool:
+    """Whether the persistent kernel takes tiles from a global counter (causal / masked calls:
+    tiles of unequal cost) instead of a static round robin. The queue's next index reaches the
+    consumers through the producer warp, hence the warp-specialised condition."""
+    return cfg.dynamic and window_right >= 0 and cfg.persistent and cfg.warp_specialized
+
+
+def launch_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                lse: torch.Tensor, cfg: FwdConfig, *, softmax_scale: float, window_left: int,
+                window_right: int, softcap: float, num_sms: int,
+                counter: Optional[torch.Tensor] = None
+                ) -> Tuple[List[Any], Dict[str, Any], Dict[str, Any], int]:
+    """(positional args, constexpr kwargs, launch options, grid size) of attn_fwd_kernel.
+
+    ``counter``: the tile queue's int32 zero (made here when None and the queue is used).
+
+    Shared by the launch and by the ahead-of-time compile (aot.py), so both build the same
+    kernel variant.
+    """
+    batch, seqlen_q, n_heads, head_dim = q.shape
+    _, seqlen_k, n_heads_k, _ = k.shape
+    half_m = cfg.block_m // cfg.consumers  # rows per consumer warpgroup
+    n_m_blocks = cdiv(seqlen_q, cfg.block_m)
+    n_bh = batch * n_heads
+    n_tiles = n_bh * n_m_blocks
+    has_softcap = softcap > 0.0
+    dynamic = uses_tile_queue(cfg, window_right)
+    if counter is None:
+        counter = _tile_counter(cfg, window_right, lse)
+    args = [
+        tensor_desc(q, half_m), tensor_desc(k, cfg.block_n), tensor_desc(v, cfg.block_n),
+        tensor_desc(out, half_m), lse,
+        counter,
+        seqlen_q, seqlen_k, n_heads, n_heads // n_heads_k, n_bh, n_m_blocks, n_tiles,
+        heads_per_group(n_bh, 2 * seqlen_k * head_dim * q.element_size()),  # K and V
+        int(window_left), int(window_right),
+        float(softmax_scale * LOG2E),
+        float(softmax_scale / softcap) if has_softcap else 0.0,
+        float(softcap * LOG2E) if has_softcap else 0.0,
+    ]
+    constexprs = dict(
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, NUM_STAGES=cfg.num_stages,
+        HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, HAS_SOFTCAP=has_softcap,
+        LONGEST_FIRST=window_right >= 0, PINGPONG=int(cfg.pingpong),
+        INTRA_OVERLAP=(2 if cfg.rescale_early else 1) if cfg.intra_overlap else 0, SEPARATE_O=cfg.separate_o, DYNAMIC=dynamic,
+        NO_WS=not cfg.warp_specialized,
+        CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
+        CONSUMERS=cfg.consumers,
+    )
+    # without the producer warp the kernel has 8 warps: 240 registers each fit the file
+    options = dict(num_warps=4, maxnreg=cfg.maxnreg if cfg.warp_specialized else 240)
+    grid = min(num_sms, n_tiles) if cfg.persistent else n_tiles
+    return args, constexprs, options, grid
+
+
+def flash_fwd_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_scale: float,
+                     causal: bool, window_left: int, window_right: int, softcap: float,
+                     alibi_slopes: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
+                     philox_seed: int = 0, return_softmax: bool = False,
+                     config_overrides: Optional[Dict[str, Any]] = None):
+    """Attention forward with the Gluon sm90 kernel.
+
+    q (b, s_q, h, d), k (b, s_k, h_k, d), v (b, s_k, h_k, d_v); fp16/bf16, TMA-aligned
+    strides; d, d_v in support.HEAD_DIMS. Returns out (b, s_q, h, d_v) in q's dtype, lse
+    float32 (b, h, s_q) (natural log, -inf for rows that see no key), None.
+    ``config_overrides``: FwdConfig fields (ablations, tuning).
+    """
+    if alibi_slopes is not None or dropout_p or return_softmax:
+        raise ValueError("flash_fwd_hopper: alibi, dropout and return_softmax are not covered; "
+                         "dispatch sends those calls to the portable kernels")
+    batch, seqlen_q, n_heads, head_dim = q.shape
+    head_dim_v = v.shape[3]
+    cfg = fwd_config(head_dim, softcap > 0.0,
+                     head_dim_v=head_dim_v if head_dim_v != head_dim else None,
+                     **(config_overrides or {}))
+    out = torch.empty((batch, seqlen_q, n_heads, head_dim_v), dtype=q.dtype, device=q.device)
+    lse = torch.empty((batch, n_heads, seqlen_q), dtype=torch.float32, device=q.device)
+    counter = _tile_counter(cfg, window_right, lse)
+    # what the launch's arguments are made of apart from the tensors (out is contiguous: its
+    # strides follow from q's shape)
+    key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.device,
+           softmax_scale, window_left, window_right, softcap,
+           tuple(sorted(config_overrides.items())) if config_overrides else None)
+
+    def build():
+        args, constexprs, options, grid = launch_args(
+            q, k, v, out, lse, cfg, softmax_scale=softmax_scale, window_left=window_left,
+            window_right=window_right, softcap=softcap, num_sms=sm_count(q.device),
+            counter=counter)
+        return attn_fwd_kernel, (grid,), args, {**constexprs, **options}
+
+    _PLANS.launch(key, (q, k, v, out, lse, counter), build)
+    return out, lse, None
+
+
+# Launch plans (kernels/launch.py) of earlier calls: a repeated call shape costs allocations +
+# one replayed launch (launch_args' Python, descriptor validation and the binder measured 65 of
+# the 124 us of a call on the H100 host, session 7). Slots: the q, k, v, out descriptors, lse
+# and the tile-queue counter (lse stands in for the counter when the queue is static).
+_PLANS = LaunchPlans(slots=(0, 1, 2, 3, 4, 5))

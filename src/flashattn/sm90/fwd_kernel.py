@@ -1,0 +1,501 @@
+"""FlashAttention-3-style forward for sm90, written in Gluon.
+
+One CTA = three warp-specialised partitions sharing a circular shared-memory pipeline:
+
+    producer   1 warp, ~24 registers: TMA loads of Q (once per tile) and of K, V blocks into
+               NUM_STAGES ring slots; each slot has a *ready* mbarrier (TMA transaction
+               count) and an *empty* mbarrier (both consumers arrive when done reading).
+    consumer0  warpgroup (default partition), ~240 registers: rows [0, HALF_M) of the tile
+    consumer1  warpgroup (worker partition),  ~240 registers: rows [HALF_M, BLOCK_M)
+    (CONSUMERS = 3, used at d = 64: BLOCK_M = 192, a third consumer warpgroup, 160 registers
+    each; every K/V block loaded then serves 192 query rows instead of 128)
+
+Each consumer computes S = Q K^T and O += P V with wgmma (Q, K, V from shared memory, P from
+registers: the S accumulator converted in registers to the A-operand layout), online softmax
+in exp2 with log2(e) folded into the scale, and writes O through shared memory with a TMA
+store plus the natural-log LSE (b, h, s_q) float32.
+
+Scheduling knobs (constexpr, for the ablation table in benchmarks/NOTES.md):
+    PINGPONG       the two consumers take turns issuing their GEMMs, so one warpgroup's softmax
+                   runs while the other's GEMMs use the tensor cores. 0 off; 1 the token passes
+                   through two mbarriers (every arrive is a warpgroup bar.sync + one-thread
+                   arrive, Triton's lowering); 2 through two hardware named barriers (bar.sync /
+                   bar.arrive over 256 threads, as CUTLASS kernels do), in inline PTX, around the
+                   steady-state GEMM pairs only. Off by default (config.py): both measured equal
+                   or slower here (benchmarks/NOTES.md).
+    INTRA_OVERLAP  inside a warpgroup, S_{j+1} = Q K_{j+1}^T and O += P_j V_j are issued together
+                   and the softmax of block j+1 runs while P_j V_j is still in flight.
+                   2: as 1, and O's rescale by block j's alpha runs between the two issues
+                   (while QK^T is in flight) instead of after P_{j-1} V_{j-1} has landed, where
+                   it delays the next issue (FA4's sm90 forward does this for d_v > 128).
+                   Measured equal at d = 128, -2% at d = 256: off by default.
+    DYNAMIC        persistent tile queue (global atomic counter) instead of a static
+                   round-robin: causal tiles differ in length, so CTAs take the next
+                   (longest remaining) tile when they finish one.
+    Persistence is a launch choice (grid = #SMs, or one CTA per tile). The producer hands each
+    tile index to the consumers through shared memory with Q's barrier.
+    NO_WS          ablation only: no producer warp; consumer warpgroup 0 issues the TMA loads
+                   between its own GEMMs (static tile order). Measured -35..-45 % at d=128.
+
+Every Gluon ``mbarrier.arrive`` from a consumer is a warpgroup ``bar.sync`` followed by a
+one-thread arrive (Triton's lowering): each K or V release costs one warpgroup barrier, which
+is where ncu's "CTA barrier" stalls of this kernel come from. Releasing K and V of a slot with
+one arrive after PV was measured slower (K's slot refills a block later: NOTES).
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+                                                               warpgroup_mma, warpgroup_mma_wait)
+
+from flashattn.sm90.ptx import per_thread_ptx
+from flashattn.sm90.ring import ring_load
+from flashattn.sm90.softmax import LN2, apply_softcap, mask_scores, online_softmax
+from flashattn.sm90.tiles import block_needs_mask, key_block_range, tile_coords
+
+
+@gluon.jit
+def _producer(descs, smem, bars, problem, window, tile_counter, BLOCK_M: gl.constexpr,
+              HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
+              LONGEST_FIRST: gl.constexpr, PINGPONG: gl.constexpr, INTRA_OVERLAP: gl.constexpr,
+              SEPARATE_O: gl.constexpr, DYNAMIC: gl.constexpr):
+    """Issue every TMA load of this CTA's tiles, in the order the consumers use them."""
+    q_desc, k_desc, v_desc, o_desc = descs
+    q_smem, k_smem, v_smem, o_smem, tile_slot = smem
+    q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn = bars
+    seqlen_q, seqlen_k, n_heads, group_size, n_bh, n_m_blocks, n_tiles, heads_per_group = problem
+    window_left, window_right = window
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
+
+    kv_count = 0
+    tile_iter = 0
+    tile = gl.program_id(0)
+    while tile < n_tiles:
+        b, h, m_block = tile_coords(tile, n_m_blocks, n_heads, n_bh, heads_per_group, LONGEST_FIRST)
+        m_start = m_block * BLOCK_M
+        h_k = h // group_size
+        lo_blk, n_blocks = key_block_range(m_start, seqlen_q, seqlen_k, window_left, window_right,
+                                           BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+        # Q of this tile: both halves on one barrier (the slot is free once both consumers
+        # released the previous tile's Q). The tile index rides along in shared memory.
+        mbarrier.wait(q_empty, (tile_iter & 1) ^ 1)
+        _publish_tile(tile_slot, tile)
+        _load_q(q_desc, q_smem, q_ready, b, h, m_start)
+        if DYNAMIC:
+            # next tile from the global queue (tiles are ordered longest first); its latency
+            # hides behind this tile's K/V loads
+            next_tile = gl.num_programs(0) + gl.atomic_add(tile_counter, 1)
+        else:
+            next_tile = tile + gl.num_programs(0)
+        for j in range(n_blocks):
+            kv_count = _load_kv(descs, smem, bars, kv_count, b, (lo_blk + j) * BLOCK_N, h_k)
+        tile_iter += 1
+        tile = next_tile
+    # no more tiles: tell the consumers (an index >= n_tiles, published like the others)
+    mbarrier.wait(q_empty, (tile_iter & 1) ^ 1)
+    _publish_tile(tile_slot, tile)
+    mbarrier.arrive(q_ready)
+
+
+@gluon.jit
+def _load_q(q_desc, q_smem, q_ready, b, h, m_start):
+    """TMA loads of a tile's Q, one HALF_M-row piece per consumer, all on ``q_ready``; the
+    caller has waited for ``q_empty``."""
+    HALF_M: gl.constexpr = q_desc.block_type.shape[1]
+    CONSUMERS: gl.constexpr = q_smem.shape[0]
+    mbarrier.expect(q_ready, CONSUMERS * q_desc.block_type.nbytes)
+    for i in gl.static_range(CONSUMERS):
+        tma.async_copy_global_to_shared(q_desc, [b, m_start + i * HALF_M, h, 0], q_ready,
+                                        q_smem.index(i))
+
+
+@gluon.jit
+def _load_kv(descs, smem, bars, kv_count, b, n_start, h_k):
+    """TMA loads of key block ``n_start`` (K, then V) into ring slot ``kv_count % NUM_STAGES``,
+    each once every consumer has released the slot. Returns ``kv_count + 1``."""
+    q_desc, k_desc, v_desc, o_desc = descs
+    q_smem, k_smem, v_smem, o_smem, tile_slot = smem
+    q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn = bars
+    NUM_STAGES: gl.constexpr = k_smem.shape[0]
+    stage = kv_count % NUM_STAGES
+    phase = (kv_count // NUM_STAGES) & 1
+    ring_load(k_desc, [b, n_start, h_k, 0], k_smem, k_ready, k_empty, stage, phase)
+    ring_load(v_desc, [b, n_start, h_k, 0], v_smem, v_ready, v_empty, stage, phase)
+    return kv_count + 1
+
+
+@gluon.jit
+def _publish_tile(tile_slot, tile):
+    """Producer -> consumers: the next tile index, written before q_ready's arrive (release)."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    tile_slot.store(gl.zeros([1], gl.int32, layout) + tile)
+
+
+@gluon.jit
+def _read_tile(tile_slot):
+    """Consumer side of _publish_tile, after q_ready's wait (acquire)."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    return gl.max(tile_slot.load(layout), axis=0)
+
+
+# Hardware named-barrier ids of the ping-pong token (PINGPONG == 2): warpgroup WG waits on
+# TURN_BARRIER + WG. Triton's own partitions use ids 0-2 (membar's per-partition bar.sync and
+# the warp_specialize start-up barrier in this kernel's PTX); 16 exist.
+TURN_BARRIER = gl.constexpr(12)
+
+
+@gluon.jit
+def _named_barrier(BAR_ID: gl.constexpr, ARRIVE: gl.constexpr):
+    """bar.sync (wait until 256 threads, both consumer warpgroups, have arrived) or bar.arrive
+    (count this warpgroup's 128 threads and go on) on named barrier BAR_ID, from every thread of
+    one warpgroup (Gluon has no named-barrier op: ptx.per_thread_ptx)."""
+    gl.static_assert(BAR_ID == 12 or BAR_ID == 13)
+    if ARRIVE:
+        if BAR_ID == 12:
+            per_thread_ptx("bar.arrive 12, 256;")
+        else:
+            per_thread_ptx("bar.arrive 13, 256;")
+    else:
+        if BAR_ID == 12:
+            per_thread_ptx("bar.sync 12, 256;")
+        else:
+            per_thread_ptx("bar.sync 13, 256;")
+
+
+@gluon.jit
+def _turn_start(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """Ping-pong: warpgroup 1 hands the first turn to warpgroup 0 (once per kernel)."""
+    if PINGPONG == 1:
+        if WG == 1:
+            mbarrier.arrive(turn.index(0))
+    if PINGPONG == 2:
+        if WG == 1:
+            _named_barrier(TURN_BARRIER, True)
+
+
+@gluon.jit
+def _turn_end(WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """Ping-pong (named): warpgroup 0 consumes warpgroup 1's last hand-off, so no arrival is
+    left pending on a hardware barrier when the CTA exits (mbarriers need no such step)."""
+    if PINGPONG == 2:
+        if WG == 0:
+            _named_barrier(TURN_BARRIER, False)
+
+
+@gluon.jit
+def _turn_wait(turn, WG: gl.constexpr, turn_count, PINGPONG: gl.constexpr,
+               STEADY: gl.constexpr = False):
+    """Ping-pong: wait until the other warpgroup has issued its GEMMs. The named-barrier
+    token (PINGPONG == 2) is passed only around the steady-state GEMM pairs (STEADY), the
+    same count in both warpgroups for every tile."""
+    if PINGPONG == 1:
+        mbarrier.wait(turn.index(WG), turn_count & 1)
+    if PINGPONG == 2:
+        if STEADY:
+            _named_barrier(TURN_BARRIER + WG, False)
+    return turn_count + 1
+
+
+@gluon.jit
+def _turn_pass(turn, WG: gl.constexpr, PINGPONG: gl.constexpr, STEADY: gl.constexpr = False):
+    """Ping-pong: hand the tensor cores to the other warpgroup."""
+    if PINGPONG == 1:
+        mbarrier.arrive(turn.index(1 - WG))
+    if PINGPONG == 2:
+        if STEADY:
+            _named_barrier(TURN_BARRIER + 1 - WG, True)
+
+
+@gluon.jit
+def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, lse_ptr,
+              BLOCK_M: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
+              LONGEST_FIRST: gl.constexpr, PINGPONG: gl.constexpr, INTRA_OVERLAP: gl.constexpr,
+              SEPARATE_O: gl.constexpr, DYNAMIC: gl.constexpr, NO_WS: gl.constexpr):
+    """One consumer warpgroup: rows [WG * HALF_M, (WG + 1) * HALF_M) of every tile
+    (HALF_M = BLOCK_M // CONSUMERS: the name is from the two-consumer layout).
+
+    NO_WS (ablation only): there is no producer warp; warpgroup 0 issues the TMA loads itself,
+    NUM_STAGES key blocks ahead, at the end of each key block (FA2-style software pipelining
+    inside the compute warps), and both warpgroups walk the static round-robin tile order."""
+    q_desc, k_desc, v_desc, o_desc = descs
+    q_smem, k_smem, v_smem, o_smem, tile_slot = smem
+    q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn = bars
+    seqlen_q, seqlen_k, n_heads, group_size, n_bh, n_m_blocks, n_tiles, heads_per_group = problem
+    window_left, window_right = window
+    qk_scale, softcap_inv, softcap_log2 = scales
+    HALF_M: gl.constexpr = q_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
+    NUM_STAGES: gl.constexpr = k_smem.shape[0]
+
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]  # of Q and K (padded)
+    HEAD_DIM_V: gl.constexpr = v_desc.block_type.shape[3]  # of V and O (padded)
+    dtype: gl.constexpr = q_desc.dtype
+    # wgmma layouts of one warpgroup: S (HALF_M x BLOCK_N) and O (HALF_M x HEAD_DIM_V)
+    S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM_V, 16])
+    P_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
+    ROW_S: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)
+    ROW_O: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
+
+    if HAS_SOFTCAP:
+        s_unit = 1.0  # apply_softcap returns log2 units
+    else:
+        s_unit = qk_scale
+
+    gl.static_assert(WG * HALF_M < BLOCK_M)
+    gl.static_assert(PINGPONG == 0 or BLOCK_M == 2 * HALF_M)  # the turn token passes 0 <-> 1
+    _turn_start(turn, WG, PINGPONG)  # warpgroup 0 issues first
+    turn_count = 0
+    kv_count = 0
+    tile_iter = 0
+    s_zero = gl.zeros([HALF_M, BLOCK_N], gl.float32, S_LAYOUT)
+    q_view = q_smem.index(WG).reshape([HALF_M, HEAD_DIM])
+    o_view = o_smem.index(WG).reshape([HALF_M, HEAD_DIM_V])
+    load_count = 0  # NO_WS: key blocks whose loads warpgroup 0 has issued
+    if NO_WS:
+        tile = gl.program_id(0)
+    else:
+        mbarrier.wait(q_ready, 0)
+        tile = _read_tile(tile_slot)
+    while tile < n_tiles:
+        b, h, m_block = tile_coords(tile, n_m_blocks, n_heads, n_bh, heads_per_group, LONGEST_FIRST)
+        m_start = m_block * BLOCK_M
+        row0 = m_start + WG * HALF_M
+        lo_blk, n_blocks = key_block_range(m_start, seqlen_q, seqlen_k, window_left, window_right,
+                                           BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+        h_k = h // group_size
+        if NO_WS:
+            if WG == 0:  # this tile's Q and the first NUM_STAGES key blocks
+                mbarrier.wait(q_empty, (tile_iter & 1) ^ 1)
+                _load_q(q_desc, q_smem, q_ready, b, h, m_start)
+                for i in range(gl.minimum(n_blocks, NUM_STAGES)):
+                    load_count = _load_kv(descs, smem, bars, load_count, b,
+                                          (lo_blk + i) * BLOCK_N, h_k)
+            mbarrier.wait(q_ready, tile_iter & 1)
+        m_i = gl.full([HALF_M], float("-inf"), gl.float32, ROW_S)
+        l_i = gl.zeros([HALF_M], gl.float32, ROW_S)
+        acc = gl.zeros([HALF_M, HEAD_DIM_V], gl.float32, O_LAYOUT)
+
+        if n_blocks > 0:
+            # ---- first key block: S_0, softmax -> P_0 (acc is still zero)
+            stage = kv_count % NUM_STAGES
+            phase = (kv_count // NUM_STAGES) & 1
+            n_start = lo_blk * BLOCK_N
+            mbarrier.wait(k_ready.index(stage), phase)
+            k_view = k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+            turn_count = _turn_wait(turn, WG, turn_count, PINGPONG)
+            s_tok = warpgroup_mma(q_view, k_view, s_zero, use_acc=False, is_async=True)
+            _turn_pass(turn, WG, PINGPONG)
+            s = warpgroup_mma_wait(0, deps=(s_tok,))
+            mbarrier.arrive(k_empty.index(stage))
+            if HAS_SOFTCAP:
+                s = apply_softcap(s, softcap_inv, softcap_log2)
+            if block_needs_mask(n_start, m_start, seqlen_q, seqlen_k, window_left, window_right,
+                                BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT):
+                s = mask_scores(s, row0, n_start, seqlen_q, seqlen_k, window_left, window_right,
+                                S_LAYOUT, HALF_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+            p, m_i, l_i, alpha = online_softmax(s, m_i, l_i, s_unit)
+            p_op = gl.convert_layout(p.to(dtype), P_LAYOUT)
+            if INTRA_OVERLAP == 2:
+                alpha_o = gl.convert_layout(alpha, ROW_O)  # (acc is still zero: no-op rescale)
+            prev_stage = stage
+            prev_phase = phase
+            kv_count += 1
+
+            # ---- steady state: block j's S and block j-1's PV
+            for j in range(1, n_blocks):
+                stage = kv_count % NUM_STAGES
+                phase = (kv_count // NUM_STAGES) & 1
+                n_start = (lo_blk + j) * BLOCK_N
+                k_view = k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+                v_prev = v_smem.index(prev_stage).reshape([BLOCK_N, HEAD_DIM_V])
+                if INTRA_OVERLAP:
+                    mbarrier.wait(k_ready.index(stage), phase)
+                    mbarrier.wait(v_ready.index(prev_stage), prev_phase)
+                    turn_count = _turn_wait(turn, WG, turn_count, PINGPONG, True)
+                    s_tok = warpgroup_mma(q_view, k_view, s_zero, use_acc=False, is_async=True)
+                    if INTRA_OVERLAP == 2:  # block j-1's rescale, under QK^T
+                        acc = acc * gl.expand_dims(alpha_o, 1)
+                    acc_tok = warpgroup_mma(p_op, v_prev, acc, is_async=True)
+                    _turn_pass(turn, WG, PINGPONG, True)
+                    s = warpgroup_mma_wait(1, deps=(s_tok,))
+                    mbarrier.arrive(k_empty.index(stage))
+                else:
+                    mbarrier.wait(v_ready.index(prev_stage), prev_phase)
+                    turn_count = _turn_wait(turn, WG, turn_count, PINGPONG, True)
+                    acc_tok = warpgroup_mma(p_op, v_prev, acc, is_async=True)
+                    acc = warpgroup_mma_wait(0, deps=(acc_tok,))
+                    mbarrier.arrive(v_empty.index(prev_stage))
+                    mbarrier.wait(k_ready.index(stage), phase)
+                    s_tok = warpgroup_mma(q_view, k_view, s_zero, use_acc=False, is_async=True)
+                    _turn_pass(turn, WG, PINGPONG, True)
+                    s = warpgroup_mma_wait(0, deps=(s_tok,))
+                    mbarrier.arrive(k_empty.index(stage))
+                if HAS_SOFTCAP:
+                    s = apply_softcap(s, softcap_inv, softcap_log2)
+                if block_needs_mask(n_start, m_start, seqlen_q, seqlen_k, window_left,
+                                    window_right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT):
+                    s = mask_scores(s, row0, n_start, seqlen_q, seqlen_k, window_left,
+                                    window_right, S_LAYOUT, HALF_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+                p, m_i, l_i, alpha = online_softmax(s, m_i, l_i, s_unit)
+                if INTRA_OVERLAP:
+                    acc = warpgroup_mma_wait(0, deps=(acc_tok,))
+                    mbarrier.arrive(v_empty.index(prev_stage))
+                if NO_WS:
+                    if WG == 0:  # block j - 1's slot is free once the other warpgroup agrees
+                        if j - 1 + NUM_STAGES < n_blocks:
+                            load_count = _load_kv(descs, smem, bars, load_count, b,
+                                                  (lo_blk + j - 1 + NUM_STAGES) * BLOCK_N, h_k)
+                if INTRA_OVERLAP == 2:
+                    alpha_o = gl.convert_layout(alpha, ROW_O)  # applied before PV_j's issue
+                else:
+                    acc = acc * gl.expand_dims(gl.convert_layout(alpha, ROW_O), 1)
+                p_op = gl.convert_layout(p.to(dtype), P_LAYOUT)
+                prev_stage = stage
+                prev_phase = phase
+                kv_count += 1
+
+            # ---- last PV
+            v_prev = v_smem.index(prev_stage).reshape([BLOCK_N, HEAD_DIM_V])
+            mbarrier.wait(v_ready.index(prev_stage), prev_phase)
+            turn_count = _turn_wait(turn, WG, turn_count, PINGPONG)
+            if INTRA_OVERLAP == 2:
+                acc = acc * gl.expand_dims(alpha_o, 1)
+            acc_tok = warpgroup_mma(p_op, v_prev, acc, is_async=True)
+            _turn_pass(turn, WG, PINGPONG)
+            acc = warpgroup_mma_wait(0, deps=(acc_tok,))
+            mbarrier.arrive(v_empty.index(prev_stage))
+
+        # ---- epilogue: O / l through shared memory and a TMA store; LSE in natural log
+        if SEPARATE_O:
+            mbarrier.arrive(q_empty)  # every QK^T of this tile is done: Q's slot may refill
+        l_o = gl.convert_layout(l_i, ROW_O)
+        inv_l = gl.where(l_o > 0.0, 1.0 / l_o, 0.0)
+        out = (acc * gl.expand_dims(inv_l, 1)).to(dtype)
+        tma.store_wait(0)  # the previous tile's store has left o_smem
+        o_view.store(out)
+        fence_async_shared()
+        tma.async_copy_shared_to_global(o_desc, [b, row0, h, 0], o_smem.index(WG))
+
+        rows = row0 + gl.arange(0, HALF_M, layout=ROW_S)
+        lse = gl.where(l_i > 0.0, (m_i + gl.log2(l_i)) * LN2, float("-inf"))
+        lse_off = (b * n_heads + h).to(gl.int64) * seqlen_q + rows
+        gl.store(lse_ptr + lse_off, lse, mask=rows < seqlen_q)
+        if not SEPARATE_O:
+            tma.store_wait(0)
+            mbarrier.arrive(q_empty)  # O went out through Q's slot
+        tile_iter += 1
+        if NO_WS:
+            tile += gl.num_programs(0)
+        else:
+            mbarrier.wait(q_ready, tile_iter & 1)
+            tile = _read_tile(tile_slot)
+    _turn_end(WG, PINGPONG)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
+                    seqlen_q, seqlen_k, n_heads, group_size, n_bh, n_m_blocks, n_tiles,
+                    heads_per_group, window_left, window_right,
+                    qk_scale, softcap_inv, softcap_log2,
+                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+                    HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
+                    LONGEST_FIRST: gl.constexpr, PINGPONG: gl.constexpr,
+                    INTRA_OVERLAP: gl.constexpr, SEPARATE_O: gl.constexpr, DYNAMIC: gl.constexpr,
+                    NO_WS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+                    CONSUMERS: gl.constexpr = 2):
+    """Persistent warp-specialised attention forward (see module docstring).
+
+    Descriptors are rank 4 over (batch, seq, head, dim) with boxes [1, rows, 1, dim_pad] (dim_pad
+    of q / k may differ from that of v / o: head_dim_v != head_dim, e.g. 192 / 128):
+    q/o boxes have HALF_M = BLOCK_M // CONSUMERS rows (one per consumer warpgroup: 2, or 3
+    with BLOCK_M = 192 for small head dims), k/v boxes BLOCK_N rows.
+    TMA zero-fills rows past the sequence end and drops stored rows past it.
+    lse_ptr: float32 (b, h, s_q) contiguous. tile_counter: int32 zero (DYNAMIC: the global
+    tile queue, CTA i starts with tile i, then takes num_programs + atomic_add(counter, 1)).
+    Launch with num_warps=4 (the default partition is consumer 0) and
+    grid = min(#SMs, n_tiles) (or n_tiles: not persistent).
+    """
+    gl.static_assert(BLOCK_M == CONSUMERS * q_desc.block_type.shape[1])
+    gl.static_assert(CONSUMERS == 2 or (CONSUMERS == 3 and not NO_WS))
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS] + q_desc.block_type.shape,
+                                       q_desc.layout)
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [NUM_STAGES] + k_desc.block_type.shape,
+                                       k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [NUM_STAGES] + v_desc.block_type.shape,
+                                       v_desc.layout)
+    if SEPARATE_O:
+        o_smem = gl.allocate_shared_memory(o_desc.dtype, [CONSUMERS] + o_desc.block_type.shape,
+                                           o_desc.layout)
+    else:
+        gl.static_assert(o_desc.block_type.shape[3] == q_desc.block_type.shape[3])  # O in Q's slot
+        o_smem = q_smem
+
+    tile_slot = gl.allocate_shared_memory(gl.int32, [1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_ready, count=1)
+    mbarrier.init(q_empty, count=CONSUMERS)
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=CONSUMERS)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(v_empty.index(i), count=CONSUMERS)
+    for i in gl.static_range(2):
+        mbarrier.init(turn.index(i), count=1)
+    fence_async_shared()
+
+    descs = (q_desc, k_desc, v_desc, o_desc)
+    smem = (q_smem, k_smem, v_smem, o_smem, tile_slot)
+    bars = (q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn)
+    problem = (seqlen_q, seqlen_k, n_heads, group_size, n_bh, n_m_blocks, n_tiles, heads_per_group)
+    window = (window_left, window_right)
+    scales = (qk_scale, softcap_inv, softcap_log2)
+    # constexpr flags go one by one: packed in a tuple they would reach the worker partitions
+    # as i1 values, not constants. (The partition lists are written out twice: a function
+    # cannot be bound to a variable inside a Gluon kernel.)
+    if NO_WS:
+        gl.warp_specialize([
+            (_consumer, (0, descs, smem, bars, problem, window, scales, lse_ptr, BLOCK_M,
+                         HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
+                         INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS)),
+            (_consumer, (1, descs, smem, bars, problem, window, scales, lse_ptr, BLOCK_M,
+                         HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
+                         INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS)),
+        ], [4], [CONSUMER_REGS])
+    elif CONSUMERS == 2:
+        gl.warp_specialize([
+            (_consumer, (0, descs, smem, bars, problem, window, scales, lse_ptr, BLOCK_M,
+                         HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
+                         INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS)),
+            (_consumer, (1, descs, smem, bars, problem, window, scales, lse_ptr, BLOCK_M,
+                         HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
+                         INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS)),
+            (_producer, (descs, smem, bars, problem, window, tile_counter, BLOCK_M, HAS_LEFT,
+                         HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG, INTRA_OVERLAP,
+                         SEPARATE_O, DYNAMIC)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    else:  # three consumer warpgroups (small head dims: more rows per K/V block loaded)
+        gl.warp_specialize([
+            (_consumer, (0, descs, smem, bars, problem, window, scales, lse_ptr, BLOCK_M,
+                         HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
+                         INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS)),
+            (_consumer, (1, descs, smem, bars, problem, window, scales, lse_ptr, BLOCK_M,
+                         HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
+                         INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS)),
+            (_consumer, (2, descs, smem, bars, problem, window, scales, lse_ptr, BLOCK_M,
+                         HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
+                         INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS)),
+            (_producer, (descs, smem, bars, problem, window, tile_counter, BLOCK_M, HAS_LEFT,
+                         HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG, INTRA_OVERLAP,
+                         SEPARATE_O, DYNAMIC)),
+        ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])

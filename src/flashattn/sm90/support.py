@@ -1,0 +1,197 @@
+"""Can the Hopper (Gluon, sm90) path run here, and does it cover this call?
+
+Both questions answer with a reason string (None = yes), so dispatch can fall back to the
+portable kernels and ``python -m flashattn info`` can say why. Nothing here imports the
+Gluon kernels, so the checks are cheap and safe where Gluon's API differs.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Mapping, Optional
+
+import torch
+
+from flashattn.runtime import env
+
+HEAD_DIMS = (64, 96, 128, 192, 256)
+DTYPES = (torch.float16, torch.bfloat16)
+# Gluon's API moves between releases; the kernels are written against this one.
+TRITON_VERSIONS = ("3.6.",)
+
+
+@functools.lru_cache(maxsize=None)
+def gluon_unavailable() -> Optional[str]:
+    """Why this Triton cannot build the Hopper kernels (None when it can)."""
+    try:
+        import triton
+    except ImportError:
+        return "triton is not installed"
+    version = getattr(triton, "__version__", "?")
+    if not version.startswith(TRITON_VERSIONS):
+        return f"triton {version}: the Gluon kernels are written for {', '.join(TRITON_VERSIONS)}x"
+    try:
+        from triton.experimental.gluon import language as gl
+        from triton.experimental.gluon.language.nvidia import hopper
+        from triton.experimental.gluon.nvidia import hopper as gluon_host
+    except Exception as exc:  # pragma: no cover - depends on the installed triton
+        return f"triton.experimental.gluon not importable ({type(exc).__name__}: {exc})"
+    needed = [(gl, "warp_specialize"), (gl, "NVMMADistributedLayout"), (hopper, "warpgroup_mma"),
+              (hopper, "warpgroup_mma_wait"), (hopper.tma, "async_copy_global_to_shared"),
+              (hopper.tma, "async_copy_shared_to_global"), (hopper.mbarrier, "expect"), (gluon_host, "TensorDescriptor")]
+    missing = [f"{mod.__name__}.{name}" for mod, name in needed if not hasattr(mod, name)]
+    if missing:
+        return f"triton {version} lacks {', '.join(missing)}"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _device_unavailable(index: int) -> Optional[str]:
+    cap = torch.cuda.get_device_capability(index)
+    if cap != (9, 0):
+        return f"device cuda:{index} is sm_{cap[0]}{cap[1]}, not sm_90"
+    return gluon_unavailable()
+
+
+def device_unavailable(device: torch.device) -> Optional[str]:
+    """Why tensors on ``device`` cannot use the Hopper kernels (None when they can)."""
+    if device.type != "cuda":
+        return f"{device.type} tensors"
+    if not torch.cuda.is_available():
+        return "CUDA is not available"
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _device_unavailable(index)
+
+
+def tma_ok(t: torch.Tensor) -> bool:
+    """Whether TMA can address ``t``: 16-byte aligned base and strides, unit last stride,
+    positive strides."""
+    # (a plain loop, no generator: this runs three times per call on the dispatch path)
+    strides = t.stride()
+    if strides[-1] != 1 or t.data_ptr() % 16:
+        return False
+    elem = t.element_size()
+    for s in strides[:-1]:
+        if s <= 0 or (s * elem) % 16:
+            return False
+    return True
+
+
+def call_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     params: Mapping[str, Any]) -> Optional[str]:
+    """Why this forward call is not covered by the Hopper kernel (None when it is).
+
+    params: the normalised keyword arguments of docs/internals.md.
+    """
+    if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        return f"dtype {q.dtype} (Hopper path: float16, bfloat16)"
+    d, d_v = q.shape[-1], v.shape[-1]
+    if d not in HEAD_DIMS or d_v not in HEAD_DIMS:
+        return f"head dims {d}/{d_v} (Hopper path: each one of {HEAD_DIMS})"
+    if params.get("alibi_slopes") is not None:
+        return "alibi_slopes"
+    if float(params.get("dropout_p", 0.0)) != 0.0:
+        return "dropout"
+    if params.get("return_softmax", False):
+        return "return_softmax"
+    scale = float(params.get("softmax_scale", 1.0))
+    if not (math.isfinite(scale) and scale > 0.0):
+        return f"softmax_scale {scale} (Hopper path: finite, > 0)"
+    softcap = float(params.get("softcap", 0.0))
+    if softcap < 0.0 or not math.isfinite(softcap):
+        return f"softcap {softcap}"
+    if max(q.shape[:3]) >= 2**31 or max(k.shape[:3]) >= 2**31:
+        return "a dimension >= 2**31"
+    if not (tma_ok(q) and tma_ok(k) and tma_ok(v)):
+        return "strides or base not 16-byte aligned (TMA)"
+    return None
+
+
+# Below these key lengths the portable kernels measured faster on the H100 (16k tokens per
+# call; benchmarks/NOTES.md, session 4, after the launch-overhead work): the Hopper kernels pay
+# fixed costs (descriptors, tile queue, warp-role start; the backward's dQ workspace and its
+# cast) over too few key blocks, and at s_k = 512 every call is host-bound anyway.
+# Forward hopper/portable, dense: d <= 128 at 1k 1.07-1.23x, at 512 0.79-1.03x; d = 256 at 1k
+# 0.94x, at 2k 1.42x. Masked (causal): at 1k 0.67-0.72x, at 2k 1.10-1.14x.
+# Backward, dense: at 1k 1.05-1.18x, at 512 0.68-1.0x; causal: at 1k 0.84-1.06x, at 2k 1.09-1.22x.
+MIN_SEQLEN_K_DENSE = 1024
+MIN_SEQLEN_K_DENSE_LARGE_D = 2048  # head dim > 128 (forward)
+MIN_SEQLEN_K_MASKED = 2048
+MIN_SEQLEN_K_BWD_DENSE = 1024
+MIN_SEQLEN_K_BWD_MASKED = 2048
+# Backward at d = 192 / 256 (bwd_wide_kernel.py against the portable backward, session 6):
+# dense 512: 216 vs 162 TFLOP/s, 1k: 276 vs 198; causal 512: 109 vs 119, 1k: 212 vs 156.
+MIN_SEQLEN_K_BWD_DENSE_LARGE_D = 512
+MIN_SEQLEN_K_BWD_MASKED_LARGE_D = 1024
+
+
+def slower_than_portable(q: torch.Tensor, k: torch.Tensor, params: Mapping[str, Any],
+                         backward: bool = False) -> Optional[str]:
+    """Why ``dispatch`` in auto mode keeps this covered call (forward, or ``backward``) on the
+    portable kernels (measured to be faster there), or None. FLASHATTN_BACKEND=hopper ignores
+    this rule."""
+    seqlen_k = k.shape[1]
+    masked = int(params.get("window_left", -1)) >= 0 or int(params.get("window_right", -1)) >= 0
+    if backward and q.shape[-1] > 128:
+        need = MIN_SEQLEN_K_BWD_MASKED_LARGE_D if masked else MIN_SEQLEN_K_BWD_DENSE_LARGE_D
+    elif backward:
+        need = MIN_SEQLEN_K_BWD_MASKED if masked else MIN_SEQLEN_K_BWD_DENSE
+    elif masked:
+        need = MIN_SEQLEN_K_MASKED
+    else:
+        need = MIN_SEQLEN_K_DENSE if q.shape[-1] <= 128 else MIN_SEQLEN_K_DENSE_LARGE_D
+    if seqlen_k < need:
+        return (f"seqlen_k {seqlen_k} < {need} ({'backward, ' if backward else ''}"
+                f"{'masked' if masked else 'dense'}): portable is faster there")
+    return None
+
+
+def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                params: Mapping[str, Any]) -> Optional[str]:
+    """Device check and call check together (None: the Hopper forward runs this call)."""
+    return device_unavailable(q.device) or call_unsupported(q, k, v, params)
+
+
+# Backward: bwd_kernel.py for d <= 128 (d = 96 runs as 128, zero-padded), bwd_wide_kernel.py
+# for d = 192 / 256 (run as 256). dQ is accumulated by TMA reduce-add (fp32). Its order is
+# fixed for deterministic=True at d = 128 without a mask or softcap (the key tiles take turns
+# through a dQ writer warp, config.BwdConfig.deterministic; the kernel also runs d = 64 and
+# masks); other deterministic calls run the portable backward. Measured on H100 (session 10,
+# hopper_probe --mode bwd, TFLOP/s, ordered Hopper / portable deterministic): dense d = 128
+# 16k 500 / 405, 8k 444 / 393, 2k 359 / 339; d = 64 8k 326 / 313, 2k 242 / 272; causal d = 128
+# 16k 315 / 408, 8k 252 / 368, 2k 193 / 279, d = 64 8k 224 / 296. Under a mask the key tiles'
+# turns serialise; at d = 64 the writer's per-block round trips cost as much as the GEMMs.
+BWD_HEAD_DIMS = (64, 96, 128, 192, 256)
+ENV_HOPPER_BWD = "FLASHATTN_HOPPER_BWD"
+
+
+def backward_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         params: Mapping[str, Any]) -> Optional[str]:
+    """Why this backward call is not covered by the Hopper backward kernel (None when it is).
+
+    params: the normalised keyword arguments of docs/internals.md (backward form, with
+    ``deterministic``). ``FLASHATTN_HOPPER_BWD=0`` turns the Hopper backward off.
+    """
+    if not env.settings().hopper_bwd:
+        return f"{ENV_HOPPER_BWD}=0"
+    why = call_unsupported(q, k, v, {**params, "return_softmax": False})
+    if why is not None:
+        return why
+    if q.shape[-1] not in BWD_HEAD_DIMS:
+        return f"head dim {q.shape[-1]} (Hopper backward: one of {BWD_HEAD_DIMS})"
+    if v.shape[-1] != q.shape[-1]:
+        return f"head dims {q.shape[-1]}/{v.shape[-1]} (Hopper backward: equal)"
+    if params.get("deterministic", False):
+        from flashattn.sm90.config import ordered_dq_unsupported
+
+        if int(params.get("window_right", -1)) >= 0 or int(params.get("window_left", -1)) >= 0:
+            return ("deterministic=True with a causal or window mask (the ordered dQ measured "
+                    "slower than the portable backward there)")
+        if q.shape[-1] != 128:
+            return (f"deterministic=True at head dim {q.shape[-1]} (the ordered dQ measured "
+                    f"faster than the portable backward at d = 128 only)")
+        why = ordered_dq_unsupported(q.shape[-1], int(params.get("window_left", -1)),
+                                     float(params.get("softcap", 0.0)))
+        if why is not None:
+            return f"deterministic=True with {why}"
+    return None

@@ -1,0 +1,417 @@
+"""Split-KV (Flash-Decoding) attention over a KV cache, contiguous or paged.
+
+One program owns one KV head of one batch row and *all* the query rows that read it: the
+``G = h // h_k`` query heads of the GQA group times the query positions, packed as rows
+``r = i * G + g`` (query position i, head ``h_k_idx * G + g``) of a ``BLOCK_M`` tile. So every
+K/V byte crosses HBM once per program, and one ``tl.dot`` serves the whole group.
+
+When ``b * h_k`` programs cannot fill the GPU, the key range is cut into ``num_splits``
+equal chunks (axis 2 of the grid). Each chunk's length comes from the sequence's own key
+count, read on the device, so no host value is needed (CUDA-graph friendly) and no program
+walks keys it does not own. A split writes its normalised partial output and LSE in fp32
+(``kernels.combine`` merges them); with one split the program writes out and lse directly.
+
+Key addressing (absolute cache position ``p = start_k + j`` of local key j):
+- contiguous cache (b_cache, s_cache, h_k, d): row ``cache_batch_idx[b]`` (or b), seq p;
+  on sm90 through a TMA tensor descriptor over that (s_cache, d) slab when aligned;
+- paged cache (num_blocks, page_size, h_k, d): page ``block_table[b, p // page_size]``,
+  row ``p % page_size``; every row is gathered with 64-bit offsets (any page size >= 1).
+Local key j runs over ``[0, s_k)`` with ``s_k = seqlens_k[b] + seqlen_k_add - start_k``
+(``start_k`` = cache_leftpad[b] or 0); visibility (causal / window) and ALiBi are bottom-right
+aligned on those local indices, exactly as the dense kernels on a (s_q, s_k) problem.
+
+Varlen queries (``VARLEN_Q``): q / out are one packed (total_q, h, d) batch, the sequence
+``b`` owns rows ``[cu_seqlens_q[b], cu_seqlens_q[b + 1])``.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from flashattn.runtime import env as _env
+from flashattn.runtime.launch import launch_jit
+from flashattn.triton import config
+from flashattn.triton.mask import LN2, LOG2E, key_range, score_mod, score_scales, visible_mask
+
+
+@triton.jit
+def _decode_kernel(
+    Q, K, V, Out, Lse, SeqlensK, LeftPad, BatchIdx, BlockTable, Alibi, CuSeqQ,
+    stride_qb, stride_qm, stride_qh,
+    stride_kb, stride_kn, stride_kh,
+    stride_vb, stride_vn, stride_vh,
+    stride_os, stride_ob, stride_om, stride_oh,
+    stride_ls, stride_lb, stride_lh, stride_lm,
+    stride_btb, stride_ab, stride_ah,
+    seqlen_q, seqlen_k_add, cache_rows, nheads_k, n_bh,
+    sm_scale, softcap, window_left, window_right,
+    G: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    PAGED: tl.constexpr, HAS_LEFTPAD: tl.constexpr, HAS_BATCH_IDX: tl.constexpr,
+    VARLEN_Q: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    UPCAST: tl.constexpr, DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr,
+):
+    # (batch, KV head) and query block share grid axis 0, (batch, KV head) fastest: axis 1
+    # stops at 65535 blocks, which a long prefill through the kvcache API can pass
+    pid = tl.program_id(0)
+    pid_bh = pid % n_bh
+    pid_m = pid // n_bh
+    pid_s = tl.program_id(2)
+    n_splits = tl.num_programs(2)
+    off_b = pid_bh // nheads_k
+    off_hk = pid_bh % nheads_k
+
+    if VARLEN_Q:
+        q_start = tl.load(CuSeqQ + off_b).to(tl.int64)
+        s_q = (tl.load(CuSeqQ + off_b + 1) - q_start).to(tl.int32)
+    else:
+        q_start = tl.zeros([], dtype=tl.int64)
+        s_q = seqlen_q
+    m_first = pid_m * BLOCK_M
+    if m_first >= s_q * G:  # varlen: this sequence has fewer rows than the grid's max
+        return
+
+    # packed rows: query position i = r // G, query head h_k_idx * G + r % G
+    rows = m_first + tl.arange(0, BLOCK_M)
+    offs_i = rows // G
+    off_h = off_hk * G + rows % G
+    row_ok = offs_i < s_q
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+
+    start_k = 0
+    if HAS_LEFTPAD:
+        start_k = tl.load(LeftPad + off_b)
+    seqlen_k = tl.load(SeqlensK + off_b) + seqlen_k_add - start_k
+    diag = seqlen_k - s_q
+
+    # keys some row of this tile may see, then this split's equal share of them
+    i_lo = m_first // G
+    i_hi = tl.minimum((m_first + BLOCK_M - 1) // G, s_q - 1)
+    lo, _mid_lo, _mid_hi, hi = key_range(i_lo, i_hi + 1, seqlen_k, diag, window_left,
+                                         window_right, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+    n_blocks = tl.cdiv(hi - lo, BLOCK_N)
+    per_split = tl.cdiv(n_blocks, n_splits)
+    start = lo + pid_s * per_split * BLOCK_N
+    end = tl.minimum(start + per_split * BLOCK_N, hi)
+
+    # 64-bit offsets throughout: page * page stride and row * row stride pass 2**31 easily
+    q_row = off_b.to(tl.int64) * stride_qb + (q_start + offs_i) * stride_qm \
+        + off_h.to(tl.int64) * stride_qh
+    q = tl.load(Q + q_row[:, None] + offs_d[None, :],
+                mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+
+    k_head = off_hk.to(tl.int64) * stride_kh
+    v_head = off_hk.to(tl.int64) * stride_vh
+    if PAGED:
+        bt_base = BlockTable + off_b.to(tl.int64) * stride_btb
+        k_base = K + k_head
+        v_base = V + v_head
+    else:
+        cache_b = off_b
+        if HAS_BATCH_IDX:
+            cache_b = tl.load(BatchIdx + off_b)
+        k_base = K + cache_b.to(tl.int64) * stride_kb + k_head
+        v_base = V + cache_b.to(tl.int64) * stride_vb + v_head
+    k_desc = None
+    v_desc = None
+    if USE_TMA:
+        # (s_cache, d) slab of this (cache row, kv head); rows past the cache read as zeros
+        k_desc = tl.make_tensor_descriptor(k_base, shape=[cache_rows, HEAD_DIM],
+                                           strides=[stride_kn, 1], block_shape=[BLOCK_N, BLOCK_D])
+        v_desc = tl.make_tensor_descriptor(v_base, shape=[cache_rows, HEAD_DIM_V],
+                                           strides=[stride_vn, 1], block_shape=[BLOCK_N, BLOCK_DV])
+
+    qk_scale, softcap_inv, softcap_log2 = score_scales(sm_scale, softcap, HAS_SOFTCAP)
+    slope_log2 = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if HAS_ALIBI:
+        slope_log2 = tl.load(Alibi + off_b * stride_ab + off_h * stride_ah, mask=row_ok,
+                             other=0.0) * LOG2E
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    offs_n0 = tl.arange(0, BLOCK_N)
+
+    for start_n in tl.range(start, end, BLOCK_N):
+        offs_n = start_n + offs_n0
+        n_ok = offs_n < end
+        pos = start_k + offs_n  # absolute cache positions
+        if PAGED:
+            page = tl.load(bt_base + pos // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
+            slot = (pos % PAGE_SIZE).to(tl.int64)
+            k_rows = page * stride_kb + slot * stride_kn
+            v_rows = page * stride_vb + slot * stride_vn
+        else:
+            k_rows = pos.to(tl.int64) * stride_kn
+            v_rows = pos.to(tl.int64) * stride_vn
+        if USE_TMA:
+            k = tl.trans(k_desc.load([start_k + start_n, 0]))
+        else:
+            k = tl.load(k_base + k_rows[None, :] + offs_d[:, None],
+                        mask=n_ok[None, :] & (offs_d[:, None] < HEAD_DIM), other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+        qk = tl.dot(q, k, input_precision=DOT_PREC)
+        s, _t = score_mod(qk, offs_i[:, None], offs_n[None, :], diag, qk_scale, softcap_inv,
+                          softcap_log2, slope_log2[:, None], HAS_SOFTCAP, HAS_ALIBI)
+        # keys past this split's end belong to the next split (or do not exist)
+        vis = visible_mask(offs_i[:, None], offs_n[None, :], end, diag, window_left,
+                           window_right, HAS_LEFT, HAS_RIGHT)
+        s = tl.where(vis, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # a row with no visible key so far keeps m = -inf: subtract 0 instead (no NaN)
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_sub[:, None])
+        alpha = tl.exp2(m_i - m_sub)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if USE_TMA:
+            v = v_desc.load([start_k + start_n, 0])
+        else:
+            v = tl.load(v_base + v_rows[:, None] + offs_dv[None, :],
+                        mask=n_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
+        if UPCAST:
+            v = v.to(tl.float32)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PREC)
+        m_i = m_new
+
+    # epilogue: normalised output and natural-log LSE (-inf and 0 where no key was seen)
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    acc = acc * (1.0 / l_safe)[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_safe)) * LN2)
+    o_row = pid_s.to(tl.int64) * stride_os + off_b.to(tl.int64) * stride_ob \
+        + (q_start + offs_i) * stride_om + off_h.to(tl.int64) * stride_oh
+    tl.store(Out + o_row[:, None] + offs_dv[None, :], acc.to(Out.dtype.element_ty),
+             mask=row_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V))
+    l_row = pid_s.to(tl.int64) * stride_ls + off_b.to(tl.int64) * stride_lb \
+        + off_h.to(tl.int64) * stride_lh + (q_start + offs_i) * stride_lm
+    tl.store(Lse + l_row, lse, mask=row_ok)
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch configuration (data, not autotuning: a decode step must be capturable in a CUDA
+# graph on its first call, and the choice depends only on shapes)
+# ---------------------------------------------------------------------------------------------
+# FLASHATTN_DECODE_CONFIG="BLOCK_N,num_warps,num_stages[,tma]" and FLASHATTN_DECODE_WAVES (probes
+# only) are read through flashattn.runtime.env
+
+
+def launch_config(head_dim: int, elem_bytes: int, paged: bool, long_unsplit: bool = False
+                  ) -> Tuple[int, int, int, bool]:
+    """(BLOCK_N, num_warps, num_stages, allow_tma) for the decode kernel; ``long_unsplit``:
+    the grid is full without splitting and every program streams >= 16k keys."""
+    env = _env.settings().decode_config
+    if env:
+        parts = [p.strip() for p in env.split(",")]
+        bn, warps, stages = (int(x) for x in parts[:3])
+        tma = len(parts) < 4 or parts[3] not in ("0", "no", "false")
+        return bn, warps, stages, tma
+    if config.INTERPRET:
+        return 16, 4, 1, True
+    # d <= 128, 16-bit: from the H100 sweep of session 4 (benchmarks/NOTES.md; CUDA-graph
+    # replays, GQA 32/8, the issue's five decode points). Contiguous: 64 keys x 3 stages over
+    # TMA (best at the four split / short points, +1-2 % over the former 64 x 4), and for long
+    # unsplit streams 128 keys x 3 stages with 8 warps (+1.3 % at (64, 32k); 64 x 3 loses 7 %
+    # there). Paged: 128 keys x 3 stages (3.03 TB/s at (64, 32k) page 16, was 2.55 with the
+    # former 64 x 5, within 2 % of the contiguous cache). d = 256 and fp32 were not swept: the
+    # compile-report choices (d = 256 halves the tile to stay in shared memory).
+    d = max(16, config.next_pow2(head_dim))
+    if elem_bytes >= 4:
+        # fp32 (exact IEEE dots): the TMA tile layout spills at any size; pointer loads do not
+        return (32, 8, 3, False) if d <= 128 else (16, 8, 3, False)
+    if d <= 128:
+        if paged:
+            return (128, 4, 3, True)
+        return (128, 8, 3, True) if long_unsplit else (64, 4, 3, True)
+    return (32, 4, 5, True) if paged else (32, 4, 4, True)
+
+
+MAX_SPLITS = 128
+
+
+def num_splits_heuristic(batch: int, nheads_k: int, m_blocks: int, max_seqlen_k: int,
+                         block_n: int, device: torch.device, paged: bool = False) -> int:
+    """Splits of the key range so that the grid fills the GPU (from shapes only).
+
+    Programs without a split: ``batch * nheads_k * m_blocks``. When they already cover most
+    multiprocessors, one split (no combine pass). Otherwise fill ``waves`` programs per
+    multiprocessor (FLASHATTN_DECODE_WAVES; default 1 for a contiguous cache, 2 paged: the
+    H100 sweep of session 4 measured +2-4 % for 1 over 2 contiguous at (1, 16k), (1, 128k)
+    and (8, 8k), and -5 to -15 % paged), never giving a split fewer than 4 key blocks (the
+    fixed cost of loading q and writing a partial row must stay small next to its K/V
+    stream).
+    """
+    sms = config.sm_count(device)
+    base = max(1, batch * nheads_k * m_blocks)
+    n_blocks = config.cdiv(max(1, max_seqlen_k), block_n)
+    if base >= 0.8 * sms or n_blocks < 8:
+        return 1
+    # ``waves`` programs per SM are resident at once (shared memory allows 2-3): fill those
+    # slots in one round; rounding down keeps the grid from spilling a sliver into a second.
+    waves = float(_env.settings().decode_waves or (2 if paged else 1))
+    want = int(waves * sms) // base
+    return int(max(1, min(want, n_blocks // 4, MAX_SPLITS)))
+
+
+def block_m_for(rows: int) -> int:
+    """Rows of the packed query tile: the whole group x positions up to 64 (tl.dot needs 16)."""
+    return max(16, min(64, config.next_pow2(max(1, rows))))
+
+
+@functools.lru_cache(maxsize=1024)
+def _launch_plan(d: int, d_v: int, elem_bytes: int, paged: bool, g: int, s_q_grid: int,
+                 batch: int, nheads_k: int, max_seqlen_k: int, num_splits: int,
+                 device: torch.device, env_config: str, env_waves: str
+                 ) -> Tuple[int, int, int, bool, int, int, int, int, int]:
+    """Every launch decision that depends only on shapes, cached per shape key.
+
+    A decode step runs the same shapes thousands of times; recomputing the heuristic, the
+    tile sizes and the multiprocessor count each call was a measurable part of the ~tens of
+    microseconds of host time per step. The environment overrides are part of the key so that
+    probes changing them between calls still take effect.
+
+    Returns (BLOCK_N, num_warps, num_stages, allow_tma, BLOCK_M, m_blocks, num_splits,
+    BLOCK_D, BLOCK_DV).
+    """
+    block_n, num_warps, num_stages, allow_tma = launch_config(d, elem_bytes, paged)
+    block_m = block_m_for(g * s_q_grid)
+    m_blocks = config.cdiv(g * s_q_grid, block_m)
+    if num_splits <= 0:
+        num_splits = num_splits_heuristic(batch, nheads_k, m_blocks, max_seqlen_k, block_n,
+                                          device, paged)
+    num_splits = max(1, min(int(num_splits), MAX_SPLITS,
+                            config.cdiv(max(1, max_seqlen_k), block_n)))
+    full_grid = batch * nheads_k * m_blocks >= 0.8 * config.sm_count(device)
+    if num_splits == 1 and full_grid and max_seqlen_k >= 16384:  # long unsplit streams
+        block_n, num_warps, num_stages, allow_tma = launch_config(d, elem_bytes, paged, True)
+    return (block_n, num_warps, num_stages, allow_tma, block_m, m_blocks, num_splits,
+            config.block_dim(d), config.block_dim(d_v))
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     seqlens_k: torch.Tensor, seqlen_k_add: int, *,
+                     softmax_scale: float, window_left: int, window_right: int, softcap: float,
+                     alibi_slopes: Optional[torch.Tensor], num_splits: int,
+                     max_seqlen_k: int, leftpad: Optional[torch.Tensor] = None,
+                     batch_idx: Optional[torch.Tensor] = None,
+                     block_table: Optional[torch.Tensor] = None,
+                     cu_seqlens_q: Optional[torch.Tensor] = None, max_seqlen_q: int = 0,
+                     ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Attention of q against a KV cache (Triton). Inputs are validated and normalised.
+
+    q: (b, s_q, h, d), or packed (total_q, h, d) with ``cu_seqlens_q`` (b + 1,) int32.
+    k_cache / v_cache: (b_cache, s_cache, h_k, d / d_v), or paged (num_blocks, page_size,
+    h_k, d / d_v) with ``block_table`` (b, max_blocks) int32.
+    seqlens_k: (b,) int32: end of each row's keys in cache positions, minus ``seqlen_k_add``
+    (the kvcache API passes cache_seqlens and s_new); ``leftpad`` (b,) int32 their start.
+    alibi_slopes: float32 (b, h) (stride 0 allowed) or None. num_splits: 0 = heuristic.
+    max_seqlen_k: an upper bound of the key count from shapes (sizes the split heuristic).
+
+    Returns out like q (dtype of q) and lse float32 (b, h, s_q) (packed: (h, total_q)).
+    """
+    varlen = cu_seqlens_q is not None
+    if varlen:
+        total_q, h, d = q.shape
+        batch = cu_seqlens_q.shape[0] - 1
+        s_q_grid = max(1, int(max_seqlen_q))
+        q4 = q.unsqueeze(0)
+    else:
+        batch, s_q, h, d = q.shape
+        s_q_grid = s_q
+        q4 = q
+    paged = block_table is not None
+    nheads_k, d_v = k_cache.shape[2], v_cache.shape[3]
+    g = h // nheads_k
+    device = q.device
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    (block_n, num_warps, num_stages, allow_tma, block_m, m_blocks, num_splits, block_d,
+     block_dv) = _launch_plan(d, d_v, q.element_size(), paged, g, s_q_grid, batch, nheads_k,
+                              int(max_seqlen_k), int(num_splits), device,
+                              _env.settings().decode_config,
+                              _env.settings().decode_waves)
+
+    # outputs (shapes from host ints only: graph friendly)
+    out_shape = q4.shape[:-1] + (d_v,)
+    # Packed rows outside every sequence are written by no program: they start as out 0 /
+    # lse -inf (and as empty splits for the combine pass).
+    if varlen:
+        lse = torch.full((h, q.shape[0]), float("-inf"), dtype=torch.float32, device=device)
+        lse4 = lse.unsqueeze(0)  # (1, h, total_q)
+        out = torch.zeros(out_shape, dtype=q.dtype, device=device)
+    else:
+        lse = torch.empty((batch, h, s_q_grid), dtype=torch.float32, device=device)
+        lse4 = lse
+        out = torch.empty(out_shape, dtype=q.dtype, device=device)
+    if num_splits > 1:
+        out_k = torch.empty((num_splits,) + tuple(out_shape), dtype=torch.float32, device=device)
+        lse_k_shape = (num_splits,) + tuple(lse4.shape)
+        if varlen:
+            lse_k = torch.full(lse_k_shape, float("-inf"), dtype=torch.float32, device=device)
+        else:
+            lse_k = torch.empty(lse_k_shape, dtype=torch.float32, device=device)
+        o_strides = out_k.stride()[:4]
+        l_strides = lse_k.stride()
+    else:
+        out_k, lse_k = out, lse4
+        o_strides = (0,) + out.stride()[:3]
+        l_strides = (0,) + lse4.stride()
+    if varlen:
+        # one packed batch: the sequence offset comes from cu_seqlens, not the batch stride
+        o_strides = (o_strides[0], 0) + tuple(o_strides[2:])
+        l_strides = (l_strides[0], 0) + tuple(l_strides[2:])
+        q_strides = (0, q.stride(0), q.stride(1))
+    else:
+        q_strides = q.stride()[:3]
+
+    page_size = k_cache.shape[1] if paged else 1
+    k_strides = k_cache.stride()
+    use_tma = (allow_tma and not paged and k_strides[1] > 0
+               and config.use_tma(k_cache, v_cache)
+               and (d * q.element_size()) % 16 == 0 and (d_v * q.element_size()) % 16 == 0
+               and d == block_d and d_v == block_dv)
+    dummy = seqlens_k
+    alibi_strides = alibi_slopes.stride() if alibi_slopes is not None else (0, 0)
+    grid = (batch * nheads_k * m_blocks, 1, num_splits)
+    if use_tma:
+        config.install_allocator()
+    launch_jit(_decode_kernel, grid, (
+        q4, k_cache, v_cache, out_k, lse_k, seqlens_k,
+        leftpad if leftpad is not None else dummy,
+        batch_idx if batch_idx is not None else dummy,
+        block_table if paged else dummy,
+        alibi_slopes if alibi_slopes is not None else lse,
+        cu_seqlens_q if varlen else dummy,
+        *q_strides,
+        *k_strides[:3], *v_cache.stride()[:3],
+        *o_strides, *l_strides,
+        block_table.stride(0) if paged else 0, alibi_strides[0], alibi_strides[1],
+        s_q_grid, int(seqlen_k_add), k_cache.shape[1], nheads_k, batch * nheads_k,
+        float(softmax_scale), float(softcap), int(window_left), int(window_right)), dict(
+        G=g, HEAD_DIM=d, HEAD_DIM_V=d_v,
+        BLOCK_D=block_d, BLOCK_DV=block_dv,
+        BLOCK_M=block_m, BLOCK_N=block_n, PAGE_SIZE=page_size,
+        PAGED=paged, HAS_LEFTPAD=leftpad is not None, HAS_BATCH_IDX=batch_idx is not None,
+        VARLEN_Q=varlen, HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0,
+        HAS_SOFTCAP=softcap > 0.0, HAS_ALIBI=alibi_slopes is not None,
+        UPCAST=config.upcast_dots(q), DOT_PREC=config.dot_precision(q), USE_TMA=use_tma,
+        num_warps=num_warps, num_stages=num_stages,
+    ))
+    if num_splits > 1:
+        from flashattn.triton.combine import combine_splits
+
+        combine_splits(out_k, lse_k, out, lse4)
+    return (out[0] if varlen else out), lse
+
+
+__all__ = ["decode_attention", "num_splits_heuristic", "launch_config", "block_m_for",
+           "MAX_SPLITS"]

@@ -1,0 +1,133 @@
+"""Rotary embedding and the in-place append of new keys / values into a KV cache (Triton).
+
+One kernel does both jobs: it reads rows of a (b, s, nheads, d) tensor, optionally rotates
+their first ``rotary_dim`` features, and stores them either to a dense tensor of the same
+layout (the rotated q) or into a cache at cache positions ``cache_seqlens[b] + i``:
+
+- ``DEST = 0`` dense (b, s, nheads, d);
+- ``DEST = 1`` contiguous cache (b_cache, s_cache, h_k, d), row ``cache_batch_idx[b]`` (or b);
+- ``DEST = 2`` paged cache (num_blocks, page_size, h_k, d), page
+  ``block_table[b, pos // page_size]``, slot ``pos % page_size`` (any page size >= 1).
+
+Rotation at position ``pos`` with ``cos/sin`` (s_ro, rotary_dim / 2), in fp32:
+interleaved (GPT-J) pairs features (2k, 2k+1); GPT-NeoX pairs (k, k + rotary_dim / 2);
+both use angle k: ``(x0, x1) -> (x0 cos - x1 sin, x1 cos + x0 sin)``. Features past
+rotary_dim pass through. Positions are ``cache_seqlens[b] + i * pos_step`` (pos_step 0 puts
+every query token at cache_seqlens, flash-attn's rule for non-causal, non-local q).
+A position past the cos/sin table is not read (those rows keep their values unrotated):
+the table length is the caller's contract, checked on the host where values are free.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from flashattn.triton import config
+from flashattn.runtime.launch import launch_jit
+
+
+@triton.jit
+def _rotary_store_kernel(X, Dst, Cos, Sin, Seqlens, BatchIdx, BlockTable,
+                         stride_xb, stride_xm, stride_xh,
+                         stride_db, stride_dm, stride_dh,
+                         stride_btb, stride_cos, stride_sin,
+                         seqlen_x, nheads, seqlen_ro, rot_half, pos_step,
+                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
+                         HAS_ROTARY: tl.constexpr, INTERLEAVED: tl.constexpr,
+                         DEST: tl.constexpr, HAS_BATCH_IDX: tl.constexpr,
+                         PAGE_SIZE: tl.constexpr):
+    pid = tl.program_id(0)
+    off_b = pid // seqlen_x
+    off_i = pid % seqlen_x
+    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    h_ok = offs_h < nheads
+    d_ok = offs_d < HEAD_DIM
+
+    base_pos = tl.load(Seqlens + off_b)
+    pos = base_pos + off_i * pos_step
+
+    x_row = X + off_b.to(tl.int64) * stride_xb + off_i.to(tl.int64) * stride_xm \
+        + offs_h.to(tl.int64)[:, None] * stride_xh
+    x = tl.load(x_row + offs_d[None, :], mask=h_ok[:, None] & d_ok[None, :], other=0.0)
+    if HAS_ROTARY:
+        rot_dim = 2 * rot_half
+        if INTERLEAVED:
+            pair = offs_d // 2
+            partner = offs_d ^ 1
+            first = (offs_d % 2) == 0
+        else:
+            pair = tl.where(offs_d < rot_half, offs_d, offs_d - rot_half)
+            partner = tl.where(offs_d < rot_half, offs_d + rot_half, offs_d - rot_half)
+            first = offs_d < rot_half
+        in_rot = (offs_d < rot_dim) & (pos < seqlen_ro)
+        cos = tl.load(Cos + pos.to(tl.int64) * stride_cos + pair, mask=in_rot, other=1.0)
+        sin = tl.load(Sin + pos.to(tl.int64) * stride_sin + pair, mask=in_rot, other=0.0)
+        x_p = tl.load(x_row + partner[None, :], mask=h_ok[:, None] & in_rot[None, :], other=0.0)
+        xf = x.to(tl.float32)
+        xpf = x_p.to(tl.float32)
+        sign = tl.where(first, -1.0, 1.0)
+        c = cos.to(tl.float32)[None, :]
+        sn = sin.to(tl.float32)[None, :]
+        rotated = xf * c + sign[None, :] * xpf * sn
+        out = tl.where(in_rot[None, :], rotated, xf)
+    else:
+        out = x
+
+    # destination row (64-bit: page * page stride can pass 2**31)
+    if DEST == 0:
+        d_row = off_b.to(tl.int64) * stride_db + off_i.to(tl.int64) * stride_dm
+    elif DEST == 1:
+        cache_b = off_b
+        if HAS_BATCH_IDX:
+            cache_b = tl.load(BatchIdx + off_b)
+        d_row = cache_b.to(tl.int64) * stride_db + pos.to(tl.int64) * stride_dm
+    else:
+        page = tl.load(BlockTable + off_b.to(tl.int64) * stride_btb + pos // PAGE_SIZE)
+        d_row = page.to(tl.int64) * stride_db + (pos % PAGE_SIZE).to(tl.int64) * stride_dm
+    d_ptrs = Dst + d_row + offs_h.to(tl.int64)[:, None] * stride_dh + offs_d[None, :]
+    tl.store(d_ptrs, out.to(Dst.dtype.element_ty), mask=h_ok[:, None] & d_ok[None, :])
+
+
+def rotary_store(x: torch.Tensor, dst: torch.Tensor, seqlens: torch.Tensor, *,
+                 cos: Optional[torch.Tensor] = None, sin: Optional[torch.Tensor] = None,
+                 interleaved: bool = True, pos_step: int = 1,
+                 batch_idx: Optional[torch.Tensor] = None,
+                 block_table: Optional[torch.Tensor] = None, to_cache: bool = True) -> None:
+    """Rotate (if ``cos`` is given) the rows of ``x`` (b, s, nh, d) and store them in ``dst``.
+
+    ``to_cache=False``: dst is dense like x (the rotated q). Otherwise dst is a cache
+    (b_cache, s_cache, nh, d) written at seq ``seqlens[b] + i`` of row ``batch_idx[b]`` (or
+    b), or a paged cache (num_blocks, page_size, nh, d) through ``block_table``.
+    seqlens: (b,) int32 on the device; cos / sin (s_ro, rotary_dim / 2).
+    """
+    b, s, nh, d = x.shape
+    if b * s * nh == 0:
+        return
+    paged = block_table is not None
+    dest = 0 if not to_cache else (2 if paged else 1)
+    has_rot = cos is not None
+    block_d = config.next_pow2(d)
+    block_h = max(1, min(config.next_pow2(nh), max(1, 4096 // block_d)))
+    grid = (b * s, config.cdiv(nh, block_h))
+    dummy = seqlens
+    launch_jit(_rotary_store_kernel, grid, (
+        x, dst, cos if has_rot else x, sin if has_rot else x, seqlens,
+        batch_idx if batch_idx is not None else dummy,
+        block_table if paged else dummy,
+        x.stride(0), x.stride(1), x.stride(2),
+        dst.stride(0), dst.stride(1), dst.stride(2),
+        block_table.stride(0) if paged else 0,
+        cos.stride(0) if has_rot else 0, sin.stride(0) if has_rot else 0,
+        s, nh, cos.shape[0] if has_rot else 0, cos.shape[1] if has_rot else 0, int(pos_step)), dict(
+        HEAD_DIM=d, BLOCK_D=block_d, BLOCK_H=block_h,
+        HAS_ROTARY=has_rot, INTERLEAVED=bool(interleaved), DEST=dest,
+        HAS_BATCH_IDX=batch_idx is not None, PAGE_SIZE=dst.shape[1] if paged else 1,
+        num_warps=4,
+    ))
+
+
+__all__ = ["rotary_store"]

@@ -1,0 +1,371 @@
+"""Backend choice: FLASHATTN_BACKEND, TRITON_INTERPRET, devices, lazy kernel imports."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import types
+
+import pytest
+import torch
+
+from flashattn import dispatch, flash_attn_func
+from tests.settings import set_env
+
+
+@pytest.fixture
+def env(monkeypatch):
+    """Set FLASHATTN_BACKEND / TRITON_INTERPRET for one test (None = unset)."""
+
+    def _set(backend=None, interpret=None):
+        set_env(monkeypatch, FLASHATTN_BACKEND=backend, TRITON_INTERPRET=interpret)
+
+    return _set
+
+
+def _recorder(tag, calls):
+    """A stand-in backend interface (dispatch's ``backend(name)``) recording each call's
+    parameters as the kernels' keyword arguments."""
+
+    def fwd(q, k, v, p, return_softmax):
+        calls.append((f"{tag}.fwd", {**p.kernel_kwargs(), "return_softmax": return_softmax}))
+        b, s_q, h, _ = q.shape
+        return torch.zeros(b, s_q, h, v.shape[-1]), torch.zeros(b, h, s_q), None
+
+    def bwd(dout, q, k, v, out, lse, p):
+        calls.append((f"{tag}.bwd", {**p.kernel_kwargs(), "deterministic": p.deterministic}))
+        return tuple(torch.zeros_like(x) for x in (q, k, v))
+
+    return types.SimpleNamespace(fwd=fwd, bwd=bwd)
+
+
+@pytest.fixture
+def fake_backends(monkeypatch):
+    """Replace the portable and cpu backends with recorders; returns the list of calls."""
+    calls = []
+    for name in ("cpu", "portable"):
+        monkeypatch.setitem(dispatch._LOADED, name, _recorder(name, calls))
+    return calls
+
+
+@pytest.mark.parametrize(
+    "backend,interpret,device,expected",
+    [
+        (None, None, "cpu", "cpu"),
+        (None, "1", "cpu", "portable"),
+        (None, "true", "cpu", "portable"),
+        (None, "0", "cpu", "cpu"),
+        ("auto", None, "cpu", "cpu"),
+        ("", "1", "cpu", "portable"),
+        ("cpu", "1", "cpu", "cpu"),
+        ("CPU", None, "cuda", "cpu"),
+        ("portable", "1", "cpu", "portable"),
+        ("hopper", "1", "cpu", "portable"),  # the Triton family; family_for refines it
+        (None, None, "cuda", "portable"),
+        ("portable", None, "cuda", "portable"),
+        ("hopper", None, "cuda", "portable"),
+        (None, "1", "meta", "cpu"),  # torch devices Triton cannot run on use chunked torch
+    ],
+)
+def test_backend_for(env, backend, interpret, device, expected):
+    env(backend, interpret)
+    assert dispatch.backend_for(torch.device(device)) == expected
+    if device != "cuda":
+        assert dispatch.backend_for(torch.empty(0, device=device)) == expected
+
+
+@pytest.mark.parametrize("backend", ["portable", "hopper"])
+def test_forced_portable_on_cpu_without_interpreter(env, backend):
+    env(backend, None)
+    with pytest.raises(RuntimeError, match="FLASHATTN_BACKEND.*TRITON_INTERPRET=1"):
+        dispatch.backend_for(torch.device("cpu"))
+
+
+def test_invalid_backend_name(env):
+    env("cuda-please", None)
+    with pytest.raises(ValueError, match="FLASHATTN_BACKEND='cuda-please'.*auto, portable, cpu, hopper"):
+        dispatch.backend_for(torch.device("cpu"))
+
+
+@pytest.mark.parametrize("backend,interpret,expected", [("cpu", "1", "cpu"), (None, "1", "portable"),
+                                                        (None, None, "cpu")])
+def test_forward_backward_route(env, fake_backends, backend, interpret, expected):
+    env(backend, interpret)
+    q = torch.randn(1, 3, 2, 8, requires_grad=True)
+    k = torch.randn(1, 4, 2, 8, requires_grad=True)
+    v = torch.randn(1, 4, 2, 8, requires_grad=True)
+    flash_attn_func(q, k, v, causal=True).sum().backward()
+    assert [c[0] for c in fake_backends] == [f"{expected}.fwd", f"{expected}.bwd"]
+    fwd_kw, bwd_kw = fake_backends[0][1], fake_backends[1][1]
+    assert fwd_kw == dict(softmax_scale=8**-0.5, causal=True, window_left=-1, window_right=0,
+                          softcap=0.0, alibi_slopes=None, dropout_p=0.0, philox_seed=0,
+                          return_softmax=False)
+    assert bwd_kw == dict(softmax_scale=8**-0.5, causal=True, window_left=-1, window_right=0,
+                          softcap=0.0, alibi_slopes=None, dropout_p=0.0, philox_seed=0,
+                          deterministic=False)
+
+
+@pytest.mark.parametrize("shape_q,shape_k", [((0, 3, 2, 8), (0, 4, 2, 8)),
+                                             ((1, 0, 2, 8), (1, 4, 2, 8)),
+                                             ((2, 3, 2, 8), (2, 0, 2, 8))])
+def test_degenerate_shapes_skip_backends(env, fake_backends, shape_q, shape_k):
+    env("cpu", None)
+    q = torch.randn(shape_q, requires_grad=True)
+    k = torch.randn(shape_k, requires_grad=True)
+    v = torch.randn(shape_k[:3] + (5,), requires_grad=True)
+    out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True)
+    assert out.shape == shape_q[:3] + (5,) and lse.shape == (shape_q[0], 2, shape_q[1])
+    assert (out == 0).all() and (lse == float("-inf")).all()
+    out.sum().backward()
+    assert not fake_backends
+    for x in (q, k, v):
+        assert x.grad.shape == x.shape and (x.grad == 0).all()
+
+
+def test_import_without_triton():
+    """`import flashattn` and the CPU path work where triton cannot be imported."""
+    code = textwrap.dedent(
+        """
+        import os, sys
+        sys.modules["triton"] = None          # any `import triton` now raises ImportError
+        os.environ.pop("FLASHATTN_BACKEND", None)
+        os.environ["TRITON_INTERPRET"] = "1"  # even so, no triton -> chunked torch
+        import torch, flashattn
+        from flashattn import dispatch
+        assert not dispatch.triton_available()
+        assert dispatch.backend_for(torch.device("cpu")) == "cpu"
+        assert "flashattn.triton.fwd" not in sys.modules
+        try:
+            import flashattn.cpu
+        except ModuleNotFoundError:
+            print("no-cpu-module")
+            raise SystemExit(0)
+        q = torch.randn(1, 5, 2, 16)
+        out = flashattn.flash_attn_func(q, q, q, causal=True)
+        assert out.shape == (1, 5, 2, 16) and torch.isfinite(out).all()
+        assert "triton" not in {m.split(".")[0] for m, v in sys.modules.items() if v is not None}
+        print("ok")
+        """
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() in ("ok", "no-cpu-module")
+
+
+# ---------------------------------------------------------------------------------------------
+# Hopper family: family_for / forward_family with the device check faked (no GPU here)
+# ---------------------------------------------------------------------------------------------
+@pytest.fixture
+def fake_sm90(monkeypatch):
+    """Pretend CUDA devices are sm90 with a usable Gluon (or not: set state['reason'])."""
+    state = {"reason": None}
+    monkeypatch.setattr(dispatch, "_hopper_device_reason",
+                        lambda device: state["reason"] if device.type == "cuda" else "not cuda")
+    return state
+
+
+@pytest.mark.parametrize("backend,interpret,device,expected", [
+    (None, None, "cuda", "hopper"),
+    ("auto", None, "cuda", "hopper"),
+    ("hopper", None, "cuda", "hopper"),
+    ("portable", None, "cuda", "portable"),
+    ("cpu", None, "cuda", "cpu"),
+    (None, None, "cpu", "cpu"),
+    ("hopper", "1", "cpu", "portable"),
+    (None, "1", "cuda", "portable"),  # Gluon cannot be interpreted
+])
+def test_family_for(env, fake_sm90, backend, interpret, device, expected):
+    env(backend, interpret)
+    assert dispatch.family_for(torch.device(device)) == expected
+    # backend_for keeps answering the device backend (varlen and others rely on it)
+    assert dispatch.backend_for(torch.device(device)) in ("portable", "cpu")
+    assert (dispatch.hopper_reason(torch.device(device)) is None) == (expected == "hopper")
+
+
+def test_family_for_not_sm90(env, fake_sm90):
+    env("hopper", None)
+    fake_sm90["reason"] = "device cuda:0 is sm_80, not sm_90"
+    assert dispatch.family_for(torch.device("cuda")) == "portable"
+    assert "sm_80" in dispatch.hopper_reason(torch.device("cuda"))
+
+
+def _meta(shape, dtype=torch.bfloat16):
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+def _params(**kw):
+    p = dict(softmax_scale=0.125, causal=True, window_left=-1, window_right=0, softcap=0.0,
+             alibi_slopes=None, dropout_p=0.0, philox_seed=0, return_softmax=False)
+    p.update(kw)
+    return p
+
+
+def test_call_coverage_rules():
+    from flashattn.sm90.support import call_unsupported
+
+    q, k, v = _meta((2, 300, 8, 128)), _meta((2, 500, 2, 128)), _meta((2, 500, 2, 128))
+    assert call_unsupported(q, k, v, _params()) is None
+    assert call_unsupported(q, k, v, _params(softcap=30.0, window_left=64)) is None
+    for d in (64, 96, 192, 256):
+        assert call_unsupported(_meta((1, 5, 2, d)), _meta((1, 7, 1, d)), _meta((1, 7, 1, d)),
+                                _params()) is None
+    uncovered = {
+        "dropout": (q, k, v, _params(dropout_p=0.1)),
+        "alibi": (q, k, v, _params(alibi_slopes=torch.ones(8))),
+        "return_softmax": (q, k, v, _params(return_softmax=True)),
+        "dtype": (_meta((2, 3, 8, 128), torch.float32),) * 3 + (_params(),),
+        "head dims": (_meta((1, 3, 2, 80)), _meta((1, 3, 2, 80)), _meta((1, 3, 2, 80)), _params()),
+        "head dims ": (q, k, _meta((2, 500, 2, 80)), _params()),
+        "softmax_scale": (q, k, v, _params(softmax_scale=-1.0)),
+        "16-byte": (_meta((2, 300, 8, 130))[..., :128], k, v, _params()),
+    }
+    for what, (qq, kk, vv, pp) in uncovered.items():
+        reason = call_unsupported(qq, kk, vv, pp)
+        assert reason is not None and what.strip().split()[0] in reason, (what, reason)
+
+
+def test_mixed_head_dims_take_the_hopper_forward_only():
+    """d != d_v (e.g. 192 / 128) is covered by the Hopper forward when both are Hopper head
+    dims; the Hopper backward never takes it (the portable backward runs it)."""
+    from flashattn.sm90.support import backward_unsupported, call_unsupported
+
+    q, k, v = _meta((2, 300, 8, 192)), _meta((2, 500, 2, 192)), _meta((2, 500, 2, 128))
+    assert call_unsupported(q, k, v, _params()) is None
+    odd = _meta((2, 500, 2, 80))
+    assert "head dims" in call_unsupported(q, k, odd, _params())
+    p = _params(deterministic=False)
+    del p["return_softmax"]
+    assert "head dims 192/128" in backward_unsupported(q, k, v, p)
+
+
+@pytest.fixture
+def fake_hopper(monkeypatch, fake_backends):
+    """A recorder standing in for the sm90 backend (the real one needs an sm90 GPU)."""
+    monkeypatch.setitem(dispatch._LOADED, "hopper", _recorder("hopper", fake_backends))
+    return fake_backends
+
+
+@pytest.mark.parametrize("backend,kw,expected,expected_bwd", [
+    ("hopper", {}, "hopper.fwd", "hopper.bwd"),
+    (None, {}, "hopper.fwd", "hopper.bwd"),
+    ("hopper", dict(dropout_p=0.1), "portable.fwd", "portable.bwd"),
+    ("hopper", dict(softcap=5.0, window_size=(8, 8)), "hopper.fwd", "hopper.bwd"),
+    ("hopper", dict(deterministic=True), "hopper.fwd", "portable.bwd"),  # masked (support.py)
+    ("portable", {}, "portable.fwd", "portable.bwd"),
+])
+def test_forward_routes_hopper_and_falls_back(env, fake_sm90, fake_hopper, monkeypatch, backend,
+                                             kw, expected, expected_bwd):
+    """On (fake) sm90: covered calls go to the Hopper forward and backward; uncovered ones
+    (dropout; deterministic=True under a mask for the backward) fall back to the
+    portable kernels."""
+    env(backend, None)
+    # CPU tensors posing as CUDA for routing: the device check is faked, the call check is real
+    monkeypatch.setattr(dispatch, "family_for", lambda t: "hopper" if backend != "portable"
+                        else "portable")
+    monkeypatch.setattr(dispatch, "backend_for", lambda t: "portable")
+    from flashattn.sm90 import support
+    monkeypatch.setattr(support, "MIN_SEQLEN_K_DENSE", 0)  # tiny shapes: skip auto's speed rule
+    monkeypatch.setattr(support, "MIN_SEQLEN_K_MASKED", 0)
+    monkeypatch.setattr(support, "MIN_SEQLEN_K_BWD_MASKED", 0)
+    q = torch.randn(1, 5, 2, 64, dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(1, 6, 1, 64, dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(1, 6, 1, 64, dtype=torch.bfloat16, requires_grad=True)
+    flash_attn_func(q, k, v, causal=True, **kw).float().sum().backward()
+    assert [c[0] for c in fake_hopper] == [expected, expected_bwd]
+
+
+@pytest.mark.parametrize("d,kw,expected_bwd", [
+    (128, dict(deterministic=True), "hopper.bwd"),
+    (64, dict(deterministic=True), "portable.bwd"),  # measured slower at d = 64
+    (128, dict(deterministic=True, causal=True), "portable.bwd"),  # masked: measured slower
+    (128, dict(deterministic=True, window_size=(3, 3)), "portable.bwd"),
+    (128, dict(deterministic=True, softcap=5.0), "portable.bwd")])
+def test_deterministic_backward_routes(env, fake_sm90, fake_hopper, monkeypatch, d, kw,
+                                       expected_bwd):
+    """deterministic=True at d = 128 takes the Hopper backward's ordered dQ when unmasked and
+    without softcap; masked calls and d = 64 keep the portable backward (faster there)."""
+    env("hopper", None)
+    monkeypatch.setattr(dispatch, "family_for", lambda t: "hopper")
+    monkeypatch.setattr(dispatch, "backend_for", lambda t: "portable")
+    q = torch.randn(1, 5, 2, d, dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(1, 6, 1, d, dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(1, 6, 1, d, dtype=torch.bfloat16, requires_grad=True)
+    flash_attn_func(q, k, v, **kw).float().sum().backward()
+    assert [c[0] for c in fake_hopper] == ["hopper.fwd", expected_bwd]
+
+
+def test_hopper_backward_env_switch_and_rules(env, monkeypatch):
+    """FLASHATTN_HOPPER_BWD=0 keeps the backward portable; head dims outside 64/96/128/192/256,
+    and deterministic=True outside d = 128, masked or with softcap, are not covered by the
+    Hopper backward (reason strings name them)."""
+    from flashattn.sm90.support import backward_unsupported
+
+    env("hopper", None)
+    monkeypatch.setattr(dispatch, "family_for", lambda t: "hopper")  # (fake) sm90 device
+    monkeypatch.setattr(dispatch, "backend_for", lambda t: "portable")
+    q, k, v = _meta((2, 300, 8, 128)), _meta((2, 500, 2, 128)), _meta((2, 500, 2, 128))
+    p = _params(deterministic=False)
+    del p["return_softmax"]
+    assert backward_unsupported(q, k, v, p) is None
+    assert dispatch.backward_family(q, k, v, **p) == "hopper"
+    set_env(monkeypatch, FLASHATTN_HOPPER_BWD="0")
+    assert "FLASHATTN_HOPPER_BWD" in backward_unsupported(q, k, v, p)
+    assert dispatch.backward_family(q, k, v, **p) == "portable"
+    set_env(monkeypatch, FLASHATTN_HOPPER_BWD=None)
+    dense = {**p, "causal": False, "window_right": -1, "deterministic": True}
+    assert backward_unsupported(q, k, v, dense) is None
+    assert "causal or window" in backward_unsupported(q, k, v, {**p, "deterministic": True})
+    assert "causal or window" in backward_unsupported(q, k, v, {**dense, "window_left": 64})
+    assert "softcap" in backward_unsupported(q, k, v, {**dense, "softcap": 30.0})
+    for d in (96, 192, 256):
+        x = _meta((1, 5, 2, d))
+        assert "deterministic" in backward_unsupported(x, x, x, {**p, "deterministic": True})
+    for d in (64, 96, 192, 256):  # 192 / 256: bwd_wide_kernel.py
+        x = _meta((1, 5, 2, d))
+        assert backward_unsupported(x, x, x, p) is None
+    odd = _meta((1, 5, 2, 80))
+    assert "head dim" in backward_unsupported(odd, odd, odd, p)
+    assert "dropout" in backward_unsupported(q, k, v, {**p, "dropout_p": 0.1})
+
+
+@pytest.mark.parametrize("backend,causal,seqlen_k,d,expected", [
+    ("auto", False, 512, 128, "portable"),   # short dense keys: portable measured faster
+    ("auto", False, 1024, 128, "hopper"),
+    ("auto", False, 1024, 256, "portable"),  # d = 256 pays off from 2k
+    ("auto", False, 2048, 256, "hopper"),
+    ("auto", True, 1024, 128, "portable"),   # masked calls need longer keys to pay off
+    ("auto", True, 2048, 128, "hopper"),
+    ("hopper", True, 512, 128, "hopper"),    # forcing ignores the speed rule
+])
+def test_auto_keeps_short_keys_on_portable(env, monkeypatch, backend, causal, seqlen_k, d,
+                                           expected):
+    env(backend, None)
+    monkeypatch.setattr(dispatch, "family_for", lambda t: "hopper")  # (fake) sm90 device
+    q = torch.empty((1, 256, 8, d), dtype=torch.bfloat16, device="meta")
+    k = v = torch.empty((1, seqlen_k, 8, d), dtype=torch.bfloat16, device="meta")
+    params = _params(causal=causal, window_right=0 if causal else -1)
+    family = dispatch.forward_family(q, k, v, **params)
+    assert family == expected
+
+
+@pytest.mark.parametrize("backend,causal,seqlen_k,d,expected", [
+    ("auto", False, 512, 128, "portable"),
+    ("auto", False, 1024, 128, "hopper"),
+    ("auto", True, 1024, 128, "portable"),
+    ("auto", True, 2048, 128, "hopper"),
+    ("auto", False, 256, 256, "portable"),  # d = 192 / 256 (wide kernel): from 512 dense,
+    ("auto", False, 512, 256, "hopper"),
+    ("auto", True, 512, 192, "portable"),   # from 1k masked
+    ("auto", True, 1024, 192, "hopper"),
+    ("hopper", True, 512, 128, "hopper"),     # forcing ignores the speed rule
+])
+def test_auto_backward_keeps_short_keys_on_portable(env, monkeypatch, backend, causal,
+                                                    seqlen_k, d, expected):
+    env(backend, None)
+    monkeypatch.setattr(dispatch, "family_for", lambda t: "hopper")  # (fake) sm90 device
+    monkeypatch.setattr(dispatch, "backend_for", lambda t: "portable")
+    q = _meta((1, 256, 8, d))
+    k = v = _meta((1, seqlen_k, 8, d))
+    params = _params(causal=causal, window_right=0 if causal else -1, deterministic=False)
+    del params["return_softmax"]
+    assert dispatch.backward_family(q, k, v, **params) == expected

@@ -1,0 +1,116 @@
+"""The Hopper forward's tile configurations as data (CPU): every shipped config fits an sm90
+SM (shared memory, register file), and fwd_config rejects combinations the kernel cannot build
+with a message that names them."""
+from __future__ import annotations
+
+import pytest
+
+from flashattn.sm90.config import FWD_CONFIGS, SMEM_LIMIT, SOFTCAP_CONFIGS, fwd_config
+from flashattn.sm90.support import HEAD_DIMS
+
+REGISTER_FILE = 65536  # 32-bit registers per SM (sm90)
+
+
+@pytest.mark.parametrize("head_dim,softcap", [(d, False) for d in FWD_CONFIGS]
+                         + [(d, True) for d in SOFTCAP_CONFIGS])
+def test_shipped_configs_fit_an_sm(head_dim, softcap):
+    cfg = fwd_config(head_dim, softcap)
+    assert cfg.consumers in (2, 3) and cfg.block_m % cfg.consumers == 0
+    assert cfg.block_m // cfg.consumers == 64  # one wgmma M-tile of rows per warpgroup
+    assert cfg.smem_bytes(head_dim) <= SMEM_LIMIT
+    # warps are allocated per warpgroup: the producer's one warp occupies a whole one
+    threads = 128 * (cfg.consumers + 1)
+    assert cfg.maxnreg * threads <= REGISTER_FILE  # the launch itself must fit
+    # after setmaxnreg: consumers up, the producer's warpgroup down
+    assert 128 * (cfg.consumers * cfg.consumer_regs + cfg.producer_regs) <= REGISTER_FILE
+
+
+@pytest.mark.parametrize("head_dim_v", HEAD_DIMS)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_mixed_head_dim_configs_fit_an_sm(head_dim, head_dim_v):
+    """d != d_v takes the larger dim's config with O in its own slot; it fits shared memory."""
+    cfg = fwd_config(head_dim, head_dim_v=head_dim_v)
+    assert cfg.smem_bytes(head_dim, head_dim_v=head_dim_v) <= SMEM_LIMIT
+    if (head_dim_v - 1).bit_length() != (head_dim - 1).bit_length():  # other padded width
+        assert cfg.separate_o
+
+
+def test_three_consumers_reject_two_way_schedules():
+    assert fwd_config(64).consumers == 3
+    for bad in (dict(pingpong=True), dict(warp_specialized=False)):
+        with pytest.raises(ValueError, match="two consumer warpgroups"):
+            fwd_config(64, **bad)
+    two = dict(consumers=2, block_m=128, consumer_regs=240, maxnreg=168)
+    assert fwd_config(64, pingpong=True, **two).pingpong
+    with pytest.raises(ValueError, match="divide block_m"):
+        fwd_config(128, consumers=3)  # block_m 128 is not three warpgroups of rows
+    with pytest.raises(ValueError, match="consumers must be 2 or 3"):
+        fwd_config(128, consumers=4)
+
+
+def test_tile_queue_only_for_masked_persistent_warp_specialised_calls():
+    pytest.importorskip("triton.experimental.gluon")
+    from flashattn.sm90.fwd import uses_tile_queue
+
+    cfg = fwd_config(128)
+    assert uses_tile_queue(cfg, window_right=0)  # causal
+    assert not uses_tile_queue(cfg, window_right=-1)  # dense: equal tiles, round robin
+    assert not uses_tile_queue(fwd_config(128, dynamic=False), 0)
+    assert not uses_tile_queue(fwd_config(128, persistent=False), 0)
+    assert not uses_tile_queue(fwd_config(128, warp_specialized=False), 0)
+
+
+def test_backward_runs_persistent_only_where_key_tiles_cost_the_same():
+    """Unmasked calls at d = 64 / 128 take the persistent backward schedule (measured faster
+    there); causal / windowed calls, d = 96 (spills), the wide kernel and explicit overrides
+    do not."""
+    from flashattn.sm90.config import bwd_config
+
+    assert bwd_config(128, masked=False).persistent
+    assert bwd_config(64, masked=False).persistent
+    assert not bwd_config(128, masked=True).persistent
+    assert not bwd_config(96, masked=False).persistent
+    assert not bwd_config(256, masked=False).persistent  # bwd_wide_kernel: no such schedule
+    assert not bwd_config(128, masked=False, persistent=False).persistent
+    assert not bwd_config(128, masked=False, pipeline=True).persistent  # needs pipeline=False
+
+
+def test_backward_tile_queue_needs_the_persistent_schedule():
+    """BwdConfig.dynamic (persistent CTAs drawing tiles from a global queue) without
+    persistent=True is refused before any compile, naming the field."""
+    import torch
+
+    from tools import aot_sm90 as aot
+
+    with pytest.raises(ValueError, match="dynamic=True"):
+        aot.compile_bwd_variant(128, torch.bfloat16, causal=True, overrides={"dynamic": True})
+
+
+def test_deterministic_backward_runs_the_ordered_persistent_schedule():
+    """deterministic=True: persistent CTAs (static stride unmasked, the ticket queue masked:
+    tiles wait only on tiles handed out earlier, which are running or done), d = 64 / 128."""
+    from flashattn.sm90.config import bwd_config
+
+    for d in (64, 128):
+        for masked in (False, True):
+            cfg = bwd_config(d, masked=masked, deterministic=True)
+            assert cfg.deterministic and cfg.persistent and not cfg.pipeline
+            assert cfg.dynamic == masked
+            assert bwd_config(d, masked, True) is cfg  # prebuilt: no per-call dataclass
+        assert bwd_config(d, masked=True, deterministic=True, num_stages=3).num_stages == 3
+    assert not bwd_config(128, masked=True).deterministic
+    for d in (96, 192, 256):
+        with pytest.raises(ValueError, match="deterministic"):
+            bwd_config(d, deterministic=True)
+
+
+def test_deterministic_backward_refuses_a_left_window():
+    """The ordered dQ relies on every key tile from 0 to the last one reaching a query block
+    visiting it: true without a left window. With one, the launch is refused, naming the rule."""
+    import torch
+
+    from tools import aot_sm90 as aot
+
+    with pytest.raises(ValueError, match="left window"):
+        aot.compile_bwd_variant(128, torch.bfloat16, window=(300, 0),
+                                overrides={"deterministic": True})

@@ -1,0 +1,287 @@
+"""The benchmark helpers (row schema, merge, plan, tables) and the command line; CPU only, fast."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from flashattn import cli
+
+bench = cli.load_bench()
+
+ENV = {"date": "2026-11-22", "torch": "2.11.0", "triton": "3.6.0", "gpu": "NVIDIA H100 80GB HBM3"}
+SCHEMA = {"impl", "mode", "d", "causal", "s", "b", "h", "ms", "date", "torch", "triton", "gpu"}
+
+
+def row(impl="flashattn", mode="fwd", d=128, causal=False, s=2048, value=100.0, **kw):
+    b, h = bench.grid_shape(s, d)
+    return bench.make_row(impl, mode, d, causal, s, b, h, value=value, ms=1.0, env=ENV, **kw)
+
+
+# ------------------------------------------------------------------------------------ helpers
+@pytest.mark.parametrize("text,value", [("512", 512), ("2k", 2048), ("16K", 16384),
+                                        ("1m", 1 << 20), (" 4k ", 4096), ("0.5k", 512)])
+def test_parse_seqlen(text, value):
+    assert bench.parse_seqlen(text) == value
+    assert cli._seqlen(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "k", "2x", "-1", "1.3"])
+def test_parse_seqlen_rejects(text):
+    with pytest.raises(ValueError):
+        bench.parse_seqlen(text)
+    with pytest.raises(ValueError):
+        cli._seqlen(text)
+
+
+def test_format_seqlen():
+    assert [bench.format_seqlen(s) for s in (512, 1024, 16384, 131072, 1000)] == \
+        ["512", "1k", "16k", "128k", "1000"]
+
+
+def test_grid_shape_is_16k_tokens_hidden_2048():
+    for d in (64, 128, 256):
+        for s in bench.SEQLENS:
+            b, h = bench.grid_shape(s, d)
+            assert b * s == 16384 and h * d == 2048
+
+
+def test_flops():
+    f = bench.attn_flops("fwd", 1, 16384, 16, 128, False)
+    assert f == 4 * 16384**2 * 16 * 128
+    assert bench.attn_flops("fwd", 1, 16384, 16, 128, True) == f / 2
+    assert bench.attn_flops("bwd", 1, 16384, 16, 128, False) == 2.5 * f
+    assert bench.attn_flops("bwd", 1, 16384, 16, 128, True) == 1.25 * f
+
+
+def test_decode_bytes():
+    # b=1, 16k cache, 8 kv heads of 128, bf16: K and V
+    assert bench.decode_bytes(1, 16384) == 2 * 16384 * 8 * 128 * 2
+
+
+@pytest.mark.parametrize("name,slug", [("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H200", "h200"),
+                                       ("NVIDIA GeForce RTX 4090", "rtx4090"),
+                                       ("NVIDIA A100-SXM4-80GB", "a100"), ("cpu", "cpu"),
+                                       ("Weird GPU/9000", "weird-gpu-9000")])
+def test_gpu_slug(name, slug):
+    assert bench.gpu_slug(name) == slug
+
+
+# ------------------------------------------------------------------------------------ rows
+def test_row_schema():
+    r = row()
+    assert set(r) == SCHEMA | {"tflops"}
+    assert r["b"] == 8 and r["h"] == 16 and r["tflops"] == 100.0
+    dec = row(mode="decode", s=16384, value=2.5)
+    assert set(dec) == SCHEMA | {"tbps"}
+    mem = row(mode="mem", value=129.0)
+    assert set(mem) == SCHEMA | {"mib"}
+    err = row(value=None, error="RuntimeError: no kernel")
+    assert set(err) == SCHEMA | {"tflops", "error"} and err["tflops"] is None
+    json.dumps([r, dec, mem, err])  # plain JSON types only
+
+
+def test_merge_replaces_same_key_and_appends_new():
+    old = [row(s=2048, value=1.0), row(s=4096, value=2.0), row(impl="sdpa-flash", value=3.0)]
+    new = [row(s=4096, value=20.0), row(s=8192, value=30.0), row(s=2048, causal=True, value=4.0)]
+    merged = bench.merge_rows(old, new)
+    assert [bench.row_value(r) for r in merged] == [1.0, 20.0, 3.0, 30.0, 4.0]
+    assert len({bench.row_key(r) for r in merged}) == len(merged)
+    assert bench.merge_rows(merged, new) == merged  # idempotent
+    # a different date/version does not make a different key
+    assert len(bench.merge_rows(old, [dict(old[0], date="2030-01-01")])) == len(old)
+
+
+def test_save_and_load_merge(tmp_path):
+    path = tmp_path / "results" / "h100.json"
+    assert bench.load_rows(path) == []
+    bench.save_rows(path, [row(s=2048, value=1.0), row(s=4096, value=2.0)])
+    bench.save_rows(path, [row(s=4096, value=5.0)])
+    data = json.loads(path.read_text())
+    assert list(data) == ["rows"]
+    assert [(r["s"], r["tflops"]) for r in data["rows"]] == [(2048, 1.0), (4096, 5.0)]
+    bench.save_rows(path, [row(s=512, value=7.0)], merge=False)
+    assert [r["s"] for r in bench.load_rows(path)] == [512]
+
+
+# ------------------------------------------------------------------------------------ plan
+def test_plan_full_grid():
+    pairs = bench.plan()
+    attn = [(p, i) for p, i in pairs]
+    # 3 d x 2 causal x 6 s x 2 modes x 3 impls, plus flex at d=128 only
+    assert len(attn) == 3 * 2 * 6 * 2 * 3 + 2 * 6 * 2
+    assert {p.d for p, i in pairs if i == "flex"} == {128}
+    assert len(set(pairs)) == len(pairs)
+    assert all(p.b * p.s == 16384 and p.h * p.d == 2048 for p, _ in pairs)
+
+
+def test_plan_decode_and_mem():
+    pairs = bench.plan(modes=("decode", "mem"))
+    dec = [(p, i) for p, i in pairs if p.mode == "decode"]
+    assert {(p.b, p.s) for p, _ in dec} == set(bench.DECODE_POINTS)
+    assert all(p.h == 32 and p.d == 128 for p, _ in dec)
+    assert "flex" not in {i for _, i in dec}
+    mem = [(p, i) for p, i in pairs if p.mode == "mem"]
+    assert {p.s for p, _ in mem} == {4096, 16384, 65536}
+    assert "sdpa-math" in {i for _, i in mem}
+    assert all((p.b, p.h, p.d, p.causal) == (1, 16, 128, True) for p, _ in mem)
+
+
+def test_plan_flex_all_d_and_errors():
+    pairs = bench.plan(impls=("flex",), flex_all_d=True, seqlens=(2048,))
+    assert {p.d for p, _ in pairs} == {64, 128, 256}
+    with pytest.raises(ValueError, match="unknown impl"):
+        bench.plan(impls=("sdpa-fast",))
+    with pytest.raises(ValueError, match="unknown mode"):
+        bench.plan(modes=("fwd", "train"))
+    assert bench.check_impl("flashattn-portable") == "flashattn-portable"
+
+
+# ------------------------------------------------------------------------------------ tables
+def test_summary_ratio_to_best_anchor():
+    rows = [row(value=300.0), row(impl="sdpa-flash", value=200.0), row(impl="sdpa-cudnn", value=250.0),
+            row(impl="flex", value=None, error="boom"),
+            row(mode="mem", impl="flashattn", value=100.0), row(mode="mem", impl="sdpa-flash", value=80.0),
+            row(mode="mem", impl="sdpa-math", value=4000.0)]
+    tables = {title.split()[0]: (headers, lines) for title, headers, lines in bench.summary_tables(rows)}
+    headers, lines = tables["fwd"]
+    assert headers[5] == "flashattn"
+    cells = dict(zip(headers, lines[0]))
+    assert cells["flex"] == "err" and cells["flashattn/best anchor"] == "1.20x"
+    headers, lines = tables["mem"]
+    # lower is better for memory, and the naive row is not an anchor
+    assert dict(zip(headers, lines[0]))["flashattn/best anchor"] == "1.25x"
+    text = bench.render_tables(rows)
+    assert "errors" in text and "boom" in text
+
+
+def test_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    rows = [row(s=s, impl=i, value=float(s) / 100 + k, causal=c, mode=m)
+            for s in (1024, 2048) for k, i in enumerate(("flashattn", "sdpa-flash"))
+            for c in (False, True) for m in ("fwd", "bwd")]
+    rows.append(row(mode="decode", s=16384, value=2.0))
+    out = bench.plot(rows, tmp_path / "p.png")
+    assert out.stat().st_size > 1000
+
+
+# ------------------------------------------------------------------------------------ runner
+def test_run_on_cpu_rows_and_error_rows(tmp_path):
+    """The runner end to end on CPU (wall-clock timing): our cpu path, SDPA math, and an anchor
+    that cannot run here (cuDNN) recorded as an error row instead of stopping the run."""
+    point = bench.Point("fwd", 16, True, 64, 1, 2)
+    bwd = bench.Point("bwd", 16, False, 48, 1, 2)
+    pairs = [(point, "flashattn-cpu"), (point, "sdpa-math"), (point, "sdpa-cudnn"),
+             (bwd, "flashattn-cpu"), (bwd, "sdpa-math")]
+    seen = []
+    path = tmp_path / "r.json"
+    rows, skipped = bench.run(pairs, timing=bench.Timing(0, 1), progress=False, device="cpu",
+                              on_row=lambda r: (seen.append(r), bench.save_rows(path, [r])))
+    assert skipped == 0 and rows == seen and len(rows) == 5
+    by = {(r["mode"], r["impl"]): r for r in rows}
+    assert by[("fwd", "sdpa-cudnn")]["error"] and by[("fwd", "sdpa-cudnn")]["tflops"] is None
+    for key in [("fwd", "flashattn-cpu"), ("fwd", "sdpa-math"), ("bwd", "flashattn-cpu"),
+                ("bwd", "sdpa-math")]:
+        assert "error" not in by[key], by[key]
+        assert by[key]["tflops"] > 0 and by[key]["ms"] > 0
+    assert len(bench.load_rows(path)) == 5
+
+
+def test_run_time_budget_skips():
+    point = bench.Point("fwd", 16, False, 32, 1, 1)
+    rows, skipped = bench.run([(point, "sdpa-math")] * 3, timing=bench.Timing(0, 1),
+                              time_budget_s=-1.0, progress=False, device="cpu")
+    assert rows == [] and skipped == 3
+
+
+# ------------------------------------------------------------------------------------ CLI
+def test_cli_bench_arguments():
+    args = cli.build_parser().parse_args(
+        ["bench", "--d", "64,128", "--no-causal", "--seqlens", "2k,16k", "--mode", "fwd,bwd,decode",
+         "--impl", "flashattn,sdpa-flash", "--json", "x.json", "--plot", "p.png", "--quick"])
+    assert args.d == [64, 128] and args.causal is False and args.seqlens == [2048, 16384]
+    assert args.mode == ["fwd", "bwd", "decode"] and args.impl == ["flashattn", "sdpa-flash"]
+    assert args.json == "x.json" and args.plot == "p.png" and args.quick
+    cfg = cli._bench_config(args, bench)
+    assert cfg["causals"] == [False] and cfg["head_dims"] == [64, 128]
+    assert cfg["timing"].rep_ms == 30
+
+
+def test_cli_bench_defaults():
+    args = cli.build_parser().parse_args(["bench"])
+    cfg = cli._bench_config(args, bench)
+    assert cfg["causals"] == [False, True] and cfg["modes"] == ["fwd", "bwd"]
+    assert cfg["head_dims"] == [128, 64, 256] and cfg["seqlens"] == list(bench.SEQLENS)
+    assert cfg["impls"] == ["flashattn", "sdpa-flash", "sdpa-cudnn", "flex"]
+    assert (cfg["timing"].warmup_ms, cfg["timing"].rep_ms) == (25, 100)
+    quick = cli._bench_config(cli.build_parser().parse_args(["bench", "--quick", "--causal"]), bench)
+    assert quick["head_dims"] == [128] and quick["seqlens"] == [2048, 16384]
+    assert quick["causals"] == [True]
+
+
+@pytest.mark.parametrize("argv", [["bench", "--mode", "fwd,train"], ["bench", "--seqlens", "2x"],
+                                  ["bench", "--d", "a"], ["check", "--dtype", "fp8"], ["nope"], []])
+def test_cli_rejects_bad_arguments(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.build_parser().parse_args(argv)
+    assert exc.value.code == 2
+
+
+def test_cli_report_only(tmp_path, capsys):
+    path = tmp_path / "h100.json"
+    bench.save_rows(path, [row(value=300.0), row(impl="sdpa-flash", value=200.0)])
+    assert cli.main(["bench", "--report-only", "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "fwd (TFLOP/s)" in out and "1.50x" in out
+
+
+def test_cli_info(capsys):
+    assert cli.main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "torch" in out and "triton" in out and "backend dispatch" in out
+
+
+def test_format_table_alignment():
+    text = cli.format_table(["name", "value"], [["a", "1.5"], ["bb", "10.25"]])
+    lines = text.splitlines()
+    assert lines[2] == "a       1.5" and lines[3] == "bb    10.25"
+
+
+# ------------------------------------------------------------------------------------ check
+def test_check_passes_on_cpu_path(capsys):
+    assert cli.main(["check", "--device", "cpu", "--backend", "cpu", "--dtype", "fp32",
+                     "-k", "causal"]) == 0
+    out = capsys.readouterr().out
+    assert "PASS" in out and "0 failed" in out
+
+
+@pytest.mark.parametrize("dtype,factor", [("fp32", 1.001), ("bf16", 1.1)])
+def test_check_catches_a_wrong_answer(monkeypatch, dtype, factor):
+    import flashattn
+    from flashattn import check as sc
+
+    real = flashattn.flash_attn_func
+
+    def off_by_a_bit(*args, **kwargs):
+        res = real(*args, **kwargs)
+        if isinstance(res, tuple):
+            return (res[0] * factor,) + tuple(res[1:])
+        return res * factor
+
+    case = sc.Case("basic", b=1, s_q=40, s_k=40, h=2, h_k=2, d=16)
+    with sc.forced_backend("cpu"):
+        assert sc.run_case(case, dtype, "cpu").status == "PASS"
+        monkeypatch.setattr(flashattn, "flash_attn_func", off_by_a_bit)
+        assert sc.run_case(case, dtype, "cpu").status == "FAIL"
+
+
+def test_memory_meter_sees_naive_scores():
+    from flashattn import check as sc
+
+    if not sc._PeakRSS().ok:
+        pytest.skip("needs Linux /proc")
+    with sc.forced_backend("cpu"):
+        (r,) = sc.memory_rows([1024], h=1, d=16)
+    scores_mib = 1024 * 1024 * 4 / 2**20
+    assert r.naive_mib >= scores_mib  # at least the (s, s) fp32 scores
+    assert r.ours_mib < r.naive_mib

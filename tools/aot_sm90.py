@@ -1,0 +1,176 @@
+"""Ahead-of-time compile of the Hopper kernels for sm_90 on a machine without a GPU.
+
+Gluon cannot run under TRITON_INTERPRET, so CI checks what it can: every shipped variant
+compiles for sm_90 with no register spills. ``compile_fwd_variant`` builds exactly the
+signature and constexprs a launch would (fwd.launch_args with CPU stand-in tensors).
+Compiles with ``triton.compile(GluonASTSource(...), target=GPUTarget("cuda", 90, 32))``
+(the Gluon counterpart of ``tools.aot_portable.compile_sm90``: these variants come from the host
+code's own ``launch_args``, so the compile sees exactly what a launch would pass).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, Optional
+
+import torch
+
+
+@dataclass
+class CompileReport:
+    name: str
+    registers: Optional[int]
+    spills: Optional[int]
+    shared: int
+    num_warps: int
+    ptx: str
+
+    def __str__(self) -> str:
+        return (f"{self.name}: {self.registers} regs, {self.spills} spills, "
+                f"{self.shared / 1024:.1f} KiB shared, {self.num_warps} warps")
+
+
+def _ptxas_report(cubin: bytes) -> Dict[str, int]:
+    """Registers and spill bytes of the cubin through cuobjdump --dump-resource-usage."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    tool = os.path.join(os.path.dirname(__import__("triton").backends.nvidia.__file__), "bin",
+                        "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        txt = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True,
+                             text=True, check=True).stdout
+    reg = re.search(r"REG:(\d+)", txt)
+    stack = re.search(r"STACK:(\d+)", txt)
+    local = re.search(r"LOCAL:(\d+)", txt)
+    return dict(registers=int(reg.group(1)) if reg else None,
+                spills=(int(stack.group(1)) if stack else 0) + (int(local.group(1)) if local else 0))
+
+
+def _compile(kernel_fn, args, constexprs: Dict[str, Any], options: Dict[str, Any],
+             tag: str) -> CompileReport:
+    """Compile a Gluon kernel for sm_90 with the positional ``args`` and ``constexprs`` a launch
+    would pass (CPU stand-in tensors are fine: only their types matter) and report resources."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
+
+    names = list(kernel_fn.arg_names)
+    signature = {name: mangle_type(value) for name, value in zip(names, args)}
+    signature.update({name: "constexpr" for name in constexprs})
+    consts = {(names.index(k),): v for k, v in constexprs.items()}
+    src = GluonASTSource(kernel_fn, signature, consts)
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    res = _ptxas_report(kernel.asm["cubin"])
+    return CompileReport(name=tag, registers=res["registers"], spills=res["spills"],
+                         shared=kernel.metadata.shared, num_warps=kernel.metadata.num_warps,
+                         ptx=kernel.asm["ptx"])
+
+
+def _variant_key(head_dim, dtype, causal, window, softcap, overrides) -> str:
+    # head_dim: d, or (d, d_v) when they differ ("d192x128")
+    dims = "x".join(str(x) for x in head_dim) if isinstance(head_dim, (tuple, list)) else head_dim
+    tag = f"fwd_d{dims}_{str(dtype).split('.')[-1]}" + ("_causal" if causal else "")
+    if tuple(window) != (-1, -1):
+        tag += f"_win{window[0]}_{window[1]}"
+    if softcap:
+        tag += "_softcap"
+    if overrides:
+        tag += "_" + "_".join(f"{k}{int(v) if isinstance(v, bool) else v}"
+                              for k, v in overrides.items())
+    return tag
+
+
+def compile_fwd_variant(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, causal: bool = False,
+                        window: tuple = (-1, -1), softcap: float = 0.0,
+                        overrides: Optional[Dict[str, Any]] = None) -> CompileReport:
+    """Compile one forward variant for sm_90 (no GPU needed) and report its resources.
+    ``head_dim``: d, or (d, d_v) for V / O of another head dim."""
+    from flashattn.sm90.config import fwd_config
+    from flashattn.sm90.fwd import launch_args
+    from flashattn.sm90.fwd_kernel import attn_fwd_kernel
+
+    d, d_v = head_dim if isinstance(head_dim, (tuple, list)) else (head_dim, head_dim)
+    cfg = fwd_config(d, softcap > 0.0, head_dim_v=d_v if d_v != d else None,
+                     **(overrides or {}))
+    b, s, h = 2, 1000, 4
+    q = torch.empty((b, s, h, d), dtype=dtype)
+    v = torch.empty((b, s, h, d_v), dtype=dtype)
+    lse = torch.empty((b, h, s), dtype=torch.float32)
+    window_left, window_right = window
+    if causal:
+        window_right = 0
+    args, constexprs, options, _ = launch_args(
+        q, q, v, v, lse, cfg, softmax_scale=d ** -0.5, window_left=window_left,
+        window_right=window_right, softcap=softcap, num_sms=132)
+    return _compile(attn_fwd_kernel, args, constexprs, options,
+                    _variant_key(head_dim, dtype, causal, window, softcap, overrides))
+
+
+def _bwd_variant_key(head_dim, dtype, causal, window, softcap, overrides) -> str:
+    return "bwd" + _variant_key(head_dim, dtype, causal, window, softcap, overrides)[3:]
+
+
+def compile_bwd_variant(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, causal: bool = False,
+                        window: tuple = (-1, -1), softcap: float = 0.0,
+                        overrides: Optional[Dict[str, Any]] = None) -> CompileReport:
+    """Compile one backward variant for sm_90 (no GPU needed) and report its resources."""
+    from flashattn.sm90.bwd import bwd_kernel_for, dq_workspace, launch_args
+    from flashattn.sm90.config import bwd_config
+
+    window_left, window_right = window
+    if causal:
+        window_right = 0
+    cfg = bwd_config(head_dim, masked=window_left >= 0 or window_right >= 0, **(overrides or {}))
+    b, s, h = 2, 1000, 4
+    q = torch.empty((b, s, h, head_dim), dtype=dtype)
+    s_pad = -(-s // cfg.block_m) * cfg.block_m
+    dq_acc = dq_workspace(q, s_pad)
+    lse = torch.empty((b, h, s_pad), dtype=torch.float32)
+    args, constexprs, options, _ = launch_args(
+        q, q, q, q, lse, lse, dq_acc, q, q, cfg, softmax_scale=head_dim ** -0.5,
+        window_left=window_left, window_right=window_right, softcap=softcap)
+    return _compile(bwd_kernel_for(head_dim), args, constexprs, options,
+                    _bwd_variant_key(head_dim, dtype, causal, window, softcap, overrides))
+
+
+def main(argv=None) -> int:
+    """``python -m tools.aot_sm90 VARIANTS_JSON``: compile each variant, print one JSON
+    report per line. Runs in its own process because Triton's language functions are
+    replaced by interpreted ones once TRITON_INTERPRET=1 is set (as the CPU tests do)."""
+    import json
+    import sys
+
+    variants = json.loads((argv or sys.argv[1:])[0])
+    dtypes = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+    for variant in variants:
+        # a variant is (d, dtype, causal, window, softcap, overrides), optionally led by
+        # "fwd" / "bwd" (the kernel; fwd when absent)
+        kind = variant[0] if isinstance(variant[0], str) else "fwd"
+        d, dt, causal, window, softcap, overrides = variant[1:] if kind == variant[0] else variant
+        compile_fn = compile_bwd_variant if kind == "bwd" else compile_fwd_variant
+        key_fn = _bwd_variant_key if kind == "bwd" else _variant_key
+        try:
+            rep = compile_fn(d, dtypes[dt], causal=causal, window=tuple(window),
+                             softcap=softcap, overrides=overrides)
+            row = dict(key=rep.name, registers=rep.registers, spills=rep.spills,
+                       shared=rep.shared, num_warps=rep.num_warps,
+                       wgmma="wgmma.mma_async" in rep.ptx,
+                       tma="cp.async.bulk.tensor" in rep.ptx,
+                       tma_reduce="cp.reduce.async.bulk.tensor" in rep.ptx,
+                       setmaxnreg=[int(x) for x in __import__("re").findall(
+                           r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", rep.ptx)],
+                       ex2="ex2.approx" in rep.ptx, error=None)
+        except Exception as exc:  # reported per variant, the test names it
+            row = dict(key=key_fn(d, dtypes[dt], causal, window, softcap, overrides),
+                       error=f"{type(exc).__name__}: {str(exc)[-2000:]}")
+        print(json.dumps(row), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -18,7 +18,7 @@ MODE="${MODE:-fwd}"
 for impl in ${IMPLS:-hopper cudnn}; do
     rep="$OUT/ncu_${MODE}_$impl.txt"
     timeout "${NCU_TIMEOUT:-150}" "$NCU" --profile-from-start off "${ARGS[@]}" \
-        "$PY" benchmarks/profile_attn.py --impl "$impl" --mode "$MODE" ${PROFILE_ARGS:-} > "$rep" 2>&1
+        "$PY" benchmarks/probes/profile_attn.py --impl "$impl" --mode "$MODE" ${PROFILE_ARGS:-} > "$rep" 2>&1
     echo "== $MODE $impl rc=$? ($(wc -l < "$rep") lines)"
     grep -E "^  [A-Za-z_].*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|No Eligible|One or More Eligible|Executed Ipc Active" "$rep" | head -60
 done

@@ -100,7 +100,7 @@ def _fresh(*tensors: Tensor) -> Tuple[Tensor, ...]:
 def _eager_autograd(name: str, fwd_impl, setup_context, backward, bwd_impl):
     """An autograd.Function running an op's bodies and autograd formula without torch.library's
     dispatch: that layer measured 86 us per dense forward call on the H100 host
-    (benchmarks/overhead_probe.py, ``ops.attention`` vs ``dispatch.forward``), more than a
+    (benchmarks/probes/overhead_probe.py, ``ops.attention`` vs ``dispatch.forward``), more than a
     small attention kernel runs. Used only for plain eager tensors (see :func:`_eager_call`);
     torch.compile, export, dispatch modes and tensor subclasses always see the registered ops."""
 

@@ -16,7 +16,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 
 import flashattn
 from flashattn.api.params import draw_philox_seed
-from flashattn import flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
+from flashattn import flash_attn_varlen_func, flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
 from tests.settings import set_env
 
 
@@ -141,6 +141,36 @@ def test_dropout_seed_follows_manual_seed_under_compile(device):
         if backend == "aot_eager":
             torch.manual_seed(123)
             e, e_mask = f(q, k, v)
+            assert torch.equal(a, e) and torch.equal(a_mask, e_mask)
+
+
+def test_varlen_dropout_seed_follows_manual_seed_under_compile(device):
+    """flash_attn_varlen_func draws its seed like the dense function: two calls of a compiled
+    function give different dropout masks (the draw is a random op of the graph, not a
+    trace-time constant), and torch.manual_seed reproduces them."""
+
+    def f(q, k, v, cu_q, cu_k):
+        out, lse, s_dmask = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 5, 6, dropout_p=0.3,
+                                                   return_attn_probs=True)
+        return out, s_dmask
+
+    cu_q = torch.tensor([0, 3, 8], dtype=torch.int32, device=device)
+    cu_k = torch.tensor([0, 6, 10], dtype=torch.int32, device=device)
+    q = torch.randn(8, 2, 8, device=device)
+    k, v = torch.randn(10, 2, 8, device=device), torch.randn(10, 2, 8, device=device)
+    for backend in ("aot_eager", "inductor"):
+        torch._dynamo.reset()
+        compiled = torch.compile(f, fullgraph=True, backend=backend)
+        torch.manual_seed(321)
+        a, a_mask = compiled(q, k, v, cu_q, cu_k)
+        b, b_mask = compiled(q, k, v, cu_q, cu_k)
+        torch.manual_seed(321)
+        c, c_mask = compiled(q, k, v, cu_q, cu_k)
+        assert not torch.equal(a_mask < 0, b_mask < 0), f"{backend}: same dropout twice"
+        assert torch.equal(a, c) and torch.equal(a_mask, c_mask), f"{backend}: not reproducible"
+        if backend == "aot_eager":
+            torch.manual_seed(321)
+            e, e_mask = f(q, k, v, cu_q, cu_k)
             assert torch.equal(a, e) and torch.equal(a_mask, e_mask)
 
 

@@ -23,7 +23,7 @@ _REASON = gluon_unavailable()
 pytestmark = pytest.mark.skipif(_REASON is not None, reason=f"no Gluon for sm90: {_REASON}")
 
 # (head_dim, dtype, causal, window, softcap, overrides): the shipped variants, plus the
-# ablation switches at d=128 (benchmarks/hopper_probe.py).
+# ablation switches at d=128 (benchmarks/probes/hopper_probe.py).
 VARIANTS = (
     [(d, "bfloat16", c, (-1, -1), 0.0, None) for d in (64, 96, 128, 192, 256)
      for c in (False, True)]

@@ -1,8 +1,8 @@
-"""benchmarks/power_probe.py's pure parts (the probe itself needs a GPU and nvidia-smi)."""
+"""benchmarks/probes/power_probe.py's pure parts (the probe itself needs a GPU and nvidia-smi)."""
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "probes"))
 
 import power_probe  # noqa: E402
 

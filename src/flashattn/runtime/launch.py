@@ -2,7 +2,7 @@
 
 Triton 3.6's ``Autotuner.run`` rebuilds its cache key on each launch (a dict of every
 argument, a list scan per argument name, ``str()`` of every tensor's dtype): measured 58 us
-per launch of the forward kernel on the H100 host (``benchmarks/overhead_probe.py``,
+per launch of the forward kernel on the H100 host (``benchmarks/probes/overhead_probe.py``,
 ``autotuner.run`` vs ``jit.run``), more GPU time than a small attention call takes. Here the
 first launch for a key goes through the autotuner (it tunes, or reads Triton's on-disk cache),
 its winner is remembered under a key the caller builds from values it already has, and later

@@ -46,7 +46,7 @@ persistent grid cannot deadlock (the static stride when unmasked, the ticket que
 masked: both hand out tiles in order). Every key block from 0 to the last visits the query
 block (no left window: host check). Measured in benchmarks/NOTES.md (session 10).
 
-Schedule switches (constexpr, measured in benchmarks/hopper_probe.py --mode bwd):
+Schedule switches (constexpr, measured in benchmarks/probes/hopper_probe.py --mode bwd):
     DQ_TMA     TMA reduce-add instead of atomics (d=128 16k: 496 vs 431 TFLOP/s)
     DQ_ASYNC   asynchronous reduce (d=128 16k: 568 vs 496)
     PIPELINE   the next block's S^T / dP^T issued before this block's dQ reduction: slower

@@ -4,7 +4,7 @@ Answers "where do the microseconds of this call go": the split kernel vs the com
 of a decode step, or the kernels of a forward/backward, without the host time that eager
 timings at small shapes mostly measure.
 
-    python benchmarks/kernel_times.py decode:1:16384 decode:1:131072 fwd:128:0:16384
+    python benchmarks/probes/kernel_times.py decode:1:16384 decode:1:131072 fwd:128:0:16384
 
 Cases: ``decode:<batch>:<kv len>`` (flash_attn_with_kvcache, GQA 32/8, d=128, one token;
 SDPA cuDNN on the same cache), ``fwd:<d>:<causal>:<s>`` / ``bwd:<d>:<causal>:<s>``
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 import flashattn  # noqa: E402
 
 

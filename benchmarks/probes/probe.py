@@ -1,7 +1,7 @@
 """Kernel probe for tuning sessions on the GPU: correctness spot-check, TFLOP/s of our portable
 kernels beside SDPA (flash, cuDNN) in the same run, autotune winners and register/spill counts.
 
-Usage (device machine): python3 benchmarks/probe.py [--d 64,128,256] [--seqlens 2048,16384]
+Usage (device machine): python3 benchmarks/probes/probe.py [--d 64,128,256] [--seqlens 2048,16384]
 Writes $OUT/probe.json when OUT is set. Not the product benchmark (see flashattn bench).
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch.nn.functional as F
 import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 from flashattn.triton import bwd as kbwd  # noqa: E402
 from flashattn.triton import fwd as kfwd  # noqa: E402
 

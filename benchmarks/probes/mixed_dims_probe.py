@@ -1,6 +1,6 @@
 """Forward TFLOP/s with head_dim != head_dim_v (e.g. 192 / 128, DeepSeek MLA prefill), H100.
 
-    python3 benchmarks/mixed_dims_probe.py --dims 192x128,128x64 --seqlens 2048,8192
+    python3 benchmarks/probes/mixed_dims_probe.py --dims 192x128,128x64 --seqlens 2048,8192
 
 Times ``flash_attn_func`` on the Hopper forward and on the portable kernels, and SDPA's cuDNN
 backend where it takes the shape, same process, medians of ``do_bench``. bf16, 16k tokens per
@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from triton.testing import do_bench
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 
 
 def main() -> int:
@@ -39,14 +39,11 @@ def main() -> int:
                 flops = 2.0 * b * h * s * s * (d + d_v) / (2 if causal else 1)
                 row = {"d": d, "d_v": d_v, "s": s, "causal": causal}
                 outs = {}
-                for name, env in (("hopper", {"FLASHATTN_BACKEND": "hopper"}),
-                                  ("portable", {"FLASHATTN_BACKEND": "portable"})):
-                    os.environ.update(env)
+                for name in ("hopper", "portable"):
                     fn = lambda: flashattn.flash_attn_func(q, k, v, causal=causal)  # noqa: E731
-                    outs[name] = fn().float()
-                    row[name] = round(flops / do_bench(fn, warmup=10, rep=40) / 1e9, 1)
-                    for key in env:
-                        os.environ.pop(key)
+                    with flashattn.use_backend(name):
+                        outs[name] = fn().float()
+                        row[name] = round(flops / do_bench(fn, warmup=10, rep=40) / 1e9, 1)
                 row["max_diff"] = (outs["hopper"] - outs["portable"]).abs().max().item()
                 try:
                     from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -16,7 +16,7 @@ the Gluon path's layers: flash_fwd_hopper, its launch_args (Python argument buil
 launch alone with prebuilt arguments (binder, TMA descriptor encoding, launcher) and
 flash_bwd_hopper.
 
-    python benchmarks/overhead_probe.py --out $OUT/overhead.json
+    python benchmarks/probes/overhead_probe.py --out $OUT/overhead.json
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 import flashattn  # noqa: E402
 from flashattn import dispatch, ops  # noqa: E402
 

@@ -6,7 +6,7 @@ cache (page 16, shuffled page table) and optional launch-config variants
 (``--configs "64,4,4;128,8,3"`` -> FLASHATTN_DECODE_CONFIG, ``--waves 1,2,4`` ->
 FLASHATTN_DECODE_WAVES). Also checks each variant's output against SDPA once.
 
-    python benchmarks/decode_probe.py --out $OUT/decode.json [--budget 150]
+    python benchmarks/probes/decode_probe.py --out $OUT/decode.json [--budget 150]
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashattn
+from flashattn.runtime.env import reload as reload_env
 
 POINTS = ((1, 16384), (1, 131072), (8, 8192), (32, 4096), (64, 32768))
 H, H_K, D = 32, 8, 128
@@ -121,6 +122,7 @@ def main() -> int:
         for vname, env in variants:
             old = {k: os.environ.get(k) for k in env}
             os.environ.update(env)
+            reload_env()  # flashattn reads its variables once: re-read them
             try:
                 for layout in ("contig", "paged16"):
                     if layout == "paged16" and paged is None:
@@ -146,6 +148,7 @@ def main() -> int:
                         os.environ.pop(k, None)
                     else:
                         os.environ[k] = v
+                reload_env()
         del q, kc, vc, paged
     env = dict(torch=torch.__version__, triton=triton.__version__, cuda_graph=GRAPH,
                gpu=torch.cuda.get_device_name())

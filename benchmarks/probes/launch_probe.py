@@ -14,7 +14,7 @@ plus the whole public call of the workload (``api``; ``api_triton_launch`` with
 FLASHATTN_FAST_LAUNCH off, i.e. every launch through ``fn[grid]``) and a cProfile of it
 (``--profile``).
 
-    python benchmarks/launch_probe.py --out $OUT/launch.json [--profile decode]
+    python benchmarks/probes/launch_probe.py --out $OUT/launch.json [--profile decode]
 """
 from __future__ import annotations
 
@@ -29,11 +29,12 @@ from typing import Callable, Dict
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 import triton  # noqa: E402
 from triton.runtime import jit as _jit  # noqa: E402
 
 import flashattn  # noqa: E402
+from flashattn.runtime import compat, env  # noqa: E402
 from overhead_probe import per_call_us  # noqa: E402  (this folder is on sys.path)
 
 _RECORDED: Dict[str, tuple] = {}
@@ -121,8 +122,8 @@ def main() -> int:
     from flashattn.runtime import launch as _launch
     hook = triton.knobs.runtime.launch_enter_hook
     result["fast_launch_state"] = dict(
-        FAST_LAUNCH=_launch.FAST_LAUNCH, interpret=_launch.INTERPRET,
-        jit_run_is_triton=_jit.JITFunction.run is _launch._JIT_RUN,
+        FAST_LAUNCH=env.settings().fast_launch, interpret=_launch.INTERPRET,
+        jit_run_is_triton=not compat.jit_run_patched(),
         enter_hook=repr(hook), enter_hook_calls=repr(getattr(hook, "calls", None)))
     print(result["fast_launch_state"], flush=True)
     for wname, work in workloads().items():
@@ -134,9 +135,8 @@ def main() -> int:
         recorded = dict(_RECORDED)
         _jit.JITFunction.run = _orig_run
         entry: Dict[str, object] = {"api": per_call_us(work, args.calls // 3, args.reps)}
-        _launch.FAST_LAUNCH = False
-        entry["api_triton_launch"] = per_call_us(work, args.calls // 3, args.reps)
-        _launch.FAST_LAUNCH = True
+        with env.override(fast_launch=False):
+            entry["api_triton_launch"] = per_call_us(work, args.calls // 3, args.reps)
 
         for kname, rec in recorded.items():
             try:

@@ -8,7 +8,7 @@ gaps of 6-11%. This probe runs each implementation alone in a loop for ``--secon
 and reports the medians beside the TFLOP/s of that loop. Implementations are interleaved
 ``--repeat`` times so drift hits both.
 
-    python3 benchmarks/power_probe.py --points 128:0:fwd,128:1:bwd --seconds 4 --json $OUT/power.json
+    python3 benchmarks/probes/power_probe.py --points 128:0:fwd,128:1:bwd --seconds 4 --json $OUT/power.json
 
 Shapes: bf16, 16k tokens per call (batch = 16384 / s), h * d = 2048, layout (b, s, h, d) for
 both (cuDNN through SDPA on the transposed views, as hopper_probe.py times it). ``bwd`` times the backward
@@ -27,7 +27,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 
 
 def _step(impl: str, d: int, causal: bool, mode: str, s: int):
@@ -47,6 +47,9 @@ def _step(impl: str, d: int, causal: bool, mode: str, s: int):
     else:
         os.environ["FLASHATTN_BACKEND"] = impl
         import flashattn
+        from flashattn.runtime.env import reload
+
+        reload()  # flashattn reads its variables once: re-read them
 
         def fwd():
             return flashattn.flash_attn_func(q, k, v, causal=causal)

@@ -2,7 +2,7 @@
 and our portable kernel in the same run, and the ablation table (each scheduling technique
 switched off in turn).
 
-Usage (device machine): PYTHONPATH=src python3 benchmarks/hopper_probe.py
+Usage (device machine): PYTHONPATH=src python3 benchmarks/probes/hopper_probe.py
     [--d 64,128,256] [--seqlens 2048,8192,16384] [--causal 0,1] [--ablate 8192,16384]
     [--mode fwd|bwd]   (bwd: the Hopper backward vs cuDNN's and the portable backward;
                         bwd FLOPs = 2.5 x fwd; writes $OUT/hopper_probe_bwd.json)
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 from flashattn.sm90.fwd import flash_fwd_hopper  # noqa: E402
 from flashattn.triton.fwd import flash_fwd  # noqa: E402
 
@@ -167,6 +167,9 @@ def main():
     ap.add_argument("--rep", type=int, default=40)
     args = ap.parse_args()
     os.environ.setdefault("FLASHATTN_AUTOTUNE", "0")
+    from flashattn.runtime.env import reload
+
+    reload()  # flashattn reads its variables once: re-read them
     if args.mode == "bwd":
         return _bwd_main(args)
     ABLATIONS.update(_parse_extra(args.extra))

@@ -1,7 +1,7 @@
 """One attention call (forward, or forward + backward), repeated, for a profiler to capture.
 
     ncu --profile-from-start off --section SpeedOfLight \
-        python3 benchmarks/profile_attn.py --impl hopper --mode bwd --d 128 --s 16384
+        python3 benchmarks/probes/profile_attn.py --impl hopper --mode bwd --d 128 --s 16384
 
 ``--impl``: hopper | portable (FLASHATTN_BACKEND) | cudnn (SDPA's cuDNN backend). bf16, 16k
 tokens per call, h*d = 2048 (the benchmark grid's shapes). ``--calls`` calls (default 3): the
@@ -18,7 +18,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 
 
 def main() -> int:

@@ -1,6 +1,6 @@
 """cProfile of the host (Python) side of tiny attention calls: where the microseconds go.
 
-    python benchmarks/host_profile.py [--what fwd|fwdbwd|dispatch] [--calls 300] [--top 30]
+    python benchmarks/probes/host_profile.py [--what fwd|fwdbwd|dispatch] [--calls 300] [--top 30]
 A tiny shape (default b=1, s=128, h=8, d=64, bf16, causal) keeps GPU time far below host
 time; after a warm-up (compile, autotune), ``--calls`` calls run under cProfile and the
 functions with the most own time (and cumulative time) print.
@@ -16,7 +16,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 import flashattn  # noqa: E402
 from flashattn import dispatch  # noqa: E402
 

@@ -6,7 +6,7 @@ Each batch packs sequences whose lengths are drawn (seeded) around a mean length
 work: sum over sequences of 4 * s_i^2 * h * d (x0.5 causal; x2.5 for the backward). For scale,
 the dense call with as many sequences of equal length (16k / count) runs as ``flashattn-dense``.
 
-    python benchmarks/varlen_probe.py --out $OUT/varlen.json [--means 1024,4096] [--budget 200]
+    python benchmarks/probes/varlen_probe.py --out $OUT/varlen.json [--means 1024,4096] [--budget 200]
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from typing import Callable, Dict, List, Sequence
 import torch
 import triton
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 import flashattn  # noqa: E402
 
 TOKENS, H, D = 16384, 16, 128

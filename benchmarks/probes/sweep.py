@@ -7,7 +7,7 @@ configs to the spaces for the run (the spaces in ``kernels/config.py`` are dicts
 the pruner reads at call time), so a new candidate can be measured before it is committed.
 
 Usage (device machine):
-  python3 benchmarks/sweep.py --shapes 128:0:4096,128:1:8192 --modes fwd,bwd \
+  python3 benchmarks/probes/sweep.py --shapes 128:0:4096,128:1:8192 --modes fwd,bwd \
       --extra 'fwd:128:128,128,8,4,ws;dkdv:128:64,128,8,1'
 Shapes are d:causal:s with b*s = 16k tokens and h*d = 2048. --extra entries are
 `space:d_bucket:BM,BN,warps,stages[,ws]` separated by ';' (space in fwd, dkdv, dq).
@@ -23,7 +23,7 @@ import sys
 import torch
 import triton
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 from flashattn.triton import bwd as kbwd  # noqa: E402
 from flashattn.triton import config  # noqa: E402
 from flashattn.triton import fwd as kfwd  # noqa: E402

@@ -472,20 +472,16 @@ FEATURES = ("softcap", "alibi", "dropout", "fp32", "local", "varlen", "atomic_dq
 
 @contextlib.contextmanager
 def _env(**values: Optional[str]) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in values}
-    try:
-        for k, v in values.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    """flashattn's settings as if these environment variables had these raw values (None =
+    unset) inside the block: flashattn reads the environment once (runtime/env.py)."""
+    from flashattn.runtime import env
+
+    fields = {}
+    for name, raw in values.items():
+        var = env.VARIABLES[name]
+        fields[var.field] = var.parse(var.default if raw is None else raw)
+    with env.override(**fields):
         yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 @contextlib.contextmanager

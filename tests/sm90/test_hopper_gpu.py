@@ -197,7 +197,7 @@ def test_replayed_launches_match_full_launches(monkeypatch, causal):
                       .transpose(1, 2) for h, s in ((4, 700), (2, 900), (2, 900))))
     replayed = [_run_hopper(q, k, v, params) for q, k, v in runs]
     assert len(fwd._PLANS._plans) == 2
-    monkeypatch.setattr(launch, "FAST_LAUNCH", False)  # Triton's own launch path, every call
+    set_env(monkeypatch, FLASHATTN_FAST_LAUNCH="0")  # Triton's own launch path, every call
     for (q, k, v), (out, lse) in zip(runs, replayed):
         out_full, lse_full = _run_hopper(q, k, v, params)
         assert torch.equal(out, out_full) and torch.equal(lse, lse_full)

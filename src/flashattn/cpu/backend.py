@@ -9,8 +9,8 @@ from typing import Optional, Tuple
 
 import torch
 
+from flashattn.cpu import dense as _dense
 from flashattn.cpu import kvcache as _kv
-from flashattn.cpu.dense import chunked_bwd, chunked_fwd, chunked_varlen_bwd, chunked_varlen_fwd
 from flashattn.params import AttnParams
 
 Tensor = torch.Tensor
@@ -18,30 +18,31 @@ Tensor = torch.Tensor
 
 def fwd(q: Tensor, k: Tensor, v: Tensor, p: AttnParams, return_softmax: bool):
     """Dense forward: (out, lse, S_dmask | None)."""
-    return chunked_fwd(q, k, v, **p.kernel_kwargs(), return_softmax=return_softmax)
+    return _dense.chunked_fwd(q, k, v, **p.kernel_kwargs(), return_softmax=return_softmax)
 
 
 def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, p: AttnParams):
     """Dense backward: (dq, dk, dv)."""
-    return chunked_bwd(dout, q, k, v, out, lse, **p.kernel_kwargs(),
-                       deterministic=p.deterministic)
+    return _dense.chunked_bwd(dout, q, k, v, out, lse, **p.kernel_kwargs(),
+                              deterministic=p.deterministic)
 
 
 def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                seqused_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
                p: AttnParams, return_softmax: bool):
     """Packed variable-length forward: (out (total_q, h, d_v), lse (h, total_q), S_dmask)."""
-    return chunked_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
-                              max_seqlen_k, **p.kernel_kwargs(), return_softmax=return_softmax)
+    return _dense.chunked_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                                     max_seqlen_q, max_seqlen_k, **p.kernel_kwargs(),
+                                     return_softmax=return_softmax)
 
 
 def varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, seqused_k: Optional[Tensor],
                max_seqlen_q: int, max_seqlen_k: int, p: AttnParams):
     """Packed variable-length backward: (dq, dk, dv)."""
-    return chunked_varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                              max_seqlen_q, max_seqlen_k, **p.kernel_kwargs(),
-                              deterministic=p.deterministic)
+    return _dense.chunked_varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                                     max_seqlen_q, max_seqlen_k, **p.kernel_kwargs(),
+                                     deterministic=p.deterministic)
 
 
 def append_kv(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor,

@@ -1,0 +1,121 @@
+"""Same-run A/B of two source trees of flashattn (e.g. before / after a restructuring).
+
+The two trees cannot share a process (both are the package ``flashattn``), so each round runs
+one child process per tree, alternating (A, B, A, B, ...): every child measures every point,
+and the report gives each tree's median over the rounds and the ratio B / A.
+
+Points (H100 defaults):
+- ``fwd`` / ``bwd`` d=128 s=16k (b=1, h=16, bf16, causal and not): TFLOP/s, do_bench median;
+- ``tiny`` (b1 s128 h16 d128, causal and not): microseconds per eager call, wall time of
+  back-to-back calls then one synchronise (host time included: what a small call costs);
+- ``decode`` (flash_attn_with_kvcache, GQA 32/8, d128, b1, L16k, one new token, eager):
+  microseconds per step, measured the same way.
+
+    python benchmarks/probes/ab_probe.py --a /tmp/old/src --b src --rounds 3 --out ab.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Dict, List
+
+
+def _per_call_us(fn, calls: int, reps: int) -> float:
+    import torch
+
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    times: List[float] = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) / calls * 1e6)
+    return statistics.median(times)
+
+
+def child() -> Dict[str, float]:
+    """Measure every point with the flashattn on sys.path[0]; print one JSON line."""
+    import torch
+    from triton.testing import do_bench
+
+    import flashattn
+
+    rows: Dict[str, float] = {}
+    dt = torch.bfloat16
+    b, s, h, d = 1, 16384, 16, 128
+    for causal in (False, True):
+        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=dt, requires_grad=True)
+                   for _ in range(3))
+        flops = 4 * b * s * s * h * d / (2 if causal else 1)
+        fwd = lambda: flashattn.flash_attn_func(q, k, v, causal=causal)  # noqa: E731
+        out = fwd()
+        dout = torch.randn_like(out)
+        ms = do_bench(fwd, warmup=100, rep=500)
+        rows[f"fwd_d128_16k_{'causal' if causal else 'dense'}_tflops"] = flops / ms / 1e9
+        bwd = lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)  # noqa: E731
+        ms = do_bench(bwd, warmup=100, rep=500)
+        rows[f"bwd_d128_16k_{'causal' if causal else 'dense'}_tflops"] = 2.5 * flops / ms / 1e9
+        del q, k, v, out, dout
+    q, k, v = (torch.randn(1, 128, 16, 128, device="cuda", dtype=dt) for _ in range(3))
+    for causal in (False, True):
+        rows[f"tiny_b1_s128_{'causal' if causal else 'dense'}_us"] = _per_call_us(
+            lambda: flashattn.flash_attn_func(q, k, v, causal=causal), 200, 7)
+    L = 16384
+    qd = torch.randn(1, 1, 32, 128, device="cuda", dtype=dt)
+    kc, vc = (torch.randn(1, L, 8, 128, device="cuda", dtype=dt) for _ in range(2))
+    seqlens = torch.full((1,), L, dtype=torch.int32, device="cuda")
+    rows["decode_b1_16k_eager_us"] = _per_call_us(
+        lambda: flashattn.flash_attn_with_kvcache(qd, kc, vc, cache_seqlens=seqlens), 200, 7)
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--a", required=True, help="src dir of tree A (the baseline)")
+    ap.add_argument("--b", required=True, help="src dir of tree B")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default="")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print("AB " + json.dumps(child()), flush=True)
+        return 0
+    results: Dict[str, List[Dict[str, float]]] = {"a": [], "b": []}
+    for r in range(args.rounds):
+        for tag in ("a", "b"):
+            src = os.path.abspath(getattr(args, tag))
+            env = dict(os.environ, PYTHONPATH=src)
+            proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--a", "-", "--b",
+                                   "-", "--child"], env=env, capture_output=True, text=True,
+                                  cwd="/tmp")
+            line = [x for x in proc.stdout.splitlines() if x.startswith("AB ")]
+            if proc.returncode != 0 or not line:
+                print(f"round {r} tree {tag} failed:\n{proc.stderr[-3000:]}", file=sys.stderr)
+                return 1
+            rows = json.loads(line[-1][3:])
+            results[tag].append(rows)
+            print(f"round {r} {tag}: " + ", ".join(f"{k}={v:.1f}" for k, v in rows.items()),
+                  flush=True)
+    summary = {}
+    for key in results["a"][0]:
+        a = statistics.median(x[key] for x in results["a"])
+        b = statistics.median(x[key] for x in results["b"])
+        summary[key] = dict(a=round(a, 2), b=round(b, 2), b_over_a=round(b / a, 4))
+        print(f"{key:34s} A {a:9.2f}  B {b:9.2f}  B/A {b / a:.3f}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(dict(a=args.a, b=args.b, rounds=args.rounds, summary=summary,
+                           raw=results), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -13,6 +13,7 @@ pipelined (cp.async), use TMA (cp.async.bulk.tensor), and the mma flavour.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -101,6 +102,7 @@ def main() -> int:
     ap.add_argument("--configs", default="")
     ap.add_argument("--all", action="store_true", help="also every feature flag")
     args = ap.parse_args()
+    from flashattn.runtime import env
     from flashattn.triton import combine as comb
     from flashattn.triton import decode as dec
     from flashattn.triton import rotary as rot
@@ -130,13 +132,13 @@ def main() -> int:
         tag = f"decode_{'paged16' if paged else 'contig'}_sq{s_q}_{'tma' if tma else 'ptr'}" + (
             f"_cfg{cfg.replace(',', '-')}" if cfg else "") + "".join(
             f"_{k}{'' if v is True else str(v).replace('torch.', '')}" for k, v in feat.items())
-        old = os.environ.get("FLASHATTN_DECODE_CONFIG")
-        if cfg:
-            os.environ["FLASHATTN_DECODE_CONFIG"] = cfg
+        # the launch config the decode wrapper reads (flashattn reads its environment once)
+        forced = env.override(decode_config=cfg) if cfg else contextlib.nullcontext()
         cap = _Capture(dec._decode_kernel)
         orig = dec._decode_kernel
         dec._decode_kernel = cap
         try:
+            forced.__enter__()
             b, h, h_k = 2, 32, 8
             d = feat.get("d", 128)
             dt = feat.get("dtype", bf)
@@ -164,11 +166,7 @@ def main() -> int:
                 batch_idx=seqlens if feat.get("batch_idx") and not paged else None, **extra)
         finally:
             dec._decode_kernel = orig
-            if cfg:
-                if old is None:
-                    os.environ.pop("FLASHATTN_DECODE_CONFIG", None)
-                else:
-                    os.environ["FLASHATTN_DECODE_CONFIG"] = old
+            forced.__exit__(None, None, None)
         grid, a, kw = cap.calls[0]
         try:
             kern = compile_captured(orig, a, kw,

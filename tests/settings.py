@@ -13,8 +13,5 @@ def set_env(monkeypatch: pytest.MonkeyPatch, **variables: Optional[str]) -> None
     rest of the test, e.g. ``set_env(monkeypatch, FLASHATTN_AUTOTUNE="0")``."""
     from flashattn.runtime import env
 
-    fields = {}
-    for name, raw in variables.items():
-        var = env.VARIABLES[name]
-        fields[var.field] = var.parse(var.default if raw is None else raw)
-    monkeypatch.setattr(env, "_settings", dataclasses.replace(env.settings(), **fields))
+    monkeypatch.setattr(env, "_settings",
+                        dataclasses.replace(env.settings(), **env.fields_from_raw(**variables)))

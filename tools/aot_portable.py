@@ -476,11 +476,7 @@ def _env(**values: Optional[str]) -> Iterator[None]:
     unset) inside the block: flashattn reads the environment once (runtime/env.py)."""
     from flashattn.runtime import env
 
-    fields = {}
-    for name, raw in values.items():
-        var = env.VARIABLES[name]
-        fields[var.field] = var.parse(var.default if raw is None else raw)
-    with env.override(**fields):
+    with env.override(**env.fields_from_raw(**values)):
         yield
 
 

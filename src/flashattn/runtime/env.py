@@ -136,6 +136,16 @@ def override(**fields: Any) -> Iterator[Settings]:
         _settings = saved
 
 
+def fields_from_raw(**variables: "str | None") -> Dict[str, Any]:
+    """Settings fields for raw variable values (``FLASHATTN_AUTOTUNE="0"``; None = unset),
+    parsed as the environment would be: ``override(**fields_from_raw(...))``."""
+    fields = {}
+    for name, raw in variables.items():
+        var = VARIABLES[name]
+        fields[var.field] = var.parse(var.default if raw is None else raw)
+    return fields
+
+
 def reload() -> Settings:
     """Re-read the environment (``TRITON_INTERPRET`` excepted, see :data:`INTERPRET`)."""
     global _settings
@@ -155,5 +165,5 @@ def raw_values() -> Dict[str, str]:
     return {name: os.environ.get(name, "") for name in names}
 
 
-__all__ = ["BACKENDS", "INTERPRET", "Settings", "VARIABLES", "hf_deterministic", "override",
-           "raw_values", "read", "reload", "settings"]
+__all__ = ["BACKENDS", "INTERPRET", "Settings", "VARIABLES", "fields_from_raw", "hf_deterministic",
+           "override", "raw_values", "read", "reload", "settings"]

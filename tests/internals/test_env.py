@@ -1,0 +1,74 @@
+"""The runtime's environment contract: every variable read once into Settings, documented,
+overridable at run time without touching os.environ; use_backend validates its argument."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import flashattn
+from flashattn import dispatch
+from flashattn.runtime import env
+
+
+def test_every_variable_parses_from_its_default_and_is_documented():
+    assert env.read({}) == env.Settings(interpret=False)
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")).read()
+    for name, var in env.VARIABLES.items():
+        assert var.field in {f for f in env.Settings.__dataclass_fields__}
+        assert f"`{name}`" in readme, f"README's environment table lacks {name}"
+
+
+@pytest.mark.parametrize("raw,expected", [("0", False), ("false", False), ("OFF", False),
+                                          ("1", True), ("", True), ("yes", True)])
+def test_boolean_spellings(raw, expected):
+    assert env.read({"FLASHATTN_AUTOTUNE": raw}).autotune is expected
+
+
+def test_override_restores_and_rejects_unknown_fields():
+    before = env.settings()
+    with env.override(autotune=False, decode_waves="3") as s:
+        assert s is env.settings() and not s.autotune and s.decode_waves == "3"
+    assert env.settings() is before
+    with pytest.raises(TypeError, match="unknown setting"):
+        with env.override(no_such_field=1):
+            pass
+
+
+def test_use_backend_forces_and_restores(monkeypatch):
+    before = dispatch.requested_backend()
+    with flashattn.use_backend("CPU"):
+        assert dispatch.requested_backend() == "cpu"
+        assert dispatch.backend_for("cpu") == "cpu"
+    assert dispatch.requested_backend() == before
+    with pytest.raises(ValueError, match="use_backend: name must be one of"):
+        with flashattn.use_backend("cuda-please"):
+            pass
+
+
+def test_the_package_reads_the_environment_only_in_runtime_env():
+    """No module outside runtime/env.py reads os.environ / os.getenv (a source scan)."""
+    root = os.path.join(os.path.dirname(flashattn.__file__))
+    offenders = []
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            if not name.endswith(".py") or path.endswith(os.path.join("runtime", "env.py")):
+                continue
+            text = open(path).read()
+            for needle in ("os.environ.get(", "os.getenv(", "os.environ["):
+                if needle in text:
+                    offenders.append(f"{os.path.relpath(path, root)}: {needle}")
+    # the command line prints CUDA_VISIBLE_DEVICES for the reader (not a setting)
+    assert offenders == ["cli.py: os.environ.get("], offenders
+
+
+def test_variables_are_read_at_import():
+    code = ("import flashattn; from flashattn.runtime import env; "
+            "print(env.settings().backend, env.settings().autotune)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=dict(os.environ, FLASHATTN_BACKEND="cpu", FLASHATTN_AUTOTUNE="0"),
+                         check=True).stdout.split()
+    assert out == ["cpu", "False"]

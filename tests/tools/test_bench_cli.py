@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -285,3 +286,12 @@ def test_memory_meter_sees_naive_scores():
     scores_mib = 1024 * 1024 * 4 / 2**20
     assert r.naive_mib >= scores_mib  # at least the (s, s) fp32 scores
     assert r.ours_mib < r.naive_mib
+
+
+def test_bench_ships_in_the_package():
+    """`python -m flashattn bench` needs no repository checkout: the grid is a module of the
+    package (an installed wheel has it), loaded by import, not by file path."""
+    import flashattn.bench
+
+    assert cli.load_bench() is flashattn.bench
+    assert os.path.dirname(flashattn.bench.__file__) == os.path.dirname(cli.__file__)

@@ -355,12 +355,12 @@ def kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     device = q.device
     capacity = _capacity(k_cache, block_table)
     s_new = 0 if k is None else k.shape[1]
-    window_left, window_right = params.window_left, params.window_right
-    # flash-attn rotates each query token at its own position when causal or local (any window
-    # given, even one wider than the cache), else every token at cache_seqlens
-    rotary_q_step = 1 if (params.causal or (window_left, window_right) != (-1, -1)) else 0
+    # flash-attn 2 (mha_fwd_kvcache): a window side reaching the cache capacity is unbounded
+    # (-1) FIRST; only then is the call "local", and q is rotated token by token (positions
+    # cache_seqlens + i) when it is causal or local, else every token at cache_seqlens
     window_left, window_right = (-1 if w < 0 or w >= capacity else int(w)
-                                 for w in (window_left, window_right))
+                                 for w in (params.window_left, params.window_right))
+    rotary_q_step = 1 if (params.causal or (window_left, window_right) != (-1, -1)) else 0
     if params.causal:
         window_right = 0
     if s_q == 1 and window_right == 0:

@@ -203,7 +203,8 @@ def kvcache_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if causal or windowed, else at ``cache_seqlens[b]``; rounded to q's dtype) over each
     row's keys ``[cache_leftpad[b], cache_seqlens[b] + s_new)`` by :func:`attention_ref`
     (float64 if ``upcast`` else q's dtype). Shapes as the public function; cache_seqlens a
-    (b,) int tensor. window_size is taken as given (no clamping to the cache length).
+    (b,) int tensor. Window sides >= the cache capacity count as unbounded (flash-attn 2: they
+    are clamped before the rotary positions of q are decided); the mask needs no clamping.
     """
     b, s_q, h, _ = q.shape
     k_after, v_after = k_cache.clone(), v_cache.clone()
@@ -231,7 +232,11 @@ def kvcache_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             v_after[d0, d1] = v[row].to(v_cache.dtype)
     q_in = q
     if rotary:
-        step = 1 if (causal or tuple(window_size) != (-1, -1)) else 0
+        # flash-attn 2's order (mha_fwd_kvcache): window sides >= the cache capacity become
+        # -1 first, then "local" (and so per-token q positions) is decided
+        capacity = block_table.shape[1] * page if paged else k_cache.shape[1]
+        clamped = tuple(-1 if w >= capacity else w for w in window_size)
+        step = 1 if (causal or clamped != (-1, -1)) else 0
         pos = (lens.view(-1, 1) + step * torch.arange(s_q)).to(q.device)
         q_in = rotary_ref(q, rotary_cos, rotary_sin, pos, rotary_interleaved).to(q.dtype)
     dtype = torch.float64 if upcast else q.dtype

@@ -373,3 +373,59 @@ def test_decode_host_helpers_match_triton(monkeypatch):
     set_env(monkeypatch, FLASHATTN_DECODE_CONFIG="32,4,2")
     over = _dec._launch_plan(128, 128, 2, False, 4, 1, 1, 8, 16384, 0, cpu, "32,4,2", "")
     assert over[:3] == (32, 4, 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 20, problem 1: a window side at least as long as the cache is unbounded BEFORE the
+# rotary positions of q are decided (flash-attn 2's mha_fwd_kvcache clamps, then a call that
+# is neither causal nor local rotates every query token at cache_seqlens). The expected output
+# is computed here by hand from that documented rule, not by reference.kvcache_ref.
+# ---------------------------------------------------------------------------------------------
+def _rotate_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                        pos: torch.Tensor) -> torch.Tensor:
+    """GPT-J rotary of x (b, s, h, d) at integer positions pos (b, s), float64."""
+    x = x.double().clone()
+    half = cos.shape[1]
+    c = cos.double()[pos].unsqueeze(2)  # (b, s, 1, half)
+    s_ = sin.double()[pos].unsqueeze(2)
+    x0, x1 = x[..., 0:2 * half:2].clone(), x[..., 1:2 * half:2].clone()
+    x[..., 0:2 * half:2] = x0 * c - x1 * s_
+    x[..., 1:2 * half:2] = x0 * s_ + x1 * c
+    return x
+
+
+@pytest.mark.parametrize("window", [(256, -1), (-1, 300), (500, 256), (-1, -1)])
+def test_window_at_least_the_cache_is_unbounded_before_rotary(backend, window):
+    torch.manual_seed(0)
+    b, s_q, s_new, h, h_k, d, cap = 2, 4, 4, 4, 2, 64, 256
+    seqlens = torch.tensor([100, 30], dtype=torch.int32)
+    q = torch.randn(b, s_q, h, d)
+    k_new, v_new = torch.randn(b, s_new, h_k, d), torch.randn(b, s_new, h_k, d)
+    k_cache, v_cache = torch.randn(b, cap, h_k, d), torch.randn(b, cap, h_k, d)
+    angles = torch.rand(cap + s_new, d // 2) * 6.28
+    cos, sin = angles.cos(), angles.sin()
+    kc, vc = k_cache.clone(), v_cache.clone()
+    out, lse = flash_attn_with_kvcache(q, kc, vc, k_new, v_new, cos, sin, seqlens,
+                                       window_size=window, rotary_interleaved=True,
+                                       num_splits=1, return_softmax_lse=True)
+    # by hand: every window here is at least the cache capacity (or -1): unbounded, not local,
+    # not causal -> keys [0, seqlens + s_new), q rotated at cache_seqlens for every token
+    scale = d ** -0.5
+    for row in range(b):
+        n = int(seqlens[row])
+        pos_k = (n + torch.arange(s_new)).view(1, -1)
+        keys = torch.cat([k_cache[row:row + 1, :n].double(),
+                          _rotate_interleaved(k_new[row:row + 1], cos, sin, pos_k)], dim=1)
+        vals = torch.cat([v_cache[row:row + 1, :n], v_new[row:row + 1]], dim=1).double()
+        qr = _rotate_interleaved(q[row:row + 1], cos, sin, torch.full((1, s_q), n))
+        keys = keys.repeat_interleave(h // h_k, dim=2)
+        vals = vals.repeat_interleave(h // h_k, dim=2)
+        scores = torch.einsum("bqhd,bkhd->bhqk", qr, keys) * scale
+        want_lse = torch.logsumexp(scores, dim=-1)  # (1, h, s_q)
+        want = torch.einsum("bhqk,bkhd->bqhd", scores.softmax(-1), vals)
+        torch.testing.assert_close(out[row:row + 1].double(), want, atol=2e-4, rtol=0)
+        torch.testing.assert_close(lse[row:row + 1].double(), want_lse, atol=2e-4, rtol=0)
+    # the oracle agrees with that rule too (it is what the other kvcache tests compare against)
+    ref_out, ref_lse, _, _ = kvcache_ref(q, k_cache, v_cache, k_new, v_new, cos, sin, seqlens,
+                                         window_size=window, rotary_interleaved=True)
+    torch.testing.assert_close(out.double(), ref_out, atol=2e-4, rtol=0)

@@ -292,6 +292,14 @@ def varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
                    ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """Packed variable-length forward: ``(out (total_q, h, d_v), lse (h, total_q), S_dmask |
     None)``; with ``block_table`` k / v are paged caches (forward only, no dropout)."""
+    if max_seqlen_q == 0 or max_seqlen_k == 0:
+        # every query or every key sequence is empty: no row sees a key (no zero-size grids)
+        total_q, h, _ = q.shape
+        out = torch.zeros((total_q, h, v.shape[-1]), dtype=q.dtype, device=q.device)
+        lse = torch.full((h, total_q), float("-inf"), dtype=torch.float32, device=q.device)
+        s_dmask = (torch.zeros((cu_seqlens_q.shape[0] - 1, h, max_seqlen_q, max_seqlen_k),
+                               dtype=q.dtype, device=q.device) if return_softmax else None)
+        return out, lse, s_dmask
     if block_table is not None:
         out, lse = varlen_paged_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
                                         max_seqlen_q, max_seqlen_k, block_table, params)
@@ -308,6 +316,9 @@ def varlen_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: tor
                     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Packed variable-length backward: ``(dq, dk, dv)``; dout / out (total_q, h, d_v) (dout
     with unit last-dim stride), lse float32 (h, total_q)."""
+    if max_seqlen_q == 0 or max_seqlen_k == 0:  # no row saw a key: no gradient anywhere
+        return tuple(  # type: ignore[return-value]
+            torch.zeros(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
     return backend(select("varlen_bwd", q)).varlen_bwd(
         dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
         max_seqlen_k, params)

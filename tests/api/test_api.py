@@ -330,3 +330,27 @@ def test_dout_with_odd_strides(backend):
     got = torch.autograd.grad(out, (q, k, v), g)
     for x, y in zip(got, ref):
         torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 20, problem 2: window_size as tensors / numpy ints (flash-attn's own tests pass
+# torch.randint(...) results) means the same window as the Python ints
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("as_", ["tensor", "numpy_array", "numpy_ints", "zero_d_tensors"])
+def test_window_size_tensors_and_numpy(cpu_backend, as_):
+    import numpy as np
+
+    q, k, v = _inputs(grad=False)
+    window = {"tensor": torch.tensor([3, 1]), "numpy_array": np.array([3, 1]),
+              "numpy_ints": (np.int64(3), np.int32(1)),
+              "zero_d_tensors": (torch.tensor(3), torch.tensor(1))}[as_]
+    got = flash_attn_func(q, k, v, window_size=window)
+    torch.testing.assert_close(got, flash_attn_func(q, k, v, window_size=(3, 1)), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("bad", [torch.tensor([1.0, 2.0]), torch.tensor([1, 2, 3]),
+                                 torch.tensor([[1, 2]]), torch.tensor([True, False])])
+def test_window_size_bad_tensors_name_the_argument(cpu_backend, bad):
+    q, k, v = _inputs(grad=False)
+    with pytest.raises(TypeError, match="window_size"):
+        flash_attn_func(q, k, v, window_size=bad)

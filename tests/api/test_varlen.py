@@ -689,7 +689,7 @@ BAD = [
     (dict(k=torch.randn(12, 3, 16), v=torch.randn(12, 3, 16)), ValueError, ["multiple"]),
     (dict(q=torch.randn(10, 4, 16).half()), TypeError, ["same dtype"]),
     (dict(q=torch.randn(10, 16, 4).transpose(1, 2)), ValueError, ["q", "contiguous last"]),
-    (dict(max_seqlen_q=0), ValueError, ["max_seqlen_q", "positive int", "0"]),
+    (dict(max_seqlen_q=0), ValueError, ["max_seqlen_q", "0"]),  # the sequences are longer
     (dict(max_seqlen_k=-3), ValueError, ["max_seqlen_k", "-3"]),
     (dict(max_seqlen_q=6.0), TypeError, ["max_seqlen_q", "float"]),
     (dict(max_seqlen_q=True), TypeError, ["max_seqlen_q", "bool"]),
@@ -734,8 +734,10 @@ def test_bad_packed_arguments(no_backend):
         flash_attn_varlen_qkvpacked_func(torch.randn(1, 7, 3, 2, 8), cu, 4)
     with pytest.raises(TypeError, match="cu_seqlens.*torch.int64"):
         flash_attn_varlen_qkvpacked_func(torch.randn(7, 3, 2, 8), cu.long(), 4)
-    with pytest.raises(ValueError, match="max_seqlen.*positive"):
+    with pytest.raises(ValueError, match="max_seqlen.*0 is smaller than the longest"):
         flash_attn_varlen_qkvpacked_func(torch.randn(7, 3, 2, 8), cu, 0)
+    with pytest.raises(ValueError, match="max_seqlen.*>= 0.*-1"):
+        flash_attn_varlen_qkvpacked_func(torch.randn(7, 3, 2, 8), cu, -1)
     with pytest.raises(ValueError, match="kv.*size 2 in dim 1"):
         flash_attn_varlen_kvpacked_func(torch.randn(7, 2, 8), torch.randn(7, 3, 2, 8), cu, cu,
                                         4, 4)
@@ -769,3 +771,20 @@ def test_bad_paged_arguments(no_backend, change, exc, needles):
         flash_attn_varlen_func(**kw)
     for n in needles:
         assert n in str(info.value), f"{n!r} not in {str(info.value)!r}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 20, problem 3: max_seqlen_k = 0 (every key sequence empty) returns zeros, as flash-attn
+# ---------------------------------------------------------------------------------------------
+def test_max_seqlen_k_zero_returns_zeros(backend):
+    q = torch.randn(7, 4, 16, requires_grad=True)
+    k = torch.randn(0, 2, 16, requires_grad=True)
+    v = torch.randn(0, 2, 8, requires_grad=True)
+    cu_q = torch.tensor([0, 3, 7], dtype=torch.int32)
+    cu_k = torch.zeros(3, dtype=torch.int32)
+    out, lse, _ = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 4, 0, causal=True,
+                                         window_size=(3, 2), return_attn_probs=True)
+    assert out.shape == (7, 4, 8) and (out == 0).all()
+    assert lse.shape == (4, 7) and (lse == float("-inf")).all()
+    out.sum().backward()
+    assert (q.grad == 0).all() and k.grad.shape == k.shape and v.grad.shape == v.shape

@@ -193,17 +193,33 @@ def check_softcap(softcap: Any) -> float:
     return c
 
 
+def _is_int_array(x: Any) -> bool:
+    """A torch tensor or numpy array of an integer dtype (bool excluded)."""
+    if isinstance(x, torch.Tensor):
+        return not x.dtype.is_floating_point and not x.dtype.is_complex and x.dtype != torch.bool
+    dtype = getattr(x, "dtype", None)
+    return type(x).__module__ == "numpy" and getattr(dtype, "kind", "") in ("i", "u")
+
+
 def check_window_size(window_size: Any) -> Tuple[int, int]:
-    """window_size must be a tuple/list of two ints >= -1 (-1 = unbounded); returns a tuple."""
+    """window_size must be two ints >= -1 (-1 = unbounded): a tuple / list of ints (Python,
+    numpy or 0-d integer tensors), or a 2-element integer tensor / numpy array; returns a
+    tuple of Python ints."""
     if type(window_size) is tuple and len(window_size) == 2:  # the common case, fast
         left, right = window_size
         if type(left) is int and type(right) is int and left >= -1 and right >= -1:
             return left, right
+    # flash-attn's own tests pass torch.randint(...) results: a 2-element integer tensor (or
+    # numpy array), or a pair of 0-d ones; read them as host ints (a CUDA tensor costs a sync)
+    if _is_int_array(window_size) and window_size.ndim == 1:
+        window_size = tuple(window_size.tolist())
     if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
         raise TypeError(
             "window_size must be a tuple or list of two ints (left, right), -1 = unbounded, "
             f"got {_describe(window_size)}"
         )
+    window_size = tuple(w.item() if _is_int_array(w) and w.ndim == 0 else w
+                        for w in window_size)
     out = []
     for side, w in zip(("left", "right"), window_size):
         if isinstance(w, bool) or not isinstance(w, numbers.Integral):
@@ -357,15 +373,16 @@ def check_cu_seqlens(cu_seqlens_q: Any, cu_seqlens_k: Any, device: torch.device,
 
 
 def check_max_seqlen(max_seqlen: Any, name: str) -> int:
-    """max_seqlen_q / max_seqlen_k: a Python (or numpy) int >= 1; returns it as int.
+    """max_seqlen_q / max_seqlen_k: a Python (or numpy) int >= 0; returns it as int. 0 is a
+    batch whose sequences are all empty (flash-attn returns zeros then).
 
     A tensor is refused: reading a device tensor's value would synchronise the device.
     """
     if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, numbers.Integral):
-        raise TypeError(f"{name} must be a positive int (the longest sequence's length), got "
+        raise TypeError(f"{name} must be an int >= 0 (the longest sequence's length), got "
                         f"{_describe(max_seqlen)}")
-    if int(max_seqlen) < 1:
-        raise ValueError(f"{name} must be a positive int (the longest sequence's length), got "
+    if int(max_seqlen) < 0:
+        raise ValueError(f"{name} must be an int >= 0 (the longest sequence's length), got "
                          f"{int(max_seqlen)}")
     return int(max_seqlen)
 

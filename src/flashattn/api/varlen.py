@@ -184,8 +184,9 @@ flash_attn_varlen_func.__doc__ = """Exact attention over packed variable-length 
             the paged cache (num_blocks, page_size, nheads_k, headdim_v).
         cu_seqlens_q: (batch + 1,) torch.int32, cumulative query lengths (row offsets into q).
         cu_seqlens_k: (batch + 1,) torch.int32, cumulative key lengths (row offsets into k, v).
-        max_seqlen_q: int >= 1, the longest query sequence (sizes the launch grid).
-        max_seqlen_k: int >= 1, the longest key sequence.""" + _COMMON_ARGS + """
+        max_seqlen_q: int >= 0, the longest query sequence (sizes the launch grid).
+        max_seqlen_k: int >= 0, the longest key sequence (0: every key sequence is empty;
+            out is 0 and lse -inf, as flash-attn).""" + _COMMON_ARGS + """
         block_table: None, or (batch, max_blocks_per_seq) torch.int32: pages of the KV cache
             for each sequence (paged KV, forward only: gradients raise NotImplementedError;
             dropout_p must be 0).

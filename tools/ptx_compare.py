@@ -16,13 +16,18 @@ import sys
 
 
 def _load(d: str):
-    with open(os.path.join(d, "fingerprint.json")) as f:
+    """A fingerprint directory, or a fingerprint JSON file alone (e.g. the committed baseline
+    benchmarks/results/ptx_fingerprint_sm90_de32c98.json: hashes only, no PTX to diff)."""
+    with open(d if os.path.isfile(d) else os.path.join(d, "fingerprint.json")) as f:
         data = json.load(f)
     return data.get("meta", {}), data.get("variants", {}), data.get("failures", {})
 
 
 def _ptx(d: str, key: str):
-    with open(os.path.join(d, "ptx", key + ".ptx")) as f:
+    path = os.path.join(d, "ptx", key + ".ptx")
+    if not os.path.exists(path):  # a JSON baseline carries no PTX
+        return [f"(no PTX stored for {key} in {d})\n"]
+    with open(path) as f:
         return f.read().splitlines(keepends=True)
 
 

@@ -53,7 +53,7 @@ ENV_BACKEND = "FLASHATTN_BACKEND"
 ENV_INTERPRET = "TRITON_INTERPRET"
 # every op dispatch chooses a backend for (select's first argument)
 OPS: Tuple[str, ...] = ("fwd", "bwd", "varlen_fwd", "varlen_bwd", "kvcache", "varlen_paged_fwd",
-                        "combine")
+                        "combine", "fp8_quantize")
 _BACKEND_MODULES = {"hopper": "flashattn.sm90.backend", "portable": "flashattn.triton.backend",
                     "cpu": "flashattn.cpu.backend"}
 _LOADED: Dict[str, Any] = {}
@@ -238,6 +238,9 @@ def select(op: str, q: torch.Tensor, k: Optional[torch.Tensor] = None,
                                deterministic=params.deterministic)
     if op not in OPS:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
+    if op == "fp8_quantize":
+        # the torch implementation (cpu/fp8.py) runs on every device; no fused Triton pass yet
+        return "cpu"
     return backend_for(q)
 
 
@@ -420,6 +423,14 @@ def combine(out_partial: torch.Tensor, lse_partial: torch.Tensor, out: Optional[
                                                            out_dtype)
 
 
+def fp8_quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 signs: Optional[torch.Tensor], block_m: int, block_n: int
+                 ) -> Tuple[torch.Tensor, ...]:
+    """FP8 block quantization of q, k, v (incoherent processing of q and k with ``signs``):
+    (q8, k8, v8, q_descale (b, h, nq), k_descale (b, h_k, nk), v_descale (b, h_k, nk))."""
+    return backend(select("fp8_quantize", q)).fp8_quantize(q, k, v, signs, block_m, block_n)
+
+
 __all__ = [
     "BACKENDS",
     "OPS",
@@ -431,6 +442,7 @@ __all__ = [
     "family_for",
     "forward",
     "forward_family",
+    "fp8_quantize",
     "hopper_reason",
     "interpreting",
     "kvcache",

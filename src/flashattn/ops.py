@@ -544,11 +544,47 @@ def combine_splits(out_partial: Tensor, lse_partial: Tensor, out: Optional[Tenso
     return res, lse
 
 
+# ---------------------------------------------------------------------------------------------
+# FP8 block quantization (flashattn.fp8.quantize): not differentiable
+# ---------------------------------------------------------------------------------------------
+def _fp8_quantize_impl(q: Tensor, k: Tensor, v: Tensor, signs: Optional[Tensor], block_m: int,
+                       block_n: int) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(q8, k8, v8) float8_e4m3fn shaped like q, k, v and (q_descale (b, h, cdiv(s_q,
+    block_m)), k_descale, v_descale (b, h_k, cdiv(s_k, block_n))) float32, contiguous."""
+    return _fresh(*dispatch.fp8_quantize(q, k, v, signs, block_m, block_n))  # type: ignore
+
+
+fp8_quantize = torch.library.custom_op("flashattn::fp8_quantize", _fp8_quantize_impl,
+                                       mutates_args=())
+
+
+@fp8_quantize.register_fake
+def _fp8_quantize_fake(q, k, v, signs, block_m, block_n):
+    b, s_q, h, _ = q.shape
+    s_k, h_k = k.shape[1], k.shape[2]
+    f8 = torch.float8_e4m3fn
+    nq, nk = -(-s_q // block_m), -(-s_k // block_n)
+    return (q.new_empty(q.shape, dtype=f8), k.new_empty(k.shape, dtype=f8),
+            v.new_empty(v.shape, dtype=f8), q.new_empty((b, h, nq), dtype=torch.float32),
+            q.new_empty((b, h_k, nk), dtype=torch.float32),
+            q.new_empty((b, h_k, nk), dtype=torch.float32))
+
+
+def quantize_fp8(q: Tensor, k: Tensor, v: Tensor, signs: Optional[Tensor], block_m: int,
+                 block_n: int) -> Tuple[Tensor, ...]:
+    """``fp8_quantize``, or its body for plain eager tensors."""
+    if _eager_call(q, k, v, signs):
+        return _fp8_quantize_impl(q, k, v, signs, block_m, block_n)
+    return fp8_quantize(q, k, v, signs, block_m, block_n)
+
+
 __all__ = [
     "attention",
     "combine",
     "combine_splits",
     "fwd_kvcache",
+    "fp8_quantize",
+    "quantize_fp8",
     "kvcache_attention",
     "fwd",
     "bwd",

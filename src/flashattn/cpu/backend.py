@@ -10,6 +10,7 @@ from typing import Optional, Tuple
 import torch
 
 from flashattn.cpu import dense as _dense
+from flashattn.cpu import fp8 as _fp8
 from flashattn.cpu import kvcache as _kv
 from flashattn.params import AttnParams
 
@@ -90,5 +91,11 @@ def combine(out_partial: Tensor, lse_partial: Tensor, out: Optional[Tensor],
     return res, lse
 
 
-__all__ = ["append_kv", "bwd", "combine", "fwd", "kvcache_attention", "varlen_bwd",
+def fp8_quantize(q: Tensor, k: Tensor, v: Tensor, signs: Optional[Tensor], block_m: int,
+                 block_n: int) -> Tuple[Tensor, ...]:
+    """FP8 block quantization (+ incoherent processing with ``signs``): see cpu/fp8.py."""
+    return _fp8.fp8_quantize(q, k, v, signs, block_m, block_n)
+
+
+__all__ = ["append_kv", "bwd", "combine", "fp8_quantize", "fwd", "kvcache_attention", "varlen_bwd",
            "varlen_fwd", "varlen_paged_fwd"]

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tests.accuracy import assert_close_rule, assert_same_nonfinite
+from flashattn import flash_attn_func
 from flashattn.cpu import dense as cpu
 from flashattn.philox import dropout_keep_mask
 from flashattn.reference import attention_probs_ref, attention_ref, normalize_window
@@ -207,3 +208,55 @@ def test_all_rows_without_keys(small_tiles):
     for g in (dq, dk, dv):
         assert torch.isfinite(g.float()).all()
     assert (dq[:, :40] == 0).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# PyTorch's CPU flash kernel for the calls it computes exactly (cpu/aten_flash.py)
+# ---------------------------------------------------------------------------------------------
+def _spy_aten(monkeypatch):
+    from flashattn.cpu import aten_flash
+
+    calls = []
+    real_fwd, real_bwd = aten_flash.fwd, aten_flash.bwd
+    monkeypatch.setattr(aten_flash, "fwd", lambda *a: calls.append("fwd") or real_fwd(*a))
+    monkeypatch.setattr(aten_flash, "bwd", lambda *a: calls.append("bwd") or real_bwd(*a))
+    return calls
+
+
+@pytest.mark.parametrize("kw,s_q,s_k,routed", [
+    (dict(), 40, 40, True),
+    (dict(causal=True), 40, 40, True),
+    (dict(causal=True), 30, 40, False),          # bottom-right causal != the kernel's top-left
+    (dict(window_size=(5, 3)), 40, 40, False),
+    (dict(softcap=5.0), 40, 40, False),
+    (dict(alibi_slopes=True), 40, 40, False),
+    (dict(dropout_p=0.2), 40, 40, False),
+    (dict(deterministic=True), 40, 40, "fwd"),  # the deterministic backward stays chunked
+])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_aten_flash_routing_and_accuracy(monkeypatch, cpu_backend, kw, s_q, s_k, routed, dtype):
+    from flashattn.reference import attention_ref
+
+    calls = _spy_aten(monkeypatch)
+    b, h, h_k, d = 2, 4, 2, 32
+    q = torch.randn(b, s_q, h, d, dtype=dtype, requires_grad=True)
+    k = torch.randn(b, s_k, h_k, d, dtype=dtype, requires_grad=True)
+    v = torch.randn(b, s_k, h_k, d, dtype=dtype, requires_grad=True)
+    if kw.get("alibi_slopes") is True:
+        kw = dict(kw, alibi_slopes=torch.rand(h))
+    out = flash_attn_func(q, k, v, **kw)
+    g = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), g)
+    assert calls == {True: ["fwd", "bwd"], False: [], "fwd": ["fwd"]}[routed]
+    if kw.get("dropout_p"):
+        return
+    window = kw.get("window_size", (-1, 0 if kw.get("causal") else -1))
+    args = dict(causal=kw.get("causal", False), window_size=window, softcap=kw.get("softcap", 0.0),
+                alibi_slopes=kw.get("alibi_slopes"))
+    ref = attention_ref(q, k, v, **args)[0]
+    low = attention_ref(q, k, v, **args, upcast=False)[0]
+    ref_grads = torch.autograd.grad(ref, (q, k, v), g.double())
+    low_grads = torch.autograd.grad(low, (q, k, v), g)
+    assert_close_rule(out, ref, low, factor=2, name="out")
+    for name, x, r, lo in zip("qkv", grads, ref_grads, low_grads):
+        assert_close_rule(x, r, lo, factor=3, name=f"d{name}")

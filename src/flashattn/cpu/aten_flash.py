@@ -1,0 +1,60 @@
+"""PyTorch's own CPU flash-attention kernel (``aten::_scaled_dot_product_flash_attention_for_cpu``
+and its backward) for the CPU calls it computes exactly as flash-attn defines them.
+
+It returns the output and the natural-log LSE (b, h, s_q) float32, and its backward takes the
+LSE back: the same contract as our chunked path (so either forward's lse serves either
+backward), O(s) memory, and torch's intra-op threads (no oversubscription with our own). It is
+the kernel behind ``F.scaled_dot_product_attention`` on CPU; calling it directly skips SDPA's
+backend selection and the (b, s, h, d) <-> (b, h, s, d) copies are views.
+
+Covered (:func:`covers`): CPU tensors of fp16 / bf16 / fp32, head_dim_v == head_dim, GQA / MQA
+(the kernel maps query head i to kv head i // (h / h_k), as flash-attn), no dropout (flash-attn's
+Philox stream is ours to reproduce), no softcap, no ALiBi, and no mask other than causal with
+seqlen_q == seqlen_k (the kernel's causal mask is top-left aligned; flash-attn's bottom-right
+one coincides with it only there). Everything else runs the chunked path.
+"""
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+
+from flashattn.params import AttnParams
+
+Tensor = torch.Tensor
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def covers(q: Tensor, k: Tensor, v: Tensor, p: AttnParams) -> bool:
+    """Whether the aten kernel computes this call exactly (see the module doc)."""
+    if q.device.type != "cpu" or q.dtype not in _DTYPES or v.shape[-1] != q.shape[-1]:
+        return False
+    if p.dropout_p != 0.0 or p.softcap != 0.0 or p.alibi_slopes is not None:
+        return False
+    if p.window_left == -1 and p.window_right == -1:
+        return True
+    return p.window_left == -1 and p.window_right == 0 and q.shape[1] == k.shape[1]
+
+
+def _causal(p: AttnParams) -> bool:
+    return p.window_right == 0
+
+
+def fwd(q: Tensor, k: Tensor, v: Tensor, p: AttnParams) -> Tuple[Tensor, Tensor]:
+    """out (b, s_q, h, d) in q's dtype, lse (b, h, s_q) float32."""
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 0.0, _causal(p),
+        attn_mask=None, scale=p.softmax_scale)
+    return out.transpose(1, 2), lse
+
+
+def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+        p: AttnParams) -> Tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv) shaped and typed like q, k, v (dk / dv summed over a GQA group)."""
+    dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        dout.transpose(1, 2), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+        out.transpose(1, 2), lse, 0.0, _causal(p), attn_mask=None, scale=p.softmax_scale)
+    return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
+
+
+__all__ = ["bwd", "covers", "fwd"]

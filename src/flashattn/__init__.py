@@ -4,6 +4,7 @@ Public API mirrors flash-attn 2 (:mod:`flashattn.api`); layers and contracts in
 docs/internals.md.
 """
 from flashattn.api.backend import use_backend
+from flashattn.api.checks import checks
 from flashattn.api.combine import flash_attn_combine
 from flashattn.api.dense import flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
 from flashattn.api.kvcache import flash_attn_with_kvcache
@@ -19,6 +20,7 @@ from flashattn.api import padding  # noqa: E402,F401
 
 __version__ = "0.1.0"
 __all__ = [
+    "checks",
     "flash_attn_combine",
     "flash_attn_func",
     "flash_attn_kvpacked_func",

@@ -2,12 +2,13 @@
 pure functions that read the values on the host and raise a ValueError naming the argument.
 
 They run where reading is free (CPU tensors) always; for GPU tensors only in the checked mode
-(``FLASHATTN_KVCACHE_CHECKS=1``), outside CUDA-graph capture, since each costs a device sync.
+(``flashattn.checks()`` or ``FLASHATTN_CHECKS=1``), outside CUDA-graph capture and
+torch.compile tracing, since reading them costs a device sync.
 Used by the api layer (CPU metadata, before the op) and by dispatch (in the op's body).
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
@@ -15,16 +16,34 @@ from flashattn.runtime import env
 
 
 def values_checkable(*tensors: Optional[torch.Tensor]) -> bool:
-    """Whether value checks run: CPU tensors always; CUDA only with FLASHATTN_KVCACHE_CHECKS=1
-    and not while a CUDA graph is being captured."""
+    """Whether value checks run: CPU tensors always; other devices only in the checked mode,
+    not while a CUDA graph is being captured or torch.compile traces."""
     ts = [t for t in tensors if t is not None]
     if not ts:
         return False
     if all(t.device.type == "cpu" for t in ts):
         return True
-    if not env.settings().kvcache_checks:
+    settings = env.settings()
+    if not (settings.checks or settings.kvcache_checks) or torch.compiler.is_compiling():
         return False
-    return not torch.cuda.is_current_stream_capturing()
+    return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
+def to_host(*tensors: Optional[torch.Tensor]) -> Tuple[Optional[torch.Tensor], ...]:
+    """CPU copies of integer metadata tensors in ONE device-to-host transfer (one sync);
+    CPU tensors and None pass through."""
+    on_device = [t for t in tensors if t is not None and t.device.type != "cpu"]
+    if not on_device:
+        return tensors
+    flat = torch.cat([t.reshape(-1).to(torch.int64) for t in on_device]).cpu()
+    out, i = [], 0
+    for t in tensors:
+        if t is None or t.device.type == "cpu":
+            out.append(t)
+        else:
+            out.append(flat[i:i + t.numel()].view(t.shape).to(t.dtype))
+            i += t.numel()
+    return tuple(out)
 
 
 def check_values(seqlens: torch.Tensor, s_new: int, capacity: int,
@@ -76,4 +95,4 @@ def check_values(seqlens: torch.Tensor, s_new: int, capacity: int,
                     f"{need} new tokens)")
 
 
-__all__ = ["check_values", "values_checkable"]
+__all__ = ["check_values", "to_host", "values_checkable"]

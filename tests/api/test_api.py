@@ -55,7 +55,7 @@ def test_public_names():
                                       "flash_attn_varlen_func", "flash_attn_varlen_qkvpacked_func",
                                       "flash_attn_varlen_kvpacked_func",
                                       "flash_attn_with_kvcache", "flash_attn_combine",
-                                      "use_backend"}
+                                      "use_backend", "checks"}
 
 
 def _inputs(b=2, s_q=7, s_k=9, h=4, h_k=2, d=16, d_v=None, dtype=torch.float32, grad=True):

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 import flashattn
 from flashattn import dispatch
@@ -72,3 +73,27 @@ def test_variables_are_read_at_import():
                          env=dict(os.environ, FLASHATTN_BACKEND="cpu", FLASHATTN_AUTOTUNE="0"),
                          check=True).stdout.split()
     assert out == ["cpu", "False"]
+
+
+def test_checks_mode_decides_device_metadata_checks():
+    """CPU metadata is always checked; other devices only inside flashattn.checks() (a meta
+    tensor stands in for a GPU one here)."""
+    from flashattn import metadata
+
+    cpu, dev = torch.zeros(3, dtype=torch.int32), torch.zeros(3, dtype=torch.int32, device="meta")
+    assert metadata.values_checkable(cpu) and not metadata.values_checkable(dev)
+    with flashattn.checks():
+        assert metadata.values_checkable(dev) and env.settings().checks
+        with flashattn.checks(False):
+            assert not metadata.values_checkable(dev)
+    assert not metadata.values_checkable(dev)
+    with pytest.raises(TypeError, match="enabled must be a bool"):
+        with flashattn.checks("yes"):
+            pass
+
+
+def test_to_host_is_one_copy_of_everything():
+    from flashattn import metadata
+
+    a, b = torch.tensor([0, 3, 7], dtype=torch.int32), torch.tensor([2, 5], dtype=torch.int32)
+    assert metadata.to_host(a, None, b) == (a, None, b)  # CPU tensors pass through

@@ -10,7 +10,8 @@ Two kinds of checks:
   block_table entries in range, rotary table long enough): on CPU tensors always, where
   reading them is free. On a GPU they would cost a device synchronisation on every decode
   step (and are impossible inside CUDA-graph capture), so by default they are skipped there,
-  as flash-attn does; ``FLASHATTN_KVCACHE_CHECKS=1`` turns them on outside graph capture
+  as flash-attn does; the checked mode (``flashattn.checks()``, ``FLASHATTN_CHECKS=1``) turns
+  them on outside graph capture
   (debugging). The kernels never read outside the cache for valid lengths and mask every
   row they do not own.
 """

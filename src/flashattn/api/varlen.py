@@ -20,6 +20,7 @@ from typing import Optional, Sequence, Tuple, Union
 
 import torch
 
+from flashattn import metadata
 from flashattn import ops as _ops
 from flashattn.api import params as _p
 from flashattn.api import validation as _v
@@ -72,9 +73,12 @@ def _varlen_attention(
     return_attn_probs = _v.check_bool(return_attn_probs, "return_attn_probs")
     h, d_qk = q.shape[1], q.shape[2]
     _v.check_alibi_slopes(alibi_slopes, batch, h, q.device)
-    # Value checks only where the lengths already sit in host memory (never syncs a GPU).
-    _v.check_varlen_values(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-                           q.shape[0], None if block_table is not None else k.shape[0])
+    # Value checks where the lengths sit in host memory (free), or on a device in the checked
+    # mode (flashattn.checks(): one sync); never during graph capture or compile tracing.
+    if metadata.values_checkable(cu_seqlens_q, cu_seqlens_k, seqused_k):
+        host_q, host_k, host_used = metadata.to_host(cu_seqlens_q, cu_seqlens_k, seqused_k)
+        _v.check_varlen_values(host_q, host_k, host_used, max_seqlen_q, max_seqlen_k,
+                               q.shape[0], None if block_table is not None else k.shape[0])
     if block_table is not None and dropout_p > 0.0:
         raise ValueError(
             f"dropout_p must be 0.0 with block_table (the paged KV path is inference only), "

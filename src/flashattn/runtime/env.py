@@ -70,11 +70,15 @@ VARIABLES: Dict[str, Variable] = {
     "FLASHATTN_HOPPER_BWD": Variable(
         "hopper_bwd", _not_falsy, "1",
         "0: the backward never uses the Hopper kernels (the portable backward runs)."),
+    "FLASHATTN_CHECKS": Variable(
+        "checks", _truthy, "0",
+        "1: the checked mode (`flashattn.checks()` does the same in a with block): the values "
+        "of GPU metadata (cu_seqlens, seqused_k, max_seqlen, cache_seqlens, cache_batch_idx, "
+        "cache_leftpad, block_table) are checked with a host sync per call, outside CUDA-graph "
+        "capture (CPU metadata is always checked)."),
     "FLASHATTN_KVCACHE_CHECKS": Variable(
         "kvcache_checks", _truthy, "0",
-        "1: flash_attn_with_kvcache also checks the values of GPU metadata (cache_seqlens, "
-        "cache_batch_idx, block_table, ...) with one host sync per call, outside CUDA-graph "
-        "capture (CPU metadata is always checked)."),
+        "the former name of FLASHATTN_CHECKS (same effect)."),
     "FLASHATTN_DECODE_CONFIG": Variable(
         "decode_config", str.strip, "",
         "BLOCK_N,num_warps,num_stages: launch config of the decode kernel (probes only; the "
@@ -96,6 +100,7 @@ class Settings:
     atomic_dq: bool = False
     fast_launch: bool = True
     hopper_bwd: bool = True
+    checks: bool = False
     kvcache_checks: bool = False
     decode_config: str = ""
     decode_waves: str = ""

@@ -265,12 +265,48 @@ def _degenerate_fwd(
     return out, lse, s_dmask
 
 
+# Dense calls with at most this many query rows may run the split-KV decode kernel
+# (Flash-Decoding: the keys are split over programs, GQA heads packed into the query rows),
+# where triton/decode.small_query_faster says it measured faster than the prefill kernels.
+SMALL_QUERY_MAX = 16
+
+
+def _small_query(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: AttnParams,
+                 return_softmax: bool) -> bool:
+    """Whether this dense forward runs the decode kernel (same out / lse contract, so either
+    backward serves it): few query rows, no dropout / S_dmask, on the Triton device backend,
+    not forced to the Hopper kernels, and measured faster there."""
+    if (q.shape[1] > SMALL_QUERY_MAX or return_softmax or params.dropout_p > 0.0
+            or not env.settings().small_query):
+        return False
+    if requested_backend() not in ("auto", "portable") or backend_for(q) != "portable":
+        return False
+    return backend("portable").small_query_faster(q, k, v)
+
+
+def _small_query_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         params: AttnParams) -> Tuple[torch.Tensor, torch.Tensor, None]:
+    """The dense forward through the decode kernel: k / v are a full 'cache' of s_k keys."""
+    b, s_q = q.shape[0], q.shape[1]
+    s_k = k.shape[1]
+    if s_q == 1 and params.window_right == 0:
+        # one query row sits on the last key: a right edge of 0 hides nothing (no mask work)
+        params = params._replace(window_right=-1)
+    seqlens = torch.full((b,), s_k, dtype=torch.int32, device=q.device)
+    out, lse = backend("portable").kvcache_attention(
+        q, k, v, seqlens, 0, p=params, leftpad=None, batch_idx=None, block_table=None,
+        num_splits=0, capacity=s_k)
+    return out, lse, None
+
+
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: AttnParams,
             return_softmax: bool = False
             ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """Dense forward: ``(out, lse, S_dmask | None)``. Inputs validated and normalised."""
     if _is_degenerate(q, k):
         return _degenerate_fwd(q, k, v, return_softmax)
+    if _small_query(q, k, v, params, return_softmax):
+        return _small_query_forward(q, k, v, params)
     return backend(select("fwd", q, k, v, params, return_softmax)).fwd(q, k, v, params,
                                                                       return_softmax)
 

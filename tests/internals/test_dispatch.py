@@ -36,7 +36,14 @@ def _recorder(tag, calls):
         calls.append((f"{tag}.bwd", {**p.kernel_kwargs(), "deterministic": p.deterministic}))
         return tuple(torch.zeros_like(x) for x in (q, k, v))
 
-    return types.SimpleNamespace(fwd=fwd, bwd=bwd)
+    def kvcache_attention(q, k, v, seqlens, s_new, *, p, **kw):
+        calls.append((f"{tag}.small_query", {**p.kernel_kwargs(), **kw}))
+        b, s_q, h, _ = q.shape
+        return torch.zeros(b, s_q, h, v.shape[-1]), torch.zeros(b, h, s_q)
+
+    # the prefill kernels take every call here unless a test asks for the small-query path
+    return types.SimpleNamespace(fwd=fwd, bwd=bwd, kvcache_attention=kvcache_attention,
+                                 small_query_faster=lambda q, k, v: False)
 
 
 @pytest.fixture
@@ -103,6 +110,32 @@ def test_forward_backward_route(env, fake_backends, backend, interpret, expected
     assert bwd_kw == dict(softmax_scale=8**-0.5, causal=True, window_left=-1, window_right=0,
                           softcap=0.0, alibi_slopes=None, dropout_p=0.0, philox_seed=0,
                           deterministic=False)
+
+
+def test_small_query_calls_take_the_decode_kernel(env, fake_backends, monkeypatch):
+    """seqlen_q <= 16 on the Triton backend, measured faster: the decode kernel (same out /
+    lse contract; the backward is the prefill one); off with FLASHATTN_SMALL_QUERY=0, with
+    dropout, with more query rows, or when the Hopper kernels are forced."""
+    env(None, "1")
+    monkeypatch.setattr(dispatch._LOADED["portable"], "small_query_faster", lambda q, k, v: True)
+    q = torch.randn(2, 3, 4, 8, requires_grad=True)
+    k, v = torch.randn(2, 40, 2, 8, requires_grad=True), torch.randn(2, 40, 2, 8, requires_grad=True)
+    flash_attn_func(q, k, v, causal=True).sum().backward()
+    assert [c[0] for c in fake_backends] == ["portable.small_query", "portable.bwd"]
+    call = fake_backends[0][1]
+    assert (call["window_left"], call["window_right"], call["num_splits"], call["capacity"]) == \
+        (-1, 0, 0, 40)
+    fake_backends.clear()
+    flash_attn_func(q[:, :1], k, v, causal=True)  # one row: the right edge hides nothing
+    assert fake_backends[0][0] == "portable.small_query" and fake_backends[0][1]["window_right"] == -1
+    for kw, qq in ((dict(dropout_p=0.1), q), (dict(), torch.randn(2, 17, 4, 8))):
+        fake_backends.clear()
+        flash_attn_func(qq, k, v, **kw)
+        assert fake_backends[0][0] == "portable.fwd"
+    fake_backends.clear()
+    set_env(monkeypatch, FLASHATTN_SMALL_QUERY="0")
+    flash_attn_func(q, k, v)
+    assert fake_backends[0][0] == "portable.fwd"
 
 
 @pytest.mark.parametrize("shape_q,shape_k", [((0, 3, 2, 8), (0, 4, 2, 8)),

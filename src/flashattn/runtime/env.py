@@ -70,6 +70,10 @@ VARIABLES: Dict[str, Variable] = {
     "FLASHATTN_HOPPER_BWD": Variable(
         "hopper_bwd", _not_falsy, "1",
         "0: the backward never uses the Hopper kernels (the portable backward runs)."),
+    "FLASHATTN_SMALL_QUERY": Variable(
+        "small_query", _not_falsy, "1",
+        "0: dense calls with few query rows (seqlen_q <= 16, e.g. one decoding step through "
+        "flash_attn_func) always run the prefill kernels, never the split-KV decode kernel."),
     "FLASHATTN_CHECKS": Variable(
         "checks", _truthy, "0",
         "1: the checked mode (`flashattn.checks()` does the same in a with block): the values "
@@ -100,6 +104,7 @@ class Settings:
     atomic_dq: bool = False
     fast_launch: bool = True
     hopper_bwd: bool = True
+    small_query: bool = True
     checks: bool = False
     kvcache_checks: bool = False
     decode_config: str = ""

@@ -16,7 +16,7 @@ from flashattn.api.varlen import (
 
 # torch.library ops (torch.ops.flashattn.*) and flash-attn's bert_padding helpers, as modules
 from flashattn import ops  # noqa: E402,F401
-from flashattn.api import padding  # noqa: E402,F401
+from flashattn import padding  # noqa: E402,F401
 
 __version__ = "0.1.0"
 __all__ = [

@@ -1,11 +1,11 @@
-"""flashattn.api.padding: flash-attn's bert_padding conventions (flash-attn >= 2.7 return values)."""
+"""flashattn.padding: flash-attn's bert_padding conventions (flash-attn >= 2.7 return values)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from flashattn import flash_attn_func, flash_attn_varlen_func
-from flashattn.api.padding import (index_first_axis, index_put_first_axis, pad_input, unpad_input,
+from flashattn.padding import (index_first_axis, index_put_first_axis, pad_input, unpad_input,
                                unpad_input_for_concatenated_sequences)
 
 

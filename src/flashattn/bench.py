@@ -179,6 +179,48 @@ def gpu_slug(name: str) -> str:
     return slug or "unknown"
 
 
+def cpu_speed_rows(seqlens: Sequence[int], dtypes: Sequence[Any] = (), heads: int = 8,
+                   head_dim: int = 64) -> List[Dict[str, Any]]:
+    """CPU fwd + bwd time (causal, b=1) of ``flash_attn_func`` beside
+    ``F.scaled_dot_product_attention`` on the same (b, s, h, d) tensors (transposed views),
+    fastest of a few repetitions, alternating the two. Rows: dtype, s, ours_ms, sdpa_ms,
+    speed (SDPA's time / ours: >= 1 means ours is at least as fast)."""
+    import torch
+    import torch.nn.functional as F
+
+    import flashattn
+
+    dtypes = list(dtypes) or [torch.float32, torch.bfloat16]
+    rows = []
+    for dtype in dtypes:
+        for s in seqlens:
+            q, k, v = (torch.randn(1, s, heads, head_dim, dtype=dtype, requires_grad=True)
+                       for _ in range(3))
+            g = torch.randn(1, s, heads, head_dim, dtype=dtype)
+
+            def ours():
+                flashattn.flash_attn_func(q, k, v, causal=True).backward(g)
+
+            def sdpa():
+                F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                               v.transpose(1, 2), is_causal=True
+                                               ).backward(g.transpose(1, 2))
+
+            best = {"ours": float("inf"), "sdpa": float("inf")}
+            reps = 5 if s <= 2048 else (2 if s <= 8192 else 1)
+            for fn in (ours, sdpa):  # warm-up
+                fn()
+            for _ in range(reps):
+                for name, fn in (("ours", ours), ("sdpa", sdpa)):
+                    t0 = time.perf_counter()
+                    fn()
+                    best[name] = min(best[name], (time.perf_counter() - t0) * 1e3)
+            rows.append(dict(dtype=str(dtype).replace("torch.", ""), s=s,
+                             ours_ms=best["ours"], sdpa_ms=best["sdpa"],
+                             speed=best["sdpa"] / best["ours"]))
+    return rows
+
+
 def default_results_path(gpu_name: str) -> Path:
     """benchmarks/results/<gpu>.json of the repository checkout this package runs from (an
     editable install), else under the current directory."""

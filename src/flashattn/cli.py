@@ -307,6 +307,16 @@ def _cpu_demo(args: argparse.Namespace) -> int:
                         "note"], mem_lines))
     if rows and rows[0].ours_mib is None:
         print("(peak memory needs Linux /proc; times only)")
+
+    speed_seqlens = args.seqlens or [1024, 4096]  # (16k: `--seqlens 1k,4k,16k`, ~1 min)
+    print(f"\n3) Speed: fwd + bwd, causal, b=1, h=8, d=64, ms (fastest of a few runs), beside "
+          f"PyTorch SDPA on the same tensors ({torch.get_num_threads()} threads)")
+    bench = load_bench()
+    with sc.forced_backend("cpu" if backend == "portable" else None):
+        speed = bench.cpu_speed_rows(speed_seqlens)
+    print(format_table(["dtype", "seqlen", "flashattn ms", "sdpa ms", "speed vs sdpa"],
+                       [[r["dtype"], str(r["s"]), f"{r['ours_ms']:.1f}", f"{r['sdpa_ms']:.1f}",
+                         f"{r['speed']:.2f}x"] for r in speed]))
     print("\nThe GPU grid: python -m flashattn bench on a CUDA machine (see README).")
     return 0 if exact else 1
 

@@ -295,3 +295,17 @@ def test_bench_ships_in_the_package():
 
     assert cli.load_bench() is flashattn.bench
     assert os.path.dirname(flashattn.bench.__file__) == os.path.dirname(cli.__file__)
+
+
+def test_cpu_speed_rows_time_ours_beside_sdpa():
+    """`flashattn bench --cpu`'s speed table (issue 19): both timed on the same tensors."""
+    import torch
+
+    from flashattn import use_backend
+
+    with use_backend("cpu"):
+        rows = bench.cpu_speed_rows([64], dtypes=[torch.float32], heads=2, head_dim=16)
+    (row,) = rows
+    assert row["dtype"] == "float32" and row["s"] == 64
+    assert row["ours_ms"] > 0 and row["sdpa_ms"] > 0
+    assert row["speed"] == row["sdpa_ms"] / row["ours_ms"]

@@ -284,14 +284,19 @@ def _small_query(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: Attn
     return backend("portable").small_query_faster(q, k, v)
 
 
+def _one_row_right_edge(params: AttnParams, s_q: int) -> AttnParams:
+    """A single query row sits on the last key (bottom-right alignment): a right window edge
+    of 0 hides nothing there, so drop it (the decode kernel then skips the mask work)."""
+    if s_q == 1 and params.window_right == 0:
+        return params._replace(window_right=-1)
+    return params
+
+
 def _small_query_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          params: AttnParams) -> Tuple[torch.Tensor, torch.Tensor, None]:
     """The dense forward through the decode kernel: k / v are a full 'cache' of s_k keys."""
-    b, s_q = q.shape[0], q.shape[1]
-    s_k = k.shape[1]
-    if s_q == 1 and params.window_right == 0:
-        # one query row sits on the last key: a right edge of 0 hides nothing (no mask work)
-        params = params._replace(window_right=-1)
+    b, s_k = q.shape[0], k.shape[1]
+    params = _one_row_right_edge(params, q.shape[1])
     seqlens = torch.full((b,), s_k, dtype=torch.int32, device=q.device)
     out, lse = backend("portable").kvcache_attention(
         q, k, v, seqlens, 0, p=params, leftpad=None, batch_idx=None, block_table=None,
@@ -383,13 +388,6 @@ def varlen_paged_forward(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
         block_table, params)
 
 
-def _capacity(k_cache: torch.Tensor, block_table: Optional[torch.Tensor]) -> int:
-    """Positions a sequence can hold: s_cache, or max_blocks * page_size when paged."""
-    if block_table is not None:
-        return block_table.shape[1] * k_cache.shape[1]
-    return k_cache.shape[1]
-
-
 def kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             k: Optional[torch.Tensor], v: Optional[torch.Tensor],
             rotary_cos: Optional[torch.Tensor], rotary_sin: Optional[torch.Tensor],
@@ -399,28 +397,17 @@ def kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             ) -> Tuple[torch.Tensor, torch.Tensor]:
     """The body of ``flash_attn_with_kvcache`` after its argument checks: value checks where
     they are allowed (:func:`flashattn.metadata.values_checkable`), the in-place append (with
-    rotary), attention. ``params`` carries the window as given (normalised here against the
-    cache capacity). Returns out (b, s_q, h, d_v) and lse float32 (b, h, s_q)."""
+    rotary), attention. ``params`` is normalised by the api (window against the cache
+    capacity, causal folded in, alibi (b, h)). Returns out (b, s_q, h, d_v) and lse float32
+    (b, h, s_q)."""
     batch, s_q, h, d = q.shape
     device = q.device
-    capacity = _capacity(k_cache, block_table)
+    capacity = metadata.cache_capacity(k_cache, block_table)
     s_new = 0 if k is None else k.shape[1]
-    # flash-attn 2 (mha_fwd_kvcache): a window side reaching the cache capacity is unbounded
-    # (-1) FIRST; only then is the call "local", and q is rotated token by token (positions
-    # cache_seqlens + i) when it is causal or local, else every token at cache_seqlens
-    window_left, window_right = (-1 if w < 0 or w >= capacity else int(w)
-                                 for w in (params.window_left, params.window_right))
-    rotary_q_step = 1 if (params.causal or (window_left, window_right) != (-1, -1)) else 0
-    if params.causal:
-        window_right = 0
-    if s_q == 1 and window_right == 0:
-        # one query row sits on the last key: a right edge of 0 hides nothing (no mask work)
-        window_right = -1
-    alibi = params.alibi_slopes
-    if alibi is not None and alibi.dim() == 1:
-        alibi = alibi.view(1, h).expand(batch, h)
-    params = params._replace(window_left=window_left, window_right=window_right,
-                             alibi_slopes=alibi)
+    # flash-attn rotates q token by token (positions cache_seqlens + i) when the call is causal
+    # or local, else every token at cache_seqlens
+    rotary_q_step = 1 if params.masked else 0
+    params = _one_row_right_edge(params, s_q)
     seqlens = cache_seqlens
     if seqlens is None:
         seqlens = torch.full((batch,), capacity, dtype=torch.int32, device=device)

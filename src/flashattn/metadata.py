@@ -15,6 +15,13 @@ import torch
 from flashattn.runtime import env
 
 
+def cache_capacity(k_cache: torch.Tensor, block_table: Optional[torch.Tensor]) -> int:
+    """Positions a KV-cache row can hold: s_cache, or max_blocks * page_size when paged."""
+    if block_table is not None:
+        return block_table.shape[1] * k_cache.shape[1]
+    return k_cache.shape[1]
+
+
 def values_checkable(*tensors: Optional[torch.Tensor]) -> bool:
     """Whether value checks run: CPU tensors always; other devices only in the checked mode,
     not while a CUDA graph is being captured or torch.compile traces."""
@@ -95,4 +102,4 @@ def check_values(seqlens: torch.Tensor, s_new: int, capacity: int,
                     f"{need} new tokens)")
 
 
-__all__ = ["check_values", "to_host", "values_checkable"]
+__all__ = ["cache_capacity", "check_values", "to_host", "values_checkable"]

@@ -475,8 +475,9 @@ def _fwd_kvcache_impl(
 ) -> Tuple[Tensor, Tensor]:
     """``flash_attn_with_kvcache`` as an op: k / v (if given) are written into k_cache /
     v_cache in place. Returns out (b, s_q, h, d_v) in q's dtype and lse float32 (b, h, s_q),
-    contiguous. Arguments as checked by the api (softmax_scale resolved, window_size as given
-    in two ints, cache_seqlens a (b,) int32 tensor or None)."""
+    contiguous. Arguments as checked and normalised by the api (softmax_scale resolved, the
+    window against the cache capacity with causal folded in, alibi_slopes (b, h),
+    cache_seqlens a (b,) int32 tensor or None)."""
     params = AttnParams(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
                         0.0, 0, False)
     out, lse = dispatch.kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,

@@ -34,6 +34,7 @@ from typing import Optional, Sequence, Tuple, Union
 
 import torch
 
+from flashattn import metadata
 from flashattn import ops as _ops
 from flashattn.api import kvcache_validation as _kv
 from flashattn.api import params as _p
@@ -41,12 +42,6 @@ from flashattn.api import validation as _v
 
 Tensor = torch.Tensor
 
-
-def _capacity(k_cache: Tensor, block_table: Optional[Tensor]) -> int:
-    """Positions a sequence can hold: s_cache, or max_blocks * page_size when paged."""
-    if block_table is not None:
-        return block_table.shape[1] * k_cache.shape[1]
-    return k_cache.shape[1]
 
 
 def flash_attn_with_kvcache(
@@ -112,8 +107,8 @@ def _prepare(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, c
     """Every argument check of :func:`flash_attn_with_kvcache` that needs no tensor value
     (those run in the op's body, ``dispatch.kvcache``, at run time); returns the arguments of
     the ``flashattn::fwd_kvcache`` op: cache_seqlens as a (b,) int32 tensor or None,
-    softmax_scale resolved, window_size as two ints (as given: the op normalises them against
-    the cache capacity, after deciding how q is rotated)."""
+    softmax_scale resolved, the window normalised against the cache capacity (flash-attn 2's
+    rule, which comes before the op decides how q is rotated), alibi_slopes as (b, h)."""
     paged = block_table is not None
     _kv.check_cache(q, k_cache, v_cache, paged)
     batch, s_q, h, d = q.shape
@@ -123,7 +118,7 @@ def _prepare(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, c
         if cache_batch_idx is not None:
             raise ValueError("cache_batch_idx cannot be combined with block_table: the block "
                              "table already maps every batch row to its pages")
-    capacity = _capacity(k_cache, block_table)
+    capacity = metadata.cache_capacity(k_cache, block_table)
     s_new = _kv.check_new_kv(k, v, q, k_cache, v_cache, capacity)
     _kv.check_cache_seqlens(cache_seqlens, batch, device, capacity)
     if cache_seqlens is None and s_new > 0:
@@ -143,6 +138,10 @@ def _prepare(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, c
         raise ValueError(f"k_cache has {k_cache.shape[0]} rows but q has batch {batch}: pass "
                          "cache_batch_idx to map batch rows to cache rows, or a larger cache")
     scale = _p.softmax_scale_or_default(scale, d)
+    # flash-attn 2 (mha_fwd_kvcache): window sides reaching the capacity are unbounded, then
+    # causal sets right = 0; only then is the call "local" (it decides q's rotary positions)
+    window = _p.window(window[0], window[1], causal, capacity)
+    alibi_slopes = _p.alibi_bh(alibi_slopes, batch, h)
     # cache_seqlens as an int32 (b,) device tensor; from host ints only (graph friendly)
     if cache_seqlens is not None and not isinstance(cache_seqlens, torch.Tensor):
         cache_seqlens = torch.full((batch,), int(cache_seqlens), dtype=torch.int32,

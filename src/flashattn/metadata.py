@@ -30,8 +30,7 @@ def values_checkable(*tensors: Optional[torch.Tensor]) -> bool:
         return False
     if all(t.device.type == "cpu" for t in ts):
         return True
-    settings = env.settings()
-    if not (settings.checks or settings.kvcache_checks) or torch.compiler.is_compiling():
+    if not env.settings().checks or torch.compiler.is_compiling():
         return False
     return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 

@@ -97,3 +97,8 @@ def test_to_host_is_one_copy_of_everything():
 
     a, b = torch.tensor([0, 3, 7], dtype=torch.int32), torch.tensor([2, 5], dtype=torch.int32)
     assert metadata.to_host(a, None, b) == (a, None, b)  # CPU tensors pass through
+
+
+def test_former_variable_names_still_read():
+    assert env.read({"FLASHATTN_KVCACHE_CHECKS": "1"}).checks
+    assert not env.read({"FLASHATTN_KVCACHE_CHECKS": "1", "FLASHATTN_CHECKS": "0"}).checks

@@ -21,8 +21,7 @@ def checks(enabled: bool = True) -> Iterator[None]:
     """
     if not isinstance(enabled, bool):
         raise TypeError(f"checks: enabled must be a bool, got {enabled!r}")
-    with env.override(checks=enabled, kvcache_checks=False if not enabled else
-                      env.settings().kvcache_checks):
+    with env.override(checks=enabled):
         yield
 
 

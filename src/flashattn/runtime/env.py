@@ -80,9 +80,6 @@ VARIABLES: Dict[str, Variable] = {
         "of GPU metadata (cu_seqlens, seqused_k, max_seqlen, cache_seqlens, cache_batch_idx, "
         "cache_leftpad, block_table) are checked with a host sync per call, outside CUDA-graph "
         "capture (CPU metadata is always checked)."),
-    "FLASHATTN_KVCACHE_CHECKS": Variable(
-        "kvcache_checks", _truthy, "0",
-        "the former name of FLASHATTN_CHECKS (same effect)."),
     "FLASHATTN_DECODE_CONFIG": Variable(
         "decode_config", str.strip, "",
         "BLOCK_N,num_warps,num_stages: launch config of the decode kernel (probes only; the "
@@ -106,14 +103,21 @@ class Settings:
     hopper_bwd: bool = True
     small_query: bool = True
     checks: bool = False
-    kvcache_checks: bool = False
     decode_config: str = ""
     decode_waves: str = ""
 
 
+# former names still read (when the current name is unset): old name -> current name
+ALIASES: Dict[str, str] = {"FLASHATTN_KVCACHE_CHECKS": "FLASHATTN_CHECKS"}
+
+
 def read(environ: Mapping[str, str]) -> Settings:
     """Parse ``environ`` into :class:`Settings` (unset variables take their defaults)."""
-    return Settings(**{var.field: var.parse(environ.get(name, var.default))
+    raw = {name: environ.get(name) for name in VARIABLES}
+    for old, name in ALIASES.items():
+        if raw[name] is None:
+            raw[name] = environ.get(old)
+    return Settings(**{var.field: var.parse(var.default if raw[name] is None else raw[name])
                        for name, var in VARIABLES.items()})
 
 
@@ -171,9 +175,9 @@ def hf_deterministic() -> bool:
 
 def raw_values() -> Dict[str, str]:
     """The raw value of every variable in :data:`VARIABLES` as the process sees it now."""
-    names = list(VARIABLES) + ["FLASH_ATTENTION_DETERMINISTIC"]
+    names = list(VARIABLES) + list(ALIASES) + ["FLASH_ATTENTION_DETERMINISTIC"]
     return {name: os.environ.get(name, "") for name in names}
 
 
-__all__ = ["BACKENDS", "INTERPRET", "Settings", "VARIABLES", "fields_from_raw", "hf_deterministic",
+__all__ = ["ALIASES", "BACKENDS", "INTERPRET", "Settings", "VARIABLES", "fields_from_raw", "hf_deterministic",
            "override", "raw_values", "read", "reload", "settings"]

@@ -265,9 +265,12 @@ def _degenerate_fwd(
     return out, lse, s_dmask
 
 
-# Dense calls with at most this many query rows may run the split-KV decode kernel
-# (Flash-Decoding: the keys are split over programs, GQA heads packed into the query rows),
-# where triton/decode.small_query_faster says it measured faster than the prefill kernels.
+# Dense calls with at most this many query rows run the split-KV decode kernel (Flash-Decoding:
+# the keys split over programs, GQA heads packed into the query rows). Measured on the H100
+# (session 11, probes/small_query_probe.py, results/h100_small_query_2026-11-23.json; GQA
+# 32/8, d 128, causal, s_q 1 / 4 / 16): faster than the prefill kernels at every point in CUDA
+# graphs, 1.14-1.5x at L = 1k, 2.2-2.5x at batch 8-64, 4-8x at batch 1 and L >= 4k (the
+# prefill kernels have no key split: 0.27-0.38 TB/s at batch 1); so no shape rule.
 SMALL_QUERY_MAX = 16
 
 
@@ -275,13 +278,11 @@ def _small_query(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: Attn
                  return_softmax: bool) -> bool:
     """Whether this dense forward runs the decode kernel (same out / lse contract, so either
     backward serves it): few query rows, no dropout / S_dmask, on the Triton device backend,
-    not forced to the Hopper kernels, and measured faster there."""
+    not forced to the Hopper kernels."""
     if (q.shape[1] > SMALL_QUERY_MAX or return_softmax or params.dropout_p > 0.0
             or not env.settings().small_query):
         return False
-    if requested_backend() not in ("auto", "portable") or backend_for(q) != "portable":
-        return False
-    return backend("portable").small_query_faster(q, k, v)
+    return requested_backend() in ("auto", "portable") and backend_for(q) == "portable"
 
 
 def _one_row_right_edge(params: AttnParams, s_q: int) -> AttnParams:

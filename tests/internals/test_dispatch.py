@@ -41,9 +41,7 @@ def _recorder(tag, calls):
         b, s_q, h, _ = q.shape
         return torch.zeros(b, s_q, h, v.shape[-1]), torch.zeros(b, h, s_q)
 
-    # the prefill kernels take every call here unless a test asks for the small-query path
-    return types.SimpleNamespace(fwd=fwd, bwd=bwd, kvcache_attention=kvcache_attention,
-                                 small_query_faster=lambda q, k, v: False)
+    return types.SimpleNamespace(fwd=fwd, bwd=bwd, kvcache_attention=kvcache_attention)
 
 
 @pytest.fixture
@@ -52,6 +50,8 @@ def fake_backends(monkeypatch):
     calls = []
     for name in ("cpu", "portable"):
         monkeypatch.setitem(dispatch._LOADED, name, _recorder(name, calls))
+    # the prefill kernels take every call here unless a test asks for the small-query path
+    set_env(monkeypatch, FLASHATTN_SMALL_QUERY="0")
     return calls
 
 
@@ -117,7 +117,7 @@ def test_small_query_calls_take_the_decode_kernel(env, fake_backends, monkeypatc
     lse contract; the backward is the prefill one); off with FLASHATTN_SMALL_QUERY=0, with
     dropout, with more query rows, or when the Hopper kernels are forced."""
     env(None, "1")
-    monkeypatch.setattr(dispatch._LOADED["portable"], "small_query_faster", lambda q, k, v: True)
+    set_env(monkeypatch, FLASHATTN_SMALL_QUERY="1")
     q = torch.randn(2, 3, 4, 8, requires_grad=True)
     k, v = torch.randn(2, 40, 2, 8, requires_grad=True), torch.randn(2, 40, 2, 8, requires_grad=True)
     flash_attn_func(q, k, v, causal=True).sum().backward()

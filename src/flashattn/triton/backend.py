@@ -95,13 +95,6 @@ def varlen_paged_fwd(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens_q: 
                                     alibi_slopes=p.alibi_slopes)
 
 
-def small_query_faster(q: Tensor, k: Tensor, v: Tensor) -> bool:
-    """Whether a dense call with few query rows runs faster on the decode kernel than on the
-    prefill kernels (the measured rule: triton/decode.small_query_faster)."""
-    return _decode.small_query_faster(q.shape[0], q.shape[1], q.shape[2], k.shape[2],
-                                      k.shape[1], q.shape[-1], v.shape[-1])
-
-
 def combine(out_partial: Tensor, lse_partial: Tensor, out: Optional[Tensor],
             out_dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
     """LSE-weighted merge of split results into ``out`` (allocated when None): (out, lse)."""
@@ -113,6 +106,5 @@ def combine(out_partial: Tensor, lse_partial: Tensor, out: Optional[Tensor],
     return res, lse
 
 
-__all__ = ["append_kv", "bwd", "combine", "fwd", "kvcache_attention", "small_query_faster",
-           "varlen_bwd",
+__all__ = ["append_kv", "bwd", "combine", "fwd", "kvcache_attention", "varlen_bwd",
            "varlen_fwd", "varlen_paged_fwd"]

@@ -262,19 +262,6 @@ def num_splits_heuristic(batch: int, nheads_k: int, m_blocks: int, max_seqlen_k:
     return int(max(1, min(want, n_blocks // 4, MAX_SPLITS)))
 
 
-def small_query_faster(batch: int, seqlen_q: int, nheads: int, nheads_k: int, seqlen_k: int,
-                       head_dim: int, head_dim_v: int) -> bool:
-    """Whether a dense call of these shapes (seqlen_q <= 16) runs faster through this
-    kernel than through the prefill kernels. Measured on the H100 (session 11,
-    probes/small_query_probe.py, results/h100_small_query_2026-11-23.json; GQA 32/8, d 128,
-    causal, s_q 1 / 4 / 16): in CUDA graphs (the kernels alone) this kernel was faster at every
-    point, 1.14-1.5x at L = 1k, 2.2-2.5x at batch 8-64, 4-8x at batch 1 and L >= 4k (the prefill
-    kernel has one program per (query block, head) and no key split: 0.27-0.38 TB/s at
-    batch 1). Eager calls at L <= 16k are host-bound for both paths. So: always, for the
-    head dims the kernel takes."""
-    return head_dim <= 256 and head_dim_v <= 256
-
-
 def block_m_for(rows: int) -> int:
     """Rows of the packed query tile: the whole group x positions up to 64 (tl.dot needs 16)."""
     return max(16, min(64, config.next_pow2(max(1, rows))))

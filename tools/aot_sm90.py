@@ -63,6 +63,8 @@ def _compile(kernel_fn, args, constexprs: Dict[str, Any], options: Dict[str, Any
     signature = {name: mangle_type(value) for name, value in zip(names, args)}
     signature.update({name: "constexpr" for name in constexprs})
     consts = {(names.index(k),): v for k, v in constexprs.items()}
+    # None arguments are constexprs too (e.g. the FP8 descales of a bf16 forward variant)
+    consts.update({(i,): None for i, value in enumerate(args) if value is None})
     src = GluonASTSource(kernel_fn, signature, consts)
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     res = _ptxas_report(kernel.asm["cubin"])
@@ -95,18 +97,31 @@ def compile_fwd_variant(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, c
     from flashattn.sm90.fwd_kernel import attn_fwd_kernel
 
     d, d_v = head_dim if isinstance(head_dim, (tuple, list)) else (head_dim, head_dim)
-    cfg = fwd_config(d, softcap > 0.0, head_dim_v=d_v if d_v != d else None,
-                     **(overrides or {}))
     b, s, h = 2, 1000, 4
-    q = torch.empty((b, s, h, d), dtype=dtype)
-    v = torch.empty((b, s, h, d_v), dtype=dtype)
     lse = torch.empty((b, h, s), dtype=torch.float32)
+    scales = None
+    if dtype == torch.float8_e4m3fn:  # FP8: V keys contiguous, bf16 O, descale tables
+        from flashattn.fp8_format import keys_contiguous_empty
+        from flashattn.params import Fp8Scales
+        from flashattn.sm90.config import fp8_fwd_config
+
+        cfg = fp8_fwd_config(d, d_v, softcap > 0.0, **(overrides or {}))
+        q = torch.empty((b, s, h, d), dtype=dtype)
+        v = keys_contiguous_empty((b, s, h, d_v), torch.device("cpu"))
+        out = torch.empty((b, s, h, d_v), dtype=torch.bfloat16)
+        table = torch.empty((b, h, 8), dtype=torch.float32)
+        scales = Fp8Scales(table, table, table, 7, 7)
+    else:
+        cfg = fwd_config(d, softcap > 0.0, head_dim_v=d_v if d_v != d else None,
+                         **(overrides or {}))
+        q = torch.empty((b, s, h, d), dtype=dtype)
+        v = out = torch.empty((b, s, h, d_v), dtype=dtype)
     window_left, window_right = window
     if causal:
         window_right = 0
     args, constexprs, options, _ = launch_args(
-        q, q, v, v, lse, cfg, softmax_scale=d ** -0.5, window_left=window_left,
-        window_right=window_right, softcap=softcap, num_sms=132)
+        q, q, v, out, lse, cfg, softmax_scale=d ** -0.5, window_left=window_left,
+        window_right=window_right, softcap=softcap, num_sms=132, scales=scales)
     return _compile(attn_fwd_kernel, args, constexprs, options,
                     _variant_key(head_dim, dtype, causal, window, softcap, overrides))
 
@@ -146,7 +161,8 @@ def main(argv=None) -> int:
     import sys
 
     variants = json.loads((argv or sys.argv[1:])[0])
-    dtypes = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+    dtypes = {"bfloat16": torch.bfloat16, "float16": torch.float16,
+              "float8_e4m3fn": torch.float8_e4m3fn}
     for variant in variants:
         # a variant is (d, dtype, causal, window, softcap, overrides), optionally led by
         # "fwd" / "bwd" (the kernel; fwd when absent)

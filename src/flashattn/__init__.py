@@ -6,6 +6,7 @@ docs/internals.md.
 from flashattn.api.backend import use_backend
 from flashattn.api.checks import checks
 from flashattn.api.combine import flash_attn_combine
+from flashattn.api.fp8_attention import flash_attn_fp8_func
 from flashattn.api.dense import flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
 from flashattn.api.kvcache import flash_attn_with_kvcache
 from flashattn.api.varlen import (
@@ -22,6 +23,7 @@ __version__ = "0.1.0"
 __all__ = [
     "checks",
     "flash_attn_combine",
+    "flash_attn_fp8_func",
     "flash_attn_func",
     "flash_attn_kvpacked_func",
     "flash_attn_qkvpacked_func",

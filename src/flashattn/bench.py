@@ -48,7 +48,7 @@ TOKENS = 16384
 HIDDEN = 2048
 HEAD_DIMS: Tuple[int, ...] = (128, 64, 256)  # d=128 first: the most useful under a time budget
 SEQLENS: Tuple[int, ...] = (512, 1024, 2048, 4096, 8192, 16384)
-MODES: Tuple[str, ...] = ("fwd", "bwd", "decode", "mem")
+MODES: Tuple[str, ...] = ("fwd", "bwd", "decode", "mem", "quant")
 ATTN_MODES: Tuple[str, ...] = ("fwd", "bwd")
 
 DECODE_POINTS: Tuple[Tuple[int, int], ...] = ((1, 16384), (1, 131072), (8, 8192), (32, 4096),
@@ -67,7 +67,14 @@ SDPA_BACKENDS = {"sdpa-flash": "FLASH_ATTENTION", "sdpa-cudnn": "CUDNN_ATTENTION
 FLEX_HEAD_DIMS: Tuple[int, ...] = (128,)
 
 ROW_KEY: Tuple[str, ...] = ("impl", "mode", "d", "causal", "s", "b", "h", "page_size")
-METRIC = {"fwd": "tflops", "bwd": "tflops", "decode": "tbps", "mem": "mib"}
+METRIC = {"fwd": "tflops", "bwd": "tflops", "decode": "tbps", "mem": "mib", "quant": "tbps"}
+# FP8 rows (``flashattn bench --dtype fp8``): the FP8 forward on inputs quantized beforehand
+# (block scales + incoherent processing), flash_attn_fp8_func end to end (bf16 in, quantize +
+# FP8 forward, bf16 out), the portable FP8 kernel, and the fused quantize pass alone (mode
+# "quant", TB/s of bf16 read + fp8 written)
+FP8_IMPLS: Tuple[str, ...] = ("flashattn-fp8", "flashattn-fp8-e2e", "flashattn-fp8-portable")
+FP8_QUANTIZE = "flashattn-fp8-quantize"
+FP8_DEFAULT_IMPLS: Tuple[str, ...] = ("flashattn-fp8", "flashattn-fp8-e2e", OURS, "sdpa-cudnn")
 
 DTYPE = "bfloat16"
 
@@ -323,6 +330,11 @@ def plan(modes: Sequence[str] = ATTN_MODES, head_dims: Sequence[int] = HEAD_DIMS
                 if is_ours(impl):
                     out.append((Point("decode", DECODE_D, False, kv_len, b, DECODE_HEADS,
                                       DECODE_PAGE_SIZE), impl))
+    if "quant" in modes:
+        for d in head_dims:
+            for s in seqlens:
+                b, h = grid_shape(s, d)
+                out.append((Point("quant", d, False, s, b, h), FP8_QUANTIZE))
     if "mem" in modes:
         mem_impls = [i for i in impls if i != "flex"]
         if "sdpa-math" not in mem_impls:
@@ -336,6 +348,8 @@ def plan(modes: Sequence[str] = ATTN_MODES, head_dims: Sequence[int] = HEAD_DIMS
 def check_impl(impl: str) -> str:
     if impl == OURS or impl == "flex" or impl in SDPA_BACKENDS:
         return impl
+    if impl in FP8_IMPLS or impl == FP8_QUANTIZE:
+        return impl
     if impl.startswith(OURS + "-") and impl[len(OURS) + 1:] in ("auto", "portable", "cpu", "hopper"):
         return impl
     raise ValueError(
@@ -346,6 +360,10 @@ def check_impl(impl: str) -> str:
 
 def is_ours(impl: str) -> bool:
     return impl == OURS or impl.startswith(OURS + "-")
+
+
+def is_fp8(impl: str) -> bool:
+    return impl in FP8_IMPLS or impl == FP8_QUANTIZE
 
 
 # ---------------------------------------------------------------------------------------------
@@ -395,6 +413,10 @@ def impl_context(impl: str) -> "contextlib.AbstractContextManager[None]":
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         return sdpa_kernel([getattr(SDPBackend, SDPA_BACKENDS[impl])])
+    if is_fp8(impl):
+        from flashattn import use_backend
+
+        return use_backend("portable" if impl.endswith("-portable") else "auto")
     if is_ours(impl):
         backend = impl[len(OURS) + 1:] if impl != OURS else "auto"
         from flashattn import use_backend
@@ -406,7 +428,24 @@ def impl_context(impl: str) -> "contextlib.AbstractContextManager[None]":
 def build_attention(impl: str, q: Any, k: Any, v: Any, causal: bool
                     ) -> Tuple[Tuple[Any, ...], Callable[..., Any]]:
     """``(inputs, fn)`` with ``fn(*inputs) -> out``. q, k, v are (b, s, h, d); the SDPA and
-    flex impls get (b, h, s, d) contiguous copies, made here, outside any timed region."""
+    flex impls get (b, h, s, d) contiguous copies, made here, outside any timed region.
+    The FP8 forward gets q, k, v quantized here (block scales, incoherent processing)."""
+    if impl in ("flashattn-fp8", "flashattn-fp8-portable"):
+        from flashattn import fp8
+
+        qkv8 = fp8.quantize(q.detach(), k.detach(), v.detach(), seed=0)
+
+        def ours_fp8():
+            return fp8.attention(qkv8, causal=causal)
+
+        return (), ours_fp8
+    if impl == "flashattn-fp8-e2e":
+        from flashattn import fp8
+
+        def ours_fp8_e2e(q_, k_, v_):
+            return fp8.flash_attn_fp8_func(q_, k_, v_, causal=causal, seed=0)
+
+        return (q.detach(), k.detach(), v.detach()), ours_fp8_e2e
     if is_ours(impl):
         import flashattn
 
@@ -648,12 +687,34 @@ def _cleanup_after_error(device: str) -> None:
     torch.cuda.empty_cache()
 
 
+def measure_quantize(point: Point, timing: Timing, device: str = "cuda") -> Tuple[float, float]:
+    """(TB/s, ms) of the fused FP8 quantize pass (block scales + incoherent processing) over
+    bf16 q, k, v of the point's shape: bytes = bf16 read + fp8 written (+ the descales)."""
+    import torch
+
+    from flashattn import fp8
+
+    shape = (point.b, point.s, point.h, point.d)
+    q, k, v = (_randn(shape, torch.bfloat16, False, device) for _ in range(3))
+
+    def step():
+        return fp8.quantize(q, k, v, seed=0)
+
+    out = step()
+    _sync(device)
+    ms = _time_ms(step, timing, device)
+    moved = 3 * q.numel() * (2 + 1) + sum(t.numel() * 4 for t in out[3:6])
+    return moved / (ms * 1e-3) / 1e12, ms
+
+
 def measure(point: Point, impl: str, timing: Timing, env: Dict[str, str],
             device: str = "cuda") -> Dict[str, Any]:
     """One row; failures become error rows."""
     note = None
     try:
-        if point.mode in ATTN_MODES:
+        if point.mode == "quant":
+            value, ms = measure_quantize(point, timing, device)
+        elif point.mode in ATTN_MODES:
             value, ms = measure_attention(impl, point, timing, device)
         elif point.mode == "decode":
             value, ms, note = measure_decode(impl, point, timing, device)

@@ -68,8 +68,8 @@ def _dtype_name(text: str) -> str:
 
 
 def _mode(text: str) -> str:
-    if text not in ("fwd", "bwd", "decode", "mem"):
-        raise ValueError(f"unknown mode {text!r}; allowed: fwd, bwd, decode, mem")
+    if text not in ("fwd", "bwd", "decode", "mem", "quant"):
+        raise ValueError(f"unknown mode {text!r}; allowed: fwd, bwd, decode, mem, quant")
     return text
 
 
@@ -99,10 +99,15 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--seqlens", type=_csv(_seqlen), default=None, metavar="S[,S]",
                    help="sequence lengths, e.g. 512,2k,16k (default 512..16k; --quick: 2k,16k)")
     b.add_argument("--mode", type=_csv(_mode), default=None, metavar="M[,M]",
-                   help="fwd, bwd, decode, mem (default fwd,bwd)")
+                   help="fwd, bwd, decode, mem, quant (the FP8 quantize pass) (default fwd,bwd; "
+                        "--dtype fp8: fwd,quant)")
     b.add_argument("--impl", type=_csv(str), default=None, metavar="I[,I]",
                    help="flashattn, flashattn-portable, sdpa-flash, sdpa-cudnn, sdpa-math, flex "
                         "(default flashattn,sdpa-flash,sdpa-cudnn,flex)")
+    b.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16",
+                   help="fp8: FP8 forward rows (flashattn-fp8 on pre-quantized inputs, "
+                        "flashattn-fp8-e2e = flash_attn_fp8_func, the quantize pass alone) "
+                        "beside our bf16 forward and cuDNN's in the same run (default bf16)")
     b.add_argument("--flex-all-d", action="store_true",
                    help="run flex at every head dim (default: d=128 only)")
     b.add_argument("--json", metavar="PATH", default=None,
@@ -323,12 +328,13 @@ def _cpu_demo(args: argparse.Namespace) -> int:
 
 def _bench_config(args: argparse.Namespace, bench: ModuleType) -> dict:
     quick = args.quick
+    fp8 = getattr(args, "dtype", "bf16") == "fp8"
     return dict(
         head_dims=args.d or ([128] if quick else list(bench.HEAD_DIMS)),
         causals=[args.causal] if args.causal is not None else [False, True],
         seqlens=args.seqlens or ([2048, 16384] if quick else list(bench.SEQLENS)),
-        modes=args.mode or ["fwd", "bwd"],
-        impls=args.impl or list(bench.DEFAULT_IMPLS),
+        modes=args.mode or (["fwd", "quant"] if fp8 else ["fwd", "bwd"]),
+        impls=args.impl or list(bench.FP8_DEFAULT_IMPLS if fp8 else bench.DEFAULT_IMPLS),
         timing=bench.Timing(
             warmup_ms=args.warmup if args.warmup is not None else (10 if quick else 25),
             rep_ms=args.rep if args.rep is not None else (30 if quick else 100)),

@@ -45,7 +45,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from flashattn import metadata
-from flashattn.params import AttnParams
+from flashattn.params import AttnParams, Fp8Scales
 from flashattn.runtime import env
 
 BACKENDS: Tuple[str, ...] = env.BACKENDS
@@ -53,7 +53,7 @@ ENV_BACKEND = "FLASHATTN_BACKEND"
 ENV_INTERPRET = "TRITON_INTERPRET"
 # every op dispatch chooses a backend for (select's first argument)
 OPS: Tuple[str, ...] = ("fwd", "bwd", "varlen_fwd", "varlen_bwd", "kvcache", "varlen_paged_fwd",
-                        "combine", "fp8_quantize")
+                        "combine", "fp8_quantize", "fp8_fwd", "fp8_varlen_fwd")
 _BACKEND_MODULES = {"hopper": "flashattn.sm90.backend", "portable": "flashattn.triton.backend",
                     "cpu": "flashattn.cpu.backend"}
 _LOADED: Dict[str, Any] = {}
@@ -227,7 +227,7 @@ def backend(name: str) -> Any:
 
 def select(op: str, q: torch.Tensor, k: Optional[torch.Tensor] = None,
            v: Optional[torch.Tensor] = None, params: Optional[AttnParams] = None,
-           return_softmax: bool = False) -> str:
+           return_softmax: bool = False, scales: Optional[Fp8Scales] = None) -> str:
     """The backend ('hopper' | 'portable' | 'cpu') that runs ``op`` (one of :data:`OPS`) for
     these inputs: the dense forward / backward may take the Hopper kernels (per-call checks
     need k, v and the params); every other op runs on the device backend."""
@@ -238,9 +238,11 @@ def select(op: str, q: torch.Tensor, k: Optional[torch.Tensor] = None,
                                deterministic=params.deterministic)
     if op not in OPS:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
-    if op == "fp8_quantize":
-        # the torch implementation (cpu/fp8.py) runs on every device; no fused Triton pass yet
-        return "cpu"
+    if op == "fp8_fwd" and family_for(q) == "hopper":
+        from flashattn.sm90.support import fp8_unsupported
+
+        if fp8_unsupported(q, k, v, params, scales) is None:
+            return "hopper"
     return backend_for(q)
 
 
@@ -455,6 +457,30 @@ def fp8_quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return backend(select("fp8_quantize", q)).fp8_quantize(q, k, v, signs, block_m, block_n)
 
 
+def fp8_forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, scales: Fp8Scales,
+                params: AttnParams, out_dtype: torch.dtype
+                ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Dense FP8 forward: (out (b, s_q, h, d_v) in ``out_dtype``, lse (b, h, s_q)). Inputs
+    validated: float8_e4m3fn q8 / k8 / v8 and block descales (params.Fp8Scales)."""
+    if _is_degenerate(q8, k8):
+        out, lse, _ = _degenerate_fwd(q8, k8, v8, False)
+        return out.to(out_dtype), lse
+    name = select("fp8_fwd", q8, k8, v8, params, scales=scales)
+    return backend(name).fp8_fwd(q8, k8, v8, scales, params, out_dtype)
+
+
+def fp8_varlen_forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
+                       cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                       seqused_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int,
+                       scales: Fp8Scales, params: AttnParams, out_dtype: torch.dtype
+                       ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Packed varlen FP8 forward: (out (total_q, h, d_v), lse (h, total_q)); one descale per
+    (sequence, head)."""
+    name = select("fp8_varlen_fwd", q8)
+    return backend(name).fp8_varlen_fwd(q8, k8, v8, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                                        max_seqlen_q, max_seqlen_k, scales, params, out_dtype)
+
+
 __all__ = [
     "BACKENDS",
     "OPS",
@@ -466,7 +492,9 @@ __all__ = [
     "family_for",
     "forward",
     "forward_family",
+    "fp8_forward",
     "fp8_quantize",
+    "fp8_varlen_forward",
     "hopper_reason",
     "interpreting",
     "kvcache",

@@ -79,7 +79,8 @@ from typing import Any, Optional, Tuple, Union
 import torch
 
 from flashattn import dispatch
-from flashattn.params import AttnParams
+from flashattn.fp8_format import keys_contiguous_empty
+from flashattn.params import ONE_BLOCK_SHIFT, AttnParams, Fp8Scales
 
 Tensor = torch.Tensor
 
@@ -551,8 +552,11 @@ def combine_splits(out_partial: Tensor, lse_partial: Tensor, out: Optional[Tenso
 def _fp8_quantize_impl(q: Tensor, k: Tensor, v: Tensor, signs: Optional[Tensor], block_m: int,
                        block_n: int) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(q8, k8, v8) float8_e4m3fn shaped like q, k, v and (q_descale (b, h, cdiv(s_q,
-    block_m)), k_descale, v_descale (b, h_k, cdiv(s_k, block_n))) float32, contiguous."""
-    return _fresh(*dispatch.fp8_quantize(q, k, v, signs, block_m, block_n))  # type: ignore
+    block_m)), k_descale, v_descale (b, h_k, cdiv(s_k, block_n))) float32; all contiguous but
+    v8, whose storage is (b, h_k, d_v, s_k padded to 16): keys contiguous."""
+    q8, k8, v8, qs, ks, vs = dispatch.fp8_quantize(q, k, v, signs, block_m, block_n)
+    # v8 keeps its keys-contiguous layout (fp8_format.keys_contiguous_empty): the FP8 kernels'
+    return (*_fresh(q8, k8), v8, *_fresh(qs, ks, vs))  # type: ignore[return-value]
 
 
 fp8_quantize = torch.library.custom_op("flashattn::fp8_quantize", _fp8_quantize_impl,
@@ -566,7 +570,7 @@ def _fp8_quantize_fake(q, k, v, signs, block_m, block_n):
     f8 = torch.float8_e4m3fn
     nq, nk = -(-s_q // block_m), -(-s_k // block_n)
     return (q.new_empty(q.shape, dtype=f8), k.new_empty(k.shape, dtype=f8),
-            v.new_empty(v.shape, dtype=f8), q.new_empty((b, h, nq), dtype=torch.float32),
+            keys_contiguous_empty(v.shape, v.device), q.new_empty((b, h, nq), dtype=torch.float32),
             q.new_empty((b, h_k, nk), dtype=torch.float32),
             q.new_empty((b, h_k, nk), dtype=torch.float32))
 
@@ -579,8 +583,83 @@ def quantize_fp8(q: Tensor, k: Tensor, v: Tensor, signs: Optional[Tensor], block
     return fp8_quantize(q, k, v, signs, block_m, block_n)
 
 
+# ---------------------------------------------------------------------------------------------
+# FP8 attention (float8_e4m3fn q, k, v with descales): forward only
+# ---------------------------------------------------------------------------------------------
+def _fp8_fwd_impl(q8: Tensor, k8: Tensor, v8: Tensor, q_descale: Tensor, k_descale: Tensor,
+                  v_descale: Tensor, q_block_shift: int, kv_block_shift: int,
+                  softmax_scale: float, causal: bool, window_left: int, window_right: int,
+                  softcap: float, out_dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+    """FP8 attention forward: q8 (b, s_q, h, d), k8 (b, s_k, h_k, d), v8 (b, s_k, h_k, d_v)
+    float8_e4m3fn; descales float32 in params.Fp8Scales' block form. Returns out (b, s_q, h,
+    d_v) in ``out_dtype`` and lse float32 (b, h, s_q), contiguous."""
+    params = AttnParams(softmax_scale, causal, window_left, window_right, softcap, None, 0.0, 0)
+    scales = Fp8Scales(q_descale, k_descale, v_descale, q_block_shift, kv_block_shift)
+    out, lse = dispatch.fp8_forward(q8, k8, v8, scales, params, out_dtype)
+    return _fresh(out, lse)  # type: ignore[return-value]
+
+
+fp8_fwd = torch.library.custom_op("flashattn::fp8_fwd", _fp8_fwd_impl, mutates_args=())
+
+
+@fp8_fwd.register_fake
+def _fp8_fwd_fake(q8, k8, v8, q_descale, k_descale, v_descale, q_block_shift, kv_block_shift,
+                  softmax_scale, causal, window_left, window_right, softcap, out_dtype):
+    b, s_q, h, _ = q8.shape
+    return (q8.new_empty((b, s_q, h, v8.shape[-1]), dtype=out_dtype),
+            q8.new_empty((b, h, s_q), dtype=torch.float32))
+
+
+def _fp8_varlen_fwd_impl(q8: Tensor, k8: Tensor, v8: Tensor, cu_seqlens_q: Tensor,
+                         cu_seqlens_k: Tensor, seqused_k: Optional[Tensor], max_seqlen_q: int,
+                         max_seqlen_k: int, q_descale: Tensor, k_descale: Tensor,
+                         v_descale: Tensor, softmax_scale: float, causal: bool,
+                         window_left: int, window_right: int, softcap: float,
+                         out_dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+    """Packed varlen FP8 forward: q8 (total_q, h, d), k8 / v8 (total_k, h_k, d / d_v); descales
+    (b, h, 1) / (b, h_k, 1) float32. Returns out (total_q, h, d_v) in ``out_dtype`` and lse
+    float32 (h, total_q), contiguous."""
+    params = AttnParams(softmax_scale, causal, window_left, window_right, softcap, None, 0.0, 0)
+    scales = Fp8Scales(q_descale, k_descale, v_descale, ONE_BLOCK_SHIFT, ONE_BLOCK_SHIFT)
+    out, lse = dispatch.fp8_varlen_forward(q8, k8, v8, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                                           max_seqlen_q, max_seqlen_k, scales, params,
+                                           out_dtype)
+    return _fresh(out, lse)  # type: ignore[return-value]
+
+
+fp8_varlen_fwd = torch.library.custom_op("flashattn::fp8_varlen_fwd", _fp8_varlen_fwd_impl,
+                                         mutates_args=())
+
+
+@fp8_varlen_fwd.register_fake
+def _fp8_varlen_fwd_fake(q8, k8, v8, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+                         max_seqlen_k, q_descale, k_descale, v_descale, softmax_scale, causal,
+                         window_left, window_right, softcap, out_dtype):
+    total_q, h, _ = q8.shape
+    return (q8.new_empty((total_q, h, v8.shape[-1]), dtype=out_dtype),
+            q8.new_empty((h, total_q), dtype=torch.float32))
+
+
+def fp8_attention(*args: Any) -> Tuple[Tensor, Tensor]:
+    """``fp8_fwd(*args)`` (the op's argument order), or its body for plain eager tensors."""
+    if _eager_call(*args[:6]):
+        return _fp8_fwd_impl(*args)
+    return fp8_fwd(*args)
+
+
+def fp8_varlen_attention(*args: Any) -> Tuple[Tensor, Tensor]:
+    """``fp8_varlen_fwd(*args)``, or its body for plain eager tensors."""
+    if _eager_call(*args[:6], *args[8:11]):
+        return _fp8_varlen_fwd_impl(*args)
+    return fp8_varlen_fwd(*args)
+
+
 __all__ = [
     "attention",
+    "fp8_attention",
+    "fp8_fwd",
+    "fp8_varlen_attention",
+    "fp8_varlen_fwd",
     "combine",
     "combine_splits",
     "fwd_kvcache",

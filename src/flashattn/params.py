@@ -49,4 +49,25 @@ class AttnParams(NamedTuple):
                     dropout_p=self.dropout_p, philox_seed=self.philox_seed)
 
 
-__all__ = ["AttnParams"]
+class Fp8Scales(NamedTuple):
+    """The descales of FP8 inputs (the real value is fp8 × descale; FlashAttention-3's
+    convention), in the kernels' block form.
+
+    q_descale: float32 (b, h, n_q_blocks); row i of q uses ``[..., min(i >> q_block_shift,
+        n_q_blocks - 1)]``.
+    k_descale, v_descale: float32 (b, h_k, n_kv_blocks), key j uses ``[..., min(j >>
+        kv_block_shift, n_kv_blocks - 1)]``.
+    A shift of 31 means one descale per (batch, head) (FA3's API: (b, h_k) descales). In varlen
+    calls b is the sequence index and positions are local to the sequence.
+    """
+
+    q_descale: torch.Tensor
+    k_descale: torch.Tensor
+    v_descale: torch.Tensor
+    q_block_shift: int
+    kv_block_shift: int
+
+
+ONE_BLOCK_SHIFT = 31  # Fp8Scales: one descale for every position of a (batch, head)
+
+__all__ = ["AttnParams", "Fp8Scales", "ONE_BLOCK_SHIFT"]

@@ -265,42 +265,39 @@ def attention_fp8_ref(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
                       q_descale: torch.Tensor, k_descale: torch.Tensor,
                       v_descale: torch.Tensor, block_m: int, block_n: int, *,
                       softmax_scale: Optional[float] = None, causal: bool = False,
+                      window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                       p_scale: Optional[float] = 256.0) -> torch.Tensor:
     """What an FP8 attention kernel computes, in float64: the oracle for FP8 kernels that
     quantize the same way (FlashAttention-3's numerics).
 
     q8 (b, s_q, h, d), k8 (b, s_k, h_k, d), v8 (b, s_k, h_k, d_v) float8_e4m3fn with block
     descales (b, h, cdiv(s_q, block_m)) / (b, h_k, cdiv(s_k, block_n)): real value = fp8 ×
-    descale. S = Q K^T in exact arithmetic; P = exp(S - rowmax) is cast to e4m3 after scaling
-    by ``p_scale`` (FA3 multiplies P by 2^8 to use e4m3's range; None: P stays exact), the row
-    sum uses the unrounded P, O = P8 V / (p_scale · rowsum). Rows that see no key give 0.
-    (A kernel with an online softmax rounds P against its running max, not the final one: the
-    two agree to within the e4m3 rounding of P.)
+    descale (a block larger than the sequence: one descale per (batch, head)). S = Q K^T in
+    exact arithmetic, masked / soft-capped as :func:`attention_ref`; P = exp(S - rowmax) is cast
+    to e4m3 after scaling by ``p_scale`` (FA3 multiplies P by 2^8 to use e4m3's range; None: P
+    stays exact), the row sum uses the unrounded P, O = P8 V / (p_scale · rowsum). Rows that see
+    no key give 0. (A kernel with an online softmax rounds P against its running max, not the
+    final one: the two agree to within the e4m3 rounding of P.)
     """
     def real(x8: torch.Tensor, descale: torch.Tensor, block: int) -> torch.Tensor:
         s = x8.shape[1]
-        per_row = descale.double().repeat_interleave(block, dim=2)[:, :, :s]
+        idx = torch.clamp(torch.arange(s) // block, max=descale.shape[2] - 1)
+        per_row = descale.double().cpu()[:, :, idx].to(x8.device)
         return x8.double() * per_row.transpose(1, 2).unsqueeze(-1)
 
     q = real(q8, q_descale, block_m)
     k = real(k8, k_descale, block_n)
     v = real(v8, v_descale, block_n)
-    b, s_q, h, d = q.shape
-    s_k, h_k = k.shape[1], k.shape[2]
-    k = k.repeat_interleave(h // h_k, dim=2)
-    v = v.repeat_interleave(h // h_k, dim=2)
-    scale = d ** -0.5 if softmax_scale is None else softmax_scale
-    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
-    if causal:
-        i = torch.arange(s_q).view(-1, 1) + (s_k - s_q)
-        scores = scores.masked_fill(torch.arange(s_k).view(1, -1) > i, float("-inf"))
-    row_max = scores.amax(dim=-1, keepdim=True)
-    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
-    p = torch.exp(scores - row_max)
-    denom = p.sum(dim=-1, keepdim=True)
+    # softmax(S) = exp(S - lse): P relative to the row max is exp(S - lse) * rowsum / exp(max)
+    probs, _ = attention_probs_ref(q, k, softmax_scale=softmax_scale, causal=causal,
+                                   window_size=window_size, softcap=softcap)
+    v = _repeat_kv(v, q.shape[2])
     if p_scale is not None:
-        p = (p * p_scale).to(torch.float8_e4m3fn).double() / p_scale
-    out = torch.einsum("bhqk,bkhd->bqhd", p, v)
-    denom = denom.transpose(1, 2)  # (b, s_q, h, 1)
-    return torch.where(denom > 0, out / denom.clamp_min(1e-300), torch.zeros_like(out))
-
+        # unnormalised P (max 1 per row), rounded after the 2^8 scaling, then renormalised by
+        # the unrounded row sum
+        row_max = probs.amax(dim=-1, keepdim=True)
+        unnorm = torch.where(row_max > 0, probs / row_max.clamp_min(1e-300), probs)
+        p8 = (unnorm * p_scale).to(torch.float8_e4m3fn).double() / p_scale
+        denom = unnorm.sum(dim=-1, keepdim=True)
+        probs = torch.where(denom > 0, p8 / denom.clamp_min(1e-300), torch.zeros_like(p8))
+    return torch.einsum("bhij,bjhd->bihd", probs, v)

@@ -124,7 +124,8 @@ def test_mixed_devices(which):
         flash_attn_func(**args)
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.int32, torch.float8_e4m3fn, torch.complex64])
+# (float8_e4m3fn inputs take the FP8 path, and e5m2 raises there: tests/api/test_fp8_attention.py)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.int32, torch.complex64])
 def test_unsupported_dtype(dtype):
     q, k, v = (torch.zeros(B, S, H, D, dtype=dtype) for _ in range(3))
     with raises(TypeError, "q", str(dtype), "torch.float16, torch.bfloat16 or torch.float32"):

@@ -18,6 +18,7 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 
 from flashattn import ops as _ops
+from flashattn.api import fp8_attention as _fp8
 from flashattn.api import params as _p
 from flashattn.api import validation as _v
 
@@ -87,6 +88,11 @@ def flash_attn_func(
     alibi_slopes: Optional[Tensor] = None,
     deterministic: bool = False,
     return_attn_probs: bool = False,
+    *,
+    q_descale: Optional[Tensor] = None,
+    k_descale: Optional[Tensor] = None,
+    v_descale: Optional[Tensor] = None,
+    out_dtype: Optional[torch.dtype] = None,
 ) -> AttnOutput:
     """Exact attention ``softmax(q @ k^T * softmax_scale) @ v`` (FlashAttention-2).
 
@@ -113,15 +119,29 @@ def flash_attn_func(
             ``-slope * |i + seqlen_k - seqlen_q - j|`` to the score of query i and key j.
         deterministic: bool. Bitwise-reproducible backward (may be slower).
         return_attn_probs: bool. Also return softmax_lse and S_dmask (S_dmask for testing only).
+        q_descale, k_descale, v_descale: None, or float32 (batch, nheads_k) (keyword only; FP8
+            inputs only, FlashAttention-3's convention): with float8_e4m3fn q, k, v the real
+            values are fp8 × descale (None = 1). FP8 calls are forward only (inputs must not
+            require grad), without dropout, ALiBi or return_attn_probs; v may also have its
+            key axis contiguous (the layout ``flashattn.fp8.quantize`` writes).
+        out_dtype: None or the output dtype of an FP8 call (keyword only; default bfloat16).
 
     Returns:
-        out: (batch, seqlen_q, nheads, headdim_v), dtype of q.
+        out: (batch, seqlen_q, nheads, headdim_v), dtype of q (FP8 inputs: out_dtype).
         softmax_lse [if return_attn_probs]: float32 (batch, nheads, seqlen_q), natural log of
             the softmax denominator; -inf for a row that sees no key (its out row is 0).
         S_dmask [if return_attn_probs]: (batch, nheads, seqlen_q, seqlen_k), dtype of q, or
             None when dropout_p == 0 (as flash-attn 2). The softmax probabilities before
             dropout scaling, negative where dropout dropped the entry, 0 where masked.
     """
+    fp8 = _fp8.is_fp8(q, k, v)
+    _fp8.check_descales_need_fp8(fp8, (q_descale, k_descale, v_descale), out_dtype)
+    if fp8:
+        return _fp8.dense(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale,
+                          causal=causal, window_size=window_size, softcap=softcap,
+                          alibi_slopes=alibi_slopes, return_attn_probs=return_attn_probs,
+                          q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+                          out_dtype=out_dtype)
     return _attention(
         q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
         deterministic, return_attn_probs, ("q", "k", "v"),

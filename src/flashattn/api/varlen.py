@@ -23,6 +23,7 @@ import torch
 from flashattn import metadata
 from flashattn import ops as _ops
 from flashattn.api import params as _p
+from flashattn.api import fp8_attention as _fp8
 from flashattn.api import validation as _v
 
 Tensor = torch.Tensor
@@ -52,9 +53,17 @@ def _varlen_attention(
     names: Tuple[str, str, str],
     cu_names: Tuple[str, str] = ("cu_seqlens_q", "cu_seqlens_k"),
     max_names: Tuple[str, str] = ("max_seqlen_q", "max_seqlen_k"),
+    descales: Tuple[Optional[Tensor], ...] = (None, None, None),
+    out_dtype: Optional[torch.dtype] = None,
 ) -> AttnOutput:
     """Validate, normalise (flash-attn 2 semantics), run. q, k, v may be views of packed inputs."""
-    if block_table is None:
+    fp8 = _fp8.is_fp8(q, k, v)
+    _fp8.check_descales_need_fp8(fp8, descales, out_dtype)
+    if fp8:
+        if block_table is not None:
+            raise ValueError("block_table (paged KV) is not supported with FP8 inputs")
+        _fp8.check_fp8_qkv(q, k, v, names, varlen=True)
+    elif block_table is None:
         _v.check_varlen_qkv(q, k, v, names)
     else:
         _v.check_paged_qkv(q, k, v, names)
@@ -79,6 +88,13 @@ def _varlen_attention(
         host_q, host_k, host_used = metadata.to_host(cu_seqlens_q, cu_seqlens_k, seqused_k)
         _v.check_varlen_values(host_q, host_k, host_used, max_seqlen_q, max_seqlen_k,
                                q.shape[0], None if block_table is not None else k.shape[0])
+    if fp8:
+        return _fp8.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+                           max_seqlen_k, dropout_p=dropout_p, softmax_scale=softmax_scale,
+                           causal=causal, window_size=(window_left, window_right),
+                           softcap=softcap, alibi_slopes=alibi_slopes,
+                           return_attn_probs=return_attn_probs, q_descale=descales[0],
+                           k_descale=descales[1], v_descale=descales[2], out_dtype=out_dtype)
     if block_table is not None and dropout_p > 0.0:
         raise ValueError(
             f"dropout_p must be 0.0 with block_table (the paged KV path is inference only), "
@@ -163,11 +179,16 @@ def flash_attn_varlen_func(
     block_table: Optional[Tensor] = None,
     *,
     seqused_k: Optional[Tensor] = None,
+    q_descale: Optional[Tensor] = None,
+    k_descale: Optional[Tensor] = None,
+    v_descale: Optional[Tensor] = None,
+    out_dtype: Optional[torch.dtype] = None,
 ) -> AttnOutput:
     return _varlen_attention(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
         softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
         return_attn_probs, block_table, seqused_k, ("q", "k", "v"),
+        descales=(q_descale, k_descale, v_descale), out_dtype=out_dtype,
     )
 
 
@@ -197,6 +218,11 @@ flash_attn_varlen_func.__doc__ = """Exact attention over packed variable-length 
         seqused_k: None, or (batch,) torch.int32 (keyword only): the number of keys sequence
             b actually uses, counted from cu_seqlens_k[b]; its seqlen_k for masks and
             alignment. dk/dv of unused keys are 0.
+        q_descale, k_descale, v_descale: None, or float32 (batch, nheads_k) (keyword only;
+            FP8 inputs only, FlashAttention-3's convention): with float8_e4m3fn q, k, v the
+            real values are fp8 × descale (None = 1). FP8 calls are forward only, without
+            dropout, ALiBi, block_table or return_attn_probs.
+        out_dtype: None or the output dtype of an FP8 call (keyword only; default bfloat16).
 """ + _RETURNS
 
 

@@ -13,7 +13,7 @@ from flashattn.cpu import aten_flash as _aten
 from flashattn.cpu import dense as _dense
 from flashattn.cpu import fp8 as _fp8
 from flashattn.cpu import kvcache as _kv
-from flashattn.params import AttnParams
+from flashattn.params import AttnParams, Fp8Scales
 
 Tensor = torch.Tensor
 
@@ -52,6 +52,31 @@ def varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: 
     return _dense.chunked_varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
                                      max_seqlen_q, max_seqlen_k, **p.kernel_kwargs(),
                                      deterministic=p.deterministic)
+
+
+def fp8_fwd(q8: Tensor, k8: Tensor, v8: Tensor, scales: Fp8Scales, p: AttnParams,
+            out_dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+    """Dense FP8 forward: (out (b, s_q, h, d_v) in out_dtype, lse (b, h, s_q)): attention of
+    the dequantized values in float32 (exact semantics, no P rounding)."""
+    q, k, v = _fp8.dequantized(q8, k8, v8, scales)
+    out, lse, _ = fwd(q, k, v, p, False)
+    return out.to(out_dtype), lse
+
+
+def fp8_varlen_fwd(q8: Tensor, k8: Tensor, v8: Tensor, cu_seqlens_q: Tensor,
+                   cu_seqlens_k: Tensor, seqused_k: Optional[Tensor], max_seqlen_q: int,
+                   max_seqlen_k: int, scales: Fp8Scales, p: AttnParams,
+                   out_dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+    """Packed varlen FP8 forward (one descale per (sequence, head)): (out, lse (h, total_q))."""
+    batch = cu_seqlens_q.shape[0] - 1
+    seq_q = _fp8.per_packed_row(cu_seqlens_q, q8.shape[0], batch)
+    seq_k = _fp8.per_packed_row(cu_seqlens_k, k8.shape[0], batch)
+    q = q8.float() * scales.q_descale[:, :, 0].float()[seq_q].unsqueeze(-1)
+    k = k8.float() * scales.k_descale[:, :, 0].float()[seq_k].unsqueeze(-1)
+    v = v8.float().contiguous() * scales.v_descale[:, :, 0].float()[seq_k].unsqueeze(-1)
+    out, lse, _ = varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+                             max_seqlen_k, p, False)
+    return out.to(out_dtype), lse
 
 
 def append_kv(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor,
@@ -105,5 +130,5 @@ def fp8_quantize(q: Tensor, k: Tensor, v: Tensor, signs: Optional[Tensor], block
     return _fp8.fp8_quantize(q, k, v, signs, block_m, block_n)
 
 
-__all__ = ["append_kv", "bwd", "combine", "fp8_quantize", "fwd", "kvcache_attention", "varlen_bwd",
-           "varlen_fwd", "varlen_paged_fwd"]
+__all__ = ["append_kv", "bwd", "combine", "fp8_fwd", "fp8_quantize", "fp8_varlen_fwd", "fwd",
+           "kvcache_attention", "varlen_bwd", "varlen_fwd", "varlen_paged_fwd"]

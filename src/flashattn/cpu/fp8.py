@@ -5,7 +5,9 @@ FlashAttention-3's third technique (paper, section 3.3): Q, K and V are cast to
 the same random orthogonal matrix ``M = H · diag(s)`` along the head dim (incoherent
 processing: ``(Q M)(K M)^T = Q K^T`` because ``M M^T = I``, while an outlier channel is spread
 over all channels before the cast). This module is the semantics every FP8 backend must match;
-it runs as a handful of torch ops (the fused single-pass Triton kernel is future work).
+it runs as a handful of torch ops (the GPU runs the fused pass, triton/fp8_quantize.py).
+CPU FP8 attention (:func:`dequantized`) computes attention of the real values (fp8 ×
+descale) exactly, in float32: CPU tests pin the semantics without the kernels' P rounding.
 
 Conventions (FA3's): the real value is ``fp8 × descale``; a block's descale is
 ``amax(|x|) / 448`` over the block (448 = the largest finite e4m3 value), 1.0 for an all-zero
@@ -21,34 +23,12 @@ costs more than the quantization pass is worth; the measured effect is in benchm
 """
 from __future__ import annotations
 
-import functools
 from typing import Optional, Tuple
 
 import torch
 
-E4M3_MAX = 448.0
-FP8_DTYPE = torch.float8_e4m3fn
-
-
-def hadamard_block(head_dim: int) -> int:
-    """The Sylvester block size used for ``head_dim``: its largest power-of-two divisor."""
-    return head_dim & -head_dim
-
-
-@functools.lru_cache(maxsize=32)
-def _hadamard_cpu(head_dim: int) -> torch.Tensor:
-    n = hadamard_block(head_dim)
-    h = torch.ones(1, 1, dtype=torch.float64)
-    while h.shape[0] < n:  # Sylvester: H_2n = [[H, H], [H, -H]]
-        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-    h = h / n ** 0.5
-    return torch.block_diag(*([h] * (head_dim // n)))
-
-
-def hadamard(head_dim: int, device: torch.device, dtype: torch.dtype = torch.float32
-             ) -> torch.Tensor:
-    """Orthonormal block-diagonal Hadamard matrix (head_dim, head_dim) (see the module doc)."""
-    return _hadamard_cpu(head_dim).to(device=device, dtype=dtype)
+from flashattn.fp8_format import (E4M3_MAX, FP8_DTYPE, block_index, hadamard, hadamard_block,
+                                  keys_contiguous_empty)
 
 
 def rotate(x: torch.Tensor, signs: torch.Tensor) -> torch.Tensor:
@@ -89,15 +69,40 @@ def fp8_quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     q8, q_descale = _block_quantize(q, block_m)
     k8, k_descale = _block_quantize(k, block_n)
     v8, v_descale = _block_quantize(v, block_n)
+    v8 = keys_contiguous_empty(v8.shape, v8.device).copy_(v8)  # the FP8 kernels' V layout
     return q8, k8, v8, q_descale, k_descale, v_descale
 
 
 def dequantize(x8: torch.Tensor, descale: torch.Tensor, block: int) -> torch.Tensor:
-    """The real values of a block-quantized (b, s, h, d) tensor, float32."""
+    """The real values of a block-quantized (b, s, h, d) tensor, float32 (``block`` rows per
+    scale, a power of two)."""
+    return dequantize_shift(x8, descale, block.bit_length() - 1)
+
+
+def dequantize_shift(x8: torch.Tensor, descale: torch.Tensor, block_shift: int) -> torch.Tensor:
+    """:func:`dequantize` with the kernels' convention: row i uses descale[:, :, min(i >>
+    block_shift, n - 1)] (block_shift 31: one descale per (batch, head))."""
     s = x8.shape[1]
-    per_row = descale.repeat_interleave(block, dim=2)[:, :, :s]  # (b, h, s)
-    return x8.float() * per_row.transpose(1, 2).unsqueeze(-1)
+    idx = block_index(torch.arange(s, device=descale.device), block_shift, descale.shape[2])
+    per_row = descale.float()[:, :, idx]  # (b, h, s)
+    # contiguous: V may come keys-contiguous, the float32 attention wants unit last stride
+    return x8.float().contiguous() * per_row.transpose(1, 2).unsqueeze(-1)
 
 
-__all__ = ["E4M3_MAX", "FP8_DTYPE", "dequantize", "fp8_quantize", "hadamard", "hadamard_block",
+def dequantized(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, scales) -> Tuple[torch.Tensor, ...]:
+    """(q, k, v) float32: the real values of the FP8 inputs (``scales``: params.Fp8Scales)."""
+    return (dequantize_shift(q8, scales.q_descale, scales.q_block_shift),
+            dequantize_shift(k8, scales.k_descale, scales.kv_block_shift),
+            dequantize_shift(v8, scales.v_descale, scales.kv_block_shift))
+
+
+def per_packed_row(cu_seqlens: torch.Tensor, total: int, batch: int) -> torch.Tensor:
+    """(total,) int64: the sequence each packed row belongs to (rows past the last sequence:
+    the last one; they are outside every sequence and never read)."""
+    rows = torch.arange(total, device=cu_seqlens.device)
+    seq = torch.searchsorted(cu_seqlens[1:].long().contiguous(), rows, right=True)
+    return seq.clamp_(max=max(batch - 1, 0))
+
+
+__all__ = ["per_packed_row", "E4M3_MAX", "FP8_DTYPE", "dequantize", "dequantize_shift", "dequantized", "fp8_quantize", "hadamard", "hadamard_block",
            "rotate"]

@@ -1,11 +1,12 @@
-"""The Hopper (Gluon, sm90) backend's interface: the dense forward and backward, for the calls
+"""The Hopper (Gluon, sm90) backend's interface: the dense forward (bf16 / fp16, and FP8) and
+backward, for the calls
 ``support.call_unsupported`` / ``support.backward_unsupported`` accept (dispatch checks).
 Every other op runs on the portable backend."""
 from __future__ import annotations
 
 import torch
 
-from flashattn.params import AttnParams
+from flashattn.params import AttnParams, Fp8Scales
 # through the modules (not their functions imported by name): a test spy or probe that
 # replaces a kernel module's entry point is then the one that runs
 from flashattn.sm90 import bwd as _bwd
@@ -25,4 +26,12 @@ def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                                  deterministic=p.deterministic)
 
 
-__all__ = ["bwd", "fwd"]
+def fp8_fwd(q8: Tensor, k8: Tensor, v8: Tensor, scales: Fp8Scales, p: AttnParams,
+            out_dtype: torch.dtype):
+    """Dense FP8 forward (Gluon, e4m3 wgmma): (out, lse)."""
+    return _fwd.flash_fwd_hopper_fp8(q8, k8, v8, scales, softmax_scale=p.softmax_scale,
+                                     window_left=p.window_left, window_right=p.window_right,
+                                     softcap=p.softcap, out_dtype=out_dtype)
+
+
+__all__ = ["bwd", "fp8_fwd", "fwd"]

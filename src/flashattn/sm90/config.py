@@ -84,6 +84,35 @@ SOFTCAP_CONFIGS: Dict[int, FwdConfig] = {
 }
 
 
+# FP8 (e4m3 Q, K, V^T, bf16 O): tiles of half the bytes. O has its own slot (Q's is fp8). First
+# cut: the bf16 tile shapes with one more pipeline stage where shared memory allows (tuned in
+# benchmarks/NOTES.md, session 12).
+FP8_CONFIGS: Dict[int, FwdConfig] = {
+    64: FwdConfig(block_m=192, block_n=128, num_stages=3, separate_o=True, consumers=3,
+                  consumer_regs=160, maxnreg=128),
+    96: FwdConfig(block_m=128, block_n=128, num_stages=3, separate_o=True),
+    128: FwdConfig(block_m=128, block_n=128, num_stages=3, separate_o=True),
+    192: FwdConfig(block_m=128, block_n=64, num_stages=3, separate_o=True),
+    256: FwdConfig(block_m=128, block_n=64, num_stages=2, separate_o=True),
+}
+
+
+def fp8_fwd_config(head_dim: int, head_dim_v: Optional[int] = None, softcap: bool = False,
+                   **overrides) -> FwdConfig:
+    """The FP8 forward's config (FP8_CONFIGS by the larger head dim; softcap's tanh needs the
+    registers of a 64-key block at d <= 128, as in bf16), with overrides."""
+    key = max(head_dim, head_dim_v or head_dim)
+    cfg = FP8_CONFIGS[key]
+    if softcap and key in SOFTCAP_CONFIGS and cfg.consumers == 3:
+        cfg = replace(SOFTCAP_CONFIGS[key], separate_o=True)
+    elif softcap and key in SOFTCAP_CONFIGS:
+        cfg = replace(cfg, block_n=64)
+    cfg = replace(cfg, **overrides) if overrides else cfg
+    if not cfg.separate_o or cfg.rescale_early:
+        raise ValueError("FP8 forward configs need separate_o=True and rescale_early=False")
+    return cfg
+
+
 def fwd_config(head_dim: int, softcap: bool = False, head_dim_v: Optional[int] = None,
                **overrides) -> FwdConfig:
     """The config for ``head_dim`` (a key of FWD_CONFIGS), with overrides (ablations, tuning).

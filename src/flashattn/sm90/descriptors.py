@@ -12,7 +12,8 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from flashattn.runtime.grid import next_pow2
 
 LOG2E = 1.4426950408889634
-_GL_DTYPE = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
+_GL_DTYPE = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16,
+             torch.float8_e4m3fn: gl.float8e4nv}
 # bytes of the tiles that the CTAs running at the same time share should stay in L2 (50 MB on
 # H100): the forward's K / V, the backward's Q / dO
 _L2_SHARED_BUDGET = 24 * 2**20
@@ -37,6 +38,15 @@ def tensor_desc(t: torch.Tensor, rows: int) -> TensorDescriptor:
     block = [1, rows, 1, padded_head_dim(t.shape[3])]
     layout = nvmma_layout(tuple(block), _GL_DTYPE[t.dtype])
     return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
+
+
+def keys_major_desc(v: torch.Tensor, rows: int) -> TensorDescriptor:
+    """FP8 V: rank-4 descriptor over V^T = v.permute(0, 2, 3, 1) (batch, head, dim, seq), keys
+    contiguous, with a [1, 1, dim_pad, rows] box (``rows`` keys)."""
+    vt = v.permute(0, 2, 3, 1)
+    block = [1, 1, padded_head_dim(v.shape[3]), rows]
+    layout = nvmma_layout(tuple(block), _GL_DTYPE[v.dtype])
+    return TensorDescriptor(vt, list(vt.shape), list(vt.stride()), block, layout)
 
 
 def heads_per_group(n_heads: int, bytes_per_head: int) -> int:

@@ -10,9 +10,12 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from flashattn.sm90.config import FwdConfig, fwd_config
-from flashattn.sm90.descriptors import LOG2E, heads_per_group, tensor_desc
+from flashattn.fp8_format import keys_contiguous_empty
+from flashattn.sm90.config import FwdConfig, fp8_fwd_config, fwd_config
+from flashattn.params import Fp8Scales
+from flashattn.sm90.descriptors import LOG2E, heads_per_group, keys_major_desc, tensor_desc
 from flashattn.sm90.fwd_kernel import attn_fwd_kernel
+from flashattn.sm90.support import tma_ok
 from flashattn.runtime.device import sm_count
 from flashattn.runtime.grid import cdiv
 from flashattn.runtime.launch import LaunchPlans
@@ -34,7 +37,7 @@ def uses_tile_queue(cfg: FwdConfig, window_right: int) -> bool:
 def launch_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                 lse: torch.Tensor, cfg: FwdConfig, *, softmax_scale: float, window_left: int,
                 window_right: int, softcap: float, num_sms: int,
-                counter: Optional[torch.Tensor] = None
+                counter: Optional[torch.Tensor] = None, scales: Optional[Fp8Scales] = None
                 ) -> Tuple[List[Any], Dict[str, Any], Dict[str, Any], int]:
     """(positional args, constexpr kwargs, launch options, grid size) of attn_fwd_kernel.
 
@@ -53,8 +56,10 @@ def launch_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Te
     dynamic = uses_tile_queue(cfg, window_right)
     if counter is None:
         counter = _tile_counter(cfg, window_right, lse)
+    fp8 = scales is not None
+    v_desc = keys_major_desc(v, cfg.block_n) if fp8 else tensor_desc(v, cfg.block_n)
     args = [
-        tensor_desc(q, half_m), tensor_desc(k, cfg.block_n), tensor_desc(v, cfg.block_n),
+        tensor_desc(q, half_m), tensor_desc(k, cfg.block_n), v_desc,
         tensor_desc(out, half_m), lse,
         counter,
         seqlen_q, seqlen_k, n_heads, n_heads // n_heads_k, n_bh, n_m_blocks, n_tiles,
@@ -64,6 +69,12 @@ def launch_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Te
         float(softmax_scale / softcap) if has_softcap else 0.0,
         float(softcap * LOG2E) if has_softcap else 0.0,
     ]
+    if fp8:  # the descale tables and their geometry (None: a bf16 / fp16 variant)
+        args += [scales.q_descale, scales.k_descale, scales.v_descale,
+                 scales.q_descale.shape[2], scales.k_descale.shape[2],
+                 min(scales.q_block_shift, 31), min(scales.kv_block_shift, 31), n_heads_k]
+    else:
+        args += [None] * 8
     constexprs = dict(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, NUM_STAGES=cfg.num_stages,
         HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, HAS_SOFTCAP=has_softcap,
@@ -119,8 +130,48 @@ def flash_fwd_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softm
     return out, lse, None
 
 
+def flash_fwd_hopper_fp8(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
+                         scales: Fp8Scales, *, softmax_scale: float, window_left: int,
+                         window_right: int, softcap: float, out_dtype: torch.dtype,
+                         config_overrides: Optional[Dict[str, Any]] = None):
+    """FP8 attention forward with the Gluon sm90 kernel (e4m3 wgmma for both GEMMs).
+
+    q8 (b, s_q, h, d), k8 (b, s_k, h_k, d) float8_e4m3fn, TMA-aligned; v8 (b, s_k, h_k, d_v)
+    float8_e4m3fn with its keys contiguous (fp8_format.keys_contiguous_empty; other layouts are
+    copied into it: FP8 wgmma needs V^T tiles); ``scales`` with q blocks of >= BLOCK_M / consumers
+    rows and kv blocks of >= BLOCK_N keys (support.fp8_unsupported). Returns out (b, s_q, h,
+    d_v) in ``out_dtype``, lse float32 (b, h, s_q).
+    """
+    batch, seqlen_q, n_heads, head_dim = q8.shape
+    head_dim_v = v8.shape[3]
+    cfg = fp8_fwd_config(head_dim, head_dim_v, softcap > 0.0, **(config_overrides or {}))
+    if v8.stride(1) != 1 or not tma_ok(v8.permute(0, 2, 3, 1)):
+        v8 = keys_contiguous_empty(v8.shape, v8.device).copy_(v8)
+    out = torch.empty((batch, seqlen_q, n_heads, head_dim_v), dtype=out_dtype, device=q8.device)
+    lse = torch.empty((batch, n_heads, seqlen_q), dtype=torch.float32, device=q8.device)
+    counter = _tile_counter(cfg, window_right, lse)
+    key = (q8.shape, k8.shape, v8.shape, q8.stride(), k8.stride(), v8.stride(), out_dtype,
+           q8.device, softmax_scale, window_left, window_right, softcap,
+           scales.q_descale.shape, scales.k_descale.shape, scales.q_block_shift,
+           scales.kv_block_shift,
+           tuple(sorted(config_overrides.items())) if config_overrides else None)
+
+    def build():
+        args, constexprs, options, grid = launch_args(
+            q8, k8, v8, out, lse, cfg, softmax_scale=softmax_scale, window_left=window_left,
+            window_right=window_right, softcap=softcap, num_sms=sm_count(q8.device),
+            counter=counter, scales=scales)
+        return attn_fwd_kernel, (grid,), args, {**constexprs, **options}
+
+    _FP8_PLANS.launch(key, (q8, k8, v8, out, lse, counter, scales.q_descale, scales.k_descale,
+                            scales.v_descale), build)
+    return out, lse
+
+
 # Launch plans (kernels/launch.py) of earlier calls: a repeated call shape costs allocations +
 # one replayed launch (launch_args' Python, descriptor validation and the binder measured 65 of
 # the 124 us of a call on the H100 host, session 7). Slots: the q, k, v, out descriptors, lse
 # and the tile-queue counter (lse stands in for the counter when the queue is static).
 _PLANS = LaunchPlans(slots=(0, 1, 2, 3, 4, 5))
+# FP8: the same six, then the three descale tables (after the 13 other scalar arguments)
+_FP8_PLANS = LaunchPlans(slots=(0, 1, 2, 3, 4, 5, 19, 20, 21))

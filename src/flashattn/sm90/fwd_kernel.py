@@ -51,7 +51,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from flashattn.sm90.ptx import per_thread_ptx
 from flashattn.sm90.ring import ring_load
-from flashattn.sm90.softmax import LN2, apply_softcap, mask_scores, online_softmax
+from flashattn.sm90.softmax import LN2, P_SCALE_LOG2, apply_softcap, mask_scores, online_softmax
 from flashattn.sm90.tiles import block_needs_mask, key_block_range, tile_coords
 
 
@@ -121,7 +121,10 @@ def _load_kv(descs, smem, bars, kv_count, b, n_start, h_k):
     stage = kv_count % NUM_STAGES
     phase = (kv_count // NUM_STAGES) & 1
     ring_load(k_desc, [b, n_start, h_k, 0], k_smem, k_ready, k_empty, stage, phase)
-    ring_load(v_desc, [b, n_start, h_k, 0], v_smem, v_ready, v_empty, stage, phase)
+    if v_desc.dtype == gl.float8e4nv:  # FP8: V^T, (b, h_k, d_v, s_k) keys contiguous
+        ring_load(v_desc, [b, h_k, 0, n_start], v_smem, v_ready, v_empty, stage, phase)
+    else:
+        ring_load(v_desc, [b, n_start, h_k, 0], v_smem, v_ready, v_empty, stage, phase)
     return kv_count + 1
 
 
@@ -208,7 +211,7 @@ def _turn_pass(turn, WG: gl.constexpr, PINGPONG: gl.constexpr, STEADY: gl.conste
 
 
 @gluon.jit
-def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, lse_ptr,
+def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr,
               BLOCK_M: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
               LONGEST_FIRST: gl.constexpr, PINGPONG: gl.constexpr, INTRA_OVERLAP: gl.constexpr,
               SEPARATE_O: gl.constexpr, DYNAMIC: gl.constexpr, NO_WS: gl.constexpr):
@@ -229,14 +232,19 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, lse_
     NUM_STAGES: gl.constexpr = k_smem.shape[0]
 
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]  # of Q and K (padded)
-    HEAD_DIM_V: gl.constexpr = v_desc.block_type.shape[3]  # of V and O (padded)
+    HEAD_DIM_V: gl.constexpr = o_desc.block_type.shape[3]  # of V and O (padded)
     dtype: gl.constexpr = q_desc.dtype
+    # FP8 (e4m3 Q, K, V^T; module doc "FP8"): wgmma's K step is 32 and P is an 8-bit A operand
+    FP8: gl.constexpr = dtype == gl.float8e4nv
+    MMA_K: gl.constexpr = 32 if FP8 else 16
+    P_K_WIDTH: gl.constexpr = 4 if FP8 else 2
     # wgmma layouts of one warpgroup: S (HALF_M x BLOCK_N) and O (HALF_M x HEAD_DIM_V)
     S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
+                                                       instr_shape=[16, BLOCK_N, MMA_K])
     O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM_V, 16])
-    P_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
+                                                       instr_shape=[16, HEAD_DIM_V, MMA_K])
+    P_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT,
+                                                 k_width=P_K_WIDTH)
     ROW_S: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)
     ROW_O: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
 
@@ -246,6 +254,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, lse_
         s_unit = qk_scale
 
     gl.static_assert(WG * HALF_M < BLOCK_M)
+    gl.static_assert(not FP8 or (INTRA_OVERLAP != 2 and SEPARATE_O))
     gl.static_assert(PINGPONG == 0 or BLOCK_M == 2 * HALF_M)  # the turn token passes 0 <-> 1
     _turn_start(turn, WG, PINGPONG)  # warpgroup 0 issues first
     turn_count = 0
@@ -278,6 +287,12 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, lse_
         m_i = gl.full([HALF_M], float("-inf"), gl.float32, ROW_S)
         l_i = gl.zeros([HALF_M], gl.float32, ROW_S)
         acc = gl.zeros([HALF_M, HEAD_DIM_V], gl.float32, O_LAYOUT)
+        if FP8:  # the first key block's factors (a clamped index when there is none)
+            q_unit, kd_base = _fp8_tile_scales(fp8_scales, b, h, h_k, row0, n_heads)
+            s_unit_j, softcap_inv_j, vd = _fp8_block_scales(fp8_scales, kd_base,
+                                                            lo_blk * BLOCK_N, q_unit, qk_scale,
+                                                            softcap_inv, HAS_SOFTCAP)
+            vd_prev = vd
 
         if n_blocks > 0:
             # ---- first key block: S_0, softmax -> P_0 (acc is still zero)
@@ -292,12 +307,18 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, lse_
             s = warpgroup_mma_wait(0, deps=(s_tok,))
             mbarrier.arrive(k_empty.index(stage))
             if HAS_SOFTCAP:
-                s = apply_softcap(s, softcap_inv, softcap_log2)
+                if FP8:
+                    s = apply_softcap(s, softcap_inv_j, softcap_log2)
+                else:
+                    s = apply_softcap(s, softcap_inv, softcap_log2)
             if block_needs_mask(n_start, m_start, seqlen_q, seqlen_k, window_left, window_right,
                                 BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT):
                 s = mask_scores(s, row0, n_start, seqlen_q, seqlen_k, window_left, window_right,
                                 S_LAYOUT, HALF_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
-            p, m_i, l_i, alpha = online_softmax(s, m_i, l_i, s_unit)
+            if FP8:
+                p, m_i, l_i, alpha = online_softmax(s, m_i, l_i, s_unit_j, P_SCALE_LOG2)
+            else:
+                p, m_i, l_i, alpha = online_softmax(s, m_i, l_i, s_unit)
             p_op = gl.convert_layout(p.to(dtype), P_LAYOUT)
             if INTRA_OVERLAP == 2:
                 alpha_o = gl.convert_layout(alpha, ROW_O)  # (acc is still zero: no-op rescale)
@@ -311,7 +332,10 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, lse_
                 phase = (kv_count // NUM_STAGES) & 1
                 n_start = (lo_blk + j) * BLOCK_N
                 k_view = k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-                v_prev = v_smem.index(prev_stage).reshape([BLOCK_N, HEAD_DIM_V])
+                v_prev = _v_operand(v_smem, prev_stage, BLOCK_N, HEAD_DIM_V, FP8)
+                if FP8:  # (scalar loads: their latency hides behind the GEMMs issued next)
+                    s_unit_j, softcap_inv_j, vd = _fp8_block_scales(
+                        fp8_scales, kd_base, n_start, q_unit, qk_scale, softcap_inv, HAS_SOFTCAP)
                 if INTRA_OVERLAP:
                     mbarrier.wait(k_ready.index(stage), phase)
                     mbarrier.wait(v_ready.index(prev_stage), prev_phase)
@@ -335,12 +359,21 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, lse_
                     s = warpgroup_mma_wait(0, deps=(s_tok,))
                     mbarrier.arrive(k_empty.index(stage))
                 if HAS_SOFTCAP:
-                    s = apply_softcap(s, softcap_inv, softcap_log2)
+                    if FP8:
+                        s = apply_softcap(s, softcap_inv_j, softcap_log2)
+                    else:
+                        s = apply_softcap(s, softcap_inv, softcap_log2)
                 if block_needs_mask(n_start, m_start, seqlen_q, seqlen_k, window_left,
                                     window_right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT):
                     s = mask_scores(s, row0, n_start, seqlen_q, seqlen_k, window_left,
                                     window_right, S_LAYOUT, HALF_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
-                p, m_i, l_i, alpha = online_softmax(s, m_i, l_i, s_unit)
+                if FP8:
+                    p, m_i, l_i, alpha = online_softmax(s, m_i, l_i, s_unit_j, P_SCALE_LOG2)
+                    # acc holds block j-1's P V in units of its V descale: carry the ratio
+                    alpha = alpha * (vd_prev / vd)
+                    vd_prev = vd
+                else:
+                    p, m_i, l_i, alpha = online_softmax(s, m_i, l_i, s_unit)
                 if INTRA_OVERLAP:
                     acc = warpgroup_mma_wait(0, deps=(acc_tok,))
                     mbarrier.arrive(v_empty.index(prev_stage))
@@ -359,7 +392,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, lse_
                 kv_count += 1
 
             # ---- last PV
-            v_prev = v_smem.index(prev_stage).reshape([BLOCK_N, HEAD_DIM_V])
+            v_prev = _v_operand(v_smem, prev_stage, BLOCK_N, HEAD_DIM_V, FP8)
             mbarrier.wait(v_ready.index(prev_stage), prev_phase)
             turn_count = _turn_wait(turn, WG, turn_count, PINGPONG)
             if INTRA_OVERLAP == 2:
@@ -373,15 +406,21 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, lse_
         if SEPARATE_O:
             mbarrier.arrive(q_empty)  # every QK^T of this tile is done: Q's slot may refill
         l_o = gl.convert_layout(l_i, ROW_O)
-        inv_l = gl.where(l_o > 0.0, 1.0 / l_o, 0.0)
-        out = (acc * gl.expand_dims(inv_l, 1)).to(dtype)
+        if FP8:  # O = acc · v_descale(last block) / l (l and P both carry 2^8)
+            inv_l = gl.where(l_o > 0.0, vd_prev / l_o, 0.0)
+        else:
+            inv_l = gl.where(l_o > 0.0, 1.0 / l_o, 0.0)
+        out = (acc * gl.expand_dims(inv_l, 1)).to(o_desc.dtype)
         tma.store_wait(0)  # the previous tile's store has left o_smem
         o_view.store(out)
         fence_async_shared()
         tma.async_copy_shared_to_global(o_desc, [b, row0, h, 0], o_smem.index(WG))
 
         rows = row0 + gl.arange(0, HALF_M, layout=ROW_S)
-        lse = gl.where(l_i > 0.0, (m_i + gl.log2(l_i)) * LN2, float("-inf"))
+        if FP8:
+            lse = gl.where(l_i > 0.0, (m_i + gl.log2(l_i) - P_SCALE_LOG2) * LN2, float("-inf"))
+        else:
+            lse = gl.where(l_i > 0.0, (m_i + gl.log2(l_i)) * LN2, float("-inf"))
         lse_off = (b * n_heads + h).to(gl.int64) * seqlen_q + rows
         gl.store(lse_ptr + lse_off, lse, mask=rows < seqlen_q)
         if not SEPARATE_O:
@@ -398,10 +437,51 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, lse_
 
 
 @gluon.jit
+def _v_operand(v_smem, stage, BLOCK_N: gl.constexpr, HEAD_DIM_V: gl.constexpr,
+               FP8: gl.constexpr):
+    """P·V's B operand (BLOCK_N x HEAD_DIM_V) in ring slot ``stage``: V's own tile, or under
+    FP8 the V^T tile (HEAD_DIM_V x BLOCK_N, keys contiguous) viewed transposed, so the keys (the
+    GEMM's K) are contiguous: FP8 wgmma reads B K-major only."""
+    if FP8:
+        return v_smem.index(stage).reshape([HEAD_DIM_V, BLOCK_N]).permute((1, 0))
+    else:
+        return v_smem.index(stage).reshape([BLOCK_N, HEAD_DIM_V])
+
+
+@gluon.jit
+def _fp8_tile_scales(fp8_scales, b, h, h_k, row0, n_heads):
+    """FP8, once per tile: (q_unit, kd_base): Q's descale of rows [row0, row0 + HALF_M) (one
+    scale block: the host keeps HALF_M <= the q scale block) and the row offset of this (batch,
+    kv head) in the K / V descale tables."""
+    qd_ptr, kd_ptr, vd_ptr, n_q_blocks, n_kv_blocks, q_shift, kv_shift, n_heads_k = fp8_scales
+    q_blk = gl.minimum(row0 >> q_shift, n_q_blocks - 1)
+    qd = gl.load(qd_ptr + (b * n_heads + h).to(gl.int64) * n_q_blocks + q_blk)
+    kd_base = (b * n_heads_k + h_k).to(gl.int64) * n_kv_blocks
+    return qd, kd_base
+
+
+@gluon.jit
+def _fp8_block_scales(fp8_scales, kd_base, n_start, qd, qk_scale, softcap_inv,
+                      HAS_SOFTCAP: gl.constexpr):
+    """FP8, once per key block: (s_unit, softcap_inv_j, v_descale): the factors that turn the
+    block's fp8 Q K^T into log2-unit scores (or the softcap's argument) and its V descale (one
+    scale block: the host keeps BLOCK_N <= the kv scale block)."""
+    qd_ptr, kd_ptr, vd_ptr, n_q_blocks, n_kv_blocks, q_shift, kv_shift, n_heads_k = fp8_scales
+    kv_blk = gl.minimum(n_start >> kv_shift, n_kv_blocks - 1)
+    qk = qd * gl.load(kd_ptr + kd_base + kv_blk)
+    vd = gl.load(vd_ptr + kd_base + kv_blk)
+    if HAS_SOFTCAP:  # (tensors in both slots: they are loop-carried)
+        return qk * 0.0 + 1.0, softcap_inv * qk, vd
+    else:
+        return qk_scale * qk, qk * 0.0 + softcap_inv, vd
+
+
+@gluon.jit
 def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
                     seqlen_q, seqlen_k, n_heads, group_size, n_bh, n_m_blocks, n_tiles,
                     heads_per_group, window_left, window_right,
                     qk_scale, softcap_inv, softcap_log2,
+                    qd_ptr, kd_ptr, vd_ptr, n_q_blocks, n_kv_blocks, q_shift, kv_shift, n_heads_k,
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
                     LONGEST_FIRST: gl.constexpr, PINGPONG: gl.constexpr,
@@ -415,6 +495,10 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
     q/o boxes have HALF_M = BLOCK_M // CONSUMERS rows (one per consumer warpgroup: 2, or 3
     with BLOCK_M = 192 for small head dims), k/v boxes BLOCK_N rows.
     TMA zero-fills rows past the sequence end and drops stored rows past it.
+    FP8 (q/k descriptors of float8e4nv; v_desc over V^T (b, h_k, d_v, s_k) with [1, 1, dim_pad,
+    BLOCK_N] boxes): qd_ptr (b, h, n_q_blocks), kd_ptr / vd_ptr (b, h_k, n_kv_blocks) float32
+    descales, row i / key j in block min(i >> q_shift, n - 1) / min(j >> kv_shift, n - 1),
+    n_heads_k the kv heads; all None (constexpr) otherwise.
     lse_ptr: float32 (b, h, s_q) contiguous. tile_counter: int32 zero (DYNAMIC: the global
     tile queue, CTA i starts with tile i, then takes num_programs + atomic_add(counter, 1)).
     Launch with num_warps=4 (the default partition is consumer 0) and
@@ -460,24 +544,29 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
     problem = (seqlen_q, seqlen_k, n_heads, group_size, n_bh, n_m_blocks, n_tiles, heads_per_group)
     window = (window_left, window_right)
     scales = (qk_scale, softcap_inv, softcap_log2)
+    if q_desc.dtype == gl.float8e4nv:
+        fp8_scales = (qd_ptr, kd_ptr, vd_ptr, n_q_blocks, n_kv_blocks, q_shift, kv_shift,
+                      n_heads_k)
+    else:
+        fp8_scales = scales  # (unread)
     # constexpr flags go one by one: packed in a tuple they would reach the worker partitions
     # as i1 values, not constants. (The partition lists are written out twice: a function
     # cannot be bound to a variable inside a Gluon kernel.)
     if NO_WS:
         gl.warp_specialize([
-            (_consumer, (0, descs, smem, bars, problem, window, scales, lse_ptr, BLOCK_M,
+            (_consumer, (0, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS)),
-            (_consumer, (1, descs, smem, bars, problem, window, scales, lse_ptr, BLOCK_M,
+            (_consumer, (1, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS)),
         ], [4], [CONSUMER_REGS])
     elif CONSUMERS == 2:
         gl.warp_specialize([
-            (_consumer, (0, descs, smem, bars, problem, window, scales, lse_ptr, BLOCK_M,
+            (_consumer, (0, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS)),
-            (_consumer, (1, descs, smem, bars, problem, window, scales, lse_ptr, BLOCK_M,
+            (_consumer, (1, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS)),
             (_producer, (descs, smem, bars, problem, window, tile_counter, BLOCK_M, HAS_LEFT,
@@ -486,13 +575,13 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:  # three consumer warpgroups (small head dims: more rows per K/V block loaded)
         gl.warp_specialize([
-            (_consumer, (0, descs, smem, bars, problem, window, scales, lse_ptr, BLOCK_M,
+            (_consumer, (0, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS)),
-            (_consumer, (1, descs, smem, bars, problem, window, scales, lse_ptr, BLOCK_M,
+            (_consumer, (1, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS)),
-            (_consumer, (2, descs, smem, bars, problem, window, scales, lse_ptr, BLOCK_M,
+            (_consumer, (2, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS)),
             (_producer, (descs, smem, bars, problem, window, tile_counter, BLOCK_M, HAS_LEFT,

@@ -46,12 +46,18 @@ def mask_scores(s, row0, n_start, seqlen_q, seqlen_k, window_left, window_right,
     return gl.where(vis, s, float("-inf"))
 
 
+# FP8: P is computed 2^8 times larger, so its e4m3 cast for P·V uses the normal range
+# (fp8_format.P_SCALE_LOG2; the row sum carries the same factor and cancels it)
+P_SCALE_LOG2 = gl.constexpr(8.0)
+
+
 @gluon.jit
-def online_softmax(s, m_i, l_i, s_unit):
+def online_softmax(s, m_i, l_i, s_unit, P_LOG2_OFFSET: gl.constexpr = 0.0):
     """One key block of the online softmax.
 
     s: scores (HALF_M, BLOCK_N) fp32, multiplied by ``s_unit`` to reach log2 units;
     m_i, l_i: running max (log2 units) and sum, (HALF_M,) fp32.
+    P_LOG2_OFFSET (FP8: 8): p is 2^offset larger (l too), alpha unchanged.
     Returns (p, m_new, l_new, alpha): p = exp2(s * s_unit - m_new) (unnormalised
     probabilities, 0 where s = -inf) and alpha = exp2(m_i - m_new), the factor that rescales
     the accumulator. Rows whose max is still -inf use 0 instead, so they give p = 0, no NaN.
@@ -59,7 +65,10 @@ def online_softmax(s, m_i, l_i, s_unit):
     m_blk = gl.max(s, axis=1) * s_unit
     m_new = gl.maximum(m_i, m_blk)
     m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-    p = gl.exp2(s * s_unit - gl.expand_dims(m_use, 1))
+    if P_LOG2_OFFSET != 0.0:
+        p = gl.exp2(s * s_unit - gl.expand_dims(m_use - P_LOG2_OFFSET, 1))
+    else:
+        p = gl.exp2(s * s_unit - gl.expand_dims(m_use, 1))
     alpha = gl.exp2(m_i - m_use)
     l_new = l_i * alpha + gl.sum(p, axis=1)
     return p, m_new, l_new, alpha

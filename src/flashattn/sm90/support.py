@@ -107,6 +107,32 @@ def call_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return None
 
 
+def fp8_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: Any,
+                    scales: Any) -> Optional[str]:
+    """Why this FP8 forward is not covered by the Gluon FP8 kernel (None when it is): e4m3
+    q / k / v, head dims of HEAD_DIMS, TMA-aligned q / k, and scale blocks no smaller than the
+    kernel's tiles (one Q descale per consumer warpgroup's rows, one K / V descale per key
+    block). ``params``: AttnParams; ``scales``: params.Fp8Scales."""
+    from flashattn.sm90.config import fp8_fwd_config  # (data only)
+
+    fp8 = torch.float8_e4m3fn
+    if q.dtype != fp8 or k.dtype != fp8 or v.dtype != fp8:
+        return "FP8 path: float8_e4m3fn q, k, v"
+    d, d_v = q.shape[-1], v.shape[-1]
+    if d not in HEAD_DIMS or d_v not in HEAD_DIMS:
+        return f"head dims {d}/{d_v} (Hopper path: each one of {HEAD_DIMS})"
+    if max(q.shape[:3]) >= 2**31 or max(k.shape[:3]) >= 2**31:
+        return "a dimension >= 2**31"
+    if not (tma_ok(q) and tma_ok(k)):
+        return "strides or base not 16-byte aligned (TMA)"
+    cfg = fp8_fwd_config(d, d_v, params.softcap > 0.0)
+    if scales.q_block_shift < (cfg.block_m // cfg.consumers).bit_length() - 1:
+        return f"q scale blocks of {1 << scales.q_block_shift} rows < {cfg.block_m // cfg.consumers}"
+    if scales.kv_block_shift < cfg.block_n.bit_length() - 1:
+        return f"kv scale blocks of {1 << scales.kv_block_shift} keys < {cfg.block_n}"
+    return None
+
+
 # Below these key lengths the portable kernels measured faster on the H100 (16k tokens per
 # call; benchmarks/NOTES.md, session 4, after the launch-overhead work): the Hopper kernels pay
 # fixed costs (descriptors, tile queue, warp-role start; the backward's dQ workspace and its

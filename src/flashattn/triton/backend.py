@@ -10,13 +10,15 @@ from typing import Optional, Tuple
 
 import torch
 
-from flashattn.params import AttnParams
+from flashattn.params import AttnParams, Fp8Scales
 # through the modules (not their functions imported by name): a test spy or probe that
 # replaces a kernel module's entry point is then the one that runs
 from flashattn.triton import bwd as _bwd
 from flashattn.triton import combine as _combine
 from flashattn.triton import decode as _decode
+from flashattn.triton import fp8_quantize as _quantize
 from flashattn.triton import fwd as _fwd
+from flashattn.triton import fwd_fp8 as _fwd_fp8
 from flashattn.triton import rotary as _rotary
 
 Tensor = torch.Tensor
@@ -48,6 +50,34 @@ def varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: 
     return _bwd.flash_varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
                                  max_seqlen_q, max_seqlen_k, **p.kernel_kwargs(),
                                  deterministic=p.deterministic)
+
+
+def fp8_fwd(q8: Tensor, k8: Tensor, v8: Tensor, scales: Fp8Scales, p: AttnParams,
+            out_dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+    """Dense FP8 forward (the portable kernel): (out (b, s_q, h, d_v), lse (b, h, s_q))."""
+    return _fwd_fp8.flash_fwd_fp8(q8, k8, v8, scales, **_fp8_kwargs(p), out_dtype=out_dtype)
+
+
+def fp8_varlen_fwd(q8: Tensor, k8: Tensor, v8: Tensor, cu_seqlens_q: Tensor,
+                   cu_seqlens_k: Tensor, seqused_k: Optional[Tensor], max_seqlen_q: int,
+                   max_seqlen_k: int, scales: Fp8Scales, p: AttnParams,
+                   out_dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+    """Packed varlen FP8 forward: (out (total_q, h, d_v), lse (h, total_q))."""
+    return _fwd_fp8.flash_varlen_fwd_fp8(q8, k8, v8, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                                         max_seqlen_q, max_seqlen_k, scales, **_fp8_kwargs(p),
+                                         out_dtype=out_dtype)
+
+
+def _fp8_kwargs(p: AttnParams):
+    return dict(softmax_scale=p.softmax_scale, window_left=p.window_left,
+                window_right=p.window_right, softcap=p.softcap)
+
+
+def fp8_quantize(q: Tensor, k: Tensor, v: Tensor, signs: Optional[Tensor], block_m: int,
+                 block_n: int) -> Tuple[Tensor, ...]:
+    """The fused FP8 quantization pass (triton/fp8_quantize.py), same results as cpu/fp8.py."""
+    return _quantize.quantize_qkv(q, k, v, signs, block_m, block_n,
+                                  interpret=q.device.type == "cpu")
 
 
 def append_kv(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor,
@@ -106,5 +136,5 @@ def combine(out_partial: Tensor, lse_partial: Tensor, out: Optional[Tensor],
     return res, lse
 
 
-__all__ = ["append_kv", "bwd", "combine", "fwd", "kvcache_attention", "varlen_bwd",
-           "varlen_fwd", "varlen_paged_fwd"]
+__all__ = ["append_kv", "bwd", "combine", "fp8_fwd", "fp8_quantize", "fp8_varlen_fwd", "fwd",
+           "kvcache_attention", "varlen_bwd", "varlen_fwd", "varlen_paged_fwd"]

@@ -1,0 +1,275 @@
+"""FP8 attention entry points (FlashAttention-3's FP8 forward, with its descale API).
+
+- ``flash_attn_func`` / ``flash_attn_varlen_func`` with float8_e4m3fn q, k, v come here, with
+  FA3's ``q_descale, k_descale, v_descale``: float32 (batch, nheads_k), the real value being
+  ``fp8 × descale`` (None = 1). FA3's q_descale is per *kv* head too: every query head of a
+  group shares it.
+- :func:`attention_quantized`: the output of ``flashattn.fp8.quantize`` (block descales: one
+  per (batch, head, block_m rows) of q, per (batch, kv head, block_n keys) of k and v).
+- :func:`flash_attn_fp8_func`: bf16 / fp16 in, quantize (block scales + incoherent
+  processing) and FP8 attention, out in the input dtype: the drop-in for inference prefill.
+
+Forward only: FP8 inputs (or ``flash_attn_fp8_func`` inputs) that require grad raise, naming
+the bf16 path. Dropout, ALiBi and S_dmask are not part of FA3's FP8 path and raise too.
+"""
+from __future__ import annotations
+
+import numbers
+from typing import Optional, Sequence, Tuple
+
+import torch
+
+from flashattn import ops as _ops
+from flashattn.api import params as _p
+from flashattn.api import validation as _v
+from flashattn.api.fp8 import QuantizedQKV, quantize
+from flashattn.params import ONE_BLOCK_SHIFT
+
+Tensor = torch.Tensor
+FP8 = torch.float8_e4m3fn
+FP8_TYPES = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
+OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_NO_BACKWARD = ("FP8 attention is forward only (FlashAttention-3's FP8 path has no backward): "
+                "for training, call flash_attn_func with bfloat16 / float16 tensors")
+
+
+def is_fp8(*tensors: object) -> bool:
+    """Whether any of the tensors has an 8-bit float dtype (the call takes the FP8 path)."""
+    return any(isinstance(t, torch.Tensor) and t.dtype in FP8_TYPES for t in tensors)
+
+
+def check_fp8_qkv(q: Tensor, k: Tensor, v: Tensor, names: Tuple[str, str, str],
+                  varlen: bool = False) -> None:
+    """q, k, v all float8_e4m3fn, shapes as check_qkv's (rank 3 when ``varlen``); v may have
+    its head dim or its key axis contiguous (``flashattn.fp8.quantize`` writes the latter)."""
+    for x, n in zip((q, k, v), names):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{n} must be a torch.Tensor, got {_v._describe(x)}")
+    dtypes = [x.dtype for x in (q, k, v)]
+    if any(d != FP8 for d in dtypes):
+        bad = [f"{n} {d}" for n, d in zip(names, dtypes) if d != FP8]
+        if all(d in FP8_TYPES for d in dtypes):
+            why = "only float8_e4m3fn is supported (FlashAttention-3's FP8 format)"
+        else:
+            why = "FP8 attention needs all three in float8_e4m3fn (mixed FP8 / 16-bit inputs)"
+        raise TypeError(f"{', '.join(names)}: {why}; got {', '.join(bad)}")
+    rank = 3 if varlen else 4
+    for x, n in zip((q, k, v), names):
+        _v.check_tensor(x, n, rank, "(total, nheads, headdim)" if varlen
+                        else "(batch, seqlen, nheads, headdim)")
+    # check_qkv's shape rules, on float32 stand-ins of the same shapes (no data touched)
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"{', '.join(names)} must be on the same device, got {q.device}, "
+                         f"{k.device}, {v.device}")
+    stand_in = [torch.empty(x.shape, dtype=torch.float32, device="meta") for x in (q, k, v)]
+    if varlen:
+        stand_in = [t.unsqueeze(0) for t in stand_in]
+    _v.check_qkv(*stand_in, names)
+    for x, n in ((q, names[0]), (k, names[1])):
+        if x.shape[-1] > 1 and x.stride(-1) != 1:
+            raise ValueError(f"{n} must have a contiguous last dimension (stride 1), got "
+                             f"strides {tuple(x.stride())}")
+    key_axis = 0 if varlen else 1
+    if v.shape[-1] > 1 and v.stride(-1) != 1 and v.stride(key_axis) != 1:
+        raise ValueError(f"{names[2]} must have its last dimension or its key axis contiguous "
+                         f"(stride 1), got strides {tuple(v.stride())}")
+    for x, n in zip((q, k, v), names):
+        if x.requires_grad:
+            raise RuntimeError(f"{n} requires grad: {_NO_BACKWARD}")
+
+
+def check_descale(x: Optional[Tensor], name: str, batch: int, nheads_k: int,
+                  device: torch.device) -> Tensor:
+    """FA3's descale: float32 (batch, nheads_k) on the inputs' device, or None (= 1). Returns
+    it as (batch, nheads_k) float32."""
+    if x is None:
+        return torch.ones((batch, nheads_k), dtype=torch.float32, device=device)
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a float32 tensor of shape (batch, nheads_k) = "
+                        f"({batch}, {nheads_k}) or None, got {_v._describe(x)}")
+    if x.dtype != torch.float32:
+        raise TypeError(f"{name} must be float32 (FlashAttention-3's descale), got {x.dtype}")
+    if tuple(x.shape) != (batch, nheads_k):
+        raise ValueError(f"{name} must have shape (batch, nheads_k) = ({batch}, {nheads_k}), "
+                         f"got {tuple(x.shape)}")
+    if x.device != device:
+        raise ValueError(f"{name} must be on the inputs' device {device}, got {x.device}")
+    if x.device.type == "cpu" and not bool(torch.isfinite(x).all() and (x > 0).all()):
+        raise ValueError(f"{name} must be finite and > 0 (the real value is fp8 × descale)")
+    return x
+
+
+def check_descales_need_fp8(fp8: bool, descales: Sequence[Optional[Tensor]],
+                            out_dtype: Optional[torch.dtype]) -> None:
+    """Descales and out_dtype belong to FP8 calls: with 16/32-bit inputs they would be ignored
+    silently, so they raise."""
+    if fp8:
+        return
+    for name, x in zip(("q_descale", "k_descale", "v_descale"), descales):
+        if x is not None:
+            raise ValueError(f"{name} applies to float8_e4m3fn inputs only (the real value is "
+                             f"fp8 × descale); these inputs are not FP8")
+    if out_dtype is not None:
+        raise ValueError("out_dtype applies to FP8 inputs only (16/32-bit calls return q's "
+                         "dtype)")
+
+
+def _check_out_dtype(out_dtype: Optional[torch.dtype]) -> torch.dtype:
+    if out_dtype is None:
+        return torch.bfloat16
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"out_dtype must be one of {OUT_DTYPES} or None (bfloat16), got "
+                        f"{out_dtype!r}")
+    return out_dtype
+
+
+def _check_unsupported(dropout_p: float, alibi_slopes: Optional[Tensor],
+                       return_attn_probs: bool) -> None:
+    if float(dropout_p) != 0.0:
+        raise ValueError(f"dropout_p must be 0.0 with FP8 inputs (FP8 attention is for "
+                         f"inference), got {dropout_p!r}")
+    if alibi_slopes is not None:
+        raise ValueError("alibi_slopes is not supported with FP8 inputs (FlashAttention-3's "
+                         "FP8 path has no ALiBi)")
+    if _v.check_bool(return_attn_probs, "return_attn_probs"):
+        raise ValueError("return_attn_probs=True is not supported with FP8 inputs (no "
+                         "S_dmask); the FP8 forward returns out only")
+
+
+def _common(softmax_scale, causal, window_size, softcap, head_dim, seqlen_k):
+    scale = _p.softmax_scale_or_default(_v.check_softmax_scale(softmax_scale), head_dim)
+    causal = _v.check_causal(causal)
+    left, right = _v.check_window_size(window_size)
+    softcap = _v.check_softcap(softcap)
+    left, right = _p.window(left, right, causal, seqlen_k)
+    return scale, causal, left, right, softcap
+
+
+def dense(q: Tensor, k: Tensor, v: Tensor, *, dropout_p: float, softmax_scale: Optional[float],
+          causal: bool, window_size: Sequence[int], softcap: float,
+          alibi_slopes: Optional[Tensor], return_attn_probs: bool,
+          q_descale: Optional[Tensor], k_descale: Optional[Tensor],
+          v_descale: Optional[Tensor], out_dtype: Optional[torch.dtype],
+          names: Tuple[str, str, str] = ("q", "k", "v")) -> Tensor:
+    """``flash_attn_func`` with FP8 inputs (see the module doc). Returns out (b, s_q, h, d_v)
+    in ``out_dtype`` (default bfloat16)."""
+    check_fp8_qkv(q, k, v, names)
+    _check_unsupported(dropout_p, alibi_slopes, return_attn_probs)
+    out_dtype = _check_out_dtype(out_dtype)
+    b, _, h, d = q.shape
+    s_k, h_k = k.shape[1], k.shape[2]
+    qd = check_descale(q_descale, "q_descale", b, h_k, q.device)
+    kd = check_descale(k_descale, "k_descale", b, h_k, q.device)
+    vd = check_descale(v_descale, "v_descale", b, h_k, q.device)
+    scale, causal, left, right, softcap = _common(softmax_scale, causal, window_size, softcap,
+                                                  d, s_k)
+    # q's descale is per kv head (FA3): one per query head of the group, in block form
+    qd = qd.repeat_interleave(h // h_k, dim=1).unsqueeze(-1).contiguous()
+    out, _ = _ops.fp8_attention(q, k, v, qd, kd.unsqueeze(-1).contiguous(),
+                                vd.unsqueeze(-1).contiguous(), ONE_BLOCK_SHIFT, ONE_BLOCK_SHIFT,
+                                scale, causal, left, right, softcap, out_dtype)
+    return out
+
+
+def varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+           seqused_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int, *,
+           dropout_p: float, softmax_scale: Optional[float], causal: bool,
+           window_size: Sequence[int], softcap: float, alibi_slopes: Optional[Tensor],
+           return_attn_probs: bool, q_descale: Optional[Tensor], k_descale: Optional[Tensor],
+           v_descale: Optional[Tensor], out_dtype: Optional[torch.dtype]) -> Tensor:
+    """``flash_attn_varlen_func`` with FP8 inputs: descales (batch, nheads_k), batch = the
+    number of sequences. cu_seqlens / max_seqlen already validated by the caller. Returns out
+    (total_q, h, d_v) in ``out_dtype``."""
+    check_fp8_qkv(q, k, v, ("q", "k", "v"), varlen=True)
+    _check_unsupported(dropout_p, alibi_slopes, return_attn_probs)
+    out_dtype = _check_out_dtype(out_dtype)
+    batch = cu_seqlens_q.shape[0] - 1
+    h, d = q.shape[1], q.shape[2]
+    h_k = k.shape[1]
+    qd = check_descale(q_descale, "q_descale", batch, h_k, q.device)
+    kd = check_descale(k_descale, "k_descale", batch, h_k, q.device)
+    vd = check_descale(v_descale, "v_descale", batch, h_k, q.device)
+    # a window side >= the longest key sequence is unbounded for every sequence
+    scale, causal, left, right, softcap = _common(softmax_scale, causal, window_size, softcap,
+                                                  d, max(int(max_seqlen_k), 1))
+    qd = qd.repeat_interleave(h // h_k, dim=1).unsqueeze(-1).contiguous()
+    out, _ = _ops.fp8_varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                                       int(max_seqlen_q), int(max_seqlen_k), qd,
+                                       kd.unsqueeze(-1).contiguous(),
+                                       vd.unsqueeze(-1).contiguous(), scale, causal, left,
+                                       right, softcap, out_dtype)
+    return out
+
+
+def attention_quantized(qkv: QuantizedQKV, softmax_scale: Optional[float] = None,
+                        causal: bool = False, window_size: Tuple[int, int] = (-1, -1),
+                        softcap: float = 0.0, out_dtype: Optional[torch.dtype] = None,
+                        return_lse: bool = False):
+    """FP8 attention over the output of :func:`flashattn.fp8.quantize` (block descales).
+
+    Arguments as ``flash_attn_func``'s (softmax_scale defaults to headdim ** -0.5: the
+    rotation does not change the head dim); out_dtype default bfloat16. Returns out (b, s_q,
+    h, d_v), or (out, lse (b, h, s_q) float32) with ``return_lse``.
+    """
+    if not isinstance(qkv, QuantizedQKV):
+        raise TypeError(f"qkv must be the QuantizedQKV that flashattn.fp8.quantize returns, got "
+                        f"{_v._describe(qkv)}")
+    q, k, v = qkv.q, qkv.k, qkv.v
+    check_fp8_qkv(q, k, v, ("qkv.q", "qkv.k", "qkv.v"))
+    out_dtype = _check_out_dtype(out_dtype)
+    b, s_q, h, d = q.shape
+    s_k, h_k = k.shape[1], k.shape[2]
+    for name, x, shape in (("q_descale", qkv.q_descale, (b, h, -(-s_q // qkv.block_m))),
+                           ("k_descale", qkv.k_descale, (b, h_k, -(-s_k // qkv.block_n))),
+                           ("v_descale", qkv.v_descale, (b, h_k, -(-s_k // qkv.block_n)))):
+        if not isinstance(x, torch.Tensor) or x.dtype != torch.float32 \
+                or tuple(x.shape) != shape or x.device != q.device:
+            raise ValueError(f"qkv.{name} must be float32 of shape {shape} on {q.device}, got "
+                             f"{_v._describe(x)}")
+    for name, block in (("block_m", qkv.block_m), ("block_n", qkv.block_n)):
+        if isinstance(block, bool) or not isinstance(block, numbers.Integral) or block < 1 \
+                or block & (block - 1):
+            raise ValueError(f"qkv.{name} must be a power of two, got {block!r}")
+    scale, causal, left, right, softcap = _common(softmax_scale, causal, window_size, softcap,
+                                                  d, s_k)
+    out, lse = _ops.fp8_attention(q, k, v, qkv.q_descale.contiguous(),
+                                  qkv.k_descale.contiguous(), qkv.v_descale.contiguous(),
+                                  int(qkv.block_m).bit_length() - 1,
+                                  int(qkv.block_n).bit_length() - 1, scale, causal, left, right,
+                                  softcap, out_dtype)
+    return (out, lse) if return_lse else out
+
+
+def flash_attn_fp8_func(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional[float] = None,
+                        causal: bool = False, window_size: Tuple[int, int] = (-1, -1),
+                        softcap: float = 0.0, incoherent: bool = True,
+                        seed: Optional[int] = None, block_m: int = 128, block_n: int = 128,
+                        return_lse: bool = False):
+    """FP8 attention for bf16 / fp16 inputs: block quantization (+ incoherent processing) and
+    the FP8 forward, in one call (FlashAttention-3, section 3.3). Inference only.
+
+    Arguments:
+        q: (batch, seqlen_q, nheads, headdim), k: (batch, seqlen_k, nheads_k, headdim),
+            v: (batch, seqlen_k, nheads_k, headdim_v); float16 or bfloat16 (float32 too),
+            none requiring grad.
+        softmax_scale, causal, window_size, softcap: as ``flash_attn_func``.
+        incoherent: rotate q and k by the same random orthogonal M = H · diag(signs) before
+            quantizing (q k^T is unchanged; outlier channels are spread first).
+        seed: int or None, the key of the random signs (None: torch's default generator).
+        block_m, block_n: rows of q / keys of k and v per scale (powers of two).
+        return_lse: also return the float32 (batch, nheads, seqlen_q) log-sum-exp.
+
+    Returns out (batch, seqlen_q, nheads, headdim_v) in q's dtype (and lse).
+    """
+    for x, n in ((q, "q"), (k, "k"), (v, "v")):
+        if isinstance(x, torch.Tensor) and x.requires_grad and torch.is_grad_enabled():
+            raise RuntimeError(f"{n} requires grad: {_NO_BACKWARD} (or run "
+                               f"flash_attn_fp8_func under torch.no_grad())")
+    qkv8 = quantize(q, k, v, incoherent=incoherent, seed=seed, block_m=block_m, block_n=block_n)
+    return attention_quantized(qkv8, softmax_scale=softmax_scale, causal=causal,
+                               window_size=window_size, softcap=softcap, out_dtype=q.dtype,
+                               return_lse=return_lse)
+
+
+__all__ = ["attention_quantized", "check_descale", "check_descales_need_fp8", "check_fp8_qkv", "dense",
+           "flash_attn_fp8_func", "is_fp8", "varlen"]

@@ -1,0 +1,65 @@
+"""The FP8 format conventions every backend shares (a leaf: torch only).
+
+- ``float8_e4m3fn`` values; the largest finite one is 448 (``E4M3_MAX``).
+- FlashAttention-3's descale convention: the real value is ``fp8 × descale``; a block's
+  descale is ``amax(|x|) / 448`` over the block, 1.0 for an all-zero block.
+- The incoherent-processing rotation ``M = H · diag(signs)``: ``H`` is block-diagonal with
+  Sylvester blocks of ``hadamard_block(d)`` = the largest power of two dividing d (64 -> 64,
+  96 -> 32, 128 -> 128, 192 -> 64, 256 -> 256), normalised by ``1 / sqrt(block)`` so that it
+  is orthonormal (``M M^T = I`` exactly, so ``(Q M)(K M)^T = Q K^T``).
+- ``P_SCALE``: the FP8 kernels multiply the softmax probabilities by 2^8 before casting them
+  to e4m3 for the P·V product (FlashAttention-3's choice: P in [0, 1] would otherwise sit in
+  e4m3's subnormal range below 2^-6), and divide the row sums by the same factor.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+E4M3_MAX = 448.0
+FP8_DTYPE = torch.float8_e4m3fn
+P_SCALE_LOG2 = 8
+P_SCALE = float(2 ** P_SCALE_LOG2)
+
+
+def hadamard_block(head_dim: int) -> int:
+    """The Sylvester block size used for ``head_dim``: its largest power-of-two divisor."""
+    return head_dim & -head_dim
+
+
+@functools.lru_cache(maxsize=32)
+def _hadamard_cpu(head_dim: int) -> torch.Tensor:
+    n = hadamard_block(head_dim)
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < n:  # Sylvester: H_2n = [[H, H], [H, -H]]
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    h = h / n ** 0.5
+    return torch.block_diag(*([h] * (head_dim // n)))
+
+
+def hadamard(head_dim: int, device: torch.device, dtype: torch.dtype = torch.float32
+             ) -> torch.Tensor:
+    """Orthonormal block-diagonal Hadamard matrix (head_dim, head_dim) (see the module doc)."""
+    return _hadamard_cpu(head_dim).to(device=device, dtype=dtype)
+
+
+def keys_contiguous_empty(shape, device: torch.device) -> torch.Tensor:
+    """An uninitialised float8_e4m3fn tensor of ``shape`` (b, s_k, h_k, d_v) whose storage is
+    (b, h_k, d_v, s_pad), keys contiguous: the V layout of the FP8 kernels (FP8 wgmma reads
+    both operands K-major, and P·V's K is the key axis). s_pad = s_k rounded up to 16 (TMA
+    needs 16-byte row strides)."""
+    b, s, h, d = shape
+    s_pad = max(16, -(-s // 16) * 16)
+    storage = torch.empty((b, h, d, s_pad), dtype=FP8_DTYPE, device=device)
+    return storage[..., :s].permute(0, 3, 1, 2)
+
+
+def block_index(positions: torch.Tensor, block_shift: int, n_blocks: int) -> torch.Tensor:
+    """The scale block of each row / key position: ``min(pos >> block_shift, n_blocks - 1)``
+    (block_shift 31 or more: one scale for every position)."""
+    return torch.clamp(positions >> min(block_shift, 62), max=max(n_blocks - 1, 0))
+
+
+__all__ = ["E4M3_MAX", "FP8_DTYPE", "P_SCALE", "P_SCALE_LOG2", "block_index", "hadamard", "hadamard_block",
+           "keys_contiguous_empty"]

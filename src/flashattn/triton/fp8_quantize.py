@@ -1,0 +1,139 @@
+"""The fused FP8 quantization pass: Q, K, V -> float8_e4m3fn with one scale per tile, Q and K
+rotated by M = H · diag(signs) first (FlashAttention-3's block quantization + incoherent
+processing; the semantics are :mod:`flashattn.cpu.fp8`'s, which this pass matches).
+
+One program owns BLOCK rows of one (batch, head): it loads the (BLOCK, d) tile once, rotates
+it in registers (``tl.dot`` with the ±1 block-diagonal Hadamard: the products are exact for
+bf16 / fp16 inputs, the fp32 sums are exact to the last bit for d <= 256, and the tensor
+cores make the O(d^2) product free next to the tile's memory traffic; a butterfly would need
+log2(d) register shuffles), takes the tile's amax, scales, rounds to e4m3 and writes the fp8
+tile and its descale. V is written transposed (keys contiguous: the layout FP8 wgmma needs
+for the P·V operand), Q and K in their own layout.
+
+``round_e4m3`` is the rounding every FP8 kernel here uses when it must be exact everywhere:
+the Triton interpreter's fp32 -> e4m3 conversion rounds ties away from zero and flushes small
+values (measured), so values are first rounded to the e4m3 grid (round-to-nearest-even, like
+``torch.Tensor.to(torch.float8_e4m3fn)`` and the hardware ``cvt.rn``) and then converted,
+which is exact on both.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from flashattn.fp8_format import hadamard, hadamard_block, keys_contiguous_empty
+from flashattn.runtime.grid import cdiv, next_pow2
+
+E4M3_MAX = tl.constexpr(448.0)
+
+
+@triton.jit
+def round_e4m3(x):
+    """fp32 x (|x| <= 448) rounded to the nearest float8_e4m3fn value, ties to even, as fp32.
+
+    e4m3 has 3 mantissa bits and a minimum normal exponent of -6, so the spacing at x is
+    2^(max(e, -6) - 3) with e = floor(log2 |x|). Adding and subtracting 1.5 · 2^(spacing + 23)
+    rounds to a multiple of the spacing in one IEEE (round-to-nearest-even) fp32 add."""
+    bits = x.to(tl.int32, bitcast=True)
+    e = ((bits >> 23) & 0xFF) - 127
+    spacing = tl.maximum(e, -6) - 3
+    magic = ((spacing + 23 + 127) << 23) | (1 << 22)
+    c = magic.to(tl.float32, bitcast=True)
+    return (x + c) - c
+
+
+@triton.jit
+def _quantize_kernel(X, Out, Descale, Had, Signs,
+                     stride_xb, stride_xs, stride_xh,
+                     stride_ob, stride_os, stride_oh, stride_od,
+                     seqlen, nheads, n_blocks, inv_sqrt_block,
+                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr,
+                     ROTATE: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
+    pid_blk = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    off_b = pid_bh // nheads
+    off_h = pid_bh % nheads
+    rows = pid_blk * BLOCK + tl.arange(0, BLOCK)
+    cols = tl.arange(0, BLOCK_D)
+    inside = (rows[:, None] < seqlen) & (cols[None, :] < HEAD_DIM)
+    x_ptrs = (X + off_b.to(tl.int64) * stride_xb + off_h.to(tl.int64) * stride_xh
+              + rows[:, None].to(tl.int64) * stride_xs + cols[None, :])
+    x = tl.load(x_ptrs, mask=inside, other=0.0)
+    if ROTATE:
+        # x · H (±1 entries, block-diagonal, zero past HEAD_DIM), then 1/sqrt(block), signs
+        h = tl.load(Had + cols[:, None] * BLOCK_D + cols[None, :])
+        if UPCAST:
+            x = x.to(tl.float32)
+            h = h.to(tl.float32)
+        xf = tl.dot(x, h, input_precision=DOT_PREC)
+        signs = tl.load(Signs + cols, mask=cols < HEAD_DIM, other=0.0)
+        xf = xf * inv_sqrt_block * signs[None, :]
+    else:
+        xf = x.to(tl.float32)
+    amax = tl.max(tl.max(tl.abs(xf), 1), 0)
+    descale = tl.where(amax > 0.0, amax / E4M3_MAX, 1.0)
+    x8 = round_e4m3(tl.minimum(tl.maximum(xf / descale, -E4M3_MAX), E4M3_MAX))
+    o_ptrs = (Out + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh
+              + rows[:, None].to(tl.int64) * stride_os + cols[None, :].to(tl.int64) * stride_od)
+    tl.store(o_ptrs, x8.to(Out.dtype.element_ty), mask=inside)
+    tl.store(Descale + pid_bh.to(tl.int64) * n_blocks + pid_blk, descale)
+
+
+def _hadamard_pm1(head_dim: int, block_d: int, dtype: torch.dtype,
+                  device: torch.device) -> torch.Tensor:
+    """(block_d, block_d) block-diagonal Sylvester matrix of ±1 (blocks of head_dim's largest
+    power-of-two divisor), zero past head_dim: the rotation before its 1/sqrt(block)."""
+    n = hadamard_block(head_dim)
+    h = torch.zeros(block_d, block_d, dtype=torch.float64)
+    h[:head_dim, :head_dim] = hadamard(head_dim, torch.device("cpu"), torch.float64) * n ** 0.5
+    return h.round().to(device=device, dtype=dtype)
+
+
+def _launch(x: torch.Tensor, out: torch.Tensor, out_strides, descale: torch.Tensor,
+            block: int, signs: Optional[torch.Tensor], interpret: bool) -> None:
+    b, s, h, d = x.shape
+    block_d = max(16, next_pow2(d))
+    rotate = signs is not None
+    upcast = interpret or x.dtype == torch.float32
+    had_dtype = torch.float32 if upcast else x.dtype
+    had = _hadamard_pm1(d, block_d, had_dtype, x.device) if rotate else descale
+    sg = signs.to(device=x.device, dtype=torch.float32).contiguous() if rotate else descale
+    n_blocks = cdiv(s, block)
+    # the (block, d) tile lives in registers: 8 warps from 16K elements on
+    warps = 8 if block * block_d >= 16384 else 4
+    _quantize_kernel[(n_blocks, b * h)](
+        x, out, descale, had, sg,
+        x.stride(0), x.stride(1), x.stride(2),
+        *out_strides,
+        s, h, n_blocks, float(hadamard_block(d)) ** -0.5,
+        HEAD_DIM=d, BLOCK_D=block_d, BLOCK=block, ROTATE=rotate,
+        DOT_PREC="ieee" if upcast else "tf32", UPCAST=upcast, num_warps=warps)
+
+
+def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, signs: Optional[torch.Tensor],
+                 block_m: int, block_n: int, interpret: bool = False):
+    """The fused pass: (q8, k8, v8, q_descale, k_descale, v_descale) as cpu.fp8.fp8_quantize
+    returns them (v8 with keys contiguous: ``fp8_format.keys_contiguous_empty``). q (b, s_q, h, d),
+    k (b, s_k, h_k, d), v (b, s_k, h_k, d_v), last dim contiguous; signs (d,) ±1 or None."""
+    outs = []
+    for x, block, rot in ((q, block_m, signs), (k, block_n, signs), (v, block_n, None)):
+        b, s, h, d = x.shape
+        if x is v:
+            x8 = keys_contiguous_empty(v.shape, v.device)
+        else:
+            x8 = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+        descale = torch.empty((b, h, cdiv(s, block)), dtype=torch.float32, device=x.device)
+        if x.numel():
+            strides = (x8.stride(0), x8.stride(1), x8.stride(2), x8.stride(3))
+            _launch(x, x8, strides, descale, block, rot, interpret)
+        elif descale.numel():
+            descale.fill_(1.0)
+        outs.append((x8, descale))
+    (q8, qs), (k8, ks), (v8, vs) = outs
+    return q8, k8, v8, qs, ks, vs
+
+
+__all__ = ["quantize_qkv", "round_e4m3"]

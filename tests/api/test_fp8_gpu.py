@@ -1,0 +1,170 @@
+"""FP8 attention on the GPU: the Gluon FP8 kernel (sm90) and the portable FP8 kernel against
+FA3's numerics, FA3's descale API, varlen, the fused quantize pass, and the accuracy targets
+of issue 18 on the FA3 paper's input distribution.
+
+Criterion (the oracle is ``reference.attention_fp8_ref`` in float64 over the same fp8 values):
+the kernel's RMSE against exact attention of the dequantized values is at most twice the RMSE
+that rounding P to e4m3 the way FA3 does (x 2^8) costs the oracle, plus the bf16 output's own
+rounding.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import flashattn
+from flashattn import dispatch, fp8
+from flashattn.reference import attention_fp8_ref, attention_ref
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytestmark = [pytest.mark.gpu, pytest.mark.skip(reason="needs CUDA")]
+
+
+def _hopper() -> bool:
+    from flashattn.sm90.support import device_unavailable
+
+    return torch.cuda.is_available() and device_unavailable(torch.device("cuda")) is None
+
+
+def _rmse(a, b) -> float:
+    return (a.double() - b.double()).pow(2).mean().sqrt().item()
+
+
+def _bf16_rounding(x) -> float:
+    return _rmse(x.bfloat16(), x)
+
+
+def _quantized(b, s_q, s_k, h, h_k, d, d_v, seed=0, dist="normal"):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    shapes = ((b, s_q, h, d), (b, s_k, h_k, d), (b, s_k, h_k, d_v))
+    xs = []
+    for shape in shapes:
+        x = torch.randn(shape, device="cuda", generator=g)
+        if dist == "outliers":
+            x = x + torch.randn(shape, device="cuda", generator=g) * 10 * (
+                torch.rand(shape, device="cuda", generator=g) < 1e-3)
+        xs.append(x.bfloat16())
+    return xs, fp8.quantize(*xs, seed=seed)
+
+
+def _check(r, out, causal, window, softcap):
+    args = (r.q, r.k, r.v, r.q_descale, r.k_descale, r.v_descale, r.block_m, r.block_n)
+    kw = dict(causal=causal, window_size=window, softcap=softcap)
+    exact = attention_fp8_ref(*args, **kw, p_scale=None)
+    p_rounded = attention_fp8_ref(*args, **kw)
+    allowed = 2 * _rmse(p_rounded, exact) + 2 * _bf16_rounding(exact)
+    err = _rmse(out, exact)
+    assert err <= allowed, f"rmse {err:.3e} > allowed {allowed:.3e}"
+
+
+CASES = [(False, (-1, -1), 0.0), (True, (-1, -1), 0.0), (False, (300, 40), 0.0),
+         (True, (-1, -1), 20.0)]
+
+
+@pytest.mark.parametrize("backend", ["auto", "portable"])
+@pytest.mark.parametrize("dims", [(64, 64), (96, 96), (128, 128), (192, 192), (256, 256),
+                                  (192, 128)])
+@pytest.mark.parametrize("causal,window,softcap", CASES)
+def test_fp8_forward_matches_fa3_numerics(backend, dims, causal, window, softcap):
+    d, d_v = dims
+    b, s_q, s_k, h, h_k = 2, 1000, 1100, 4, 2
+    _, r = _quantized(b, s_q, s_k, h, h_k, d, d_v)
+    expected = "hopper" if backend == "auto" and _hopper() else "portable"
+    from flashattn.api.params import window as norm_window
+    from flashattn.params import AttnParams, Fp8Scales
+    left, right = norm_window(*window, causal, s_k)
+    params = AttnParams(d ** -0.5, causal, left, right, softcap, None, 0.0, 0)
+    scales = Fp8Scales(r.q_descale, r.k_descale, r.v_descale, 7, 7)
+    with flashattn.use_backend(backend):
+        assert dispatch.select("fp8_fwd", r.q, r.k, r.v, params, scales=scales) == expected
+        out, lse = fp8.attention(r, causal=causal, window_size=window, softcap=softcap,
+                                 return_lse=True)
+    assert out.dtype == torch.bfloat16 and out.shape == (b, s_q, h, d_v)
+    _check(r, out.float(), causal, window, softcap)
+    assert torch.isfinite(lse).all()
+
+
+@pytest.mark.parametrize("backend", ["auto", "portable"])
+def test_fa3_descale_api_and_v_layout(backend):
+    """FA3's flash_attn_func(fp8 q, k, v, q/k/v_descale (b, h_k)) with V in its own layout
+    (transposed for the FP8 wgmma inside the call) against exact attention of fp8 x descale."""
+    torch.manual_seed(0)
+    b, s, h, h_k, d = 2, 2048, 8, 2, 128
+    q8, k8, v8 = ((torch.randn(b, s, hh, d, device="cuda") * 4).to(torch.float8_e4m3fn)
+                  for hh in (h, h_k, h_k))
+    qd, kd, vd = (torch.rand(b, h_k, device="cuda") * 0.1 + 0.01 for _ in range(3))
+    with flashattn.use_backend(backend):
+        out = flashattn.flash_attn_func(q8, k8, v8, causal=True, q_descale=qd, k_descale=kd,
+                                        v_descale=vd)
+    tables = (qd.repeat_interleave(h // h_k, 1)[..., None].cpu(), kd[..., None].cpu(),
+              vd[..., None].cpu())
+    args = (q8.cpu(), k8.cpu(), v8.cpu(), *tables, s, s)
+    exact = attention_fp8_ref(*args, causal=True, p_scale=None)
+    allowed = 2 * _rmse(attention_fp8_ref(*args, causal=True), exact) + 2 * _bf16_rounding(exact)
+    assert _rmse(out.float().cpu(), exact) <= allowed
+
+
+def test_varlen_fp8_gpu():
+    torch.manual_seed(1)
+    lens = [300, 0, 1000, 17]
+    h, h_k, d = 4, 2, 64
+    cu = torch.tensor([0, 300, 300, 1300, 1317], dtype=torch.int32, device="cuda")
+    q8, k8, v8 = ((torch.randn(1317, hh, d, device="cuda") * 3).to(torch.float8_e4m3fn)
+                  for hh in (h, h_k, h_k))
+    qd, kd, vd = (torch.rand(4, h_k, device="cuda") + 0.1 for _ in range(3))
+    out = flashattn.flash_attn_varlen_func(q8, k8, v8, cu, cu, 1000, 1000, causal=True,
+                                           q_descale=qd, k_descale=kd, v_descale=vd,
+                                           out_dtype=torch.float32)
+    for i, n in enumerate(lens):
+        if n == 0:
+            continue
+        sl = slice(int(cu[i]), int(cu[i + 1]))
+        tables = (qd[i:i + 1].repeat_interleave(h // h_k, 1)[..., None].cpu(),
+                  kd[i:i + 1, :, None].cpu(), vd[i:i + 1, :, None].cpu())
+        args = (q8[sl][None].cpu(), k8[sl][None].cpu(), v8[sl][None].cpu(), *tables, n, n)
+        exact = attention_fp8_ref(*args, causal=True, p_scale=None)[0]
+        allowed = 2 * _rmse(attention_fp8_ref(*args, causal=True)[0], exact) + 1e-6
+        assert _rmse(out[sl].cpu(), exact) <= allowed
+
+
+def test_quantize_pass_gpu_matches_cpu_semantics():
+    torch.manual_seed(2)
+    q = torch.randn(2, 1000, 8, 128).bfloat16()
+    k = torch.randn(2, 1000, 2, 128).bfloat16()
+    v = torch.randn(2, 1000, 2, 96).bfloat16()
+    with flashattn.use_backend("cpu"):
+        a = fp8.quantize(q, k, v, seed=3)
+    c = fp8.quantize(q.cuda(), k.cuda(), v.cuda(), seed=3)
+    assert c.v.stride(1) == 1
+    for x, y in zip(a[:3], c[:3]):
+        assert (x.float() != y.float().cpu()).float().mean().item() < 1e-3
+    for x, y in zip(a[3:6], c[3:6]):
+        torch.testing.assert_close(x, y.cpu(), atol=0, rtol=3e-7)
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_accuracy_targets_on_the_papers_distribution(d):
+    """N(0,1) + N(0,100)·Bernoulli(0.001), b=1, h=16, s=4k: the full method (block scales +
+    incoherent processing) against a per-tensor FP8 baseline and bf16. Asserted: at d >= 128
+    RMSE <= 9e-3 (the issue's target; FA3 paper 9.1e-3), the gain over the baseline >= 2x at
+    this length (the measured gain grows with s: benchmarks/NOTES.md), bf16 far below both."""
+    b, s, h = 1, 4096, 16
+    (q, k, v), r = _quantized(b, s, s, h, h, d, d, seed=5, dist="outliers")
+    exact = torch.cat([attention_ref(q[:, :, i:i + 1].double(), k[:, :, i:i + 1].double(),
+                                     v[:, :, i:i + 1].double())[0] for i in range(h)], dim=2)
+    full = fp8.attention(r)
+    # baseline: one scale per tensor, no rotation, through FA3's descale API
+    amax = [x.float().abs().amax() / 448.0 for x in (q, k, v)]
+    x8 = [(x.float() / a).to(torch.float8_e4m3fn) for x, a in zip((q, k, v), amax)]
+    descales = [a.expand(b, h).contiguous() for a in amax]
+    base = flashattn.flash_attn_func(*x8, q_descale=descales[0], k_descale=descales[1],
+                                     v_descale=descales[2])
+    bf16 = flashattn.flash_attn_func(q, k, v)
+    e_full, e_base, e_bf16 = _rmse(full, exact), _rmse(base, exact), _rmse(bf16, exact)
+    print(f"d={d}: bf16 {e_bf16:.2e}, fp8 per-tensor {e_base:.2e}, full {e_full:.2e}, "
+          f"gain {e_base / e_full:.2f}")
+    assert e_bf16 < e_full / 3
+    assert e_base / e_full >= 2.0
+    if d >= 128:
+        assert e_full <= 9e-3

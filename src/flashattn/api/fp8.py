@@ -2,11 +2,13 @@
 processing): ``flashattn.fp8.quantize``.
 
 The semantics (descale convention, block layout, the block-diagonal Hadamard for head dims that
-are not a power of two) are those of :mod:`flashattn.cpu.fp8`. Attention over the quantized
-tensors (FP8 kernels, ``flash_attn_fp8_func``) is not built yet: issue 18.
+are not a power of two) are those of :mod:`flashattn.cpu.fp8`; on CUDA one fused Triton pass
+(:mod:`flashattn.triton.fp8_quantize`). Attention over the result: ``flashattn.fp8.attention``
+(:mod:`flashattn.api.fp8_attention`).
 """
 from __future__ import annotations
 
+import functools
 import numbers
 from typing import NamedTuple, Optional
 
@@ -49,9 +51,15 @@ def random_signs(head_dim: int, seed: Optional[int], device: torch.device) -> Te
     None, from torch's default CPU generator (``torch.manual_seed`` reproduces it)."""
     if seed is None:
         bits = torch.randint(0, 2, (head_dim,), dtype=torch.int64)
-    else:
-        bits = philox_uint32(int(seed) & (2**64 - 1), torch.arange(head_dim), 0, 0,
-                             _SIGNS_STREAM) & 1
+        return (bits * 2 - 1).to(device=device, dtype=torch.float32)
+    return _seeded_signs(int(seed) & (2**64 - 1), head_dim, torch.device(device))
+
+
+@functools.lru_cache(maxsize=64)
+def _seeded_signs(seed: int, head_dim: int, device: torch.device) -> Tensor:
+    """The signs of a fixed seed, made once per device: a serving loop with a fixed rotation
+    pays no host-to-device copy per call (each one waits for the stream). Read-only."""
+    bits = philox_uint32(seed, torch.arange(head_dim), 0, 0, _SIGNS_STREAM) & 1
     return (bits * 2 - 1).to(device=device, dtype=torch.float32)
 
 
@@ -87,6 +95,8 @@ def quantize(q: Tensor, k: Tensor, v: Tensor, *, incoherent: bool = True,
         raise TypeError(f"seed must be an int or None, got {seed!r}")
     signs = random_signs(q.shape[-1], seed, q.device) if incoherent else None
     q8, k8, v8, qs, ks, vs = _ops.quantize_fp8(q, k, v, signs, block_m, block_n)
+    # (a copy: a seeded sign vector is cached per device, the caller may write to theirs)
+    signs = signs.clone() if signs is not None else None
     return QuantizedQKV(q8, k8, v8, qs, ks, vs, signs, block_m, block_n)
 
 

@@ -243,7 +243,7 @@ def attention_quantized(qkv: QuantizedQKV, softmax_scale: Optional[float] = None
 def flash_attn_fp8_func(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional[float] = None,
                         causal: bool = False, window_size: Tuple[int, int] = (-1, -1),
                         softcap: float = 0.0, incoherent: bool = True,
-                        seed: Optional[int] = None, block_m: int = 128, block_n: int = 128,
+                        seed: Optional[int] = 0, block_m: int = 128, block_n: int = 128,
                         return_lse: bool = False):
     """FP8 attention for bf16 / fp16 inputs: block quantization (+ incoherent processing) and
     the FP8 forward, in one call (FlashAttention-3, section 3.3). Inference only.
@@ -255,7 +255,9 @@ def flash_attn_fp8_func(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional
         softmax_scale, causal, window_size, softcap: as ``flash_attn_func``.
         incoherent: rotate q and k by the same random orthogonal M = H · diag(signs) before
             quantizing (q k^T is unchanged; outlier channels are spread first).
-        seed: int or None, the key of the random signs (None: torch's default generator).
+        seed: int, the key of the random signs: a fixed rotation by default (reproducible
+            outputs, no per-call host work); None draws new signs from torch's default
+            generator on every call.
         block_m, block_n: rows of q / keys of k and v per scale (powers of two).
         return_lse: also return the float32 (batch, nheads, seqlen_q) log-sum-exp.
 

@@ -18,6 +18,7 @@ which is exact on both.
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -82,10 +83,12 @@ def _quantize_kernel(X, Out, Descale, Had, Signs,
     tl.store(Descale + pid_bh.to(tl.int64) * n_blocks + pid_blk, descale)
 
 
+@functools.lru_cache(maxsize=32)
 def _hadamard_pm1(head_dim: int, block_d: int, dtype: torch.dtype,
                   device: torch.device) -> torch.Tensor:
     """(block_d, block_d) block-diagonal Sylvester matrix of ±1 (blocks of head_dim's largest
-    power-of-two divisor), zero past head_dim: the rotation before its 1/sqrt(block)."""
+    power-of-two divisor), zero past head_dim: the rotation before its 1/sqrt(block). Made
+    once per device (a host-to-device copy per call would wait for the stream). Read-only."""
     n = hadamard_block(head_dim)
     h = torch.zeros(block_d, block_d, dtype=torch.float64)
     h[:head_dim, :head_dim] = hadamard(head_dim, torch.device("cpu"), torch.float64) * n ** 0.5
@@ -100,7 +103,7 @@ def _launch(x: torch.Tensor, out: torch.Tensor, out_strides, descale: torch.Tens
     upcast = interpret or x.dtype == torch.float32
     had_dtype = torch.float32 if upcast else x.dtype
     had = _hadamard_pm1(d, block_d, had_dtype, x.device) if rotate else descale
-    sg = signs.to(device=x.device, dtype=torch.float32).contiguous() if rotate else descale
+    sg = signs if rotate else descale  # (float32 (d,) on x's device: api/fp8.py)
     n_blocks = cdiv(s, block)
     # the (block, d) tile lives in registers: 8 warps from 16K elements on
     warps = 8 if block * block_d >= 16384 else 4

@@ -176,6 +176,7 @@ def main(argv=None) -> int:
             row = dict(key=rep.name, registers=rep.registers, spills=rep.spills,
                        shared=rep.shared, num_warps=rep.num_warps,
                        wgmma="wgmma.mma_async" in rep.ptx,
+                       wgmma_e4m3=".e4m3.e4m3" in rep.ptx,
                        tma="cp.async.bulk.tensor" in rep.ptx,
                        tma_reduce="cp.reduce.async.bulk.tensor" in rep.ptx,
                        setmaxnreg=[int(x) for x in __import__("re").findall(

@@ -140,7 +140,8 @@ def test_quantize_pass_gpu_matches_cpu_semantics():
     for x, y in zip(a[:3], c[:3]):
         assert (x.float() != y.float().cpu()).float().mean().item() < 1e-3
     for x, y in zip(a[3:6], c[3:6]):
-        torch.testing.assert_close(x, y.cpu(), atol=0, rtol=3e-7)
+        # (the tensor-core rotation sums in another order than the CPU: descales to a few ulp)
+        torch.testing.assert_close(x, y.cpu(), atol=0, rtol=1e-6)
 
 
 @pytest.mark.parametrize("d", [64, 128, 256])

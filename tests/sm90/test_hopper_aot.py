@@ -44,6 +44,14 @@ VARIANTS = (
        ((192, 128), "float16", False, (-1, -1), 0.0, None),
        ((128, 64), "bfloat16", True, (-1, -1), 0.0, None),
        ((64, 128), "bfloat16", False, (-1, -1), 0.0, None)]
+    # FP8 (e4m3 Q, K, V^T; bf16 O): every head dim, masks, softcap, d != d_v
+    + [(d, "float8_e4m3fn", c, (-1, -1), 0.0, None) for d in (64, 96, 128, 192, 256)
+       for c in (False, True)]
+    + [(128, "float8_e4m3fn", False, (256, 0), 0.0, None),
+       (64, "float8_e4m3fn", True, (-1, -1), 30.0, None),
+       (128, "float8_e4m3fn", False, (-1, -1), 30.0, None),
+       (256, "float8_e4m3fn", True, (-1, -1), 30.0, None),
+       ((192, 128), "float8_e4m3fn", True, (-1, -1), 0.0, None)]
 )
 
 
@@ -102,8 +110,10 @@ def _key(v):
 # Bounded here so any growth fails; every other variant must have none.
 # d = 64 (three 160-register consumers) non-causal: one 4-byte value stored at consumer entry
 # and reloaded once per tile for the LSE store address (SASS, session 7), per consumer.
+# FP8 d = 64 non-causal (three 160-register consumers): 48 bytes; two consumers have none but
+# measured 377 against 443 TFLOP/s (H100, benchmarks/NOTES.md, session 12).
 SPILL_ALLOWANCE = {"fwd_d192_bfloat16_causal": 8, "fwd_d256_bfloat16_causal": 8,
-                   "fwd_d64_bfloat16": 8, "fwd_d64_float16": 8}
+                   "fwd_d64_bfloat16": 8, "fwd_d64_float16": 8, "fwd_d64_float8_e4m3fn": 48}
 
 
 @pytest.fixture(scope="module")
@@ -135,14 +145,19 @@ def test_fwd_variant_compiles_without_spills(variant, reports, capsys):
     assert rep["spills"] <= allowed, f"{rep['key']}: {rep['spills']} bytes of spills/stack"
     assert rep["shared"] <= SMEM_LIMIT
     assert rep["wgmma"] and rep["tma"] and rep["ex2"]
+    # FP8 variants run both GEMMs on e4m3 operands (and only those)
+    assert rep["wgmma_e4m3"] == (variant[1] == "float8_e4m3fn")
     if (variant[5] or {}).get("warp_specialized") is False:  # the no-producer ablation
         assert rep["num_warps"] == 8
         return
-    from flashattn.sm90.config import fwd_config
+    from flashattn.sm90.config import fp8_fwd_config, fwd_config
 
     d, d_v = variant[0] if isinstance(variant[0], tuple) else (variant[0], variant[0])
-    cfg = fwd_config(d, variant[4] > 0.0, head_dim_v=d_v if d_v != d else None,
-                     **(variant[5] or {}))
+    if variant[1] == "float8_e4m3fn":
+        cfg = fp8_fwd_config(d, d_v, variant[4] > 0.0, **(variant[5] or {}))
+    else:
+        cfg = fwd_config(d, variant[4] > 0.0, head_dim_v=d_v if d_v != d else None,
+                         **(variant[5] or {}))
     # consumer warpgroups + the producer's (padded) warpgroup
     assert rep["num_warps"] == 4 * (cfg.consumers + 1)
     # the techniques are really there: wgmma, TMA, register reallocation (producer down to

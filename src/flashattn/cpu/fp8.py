@@ -49,7 +49,8 @@ def _block_quantize(x: torch.Tensor, block: int) -> Tuple[torch.Tensor, torch.Te
     tiles = xf.view(b, n_blocks, block, h, d)
     amax = tiles.abs().amax(dim=(2, 4))  # (b, n_blocks, h)
     descale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
-    x8 = (tiles / descale[:, :, None, :, None]).clamp(-E4M3_MAX, E4M3_MAX).to(FP8_DTYPE)
+    # times the fp32 reciprocal of the descale (what the fused GPU pass computes, bit for bit)
+    x8 = (tiles * (1.0 / descale)[:, :, None, :, None]).clamp(-E4M3_MAX, E4M3_MAX).to(FP8_DTYPE)
     x8 = x8.view(b, n_blocks * block, h, d)[:, :s]
     return x8.contiguous(), descale.transpose(1, 2).contiguous()
 

@@ -48,41 +48,83 @@ def round_e4m3(x):
 
 
 @triton.jit
-def _quantize_tile(X, Out, Descale, h, signs, tile, stride_xb, stride_xs, stride_xh,
-                   stride_ob, stride_os, stride_oh, stride_od, seqlen, nheads, n_blocks,
-                   inv_sqrt_block, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                   BLOCK: tl.constexpr, ROTATE: tl.constexpr, DOT_PREC: tl.constexpr,
-                   UPCAST: tl.constexpr, EXACT_ROUND: tl.constexpr):
-    """One (BLOCK rows, head dim) tile of one (batch, head): tile = bh * n_blocks + block."""
+def _dot_exact(a, h, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr, LOW: tl.constexpr):
+    """a (fp32) · h (±1): as hi + lo 16-bit parts on the tensor cores (a sum of two 16-bit
+    values needs more than their 8 / 11 significant bits; hi + lo keeps 16 / 22, far below
+    e4m3's rounding), or in fp32 (UPCAST)."""
+    if UPCAST:
+        return tl.dot(a, h, input_precision=DOT_PREC)
+    hi = a.to(LOW)
+    lo = (a - hi.to(tl.float32)).to(LOW)
+    return tl.dot(lo, h, tl.dot(hi, h))
+
+
+@triton.jit
+def _quantize_tile(X, Out, Descale, h, h2, signs, signs2, tile, stride_xb, stride_xs,
+                   stride_xh, stride_ob, stride_os, stride_oh, stride_od, seqlen, nheads,
+                   n_blocks, inv_sqrt_block, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                   BLOCK: tl.constexpr, ROTATE: tl.constexpr, HALVES: tl.constexpr,
+                   MIX: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
+                   EXACT_ROUND: tl.constexpr):
+    """One (BLOCK rows, head dim) tile of one (batch, head): tile = bh * n_blocks + block.
+
+    HALVES (BLOCK_D = 256, rotated): the tile as two 128-column halves x1, x2, so the ±1
+    matrices in shared memory are 128 x 128 (a 256 x 256 one does not fit beside the tile).
+    The block-diagonal H is diag(h, h2); the full 256 Sylvester block (MIX) is [[h, h],
+    [h, -h]], so x · H = [(x1 + x2) h, (x1 - x2) h]."""
     pid_bh = tile // n_blocks
     pid_blk = tile % n_blocks
     off_b = pid_bh // nheads
     off_h = pid_bh % nheads
     rows = pid_blk * BLOCK + tl.arange(0, BLOCK)
-    cols = tl.arange(0, BLOCK_D)
+    W: tl.constexpr = BLOCK_D // 2 if HALVES else BLOCK_D
+    cols = tl.arange(0, W)
+    x_base = (X + off_b.to(tl.int64) * stride_xb + off_h.to(tl.int64) * stride_xh
+              + rows[:, None].to(tl.int64) * stride_xs)
+    o_base = (Out + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh
+              + rows[:, None].to(tl.int64) * stride_os)
     inside = (rows[:, None] < seqlen) & (cols[None, :] < HEAD_DIM)
-    x_ptrs = (X + off_b.to(tl.int64) * stride_xb + off_h.to(tl.int64) * stride_xh
-              + rows[:, None].to(tl.int64) * stride_xs + cols[None, :])
-    x = tl.load(x_ptrs, mask=inside, other=0.0)
-    if ROTATE:
-        # x · H (±1 entries, block-diagonal, zero past HEAD_DIM), then 1/sqrt(block), signs
-        if UPCAST:
-            x = x.to(tl.float32)
-        xf = tl.dot(x, h, input_precision=DOT_PREC)
-        xf = xf * inv_sqrt_block * signs[None, :]
+    x = tl.load(x_base + cols[None, :], mask=inside, other=0.0)
+    if HALVES:
+        inside2 = (rows[:, None] < seqlen) & (W + cols[None, :] < HEAD_DIM)
+        x2 = tl.load(x_base + W + cols[None, :], mask=inside2, other=0.0).to(tl.float32)
+        x1 = x.to(tl.float32)
+        if MIX:
+            y1 = _dot_exact(x1 + x2, h, DOT_PREC, UPCAST, X.dtype.element_ty)
+            y2 = _dot_exact(x1 - x2, h, DOT_PREC, UPCAST, X.dtype.element_ty)
+        else:
+            y1 = _dot_exact(x1, h, DOT_PREC, UPCAST, X.dtype.element_ty)
+            y2 = _dot_exact(x2, h2, DOT_PREC, UPCAST, X.dtype.element_ty)
+        y1 = y1 * inv_sqrt_block * signs[None, :]
+        y2 = y2 * inv_sqrt_block * signs2[None, :]
+        amax = tl.maximum(tl.max(tl.max(tl.abs(y1), 1), 0), tl.max(tl.max(tl.abs(y2), 1), 0))
     else:
-        xf = x.to(tl.float32)
-    amax = tl.max(tl.max(tl.abs(xf), 1), 0)
+        if ROTATE:
+            # x · H (±1 entries, block-diagonal, zero past HEAD_DIM), then 1/sqrt(block), signs
+            if UPCAST:
+                x = x.to(tl.float32)
+            y1 = tl.dot(x, h, input_precision=DOT_PREC)
+            y1 = y1 * inv_sqrt_block * signs[None, :]
+        else:
+            y1 = x.to(tl.float32)
+        amax = tl.max(tl.max(tl.abs(y1), 1), 0)
     descale = tl.where(amax > 0.0, amax / E4M3_MAX, 1.0)
     # multiply by the fp32 reciprocal (cpu/fp8.py does the same): a division per element
     # would cost ~10 instructions
-    xs = tl.minimum(tl.maximum(xf * (1.0 / descale), -E4M3_MAX), E4M3_MAX)
-    if EXACT_ROUND:  # the interpreter's own conversion does not round to nearest even
-        xs = round_e4m3(xs)
-    o_ptrs = (Out + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh
-              + rows[:, None].to(tl.int64) * stride_os + cols[None, :].to(tl.int64) * stride_od)
-    tl.store(o_ptrs, xs.to(Out.dtype.element_ty), mask=inside)
+    inv = 1.0 / descale
+    _store_e4m3(o_base, cols, y1, inv, inside, stride_od, EXACT_ROUND)
+    if HALVES:
+        _store_e4m3(o_base, W + cols, y2, inv, inside2, stride_od, EXACT_ROUND)
     tl.store(Descale + pid_bh.to(tl.int64) * n_blocks + pid_blk, descale)
+
+
+@triton.jit
+def _store_e4m3(o_base, cols, y, inv, inside, stride_od, EXACT_ROUND: tl.constexpr):
+    ys = tl.minimum(tl.maximum(y * inv, -E4M3_MAX), E4M3_MAX)
+    if EXACT_ROUND:  # the interpreter's own conversion does not round to nearest even
+        ys = round_e4m3(ys)
+    tl.store(o_base + cols[None, :].to(tl.int64) * stride_od,
+             ys.to(o_base.dtype.element_ty), mask=inside)
 
 
 @triton.jit
@@ -91,24 +133,33 @@ def _quantize_kernel(X, Out, Descale, Had, Signs,
                      stride_ob, stride_os, stride_oh, stride_od,
                      seqlen, nheads, n_blocks, n_tiles, inv_sqrt_block,
                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr,
-                     ROTATE: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
+                     ROTATE: tl.constexpr, HALVES: tl.constexpr, MIX: tl.constexpr,
+                     DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
                      EXACT_ROUND: tl.constexpr, NUM_STAGES: tl.constexpr):
     """Persistent: each program walks tiles pid, pid + nprog, ... so Triton's pipeliner loads
     the next tile while this one is rotated, reduced and stored (one tile per program left
-    the load latency exposed: 0.97 TB/s measured on the H100)."""
-    cols = tl.arange(0, BLOCK_D)
+    the load latency exposed: 0.97 TB/s measured on the H100). Had: (BLOCK_D, BLOCK_D) ±1, or
+    with HALVES (2, BLOCK_D / 2, BLOCK_D / 2)."""
+    W: tl.constexpr = BLOCK_D // 2 if HALVES else BLOCK_D
+    cols = tl.arange(0, W)
     h = cols  # (unused without ROTATE)
+    h2 = cols
     signs = cols
+    signs2 = cols
     if ROTATE:
-        h = tl.load(Had + cols[:, None] * BLOCK_D + cols[None, :])
+        h = tl.load(Had + cols[:, None] * W + cols[None, :])
+        signs = tl.load(Signs + cols, mask=cols < HEAD_DIM, other=0.0)
+        if HALVES:
+            h2 = tl.load(Had + W * W + cols[:, None] * W + cols[None, :])
+            signs2 = tl.load(Signs + W + cols, mask=W + cols < HEAD_DIM, other=0.0)
         if UPCAST:
             h = h.to(tl.float32)
-        signs = tl.load(Signs + cols, mask=cols < HEAD_DIM, other=0.0)
+            h2 = h2.to(tl.float32)
     for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0), num_stages=NUM_STAGES):
-        _quantize_tile(X, Out, Descale, h, signs, tile, stride_xb, stride_xs, stride_xh,
-                       stride_ob, stride_os, stride_oh, stride_od, seqlen, nheads, n_blocks,
-                       inv_sqrt_block, HEAD_DIM, BLOCK_D, BLOCK, ROTATE, DOT_PREC, UPCAST,
-                       EXACT_ROUND)
+        _quantize_tile(X, Out, Descale, h, h2, signs, signs2, tile, stride_xb, stride_xs,
+                       stride_xh, stride_ob, stride_os, stride_oh, stride_od, seqlen, nheads,
+                       n_blocks, inv_sqrt_block, HEAD_DIM, BLOCK_D, BLOCK, ROTATE, HALVES, MIX,
+                       DOT_PREC, UPCAST, EXACT_ROUND)
 
 
 @functools.lru_cache(maxsize=32)
@@ -120,7 +171,15 @@ def _hadamard_pm1(head_dim: int, block_d: int, dtype: torch.dtype,
     n = hadamard_block(head_dim)
     h = torch.zeros(block_d, block_d, dtype=torch.float64)
     h[:head_dim, :head_dim] = hadamard(head_dim, torch.device("cpu"), torch.float64) * n ** 0.5
-    return h.round().to(device=device, dtype=dtype)
+    h = h.round()
+    if block_d > _HALF_MAX:  # the two diagonal 128 x 128 blocks (the kernel's HALVES)
+        w = block_d // 2
+        h = torch.stack([h[:w, :w], h[w:, w:]])
+    return h.contiguous().to(device=device, dtype=dtype)
+
+
+# the widest ±1 matrix the kernel keeps in shared memory beside its tile
+_HALF_MAX = 128
 
 
 def _launch(x: torch.Tensor, out: torch.Tensor, out_strides, descale: torch.Tensor,
@@ -134,7 +193,8 @@ def _launch(x: torch.Tensor, out: torch.Tensor, out_strides, descale: torch.Tens
     sg = signs if rotate else descale  # (float32 (d,) on x's device: api/fp8.py)
     n_blocks = cdiv(s, block)
     n_tiles = n_blocks * b * h
-    # the (block, d) tile lives in registers: 8 warps from 16K elements on
+    # the (block, d) tile lives in registers: 8 warps from 16K elements on (AOT report, sm90:
+    # d = 256 rotated spills 420 bytes with 8 warps, 1992 with 16 (128 registers a thread))
     warps = 8 if block * block_d >= 16384 else 4
     programs = n_tiles if interpret else min(n_tiles, 2 * sm_count(x.device))
     _quantize_kernel[(programs,)](
@@ -143,8 +203,9 @@ def _launch(x: torch.Tensor, out: torch.Tensor, out_strides, descale: torch.Tens
         *out_strides,
         s, h, n_blocks, n_tiles, float(hadamard_block(d)) ** -0.5,
         HEAD_DIM=d, BLOCK_D=block_d, BLOCK=block, ROTATE=rotate,
+        HALVES=rotate and block_d > _HALF_MAX, MIX=hadamard_block(d) > _HALF_MAX,
         DOT_PREC="ieee" if upcast else "tf32", UPCAST=upcast, EXACT_ROUND=interpret,
-        NUM_STAGES=1 if interpret else 2, num_warps=warps)
+        NUM_STAGES=1 if interpret or block_d > _HALF_MAX else 2, num_warps=warps)
 
 
 def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, signs: Optional[torch.Tensor],

@@ -84,28 +84,32 @@ SOFTCAP_CONFIGS: Dict[int, FwdConfig] = {
 }
 
 
-# FP8 (e4m3 Q, K, V^T, bf16 O): tiles of half the bytes. O has its own slot (Q's is fp8). First
-# cut: the bf16 tile shapes with one more pipeline stage where shared memory allows (tuned in
-# benchmarks/NOTES.md, session 12).
+# FP8 (e4m3 Q, K, V^T, bf16 O): tiles of half the bytes. O has its own slot (Q's is fp8).
+# H100, 16k tokens (benchmarks/NOTES.md, session 12), TFLOP/s non-causal / causal:
+# d = 256 BLOCK_N 128: 1040 / 944 against 831-852 / 789-804 with 64 (it spills 120 / 24 bytes:
+# O is 128 registers and two S tiles 128 more; without the intra-warpgroup overlap 24 / 0
+# bytes but 1013 / 889); d = 128: 2 / 3 / 4 stages, ping-pong 1 / 2 and no overlap all
+# measured equal or slower than this (706-726 non-causal); d = 64: two consumers 377 / 400
+# against three 443 / 422.
 FP8_CONFIGS: Dict[int, FwdConfig] = {
     64: FwdConfig(block_m=192, block_n=128, num_stages=3, separate_o=True, consumers=3,
                   consumer_regs=160, maxnreg=128),
     96: FwdConfig(block_m=128, block_n=128, num_stages=3, separate_o=True),
     128: FwdConfig(block_m=128, block_n=128, num_stages=3, separate_o=True),
     192: FwdConfig(block_m=128, block_n=64, num_stages=3, separate_o=True),
-    256: FwdConfig(block_m=128, block_n=64, num_stages=2, separate_o=True),
+    256: FwdConfig(block_m=128, block_n=128, num_stages=2, separate_o=True),
 }
 
 
 def fp8_fwd_config(head_dim: int, head_dim_v: Optional[int] = None, softcap: bool = False,
                    **overrides) -> FwdConfig:
     """The FP8 forward's config (FP8_CONFIGS by the larger head dim; softcap's tanh needs the
-    registers of a 64-key block at d <= 128, as in bf16), with overrides."""
+    registers of a 64-key block, as in bf16), with overrides."""
     key = max(head_dim, head_dim_v or head_dim)
     cfg = FP8_CONFIGS[key]
     if softcap and key in SOFTCAP_CONFIGS and cfg.consumers == 3:
         cfg = replace(SOFTCAP_CONFIGS[key], separate_o=True)
-    elif softcap and key in SOFTCAP_CONFIGS:
+    elif softcap:  # tanh's registers: 64-key blocks (d = 256 with 128 spills 112 bytes)
         cfg = replace(cfg, block_n=64)
     cfg = replace(cfg, **overrides) if overrides else cfg
     if not cfg.separate_o or cfg.rescale_early:

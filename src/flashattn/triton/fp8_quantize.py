@@ -196,7 +196,10 @@ def _launch(x: torch.Tensor, out: torch.Tensor, out_strides, descale: torch.Tens
     # the (block, d) tile lives in registers: 8 warps from 16K elements on (AOT report, sm90:
     # d = 256 rotated spills 420 bytes with 8 warps, 1992 with 16 (128 registers a thread))
     warps = 8 if block * block_d >= 16384 else 4
-    programs = n_tiles if interpret else min(n_tiles, 2 * sm_count(x.device))
+    # programs per SM: what registers / shared memory allow (AOT report: d = 64 tiles are
+    # 16 KiB, d >= 96 rotated ones take 112-160 KiB of shared memory)
+    per_sm = 6 if block * block_d <= 8192 else 2
+    programs = n_tiles if interpret else min(n_tiles, per_sm * sm_count(x.device))
     _quantize_kernel[(programs,)](
         x, out, descale, had, sg,
         x.stride(0), x.stride(1), x.stride(2),

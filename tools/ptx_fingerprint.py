@@ -86,7 +86,7 @@ MODULE_ALIASES = {
 
 FAMILIES = ("portable", "portable-notma", "sm90", "sm90-aux", "decode", "extra")
 DECODE_ARGV = ["--all", "--configs", "128,8,3"]
-SM90_DTYPES = {"bfloat16": "bf16", "float16": "fp16"}
+SM90_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float8_e4m3fn": "fp8"}
 
 # --------------------------------------------------------------------------------------------
 
@@ -314,7 +314,8 @@ def sm90_jobs(lay: Layout) -> List[Job]:
     import torch
 
     aot = lay.get("aot_sm90")
-    dtypes = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+    dtypes = {"bfloat16": torch.bfloat16, "float16": torch.float16,
+              "float8_e4m3fn": torch.float8_e4m3fn}
     jobs = []
     for v in sm90_variant_list(lay):
         kind, d, dt, causal, window, softcap, ov = _sm90_parts(v)

@@ -152,6 +152,34 @@ def build_parser() -> argparse.ArgumentParser:
 # ---------------------------------------------------------------------------------------------
 # info
 # ---------------------------------------------------------------------------------------------
+# torch / triton pairs this release was tested with, and which kernels each one gets (README:
+# Install). The Hopper path's per-version status comes from flashattn.sm90.support.
+TESTED_PAIRS = (
+    ("2.11.0+cu130", "3.6.0", "H100: GPU tests + benchmark grid; Gluon (Hopper) kernels on sm90"),
+    ("2.13.0 (CPU)", "3.6.0", "CI: the full CPU suite (interpreter) + sm_90 AOT of every kernel"),
+    ("2.13.0 (CPU)", "3.7.1 / 3.8.0 / 3.9.0",
+     "sm_90 AOT of every Gluon variant; Hopper path off by default (not GPU-verified)"),
+)
+
+
+def _print_tested_versions() -> None:
+    print("\ntested torch / triton pairs:")
+    print(format_table(["torch", "triton", "what ran"], [list(p) for p in TESTED_PAIRS]))
+    try:
+        from flashattn.sm90 import support
+
+        print("Gluon (Hopper) kernels by triton version:")
+        for minor, how in support.GLUON_TRITON.items():
+            on = "on" if minor in support.GPU_VERIFIED_TRITON else "off unless FLASHATTN_BACKEND=hopper"
+            print(f"  triton {minor}: {on}; {how}")
+        why = support.gluon_unavailable(require_verified=True)
+        print(f"  this triton ({support.triton_version()}): "
+              + ("Hopper kernels on (sm90)" if why is None else why))
+    except Exception as exc:  # pragma: no cover - triton missing or broken
+        print(f"  (Gluon status unavailable: {type(exc).__name__}: {exc})")
+    print()
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     import torch
 
@@ -173,6 +201,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(f"numpy     {numpy.__version__}")
     except ImportError:
         print("numpy     not installed")
+    _print_tested_versions()
     from flashattn.runtime import env
 
     print("\nenvironment variables flashattn reads (README: Environment variables):")

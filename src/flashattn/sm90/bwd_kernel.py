@@ -59,6 +59,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                                warpgroup_mma, warpgroup_mma_wait)
 
+from flashattn.runtime.gluon_api import cta_barrier, tma_load, tma_store  # noqa: F401 (version names)
+
 from flashattn.runtime.gluon_builtins import tma_reduce_add, tma_reduce_add_from_shared
 from flashattn.sm90.bwd_epilogue import store_kv_grads
 from flashattn.sm90.bwd_producer import alloc_query_streams, producer, read_tile
@@ -73,10 +75,10 @@ def _add_dq_async(dq_desc, row, col, dq, dq_buf):
     staging buffer: the reduce runs on the copy engine while the consumer moves on; the next
     call (or the epilogue) waits until it has read the buffer."""
     tma.store_wait(0)
-    gl.thread_barrier()  # no thread overwrites the buffer before the previous reduce read it
+    cta_barrier()  # no thread overwrites the buffer before the previous reduce read it
     dq_buf.store(dq)
     fence_async_shared()
-    gl.thread_barrier()  # every thread's part is in shared memory before the one-thread issue
+    cta_barrier()  # every thread's part is in shared memory before the one-thread issue
     tma_reduce_add_from_shared(dq_desc, [row, col], dq_buf)
 
 
@@ -100,7 +102,7 @@ def _hand_dq_to_writer(dq, dq_buf, handoff, it, row, turn, WG: gl.constexpr):
     if WG == 0:
         _write_meta(meta_smem, row, turn)
     fence_async_shared()
-    gl.thread_barrier()  # every thread's part is in shared memory before the one-thread arrive
+    cta_barrier()  # every thread's part is in shared memory before the one-thread arrive
     mbarrier.arrive(dq_full)
 
 
@@ -130,7 +132,7 @@ def _end_dq_writer(handoff, it, WG: gl.constexpr):
     mbarrier.wait(dq_empty, (it & 1) ^ 1)
     if WG == 0:
         _write_meta(meta_smem, -1, 0)
-    gl.thread_barrier()
+    cta_barrier()
     mbarrier.arrive(dq_full)
 
 
@@ -166,16 +168,16 @@ def _dq_writer(dq_desc, dq_smem, handoff, tile_counter, RELEASE_LATE: gl.constex
         tma_reduce_add_from_shared(dq_desc, [row, 0], dq_smem.index(0))
         tma_reduce_add_from_shared(dq_desc, [row, HALF_D], dq_smem.index(1))
         tma.store_wait(0)  # both staging tiles read
-        gl.thread_barrier()
+        cta_barrier()
         mbarrier.arrive(dq_empty)
         if not RELEASE_LATE:
             per_thread_ptx("cp.async.bulk.wait_group 0;\n\tfence.proxy.async.global;", 1)
-            gl.thread_barrier()
+            cta_barrier()
             gl.atomic_add(turns + block, 1, sem="release", scope="gpu")
         elif n > 0:
             # the previous block's sums are in global memory before its next key block adds
             per_thread_ptx("cp.async.bulk.wait_group 2;\n\tfence.proxy.async.global;", 1)
-            gl.thread_barrier()
+            cta_barrier()
             gl.atomic_add(turns + prev, 1, sem="release", scope="gpu")
         prev = block
         n += 1
@@ -183,7 +185,7 @@ def _dq_writer(dq_desc, dq_smem, handoff, tile_counter, RELEASE_LATE: gl.constex
         row, turn = _read_meta(meta_smem)
     if RELEASE_LATE and n > 0:
         per_thread_ptx("cp.async.bulk.wait_group 0;\n\tfence.proxy.async.global;", 1)
-        gl.thread_barrier()
+        cta_barrier()
         gl.atomic_add(turns + prev, 1, sem="release", scope="gpu")
 
 
@@ -445,7 +447,7 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
         ds_buf = ds_smem.index(ds_slot)
         ds_buf.slice(WG * HALF_N, HALF_N, dim=0).store(ds_lp)
         fence_async_shared()
-        gl.thread_barrier()  # every thread's dS^T is in smem before the single-thread arrive
+        cta_barrier()  # every thread's dS^T is in smem before the single-thread arrive
         mbarrier.arrive(ds_ready.index(ds_slot))
         mbarrier.wait(ds_ready.index(ds_slot), ds_phase)
         dq_tok = warpgroup_mma(ds_buf.permute((1, 0)), k_cols, dq_zero, use_acc=False,

@@ -12,6 +12,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
+from flashattn.runtime.gluon_api import cta_barrier, tma_load, tma_store  # noqa: F401 (version names)
+
 from flashattn.sm90.ring import ring_load
 from flashattn.sm90.tiles import key_block_coords, query_block_range
 
@@ -68,7 +70,7 @@ def publish_tile(tile_counter, tile):
     (Read back as a scalar load: a shared-memory slot needs a cross-warp reduction to become
     a scalar in Gluon, and that cost the consumers registers: 168 vs 80 spill bytes.)"""
     gl.store(tile_counter + 1 + gl.program_id(0), tile)
-    gl.thread_barrier()  # the store is ordered before the single-thread arrive
+    cta_barrier()  # the store is ordered before the single-thread arrive
 
 
 @gluon.jit
@@ -100,8 +102,8 @@ def _produce_key_tile(tile, it, descs, smem, bars, problem, window, ptrs, schedu
                                        LONGEST_FIRST, DETERMINISTIC)
     n_start = n_block * BLOCK_N
     mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(k_desc, [b, n_start, h_k, 0], kv_ready, k_smem)
-    tma.async_copy_global_to_shared(v_desc, [b, n_start, h_k, 0], kv_ready, v_smem)
+    tma_load(k_desc, [b, n_start, h_k, 0], kv_ready, k_smem)
+    tma_load(v_desc, [b, n_start, h_k, 0], kv_ready, v_smem)
     lo_blk, n_blocks = query_block_range(n_start, seqlen_q, seqlen_k, window_left, window_right,
                                          BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
     for g in range(group_size):
@@ -120,7 +122,7 @@ def _produce_key_tile(tile, it, descs, smem, bars, problem, window, ptrs, schedu
             # the slot's previous statistics were read before both consumers released Q and dO
             lse_smem.index(stage).store(lse2)
             delta_smem.index(stage).store(delta)
-            gl.thread_barrier()  # the whole warp's stores land before the single-thread arrive
+            cta_barrier()  # the whole warp's stores land before the single-thread arrive
             mbarrier.arrive(stats_ready.index(stage))
             it += 1
     return it

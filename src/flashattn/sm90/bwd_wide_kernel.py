@@ -45,6 +45,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                                warpgroup_mma, warpgroup_mma_wait)
 
+from flashattn.runtime.gluon_api import cta_barrier, tma_load, tma_store  # noqa: F401 (version names)
+
 from flashattn.runtime.gluon_builtins import tma_reduce_add_from_shared
 from flashattn.sm90.bwd_epilogue import store_kv_grads
 from flashattn.sm90.bwd_producer import alloc_query_streams, producer
@@ -59,10 +61,10 @@ def _add_dq_piece(dq_desc, row, col, piece, dq_buf):
     the next piece waits until the copy engine has read the tile. (No atomics variant: at
     d = 128 the TMA reduce measured 1.15-1.3x faster, hopper/config.py.)"""
     tma.store_wait(0)
-    gl.thread_barrier()  # no thread overwrites the tile before the previous reduce read it
+    cta_barrier()  # no thread overwrites the tile before the previous reduce read it
     dq_buf.store(piece)
     fence_async_shared()
-    gl.thread_barrier()  # every thread's part is in shared memory before the issue
+    cta_barrier()  # every thread's part is in shared memory before the issue
     tma_reduce_add_from_shared(dq_desc, [row, col], dq_buf)
 
 
@@ -184,7 +186,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
         pds_smem.index(WG).store(p.to(dtype))
         pds_smem.index(2 + WG).store(ds.to(dtype))
         fence_async_shared()
-        gl.thread_barrier()  # every thread's tiles are in smem before the single-thread arrive
+        cta_barrier()  # every thread's tiles are in smem before the single-thread arrive
         mbarrier.arrive(p_ready)
         mbarrier.wait(p_ready, p_phase)
 

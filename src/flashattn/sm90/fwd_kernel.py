@@ -49,6 +49,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                                warpgroup_mma, warpgroup_mma_wait)
 
+from flashattn.runtime.gluon_api import tma_load, tma_store  # noqa: F401 (version names)
+
 from flashattn.sm90.ptx import per_thread_ptx
 from flashattn.sm90.ring import ring_load
 from flashattn.sm90.softmax import LN2, P_SCALE_LOG2, apply_softcap, mask_scores, online_softmax
@@ -106,7 +108,7 @@ def _load_q(q_desc, q_smem, q_ready, b, h, m_start):
     CONSUMERS: gl.constexpr = q_smem.shape[0]
     mbarrier.expect(q_ready, CONSUMERS * q_desc.block_type.nbytes)
     for i in gl.static_range(CONSUMERS):
-        tma.async_copy_global_to_shared(q_desc, [b, m_start + i * HALF_M, h, 0], q_ready,
+        tma_load(q_desc, [b, m_start + i * HALF_M, h, 0], q_ready,
                                         q_smem.index(i))
 
 
@@ -414,7 +416,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
         tma.store_wait(0)  # the previous tile's store has left o_smem
         o_view.store(out)
         fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, [b, row0, h, 0], o_smem.index(WG))
+        tma_store(o_desc, [b, row0, h, 0], o_smem.index(WG))
 
         rows = row0 + gl.arange(0, HALF_M, layout=ROW_S)
         if FP8:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
+from flashattn.runtime.gluon_api import tma_load, tma_store  # noqa: F401 (version names)
+
 
 @gluon.jit
 def ring_load(desc, coords, ring, ready, empty, stage, phase):
@@ -16,4 +18,4 @@ def ring_load(desc, coords, ring, ready, empty, stage, phase):
     consumers have released the slot's previous contents (``empty`` of the previous phase)."""
     mbarrier.wait(empty.index(stage), phase ^ 1)
     mbarrier.expect(ready.index(stage), desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(desc, coords, ready.index(stage), ring.index(stage))
+    tma_load(desc, coords, ready.index(stage), ring.index(stage))

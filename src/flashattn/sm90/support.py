@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from typing import Any, Mapping, Optional
 
 import torch
@@ -16,29 +17,61 @@ from flashattn.runtime import env
 
 HEAD_DIMS = (64, 96, 128, 192, 256)
 DTYPES = (torch.float16, torch.bfloat16)
-# Gluon's API moves between releases; the kernels are written against this one.
-TRITON_VERSIONS = ("3.6.",)
+# Gluon's API moves between releases. The kernels compile on these (the API differences are
+# in flashattn.runtime.gluon_api), and this is what verified each one:
+GLUON_TRITON = {
+    "3.6": "H100: pytest -m gpu and the benchmark grid (every session); sm_90 AOT in CI",
+    "3.7": "sm_90 AOT compile of every Gluon variant (CI); not run on a GPU",
+    "3.8": "sm_90 AOT compile of every Gluon variant (CI); not run on a GPU",
+    "3.9": "sm_90 AOT compile of every Gluon variant (CI); not run on a GPU",
+}
+# The versions whose Gluon kernels ran on a GPU (tests and the grid): the Hopper path is on by
+# default there. On the others it is off, with one warning, unless FLASHATTN_BACKEND=hopper.
+GPU_VERIFIED_TRITON = ("3.6",)
+# (kept for callers of the former name: the verified version prefixes)
+TRITON_VERSIONS = tuple(v + "." for v in GPU_VERIFIED_TRITON)
 
 
-@functools.lru_cache(maxsize=None)
-def gluon_unavailable() -> Optional[str]:
-    """Why this Triton cannot build the Hopper kernels (None when it can)."""
+def triton_minor(version: str) -> str:
+    """'3.9.0' -> '3.9' (the key of GLUON_TRITON)."""
+    return ".".join(version.split(".")[:2])
+
+
+def triton_version() -> Optional[str]:
     try:
         import triton
     except ImportError:
+        return None
+    return getattr(triton, "__version__", "?")
+
+
+@functools.lru_cache(maxsize=None)
+def gluon_unavailable(require_verified: bool = False) -> Optional[str]:
+    """Why this Triton cannot build the Hopper kernels (None when it can). With
+    ``require_verified``, also refuse a version whose kernels only compiled (AOT) and never
+    ran on a GPU (see GLUON_TRITON)."""
+    version = triton_version()
+    if version is None:
         return "triton is not installed"
-    version = getattr(triton, "__version__", "?")
-    if not version.startswith(TRITON_VERSIONS):
-        return f"triton {version}: the Gluon kernels are written for {', '.join(TRITON_VERSIONS)}x"
+    minor = triton_minor(version)
+    if minor not in GLUON_TRITON:
+        return (f"triton {version}: the Gluon kernels are written for triton "
+                f"{', '.join(GLUON_TRITON)}")
+    if require_verified and minor not in GPU_VERIFIED_TRITON:
+        return (f"triton {version}: its Gluon kernels are verified by {GLUON_TRITON[minor]} "
+                f"(GPU-verified: triton {', '.join(GPU_VERIFIED_TRITON)}); "
+                f"FLASHATTN_BACKEND=hopper uses them anyway")
     try:
         from triton.experimental.gluon import language as gl
         from triton.experimental.gluon.language.nvidia import hopper
         from triton.experimental.gluon.nvidia import hopper as gluon_host
+
+        from flashattn.runtime import gluon_api  # noqa: F401 (the version-specific names)
     except Exception as exc:  # pragma: no cover - depends on the installed triton
         return f"triton.experimental.gluon not importable ({type(exc).__name__}: {exc})"
     needed = [(gl, "warp_specialize"), (gl, "NVMMADistributedLayout"), (hopper, "warpgroup_mma"),
-              (hopper, "warpgroup_mma_wait"), (hopper.tma, "async_copy_global_to_shared"),
-              (hopper.tma, "async_copy_shared_to_global"), (hopper.mbarrier, "expect"), (gluon_host, "TensorDescriptor")]
+              (hopper, "warpgroup_mma_wait"), (hopper.mbarrier, "expect"),
+              (gluon_host, "TensorDescriptor")]
     missing = [f"{mod.__name__}.{name}" for mod, name in needed if not hasattr(mod, name)]
     if missing:
         return f"triton {version} lacks {', '.join(missing)}"
@@ -46,11 +79,15 @@ def gluon_unavailable() -> Optional[str]:
 
 
 @functools.lru_cache(maxsize=None)
-def _device_unavailable(index: int) -> Optional[str]:
+def _device_unavailable(index: int, forced: bool) -> Optional[str]:
     cap = torch.cuda.get_device_capability(index)
     if cap != (9, 0):
         return f"device cuda:{index} is sm_{cap[0]}{cap[1]}, not sm_90"
-    return gluon_unavailable()
+    reason = gluon_unavailable(require_verified=not forced)
+    if reason is not None and gluon_unavailable() is None:  # compiles, not GPU-verified
+        warnings.warn(f"flashattn: the Hopper (Gluon) kernels are off on sm_90 with {reason}; "
+                      "the portable Triton kernels run instead", stacklevel=3)
+    return reason
 
 
 def device_unavailable(device: torch.device) -> Optional[str]:
@@ -60,7 +97,8 @@ def device_unavailable(device: torch.device) -> Optional[str]:
     if not torch.cuda.is_available():
         return "CUDA is not available"
     index = device.index if device.index is not None else torch.cuda.current_device()
-    return _device_unavailable(index)
+    # (cached per device and mode: the warning above is said once)
+    return _device_unavailable(index, env.settings().backend == "hopper")
 
 
 def tma_ok(t: torch.Tensor) -> bool:

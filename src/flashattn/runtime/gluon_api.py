@@ -1,0 +1,34 @@
+"""The Gluon (Hopper) API names the sm90 kernels use, across the Triton versions flashattn
+supports: the kernels import these instead of the version-specific names, so nothing in them
+branches on the Triton version.
+
+Differences handled here (found by compiling every Gluon variant for sm_90 on each version):
+
+- TMA copies: Triton 3.6 / 3.7 ``tma.async_copy_global_to_shared`` /
+  ``tma.async_copy_shared_to_global``; 3.8 / 3.9 renamed them ``tma.async_load`` /
+  ``tma.async_store`` (the old names remain and raise).
+- The CTA-wide barrier: 3.6 ``gl.thread_barrier()``; 3.7+ ``gl.barrier()`` (thread_barrier gone).
+"""
+from __future__ import annotations
+
+from triton.experimental.gluon import language as _gl
+from triton.experimental.gluon.language.nvidia.hopper import tma as _tma
+
+
+def _first(module, *names):
+    """The first attribute of ``module`` among ``names`` (newest name first)."""
+    for name in names:
+        fn = getattr(module, name, None)
+        if fn is not None:
+            return fn
+    raise ImportError(f"{module.__name__} has none of {names}")
+
+
+# tma_load(desc, coord, barrier, result_smem), tma_store(desc, coord, src_smem)
+tma_load = _first(_tma, "async_load", "async_copy_global_to_shared")
+tma_store = _first(_tma, "async_store", "async_copy_shared_to_global")
+
+# cta_barrier(): every thread of the CTA (of the partition) reaches it before any goes on
+cta_barrier = _first(_gl, "barrier", "thread_barrier")
+
+__all__ = ["cta_barrier", "tma_load", "tma_store"]

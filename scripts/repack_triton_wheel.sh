@@ -42,4 +42,4 @@ rm -f "$OUTDIR"/part_*
 tar -C "$work/pkg" -cf - triton "$(basename "$(ls -d "$work"/pkg/triton-*.dist-info)")" \
     | xz -T2 -9 -c | split -b "${PART_MB}m" - "$OUTDIR/part_"
 ls -la "$OUTDIR"
-sha256sum "$OUTDIR"/part_* > "$OUTDIR/SHA256SUMS"
+(cd "$OUTDIR" && sha256sum part_* > SHA256SUMS)

@@ -17,10 +17,13 @@ shift
 version="$(basename "$parts")"; version="${version#triton-}"
 minor="$(echo "$version" | cut -d. -f1,2)"
 dest="/tmp/triton-$version"
-if [ ! -d "$dest/triton" ]; then
+# (re-extracted when the parts changed: a machine kept warm keeps /tmp between calls)
+if ! cmp -s "$parts/SHA256SUMS" "$dest/SHA256SUMS" 2>/dev/null || [ ! -d "$dest/triton" ]; then
+    rm -rf "$dest"
     mkdir -p "$dest"
-    if [ -f "$parts/SHA256SUMS" ]; then (cd "$parts" && sha256sum -c --quiet SHA256SUMS); fi
+    (cd "$parts" && sha256sum -c --quiet SHA256SUMS)
     cat "$parts"/part_* | xz -d | tar -x -C "$dest"
+    cp "$parts/SHA256SUMS" "$dest/SHA256SUMS"
 fi
 site="/tmp/flashattn-verify-$version"
 mkdir -p "$site"

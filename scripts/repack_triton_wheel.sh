@@ -6,7 +6,7 @@
 #   bash scripts/repack_triton_wheel.sh 3.9.0            # -> .wheels/triton-3.9.0/part_aa ...
 #   PYVER=3.12 bash scripts/repack_triton_wheel.sh 3.8.0 OUTDIR
 #
-# Dropped (sizes for 3.9.0, unpacked): backends/amd (104 MB), the CUPTI libraries of the
+# Dropped (sizes for 3.9.0, unpacked): backends/amd's libraries (104 MB), the CUPTI libraries of the
 # profiler (278 MB), ptxas-blackwell (50 MB), libproton.so and the instrumentation plugins
 # (32 MB); libtriton.so loses its symbol tables (strip --strip-unneeded). Kept: the sm_90
 # compiler (libtriton, ptxas, cuobjdump, nvdisasm, libdevice) and the Python package.
@@ -32,7 +32,9 @@ wheel="$(ls "$work"/dl/triton-*.whl)"
 mkdir -p "$work/pkg"
 python3 -m zipfile -e "$wheel" "$work/pkg"
 t="$work/pkg/triton"
-rm -rf "$t/backends/amd" "$t/backends/nvidia/lib/cupti" "$t/backends/nvidia/lib/cupti-blackwell" \
+# (backends/amd keeps its Python files: Triton discovers backends through entry points, and
+# the image's own triton dist-info names triton.backends.amd too, so the module must import)
+rm -rf "$t/backends/amd/lib" "$t/backends/amd/include" "$t/backends/nvidia/lib/cupti" "$t/backends/nvidia/lib/cupti-blackwell" \
        "$t/backends/nvidia/bin/ptxas-blackwell" "$t/_C/libproton.so" "$t/instrumentation"
 strip --strip-unneeded "$t/_C/libtriton.so" || true
 chmod +x "$t"/backends/nvidia/bin/* 2>/dev/null || true

@@ -36,6 +36,16 @@ try:
 except Exception:  # not on the path yet, or no torch: nothing to mark
     pass
 PYEOF
+# Triton 3.9 compiles sm_90 with its "ptxas-blackwell" (the repack drops it): point it, and any
+# other missing bundled tool, at the image's CUDA ptxas
+cuda_ptxas="$(ls /usr/local/cuda*/bin/ptxas 2>/dev/null | head -1 || true)"
+for tool in ptxas ptxas-blackwell; do
+    var="TRITON_$(echo "$tool" | tr 'a-z-' 'A-Z_')_PATH"
+    if [ ! -x "$dest/triton/backends/nvidia/bin/$tool" ] && [ -n "$cuda_ptxas" ] && [ -z "${!var:-}" ]; then
+        export "$var=$cuda_ptxas"
+        echo "$var=$cuda_ptxas"
+    fi
+done
 export PYTHONPATH="$dest:$site:$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 python3 -c 'import triton; print("triton", triton.__version__, "from", triton.__file__)'
 exec "$@"

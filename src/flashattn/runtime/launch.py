@@ -112,16 +112,18 @@ def launch_jit(fn: Any, grid: Any, args: Sequence[Any], kwargs: Dict[str, Any],
 
 
 class TensorDescArg:
-    """What Triton 3.6's launcher reads from a host tensor descriptor (``base.data_ptr()``,
-    ``shape``, ``strides``, ``padding``: nvidia driver ``make_tensordesc_arg``), without
-    ``TensorDescriptor``'s construction-time validation (~6 us of Python per descriptor on the
-    H100 host): a replayed launch changes only the base; the shape and strides it replays were
-    validated when the plan was recorded."""
+    """What Triton's launcher reads from a host tensor descriptor (``base.data_ptr()``,
+    ``shape``, ``strides``, ``padding``, and from 3.9 ``round_f32_to_tf32``: nvidia driver
+    ``make_tensordesc_arg``), without ``TensorDescriptor``'s construction-time validation (~6 us
+    of Python per descriptor on the H100 host): a replayed launch changes only the base; the
+    shape and strides it replays were validated when the plan was recorded."""
 
-    __slots__ = ("base", "shape", "strides", "padding")
+    __slots__ = ("base", "shape", "strides", "padding", "round_f32_to_tf32")
 
-    def __init__(self, base: torch.Tensor, shape: Any, strides: Any, padding: str) -> None:
+    def __init__(self, base: torch.Tensor, shape: Any, strides: Any, padding: str,
+                 round_f32_to_tf32: bool = False) -> None:
         self.base, self.shape, self.strides, self.padding = base, shape, strides, padding
+        self.round_f32_to_tf32 = round_f32_to_tf32
 
 
 class LaunchPlan:
@@ -143,7 +145,8 @@ class LaunchPlan:
         self.kernel, self.grid, self.device = kernel, grid, device
         # (position, descriptor (shape, strides, padding) or None, alignment of a plain tensor)
         self.slots = tuple(
-            (i, (list(a.shape), list(a.strides), a.padding) if hasattr(a, "block_shape")
+            (i, (list(a.shape), list(a.strides), a.padding,
+                 bool(getattr(a, "round_f32_to_tf32", False))) if hasattr(a, "block_shape")
              else None, None if hasattr(a, "block_shape") else a.data_ptr() % 16 == 0)
             for i, a in slots)
         # the recorded call's tensors leave the template: a cached plan must not keep them alive

@@ -156,9 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
 # Install). The Hopper path's per-version status comes from flashattn.sm90.support.
 TESTED_PAIRS = (
     ("2.11.0+cu130", "3.6.0", "H100: GPU tests + benchmark grid; Gluon (Hopper) kernels on sm90"),
+    ("2.11.0+cu130", "3.9.0", "H100: GPU tests + 16k grid (session 12); Gluon kernels on sm90"),
     ("2.13.0 (CPU)", "3.6.0", "CI: the full CPU suite (interpreter) + sm_90 AOT of every kernel"),
-    ("2.13.0 (CPU)", "3.7.1 / 3.8.0 / 3.9.0",
-     "sm_90 AOT of every Gluon variant; Hopper path off by default (not GPU-verified)"),
+    ("2.13.0 (CPU)", "3.9.0", "CI: sm_90 AOT of every Gluon variant"),
+    ("2.13.0 (CPU)", "3.7.1 / 3.8.0",
+     "CI: sm_90 AOT of the shipped Gluon variants; Hopper path off by default (no GPU run)"),
 )
 
 

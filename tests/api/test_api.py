@@ -39,10 +39,17 @@ EMPTY = inspect.Parameter.empty
     ],
 )
 def test_signature_matches_flash_attn_2(fn, positional):
+    """flash-attn 2's parameters, in its order and with its defaults; flash_attn_func adds
+    FA3's FP8 descales (and the FP8 output dtype) after them, keyword only."""
     params = inspect.signature(fn).parameters
     expected = [(n, EMPTY) for n in positional] + COMMON
-    assert [(n, p.default) for n, p in params.items()] == expected
-    assert all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params.values())
+    fa2 = [(n, p.default) for n, p in params.items()
+           if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    assert fa2 == expected
+    extra = [(n, p.default) for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    assert extra == ([("q_descale", None), ("k_descale", None), ("v_descale", None),
+                      ("out_dtype", None)] if fn is flash_attn_func else [])
+    assert len(fa2) + len(extra) == len(params)
     hints = typing.get_type_hints(fn)
     assert set(hints) >= {n for n, _ in expected} | {"return"}
     doc = inspect.getdoc(fn)
@@ -55,7 +62,7 @@ def test_public_names():
                                       "flash_attn_varlen_func", "flash_attn_varlen_qkvpacked_func",
                                       "flash_attn_varlen_kvpacked_func",
                                       "flash_attn_with_kvcache", "flash_attn_combine",
-                                      "use_backend", "checks"}
+                                      "flash_attn_fp8_func", "use_backend", "checks"}
 
 
 def _inputs(b=2, s_q=7, s_k=9, h=4, h_k=2, d=16, d_v=None, dtype=torch.float32, grad=True):

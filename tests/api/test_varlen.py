@@ -508,7 +508,9 @@ EMPTY = inspect.Parameter.empty
 
 @pytest.mark.parametrize("fn,positional,extra", [
     (flash_attn_varlen_func, ["q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q",
-                              "max_seqlen_k"], [("block_table", None), ("seqused_k", None)]),
+                              "max_seqlen_k"], [("block_table", None), ("seqused_k", None),
+                                                ("q_descale", None), ("k_descale", None),
+                                                ("v_descale", None), ("out_dtype", None)]),
     (flash_attn_varlen_qkvpacked_func, ["qkv", "cu_seqlens", "max_seqlen"], []),
     (flash_attn_varlen_kvpacked_func, ["q", "kv", "cu_seqlens_q", "cu_seqlens_k",
                                        "max_seqlen_q", "max_seqlen_k"], []),

@@ -63,7 +63,9 @@ def _rotary_store_kernel(X, Dst, Cos, Sin, Seqlens, BatchIdx, BlockTable,
             pair = tl.where(offs_d < rot_half, offs_d, offs_d - rot_half)
             partner = tl.where(offs_d < rot_half, offs_d + rot_half, offs_d - rot_half)
             first = offs_d < rot_half
-        in_rot = (offs_d < rot_dim) & (pos < seqlen_ro)
+        # (the position test as a tensor, not a scalar: Triton 3.9's interpreter rejects the
+        # mask a tensor & scalar-bool makes, "mask has unsupported dtype")
+        in_rot = (offs_d < rot_dim) & ((offs_d * 0 + pos) < seqlen_ro)
         cos = tl.load(Cos + pos.to(tl.int64) * stride_cos + pair, mask=in_rot, other=1.0)
         sin = tl.load(Sin + pos.to(tl.int64) * stride_sin + pair, mask=in_rot, other=0.0)
         x_p = tl.load(x_row + partner[None, :], mask=h_ok[:, None] & in_rot[None, :], other=0.0)

@@ -130,7 +130,7 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, DQ, Alibi, CuSeqQ, CuSeqK,
                      stride_dvb, stride_dvn, stride_dvh,
                      stride_dqb, stride_dqm, stride_dqh,
                      stride_ab, stride_ah,
-                     nheads, nheads_k, seqlen_q, seqlen_k, group, seq_bucket, lse_stride_h,
+                     nheads, nheads_k, seqlen_q, seqlen_k, group, seq_bucket, lse_stride_h, total_k,
                      sm_scale, softcap, window_left, window_right,
                      drop_threshold, drop_scale, seed,
                      HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
@@ -156,7 +156,7 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, DQ, Alibi, CuSeqQ, CuSeqK,
         # off_b is a packed sequence (see the forward kernel). dK/dV of keys past its s_k
         # (seqused_k) and of sequences without queries keep the caller's zero fill.
         q_start, k_start, seqlen_q, seqlen_k = seq_bounds(CuSeqQ, CuSeqK, SeqUsedK, off_b,
-                                                          HAS_SEQUSED)
+                                                          lse_stride_h, total_k, HAS_SEQUSED)
         if (n_start >= seqlen_k) | (seqlen_q == 0):
             return
         q_off = q_start * stride_qm
@@ -318,7 +318,7 @@ def _bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, Alibi, CuSeqQ, CuSeqK, SeqUsedK,
                    stride_dob, stride_dom, stride_doh,
                    stride_dqb, stride_dqm, stride_dqh,
                    stride_ab, stride_ah,
-                   nheads, seqlen_q, seqlen_k, group, seq_bucket, lse_stride_h,
+                   nheads, seqlen_q, seqlen_k, group, seq_bucket, lse_stride_h, total_k,
                    sm_scale, softcap, window_left, window_right,
                    drop_threshold, drop_scale, seed,
                    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
@@ -344,7 +344,7 @@ def _bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, Alibi, CuSeqQ, CuSeqK, SeqUsedK,
         # off_b is a packed sequence (see the forward kernel); dQ rows outside every
         # sequence keep the caller's zero fill.
         q_start, k_start, seqlen_q, seqlen_k = seq_bounds(CuSeqQ, CuSeqK, SeqUsedK, off_b,
-                                                          HAS_SEQUSED)
+                                                          lse_stride_h, total_k, HAS_SEQUSED)
         if m_start >= seqlen_q:
             return
         q_off = q_start * stride_qm
@@ -494,7 +494,7 @@ def _bwd_passes(dout, q, k, v, lse, delta, dq, dk, dv, n_seqs, seqlen_q, seqlen_
         q, k, v, dout, lse, delta, dk, dv, dq_acc, alibi_arg, cu_q, cu_k, seqused_k,
         *rs(q), *rs(k), *rs(v), *rs(dout), *rs(dk), *rs(dv), *rs(dq_acc),
         alibi_strides[0], alibi_strides[1],
-        nheads, nheads_k, seqlen_q, seqlen_k, group, bucket, lse_stride_h, *scalars,
+        nheads, nheads_k, seqlen_q, seqlen_k, group, bucket, lse_stride_h, k.shape[0], *scalars,
         ATOMIC_DQ=atomic_dq, BH_AXIS0=kv_bh_axis0, **flags)
 
     if atomic_dq:
@@ -510,7 +510,7 @@ def _bwd_passes(dout, q, k, v, lse, delta, dq, dk, dv, n_seqs, seqlen_q, seqlen_
         q, k, v, dout, lse, delta, dq_acc, alibi_arg, cu_q, cu_k, seqused_k,
         *rs(q), *rs(k), *rs(v), *rs(dout), *rs(dq_acc),
         alibi_strides[0], alibi_strides[1],
-        nheads, seqlen_q, seqlen_k, group, bucket, lse_stride_h, *scalars,
+        nheads, seqlen_q, seqlen_k, group, bucket, lse_stride_h, k.shape[0], *scalars,
         BH_AXIS0=q_bh_axis0, **flags)
     return dq_acc
 

@@ -47,7 +47,7 @@ def _decode_kernel(
     stride_os, stride_ob, stride_om, stride_oh,
     stride_ls, stride_lb, stride_lh, stride_lm,
     stride_btb, stride_ab, stride_ah,
-    seqlen_q, seqlen_k_add, cache_rows, nheads_k, n_bh,
+    seqlen_q, seqlen_k_add, cache_rows, nheads_k, n_bh, n_cache, cache_cap, total_q,
     sm_scale, softcap, window_left, window_right,
     G: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
@@ -67,9 +67,15 @@ def _decode_kernel(
     off_b = pid_bh // nheads_k
     off_hk = pid_bh % nheads_k
 
+    # Metadata read from the device is clamped before it forms an address (no out-of-bounds
+    # access for any value; a bad value gives a wrong answer that flashattn.checks() reports):
+    # query rows to [0, total_q), key counts to the cache's capacity, cache rows and pages to
+    # the cache.
     if VARLEN_Q:
-        q_start = tl.load(CuSeqQ + off_b).to(tl.int64)
-        s_q = (tl.load(CuSeqQ + off_b + 1) - q_start).to(tl.int32)
+        q_start = tl.minimum(tl.maximum(tl.load(CuSeqQ + off_b), 0), total_q)
+        q_end = tl.minimum(tl.maximum(tl.load(CuSeqQ + off_b + 1), q_start), total_q)
+        s_q = (q_end - q_start).to(tl.int32)
+        q_start = q_start.to(tl.int64)
     else:
         q_start = tl.zeros([], dtype=tl.int64)
         s_q = seqlen_q
@@ -85,10 +91,11 @@ def _decode_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
 
+    total_k = tl.minimum(tl.maximum(tl.load(SeqlensK + off_b) + seqlen_k_add, 0), cache_cap)
     start_k = 0
     if HAS_LEFTPAD:
-        start_k = tl.load(LeftPad + off_b)
-    seqlen_k = tl.load(SeqlensK + off_b) + seqlen_k_add - start_k
+        start_k = tl.minimum(tl.maximum(tl.load(LeftPad + off_b), 0), total_k)
+    seqlen_k = total_k - start_k
     diag = seqlen_k - s_q
 
     # keys some row of this tile may see, then this split's equal share of them
@@ -118,7 +125,7 @@ def _decode_kernel(
     else:
         cache_b = off_b
         if HAS_BATCH_IDX:
-            cache_b = tl.load(BatchIdx + off_b)
+            cache_b = tl.minimum(tl.maximum(tl.load(BatchIdx + off_b), 0), n_cache - 1)
         k_base = K + cache_b.to(tl.int64) * stride_kb + k_head
         v_base = V + cache_b.to(tl.int64) * stride_vb + v_head
     k_desc = None
@@ -146,7 +153,8 @@ def _decode_kernel(
         n_ok = offs_n < end
         pos = start_k + offs_n  # absolute cache positions
         if PAGED:
-            page = tl.load(bt_base + pos // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
+            page = tl.load(bt_base + pos // PAGE_SIZE, mask=n_ok, other=0)
+            page = tl.minimum(tl.maximum(page, 0), n_cache - 1).to(tl.int64)
             slot = (pos % PAGE_SIZE).to(tl.int64)
             k_rows = page * stride_kb + slot * stride_kn
             v_rows = page * stride_vb + slot * stride_vn
@@ -396,6 +404,10 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         *o_strides, *l_strides,
         block_table.stride(0) if paged else 0, alibi_strides[0], alibi_strides[1],
         s_q_grid, int(seqlen_k_add), k_cache.shape[1], nheads_k, batch * nheads_k,
+        # clamp bounds: cache rows / pages, positions per sequence, packed query rows
+        k_cache.shape[0],
+        block_table.shape[1] * page_size if paged else k_cache.shape[1],
+        q.shape[0] if varlen else 0,
         float(softmax_scale), float(softcap), int(window_left), int(window_right)), dict(
         G=g, HEAD_DIM=d, HEAD_DIM_V=d_v,
         BLOCK_D=block_d, BLOCK_DV=block_dv,

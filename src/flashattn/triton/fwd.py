@@ -139,7 +139,7 @@ def _fwd_kernel(Q, K, V, Out, Lse, Alibi, P, CuSeqQ, CuSeqK, SeqUsedK,
                 stride_ob, stride_om, stride_oh,
                 stride_ab, stride_ah,
                 stride_pb, stride_ph, stride_pm,
-                nheads, seqlen_q, seqlen_k, group, seq_bucket, lse_stride_h,
+                nheads, seqlen_q, seqlen_k, group, seq_bucket, lse_stride_h, total_k,
                 sm_scale, softcap, window_left, window_right,
                 drop_threshold, drop_scale, seed,
                 HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
@@ -169,7 +169,7 @@ def _fwd_kernel(Q, K, V, Out, Lse, Alibi, P, CuSeqQ, CuSeqK, SeqUsedK,
         # off_b is a packed sequence; seqlen_q / seqlen_k (max_seqlen, the grid's size) are
         # replaced by its own lengths, and its rows start at q_start / k_start.
         q_start, k_start, seqlen_q, seqlen_k = seq_bounds(CuSeqQ, CuSeqK, SeqUsedK, off_b,
-                                                          HAS_SEQUSED)
+                                                          lse_stride_h, total_k, HAS_SEQUSED)
         if m_start >= seqlen_q:
             return
         q_off = q_start * stride_qm
@@ -317,7 +317,7 @@ def _launch_fwd(q, k, v, out, lse, p_mat, strides, n_seqs, seqlen_q, seqlen_k, l
         alibi_strides[0], alibi_strides[1],
         p_strides[0], p_strides[1], p_strides[2],
         nheads, seqlen_q, seqlen_k, nheads // nheads_k, bucket,
-        lse_stride_h,
+        lse_stride_h, k.shape[0],  # varlen: total_q (lse is (h, total_q)), total_k
         float(softmax_scale), float(softcap), int(window_left), int(window_right),
         drop_threshold, drop_scale, int(philox_seed) if has_dropout else 0,
         HEAD_DIM=head_dim, HEAD_DIM_V=head_dim_v,

@@ -100,7 +100,7 @@ def _fwd_fp8_kernel(Q, K, V, Out, Lse, QD, KD, VD, CuSeqQ, CuSeqK, SeqUsedK,
                     stride_kb, stride_kn, stride_kh,
                     stride_vb, stride_vn, stride_vh, stride_vd,
                     stride_ob, stride_om, stride_oh,
-                    nheads, nheads_k, seqlen_q, seqlen_k, group, lse_stride_h,
+                    nheads, nheads_k, seqlen_q, seqlen_k, group, lse_stride_h, total_k,
                     n_q_blocks, n_kv_blocks, q_shift, kv_shift,
                     sm_scale, softcap, window_left, window_right,
                     HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
@@ -121,7 +121,7 @@ def _fwd_fp8_kernel(Q, K, V, Out, Lse, QD, KD, VD, CuSeqQ, CuSeqK, SeqUsedK,
     m_start = pid_m * BLOCK_M
     if VARLEN:
         q_start, k_start, seqlen_q, seqlen_k = seq_bounds(CuSeqQ, CuSeqK, SeqUsedK, off_b,
-                                                          HAS_SEQUSED)
+                                                          lse_stride_h, total_k, HAS_SEQUSED)
         if m_start >= seqlen_q:
             return
         q_off = q_start * stride_qm
@@ -227,7 +227,7 @@ def _launch(q8, k8, v8, out, lse, scales: Fp8Scales, strides, n_seqs, seqlen_q, 
         q8, k8, v8, out, lse, scales.q_descale, scales.k_descale, scales.v_descale,
         cu_q, cu_k, seqused_k if has_seqused else cu_k,
         *strides[0], *strides[1], *strides[2], *strides[3],
-        nheads, nheads_k, seqlen_q, seqlen_k, nheads // nheads_k, lse_stride_h,
+        nheads, nheads_k, seqlen_q, seqlen_k, nheads // nheads_k, lse_stride_h, k8.shape[0],
         scales.q_descale.shape[2], scales.k_descale.shape[2],
         min(scales.q_block_shift, 31), min(scales.kv_block_shift, 31),
         float(softmax_scale), float(softcap), int(window_left), int(window_right),

@@ -147,7 +147,7 @@ def query_range(n_start, n_end, seqlen_q, diag, window_left, window_right,
 
 
 @triton.jit
-def seq_bounds(CuSeqQ, CuSeqK, SeqUsedK, off_b, HAS_SEQUSED: tl.constexpr):
+def seq_bounds(CuSeqQ, CuSeqK, SeqUsedK, off_b, total_q, total_k, HAS_SEQUSED: tl.constexpr):
     """Where packed sequence ``off_b`` lives (varlen mode): (q_start, k_start, s_q, s_k).
 
     q_start / k_start are int64 row offsets into the (total, h, d) tensors (total * row
@@ -155,12 +155,17 @@ def seq_bounds(CuSeqQ, CuSeqK, SeqUsedK, off_b, HAS_SEQUSED: tl.constexpr):
     cumulative lengths ``cu_seqlens`` (b + 1,), or s_k = ``seqused_k[b]`` keys when given.
     Everything inside the sequence (masks, alignment, dropout counters) then uses local
     indices, exactly as a batch entry of the dense layout does.
+
+    The values are read from the device, so they are clamped before they form an address:
+    rows to [0, total_q) / [0, total_k) (the packed tensors' lengths). Bad metadata then gives
+    a wrong answer, never an access outside the tensors; ``flashattn.checks()`` reports it.
     """
-    q_start = tl.load(CuSeqQ + off_b).to(tl.int64)
-    seqlen_q = (tl.load(CuSeqQ + off_b + 1) - q_start).to(tl.int32)
-    k_start = tl.load(CuSeqK + off_b).to(tl.int64)
+    q_start = tl.minimum(tl.maximum(tl.load(CuSeqQ + off_b), 0), total_q)
+    q_end = tl.minimum(tl.maximum(tl.load(CuSeqQ + off_b + 1), q_start), total_q)
+    k_start = tl.minimum(tl.maximum(tl.load(CuSeqK + off_b), 0), total_k)
     if HAS_SEQUSED:
-        seqlen_k = tl.load(SeqUsedK + off_b).to(tl.int32)
+        k_end = tl.minimum(tl.maximum(k_start + tl.load(SeqUsedK + off_b), k_start), total_k)
     else:
-        seqlen_k = (tl.load(CuSeqK + off_b + 1) - k_start).to(tl.int32)
-    return q_start, k_start, seqlen_q, seqlen_k
+        k_end = tl.minimum(tl.maximum(tl.load(CuSeqK + off_b + 1), k_start), total_k)
+    return (q_start.to(tl.int64), k_start.to(tl.int64), (q_end - q_start).to(tl.int32),
+            (k_end - k_start).to(tl.int32))

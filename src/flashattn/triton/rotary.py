@@ -35,6 +35,7 @@ def _rotary_store_kernel(X, Dst, Cos, Sin, Seqlens, BatchIdx, BlockTable,
                          stride_db, stride_dm, stride_dh,
                          stride_btb, stride_cos, stride_sin,
                          seqlen_x, nheads, seqlen_ro, rot_half, pos_step,
+                         dst_rows, dst_cap,
                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
                          HAS_ROTARY: tl.constexpr, INTERLEAVED: tl.constexpr,
                          DEST: tl.constexpr, HAS_BATCH_IDX: tl.constexpr,
@@ -79,19 +80,28 @@ def _rotary_store_kernel(X, Dst, Cos, Sin, Seqlens, BatchIdx, BlockTable,
     else:
         out = x
 
-    # destination row (64-bit: page * page stride can pass 2**31)
+    # destination row (64-bit: page * page stride can pass 2**31). Metadata read from the
+    # device is never trusted with an address: a cache position outside [0, dst_cap) writes
+    # nothing, a batch index or page number is clamped to the destination's rows (dst_rows).
+    # Bad metadata then gives a wrong answer, never a write outside the cache; the checked mode
+    # (flashattn.checks()) turns it into an error first.
+    in_dst = True
     if DEST == 0:
         d_row = off_b.to(tl.int64) * stride_db + off_i.to(tl.int64) * stride_dm
     elif DEST == 1:
         cache_b = off_b
         if HAS_BATCH_IDX:
-            cache_b = tl.load(BatchIdx + off_b)
+            cache_b = tl.minimum(tl.maximum(tl.load(BatchIdx + off_b), 0), dst_rows - 1)
+        in_dst = (pos >= 0) & (pos < dst_cap)
         d_row = cache_b.to(tl.int64) * stride_db + pos.to(tl.int64) * stride_dm
     else:
-        page = tl.load(BlockTable + off_b.to(tl.int64) * stride_btb + pos // PAGE_SIZE)
-        d_row = page.to(tl.int64) * stride_db + (pos % PAGE_SIZE).to(tl.int64) * stride_dm
+        in_dst = (pos >= 0) & (pos < dst_cap)
+        safe_pos = tl.minimum(tl.maximum(pos, 0), dst_cap - 1)
+        page = tl.load(BlockTable + off_b.to(tl.int64) * stride_btb + safe_pos // PAGE_SIZE)
+        page = tl.minimum(tl.maximum(page, 0), dst_rows - 1)
+        d_row = page.to(tl.int64) * stride_db + (safe_pos % PAGE_SIZE).to(tl.int64) * stride_dm
     d_ptrs = Dst + d_row + offs_h.to(tl.int64)[:, None] * stride_dh + offs_d[None, :]
-    tl.store(d_ptrs, out.to(Dst.dtype.element_ty), mask=h_ok[:, None] & d_ok[None, :])
+    tl.store(d_ptrs, out.to(Dst.dtype.element_ty), mask=h_ok[:, None] & d_ok[None, :] & in_dst)
 
 
 def rotary_store(x: torch.Tensor, dst: torch.Tensor, seqlens: torch.Tensor, *,
@@ -124,7 +134,10 @@ def rotary_store(x: torch.Tensor, dst: torch.Tensor, seqlens: torch.Tensor, *,
         dst.stride(0), dst.stride(1), dst.stride(2),
         block_table.stride(0) if paged else 0,
         cos.stride(0) if has_rot else 0, sin.stride(0) if has_rot else 0,
-        s, nh, cos.shape[0] if has_rot else 0, cos.shape[1] if has_rot else 0, int(pos_step)), dict(
+        s, nh, cos.shape[0] if has_rot else 0, cos.shape[1] if has_rot else 0, int(pos_step),
+        # destination rows (cache batch / pages) and positions per row (contiguous: s_cache;
+        # paged: the block table's pages x page size)
+        dst.shape[0], (block_table.shape[1] * dst.shape[1]) if paged else dst.shape[1]), dict(
         HEAD_DIM=d, BLOCK_D=block_d, BLOCK_H=block_h,
         HAS_ROTARY=has_rot, INTERLEAVED=bool(interleaved), DEST=dest,
         HAS_BATCH_IDX=batch_idx is not None, PAGE_SIZE=dst.shape[1] if paged else 1,

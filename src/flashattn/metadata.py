@@ -52,6 +52,18 @@ def to_host(*tensors: Optional[torch.Tensor]) -> Tuple[Optional[torch.Tensor], .
     return tuple(out)
 
 
+def capacity_message(what: str, s_new: int, capacity: int,
+                     block_table: Optional[torch.Tensor], page_size: int) -> str:
+    """The error for keys past a cache row's capacity; for a paged cache it names block_table
+    (its column count is the capacity: flash-attn 2.8's guard)."""
+    if block_table is not None:
+        return (f"block_table has {block_table.shape[1]} pages of {page_size} positions per "
+                f"sequence ({capacity} positions), but {what} plus seqlen_new = {s_new} needs "
+                f"more: give block_table more columns")
+    return (f"the cache is too short for the new tokens: {what} plus seqlen_new = {s_new} "
+            f"exceeds the {capacity} positions of the cache")
+
+
 def check_values(seqlens: torch.Tensor, s_new: int, capacity: int,
                  leftpad: Optional[torch.Tensor], batch_idx: Optional[torch.Tensor],
                  batch_cache: int, block_table: Optional[torch.Tensor], num_blocks: int,
@@ -68,9 +80,8 @@ def check_values(seqlens: torch.Tensor, s_new: int, capacity: int,
         if n < 0:
             raise ValueError(f"cache_seqlens[{i}] = {n} must be >= 0")
         if n + s_new > capacity:
-            raise ValueError(
-                f"the cache is too short for the new tokens: cache_seqlens[{i}] = {n} plus "
-                f"seqlen_new = {s_new} exceeds the {capacity} positions of the cache")
+            raise ValueError(capacity_message(f"cache_seqlens[{i}] = {n}", s_new, capacity,
+                                              block_table, page_size))
     if leftpad is not None:
         for i, (p, n) in enumerate(zip(leftpad.tolist(), lens)):
             if not 0 <= p <= n:
@@ -101,4 +112,4 @@ def check_values(seqlens: torch.Tensor, s_new: int, capacity: int,
                     f"{need} new tokens)")
 
 
-__all__ = ["cache_capacity", "check_values", "to_host", "values_checkable"]
+__all__ = ["capacity_message", "cache_capacity", "check_values", "to_host", "values_checkable"]

@@ -429,3 +429,22 @@ def test_window_at_least_the_cache_is_unbounded_before_rotary(backend, window):
     ref_out, ref_lse, _, _ = kvcache_ref(q, k_cache, v_cache, k_new, v_new, cos, sin, seqlens,
                                          window_size=window, rotary_interleaved=True)
     torch.testing.assert_close(out.double(), ref_out, atol=2e-4, rtol=0)
+
+
+@pytest.mark.parametrize("seqlens", [8, "tensor"])
+def test_block_table_capacity_guard_names_block_table(seqlens):
+    """flash-attn 2.8's guard: keys past block_table's pages x page_size raise, naming
+    block_table (a host int is checked for free, as are CPU tensors)."""
+    q, k = torch.randn(2, 1, 4, 16), torch.randn(2, 1, 2, 16)
+    cache = torch.randn(6, 4, 2, 16)
+    table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+    cs = 8 if seqlens == 8 else torch.tensor([8, 2], dtype=torch.int32)
+    with pytest.raises(ValueError, match="block_table has 2 pages of 4 positions"):
+        flash_attn_with_kvcache(q, cache, cache.clone(), k, k, cache_seqlens=cs,
+                                          block_table=table)
+    # at the capacity exactly: fine
+    out = flash_attn_with_kvcache(q, cache, cache.clone(), k, k,
+                                            cache_seqlens=7 if seqlens == 8 else
+                                            torch.tensor([7, 2], dtype=torch.int32),
+                                            block_table=table)
+    assert torch.isfinite(out).all()

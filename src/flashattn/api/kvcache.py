@@ -121,6 +121,13 @@ def _prepare(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, c
     capacity = metadata.cache_capacity(k_cache, block_table)
     s_new = _kv.check_new_kv(k, v, q, k_cache, v_cache, capacity)
     _kv.check_cache_seqlens(cache_seqlens, batch, device, capacity)
+    if cache_seqlens is not None and not isinstance(cache_seqlens, torch.Tensor) \
+            and int(cache_seqlens) + s_new > capacity:
+        # (a host int: the capacity guard costs nothing; a device tensor is checked with the
+        # other values, where that is free or in the checked mode)
+        raise ValueError(metadata.capacity_message(f"cache_seqlens = {int(cache_seqlens)}",
+                                                   s_new, capacity, block_table,
+                                                   k_cache.shape[1]))
     if cache_seqlens is None and s_new > 0:
         raise ValueError("cache_seqlens is required when k / v are given: it says where the "
                          "new tokens go")

@@ -9,6 +9,7 @@ from flashattn.api.combine import flash_attn_combine
 from flashattn.api.fp8_attention import flash_attn_fp8_func
 from flashattn.api.dense import flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
 from flashattn.api.kvcache import flash_attn_with_kvcache
+from flashattn.api.plan import DecodePlan, plan_decode
 from flashattn.api.varlen import (
     flash_attn_varlen_func,
     flash_attn_varlen_kvpacked_func,
@@ -21,6 +22,7 @@ from flashattn import padding  # noqa: E402,F401
 
 __version__ = "0.1.0"
 __all__ = [
+    "DecodePlan",
     "checks",
     "flash_attn_combine",
     "flash_attn_fp8_func",
@@ -31,5 +33,6 @@ __all__ = [
     "flash_attn_varlen_kvpacked_func",
     "flash_attn_varlen_qkvpacked_func",
     "flash_attn_with_kvcache",
+    "plan_decode",
     "use_backend",
 ]

@@ -457,6 +457,19 @@ def fp8_quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return backend(select("fp8_quantize", q)).fp8_quantize(q, k, v, signs, block_m, block_n)
 
 
+def kvcache_planned(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    seqlens: torch.Tensor, block_table: Optional[torch.Tensor],
+                    params: AttnParams, num_splits: int, capacity: int, buffers: dict
+                    ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """A planned decode step (``flashattn.plan_decode``): attention of q (b, s_q, h, d) over
+    the cache's first seqlens[b] keys, no new keys; the split count and the outputs come from
+    the plan (``buffers``, reused between calls where the backend can)."""
+    params = _one_row_right_edge(params, q.shape[1])
+    return backend(backend_for(q)).kvcache_attention(
+        q, k_cache, v_cache, seqlens, 0, p=params, leftpad=None, batch_idx=None,
+        block_table=block_table, num_splits=num_splits, capacity=capacity, buffers=buffers)
+
+
 def fp8_forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, scales: Fp8Scales,
                 params: AttnParams, out_dtype: torch.dtype
                 ) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -498,6 +511,7 @@ __all__ = [
     "hopper_reason",
     "interpreting",
     "kvcache",
+    "kvcache_planned",
     "requested_backend",
     "select",
     "triton_available",

@@ -62,7 +62,8 @@ def test_public_names():
                                       "flash_attn_varlen_func", "flash_attn_varlen_qkvpacked_func",
                                       "flash_attn_varlen_kvpacked_func",
                                       "flash_attn_with_kvcache", "flash_attn_combine",
-                                      "flash_attn_fp8_func", "use_backend", "checks"}
+                                      "flash_attn_fp8_func", "use_backend", "checks",
+                                      "plan_decode", "DecodePlan"}
 
 
 def _inputs(b=2, s_q=7, s_k=9, h=4, h_k=2, d=16, d_v=None, dtype=torch.float32, grad=True):

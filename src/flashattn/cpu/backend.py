@@ -95,8 +95,9 @@ def append_kv(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor,
 def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens: Tensor, s_new: int,
                       *, p: AttnParams, leftpad: Optional[Tensor], batch_idx: Optional[Tensor],
                       block_table: Optional[Tensor], num_splits: int,
-                      capacity: int) -> Tuple[Tensor, Tensor]:
-    """Attention of q against the cache (keys already appended): (out, lse)."""
+                      capacity: int, buffers: Optional[dict] = None) -> Tuple[Tensor, Tensor]:
+    """Attention of q against the cache (keys already appended): (out, lse). (``buffers``,
+    a decode plan's workspace, is not used here: the torch path allocates.)"""
     return _kv.kvcache_fwd(q, k_cache, v_cache, seqlens, s_new, softmax_scale=p.softmax_scale,
                            window_left=p.window_left, window_right=p.window_right,
                            softcap=p.softcap, alibi_slopes=p.alibi_slopes, leftpad=leftpad,

@@ -100,14 +100,15 @@ def append_kv(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor,
 def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens: Tensor, s_new: int,
                       *, p: AttnParams, leftpad: Optional[Tensor], batch_idx: Optional[Tensor],
                       block_table: Optional[Tensor], num_splits: int,
-                      capacity: int) -> Tuple[Tensor, Tensor]:
-    """Split-KV attention of q against the cache (keys already appended): (out, lse)."""
+                      capacity: int, buffers: Optional[dict] = None) -> Tuple[Tensor, Tensor]:
+    """Split-KV attention of q against the cache (keys already appended): (out, lse).
+    ``buffers``: a decode plan's outputs / workspaces, reused between calls."""
     return _decode.decode_attention(q, k_cache, v_cache, seqlens, s_new, num_splits=num_splits,
                                     max_seqlen_k=capacity, softmax_scale=p.softmax_scale,
                                     window_left=p.window_left, window_right=p.window_right,
                                     softcap=p.softcap, alibi_slopes=p.alibi_slopes,
                                     leftpad=leftpad, batch_idx=batch_idx,
-                                    block_table=block_table)
+                                    block_table=block_table, buffers=buffers)
 
 
 def varlen_paged_fwd(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens_q: Tensor,

@@ -313,6 +313,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      batch_idx: Optional[torch.Tensor] = None,
                      block_table: Optional[torch.Tensor] = None,
                      cu_seqlens_q: Optional[torch.Tensor] = None, max_seqlen_q: int = 0,
+                     buffers: Optional[dict] = None,
                      ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Attention of q against a KV cache (Triton). Inputs are validated and normalised.
 
@@ -323,6 +324,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     (the kvcache API passes cache_seqlens and s_new); ``leftpad`` (b,) int32 their start.
     alibi_slopes: float32 (b, h) (stride 0 allowed) or None. num_splits: 0 = heuristic.
     max_seqlen_k: an upper bound of the key count from shapes (sizes the split heuristic).
+    buffers: None, or a dict the caller keeps between calls of one shape (a decode plan): the
+    outputs and split workspaces are allocated into it on the first call and reused after
+    (dense queries only; the returned out / lse are those buffers).
 
     Returns out like q (dtype of q) and lse float32 (b, h, s_q) (packed: (h, total_q)).
     """
@@ -350,6 +354,16 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
     # outputs (shapes from host ints only: graph friendly)
     out_shape = q4.shape[:-1] + (d_v,)
+    reuse = buffers is not None and not varlen
+    if reuse and buffers.get("key") == (tuple(out_shape), num_splits, q.dtype, device):
+        out, lse, lse4 = buffers["out"], buffers["lse"], buffers["lse"]
+        out_k, lse_k = buffers["out_k"], buffers["lse_k"]
+        return _decode_launch(q, q4, k_cache, v_cache, seqlens_k, seqlen_k_add, leftpad,
+                              batch_idx, block_table, alibi_slopes, cu_seqlens_q, out, lse,
+                              lse4, out_k, lse_k, num_splits, varlen, batch, s_q_grid, g,
+                              nheads_k, d, d_v, block_n, num_warps, num_stages, allow_tma,
+                              block_m, m_blocks, block_d, block_dv, softmax_scale,
+                              window_left, window_right, softcap)
     # Packed rows outside every sequence are written by no program: they start as out 0 /
     # lse -inf (and as empty splits for the combine pass).
     if varlen:
@@ -367,10 +381,29 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
             lse_k = torch.full(lse_k_shape, float("-inf"), dtype=torch.float32, device=device)
         else:
             lse_k = torch.empty(lse_k_shape, dtype=torch.float32, device=device)
+    else:
+        out_k, lse_k = out, lse4
+    if reuse:
+        buffers.update(key=(tuple(out_shape), num_splits, q.dtype, device), out=out, lse=lse,
+                       out_k=out_k, lse_k=lse_k)
+    return _decode_launch(q, q4, k_cache, v_cache, seqlens_k, seqlen_k_add, leftpad, batch_idx,
+                          block_table, alibi_slopes, cu_seqlens_q, out, lse, lse4, out_k, lse_k,
+                          num_splits, varlen, batch, s_q_grid, g, nheads_k, d, d_v, block_n,
+                          num_warps, num_stages, allow_tma, block_m, m_blocks, block_d,
+                          block_dv, softmax_scale, window_left, window_right, softcap)
+
+
+def _decode_launch(q, q4, k_cache, v_cache, seqlens_k, seqlen_k_add, leftpad, batch_idx,
+                   block_table, alibi_slopes, cu_seqlens_q, out, lse, lse4, out_k, lse_k,
+                   num_splits, varlen, batch, s_q_grid, g, nheads_k, d, d_v, block_n, num_warps,
+                   num_stages, allow_tma, block_m, m_blocks, block_d, block_dv, softmax_scale,
+                   window_left, window_right, softcap):
+    """The launch of decode_attention, with its outputs (and split workspaces) given."""
+    paged = block_table is not None
+    if num_splits > 1:
         o_strides = out_k.stride()[:4]
         l_strides = lse_k.stride()
     else:
-        out_k, lse_k = out, lse4
         o_strides = (0,) + out.stride()[:3]
         l_strides = (0,) + lse4.stride()
     if varlen:

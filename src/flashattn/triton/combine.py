@@ -72,12 +72,13 @@ def _combine_kernel(OutP, LseP, Out, Lse, n_splits, seqlen_q, nheads,
 
 
 def combine_splits(out_partial: torch.Tensor, lse_partial: torch.Tensor, out: torch.Tensor,
-                   lse: torch.Tensor) -> None:
+                   lse: torch.Tensor, plans=None) -> None:
     """Write the merge of the splits into ``out`` / ``lse`` (Triton).
 
     out_partial (num_splits, b, s_q, h, d_v) float32, lse_partial (num_splits, b, h, s_q)
     float32, any strides with unit last dim for out_partial; out (b, s_q, h, d_v) any float
-    dtype, lse (b, h, s_q) float32.
+    dtype, lse (b, h, s_q) float32. ``plans``: a runtime.launch.LaunchPlans (a decode plan's)
+    to record the launch in and replay it from.
     """
     n_splits, b, s_q, h, d_v = out_partial.shape
     if b * s_q * h == 0:
@@ -87,15 +88,22 @@ def combine_splits(out_partial: torch.Tensor, lse_partial: torch.Tensor, out: to
     block_s = max(2, config.next_pow2(n_splits))
     block_dv = config.block_dim(d_v)
     chunk = min(block_s, 16 if block_dv <= 128 else 8)
-    launch_jit(_combine_kernel, (b * s_q * h,), (
+    args = (
         out_partial, lse_partial, out, lse, n_splits, s_q, h,
         out_partial.stride(0), out_partial.stride(1), out_partial.stride(2), out_partial.stride(3),
         *lse_partial.stride(),
         out.stride(0), out.stride(1), out.stride(2),
-        *lse.stride()), dict(
+        *lse.stride())
+    kwargs = dict(
         HEAD_DIM_V=d_v, BLOCK_DV=block_dv, BLOCK_S=block_s, SPLIT_CHUNK=chunk,
         num_warps=4 if block_dv * chunk >= 2048 else 2,
-    ))
+    )
+    if plans is None:
+        launch_jit(_combine_kernel, (b * s_q * h,), args, kwargs)
+    else:
+        tensors = (out_partial, lse_partial, out, lse)
+        key = tuple((t.shape, t.stride(), t.dtype) for t in tensors)
+        plans.launch(key, tensors, lambda: (_combine_kernel, (b * s_q * h,), args, kwargs))
 
 
 __all__ = ["combine_splits"]

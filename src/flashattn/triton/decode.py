@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from flashattn.runtime import env as _env
-from flashattn.runtime.launch import launch_jit
+from flashattn.runtime.launch import LaunchPlans, launch_jit
 from flashattn.triton import config
 from flashattn.triton.mask import LN2, LOG2E, key_range, score_mod, score_scales, visible_mask
 
@@ -363,7 +363,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                               lse4, out_k, lse_k, num_splits, varlen, batch, s_q_grid, g,
                               nheads_k, d, d_v, block_n, num_warps, num_stages, allow_tma,
                               block_m, m_blocks, block_d, block_dv, softmax_scale,
-                              window_left, window_right, softcap)
+                              window_left, window_right, softcap, buffers)
     # Packed rows outside every sequence are written by no program: they start as out 0 /
     # lse -inf (and as empty splits for the combine pass).
     if varlen:
@@ -390,15 +390,18 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                           block_table, alibi_slopes, cu_seqlens_q, out, lse, lse4, out_k, lse_k,
                           num_splits, varlen, batch, s_q_grid, g, nheads_k, d, d_v, block_n,
                           num_warps, num_stages, allow_tma, block_m, m_blocks, block_d,
-                          block_dv, softmax_scale, window_left, window_right, softcap)
+                          block_dv, softmax_scale, window_left, window_right, softcap,
+                          buffers if reuse else None)
 
 
 def _decode_launch(q, q4, k_cache, v_cache, seqlens_k, seqlen_k_add, leftpad, batch_idx,
                    block_table, alibi_slopes, cu_seqlens_q, out, lse, lse4, out_k, lse_k,
                    num_splits, varlen, batch, s_q_grid, g, nheads_k, d, d_v, block_n, num_warps,
                    num_stages, allow_tma, block_m, m_blocks, block_d, block_dv, softmax_scale,
-                   window_left, window_right, softcap):
-    """The launch of decode_attention, with its outputs (and split workspaces) given."""
+                   window_left, window_right, softcap, plans=None):
+    """The launch of decode_attention, with its outputs (and split workspaces) given.
+    ``plans``: a decode plan's dict: the launches are recorded there on the first call and
+    replayed after (runtime.launch.LaunchPlans: no binder, no argument rebuilding)."""
     paged = block_table is not None
     if num_splits > 1:
         o_strides = out_k.stride()[:4]
@@ -425,7 +428,13 @@ def _decode_launch(q, q4, k_cache, v_cache, seqlens_k, seqlen_k_add, leftpad, ba
     grid = (batch * nheads_k * m_blocks, 1, num_splits)
     if use_tma:
         config.install_allocator()
-    launch_jit(_decode_kernel, grid, (
+    tensors = (q4, k_cache, v_cache, out_k, lse_k, seqlens_k,
+               leftpad if leftpad is not None else dummy,
+               batch_idx if batch_idx is not None else dummy,
+               block_table if paged else dummy,
+               alibi_slopes if alibi_slopes is not None else lse,
+               cu_seqlens_q if varlen else dummy)
+    args = (
         q4, k_cache, v_cache, out_k, lse_k, seqlens_k,
         leftpad if leftpad is not None else dummy,
         batch_idx if batch_idx is not None else dummy,
@@ -441,7 +450,8 @@ def _decode_launch(q, q4, k_cache, v_cache, seqlens_k, seqlen_k_add, leftpad, ba
         k_cache.shape[0],
         block_table.shape[1] * page_size if paged else k_cache.shape[1],
         q.shape[0] if varlen else 0,
-        float(softmax_scale), float(softcap), int(window_left), int(window_right)), dict(
+        float(softmax_scale), float(softcap), int(window_left), int(window_right))
+    kwargs = dict(
         G=g, HEAD_DIM=d, HEAD_DIM_V=d_v,
         BLOCK_D=block_d, BLOCK_DV=block_dv,
         BLOCK_M=block_m, BLOCK_N=block_n, PAGE_SIZE=page_size,
@@ -450,11 +460,20 @@ def _decode_launch(q, q4, k_cache, v_cache, seqlens_k, seqlen_k_add, leftpad, ba
         HAS_SOFTCAP=softcap > 0.0, HAS_ALIBI=alibi_slopes is not None,
         UPCAST=config.upcast_dots(q), DOT_PREC=config.dot_precision(q), USE_TMA=use_tma,
         num_warps=num_warps, num_stages=num_stages,
-    ))
+    )
+    if plans is None:
+        launch_jit(_decode_kernel, grid, args, kwargs)
+    else:
+        # everything but the 11 tensors is fixed by the plan's shapes and these strides
+        key = tuple((t.shape, t.stride()) for t in tensors) + (use_tma, int(seqlen_k_add))
+        plans.setdefault("decode", LaunchPlans(slots=tuple(range(11)))).launch(
+            key, tensors, lambda: (_decode_kernel, grid, args, kwargs))
     if num_splits > 1:
         from flashattn.triton.combine import combine_splits
 
-        combine_splits(out_k, lse_k, out, lse4)
+        combine_splits(out_k, lse_k, out, lse4,
+                       plans=None if plans is None else plans.setdefault(
+                           "combine", LaunchPlans(slots=(0, 1, 2, 3))))
     return (out[0] if varlen else out), lse
 
 

@@ -470,6 +470,21 @@ def kvcache_planned(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         block_table=block_table, num_splits=num_splits, capacity=capacity, buffers=buffers)
 
 
+def decode_splits(batch: int, seqlen_q: int, max_seqlen_k: int, nheads: int, nheads_k: int,
+                  headdim: int, headdim_v: int, dtype: torch.dtype, page_size: Optional[int],
+                  num_splits: int) -> int:
+    """The number of key splits a KV-cache call of these shapes runs on the current CUDA
+    device (FA3's get_scheduler_metadata); 1 where the call would not run split-KV kernels
+    (no CUDA device or no Triton: the torch path has no splits). ``num_splits`` > 0 as given."""
+    if num_splits > 0:
+        return int(num_splits)
+    if not (torch.cuda.is_available() and triton_available()):
+        return 1
+    device = torch.device("cuda", torch.cuda.current_device())
+    return backend("portable").decode_splits(batch, seqlen_q, max_seqlen_k, nheads, nheads_k,
+                                             headdim, headdim_v, dtype, page_size, device)
+
+
 def fp8_forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, scales: Fp8Scales,
                 params: AttnParams, out_dtype: torch.dtype
                 ) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -502,6 +517,7 @@ __all__ = [
     "backward",
     "backward_family",
     "combine",
+    "decode_splits",
     "family_for",
     "forward",
     "forward_family",

@@ -150,9 +150,9 @@ def dense(q: Tensor, k: Tensor, v: Tensor, *, dropout_p: float, softmax_scale: O
           alibi_slopes: Optional[Tensor], return_attn_probs: bool,
           q_descale: Optional[Tensor], k_descale: Optional[Tensor],
           v_descale: Optional[Tensor], out_dtype: Optional[torch.dtype],
-          names: Tuple[str, str, str] = ("q", "k", "v")) -> Tensor:
+          names: Tuple[str, str, str] = ("q", "k", "v"), return_lse: bool = False):
     """``flash_attn_func`` with FP8 inputs (see the module doc). Returns out (b, s_q, h, d_v)
-    in ``out_dtype`` (default bfloat16)."""
+    in ``out_dtype`` (default bfloat16), or (out, lse (b, h, s_q)) with ``return_lse``."""
     check_fp8_qkv(q, k, v, names)
     _check_unsupported(dropout_p, alibi_slopes, return_attn_probs)
     out_dtype = _check_out_dtype(out_dtype)
@@ -165,10 +165,10 @@ def dense(q: Tensor, k: Tensor, v: Tensor, *, dropout_p: float, softmax_scale: O
                                                   d, s_k)
     # q's descale is per kv head (FA3): one per query head of the group, in block form
     qd = qd.repeat_interleave(h // h_k, dim=1).unsqueeze(-1).contiguous()
-    out, _ = _ops.fp8_attention(q, k, v, qd, kd.unsqueeze(-1).contiguous(),
-                                vd.unsqueeze(-1).contiguous(), ONE_BLOCK_SHIFT, ONE_BLOCK_SHIFT,
-                                scale, causal, left, right, softcap, out_dtype)
-    return out
+    out, lse = _ops.fp8_attention(q, k, v, qd, kd.unsqueeze(-1).contiguous(),
+                                  vd.unsqueeze(-1).contiguous(), ONE_BLOCK_SHIFT,
+                                  ONE_BLOCK_SHIFT, scale, causal, left, right, softcap, out_dtype)
+    return (out, lse) if return_lse else out
 
 
 def varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,

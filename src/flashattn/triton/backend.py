@@ -111,6 +111,14 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens: Tens
                                     block_table=block_table, buffers=buffers)
 
 
+def decode_splits(batch: int, seqlen_q: int, max_seqlen_k: int, nheads: int, nheads_k: int,
+                  headdim: int, headdim_v: int, dtype: torch.dtype, page_size: Optional[int],
+                  device: torch.device) -> int:
+    """The split-KV decode kernel's key splits for these shapes (its heuristic, from shapes)."""
+    return _decode.planned_splits(batch, seqlen_q, max_seqlen_k, nheads, nheads_k, headdim,
+                                  headdim_v, dtype, page_size is not None, device)
+
+
 def varlen_paged_fwd(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens_q: Tensor,
                      cu_seqlens_k: Tensor, seqused_k: Optional[Tensor], max_seqlen_q: int,
                      max_seqlen_k: int, block_table: Tensor, p: AttnParams
@@ -137,5 +145,5 @@ def combine(out_partial: Tensor, lse_partial: Tensor, out: Optional[Tensor],
     return res, lse
 
 
-__all__ = ["append_kv", "bwd", "combine", "fp8_fwd", "fp8_quantize", "fp8_varlen_fwd", "fwd",
+__all__ = ["append_kv", "bwd", "combine", "decode_splits", "fp8_fwd", "fp8_quantize", "fp8_varlen_fwd", "fwd",
            "kvcache_attention", "varlen_bwd", "varlen_fwd", "varlen_paged_fwd"]

@@ -477,5 +477,16 @@ def _decode_launch(q, q4, k_cache, v_cache, seqlens_k, seqlen_k_add, leftpad, ba
     return (out[0] if varlen else out), lse
 
 
-__all__ = ["decode_attention", "num_splits_heuristic", "launch_config", "block_m_for",
+def planned_splits(batch: int, seqlen_q: int, max_seqlen_k: int, nheads: int, nheads_k: int,
+                   headdim: int, headdim_v: int, dtype: torch.dtype, paged: bool,
+                   device: torch.device) -> int:
+    """The key splits decode_attention would choose for these shapes (num_splits = 0)."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    plan = _launch_plan(headdim, headdim_v, elem, paged, nheads // nheads_k, max(1, seqlen_q),
+                        batch, nheads_k, int(max_seqlen_k), 0, device,
+                        _env.settings().decode_config, _env.settings().decode_waves)
+    return plan[6]
+
+
+__all__ = ["planned_splits", "decode_attention", "num_splits_heuristic", "launch_config", "block_m_for",
            "MAX_SPLITS"]

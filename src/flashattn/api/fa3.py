@@ -1,0 +1,206 @@
+"""FlashAttention-3's interface (``flash_attn_interface`` of flash-attn's hopper/ package):
+its signatures, argument names and return conventions over flashattn's kernels, for serving
+engines and model code written against FA3. ``import flashattn.fa3 as flash_attn_interface``.
+
+Where FA3 and flash-attn 2 differ, this module follows FA3:
+
+- ``flash_attn_func`` / ``flash_attn_varlen_func`` take no dropout / ALiBi arguments, have
+  ``qv``, the FP8 descales, ``attention_chunk``, ``num_splits``, ``pack_gqa``, ``sm_margin``,
+  and return ``out``, or ``(out, softmax_lse)`` with ``return_attn_probs=True``.
+- ``flash_attn_with_kvcache`` names the paged cache's table ``page_table``.
+- ``flash_attn_combine`` takes and returns the LSE as (…, seqlen, nheads) (flash-attn 2's
+  layout, and ``flashattn.flash_attn_combine``'s, is (…, nheads, seqlen)).
+- ``get_scheduler_metadata`` returns the split decision (int32 CPU tensor, one entry: the
+  number of key splits) that ``flash_attn_with_kvcache(scheduler_metadata=...)`` then uses;
+  for a whole serving loop planned once see ``flashattn.plan_decode``.
+
+Accepted as documented no-ops: ``pack_gqa`` (the decode kernels always pack a KV head's
+query heads into one tile; the prefill kernels read each K/V block once per query block
+regardless), ``sm_margin`` (no SM is reserved), ``num_splits`` on the dense / varlen prefill
+calls (their kernels have no key split; the decode path takes it). Not supported yet, and
+raising ``NotImplementedError`` naming the argument: ``qv``, head dims above 256,
+``attention_chunk``, ``seqused_q``, and in the KV-cache call ``cu_seqlens_q`` /
+``max_seqlen_q`` (varlen queries), ``cu_seqlens_k_new``, ``rotary_seqlens`` (issue 20).
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple, Union
+
+import torch
+
+from flashattn.api import combine as _combine
+from flashattn.api import dense as _dense
+from flashattn.api import fp8_attention as _fp8
+from flashattn.api import kvcache as _kvcache
+from flashattn.api import validation as _v
+from flashattn.api import varlen as _varlen
+
+Tensor = torch.Tensor
+
+
+def _unsupported(name: str, value: object, default: object = None) -> None:
+    """FA3 arguments flashattn does not implement yet: a clear error naming them."""
+    if isinstance(value, Tensor) or (value is not None and value != default):
+        raise NotImplementedError(f"flashattn.fa3: {name} is not supported yet (issue 20); "
+                                  f"got {_v._describe(value)}")
+
+
+def _check_head_dims(q: Tensor, v: Tensor) -> None:
+    for x, n in ((q, "q"), (v, "v")):
+        if isinstance(x, Tensor) and x.dim() >= 1 and x.shape[-1] > _v.MAX_HEAD_DIM:
+            raise NotImplementedError(f"flashattn.fa3: head dim {x.shape[-1]} of {n} is not "
+                                      f"supported (at most {_v.MAX_HEAD_DIM})")
+
+
+def _fa3_common(qv, attention_chunk, q, v) -> None:
+    _unsupported("qv", qv)
+    _unsupported("attention_chunk", attention_chunk, 0)
+    _check_head_dims(q, v)
+
+
+def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional[float] = None,
+                    causal: bool = False, qv: Optional[Tensor] = None,
+                    q_descale: Optional[Tensor] = None, k_descale: Optional[Tensor] = None,
+                    v_descale: Optional[Tensor] = None,
+                    window_size: Tuple[int, int] = (-1, -1), attention_chunk: int = 0,
+                    softcap: float = 0.0, num_splits: int = 1, pack_gqa: Optional[bool] = None,
+                    deterministic: bool = False, sm_margin: int = 0,
+                    return_attn_probs: bool = False) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """FA3's ``flash_attn_func``: q (batch, seqlen_q, nheads, headdim), k / v (batch, seqlen_k,
+    nheads_k, headdim[_v]); float16 / bfloat16 (float32 too), or float8_e4m3fn with the
+    (batch, nheads_k) float32 descales (forward only, bf16 output). Returns out, or (out,
+    softmax_lse (batch, nheads, seqlen_q)) with return_attn_probs. Differentiable (16/32-bit)."""
+    _fa3_common(qv, attention_chunk, q, v)
+    kw = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+              softcap=softcap, deterministic=deterministic)
+    if _fp8.is_fp8(q, k, v):
+        kw.pop("deterministic")
+        res = _fp8.dense(q, k, v, dropout_p=0.0, alibi_slopes=None, return_attn_probs=False,
+                         q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+                         out_dtype=None, return_lse=return_attn_probs, **kw)
+        return res
+    out, lse, _ = _dense.flash_attn_func(q, k, v, q_descale=q_descale, k_descale=k_descale,
+                                         v_descale=v_descale, return_attn_probs=True, **kw)
+    return (out, lse) if return_attn_probs else out
+
+
+def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
+                           cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                           seqused_q: Optional[Tensor] = None,
+                           seqused_k: Optional[Tensor] = None,
+                           softmax_scale: Optional[float] = None, causal: bool = False,
+                           qv: Optional[Tensor] = None, q_descale: Optional[Tensor] = None,
+                           k_descale: Optional[Tensor] = None,
+                           v_descale: Optional[Tensor] = None,
+                           window_size: Tuple[int, int] = (-1, -1), attention_chunk: int = 0,
+                           softcap: float = 0.0, num_splits: int = 1,
+                           pack_gqa: Optional[bool] = None, deterministic: bool = False,
+                           sm_margin: int = 0, return_attn_probs: bool = False
+                           ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """FA3's ``flash_attn_varlen_func``: packed q (total_q, nheads, headdim), k / v (total_k,
+    nheads_k, headdim[_v]), int32 cu_seqlens (batch + 1,), seqused_k (batch,) or None.
+    Returns out (total_q, nheads, headdim_v), or (out, softmax_lse (nheads, total_q))."""
+    _fa3_common(qv, attention_chunk, q, v)
+    _unsupported("seqused_q", seqused_q)
+    kw = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+              softcap=softcap, deterministic=deterministic, seqused_k=seqused_k)
+    if _fp8.is_fp8(q, k, v):
+        if return_attn_probs:
+            raise NotImplementedError("flashattn.fa3: return_attn_probs with FP8 varlen inputs "
+                                      "is not supported yet")
+        return _varlen.flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                              max_seqlen_k, q_descale=q_descale,
+                                              k_descale=k_descale, v_descale=v_descale, **kw)
+    out, lse, _ = _varlen.flash_attn_varlen_func(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+        return_attn_probs=True, q_descale=q_descale, k_descale=k_descale,
+        v_descale=v_descale, **kw)
+    return (out, lse) if return_attn_probs else out
+
+
+def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor,
+                            k: Optional[Tensor] = None, v: Optional[Tensor] = None,
+                            qv: Optional[Tensor] = None, rotary_cos: Optional[Tensor] = None,
+                            rotary_sin: Optional[Tensor] = None,
+                            cache_seqlens: Optional[Union[int, Tensor]] = None,
+                            cache_batch_idx: Optional[Tensor] = None,
+                            cache_leftpad: Optional[Tensor] = None,
+                            page_table: Optional[Tensor] = None,
+                            cu_seqlens_q: Optional[Tensor] = None,
+                            cu_seqlens_k_new: Optional[Tensor] = None,
+                            max_seqlen_q: Optional[int] = None,
+                            rotary_seqlens: Optional[Tensor] = None,
+                            q_descale: Optional[Tensor] = None,
+                            k_descale: Optional[Tensor] = None,
+                            v_descale: Optional[Tensor] = None,
+                            softmax_scale: Optional[float] = None, causal: bool = False,
+                            window_size: Sequence[int] = (-1, -1), attention_chunk: int = 0,
+                            softcap: float = 0.0, rotary_interleaved: bool = True,
+                            scheduler_metadata: Optional[Tensor] = None, num_splits: int = 0,
+                            pack_gqa: Optional[bool] = None, sm_margin: int = 0,
+                            return_softmax_lse: bool = False
+                            ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """FA3's ``flash_attn_with_kvcache``: flashattn.flash_attn_with_kvcache with the paged
+    cache's table named ``page_table`` and the split count from ``scheduler_metadata`` when
+    given (see :func:`get_scheduler_metadata`). Returns out, or (out, softmax_lse (batch,
+    nheads, seqlen_q)) with return_softmax_lse."""
+    _fa3_common(qv, attention_chunk, q, v_cache)
+    for name, value in (("cu_seqlens_q", cu_seqlens_q), ("max_seqlen_q", max_seqlen_q),
+                        ("cu_seqlens_k_new", cu_seqlens_k_new),
+                        ("rotary_seqlens", rotary_seqlens)):
+        _unsupported(name, value)
+    for name, value in (("q_descale", q_descale), ("k_descale", k_descale),
+                        ("v_descale", v_descale)):
+        _unsupported(f"{name} (FP8 KV cache)", value)
+    if scheduler_metadata is not None:
+        if not isinstance(scheduler_metadata, Tensor) or scheduler_metadata.numel() != 1 \
+                or scheduler_metadata.device.type != "cpu":
+            raise ValueError("scheduler_metadata must be what flashattn.fa3."
+                             "get_scheduler_metadata returns (a one-entry CPU int32 tensor), "
+                             f"got {_v._describe(scheduler_metadata)}")
+        num_splits = int(scheduler_metadata[0])
+    return _kvcache.flash_attn_with_kvcache(
+        q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+        cache_leftpad, page_table, softmax_scale, causal, window_size, softcap,
+        rotary_interleaved, None, num_splits, return_softmax_lse)
+
+
+def get_scheduler_metadata(batch_size: int, max_seqlen_q: int, max_seqlen_k: int,
+                           num_heads_q: int, num_heads_kv: int, headdim: int,
+                           cache_seqlens: Optional[Tensor] = None,
+                           qkv_dtype: torch.dtype = torch.bfloat16,
+                           headdim_v: Optional[int] = None, cu_seqlens_q: Optional[Tensor] = None,
+                           cu_seqlens_k_new: Optional[Tensor] = None,
+                           cache_leftpad: Optional[Tensor] = None,
+                           page_size: Optional[int] = None, max_seqlen_k_new: int = 0,
+                           causal: bool = False, window_size: Tuple[int, int] = (-1, -1),
+                           attention_chunk: int = 0, has_softcap: bool = False,
+                           num_splits: int = 0, pack_gqa: Optional[bool] = None,
+                           sm_margin: int = 0) -> Tensor:
+    """FA3's ``get_scheduler_metadata``: the split decision of a KV-cache call of these shapes,
+    computed once on the host (int32 CPU tensor of one entry: the number of key splits; pass
+    it as ``scheduler_metadata``). ``num_splits`` > 0 is returned as given."""
+    _unsupported("attention_chunk", attention_chunk, 0)
+    from flashattn import dispatch
+    splits = dispatch.decode_splits(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q,
+                                    num_heads_kv, headdim, headdim_v or headdim, qkv_dtype,
+                                    page_size, num_splits)
+    return torch.tensor([splits], dtype=torch.int32)
+
+
+def flash_attn_combine(out_partial: Tensor, lse_partial: Tensor, out: Optional[Tensor] = None,
+                       out_dtype: Optional[torch.dtype] = None) -> Tensor:
+    """FA3's ``flash_attn_combine``: out_partial (num_splits, batch, seqlen, nheads, headdim)
+    float32, lse_partial (num_splits, batch, seqlen, nheads) float32 (FA3's layout). Returns
+    out (batch, seqlen, nheads, headdim) (written into ``out`` when given). (FA3 drops the
+    combined LSE: this returns out only, as FA3 does.)"""
+    if not isinstance(lse_partial, Tensor) or lse_partial.dim() != 4:
+        raise ValueError("lse_partial must be (num_splits, batch, seqlen, nheads), got "
+                         f"{_v._describe(lse_partial)}")
+    res, _ = _combine.flash_attn_combine(out_partial, lse_partial.transpose(2, 3), out,
+                                         out_dtype)
+    return res
+
+
+__all__ = ["flash_attn_combine", "flash_attn_func", "flash_attn_varlen_func",
+           "flash_attn_with_kvcache", "get_scheduler_metadata"]

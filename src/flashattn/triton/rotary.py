@@ -85,23 +85,27 @@ def _rotary_store_kernel(X, Dst, Cos, Sin, Seqlens, BatchIdx, BlockTable,
     # nothing, a batch index or page number is clamped to the destination's rows (dst_rows).
     # Bad metadata then gives a wrong answer, never a write outside the cache; the checked mode
     # (flashattn.checks()) turns it into an error first.
-    in_dst = True
+    # (tensors, not scalar bools: Triton 3.9's interpreter rejects a tensor & scalar-bool mask)
+    in_dst = d_ok
     if DEST == 0:
         d_row = off_b.to(tl.int64) * stride_db + off_i.to(tl.int64) * stride_dm
     elif DEST == 1:
         cache_b = off_b
         if HAS_BATCH_IDX:
             cache_b = tl.minimum(tl.maximum(tl.load(BatchIdx + off_b), 0), dst_rows - 1)
-        in_dst = (pos >= 0) & (pos < dst_cap)
+        pos_v = offs_d * 0 + pos
+        in_dst = (pos_v >= 0) & (pos_v < dst_cap)
         d_row = cache_b.to(tl.int64) * stride_db + pos.to(tl.int64) * stride_dm
     else:
-        in_dst = (pos >= 0) & (pos < dst_cap)
+        pos_v = offs_d * 0 + pos
+        in_dst = (pos_v >= 0) & (pos_v < dst_cap)
         safe_pos = tl.minimum(tl.maximum(pos, 0), dst_cap - 1)
         page = tl.load(BlockTable + off_b.to(tl.int64) * stride_btb + safe_pos // PAGE_SIZE)
         page = tl.minimum(tl.maximum(page, 0), dst_rows - 1)
         d_row = page.to(tl.int64) * stride_db + (safe_pos % PAGE_SIZE).to(tl.int64) * stride_dm
     d_ptrs = Dst + d_row + offs_h.to(tl.int64)[:, None] * stride_dh + offs_d[None, :]
-    tl.store(d_ptrs, out.to(Dst.dtype.element_ty), mask=h_ok[:, None] & d_ok[None, :] & in_dst)
+    tl.store(d_ptrs, out.to(Dst.dtype.element_ty), mask=h_ok[:, None] & d_ok[None, :]
+             & in_dst[None, :])
 
 
 def rotary_store(x: torch.Tensor, dst: torch.Tensor, seqlens: torch.Tensor, *,

@@ -584,6 +584,115 @@ def quantize_fp8(q: Tensor, k: Tensor, v: Tensor, signs: Optional[Tensor], block
 
 
 # ---------------------------------------------------------------------------------------------
+# Learnable attention sinks (gpt-oss's ``sinks``, transformers' ``s_aux``): one extra logit per
+# head in every row's softmax denominator, attending to nothing. Exact on every backend by
+# composition: with S the scores and s_h the sink,
+#     out = sum_j exp(S_j) v_j / (L + exp(s_h)) = out_core * exp(lse - lse'),
+#     lse' = logaddexp(lse, s_h),
+# and the backward of attention with a sink is the plain backward evaluated at (out, lse')
+# (P = exp(S - lse') and delta = rowsum(dout * out) are exactly its terms), plus
+#     d s_h = -sum over rows of exp(s_h - lse') * delta.
+# ---------------------------------------------------------------------------------------------
+def sink_apply(out: Tensor, lse: Tensor, sink: Tensor, packed: bool) -> Tuple[Tensor, Tensor]:
+    """(out, lse) with the sink: out (b, s, h, d) / lse (b, h, s), or packed: out (t, h, d) /
+    lse (h, t); sink float (h,). A row that sees no key gets out 0 and lse = its sink."""
+    s_h = sink.float()[:, None] if packed else sink.float()[None, :, None]
+    lse_new = torch.logaddexp(lse, s_h)
+    scale = torch.exp(lse - lse_new)  # 0 where lse = -inf
+    scale_o = scale.transpose(0, 1) if packed else scale.transpose(1, 2)
+    return (out.float() * scale_o.unsqueeze(-1)).to(out.dtype), lse_new
+
+
+def _sink_grad(dout: Tensor, out: Tensor, lse: Tensor, sink: Tensor, packed: bool) -> Tensor:
+    """d sink (h,): -sum over rows of exp(sink - lse) * rowsum(dout * out)."""
+    delta = (dout.float() * out.float()).sum(-1)  # (b, s, h) / (t, h)
+    if packed:
+        return (-(torch.exp(sink.float()[:, None] - lse) * delta.transpose(0, 1)).sum(1)
+                ).to(sink.dtype)
+    return (-(torch.exp(sink.float()[None, :, None] - lse) * delta.transpose(1, 2)).sum((0, 2))
+            ).to(sink.dtype)
+
+
+class _SinkAttention(torch.autograd.Function):
+    """Dense attention with a learnable sink (see above): (out, lse with the sink)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, sink, alibi_slopes, softmax_scale, causal, window_left,
+                window_right, softcap, deterministic):
+        out, lse, _ = attention(q, k, v, alibi_slopes, None, softmax_scale, causal,
+                                window_left, window_right, softcap, 0.0, deterministic, False)
+        out, lse = sink_apply(out, lse, sink, packed=False)
+        ctx.save_for_backward(q, k, v, out, lse, sink, alibi_slopes)
+        ctx.params = (softmax_scale, causal, window_left, window_right, softcap, 0.0,
+                      deterministic)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse, sink, alibi_slopes = ctx.saved_tensors
+        dout = _unit_last_stride(dout)
+        run = _bwd_impl if _eager_call(dout, q, k, v, out, lse, alibi_slopes) else bwd
+        dq, dk, dv = run(dout, q, k, v, out, lse, alibi_slopes, None, *ctx.params)
+        dsink = _sink_grad(dout, out, lse, sink, False) if ctx.needs_input_grad[3] else None
+        return (dq, dk, dv, dsink) + (None,) * 7
+
+
+class _SinkVarlenAttention(torch.autograd.Function):
+    """Packed variable-length attention with a learnable sink: (out, lse with the sink)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, sink, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes,
+                max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
+                softcap, deterministic):
+        out, lse, _ = varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, None,
+                                       alibi_slopes, max_seqlen_q, max_seqlen_k, softmax_scale,
+                                       causal, window_left, window_right, softcap, 0.0, None,
+                                       deterministic, False)
+        out, lse = sink_apply(out, lse, sink, packed=True)
+        ctx.save_for_backward(q, k, v, out, lse, sink, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                              alibi_slopes)
+        ctx.params = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+                      window_right, softcap, 0.0, deterministic)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        (q, k, v, out, lse, sink, cu_seqlens_q, cu_seqlens_k, seqused_k,
+         alibi_slopes) = ctx.saved_tensors
+        dout = _unit_last_stride(dout)
+        tensors = (dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes)
+        run = _varlen_bwd_impl if _eager_call(*tensors) else varlen_bwd
+        dq, dk, dv = run(*tensors, None, *ctx.params)
+        dsink = _sink_grad(dout, out, lse, sink, True) if ctx.needs_input_grad[3] else None
+        return (dq, dk, dv, dsink) + (None,) * 12
+
+
+def attention_with_sink(q: Tensor, k: Tensor, v: Tensor, sink: Tensor,
+                        alibi_slopes: Optional[Tensor], softmax_scale: float, causal: bool,
+                        window_left: int, window_right: int, softcap: float,
+                        deterministic: bool) -> Tuple[Tensor, Tensor]:
+    """Dense attention with a learnable sink (h,): (out, lse), differentiable in q, k, v and
+    the sink (no dropout)."""
+    return _SinkAttention.apply(q, k, v, sink, alibi_slopes, softmax_scale, causal,
+                                window_left, window_right, softcap, deterministic)
+
+
+def varlen_attention_with_sink(q: Tensor, k: Tensor, v: Tensor, sink: Tensor,
+                               cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                               seqused_k: Optional[Tensor], alibi_slopes: Optional[Tensor],
+                               max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
+                               causal: bool, window_left: int, window_right: int,
+                               softcap: float, deterministic: bool) -> Tuple[Tensor, Tensor]:
+    """Packed varlen attention with a learnable sink (h,): (out (t, h, d_v), lse (h, t))."""
+    return _SinkVarlenAttention.apply(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                                      alibi_slopes, max_seqlen_q, max_seqlen_k, softmax_scale,
+                                      causal, window_left, window_right, softcap,
+                                      deterministic)
+
+
+# ---------------------------------------------------------------------------------------------
 # FP8 attention (float8_e4m3fn q, k, v with descales): forward only
 # ---------------------------------------------------------------------------------------------
 def _fp8_fwd_impl(q8: Tensor, k8: Tensor, v8: Tensor, q_descale: Tensor, k_descale: Tensor,
@@ -656,6 +765,9 @@ def fp8_varlen_attention(*args: Any) -> Tuple[Tensor, Tensor]:
 
 __all__ = [
     "attention",
+    "attention_with_sink",
+    "sink_apply",
+    "varlen_attention_with_sink",
     "fp8_attention",
     "fp8_fwd",
     "fp8_varlen_attention",

@@ -242,8 +242,25 @@ def test_unsupported_inputs_raise_clear_errors():
     k = v = torch.randn(1, 2, 5, 16)
     with pytest.raises(ValueError, match="2D padding mask"):
         fa_hf.attention_forward(attn, q, k, v, torch.ones(1, 1, 5, 5, dtype=torch.bool))
-    with pytest.raises(NotImplementedError, match="s_aux"):
-        fa_hf.attention_forward(attn, q, k, v, None, s_aux=torch.zeros(4))
+
+
+
+def test_attention_sinks_s_aux():
+    """gpt-oss's sinks reach flashattn as learnable_sink: one extra logit per head in the
+    softmax denominator (the eager formula: softmax over [scores, sink], sink column dropped)."""
+    _, ours = _pair("llama")
+    attn = ours.model.layers[0].self_attn
+    torch.manual_seed(0)
+    q = torch.randn(1, 4, 5, 16)
+    k = v = torch.randn(1, 4, 5, 16)
+    sinks = torch.randn(4)
+    out, _ = fa_hf.attention_forward(attn, q, k, v, None, s_aux=sinks, scaling=0.25)
+    scores = (q @ k.transpose(-1, -2)).double() * 0.25
+    scores = scores.masked_fill(torch.ones(5, 5).triu(1).bool(), float("-inf"))
+    full = torch.cat([scores, sinks.double().view(1, 4, 1, 1).expand(1, 4, 5, 1)], dim=-1)
+    probs = torch.softmax(full, dim=-1)[..., :-1]
+    ref = (probs @ v.double()).transpose(1, 2)
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.gpu

@@ -42,6 +42,7 @@ def _attention(
     deterministic: bool,
     return_attn_probs: bool,
     names: Tuple[str, str, str],
+    learnable_sink: Optional[Tensor] = None,
 ) -> AttnOutput:
     """Validate, normalise (flash-attn 2 semantics), run. q, k, v may be views of packed inputs."""
     _v.check_qkv(q, k, v, names)
@@ -59,6 +60,12 @@ def _attention(
     scale = _p.softmax_scale_or_default(scale, d_qk)
     window_left, window_right = _p.window(window_left, window_right, causal, seqlen_k)
     alibi_slopes = _p.alibi_bh(alibi_slopes, b, h)
+    _v.check_learnable_sink(learnable_sink, h, q.device, dropout_p)
+    if learnable_sink is not None:
+        out, lse = _ops.attention_with_sink(q, k, v, learnable_sink, alibi_slopes, scale,
+                                            causal, window_left, window_right, softcap,
+                                            deterministic)
+        return (out, lse, None) if return_attn_probs else out
     philox_seed = _p.dropout_seed(dropout_p)
     # Like flash-attn 2: S_dmask only exists with dropout; return_attn_probs=True without
     # dropout is commonly used just to get softmax_lse, so never materialise (b, h, s_q, s_k).
@@ -93,6 +100,7 @@ def flash_attn_func(
     k_descale: Optional[Tensor] = None,
     v_descale: Optional[Tensor] = None,
     out_dtype: Optional[torch.dtype] = None,
+    learnable_sink: Optional[Tensor] = None,
 ) -> AttnOutput:
     """Exact attention ``softmax(q @ k^T * softmax_scale) @ v`` (FlashAttention-2).
 
@@ -125,6 +133,10 @@ def flash_attn_func(
             require grad), without dropout, ALiBi or return_attn_probs; v may also have its
             key axis contiguous (the layout ``flashattn.fp8.quantize`` writes).
         out_dtype: None or the output dtype of an FP8 call (keyword only; default bfloat16).
+        learnable_sink: None, or a float tensor (nheads,) (keyword only; gpt-oss's attention
+            sinks): one extra logit per head in every row's softmax denominator, attending to
+            nothing; differentiable (its gradient comes back in ``.grad``). softmax_lse then
+            includes it. Not with dropout or FP8 inputs.
 
     Returns:
         out: (batch, seqlen_q, nheads, headdim_v), dtype of q (FP8 inputs: out_dtype).
@@ -136,6 +148,8 @@ def flash_attn_func(
     """
     fp8 = _fp8.is_fp8(q, k, v)
     _fp8.check_descales_need_fp8(fp8, (q_descale, k_descale, v_descale), out_dtype)
+    if fp8 and learnable_sink is not None:
+        raise ValueError("learnable_sink is not supported with FP8 inputs")
     if fp8:
         return _fp8.dense(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale,
                           causal=causal, window_size=window_size, softcap=softcap,
@@ -144,7 +158,7 @@ def flash_attn_func(
                           out_dtype=out_dtype)
     return _attention(
         q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-        deterministic, return_attn_probs, ("q", "k", "v"),
+        deterministic, return_attn_probs, ("q", "k", "v"), learnable_sink,
     )
 
 

@@ -64,6 +64,8 @@ def flash_attn_with_kvcache(
     alibi_slopes: Optional[Tensor] = None,
     num_splits: int = 0,
     return_softmax_lse: bool = False,
+    *,
+    learnable_sink: Optional[Tensor] = None,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """Attention against a KV cache, appending new keys / values in place (flash-attn 2 API).
 
@@ -86,6 +88,8 @@ def flash_attn_with_kvcache(
         rotary_interleaved: pairs (0, 1), (2, 3)... if True, else (0, rotary_dim / 2)...
         num_splits: 0 = heuristic, 1 = no split, n = split the keys over n programs.
         return_softmax_lse: also return the LSE.
+        learnable_sink: None or a float (nheads,) tensor (keyword only): one extra softmax
+            logit per head that attends to nothing (gpt-oss's sinks); the LSE includes it.
 
     Returns:
         out (batch, seqlen_q, nheads, headdim_v) in q's dtype, and with return_softmax_lse
@@ -97,7 +101,10 @@ def flash_attn_with_kvcache(
     return_softmax_lse = _v.check_bool(return_softmax_lse, "return_softmax_lse")
     # plain eager tensors run the op's body directly (torch.library's dispatch costs tens of
     # us per call); compile, export, modes and subclasses see the op
+    _v.check_learnable_sink(learnable_sink, q.shape[2], q.device)
     out, lse = _ops.kvcache_attention(*args)
+    if learnable_sink is not None:
+        out, lse = _ops.sink_apply(out, lse, learnable_sink, packed=False)
     return (out, lse) if return_softmax_lse else out
 
 

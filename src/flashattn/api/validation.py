@@ -480,3 +480,25 @@ __all__: Sequence[str] = (
     "check_block_table",
     "check_varlen_values",
 )
+
+
+def check_learnable_sink(sink: Any, nheads: int, device: torch.device,
+                         dropout_p: float = 0.0) -> None:
+    """None, or a floating (nheads,) tensor on the inputs' device (one sink logit per head,
+    gpt-oss's ``sinks``); not with dropout (the sink's probability would be dropped too)."""
+    if sink is None:
+        return
+    if not isinstance(sink, torch.Tensor):
+        raise TypeError(f"learnable_sink must be a float tensor of shape (nheads,) = ({nheads},) "
+                        f"or None, got {_describe(sink)}")
+    if not sink.is_floating_point() or sink.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        raise TypeError(f"learnable_sink must be a float16 / bfloat16 / float32 tensor, got "
+                        f"{sink.dtype}")
+    if tuple(sink.shape) != (nheads,):
+        raise ValueError(f"learnable_sink must have shape (nheads,) = ({nheads},), got "
+                         f"{tuple(sink.shape)}")
+    if sink.device != device:
+        raise ValueError(f"learnable_sink must be on the inputs' device {device}, got "
+                         f"{sink.device}")
+    if dropout_p > 0.0:
+        raise ValueError("dropout_p must be 0.0 with learnable_sink")

@@ -55,10 +55,13 @@ def _varlen_attention(
     max_names: Tuple[str, str] = ("max_seqlen_q", "max_seqlen_k"),
     descales: Tuple[Optional[Tensor], ...] = (None, None, None),
     out_dtype: Optional[torch.dtype] = None,
+    learnable_sink: Optional[Tensor] = None,
 ) -> AttnOutput:
     """Validate, normalise (flash-attn 2 semantics), run. q, k, v may be views of packed inputs."""
     fp8 = _fp8.is_fp8(q, k, v)
     _fp8.check_descales_need_fp8(fp8, descales, out_dtype)
+    if fp8 and learnable_sink is not None:
+        raise ValueError("learnable_sink is not supported with FP8 inputs")
     if fp8:
         if block_table is not None:
             raise ValueError("block_table (paged KV) is not supported with FP8 inputs")
@@ -100,6 +103,7 @@ def _varlen_attention(
             f"dropout_p must be 0.0 with block_table (the paged KV path is inference only), "
             f"got {dropout_p!r}")
 
+    _v.check_learnable_sink(learnable_sink, h, q.device, dropout_p)
     scale = _p.softmax_scale_or_default(scale, d_qk)
     # flash-attn 2 (varlen): the window rule against max_seqlen_k (the batch maximum)
     window_left, window_right = _p.window(window_left, window_right, causal, max_seqlen_k)
@@ -110,11 +114,19 @@ def _varlen_attention(
 
     # Through the registered op (flashattn.ops): its autograd replays this seed in backward,
     # refuses gradients through the paged path, and torch.compile sees one opaque call.
+    if learnable_sink is not None and block_table is None:
+        out, lse = _ops.varlen_attention_with_sink(
+            q, k, v, learnable_sink, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes,
+            max_seqlen_q, max_seqlen_k, scale, causal, window_left, window_right, softcap,
+            deterministic)
+        return (out, lse, None) if return_attn_probs else out
     out, lse, s_dmask = _ops.varlen_attention(
         q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
         max_seqlen_q, max_seqlen_k, scale, causal, window_left, window_right, softcap,
         dropout_p, philox_seed, deterministic, return_softmax,
     )
+    if learnable_sink is not None:  # the paged path: forward only
+        out, lse = _ops.sink_apply(out, lse, learnable_sink, packed=True)
     if return_attn_probs:
         return out, lse, s_dmask
     return out
@@ -183,12 +195,14 @@ def flash_attn_varlen_func(
     k_descale: Optional[Tensor] = None,
     v_descale: Optional[Tensor] = None,
     out_dtype: Optional[torch.dtype] = None,
+    learnable_sink: Optional[Tensor] = None,
 ) -> AttnOutput:
     return _varlen_attention(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
         softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
         return_attn_probs, block_table, seqused_k, ("q", "k", "v"),
         descales=(q_descale, k_descale, v_descale), out_dtype=out_dtype,
+        learnable_sink=learnable_sink,
     )
 
 
@@ -223,6 +237,8 @@ flash_attn_varlen_func.__doc__ = """Exact attention over packed variable-length 
             real values are fp8 × descale (None = 1). FP8 calls are forward only, without
             dropout, ALiBi, block_table or return_attn_probs.
         out_dtype: None or the output dtype of an FP8 call (keyword only; default bfloat16).
+        learnable_sink: None, or a float (nheads,) tensor (keyword only): one extra softmax
+            logit per head that attends to nothing (gpt-oss's sinks); differentiable.
 """ + _RETURNS
 
 

@@ -31,10 +31,11 @@ What :func:`attention_forward` covers (the semantics of transformers' ``flash_at
   w - 1 keys before it), ``softcap`` (Gemma-2 ``attn_logit_softcapping``), dropout in training
   (``dropout`` as the model passes it), ``deterministic`` (kwarg or
   ``FLASH_ATTENTION_DETERMINISTIC=1``);
-- fp32 as well as fp16 / bf16 (no down-cast: flashattn computes fp32 natively).
+- fp32 as well as fp16 / bf16 (no down-cast: flashattn computes fp32 natively);
+- attention sinks (``s_aux``, gpt-oss) as flashattn's ``learnable_sink``, with gradients.
 
 Not supported: ``output_attentions`` (the weights come back as ``None``, as with
-flash-attention 2), ``head_mask``, attention sinks (``s_aux``: NotImplementedError) and
+flash-attention 2), ``head_mask`` and
 custom 4D masks (ValueError: use ``sdpa`` or ``eager`` for those).
 
 The dense path traces under ``torch.compile(fullgraph=True)`` (packed rows then need the
@@ -189,9 +190,6 @@ def attention_forward(
     if kwargs.get("output_attentions", False) or kwargs.get("head_mask") is not None:
         _warn_once("attn_implementation='fa_triton' does not return attention weights or "
                    "apply head_mask; use 'eager' for those.")
-    if kwargs.get("s_aux") is not None:
-        raise NotImplementedError("attn_implementation='fa_triton' does not support attention "
-                                  "sinks (s_aux); use 'eager' or 'sdpa' for this model.")
     if attention_mask is not None and attention_mask.dim() != 2:
         raise ValueError(
             f"attn_implementation='fa_triton' takes a 2D padding mask (batch, kv_len); got an "
@@ -215,6 +213,8 @@ def attention_forward(
     params = dict(dropout_p=float(dropout), softmax_scale=scaling, causal=bool(is_causal),
                   window_size=window, softcap=float(softcap or 0.0),
                   deterministic=bool(deterministic))
+    if kwargs.get("s_aux") is not None:  # attention sinks (gpt-oss): one logit per head
+        params["learnable_sink"] = kwargs["s_aux"].to(device=q.device)
 
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")

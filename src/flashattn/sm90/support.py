@@ -21,16 +21,20 @@ DTYPES = (torch.float16, torch.bfloat16)
 # in flashattn.runtime.gluon_api), and this is what verified each one:
 GLUON_TRITON = {
     "3.6": "H100: pytest -m gpu and the benchmark grid (every session); sm_90 AOT in CI",
-    "3.7": "sm_90 AOT compile of every Gluon variant (CI); not run on a GPU",
-    "3.8": "sm_90 AOT compile of every Gluon variant (CI); not run on a GPU",
+    "3.7": ("sm_90 AOT compile of every Gluon variant (74/74, session 12; CI compiles the "
+            "shipped ones); not run on a GPU"),
+    "3.8": ("sm_90 AOT compile of every Gluon variant (74/74, session 12; CI compiles the "
+            "shipped ones); not run on a GPU"),
     "3.9": ("H100 (session 12, repacked wheel over the image's torch 2.11): pytest -m gpu "
             "(408 tests, bigmem excepted) and the 16k grid; sm_90 AOT in CI"),
 }
-# The versions whose Gluon kernels ran on a GPU (tests and the grid): the Hopper path is on by
-# default there. On the others it is off, with one warning, unless FLASHATTN_BACKEND=hopper.
+# The Hopper path is on by default with every release above (each compiles every variant in
+# CI); these also ran the GPU tests and the grid (``info`` says which is which). A release not
+# above runs the portable kernels, with one warning naming it and what was verified
+# (FLASHATTN_BACKEND=hopper tries the Gluon kernels anyway).
 GPU_VERIFIED_TRITON = ("3.6", "3.9")
-# (kept for callers of the former name: the verified version prefixes)
-TRITON_VERSIONS = tuple(v + "." for v in GPU_VERIFIED_TRITON)
+# (kept for callers of the former name: the version prefixes the Gluon kernels know)
+TRITON_VERSIONS = tuple(v + "." for v in GLUON_TRITON)
 
 
 def triton_minor(version: str) -> str:
@@ -46,22 +50,25 @@ def triton_version() -> Optional[str]:
     return getattr(triton, "__version__", "?")
 
 
+def verified_summary() -> str:
+    """One line: the releases the Gluon kernels were verified on, and how."""
+    gpu = ", ".join(GPU_VERIFIED_TRITON)
+    aot = ", ".join(v for v in GLUON_TRITON if v not in GPU_VERIFIED_TRITON)
+    return f"GPU-verified on triton {gpu}; compile-verified (sm_90 AOT in CI) on {aot}"
+
+
 @functools.lru_cache(maxsize=None)
-def gluon_unavailable(require_verified: bool = False) -> Optional[str]:
-    """Why this Triton cannot build the Hopper kernels (None when it can). With
-    ``require_verified``, also refuse a version whose kernels only compiled (AOT) and never
-    ran on a GPU (see GLUON_TRITON)."""
+def gluon_unavailable(allow_unknown: bool = False) -> Optional[str]:
+    """Why this Triton cannot build the Hopper kernels (None when it can). A release the
+    kernels were not verified on is refused unless ``allow_unknown`` (FLASHATTN_BACKEND=hopper
+    then tries them)."""
     version = triton_version()
     if version is None:
         return "triton is not installed"
     minor = triton_minor(version)
-    if minor not in GLUON_TRITON:
-        return (f"triton {version}: the Gluon kernels are written for triton "
-                f"{', '.join(GLUON_TRITON)}")
-    if require_verified and minor not in GPU_VERIFIED_TRITON:
-        return (f"triton {version}: its Gluon kernels are verified by {GLUON_TRITON[minor]} "
-                f"(GPU-verified: triton {', '.join(GPU_VERIFIED_TRITON)}); "
-                f"FLASHATTN_BACKEND=hopper uses them anyway")
+    if minor not in GLUON_TRITON and not allow_unknown:
+        return (f"triton {version} is not a release the Gluon kernels were verified on "
+                f"({verified_summary()})")
     try:
         from triton.experimental.gluon import language as gl
         from triton.experimental.gluon.language.nvidia import hopper
@@ -84,10 +91,11 @@ def _device_unavailable(index: int, forced: bool) -> Optional[str]:
     cap = torch.cuda.get_device_capability(index)
     if cap != (9, 0):
         return f"device cuda:{index} is sm_{cap[0]}{cap[1]}, not sm_90"
-    reason = gluon_unavailable(require_verified=not forced)
-    if reason is not None and gluon_unavailable() is None:  # compiles, not GPU-verified
-        warnings.warn(f"flashattn: the Hopper (Gluon) kernels are off on sm_90 with {reason}; "
-                      "the portable Triton kernels run instead", stacklevel=3)
+    reason = gluon_unavailable(allow_unknown=forced)
+    if reason is not None and gluon_unavailable(allow_unknown=True) is None:  # unknown release
+        warnings.warn(f"flashattn: the Hopper (Gluon) kernels are off on sm_90: {reason}; the "
+                      "portable Triton kernels run instead (FLASHATTN_BACKEND=hopper tries the "
+                      "Gluon kernels anyway)", stacklevel=3)
     return reason
 
 

@@ -160,7 +160,7 @@ TESTED_PAIRS = (
     ("2.13.0 (CPU)", "3.6.0", "CI: the full CPU suite (interpreter) + sm_90 AOT of every kernel"),
     ("2.13.0 (CPU)", "3.9.0", "CI: sm_90 AOT of every Gluon variant"),
     ("2.13.0 (CPU)", "3.7.1 / 3.8.0",
-     "CI: sm_90 AOT of the shipped Gluon variants (Gluon kernels on; not run on a GPU)"),
+     "CI: sm_90 AOT of the default Gluon configs (Gluon kernels on; not run on a GPU)"),
 )
 
 

@@ -22,9 +22,9 @@ DTYPES = (torch.float16, torch.bfloat16)
 GLUON_TRITON = {
     "3.6": "H100: pytest -m gpu and the benchmark grid (every session); sm_90 AOT in CI",
     "3.7": ("sm_90 AOT compile of every Gluon variant (74/74, session 12; CI compiles the "
-            "shipped ones); not run on a GPU"),
+            "default configs); not run on a GPU"),
     "3.8": ("sm_90 AOT compile of every Gluon variant (74/74, session 12; CI compiles the "
-            "shipped ones); not run on a GPU"),
+            "default configs); not run on a GPU"),
     "3.9": ("H100 (session 12, repacked wheel over the image's torch 2.11): pytest -m gpu "
             "(408 tests, bigmem excepted) and the 16k grid; sm_90 AOT in CI"),
 }

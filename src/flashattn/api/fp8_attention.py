@@ -178,9 +178,9 @@ def varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: 
            return_attn_probs: bool, q_descale: Optional[Tensor], k_descale: Optional[Tensor],
            v_descale: Optional[Tensor], out_dtype: Optional[torch.dtype]) -> Tensor:
     """``flash_attn_varlen_func`` with FP8 inputs: descales (batch, nheads_k), batch = the
-    number of sequences. cu_seqlens / max_seqlen already validated by the caller. Returns out
+    number of sequences. q / k / v (check_fp8_qkv), cu_seqlens and max_seqlen already validated
+    by the caller (api/varlen.py). Returns out
     (total_q, h, d_v) in ``out_dtype``."""
-    check_fp8_qkv(q, k, v, ("q", "k", "v"), varlen=True)
     _check_unsupported(dropout_p, alibi_slopes, return_attn_probs)
     out_dtype = _check_out_dtype(out_dtype)
     batch = cu_seqlens_q.shape[0] - 1

@@ -354,55 +354,10 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
     # outputs (shapes from host ints only: graph friendly)
     out_shape = q4.shape[:-1] + (d_v,)
-    reuse = buffers is not None and not varlen
-    if reuse and buffers.get("key") == (tuple(out_shape), num_splits, q.dtype, device):
-        out, lse, lse4 = buffers["out"], buffers["lse"], buffers["lse"]
-        out_k, lse_k = buffers["out_k"], buffers["lse_k"]
-        return _decode_launch(q, q4, k_cache, v_cache, seqlens_k, seqlen_k_add, leftpad,
-                              batch_idx, block_table, alibi_slopes, cu_seqlens_q, out, lse,
-                              lse4, out_k, lse_k, num_splits, varlen, batch, s_q_grid, g,
-                              nheads_k, d, d_v, block_n, num_warps, num_stages, allow_tma,
-                              block_m, m_blocks, block_d, block_dv, softmax_scale,
-                              window_left, window_right, softcap, buffers)
-    # Packed rows outside every sequence are written by no program: they start as out 0 /
-    # lse -inf (and as empty splits for the combine pass).
-    if varlen:
-        lse = torch.full((h, q.shape[0]), float("-inf"), dtype=torch.float32, device=device)
-        lse4 = lse.unsqueeze(0)  # (1, h, total_q)
-        out = torch.zeros(out_shape, dtype=q.dtype, device=device)
-    else:
-        lse = torch.empty((batch, h, s_q_grid), dtype=torch.float32, device=device)
-        lse4 = lse
-        out = torch.empty(out_shape, dtype=q.dtype, device=device)
-    if num_splits > 1:
-        out_k = torch.empty((num_splits,) + tuple(out_shape), dtype=torch.float32, device=device)
-        lse_k_shape = (num_splits,) + tuple(lse4.shape)
-        if varlen:
-            lse_k = torch.full(lse_k_shape, float("-inf"), dtype=torch.float32, device=device)
-        else:
-            lse_k = torch.empty(lse_k_shape, dtype=torch.float32, device=device)
-    else:
-        out_k, lse_k = out, lse4
-    if reuse:
-        buffers.update(key=(tuple(out_shape), num_splits, q.dtype, device), out=out, lse=lse,
-                       out_k=out_k, lse_k=lse_k)
-    return _decode_launch(q, q4, k_cache, v_cache, seqlens_k, seqlen_k_add, leftpad, batch_idx,
-                          block_table, alibi_slopes, cu_seqlens_q, out, lse, lse4, out_k, lse_k,
-                          num_splits, varlen, batch, s_q_grid, g, nheads_k, d, d_v, block_n,
-                          num_warps, num_stages, allow_tma, block_m, m_blocks, block_d,
-                          block_dv, softmax_scale, window_left, window_right, softcap,
-                          buffers if reuse else None)
-
-
-def _decode_launch(q, q4, k_cache, v_cache, seqlens_k, seqlen_k_add, leftpad, batch_idx,
-                   block_table, alibi_slopes, cu_seqlens_q, out, lse, lse4, out_k, lse_k,
-                   num_splits, varlen, batch, s_q_grid, g, nheads_k, d, d_v, block_n, num_warps,
-                   num_stages, allow_tma, block_m, m_blocks, block_d, block_dv, softmax_scale,
-                   window_left, window_right, softcap, plans=None):
-    """The launch of decode_attention, with its outputs (and split workspaces) given.
-    ``plans``: a decode plan's dict: the launches are recorded there on the first call and
-    replayed after (runtime.launch.LaunchPlans: no binder, no argument rebuilding)."""
-    paged = block_table is not None
+    out, lse, lse4, out_k, lse_k = _outputs(buffers if not varlen else None, out_shape,
+                                            num_splits, q, varlen, batch, h, s_q_grid, device)
+    # a decode plan's dict also records the launches, replayed on its later calls
+    plans = buffers if buffers is not None and not varlen else None
     if num_splits > 1:
         o_strides = out_k.stride()[:4]
         l_strides = lse_k.stride()
@@ -475,6 +430,39 @@ def _decode_launch(q, q4, k_cache, v_cache, seqlens_k, seqlen_k_add, leftpad, ba
                        plans=None if plans is None else plans.setdefault(
                            "combine", LaunchPlans(slots=(0, 1, 2, 3))))
     return (out[0] if varlen else out), lse
+
+
+def _outputs(buffers: Optional[dict], out_shape, num_splits: int, q: torch.Tensor, varlen: bool,
+             batch: int, h: int, s_q_grid: int, device: torch.device):
+    """(out, lse, lse4, out_k, lse_k): the outputs and, with splits, the fp32 split workspaces;
+    taken from ``buffers`` (a decode plan's, dense queries only) when it holds them for this
+    shape, else allocated (and kept there)."""
+    key = (tuple(out_shape), num_splits, q.dtype, device)
+    if buffers is not None and buffers.get("key") == key:
+        return buffers["out"], buffers["lse"], buffers["lse"], buffers["out_k"], buffers["lse_k"]
+    # Packed rows outside every sequence are written by no program: they start as out 0 /
+    # lse -inf (and as empty splits for the combine pass).
+    if varlen:
+        lse = torch.full((h, q.shape[0]), float("-inf"), dtype=torch.float32, device=device)
+        lse4 = lse.unsqueeze(0)  # (1, h, total_q)
+        out = torch.zeros(out_shape, dtype=q.dtype, device=device)
+    else:
+        lse = torch.empty((batch, h, s_q_grid), dtype=torch.float32, device=device)
+        lse4 = lse
+        out = torch.empty(out_shape, dtype=q.dtype, device=device)
+    if num_splits > 1:
+        out_k = torch.empty((num_splits,) + tuple(out_shape), dtype=torch.float32, device=device)
+        lse_k_shape = (num_splits,) + tuple(lse4.shape)
+        if varlen:
+            lse_k = torch.full(lse_k_shape, float("-inf"), dtype=torch.float32, device=device)
+        else:
+            lse_k = torch.empty(lse_k_shape, dtype=torch.float32, device=device)
+    else:
+        out_k, lse_k = out, lse4
+    if buffers is not None:
+        buffers.update(key=key, out=out, lse=lse, out_k=out_k, lse_k=lse_k)
+    return out, lse, lse4, out_k, lse_k
+
 
 
 def planned_splits(batch: int, seqlen_q: int, max_seqlen_k: int, nheads: int, nheads_k: int,

@@ -50,6 +50,9 @@ def _rotary_store_kernel(X, Dst, Cos, Sin, Seqlens, BatchIdx, BlockTable,
 
     base_pos = tl.load(Seqlens + off_b)
     pos = base_pos + off_i * pos_step
+    # the position as a vector too: Triton 3.9's interpreter rejects masks built from a tensor
+    # and a scalar bool ("mask has unsupported dtype")
+    pos_v = offs_d * 0 + pos
 
     x_row = X + off_b.to(tl.int64) * stride_xb + off_i.to(tl.int64) * stride_xm \
         + offs_h.to(tl.int64)[:, None] * stride_xh
@@ -64,9 +67,7 @@ def _rotary_store_kernel(X, Dst, Cos, Sin, Seqlens, BatchIdx, BlockTable,
             pair = tl.where(offs_d < rot_half, offs_d, offs_d - rot_half)
             partner = tl.where(offs_d < rot_half, offs_d + rot_half, offs_d - rot_half)
             first = offs_d < rot_half
-        # (the position test as a tensor, not a scalar: Triton 3.9's interpreter rejects the
-        # mask a tensor & scalar-bool makes, "mask has unsupported dtype")
-        in_rot = (offs_d < rot_dim) & ((offs_d * 0 + pos) < seqlen_ro)
+        in_rot = (offs_d < rot_dim) & (pos_v < seqlen_ro)
         cos = tl.load(Cos + pos.to(tl.int64) * stride_cos + pair, mask=in_rot, other=1.0)
         sin = tl.load(Sin + pos.to(tl.int64) * stride_sin + pair, mask=in_rot, other=0.0)
         x_p = tl.load(x_row + partner[None, :], mask=h_ok[:, None] & in_rot[None, :], other=0.0)
@@ -85,7 +86,6 @@ def _rotary_store_kernel(X, Dst, Cos, Sin, Seqlens, BatchIdx, BlockTable,
     # nothing, a batch index or page number is clamped to the destination's rows (dst_rows).
     # Bad metadata then gives a wrong answer, never a write outside the cache; the checked mode
     # (flashattn.checks()) turns it into an error first.
-    # (tensors, not scalar bools: Triton 3.9's interpreter rejects a tensor & scalar-bool mask)
     in_dst = d_ok
     if DEST == 0:
         d_row = off_b.to(tl.int64) * stride_db + off_i.to(tl.int64) * stride_dm
@@ -93,11 +93,9 @@ def _rotary_store_kernel(X, Dst, Cos, Sin, Seqlens, BatchIdx, BlockTable,
         cache_b = off_b
         if HAS_BATCH_IDX:
             cache_b = tl.minimum(tl.maximum(tl.load(BatchIdx + off_b), 0), dst_rows - 1)
-        pos_v = offs_d * 0 + pos
         in_dst = (pos_v >= 0) & (pos_v < dst_cap)
         d_row = cache_b.to(tl.int64) * stride_db + pos.to(tl.int64) * stride_dm
     else:
-        pos_v = offs_d * 0 + pos
         in_dst = (pos_v >= 0) & (pos_v < dst_cap)
         safe_pos = tl.minimum(tl.maximum(pos, 0), dst_cap - 1)
         page = tl.load(BlockTable + off_b.to(tl.int64) * stride_btb + safe_pos // PAGE_SIZE)

@@ -473,14 +473,15 @@ def _fwd_kvcache_impl(
     softcap: float,
     rotary_interleaved: bool,
     num_splits: int,
+    attention_chunk: int = 0,
 ) -> Tuple[Tensor, Tensor]:
     """``flash_attn_with_kvcache`` as an op: k / v (if given) are written into k_cache /
-    v_cache in place. Returns out (b, s_q, h, d_v) in q's dtype and lse float32 (b, h, s_q),
+    v_cache in place (attention_chunk: 0 or FA3's chunked local attention). Returns out (b, s_q, h, d_v) in q's dtype and lse float32 (b, h, s_q),
     contiguous. Arguments as checked and normalised by the api (softmax_scale resolved, the
     window against the cache capacity with causal folded in, alibi_slopes (b, h),
     cache_seqlens a (b,) int32 tensor or None)."""
     params = AttnParams(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
-                        0.0, 0, False)
+                        0.0, 0, False, attention_chunk)
     out, lse = dispatch.kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                                 cache_batch_idx, cache_leftpad, block_table, params,
                                 rotary_interleaved, num_splits)
@@ -495,7 +496,7 @@ fwd_kvcache = torch.library.custom_op("flashattn::fwd_kvcache", _fwd_kvcache_imp
 def _fwd_kvcache_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                       cache_batch_idx, cache_leftpad, block_table, alibi_slopes, softmax_scale,
                       causal, window_left, window_right, softcap, rotary_interleaved,
-                      num_splits):
+                      num_splits, attention_chunk=0):
     b, s_q, h, _ = q.shape
     return (q.new_empty((b, s_q, h, v_cache.shape[-1])),
             q.new_empty((b, h, s_q), dtype=torch.float32))

@@ -24,6 +24,10 @@ class AttnParams(NamedTuple):
     dropout_p: float in [0, 1).
     philox_seed: int in [0, 2**63), the dropout RNG key (0 when dropout_p == 0).
     deterministic: bool, bitwise-repeatable backward.
+    attention_chunk: int, 0 = off, else chunked local attention (FlashAttention-3's
+        ``attention_chunk``): a query at key position p sees only keys j with
+        ``j // C == floor(p / C)``. The KV-cache kernels take it; dense / varlen calls are
+        rewritten into segments by the api (``api/segments.py``) and never carry it.
     """
 
     softmax_scale: float
@@ -35,11 +39,12 @@ class AttnParams(NamedTuple):
     dropout_p: float
     philox_seed: int
     deterministic: bool = False
+    attention_chunk: int = 0
 
     @property
     def masked(self) -> bool:
-        """Whether a causal / window mask hides some keys."""
-        return self.window_left >= 0 or self.window_right >= 0
+        """Whether a causal / window / chunk mask hides some keys ("local" in FA3's sense)."""
+        return self.window_left >= 0 or self.window_right >= 0 or self.attention_chunk > 0
 
     def kernel_kwargs(self) -> Dict[str, Any]:
         """The keyword arguments of the kernels' wrappers (every field but deterministic)."""

@@ -32,11 +32,15 @@ def normalize_window(causal: bool, window_size: tuple[int, int]) -> tuple[int, i
 
 
 def visible_mask(s_q: int, s_k: int, window_left: int, window_right: int,
-                 device: torch.device | str = "cpu") -> torch.Tensor:
+                 device: torch.device | str = "cpu", attention_chunk: int = 0) -> torch.Tensor:
     """Bool (s_q, s_k): True where key j is visible from query i.
 
     Visible iff ``window_left < 0 or j >= i + s_k - s_q - window_left`` and
-    ``window_right < 0 or j <= i + s_k - s_q + window_right`` (bottom-right aligned).
+    ``window_right < 0 or j <= i + s_k - s_q + window_right`` (bottom-right aligned), and,
+    with ``attention_chunk`` C > 0 (FlashAttention-3's chunked local attention, Llama-4),
+    key and query position ``p = i + s_k - s_q`` lie in the same chunk of C positions:
+    ``j // C == floor(p / C)``. Positions are those of the keys (0 = the first key); a query
+    at a negative position (s_q > s_k) is in a chunk with no keys and sees none.
     """
     i = torch.arange(s_q, device=device).view(-1, 1)
     j = torch.arange(s_k, device=device).view(1, -1)
@@ -46,6 +50,9 @@ def visible_mask(s_q: int, s_k: int, window_left: int, window_right: int,
         mask &= j >= diag - window_left
     if window_right >= 0:
         mask &= j <= diag + window_right
+    if attention_chunk > 0:
+        mask &= torch.div(j, attention_chunk, rounding_mode="floor") == torch.div(
+            diag, attention_chunk, rounding_mode="floor")
     return mask
 
 
@@ -72,8 +79,8 @@ def _repeat_kv(x: torch.Tensor, h: int) -> torch.Tensor:
 def attention_probs_ref(q: torch.Tensor, k: torch.Tensor, *, softmax_scale: Optional[float] = None,
                         causal: bool = False, window_size: tuple[int, int] = (-1, -1),
                         softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None,
-                        upcast: bool = True, reorder_ops: bool = False
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
+                        upcast: bool = True, reorder_ops: bool = False,
+                        attention_chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax probabilities (before dropout) and their log-sum-exp.
 
     q (b, s_q, h, d), k (b, s_k, h_k, d). Returns ``P`` (b, h, s_q, s_k) in the compute dtype
@@ -98,7 +105,7 @@ def attention_probs_ref(q: torch.Tensor, k: torch.Tensor, *, softmax_scale: Opti
     if alibi_slopes is not None:
         scores = scores + alibi_bias(alibi_slopes, b, h, s_q, s_k, dtype)
     window_left, window_right = normalize_window(causal, window_size)
-    visible = visible_mask(s_q, s_k, window_left, window_right, q.device)
+    visible = visible_mask(s_q, s_k, window_left, window_right, q.device, attention_chunk)
     scores = scores.masked_fill(~visible, float("-inf"))
     # The row max cancels in the softmax; detaching it keeps the gradient exact and free
     # of max's subgradient. Rows with no visible key subtract 0 instead of -inf (no NaN).
@@ -122,7 +129,8 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                   window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                   alibi_slopes: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
                   dropout_mask: Optional[torch.Tensor] = None, upcast: bool = True,
-                  reorder_ops: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                  reorder_ops: bool = False, attention_chunk: int = 0
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """Naive attention (flash-attn 2 semantics), differentiable.
 
     Args:
@@ -136,6 +144,7 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         upcast: compute in float64 (the oracle) instead of the inputs' dtype (the
             "PyTorch's own low-precision error" baseline).
         reorder_ops: scale k instead of q (another rounding order for the baseline).
+        attention_chunk: 0 = off, else chunked local attention (see :func:`visible_mask`).
 
     Returns:
         out (b, s_q, h, d_v): float64 if ``upcast`` else q's dtype; 0 on rows with no key.
@@ -145,7 +154,7 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     probs, lse = attention_probs_ref(q, k, softmax_scale=softmax_scale, causal=causal,
                                      window_size=window_size, softcap=softcap,
                                      alibi_slopes=alibi_slopes, upcast=upcast,
-                                     reorder_ops=reorder_ops)
+                                     reorder_ops=reorder_ops, attention_chunk=attention_chunk)
     if dropout_mask is not None:
         probs = probs.masked_fill(~dropout_mask, 0.0) / (1.0 - dropout_p)
     h = q.shape[2]
@@ -193,7 +202,7 @@ def kvcache_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 softmax_scale: Optional[float] = None, causal: bool = False,
                 window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                 rotary_interleaved: bool = True, alibi_slopes: Optional[torch.Tensor] = None,
-                upcast: bool = True
+                upcast: bool = True, attention_chunk: int = 0
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Oracle of ``flash_attn_with_kvcache`` that never modifies its inputs.
 
@@ -205,6 +214,8 @@ def kvcache_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     (float64 if ``upcast`` else q's dtype). Shapes as the public function; cache_seqlens a
     (b,) int tensor. Window sides >= the cache capacity count as unbounded (flash-attn 2: they
     are clamped before the rotary positions of q are decided); the mask needs no clamping.
+    ``attention_chunk`` > 0 makes the call local too (FlashAttention-3: q rotated token by
+    token), chunks counted from ``cache_leftpad[b]``, the first key.
     """
     b, s_q, h, _ = q.shape
     k_after, v_after = k_cache.clone(), v_cache.clone()
@@ -236,7 +247,7 @@ def kvcache_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         # -1 first, then "local" (and so per-token q positions) is decided
         capacity = block_table.shape[1] * page if paged else k_cache.shape[1]
         clamped = tuple(-1 if w >= capacity else w for w in window_size)
-        step = 1 if (causal or clamped != (-1, -1)) else 0
+        step = 1 if (causal or clamped != (-1, -1) or attention_chunk > 0) else 0
         pos = (lens.view(-1, 1) + step * torch.arange(s_q)).to(q.device)
         q_in = rotary_ref(q, rotary_cos, rotary_sin, pos, rotary_interleaved).to(q.dtype)
     dtype = torch.float64 if upcast else q.dtype
@@ -255,7 +266,8 @@ def kvcache_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             slopes = alibi_slopes if alibi_slopes.dim() == 1 else alibi_slopes[row:row + 1]
         o, l = attention_ref(q_in[row:row + 1], k_row, v_row, softmax_scale=softmax_scale,
                              causal=causal, window_size=window_size, softcap=softcap,
-                             alibi_slopes=slopes, upcast=upcast)
+                             alibi_slopes=slopes, upcast=upcast,
+                             attention_chunk=attention_chunk)
         out[row] = o[0]
         lse[row] = l[0]
     return out, lse, k_after, v_after

@@ -18,8 +18,11 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 
 from flashattn import ops as _ops
+from flashattn.api import out as _out
+from flashattn.api import chunked as _chunked
 from flashattn.api import fp8_attention as _fp8
 from flashattn.api import params as _p
+from flashattn.api import segments as _segments
 from flashattn.api import validation as _v
 
 Tensor = torch.Tensor
@@ -43,9 +46,11 @@ def _attention(
     return_attn_probs: bool,
     names: Tuple[str, str, str],
     learnable_sink: Optional[Tensor] = None,
+    attention_chunk: int = 0,
 ) -> AttnOutput:
     """Validate, normalise (flash-attn 2 semantics), run. q, k, v may be views of packed inputs."""
     _v.check_qkv(q, k, v, names)
+    attention_chunk = _v.check_attention_chunk(attention_chunk)
     dropout_p = _v.check_dropout_p(dropout_p)
     scale = _v.check_softmax_scale(softmax_scale)
     causal = _v.check_causal(causal)
@@ -61,6 +66,16 @@ def _attention(
     window_left, window_right = _p.window(window_left, window_right, causal, seqlen_k)
     alibi_slopes = _p.alibi_bh(alibi_slopes, b, h)
     _v.check_learnable_sink(learnable_sink, h, q.device, dropout_p)
+    s_q = q.shape[1]
+    if (not _segments.chunk_is_noop(attention_chunk, seqlen_k, window_right, s_q <= seqlen_k)
+            and b > 0 and s_q > 0 and seqlen_k > 0):
+        if return_attn_probs and dropout_p > 0.0:
+            raise NotImplementedError("return_attn_probs with dropout (S_dmask) is not "
+                                      "supported together with attention_chunk")
+        out, lse = _chunked.dense(q, k, v, alibi_slopes, _p.dropout_seed(dropout_p), scale,
+                                  causal, window_left, window_right, softcap, dropout_p,
+                                  deterministic, attention_chunk, learnable_sink)
+        return (out, lse, None) if return_attn_probs else out
     if learnable_sink is not None:
         out, lse = _ops.attention_with_sink(q, k, v, learnable_sink, alibi_slopes, scale,
                                             causal, window_left, window_right, softcap,
@@ -83,6 +98,7 @@ def _attention(
 # ---------------------------------------------------------------------------------------------
 # Public API
 # ---------------------------------------------------------------------------------------------
+@_out.writes_out(_out.like_q("q", "v", 4, 4, "out_dtype"))
 def flash_attn_func(
     q: Tensor,
     k: Tensor,
@@ -101,6 +117,7 @@ def flash_attn_func(
     v_descale: Optional[Tensor] = None,
     out_dtype: Optional[torch.dtype] = None,
     learnable_sink: Optional[Tensor] = None,
+    attention_chunk: int = 0,
 ) -> AttnOutput:
     """Exact attention ``softmax(q @ k^T * softmax_scale) @ v`` (FlashAttention-2).
 
@@ -137,6 +154,10 @@ def flash_attn_func(
             sinks): one extra logit per head in every row's softmax denominator, attending to
             nothing; differentiable (its gradient comes back in ``.grad``). softmax_lse then
             includes it. Not with dropout or FP8 inputs.
+        attention_chunk: int >= 0 (keyword only; FlashAttention-3's chunked local attention,
+            Llama-4), 0 = off. A query at key position ``p = i + seqlen_k - seqlen_q`` sees only
+            keys j with ``j // attention_chunk == floor(p / attention_chunk)``, besides the
+            causal / window mask (a query at a negative position sees no key). Differentiable.
 
     Returns:
         out: (batch, seqlen_q, nheads, headdim_v), dtype of q (FP8 inputs: out_dtype).
@@ -151,6 +172,8 @@ def flash_attn_func(
     if fp8 and learnable_sink is not None:
         raise ValueError("learnable_sink is not supported with FP8 inputs")
     if fp8:
+        if attention_chunk:
+            raise NotImplementedError("attention_chunk is not supported with FP8 inputs yet")
         return _fp8.dense(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale,
                           causal=causal, window_size=window_size, softcap=softcap,
                           alibi_slopes=alibi_slopes, return_attn_probs=return_attn_probs,
@@ -158,10 +181,11 @@ def flash_attn_func(
                           out_dtype=out_dtype)
     return _attention(
         q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-        deterministic, return_attn_probs, ("q", "k", "v"), learnable_sink,
+        deterministic, return_attn_probs, ("q", "k", "v"), learnable_sink, attention_chunk,
     )
 
 
+@_out.writes_out(_out.packed_qkv("qkv", 2))
 def flash_attn_qkvpacked_func(
     qkv: Tensor,
     dropout_p: float = 0.0,
@@ -212,6 +236,7 @@ def flash_attn_qkvpacked_func(
     )
 
 
+@_out.writes_out(_out.like_q("q", "kv", 5, 4))
 def flash_attn_kvpacked_func(
     q: Tensor,
     kv: Tensor,

@@ -17,10 +17,12 @@ Where FA3 and flash-attn 2 differ, this module follows FA3:
 Accepted as documented no-ops: ``pack_gqa`` (the decode kernels always pack a KV head's
 query heads into one tile; the prefill kernels read each K/V block once per query block
 regardless), ``sm_margin`` (no SM is reserved), ``num_splits`` on the dense / varlen prefill
-calls (their kernels have no key split; the decode path takes it). Not supported yet, and
-raising ``NotImplementedError`` naming the argument: ``qv``, head dims above 256,
-``attention_chunk``, ``seqused_q``, and in the KV-cache call ``cu_seqlens_q`` /
-``max_seqlen_q`` (varlen queries), ``cu_seqlens_k_new``, ``rotary_seqlens`` (issue 20).
+calls (their kernels have no key split; the decode path takes it). ``attention_chunk``
+(chunked local attention) works in every call, forward and backward (FA3's backward refuses
+it); ``seqused_q`` in the varlen call. Not supported yet, and raising
+``NotImplementedError`` naming the argument: ``qv``, head dims above 256, and in the
+KV-cache call ``cu_seqlens_q`` / ``max_seqlen_q`` (varlen queries), ``cu_seqlens_k_new``,
+``rotary_seqlens``.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from typing import Optional, Sequence, Tuple, Union
 
 import torch
 
+from flashattn.api import out as _out
 from flashattn.api import combine as _combine
 from flashattn.api import dense as _dense
 from flashattn.api import fp8_attention as _fp8
@@ -52,12 +55,12 @@ def _check_head_dims(q: Tensor, v: Tensor) -> None:
                                       f"supported (at most {_v.MAX_HEAD_DIM})")
 
 
-def _fa3_common(qv, attention_chunk, q, v) -> None:
+def _fa3_common(qv, q, v) -> None:
     _unsupported("qv", qv)
-    _unsupported("attention_chunk", attention_chunk, 0)
     _check_head_dims(q, v)
 
 
+@_out.writes_out(_out.like_q("q", "v", 4, 4))
 def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional[float] = None,
                     causal: bool = False, qv: Optional[Tensor] = None,
                     q_descale: Optional[Tensor] = None, k_descale: Optional[Tensor] = None,
@@ -70,20 +73,23 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional[flo
     nheads_k, headdim[_v]); float16 / bfloat16 (float32 too), or float8_e4m3fn with the
     (batch, nheads_k) float32 descales (forward only, bf16 output). Returns out, or (out,
     softmax_lse (batch, nheads, seqlen_q)) with return_attn_probs. Differentiable (16/32-bit)."""
-    _fa3_common(qv, attention_chunk, q, v)
+    _fa3_common(qv, q, v)
     kw = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
               softcap=softcap, deterministic=deterministic)
     if _fp8.is_fp8(q, k, v):
+        _unsupported("attention_chunk (FP8 inputs)", attention_chunk, 0)
         kw.pop("deterministic")
         res = _fp8.dense(q, k, v, dropout_p=0.0, alibi_slopes=None, return_attn_probs=False,
                          q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
                          out_dtype=None, return_lse=return_attn_probs, **kw)
         return res
     out, lse, _ = _dense.flash_attn_func(q, k, v, q_descale=q_descale, k_descale=k_descale,
-                                         v_descale=v_descale, return_attn_probs=True, **kw)
+                                         v_descale=v_descale, return_attn_probs=True,
+                                         attention_chunk=attention_chunk, **kw)
     return (out, lse) if return_attn_probs else out
 
 
+@_out.writes_out(_out.like_q("q", "v", 3, 3))
 def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
                            cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
                            seqused_q: Optional[Tensor] = None,
@@ -100,10 +106,10 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     """FA3's ``flash_attn_varlen_func``: packed q (total_q, nheads, headdim), k / v (total_k,
     nheads_k, headdim[_v]), int32 cu_seqlens (batch + 1,), seqused_k (batch,) or None.
     Returns out (total_q, nheads, headdim_v), or (out, softmax_lse (nheads, total_q))."""
-    _fa3_common(qv, attention_chunk, q, v)
-    _unsupported("seqused_q", seqused_q)
+    _fa3_common(qv, q, v)
     kw = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
-              softcap=softcap, deterministic=deterministic, seqused_k=seqused_k)
+              softcap=softcap, deterministic=deterministic, seqused_k=seqused_k,
+              seqused_q=seqused_q, attention_chunk=attention_chunk)
     if _fp8.is_fp8(q, k, v):
         if return_attn_probs:
             raise NotImplementedError("flashattn.fa3: return_attn_probs with FP8 varlen inputs "
@@ -118,6 +124,7 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     return (out, lse) if return_attn_probs else out
 
 
+@_out.writes_out(_out.like_q("q", "v_cache", 4, 4))
 def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor,
                             k: Optional[Tensor] = None, v: Optional[Tensor] = None,
                             qv: Optional[Tensor] = None, rotary_cos: Optional[Tensor] = None,
@@ -144,7 +151,7 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor,
     cache's table named ``page_table`` and the split count from ``scheduler_metadata`` when
     given (see :func:`get_scheduler_metadata`). Returns out, or (out, softmax_lse (batch,
     nheads, seqlen_q)) with return_softmax_lse."""
-    _fa3_common(qv, attention_chunk, q, v_cache)
+    _fa3_common(qv, q, v_cache)
     for name, value in (("cu_seqlens_q", cu_seqlens_q), ("max_seqlen_q", max_seqlen_q),
                         ("cu_seqlens_k_new", cu_seqlens_k_new),
                         ("rotary_seqlens", rotary_seqlens)):
@@ -162,7 +169,8 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor,
     return _kvcache.flash_attn_with_kvcache(
         q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
         cache_leftpad, page_table, softmax_scale, causal, window_size, softcap,
-        rotary_interleaved, None, num_splits, return_softmax_lse)
+        rotary_interleaved, None, num_splits, return_softmax_lse,
+        attention_chunk=attention_chunk)
 
 
 def get_scheduler_metadata(batch_size: int, max_seqlen_q: int, max_seqlen_k: int,
@@ -179,8 +187,8 @@ def get_scheduler_metadata(batch_size: int, max_seqlen_q: int, max_seqlen_k: int
                            sm_margin: int = 0) -> Tensor:
     """FA3's ``get_scheduler_metadata``: the split decision of a KV-cache call of these shapes,
     computed once on the host (int32 CPU tensor of one entry: the number of key splits; pass
-    it as ``scheduler_metadata``). ``num_splits`` > 0 is returned as given."""
-    _unsupported("attention_chunk", attention_chunk, 0)
+    it as ``scheduler_metadata``). ``num_splits`` > 0 is returned as given; the decision
+    does not depend on ``attention_chunk``."""
     from flashattn import dispatch
     splits = dispatch.decode_splits(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q,
                                     num_heads_kv, headdim, headdim_v or headdim, qkv_dtype,

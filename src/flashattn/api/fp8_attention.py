@@ -20,6 +20,7 @@ from typing import Optional, Sequence, Tuple
 import torch
 
 from flashattn import ops as _ops
+from flashattn.api import out as _out
 from flashattn.api import params as _p
 from flashattn.api import validation as _v
 from flashattn.api.fp8 import QuantizedQKV, quantize
@@ -201,6 +202,7 @@ def varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: 
     return out
 
 
+@_out.writes_out(lambda bound: None)
 def attention_quantized(qkv: QuantizedQKV, softmax_scale: Optional[float] = None,
                         causal: bool = False, window_size: Tuple[int, int] = (-1, -1),
                         softcap: float = 0.0, out_dtype: Optional[torch.dtype] = None,
@@ -240,6 +242,7 @@ def attention_quantized(qkv: QuantizedQKV, softmax_scale: Optional[float] = None
     return (out, lse) if return_lse else out
 
 
+@_out.writes_out(_out.like_q("q", "v", 4, 4))
 def flash_attn_fp8_func(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional[float] = None,
                         causal: bool = False, window_size: Tuple[int, int] = (-1, -1),
                         softcap: float = 0.0, incoherent: bool = True,

@@ -36,6 +36,7 @@ import torch
 
 from flashattn import metadata
 from flashattn import ops as _ops
+from flashattn.api import out as _out
 from flashattn.api import kvcache_validation as _kv
 from flashattn.api import params as _p
 from flashattn.api import validation as _v
@@ -44,6 +45,7 @@ Tensor = torch.Tensor
 
 
 
+@_out.writes_out(_out.like_q("q", "v_cache", 4, 4))
 def flash_attn_with_kvcache(
     q: Tensor,
     k_cache: Tensor,
@@ -66,6 +68,7 @@ def flash_attn_with_kvcache(
     return_softmax_lse: bool = False,
     *,
     learnable_sink: Optional[Tensor] = None,
+    attention_chunk: int = 0,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """Attention against a KV cache, appending new keys / values in place (flash-attn 2 API).
 
@@ -90,6 +93,10 @@ def flash_attn_with_kvcache(
         return_softmax_lse: also return the LSE.
         learnable_sink: None or a float (nheads,) tensor (keyword only): one extra softmax
             logit per head that attends to nothing (gpt-oss's sinks); the LSE includes it.
+        attention_chunk: 0, or C > 0 (keyword only; FlashAttention-3's chunked local
+            attention, Llama-4): a query at local key position p (bottom-right aligned)
+            sees only keys j with ``j // C == floor(p / C)``, besides causal / window. The
+            call counts as local (q is rotated token by token).
 
     Returns:
         out (batch, seqlen_q, nheads, headdim_v) in q's dtype, and with return_softmax_lse
@@ -102,6 +109,9 @@ def flash_attn_with_kvcache(
     # plain eager tensors run the op's body directly (torch.library's dispatch costs tens of
     # us per call); compile, export, modes and subclasses see the op
     _v.check_learnable_sink(learnable_sink, q.shape[2], q.device)
+    attention_chunk = _v.check_attention_chunk(attention_chunk)
+    if attention_chunk > 0:
+        args = args + (attention_chunk,)
     out, lse = _ops.kvcache_attention(*args)
     if learnable_sink is not None:
         out, lse = _ops.sink_apply(out, lse, learnable_sink, packed=False)

@@ -236,6 +236,17 @@ def check_window_size(window_size: Any) -> Tuple[int, int]:
     return out[0], out[1]
 
 
+def check_attention_chunk(attention_chunk: Any) -> int:
+    """attention_chunk (FlashAttention-3's chunked local attention): an int >= 0, 0 = off."""
+    if _is_int_array(attention_chunk) and attention_chunk.ndim == 0:
+        attention_chunk = attention_chunk.item()
+    if isinstance(attention_chunk, bool) or not isinstance(attention_chunk, numbers.Integral) \
+            or attention_chunk < 0:
+        raise ValueError("attention_chunk must be an int >= 0 (0 = off: the chunk of key "
+                         f"positions each query sees), got {_describe(attention_chunk)}")
+    return int(attention_chunk)
+
+
 def check_causal(causal: Any) -> bool:
     """causal must be a bool (numpy bools and 0/1 ints are accepted)."""
     return check_bool(causal, "causal")
@@ -387,10 +398,11 @@ def check_max_seqlen(max_seqlen: Any, name: str) -> int:
     return int(max_seqlen)
 
 
-def check_seqused_k(seqused_k: Any, batch: int, device: torch.device) -> None:
-    """seqused_k: None or an int32 (batch,) tensor on q's device."""
+def check_seqused_k(seqused_k: Any, batch: int, device: torch.device,
+                    name: str = "seqused_k") -> None:
+    """seqused_k (or seqused_q, by ``name``): None or an int32 (batch,) tensor on q's device."""
     if seqused_k is not None:
-        _check_int32_vector(seqused_k, "seqused_k", batch, "batch", device)
+        _check_int32_vector(seqused_k, name, batch, "batch", device)
 
 
 def check_block_table(block_table: Any, batch: int, device: torch.device) -> None:

@@ -22,8 +22,11 @@ import torch
 
 from flashattn import metadata
 from flashattn import ops as _ops
+from flashattn.api import out as _out
+from flashattn.api import chunked as _chunked
 from flashattn.api import params as _p
 from flashattn.api import fp8_attention as _fp8
+from flashattn.api import segments as _segments
 from flashattn.api import validation as _v
 
 Tensor = torch.Tensor
@@ -56,9 +59,18 @@ def _varlen_attention(
     descales: Tuple[Optional[Tensor], ...] = (None, None, None),
     out_dtype: Optional[torch.dtype] = None,
     learnable_sink: Optional[Tensor] = None,
+    seqused_q: Optional[Tensor] = None,
+    attention_chunk: int = 0,
 ) -> AttnOutput:
     """Validate, normalise (flash-attn 2 semantics), run. q, k, v may be views of packed inputs."""
     fp8 = _fp8.is_fp8(q, k, v)
+    attention_chunk = _v.check_attention_chunk(attention_chunk)
+    segmented = seqused_q is not None or attention_chunk > 0
+    if segmented and (fp8 or block_table is not None):
+        raise NotImplementedError(
+            "seqused_q / attention_chunk are not supported with "
+            + ("FP8 inputs" if fp8 else "block_table (paged KV: use flash_attn_with_kvcache, "
+               "which takes attention_chunk)") + " yet")
     _fp8.check_descales_need_fp8(fp8, descales, out_dtype)
     if fp8 and learnable_sink is not None:
         raise ValueError("learnable_sink is not supported with FP8 inputs")
@@ -74,6 +86,7 @@ def _varlen_attention(
     max_seqlen_q = _v.check_max_seqlen(max_seqlen_q, max_names[0])
     max_seqlen_k = _v.check_max_seqlen(max_seqlen_k, max_names[1])
     _v.check_seqused_k(seqused_k, batch, q.device)
+    _v.check_seqused_k(seqused_q, batch, q.device, "seqused_q")
     if block_table is not None:
         _v.check_block_table(block_table, batch, q.device)
     dropout_p = _v.check_dropout_p(dropout_p)
@@ -91,6 +104,13 @@ def _varlen_attention(
         host_q, host_k, host_used = metadata.to_host(cu_seqlens_q, cu_seqlens_k, seqused_k)
         _v.check_varlen_values(host_q, host_k, host_used, max_seqlen_q, max_seqlen_k,
                                q.shape[0], None if block_table is not None else k.shape[0])
+    if seqused_q is not None and metadata.values_checkable(cu_seqlens_q, seqused_q):
+        host_q, host_used = metadata.to_host(cu_seqlens_q, seqused_q)
+        rows = [e - s for s, e in zip(host_q.tolist(), host_q.tolist()[1:])]
+        for b_idx, (used, n) in enumerate(zip(host_used.tolist(), rows)):
+            if not 0 <= used <= n:
+                raise ValueError(f"seqused_q[{b_idx}] = {used} must be in [0, {n}] (sequence "
+                                 f"{b_idx} has {n} query rows in cu_seqlens_q)")
     if fp8:
         return _fp8.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
                            max_seqlen_k, dropout_p=dropout_p, softmax_scale=softmax_scale,
@@ -111,6 +131,17 @@ def _varlen_attention(
     philox_seed = _p.dropout_seed(dropout_p)
     # As flash-attn 2: S_dmask only exists with dropout.
     return_softmax = return_attn_probs and dropout_p > 0.0
+
+    if segmented and not (seqused_q is None and _segments.chunk_is_noop(
+            attention_chunk, max_seqlen_k, window_right, False)) and batch > 0:
+        if return_softmax:
+            raise NotImplementedError("return_attn_probs with dropout (S_dmask) is not "
+                                      "supported together with seqused_q / attention_chunk")
+        out, lse = _chunked.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+                                   max_seqlen_q, max_seqlen_k, alibi_slopes, philox_seed, scale,
+                                   causal, window_left, window_right, softcap, dropout_p,
+                                   deterministic, attention_chunk, learnable_sink)
+        return (out, lse, None) if return_attn_probs else out
 
     # Through the registered op (flashattn.ops): its autograd replays this seed in backward,
     # refuses gradients through the paged path, and torch.compile sees one opaque call.
@@ -172,6 +203,7 @@ _RETURNS = """
     """
 
 
+@_out.writes_out(_out.like_q("q", "v", 3, 3, "out_dtype"))
 def flash_attn_varlen_func(
     q: Tensor,
     k: Tensor,
@@ -196,13 +228,15 @@ def flash_attn_varlen_func(
     v_descale: Optional[Tensor] = None,
     out_dtype: Optional[torch.dtype] = None,
     learnable_sink: Optional[Tensor] = None,
+    seqused_q: Optional[Tensor] = None,
+    attention_chunk: int = 0,
 ) -> AttnOutput:
     return _varlen_attention(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
         softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
         return_attn_probs, block_table, seqused_k, ("q", "k", "v"),
         descales=(q_descale, k_descale, v_descale), out_dtype=out_dtype,
-        learnable_sink=learnable_sink,
+        learnable_sink=learnable_sink, seqused_q=seqused_q, attention_chunk=attention_chunk,
     )
 
 
@@ -239,9 +273,16 @@ flash_attn_varlen_func.__doc__ = """Exact attention over packed variable-length 
         out_dtype: None or the output dtype of an FP8 call (keyword only; default bfloat16).
         learnable_sink: None, or a float (nheads,) tensor (keyword only): one extra softmax
             logit per head that attends to nothing (gpt-oss's sinks); differentiable.
-""" + _RETURNS
+        seqused_q: None, or (batch,) torch.int32 (keyword only; FlashAttention-3): the number
+            of query rows sequence b actually uses, counted from cu_seqlens_q[b]; its seqlen_q
+            for the alignment. Its other rows get out 0, lse -inf and dq 0.
+        attention_chunk: int >= 0 (keyword only; FlashAttention-3's chunked local attention),
+            0 = off: within each sequence, a query at key position p sees only keys j with
+            ``j // attention_chunk == floor(p / attention_chunk)``. Not with block_table.
+""" + _RETURNS + _out.OUT_DOC
 
 
+@_out.writes_out(_out.packed_qkv("qkv", 1))
 def flash_attn_varlen_qkvpacked_func(
     qkv: Tensor,
     cu_seqlens: Tensor,
@@ -278,9 +319,10 @@ flash_attn_varlen_qkvpacked_func.__doc__ = """Packed self-attention over variabl
         qkv: (total, 3, nheads, headdim), float16, bfloat16 or float32; last dim contiguous.
             headdim in 1..256.
         cu_seqlens: (batch + 1,) torch.int32, cumulative sequence lengths.
-        max_seqlen: int >= 1, the longest sequence.""" + _COMMON_ARGS + "\n" + _RETURNS
+        max_seqlen: int >= 1, the longest sequence.""" + _COMMON_ARGS + "\n" + _RETURNS + _out.OUT_DOC
 
 
+@_out.writes_out(_out.like_q("q", "kv", 4, 3))
 def flash_attn_varlen_kvpacked_func(
     q: Tensor,
     kv: Tensor,
@@ -323,7 +365,7 @@ flash_attn_varlen_kvpacked_func.__doc__ = """Variable-length attention, k and v 
         cu_seqlens_q: (batch + 1,) torch.int32, cumulative query lengths.
         cu_seqlens_k: (batch + 1,) torch.int32, cumulative key lengths.
         max_seqlen_q: int >= 1, the longest query sequence.
-        max_seqlen_k: int >= 1, the longest key sequence.""" + _COMMON_ARGS + "\n" + _RETURNS
+        max_seqlen_k: int >= 1, the longest key sequence.""" + _COMMON_ARGS + "\n" + _RETURNS + _out.OUT_DOC
 
 
 __all__ = [

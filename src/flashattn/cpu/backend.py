@@ -101,7 +101,8 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens: Tens
     return _kv.kvcache_fwd(q, k_cache, v_cache, seqlens, s_new, softmax_scale=p.softmax_scale,
                            window_left=p.window_left, window_right=p.window_right,
                            softcap=p.softcap, alibi_slopes=p.alibi_slopes, leftpad=leftpad,
-                           batch_idx=batch_idx, block_table=block_table)
+                           batch_idx=batch_idx, block_table=block_table,
+                           attention_chunk=p.attention_chunk)
 
 
 def varlen_paged_fwd(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens_q: Tensor,

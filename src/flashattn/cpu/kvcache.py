@@ -70,11 +70,12 @@ def kvcache_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 seqlens_k: torch.Tensor, seqlen_k_add: int, *, softmax_scale: float,
                 window_left: int, window_right: int, softcap: float,
                 alibi_slopes: Optional[torch.Tensor], leftpad: Optional[torch.Tensor],
-                batch_idx: Optional[torch.Tensor], block_table: Optional[torch.Tensor]
-                ) -> Tuple[torch.Tensor, torch.Tensor]:
+                batch_idx: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
+                attention_chunk: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
     """Attention of q (b, s_q, h, d) against each row's keys ``[leftpad, seqlens_k +
     seqlen_k_add)`` of the cache. Returns out (b, s_q, h, d_v) in q's dtype and lse float32
-    (b, h, s_q) (-inf / 0 on rows that see no key)."""
+    (b, h, s_q) (-inf / 0 on rows that see no key). With ``attention_chunk`` C > 0 each row's
+    queries are split by chunk (:func:`chunk_pieces`) and each piece sees its chunk's keys."""
     b, s_q, h, _ = q.shape
     d_v = v_cache.shape[3]
     out = torch.zeros(b, s_q, h, d_v, dtype=q.dtype, device=q.device)
@@ -92,14 +93,34 @@ def kvcache_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                              None if block_table is None else block_table[i:i + 1],
                              row.to(q.device))
         k_i, v_i = k_cache[d0, d1], v_cache[d0, d1]  # (1, s_k, h_k, d)
-        o_i, lse_i, _ = chunked_fwd(
-            q[i:i + 1], k_i, v_i, softmax_scale=softmax_scale, causal=window_right == 0,
-            window_left=window_left, window_right=window_right, softcap=softcap,
-            alibi_slopes=None if alibi_slopes is None else alibi_slopes[i:i + 1],
-            dropout_p=0.0, philox_seed=0, return_softmax=False)
-        out[i] = o_i[0]
-        lse[i] = lse_i[0]
+        for r0, r1, k0, k1 in chunk_pieces(s_q, s_k, attention_chunk):
+            if k1 <= k0:
+                continue  # rows before the first key: no key in their chunk
+            o_i, lse_i, _ = chunked_fwd(
+                q[i:i + 1, r0:r1], k_i[:, k0:k1], v_i[:, k0:k1], softmax_scale=softmax_scale,
+                causal=window_right == 0, window_left=window_left, window_right=window_right,
+                softcap=softcap,
+                alibi_slopes=None if alibi_slopes is None else alibi_slopes[i:i + 1],
+                dropout_p=0.0, philox_seed=0, return_softmax=False)
+            out[i, r0:r1] = o_i[0]
+            lse[i, :, r0:r1] = lse_i[0]
     return out, lse
+
+
+def chunk_pieces(s_q: int, s_k: int, chunk: int):
+    """(row_lo, row_hi, key_lo, key_hi) per chunk of ``chunk`` key positions (chunked local
+    attention; chunk 0 = one piece of everything). Query row r sits at key position
+    ``r + s_k - s_q``; the rows and keys of one chunk end at the same position, so the
+    bottom-right alignment of each piece keeps every relative distance (window, ALiBi)."""
+    if chunk <= 0:
+        return [(0, s_q, 0, s_k)]
+    offset = s_k - s_q
+    pieces = []
+    for c in range(offset // chunk, (s_k - 1) // chunk + 1):
+        r0, r1 = max(c * chunk - offset, 0), min((c + 1) * chunk - offset, s_q)
+        if r1 > r0:
+            pieces.append((r0, r1, max(c * chunk, 0), max(min((c + 1) * chunk, s_k), 0)))
+    return pieces
 
 
 def varlen_paged_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -108,7 +108,8 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens: Tens
                                     window_left=p.window_left, window_right=p.window_right,
                                     softcap=p.softcap, alibi_slopes=p.alibi_slopes,
                                     leftpad=leftpad, batch_idx=batch_idx,
-                                    block_table=block_table, buffers=buffers)
+                                    block_table=block_table, buffers=buffers,
+                                    attention_chunk=p.attention_chunk)
 
 
 def decode_splits(batch: int, seqlen_q: int, max_seqlen_k: int, nheads: int, nheads_k: int,

@@ -18,7 +18,8 @@ Key addressing (absolute cache position ``p = start_k + j`` of local key j):
   row ``p % page_size``; every row is gathered with 64-bit offsets (any page size >= 1).
 Local key j runs over ``[0, s_k)`` with ``s_k = seqlens_k[b] + seqlen_k_add - start_k``
 (``start_k`` = cache_leftpad[b] or 0); visibility (causal / window) and ALiBi are bottom-right
-aligned on those local indices, exactly as the dense kernels on a (s_q, s_k) problem.
+aligned on those local indices, exactly as the dense kernels on a (s_q, s_k) problem;
+so are the chunks of chunked local attention (``attention_chunk``, counted from start_k).
 
 Varlen queries (``VARLEN_Q``): q / out are one packed (total_q, h, d) batch, the sequence
 ``b`` owns rows ``[cu_seqlens_q[b], cu_seqlens_q[b + 1])``.
@@ -35,7 +36,8 @@ import triton.language as tl
 from flashattn.runtime import env as _env
 from flashattn.runtime.launch import LaunchPlans, launch_jit
 from flashattn.triton import config
-from flashattn.triton.mask import LN2, LOG2E, key_range, score_mod, score_scales, visible_mask
+from flashattn.triton.mask import (LN2, LOG2E, chunk_start, key_range, score_mod, score_scales,
+                                   visible_mask)
 
 
 @triton.jit
@@ -48,13 +50,13 @@ def _decode_kernel(
     stride_ls, stride_lb, stride_lh, stride_lm,
     stride_btb, stride_ab, stride_ah,
     seqlen_q, seqlen_k_add, cache_rows, nheads_k, n_bh, n_cache, cache_cap, total_q,
-    sm_scale, softcap, window_left, window_right,
+    sm_scale, softcap, window_left, window_right, chunk,
     G: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
     PAGED: tl.constexpr, HAS_LEFTPAD: tl.constexpr, HAS_BATCH_IDX: tl.constexpr,
     VARLEN_Q: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    HAS_CHUNK: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     UPCAST: tl.constexpr, DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     # (batch, KV head) and query block share grid axis 0, (batch, KV head) fastest: axis 1
@@ -103,6 +105,10 @@ def _decode_kernel(
     i_hi = tl.minimum((m_first + BLOCK_M - 1) // G, s_q - 1)
     lo, _mid_lo, _mid_hi, hi = key_range(i_lo, i_hi + 1, seqlen_k, diag, window_left,
                                          window_right, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+    if HAS_CHUNK:  # the keys of the chunks of this tile's first and last query rows
+        lo = tl.maximum(lo, tl.maximum(chunk_start(i_lo + diag, chunk), 0) // BLOCK_N * BLOCK_N)
+        hi = tl.maximum(tl.minimum(hi, tl.maximum(chunk_start(i_hi + diag, chunk) + chunk, 0)),
+                        lo)
     n_blocks = tl.cdiv(hi - lo, BLOCK_N)
     per_split = tl.cdiv(n_blocks, n_splits)
     start = lo + pid_s * per_split * BLOCK_N
@@ -174,6 +180,9 @@ def _decode_kernel(
         # keys past this split's end belong to the next split (or do not exist)
         vis = visible_mask(offs_i[:, None], offs_n[None, :], end, diag, window_left,
                            window_right, HAS_LEFT, HAS_RIGHT)
+        if HAS_CHUNK:
+            c0 = chunk_start(offs_i + diag, chunk)[:, None]
+            vis = vis & (offs_n[None, :] >= c0) & (offs_n[None, :] < c0 + chunk)
         s = tl.where(vis, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         # a row with no visible key so far keeps m = -inf: subtract 0 instead (no NaN)
@@ -313,7 +322,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      batch_idx: Optional[torch.Tensor] = None,
                      block_table: Optional[torch.Tensor] = None,
                      cu_seqlens_q: Optional[torch.Tensor] = None, max_seqlen_q: int = 0,
-                     buffers: Optional[dict] = None,
+                     buffers: Optional[dict] = None, attention_chunk: int = 0,
                      ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Attention of q against a KV cache (Triton). Inputs are validated and normalised.
 
@@ -324,6 +333,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     (the kvcache API passes cache_seqlens and s_new); ``leftpad`` (b,) int32 their start.
     alibi_slopes: float32 (b, h) (stride 0 allowed) or None. num_splits: 0 = heuristic.
     max_seqlen_k: an upper bound of the key count from shapes (sizes the split heuristic).
+    attention_chunk: 0, or C > 0: chunked local attention (a query at local key position p
+    sees only keys j with j // C == floor(p / C), besides the window).
     buffers: None, or a dict the caller keeps between calls of one shape (a decode plan): the
     outputs and split workspaces are allocated into it on the first call and reused after
     (dense queries only; the returned out / lse are those buffers).
@@ -405,14 +416,16 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         k_cache.shape[0],
         block_table.shape[1] * page_size if paged else k_cache.shape[1],
         q.shape[0] if varlen else 0,
-        float(softmax_scale), float(softcap), int(window_left), int(window_right))
+        float(softmax_scale), float(softcap), int(window_left), int(window_right),
+        max(int(attention_chunk), 1))
     kwargs = dict(
         G=g, HEAD_DIM=d, HEAD_DIM_V=d_v,
         BLOCK_D=block_d, BLOCK_DV=block_dv,
         BLOCK_M=block_m, BLOCK_N=block_n, PAGE_SIZE=page_size,
         PAGED=paged, HAS_LEFTPAD=leftpad is not None, HAS_BATCH_IDX=batch_idx is not None,
         VARLEN_Q=varlen, HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0,
-        HAS_SOFTCAP=softcap > 0.0, HAS_ALIBI=alibi_slopes is not None,
+        HAS_CHUNK=attention_chunk > 0, HAS_SOFTCAP=softcap > 0.0,
+        HAS_ALIBI=alibi_slopes is not None,
         UPCAST=config.upcast_dots(q), DOT_PREC=config.dot_precision(q), USE_TMA=use_tma,
         num_warps=num_warps, num_stages=num_stages,
     )

@@ -35,6 +35,16 @@ def visible_mask(rows, cols, seqlen_k, diag, window_left, window_right,
 
 
 @triton.jit
+def chunk_start(pos, chunk):
+    """First key position of the chunk of ``chunk`` positions holding key position ``pos``
+    (chunked local attention): ``floor(pos / chunk) * chunk``, and ``-chunk`` for a negative
+    position (a query before the first key: its chunk has no keys). Integer division of
+    negative numbers differs between the compiler (truncation) and the interpreter (floor),
+    so negatives never reach it."""
+    return tl.where(pos >= 0, tl.maximum(pos, 0) // chunk * chunk, -chunk)
+
+
+@triton.jit
 def tanh_f32(x):
     """tanh via exp2: exact enough in fp32 and available in the interpreter too."""
     e = tl.exp2(x * (2.0 * LOG2E))

@@ -53,7 +53,7 @@ ENV_BACKEND = "FLASHATTN_BACKEND"
 ENV_INTERPRET = "TRITON_INTERPRET"
 # every op dispatch chooses a backend for (select's first argument)
 OPS: Tuple[str, ...] = ("fwd", "bwd", "varlen_fwd", "varlen_bwd", "kvcache", "varlen_paged_fwd",
-                        "combine", "fp8_quantize", "fp8_fwd", "fp8_varlen_fwd")
+                        "combine", "fp8_quantize", "fp8_fwd", "fp8_varlen_fwd", "sink_apply")
 _BACKEND_MODULES = {"hopper": "flashattn.sm90.backend", "portable": "flashattn.triton.backend",
                     "cpu": "flashattn.cpu.backend"}
 _LOADED: Dict[str, Any] = {}
@@ -449,6 +449,13 @@ def combine(out_partial: torch.Tensor, lse_partial: torch.Tensor, out: Optional[
                                                            out_dtype)
 
 
+def sink_apply(out: torch.Tensor, lse: torch.Tensor, sink: torch.Tensor, packed: bool
+               ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Learnable sinks on a finished attention output: (out * exp(lse - lse'), lse' =
+    logaddexp(lse, sink)); out (b, s, h, d_v) / lse (b, h, s), or packed (t, h, d_v) / (h, t)."""
+    return backend(select("sink_apply", out)).sink_apply(out, lse, sink, packed)
+
+
 def fp8_quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  signs: Optional[torch.Tensor], block_m: int, block_n: int
                  ) -> Tuple[torch.Tensor, ...]:
@@ -528,6 +535,7 @@ __all__ = [
     "interpreting",
     "kvcache",
     "kvcache_planned",
+    "sink_apply",
     "requested_backend",
     "select",
     "triton_available",

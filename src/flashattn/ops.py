@@ -594,14 +594,29 @@ def quantize_fp8(q: Tensor, k: Tensor, v: Tensor, signs: Optional[Tensor], block
 # (P = exp(S - lse') and delta = rowsum(dout * out) are exactly its terms), plus
 #     d s_h = -sum over rows of exp(s_h - lse') * delta.
 # ---------------------------------------------------------------------------------------------
+def _sink_apply_impl(out: Tensor, lse: Tensor, sink: Tensor, packed: bool
+                     ) -> Tuple[Tensor, Tensor]:
+    return _fresh(*dispatch.sink_apply(out, lse, sink, packed))  # type: ignore[return-value]
+
+
+sink_apply_op = torch.library.custom_op("flashattn::sink_apply", _sink_apply_impl,
+                                        mutates_args=())
+
+
+@sink_apply_op.register_fake
+def _sink_apply_fake(out, lse, sink, packed):
+    return torch.empty_like(out), torch.empty_like(lse)
+
+
 def sink_apply(out: Tensor, lse: Tensor, sink: Tensor, packed: bool) -> Tuple[Tensor, Tensor]:
     """(out, lse) with the sink: out (b, s, h, d) / lse (b, h, s), or packed: out (t, h, d) /
-    lse (h, t); sink float (h,). A row that sees no key gets out 0 and lse = its sink."""
-    s_h = sink.float()[:, None] if packed else sink.float()[None, :, None]
-    lse_new = torch.logaddexp(lse, s_h)
-    scale = torch.exp(lse - lse_new)  # 0 where lse = -inf
-    scale_o = scale.transpose(0, 1) if packed else scale.transpose(1, 2)
-    return (out.float() * scale_o.unsqueeze(-1)).to(out.dtype), lse_new
+    lse (h, t); sink float (h,). A row that sees no key gets out 0 and lse = its sink. One
+    fused pass on the Triton backend (no gradient here: the sink autograd functions below
+    own the backward)."""
+    sink = sink.detach()
+    if _eager_call(out, lse, sink):
+        return _sink_apply_impl(out, lse, sink, packed)
+    return sink_apply_op(out, lse, sink, packed)
 
 
 def _sink_grad(dout: Tensor, out: Tensor, lse: Tensor, sink: Tensor, packed: bool) -> Tensor:

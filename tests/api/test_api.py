@@ -48,8 +48,8 @@ def test_signature_matches_flash_attn_2(fn, positional):
     assert fa2 == expected
     extra = [(n, p.default) for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
     assert extra == ([("q_descale", None), ("k_descale", None), ("v_descale", None),
-                      ("out_dtype", None), ("learnable_sink", None)]
-                     if fn is flash_attn_func else [])
+                      ("out_dtype", None), ("learnable_sink", None), ("attention_chunk", 0)]
+                     if fn is flash_attn_func else []) + [("out", None)]
     assert len(fa2) + len(extra) == len(params)
     hints = typing.get_type_hints(fn)
     assert set(hints) >= {n for n, _ in expected} | {"return"}

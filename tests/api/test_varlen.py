@@ -511,17 +511,19 @@ EMPTY = inspect.Parameter.empty
                               "max_seqlen_k"], [("block_table", None), ("seqused_k", None),
                                                 ("q_descale", None), ("k_descale", None),
                                                 ("v_descale", None), ("out_dtype", None),
-                                                ("learnable_sink", None)]),
-    (flash_attn_varlen_qkvpacked_func, ["qkv", "cu_seqlens", "max_seqlen"], []),
+                                                ("learnable_sink", None), ("seqused_q", None),
+                                                ("attention_chunk", 0), ("out", None)]),
+    (flash_attn_varlen_qkvpacked_func, ["qkv", "cu_seqlens", "max_seqlen"], [("out", None)]),
     (flash_attn_varlen_kvpacked_func, ["q", "kv", "cu_seqlens_q", "cu_seqlens_k",
-                                       "max_seqlen_q", "max_seqlen_k"], []),
+                                       "max_seqlen_q", "max_seqlen_k"], [("out", None)]),
 ])
 def test_signature_matches_flash_attn_2(fn, positional, extra):
     params = inspect.signature(fn).parameters
     expected = [(n, EMPTY) for n in positional] + COMMON + extra
     assert [(n, p.default) for n, p in params.items()] == expected
-    if extra:
+    if len(extra) > 1:
         assert params["seqused_k"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert params["out"].kind is inspect.Parameter.KEYWORD_ONLY
     doc = inspect.getdoc(fn)
     assert doc and "cu_seqlens" in doc and "softmax_lse" in doc and "(nheads, total_q)" in doc
 

@@ -116,6 +116,16 @@ def varlen_paged_fwd(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens_q: 
                                 softcap=p.softcap, alibi_slopes=p.alibi_slopes)
 
 
+def sink_apply(out: Tensor, lse: Tensor, sink: Tensor, packed: bool) -> Tuple[Tensor, Tensor]:
+    """Learnable sinks on a finished (out, lse): out * exp(lse - lse'), lse' = logaddexp(lse,
+    sink) (torch ops; see triton/sink.py for the derivation)."""
+    s_h = sink.float()[:, None] if packed else sink.float()[None, :, None]
+    lse_new = torch.logaddexp(lse, s_h)
+    scale = torch.exp(lse - lse_new)  # 0 where lse = -inf
+    scale_o = scale.transpose(0, 1) if packed else scale.transpose(1, 2)
+    return (out.float() * scale_o.unsqueeze(-1)).to(out.dtype), lse_new
+
+
 def combine(out_partial: Tensor, lse_partial: Tensor, out: Optional[Tensor],
             out_dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
     """LSE-weighted merge of split results (into ``out`` when given): (out, lse)."""
@@ -133,4 +143,4 @@ def fp8_quantize(q: Tensor, k: Tensor, v: Tensor, signs: Optional[Tensor], block
 
 
 __all__ = ["append_kv", "bwd", "combine", "fp8_fwd", "fp8_quantize", "fp8_varlen_fwd", "fwd",
-           "kvcache_attention", "varlen_bwd", "varlen_fwd", "varlen_paged_fwd"]
+           "kvcache_attention", "sink_apply", "varlen_bwd", "varlen_fwd", "varlen_paged_fwd"]

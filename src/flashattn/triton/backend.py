@@ -20,6 +20,7 @@ from flashattn.triton import fp8_quantize as _quantize
 from flashattn.triton import fwd as _fwd
 from flashattn.triton import fwd_fp8 as _fwd_fp8
 from flashattn.triton import rotary as _rotary
+from flashattn.triton import sink as _sink
 
 Tensor = torch.Tensor
 
@@ -135,6 +136,11 @@ def varlen_paged_fwd(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens_q: 
                                     alibi_slopes=p.alibi_slopes)
 
 
+def sink_apply(out: Tensor, lse: Tensor, sink: Tensor, packed: bool) -> Tuple[Tensor, Tensor]:
+    """Learnable sinks on a finished (out, lse): one fused pass (triton/sink.py)."""
+    return _sink.sink_apply(out, lse, sink, packed)
+
+
 def combine(out_partial: Tensor, lse_partial: Tensor, out: Optional[Tensor],
             out_dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
     """LSE-weighted merge of split results into ``out`` (allocated when None): (out, lse)."""
@@ -147,4 +153,4 @@ def combine(out_partial: Tensor, lse_partial: Tensor, out: Optional[Tensor],
 
 
 __all__ = ["append_kv", "bwd", "combine", "decode_splits", "fp8_fwd", "fp8_quantize", "fp8_varlen_fwd", "fwd",
-           "kvcache_attention", "varlen_bwd", "varlen_fwd", "varlen_paged_fwd"]
+           "kvcache_attention", "sink_apply", "varlen_bwd", "varlen_fwd", "varlen_paged_fwd"]

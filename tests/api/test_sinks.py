@@ -13,20 +13,22 @@ import flashattn
 from flashattn.reference import visible_mask
 
 
-def _ref(q, k, v, sink, causal=False, window=(-1, -1), scale=None):
-    """float64 attention with a sink column: (out (b, s_q, h, d_v), lse (b, h, s_q))."""
+def _ref(q, k, v, sink, causal=False, window=(-1, -1), scale=None, dtype=torch.float64):
+    """Attention with a sink column computed in ``dtype`` (float64: the oracle; bf16: PyTorch's
+    own low-precision error, the baseline of flash-attn's rule): (out (b, s_q, h, d_v), lse
+    (b, h, s_q))."""
     b, s_q, h, d = q.shape
     s_k, h_k = k.shape[1], k.shape[2]
-    kk = k.double().repeat_interleave(h // h_k, 2)
-    vv = v.double().repeat_interleave(h // h_k, 2)
+    kk = k.to(dtype).repeat_interleave(h // h_k, 2)
+    vv = v.to(dtype).repeat_interleave(h // h_k, 2)
     scale = d ** -0.5 if scale is None else scale
-    scores = torch.einsum("bihd,bjhd->bhij", q.double() * scale, kk)
+    scores = torch.einsum("bihd,bjhd->bhij", q.to(dtype) * scale, kk)
     left, right = window
     if causal:
         right = 0
     vis = visible_mask(s_q, s_k, left, right, q.device)
     scores = scores.masked_fill(~vis, float("-inf"))
-    col = sink.double().view(1, h, 1, 1).expand(b, h, s_q, 1)
+    col = sink.to(dtype).view(1, h, 1, 1).expand(b, h, s_q, 1)
     full = torch.cat([scores, col], dim=-1)
     lse = torch.logsumexp(full, dim=-1)
     probs = torch.softmax(full, dim=-1)[..., :-1]
@@ -141,3 +143,55 @@ def test_sinks_under_compile():
                                         learnable_sink=sink.detach())
     torch.testing.assert_close(out, ref)
     assert sink.grad is not None and torch.isfinite(sink.grad).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_dense_gpu(causal):
+    """bf16 on the GPU (Hopper kernels on an H100 + the fused sink pass), flash-attn's rule
+    against the float64 sink oracle; the low-precision baseline is the same oracle in bf16."""
+    from tests.accuracy import assert_close_rule
+
+    torch.manual_seed(5)
+    b, s, h, h_k, d = 2, 1024, 8, 2, 128
+    q = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(b, s, h_k, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(b, s, h_k, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    sink = torch.randn(h, device="cuda", requires_grad=True)
+    out, lse, _ = flashattn.flash_attn_func(q, k, v, causal=causal, learnable_sink=sink,
+                                            return_attn_probs=True)
+    g = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v, sink), g)
+    x64 = [x.detach().double().requires_grad_() for x in (q, k, v, sink)]
+    ref, ref_lse = _ref(*x64, causal=causal)
+    ref_grads = torch.autograd.grad(ref, x64, g.double())
+    xlp = [x.detach().clone().requires_grad_() for x in (q, k, v)] + \
+        [sink.detach().clone().requires_grad_()]
+    lp, lp_lse = _ref(*xlp, causal=causal, dtype=torch.bfloat16)
+    lp_grads = torch.autograd.grad(lp, xlp, g)
+    assert_close_rule(out, ref, lp)
+    assert_close_rule(lse, ref_lse, lp_lse, name="lse")
+    for name, a, r, l in zip(("dq", "dk", "dv", "dsink"), grads, ref_grads, lp_grads):
+        assert_close_rule(a, r, l, factor=3.0, name=name, atol=1e-3)
+
+
+@pytest.mark.gpu
+def test_varlen_and_kvcache_gpu():
+    torch.manual_seed(6)
+    dev, dt, h, d = "cuda", torch.bfloat16, 4, 64
+    cu = torch.tensor([0, 300, 301, 1000], dtype=torch.int32, device=dev)
+    q, k, v = (torch.randn(1000, h, d, device=dev, dtype=dt) for _ in range(3))
+    sink = torch.randn(h, device=dev)
+    out = flashattn.flash_attn_varlen_func(q, k, v, cu, cu, 699, 699, causal=True,
+                                           learnable_sink=sink)
+    for lo, hi in ((0, 300), (300, 301), (301, 1000)):
+        ref, _ = _ref(*(x[lo:hi][None] for x in (q, k, v)), sink, causal=True)
+        torch.testing.assert_close(out[lo:hi].double(), ref[0], atol=2e-2, rtol=2e-2)
+    cache = torch.randn(2, 2048, h, d, device=dev, dtype=dt)
+    qd = torch.randn(2, 1, h, d, device=dev, dtype=dt)
+    lens = torch.tensor([5, 2048], dtype=torch.int32, device=dev)
+    out = flashattn.flash_attn_with_kvcache(qd, cache, cache, cache_seqlens=lens,
+                                            learnable_sink=sink)
+    for i, n in enumerate(lens.tolist()):
+        ref, _ = _ref(qd[i:i + 1], cache[i:i + 1, :n], cache[i:i + 1, :n], sink)
+        torch.testing.assert_close(out[i:i + 1].double(), ref, atol=2e-2, rtol=2e-2)

@@ -62,6 +62,26 @@ def main() -> int:
         t = best_of({"plain": fb(), "sink": fb(learnable_sink=sink)})
         rows.append(dict(what="sink fwd+bwd", causal=causal, **t, ratio=t["sink"] / t["plain"]))
         print(json.dumps(rows[-1]), flush=True)
+    # the sink pass alone, by launch config, beside a plain copy of the same bytes
+    from flashattn.triton import sink as sink_mod
+    with torch.no_grad():
+        out, lse, _ = flashattn.flash_attn_func(q, k, v, return_attn_probs=True)
+        t = {"clone": do_bench(lambda: out.clone(), warmup=10, rep=60),
+             "sink_apply": do_bench(lambda: sink_mod.sink_apply(out, lse, sink, False),
+                                    warmup=10, rep=60),
+             "sink_grad": do_bench(lambda: sink_mod.sink_grad(g, out, lse, sink, False),
+                                   warmup=10, rep=60)}
+        n_rows = out.numel() // d
+        for block_r, warps in ((16, 4), (32, 4), (64, 8), (128, 8), (256, 8)):
+            o2, l2 = torch.empty_like(out), torch.empty_like(lse)
+            grid = ((n_rows + block_r - 1) // block_r,)
+            t[f"apply_r{block_r}_w{warps}"] = do_bench(
+                lambda: sink_mod._sink_apply_kernel[grid](out, lse, sink, o2, l2, n_rows, h, s,
+                                                          HEAD_DIM_V=d, BLOCK_R=block_r,
+                                                          BLOCK_D=d, num_warps=warps),
+                warmup=10, rep=60)
+        rows.append(dict(what="sink pass alone (ms)", **t))
+        print(json.dumps(rows[-1]), flush=True)
     with torch.no_grad():
         for length, chunk in ((16384, 8192), (16384, 4096), (16000, 4096)):
             qc, kc, vc = (x[:, :length].detach() for x in (q, k, v))
@@ -69,7 +89,7 @@ def main() -> int:
                 "plain": lambda: flashattn.flash_attn_func(qc, kc, vc, causal=True),
                 "chunk": lambda: flashattn.flash_attn_func(qc, kc, vc, causal=True,
                                                            attention_chunk=chunk)})
-            rows.append(dict(what="chunk fwd", s=length, chunk=chunk, **t,
+            rows.append(dict(what="chunk fwd", s=length, attention_chunk=chunk, **t,
                              ratio=t["chunk"] / t["plain"]))
             print(json.dumps(rows[-1]), flush=True)
     if args.json:

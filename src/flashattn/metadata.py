@@ -67,13 +67,15 @@ def capacity_message(what: str, s_new: int, capacity: int,
 def check_values(seqlens: torch.Tensor, s_new: int, capacity: int,
                  leftpad: Optional[torch.Tensor], batch_idx: Optional[torch.Tensor],
                  batch_cache: int, block_table: Optional[torch.Tensor], num_blocks: int,
-                 page_size: int, rotary_len: Optional[int], q_positions: int) -> None:
+                 page_size: int, rotary_len: Optional[int], q_positions: int,
+                 rot_base: Optional[torch.Tensor] = None) -> None:
     """Value checks (host reads: see the module docstring for when they run).
 
     seqlens (b,) int32 cache_seqlens; the rows' keys end at seqlens + s_new <= capacity;
     leftpad[b] in [0, seqlens[b]]; cache_batch_idx in [0, batch_cache); block_table entries
     covering positions [0, seqlens + s_new) in [0, num_blocks); positions touched by
-    rotary (seqlens + max(s_new, q_positions)) within the table's rotary_len rows.
+    rotary (seqlens, or ``rot_base`` (FA3's rotary_seqlens) when given, + max(s_new,
+    q_positions)) within the table's rotary_len rows.
     """
     lens = seqlens.tolist()
     for i, n in enumerate(lens):
@@ -104,12 +106,52 @@ def check_values(seqlens: torch.Tensor, s_new: int, capacity: int,
                         f"holds positions of the {n + s_new} keys of sequence {i}")
     if rotary_len is not None:
         need = max(s_new, q_positions)
-        for i, n in enumerate(lens):
+        base, what = (lens, "cache_seqlens") if rot_base is None else (
+            to_host(rot_base)[0].tolist(), "rotary_seqlens")
+        for i, n in enumerate(base):
             if n + need > rotary_len:
                 raise ValueError(
                     f"rotary_cos / rotary_sin have {rotary_len} positions but sequence {i} "
-                    f"needs positions up to {n + need - 1} (cache_seqlens[{i}] = {n} plus "
+                    f"needs positions up to {n + need - 1} ({what}[{i}] = {n} plus "
                     f"{need} new tokens)")
 
 
-__all__ = ["capacity_message", "cache_capacity", "check_values", "to_host", "values_checkable"]
+def check_varlen_kvcache(cache_seqlens: torch.Tensor, seqlens_end: torch.Tensor, capacity: int,
+                         cu_seqlens_q: Optional[torch.Tensor], total_q: Optional[int],
+                         cu_seqlens_k_new: Optional[torch.Tensor], total_new: Optional[int],
+                         rot_base: Optional[torch.Tensor], rotary_len: Optional[int],
+                         q_step: int, dense_q_rows: int = 1) -> None:
+    """Value checks of a KV-cache call with packed queries / new keys (FlashAttention-3's
+    cu_seqlens_q, cu_seqlens_k_new, rotary_seqlens): the cumulative lengths start at 0, never
+    decrease and end within the packed tensors; each sequence's keys (cache_seqlens plus its
+    new keys) fit the cache; rotary positions stay within the table."""
+    start, end = to_host(cache_seqlens, seqlens_end)
+    start, end = start.tolist(), end.tolist()
+    per_seq = {}
+    for name, cu, total in (("cu_seqlens_q", cu_seqlens_q, total_q),
+                            ("cu_seqlens_k_new", cu_seqlens_k_new, total_new)):
+        if cu is None:
+            continue
+        vals = to_host(cu)[0].tolist()
+        if vals[0] != 0 or any(b < a for a, b in zip(vals, vals[1:])) or vals[-1] > total:
+            raise ValueError(f"{name} must start at 0, never decrease and end at most at the "
+                             f"packed length {total}, got {vals}")
+        per_seq[name] = [b - a for a, b in zip(vals, vals[1:])]
+    for i, (n, e) in enumerate(zip(start, end)):
+        if n < 0:
+            raise ValueError(f"cache_seqlens[{i}] = {n} must be >= 0")
+        if e > capacity:
+            raise ValueError(f"cache_seqlens[{i}] = {n} plus {e - n} new keys pass the cache "
+                             f"capacity {capacity}")
+    if rotary_len is not None:
+        base = start if rot_base is None else to_host(rot_base)[0].tolist()
+        q_rows = per_seq.get("cu_seqlens_q", [dense_q_rows] * len(base))
+        for i, n in enumerate(base):
+            need = max(end[i] - start[i], q_rows[i] if q_step else 1)
+            if n + need > rotary_len:
+                raise ValueError(f"rotary_cos / rotary_sin have {rotary_len} positions but "
+                                 f"sequence {i} needs positions up to {n + need - 1}")
+
+
+__all__ = ["capacity_message", "cache_capacity", "check_values", "check_varlen_kvcache",
+           "to_host", "values_checkable"]

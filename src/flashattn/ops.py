@@ -474,9 +474,15 @@ def _fwd_kvcache_impl(
     rotary_interleaved: bool,
     num_splits: int,
     attention_chunk: int = 0,
+    cu_seqlens_q: Optional[Tensor] = None,
+    max_seqlen_q: int = 0,
+    cu_seqlens_k_new: Optional[Tensor] = None,
+    rotary_seqlens: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     """``flash_attn_with_kvcache`` as an op: k / v (if given) are written into k_cache /
-    v_cache in place (attention_chunk: 0 or FA3's chunked local attention). Returns out (b, s_q, h, d_v) in q's dtype and lse float32 (b, h, s_q),
+    v_cache in place (attention_chunk: 0 or FA3's chunked local attention; FA3's packed
+    queries / new keys (q (total_q, h, d): out (total_q, h, d_v), lse (h, total_q)) and
+    rotary_seqlens). Returns out (b, s_q, h, d_v) in q's dtype and lse float32 (b, h, s_q),
     contiguous. Arguments as checked and normalised by the api (softmax_scale resolved, the
     window against the cache capacity with causal folded in, alibi_slopes (b, h),
     cache_seqlens a (b,) int32 tensor or None)."""
@@ -484,7 +490,8 @@ def _fwd_kvcache_impl(
                         0.0, 0, False, attention_chunk)
     out, lse = dispatch.kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                                 cache_batch_idx, cache_leftpad, block_table, params,
-                                rotary_interleaved, num_splits)
+                                rotary_interleaved, num_splits, cu_seqlens_q, max_seqlen_q,
+                                cu_seqlens_k_new, rotary_seqlens)
     return _fresh(out, lse)  # type: ignore[return-value]
 
 
@@ -496,7 +503,12 @@ fwd_kvcache = torch.library.custom_op("flashattn::fwd_kvcache", _fwd_kvcache_imp
 def _fwd_kvcache_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                       cache_batch_idx, cache_leftpad, block_table, alibi_slopes, softmax_scale,
                       causal, window_left, window_right, softcap, rotary_interleaved,
-                      num_splits, attention_chunk=0):
+                      num_splits, attention_chunk=0, cu_seqlens_q=None, max_seqlen_q=0,
+                      cu_seqlens_k_new=None, rotary_seqlens=None):
+    if cu_seqlens_q is not None:
+        total_q, h, _ = q.shape
+        return (q.new_empty((total_q, h, v_cache.shape[-1])),
+                q.new_empty((h, total_q), dtype=torch.float32))
     b, s_q, h, _ = q.shape
     return (q.new_empty((b, s_q, h, v_cache.shape[-1])),
             q.new_empty((b, h, s_q), dtype=torch.float32))
@@ -504,8 +516,8 @@ def _fwd_kvcache_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_s
 
 def kvcache_attention(*args: Any) -> Tuple[Tensor, Tensor]:
     """``fwd_kvcache(*args)`` (the op's argument order), or its body for plain eager tensors
-    (the first 12 arguments are the tensors)."""
-    if _eager_call(*args[:12]):
+    (the first 12 arguments and the packed-length ones after the scalars are the tensors)."""
+    if _eager_call(*args[:12], *(a for a in args[12:] if isinstance(a, Tensor))):
         return _fwd_kvcache_impl(*args)
     return fwd_kvcache(*args)
 
@@ -619,14 +631,26 @@ def sink_apply(out: Tensor, lse: Tensor, sink: Tensor, packed: bool) -> Tuple[Te
     return sink_apply_op(out, lse, sink, packed)
 
 
+def _sink_grad_impl(dout: Tensor, out: Tensor, lse: Tensor, sink: Tensor,
+                    packed: bool) -> Tensor:
+    return dispatch.sink_grad(dout, out, lse, sink, packed)
+
+
+sink_grad_op = torch.library.custom_op("flashattn::sink_grad", _sink_grad_impl, mutates_args=())
+
+
+@sink_grad_op.register_fake
+def _sink_grad_fake(dout, out, lse, sink, packed):
+    return torch.empty_like(sink)
+
+
 def _sink_grad(dout: Tensor, out: Tensor, lse: Tensor, sink: Tensor, packed: bool) -> Tensor:
-    """d sink (h,): -sum over rows of exp(sink - lse) * rowsum(dout * out)."""
-    delta = (dout.float() * out.float()).sum(-1)  # (b, s, h) / (t, h)
-    if packed:
-        return (-(torch.exp(sink.float()[:, None] - lse) * delta.transpose(0, 1)).sum(1)
-                ).to(sink.dtype)
-    return (-(torch.exp(sink.float()[None, :, None] - lse) * delta.transpose(1, 2)).sum((0, 2))
-            ).to(sink.dtype)
+    """d sink (h,): -sum over rows of exp(sink - lse) * rowsum(dout * out) (one fused pass on
+    the Triton backend)."""
+    sink = sink.detach()
+    if _eager_call(dout, out, lse, sink):
+        return _sink_grad_impl(dout, out, lse, sink, packed)
+    return sink_grad_op(dout, out, lse, sink, packed)
 
 
 class _SinkAttention(torch.autograd.Function):

@@ -117,10 +117,8 @@ def test_scheduler_metadata_round_trip():
 
 @pytest.mark.parametrize("call,name", [
     (lambda q: fa3.flash_attn_func(q, q, q, qv=q), "qv"),
-    (lambda q: fa3.flash_attn_with_kvcache(q, q, q, cu_seqlens_q=torch.tensor([0, 4])),
-     "cu_seqlens_q"),
-    (lambda q: fa3.flash_attn_with_kvcache(q, q, q, rotary_seqlens=torch.tensor([1])),
-     "rotary_seqlens"),
+    (lambda q: fa3.flash_attn_with_kvcache(q, q, q, k_descale=torch.ones(1, 2)),
+     "k_descale"),
 ])
 def test_unsupported_fa3_arguments_raise_naming_them(call, name):
     q = torch.randn(1, 4, 2, 16)

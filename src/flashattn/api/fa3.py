@@ -19,10 +19,10 @@ query heads into one tile; the prefill kernels read each K/V block once per quer
 regardless), ``sm_margin`` (no SM is reserved), ``num_splits`` on the dense / varlen prefill
 calls (their kernels have no key split; the decode path takes it). ``attention_chunk``
 (chunked local attention) works in every call, forward and backward (FA3's backward refuses
-it); ``seqused_q`` in the varlen call. Not supported yet, and raising
-``NotImplementedError`` naming the argument: ``qv``, head dims above 256, and in the
-KV-cache call ``cu_seqlens_q`` / ``max_seqlen_q`` (varlen queries), ``cu_seqlens_k_new``,
-``rotary_seqlens``.
+it); ``seqused_q`` in the varlen call; packed queries (``cu_seqlens_q`` / ``max_seqlen_q``),
+packed new keys (``cu_seqlens_k_new``) and ``rotary_seqlens`` in the KV-cache call. Not
+supported yet, and raising ``NotImplementedError`` naming the argument: ``qv``, head dims
+above 256, FP8 KV caches (descales in the KV-cache call).
 """
 from __future__ import annotations
 
@@ -150,12 +150,9 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor,
     """FA3's ``flash_attn_with_kvcache``: flashattn.flash_attn_with_kvcache with the paged
     cache's table named ``page_table`` and the split count from ``scheduler_metadata`` when
     given (see :func:`get_scheduler_metadata`). Returns out, or (out, softmax_lse (batch,
-    nheads, seqlen_q)) with return_softmax_lse."""
+    nheads, seqlen_q)) with return_softmax_lse; with packed queries (``cu_seqlens_q``) out is
+    (total_q, nheads, headdim_v) and softmax_lse (nheads, total_q)."""
     _fa3_common(qv, q, v_cache)
-    for name, value in (("cu_seqlens_q", cu_seqlens_q), ("max_seqlen_q", max_seqlen_q),
-                        ("cu_seqlens_k_new", cu_seqlens_k_new),
-                        ("rotary_seqlens", rotary_seqlens)):
-        _unsupported(name, value)
     for name, value in (("q_descale", q_descale), ("k_descale", k_descale),
                         ("v_descale", v_descale)):
         _unsupported(f"{name} (FP8 KV cache)", value)
@@ -170,7 +167,8 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor,
         q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
         cache_leftpad, page_table, softmax_scale, causal, window_size, softcap,
         rotary_interleaved, None, num_splits, return_softmax_lse,
-        attention_chunk=attention_chunk)
+        attention_chunk=attention_chunk, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
+        cu_seqlens_k_new=cu_seqlens_k_new, rotary_seqlens=rotary_seqlens)
 
 
 def get_scheduler_metadata(batch_size: int, max_seqlen_q: int, max_seqlen_k: int,

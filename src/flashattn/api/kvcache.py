@@ -69,6 +69,10 @@ def flash_attn_with_kvcache(
     *,
     learnable_sink: Optional[Tensor] = None,
     attention_chunk: int = 0,
+    cu_seqlens_q: Optional[Tensor] = None,
+    max_seqlen_q: Optional[int] = None,
+    cu_seqlens_k_new: Optional[Tensor] = None,
+    rotary_seqlens: Optional[Tensor] = None,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """Attention against a KV cache, appending new keys / values in place (flash-attn 2 API).
 
@@ -97,38 +101,55 @@ def flash_attn_with_kvcache(
             attention, Llama-4): a query at local key position p (bottom-right aligned)
             sees only keys j with ``j // C == floor(p / C)``, besides causal / window. The
             call counts as local (q is rotated token by token).
+        cu_seqlens_q, max_seqlen_q: None, or (keyword only; FlashAttention-3's varlen queries:
+            chunked prefill, speculative decoding) int32 (batch + 1,) and an int: q is packed
+            (total_q, nheads, headdim), sequence b's queries are rows [cu_seqlens_q[b],
+            cu_seqlens_q[b + 1]) (at most max_seqlen_q), bottom-right aligned to its keys.
+            out is then (total_q, nheads, headdim_v) and lse (nheads, total_q).
+        cu_seqlens_k_new: None, or int32 (batch + 1,) (keyword only; FA3): k / v are packed
+            (total_new, nheads_k, headdim[_v]), sequence b appends rows [cu_seqlens_k_new[b],
+            cu_seqlens_k_new[b + 1]) at cache_seqlens[b].
+        rotary_seqlens: None, or int32 (batch,) (keyword only; FA3): rotate the new keys and q
+            at rotary_seqlens[b] + i instead of their cache positions cache_seqlens[b] + i.
 
     Returns:
         out (batch, seqlen_q, nheads, headdim_v) in q's dtype, and with return_softmax_lse
         lse (batch, nheads, seqlen_q) float32 (-inf on rows that see no key; their out is 0).
     """
+    varlen = (cu_seqlens_q, max_seqlen_q, cu_seqlens_k_new, rotary_seqlens)
     args = _prepare(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                     cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
-                    window_size, softcap, rotary_interleaved, alibi_slopes, num_splits)
+                    window_size, softcap, rotary_interleaved, alibi_slopes, num_splits, *varlen)
     return_softmax_lse = _v.check_bool(return_softmax_lse, "return_softmax_lse")
     # plain eager tensors run the op's body directly (torch.library's dispatch costs tens of
     # us per call); compile, export, modes and subclasses see the op
-    _v.check_learnable_sink(learnable_sink, q.shape[2], q.device)
+    _v.check_learnable_sink(learnable_sink, q.shape[-2], q.device)
     attention_chunk = _v.check_attention_chunk(attention_chunk)
-    if attention_chunk > 0:
-        args = args + (attention_chunk,)
+    if attention_chunk > 0 or any(x is not None for x in varlen):
+        args = args + (attention_chunk, cu_seqlens_q,
+                       0 if max_seqlen_q is None else int(max_seqlen_q), cu_seqlens_k_new,
+                       rotary_seqlens)
     out, lse = _ops.kvcache_attention(*args)
     if learnable_sink is not None:
-        out, lse = _ops.sink_apply(out, lse, learnable_sink, packed=False)
+        out, lse = _ops.sink_apply(out, lse, learnable_sink, packed=cu_seqlens_q is not None)
     return (out, lse) if return_softmax_lse else out
 
 
 def _prepare(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
              cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
-             rotary_interleaved, alibi_slopes, num_splits) -> tuple:
+             rotary_interleaved, alibi_slopes, num_splits, cu_seqlens_q=None, max_seqlen_q=None,
+             cu_seqlens_k_new=None, rotary_seqlens=None) -> tuple:
     """Every argument check of :func:`flash_attn_with_kvcache` that needs no tensor value
     (those run in the op's body, ``dispatch.kvcache``, at run time); returns the arguments of
     the ``flashattn::fwd_kvcache`` op: cache_seqlens as a (b,) int32 tensor or None,
     softmax_scale resolved, the window normalised against the cache capacity (flash-attn 2's
     rule, which comes before the op decides how q is rotated), alibi_slopes as (b, h)."""
     paged = block_table is not None
-    _kv.check_cache(q, k_cache, v_cache, paged)
-    batch, s_q, h, d = q.shape
+    q_dense = q
+    if cu_seqlens_q is not None or max_seqlen_q is not None:
+        q_dense = _kv.check_varlen_q(q, cu_seqlens_q, max_seqlen_q, cache_seqlens)
+    _kv.check_cache(q_dense, k_cache, v_cache, paged)
+    batch, s_q, h, d = q_dense.shape
     device = q.device
     if paged:
         _v.check_block_table(block_table, batch, device)
@@ -136,21 +157,25 @@ def _prepare(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, c
             raise ValueError("cache_batch_idx cannot be combined with block_table: the block "
                              "table already maps every batch row to its pages")
     capacity = metadata.cache_capacity(k_cache, block_table)
-    s_new = _kv.check_new_kv(k, v, q, k_cache, v_cache, capacity)
+    if cu_seqlens_k_new is not None:
+        s_new = _kv.check_packed_new_kv(k, v, cu_seqlens_k_new, batch, k_cache, v_cache)
+    else:
+        s_new = _kv.check_new_kv(k, v, q_dense, k_cache, v_cache, capacity)
+    _kv.check_index_vector(rotary_seqlens, "rotary_seqlens", batch, device)
     _kv.check_cache_seqlens(cache_seqlens, batch, device, capacity)
     if cache_seqlens is not None and not isinstance(cache_seqlens, torch.Tensor) \
-            and int(cache_seqlens) + s_new > capacity:
+            and cu_seqlens_k_new is None and int(cache_seqlens) + s_new > capacity:
         # (a host int: the capacity guard costs nothing; a device tensor is checked with the
         # other values, where that is free or in the checked mode)
         raise ValueError(metadata.capacity_message(f"cache_seqlens = {int(cache_seqlens)}",
                                                    s_new, capacity, block_table,
                                                    k_cache.shape[1]))
-    if cache_seqlens is None and s_new > 0:
+    if cache_seqlens is None and k is not None:
         raise ValueError("cache_seqlens is required when k / v are given: it says where the "
                          "new tokens go")
     _kv.check_index_vector(cache_batch_idx, "cache_batch_idx", batch, device)
     _kv.check_index_vector(cache_leftpad, "cache_leftpad", batch, device)
-    _kv.check_rotary(rotary_cos, rotary_sin, q, s_new > 0)
+    _kv.check_rotary(rotary_cos, rotary_sin, q_dense, k is not None)
     scale = _v.check_softmax_scale(softmax_scale)
     causal = _v.check_causal(causal)
     window = _v.check_window_size(window_size)

@@ -61,6 +61,59 @@ def check_cache(q: Any, k_cache: Any, v_cache: Any, paged: bool) -> None:
     _v.check_qkv(q, k_view, v_view, ("q", "k_cache", "v_cache"))
 
 
+def check_varlen_q(q: Any, cu_seqlens_q: Any, max_seqlen_q: Any, cache_seqlens: Any
+                   ) -> torch.Tensor:
+    """FlashAttention-3's packed queries: q (total_q, h, d), cu_seqlens_q int32 (batch + 1,),
+    max_seqlen_q an int >= 0, both given. Returns a (batch, 1, h, d) view of q's first row
+    (the dense checks' stand-in: dtype, device, heads, head dim)."""
+    if cu_seqlens_q is None or max_seqlen_q is None:
+        given, missing = (("cu_seqlens_q", "max_seqlen_q") if max_seqlen_q is None
+                          else ("max_seqlen_q", "cu_seqlens_q"))
+        raise ValueError(f"{given} was given without {missing}: packed queries need both")
+    check_tensor(q, "q", 3, "(total_q, nheads, headdim) with cu_seqlens_q")
+    if not isinstance(cu_seqlens_q, torch.Tensor) or cu_seqlens_q.dim() != 1 \
+            or cu_seqlens_q.shape[0] < 1:
+        raise ValueError(f"cu_seqlens_q must be an int32 tensor (batch + 1,), got "
+                         f"{_describe(cu_seqlens_q)}")
+    batch = cu_seqlens_q.shape[0] - 1
+    _v._check_int32_vector(cu_seqlens_q, "cu_seqlens_q", batch + 1, "batch + 1", q.device)
+    if isinstance(cache_seqlens, torch.Tensor) and cache_seqlens.dim() == 1 \
+            and cache_seqlens.shape[0] != batch:
+        raise ValueError(f"cache_seqlens has {cache_seqlens.shape[0]} entries but cu_seqlens_q "
+                         f"describes {batch} sequences")
+    _v.check_max_seqlen(max_seqlen_q, "max_seqlen_q")
+    h, d = q.shape[1], q.shape[2]
+    if q.shape[0] == 0:
+        return torch.empty((batch, 1, h, d), dtype=q.dtype, device=q.device)
+    return q[:1].unsqueeze(0).expand(batch, 1, h, d)
+
+
+def check_packed_new_kv(k: Any, v: Any, cu_seqlens_k_new: Any, batch: int,
+                        k_cache: torch.Tensor, v_cache: torch.Tensor) -> int:
+    """FlashAttention-3's packed new keys: k (total_new, h_k, d), v (total_new, h_k, d_v) with
+    cu_seqlens_k_new int32 (batch + 1,). Returns total_new."""
+    if k is None or v is None:
+        raise ValueError("cu_seqlens_k_new was given without k and v: it packs the new keys")
+    check_tensor(k, "k", 3, "(total_new, nheads_k, headdim) with cu_seqlens_k_new")
+    check_tensor(v, "v", 3, "(total_new, nheads_k, headdim_v) with cu_seqlens_k_new")
+    _v._check_int32_vector(cu_seqlens_k_new, "cu_seqlens_k_new", batch + 1, "batch + 1",
+                           k_cache.device)
+    h_k, d, d_v = k_cache.shape[2], k_cache.shape[3], v_cache.shape[3]
+    for x, n, last, ref in ((k, "k", d, k_cache), (v, "v", d_v, v_cache)):
+        want = (k.shape[0], h_k, last)
+        if tuple(x.shape) != want:
+            raise ValueError(f"{n} must have shape (total_new, nheads_k, "
+                             f"{'headdim' if n == 'k' else 'headdim_v'}) = {want}, got "
+                             f"{tuple(x.shape)}")
+        if x.dtype != ref.dtype:
+            raise TypeError(f"{n} must have the dtype of {n}_cache ({ref.dtype}), got {x.dtype}")
+        if x.device != ref.device:
+            raise ValueError(f"{n} must be on the device of {n}_cache ({ref.device}), got "
+                             f"{x.device}")
+        _v._check_last_dim_contiguous(x, n)
+    return k.shape[0]
+
+
 def check_new_kv(k: Any, v: Any, q: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, capacity: int) -> int:
     """k (b, s_new, h_k, d), v (b, s_new, h_k, d_v), both or neither; returns s_new (0 when
@@ -210,5 +263,5 @@ def check_combine(out_partial: Any, lse_partial: Any, out: Any, out_dtype: Any
     return s, b, s_q, h, d_v
 
 
-__all__ = ["check_cache", "check_new_kv", "check_cache_seqlens", "check_index_vector",
+__all__ = ["check_cache", "check_new_kv", "check_packed_new_kv", "check_varlen_q", "check_cache_seqlens", "check_index_vector",
            "check_rotary", "check_num_splits", "check_combine"]

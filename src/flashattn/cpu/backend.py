@@ -79,30 +79,99 @@ def fp8_varlen_fwd(q8: Tensor, k8: Tensor, v8: Tensor, cu_seqlens_q: Tensor,
     return out.to(out_dtype), lse
 
 
-def append_kv(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor,
-              cos: Optional[Tensor], sin: Optional[Tensor], interleaved: bool, seqlens: Tensor,
-              batch_idx: Optional[Tensor], block_table: Optional[Tensor],
-              rotary_q_step: int = 1) -> Tensor:
-    """As :func:`flashattn.triton.backend.append_kv`, in torch."""
-    _kv.append_kv(k_cache, v_cache, k, v, seqlens, cos, sin, interleaved, batch_idx, block_table)
+def _rows(x: Optional[Tensor], cu: Optional[list], i: int) -> Optional[Tensor]:
+    """Sequence i of x as a batch of one: rows cu[i]:cu[i+1] of a packed x, else x[i:i+1]."""
+    if x is None:
+        return None
+    return x[i:i + 1] if cu is None else x[cu[i]:cu[i + 1]].unsqueeze(0)
+
+
+def _one(x: Optional[Tensor], i: int) -> Optional[Tensor]:
+    return None if x is None else x[i:i + 1]
+
+
+def _cache_row(batch_idx: Optional[Tensor], block_table: Optional[Tensor], i: int,
+               device: torch.device) -> Optional[Tensor]:
+    """The cache row of sequence i once it is sliced into a batch of one (contiguous cache)."""
+    if block_table is not None:
+        return None
+    return batch_idx[i:i + 1] if batch_idx is not None else torch.tensor(
+        [i], dtype=torch.int32, device=device)
+
+
+def append_kv(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor],
+              v: Optional[Tensor], cos: Optional[Tensor], sin: Optional[Tensor],
+              interleaved: bool, seqlens: Tensor, batch_idx: Optional[Tensor],
+              block_table: Optional[Tensor], rotary_q_step: int = 1, *,
+              cu_seqlens_q: Optional[Tensor] = None, max_seqlen_q: int = 0,
+              cu_seqlens_k_new: Optional[Tensor] = None, max_seqlen_k_new: int = 0,
+              rotary_seqlens: Optional[Tensor] = None) -> Tensor:
+    """As :func:`flashattn.triton.backend.append_kv`, in torch (varlen forms: one sequence at
+    a time, the lengths read on the host, which is free for CPU tensors)."""
+    rot_base = rotary_seqlens if rotary_seqlens is not None else seqlens
+    if cu_seqlens_q is None and cu_seqlens_k_new is None:
+        if k is not None:
+            _kv.append_kv(k_cache, v_cache, k, v, seqlens, cos, sin, interleaved, batch_idx,
+                          block_table, rot_base)
+        if cos is None:
+            return q
+        positions = rot_base.long().view(-1, 1) + rotary_q_step * torch.arange(
+            q.shape[1], device=q.device)
+        return _kv.rotate(q, cos, sin, positions, interleaved)
+    cu_q = None if cu_seqlens_q is None else cu_seqlens_q.tolist()
+    cu_k = None if cu_seqlens_k_new is None else cu_seqlens_k_new.tolist()
+    for i in range(seqlens.shape[0]):
+        if k is not None:
+            _kv.append_kv(k_cache, v_cache, _rows(k, cu_k, i), _rows(v, cu_k, i),
+                          seqlens[i:i + 1], cos, sin, interleaved,
+                          _cache_row(batch_idx, block_table, i, q.device),
+                          _one(block_table, i), rot_base[i:i + 1])
     if cos is None:
         return q
-    s_q = q.shape[1]
-    positions = seqlens.long().view(-1, 1) + rotary_q_step * torch.arange(s_q, device=q.device)
-    return _kv.rotate(q, cos, sin, positions, interleaved)
+    q_rot = q.clone()
+    for i in range(seqlens.shape[0]):
+        q_i = _rows(q, cu_q, i)
+        positions = rot_base[i:i + 1].long().view(-1, 1) + rotary_q_step * torch.arange(
+            q_i.shape[1], device=q.device)
+        rotated = _kv.rotate(q_i, cos, sin, positions, interleaved)
+        if cu_q is None:
+            q_rot[i:i + 1] = rotated
+        else:
+            q_rot[cu_q[i]:cu_q[i + 1]] = rotated[0]
+    return q_rot
 
 
 def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens: Tensor, s_new: int,
                       *, p: AttnParams, leftpad: Optional[Tensor], batch_idx: Optional[Tensor],
                       block_table: Optional[Tensor], num_splits: int,
-                      capacity: int, buffers: Optional[dict] = None) -> Tuple[Tensor, Tensor]:
+                      capacity: int, buffers: Optional[dict] = None,
+                      cu_seqlens_q: Optional[Tensor] = None, max_seqlen_q: int = 0
+                      ) -> Tuple[Tensor, Tensor]:
     """Attention of q against the cache (keys already appended): (out, lse). (``buffers``,
-    a decode plan's workspace, is not used here: the torch path allocates.)"""
-    return _kv.kvcache_fwd(q, k_cache, v_cache, seqlens, s_new, softmax_scale=p.softmax_scale,
-                           window_left=p.window_left, window_right=p.window_right,
-                           softcap=p.softcap, alibi_slopes=p.alibi_slopes, leftpad=leftpad,
-                           batch_idx=batch_idx, block_table=block_table,
-                           attention_chunk=p.attention_chunk)
+    a decode plan's workspace, is not used here: the torch path allocates.) With
+    ``cu_seqlens_q`` q is packed (total_q, h, d): out (total_q, h, d_v), lse (h, total_q)."""
+    kw = dict(softmax_scale=p.softmax_scale, window_left=p.window_left,
+              window_right=p.window_right, softcap=p.softcap,
+              attention_chunk=p.attention_chunk)
+    if cu_seqlens_q is None:
+        return _kv.kvcache_fwd(q, k_cache, v_cache, seqlens, s_new,
+                               alibi_slopes=p.alibi_slopes, leftpad=leftpad,
+                               batch_idx=batch_idx, block_table=block_table, **kw)
+    total_q, h, _ = q.shape
+    out = torch.zeros(total_q, h, v_cache.shape[3], dtype=q.dtype, device=q.device)
+    lse = torch.full((h, total_q), float("-inf"), dtype=torch.float32, device=q.device)
+    cu = cu_seqlens_q.tolist()
+    for i in range(len(cu) - 1):
+        if cu[i + 1] <= cu[i]:
+            continue
+        o_i, lse_i = _kv.kvcache_fwd(
+            q[cu[i]:cu[i + 1]].unsqueeze(0), k_cache, v_cache, seqlens[i:i + 1], s_new,
+            alibi_slopes=_one(p.alibi_slopes, i), leftpad=_one(leftpad, i),
+            batch_idx=_cache_row(batch_idx, block_table, i, q.device),
+            block_table=_one(block_table, i), **kw)
+        out[cu[i]:cu[i + 1]] = o_i[0]
+        lse[:, cu[i]:cu[i + 1]] = lse_i[0]
+    return out, lse
 
 
 def varlen_paged_fwd(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens_q: Tensor,
@@ -126,6 +195,16 @@ def sink_apply(out: Tensor, lse: Tensor, sink: Tensor, packed: bool) -> Tuple[Te
     return (out.float() * scale_o.unsqueeze(-1)).to(out.dtype), lse_new
 
 
+def sink_grad(dout: Tensor, out: Tensor, lse: Tensor, sink: Tensor, packed: bool) -> Tensor:
+    """d sink (h,): -sum over rows of exp(sink - lse') * rowsum(dout * out') (torch ops)."""
+    delta = (dout.float() * out.float()).sum(-1)  # (b, s, h) / (t, h)
+    if packed:
+        return (-(torch.exp(sink.float()[:, None] - lse) * delta.transpose(0, 1)).sum(1)
+                ).to(sink.dtype)
+    return (-(torch.exp(sink.float()[None, :, None] - lse) * delta.transpose(1, 2)).sum((0, 2))
+            ).to(sink.dtype)
+
+
 def combine(out_partial: Tensor, lse_partial: Tensor, out: Optional[Tensor],
             out_dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
     """LSE-weighted merge of split results (into ``out`` when given): (out, lse)."""
@@ -143,4 +222,4 @@ def fp8_quantize(q: Tensor, k: Tensor, v: Tensor, signs: Optional[Tensor], block
 
 
 __all__ = ["append_kv", "bwd", "combine", "fp8_fwd", "fp8_quantize", "fp8_varlen_fwd", "fwd",
-           "kvcache_attention", "sink_apply", "varlen_bwd", "varlen_fwd", "varlen_paged_fwd"]
+           "kvcache_attention", "sink_apply", "sink_grad", "varlen_bwd", "varlen_fwd", "varlen_paged_fwd"]

@@ -55,12 +55,16 @@ def _cache_rows(batch: int, positions: torch.Tensor, page_size: int,
 def append_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
               cache_seqlens: torch.Tensor, cos: Optional[torch.Tensor],
               sin: Optional[torch.Tensor], interleaved: bool,
-              batch_idx: Optional[torch.Tensor], block_table: Optional[torch.Tensor]) -> None:
-    """Write k (rotated if cos is given) and v at cache positions cache_seqlens[b] + i."""
+              batch_idx: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
+              rot_base: Optional[torch.Tensor] = None) -> None:
+    """Write k (rotated if cos is given) and v at cache positions cache_seqlens[b] + i; the
+    rotation angle's position is ``rot_base[b] + i`` (default: the cache position)."""
     b, s_new = k.shape[:2]
-    positions = cache_seqlens.long().view(-1, 1) + torch.arange(s_new, device=k.device)
+    steps = torch.arange(s_new, device=k.device)
+    positions = cache_seqlens.long().view(-1, 1) + steps
     if cos is not None:
-        k = rotate(k, cos, sin, positions, interleaved)
+        angle_pos = positions if rot_base is None else rot_base.long().view(-1, 1) + steps
+        k = rotate(k, cos, sin, angle_pos, interleaved)
     d0, d1 = _cache_rows(b, positions, k_cache.shape[1], block_table, batch_idx)
     k_cache[d0, d1] = k.to(k_cache.dtype)
     v_cache[d0, d1] = v.to(v_cache.dtype)

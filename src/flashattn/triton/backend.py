@@ -84,27 +84,43 @@ def fp8_quantize(q: Tensor, k: Tensor, v: Tensor, signs: Optional[Tensor], block
 def append_kv(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor,
               cos: Optional[Tensor], sin: Optional[Tensor], interleaved: bool, seqlens: Tensor,
               batch_idx: Optional[Tensor], block_table: Optional[Tensor],
-              rotary_q_step: int = 1) -> Tensor:
+              rotary_q_step: int = 1, *, cu_seqlens_q: Optional[Tensor] = None,
+              max_seqlen_q: int = 0, cu_seqlens_k_new: Optional[Tensor] = None,
+              max_seqlen_k_new: int = 0, rotary_seqlens: Optional[Tensor] = None) -> Tensor:
     """Write k (rotated) / v into the caches in place at positions seqlens[b] + i; return q
-    rotated at seqlens[b] + rotary_q_step * i (or q itself without rotary)."""
-    _rotary.rotary_store(k, k_cache, seqlens, cos=cos, sin=sin, interleaved=interleaved,
-                         batch_idx=batch_idx, block_table=block_table)
-    _rotary.rotary_store(v, v_cache, seqlens, batch_idx=batch_idx, block_table=block_table)
+    rotated at seqlens[b] + rotary_q_step * i (or q itself without rotary).
+
+    FlashAttention-3's varlen forms: q packed (total_q, h, d) with ``cu_seqlens_q``; k / v
+    packed (total_new, h_k, d) with ``cu_seqlens_k_new`` (sequence b's new rows [cu[b],
+    cu[b + 1]), at most ``max_seqlen_k_new``); ``rotary_seqlens`` (b,): rotate at
+    rotary_seqlens[b] + i instead of the cache position. k may be None (no new keys)."""
+    rot = dict(cos=cos, sin=sin, interleaved=interleaved, rot_base=rotary_seqlens)
+    if k is not None:
+        packed = dict(cu_seqlens=cu_seqlens_k_new, max_seqlen=max_seqlen_k_new)
+        _rotary.rotary_store(k, k_cache, seqlens, batch_idx=batch_idx, block_table=block_table,
+                             **rot, **packed)
+        _rotary.rotary_store(v, v_cache, seqlens, batch_idx=batch_idx, block_table=block_table,
+                             **packed)
     if cos is None:
         return q
     q_rot = torch.empty_like(q, memory_format=torch.contiguous_format)
-    _rotary.rotary_store(q, q_rot, seqlens, cos=cos, sin=sin, interleaved=interleaved,
-                         pos_step=rotary_q_step, to_cache=False)
+    _rotary.rotary_store(q, q_rot, seqlens, pos_step=rotary_q_step, to_cache=False,
+                         cu_seqlens=cu_seqlens_q, max_seqlen=max_seqlen_q, **rot)
     return q_rot
 
 
 def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens: Tensor, s_new: int,
                       *, p: AttnParams, leftpad: Optional[Tensor], batch_idx: Optional[Tensor],
                       block_table: Optional[Tensor], num_splits: int,
-                      capacity: int, buffers: Optional[dict] = None) -> Tuple[Tensor, Tensor]:
+                      capacity: int, buffers: Optional[dict] = None,
+                      cu_seqlens_q: Optional[Tensor] = None, max_seqlen_q: int = 0
+                      ) -> Tuple[Tensor, Tensor]:
     """Split-KV attention of q against the cache (keys already appended): (out, lse).
-    ``buffers``: a decode plan's outputs / workspaces, reused between calls."""
+    ``buffers``: a decode plan's outputs / workspaces, reused between calls. With
+    ``cu_seqlens_q`` q is packed (total_q, h, d) and out / lse are (total_q, h, d_v) /
+    (h, total_q)."""
     return _decode.decode_attention(q, k_cache, v_cache, seqlens, s_new, num_splits=num_splits,
+                                    cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
                                     max_seqlen_k=capacity, softmax_scale=p.softmax_scale,
                                     window_left=p.window_left, window_right=p.window_right,
                                     softcap=p.softcap, alibi_slopes=p.alibi_slopes,
@@ -141,6 +157,11 @@ def sink_apply(out: Tensor, lse: Tensor, sink: Tensor, packed: bool) -> Tuple[Te
     return _sink.sink_apply(out, lse, sink, packed)
 
 
+def sink_grad(dout: Tensor, out: Tensor, lse: Tensor, sink: Tensor, packed: bool) -> Tensor:
+    """d sink of learnable sinks: one fused pass over dout and out (triton/sink.py)."""
+    return _sink.sink_grad(dout, out, lse, sink, packed)
+
+
 def combine(out_partial: Tensor, lse_partial: Tensor, out: Optional[Tensor],
             out_dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
     """LSE-weighted merge of split results into ``out`` (allocated when None): (out, lse)."""
@@ -153,4 +174,4 @@ def combine(out_partial: Tensor, lse_partial: Tensor, out: Optional[Tensor],
 
 
 __all__ = ["append_kv", "bwd", "combine", "decode_splits", "fp8_fwd", "fp8_quantize", "fp8_varlen_fwd", "fwd",
-           "kvcache_attention", "sink_apply", "varlen_bwd", "varlen_fwd", "varlen_paged_fwd"]
+           "kvcache_attention", "sink_apply", "sink_grad", "varlen_bwd", "varlen_fwd", "varlen_paged_fwd"]

@@ -30,16 +30,17 @@ from flashattn.runtime.launch import launch_jit
 
 
 @triton.jit
-def _rotary_store_kernel(X, Dst, Cos, Sin, Seqlens, BatchIdx, BlockTable,
+def _rotary_store_kernel(X, Dst, Cos, Sin, Seqlens, BatchIdx, BlockTable, CuSeq, RotBase,
                          stride_xb, stride_xm, stride_xh,
                          stride_db, stride_dm, stride_dh,
                          stride_btb, stride_cos, stride_sin,
                          seqlen_x, nheads, seqlen_ro, rot_half, pos_step,
-                         dst_rows, dst_cap,
+                         dst_rows, dst_cap, packed_rows,
                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
                          HAS_ROTARY: tl.constexpr, INTERLEAVED: tl.constexpr,
                          DEST: tl.constexpr, HAS_BATCH_IDX: tl.constexpr,
-                         PAGE_SIZE: tl.constexpr):
+                         PAGE_SIZE: tl.constexpr, VARLEN: tl.constexpr,
+                         HAS_ROT_BASE: tl.constexpr):
     pid = tl.program_id(0)
     off_b = pid // seqlen_x
     off_i = pid % seqlen_x
@@ -48,13 +49,27 @@ def _rotary_store_kernel(X, Dst, Cos, Sin, Seqlens, BatchIdx, BlockTable,
     h_ok = offs_h < nheads
     d_ok = offs_d < HEAD_DIM
 
+    # packed rows (VARLEN): sequence b owns rows [cu[b], cu[b + 1]) of x (and of a dense dst);
+    # seqlen_x is then a bound of any sequence's rows (clamped to the packed length)
+    row = off_i.to(tl.int64)
+    if VARLEN:
+        start = tl.minimum(tl.maximum(tl.load(CuSeq + off_b), 0), packed_rows)
+        end = tl.minimum(tl.maximum(tl.load(CuSeq + off_b + 1), start), packed_rows)
+        if off_i >= end - start:
+            return
+        row = start.to(tl.int64) + off_i
     base_pos = tl.load(Seqlens + off_b)
     pos = base_pos + off_i * pos_step
-    # the position as a vector too: Triton 3.9's interpreter rejects masks built from a tensor
+    # the rotation angle's position: the cache position, or rotary_seqlens[b] + i (FA3)
+    rot_pos = pos
+    if HAS_ROT_BASE:
+        rot_pos = tl.load(RotBase + off_b) + off_i * pos_step
+    # the positions as vectors too: Triton 3.9's interpreter rejects masks built from a tensor
     # and a scalar bool ("mask has unsupported dtype")
     pos_v = offs_d * 0 + pos
+    rot_pos_v = offs_d * 0 + rot_pos
 
-    x_row = X + off_b.to(tl.int64) * stride_xb + off_i.to(tl.int64) * stride_xm \
+    x_row = X + off_b.to(tl.int64) * stride_xb + row * stride_xm \
         + offs_h.to(tl.int64)[:, None] * stride_xh
     x = tl.load(x_row + offs_d[None, :], mask=h_ok[:, None] & d_ok[None, :], other=0.0)
     if HAS_ROTARY:
@@ -67,9 +82,10 @@ def _rotary_store_kernel(X, Dst, Cos, Sin, Seqlens, BatchIdx, BlockTable,
             pair = tl.where(offs_d < rot_half, offs_d, offs_d - rot_half)
             partner = tl.where(offs_d < rot_half, offs_d + rot_half, offs_d - rot_half)
             first = offs_d < rot_half
-        in_rot = (offs_d < rot_dim) & (pos_v < seqlen_ro)
-        cos = tl.load(Cos + pos.to(tl.int64) * stride_cos + pair, mask=in_rot, other=1.0)
-        sin = tl.load(Sin + pos.to(tl.int64) * stride_sin + pair, mask=in_rot, other=0.0)
+        in_rot = (offs_d < rot_dim) & (rot_pos_v < seqlen_ro) & (rot_pos_v >= 0)
+        rp = tl.maximum(rot_pos, 0).to(tl.int64)
+        cos = tl.load(Cos + rp * stride_cos + pair, mask=in_rot, other=1.0)
+        sin = tl.load(Sin + rp * stride_sin + pair, mask=in_rot, other=0.0)
         x_p = tl.load(x_row + partner[None, :], mask=h_ok[:, None] & in_rot[None, :], other=0.0)
         xf = x.to(tl.float32)
         xpf = x_p.to(tl.float32)
@@ -88,7 +104,7 @@ def _rotary_store_kernel(X, Dst, Cos, Sin, Seqlens, BatchIdx, BlockTable,
     # (flashattn.checks()) turns it into an error first.
     in_dst = d_ok
     if DEST == 0:
-        d_row = off_b.to(tl.int64) * stride_db + off_i.to(tl.int64) * stride_dm
+        d_row = off_b.to(tl.int64) * stride_db + row * stride_dm
     elif DEST == 1:
         cache_b = off_b
         if HAS_BATCH_IDX:
@@ -110,15 +126,30 @@ def rotary_store(x: torch.Tensor, dst: torch.Tensor, seqlens: torch.Tensor, *,
                  cos: Optional[torch.Tensor] = None, sin: Optional[torch.Tensor] = None,
                  interleaved: bool = True, pos_step: int = 1,
                  batch_idx: Optional[torch.Tensor] = None,
-                 block_table: Optional[torch.Tensor] = None, to_cache: bool = True) -> None:
+                 block_table: Optional[torch.Tensor] = None, to_cache: bool = True,
+                 cu_seqlens: Optional[torch.Tensor] = None, max_seqlen: int = 0,
+                 rot_base: Optional[torch.Tensor] = None) -> None:
     """Rotate (if ``cos`` is given) the rows of ``x`` (b, s, nh, d) and store them in ``dst``.
 
     ``to_cache=False``: dst is dense like x (the rotated q). Otherwise dst is a cache
     (b_cache, s_cache, nh, d) written at seq ``seqlens[b] + i`` of row ``batch_idx[b]`` (or
     b), or a paged cache (num_blocks, page_size, nh, d) through ``block_table``.
     seqlens: (b,) int32 on the device; cos / sin (s_ro, rotary_dim / 2).
+    ``cu_seqlens`` (b + 1,) int32: x is packed (total, nh, d), sequence b's rows
+    ``[cu[b], cu[b + 1])`` (at most ``max_seqlen``; a dense dst is packed the same way).
+    ``rot_base`` (b,) int32: rotate at ``rot_base[b] + i * pos_step`` instead of the
+    positions the rows are stored at (FlashAttention-3's ``rotary_seqlens``).
     """
-    b, s, nh, d = x.shape
+    varlen = cu_seqlens is not None
+    packed_rows = 0
+    if varlen:
+        packed_rows = x.shape[0]
+        x = x.unsqueeze(0)
+        if not to_cache:
+            dst = dst.unsqueeze(0)
+        b, s, nh, d = cu_seqlens.shape[0] - 1, int(max_seqlen), x.shape[2], x.shape[3]
+    else:
+        b, s, nh, d = x.shape
     if b * s * nh == 0:
         return
     paged = block_table is not None
@@ -132,18 +163,21 @@ def rotary_store(x: torch.Tensor, dst: torch.Tensor, seqlens: torch.Tensor, *,
         x, dst, cos if has_rot else x, sin if has_rot else x, seqlens,
         batch_idx if batch_idx is not None else dummy,
         block_table if paged else dummy,
-        x.stride(0), x.stride(1), x.stride(2),
-        dst.stride(0), dst.stride(1), dst.stride(2),
+        cu_seqlens if varlen else dummy,
+        rot_base if rot_base is not None else dummy,
+        0 if varlen else x.stride(0), x.stride(1), x.stride(2),
+        0 if varlen and not to_cache else dst.stride(0), dst.stride(1), dst.stride(2),
         block_table.stride(0) if paged else 0,
         cos.stride(0) if has_rot else 0, sin.stride(0) if has_rot else 0,
         s, nh, cos.shape[0] if has_rot else 0, cos.shape[1] if has_rot else 0, int(pos_step),
         # destination rows (cache batch / pages) and positions per row (contiguous: s_cache;
         # paged: the block table's pages x page size)
-        dst.shape[0], (block_table.shape[1] * dst.shape[1]) if paged else dst.shape[1]), dict(
+        dst.shape[0], (block_table.shape[1] * dst.shape[1]) if paged else dst.shape[1],
+        packed_rows), dict(
         HEAD_DIM=d, BLOCK_D=block_d, BLOCK_H=block_h,
         HAS_ROTARY=has_rot, INTERLEAVED=bool(interleaved), DEST=dest,
         HAS_BATCH_IDX=batch_idx is not None, PAGE_SIZE=dst.shape[1] if paged else 1,
-        num_warps=4,
+        VARLEN=varlen, HAS_ROT_BASE=rot_base is not None, num_warps=4,
     ))
 
 

@@ -44,6 +44,51 @@ def _sink_apply_kernel(Out, Lse, Sink, OutNew, LseNew, n_rows, nheads, seqlen,
     tl.store(LseNew + lse_off, lse_new, mask=ok)
 
 
+@triton.jit
+def _sink_grad_kernel(DOut, Out, Lse, Sink, Contrib, n_rows, nheads, seqlen,
+                      HEAD_DIM_V: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    # each row's share of d sink: -exp(s_h - lse') * rowsum(dout * out'), written per row
+    # (b, s, h order) and summed per head by the caller (no atomics on h addresses)
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    ok = rows < n_rows
+    head = rows % nheads
+    bs = rows // nheads
+    lse = tl.load(Lse + (bs // seqlen) * nheads * seqlen + head * seqlen + bs % seqlen,
+                  mask=ok, other=float("inf"))
+    sink = tl.load(Sink + head, mask=ok, other=0.0).to(tl.float32)
+    offs_d = tl.arange(0, BLOCK_D)
+    ptrs = rows[:, None] * HEAD_DIM_V + offs_d[None, :]
+    tile_ok = ok[:, None] & (offs_d[None, :] < HEAD_DIM_V)
+    do = tl.load(DOut + ptrs, mask=tile_ok, other=0.0).to(tl.float32)
+    o = tl.load(Out + ptrs, mask=tile_ok, other=0.0).to(tl.float32)
+    delta = tl.sum(do * o, 1)
+    tl.store(Contrib + rows, -tl.exp(sink - lse) * delta, mask=ok)
+
+
+def _row_launch(kernel, tensors, n_rows: int, h: int, seqlen: int, d_v: int) -> None:
+    block_d = config.block_dim(d_v)
+    block_r = max(1, min(128, 8192 // block_d))
+    launch_jit(kernel, (triton.cdiv(n_rows, block_r),),
+               (*tensors, n_rows, h, max(seqlen, 1)),
+               dict(HEAD_DIM_V=d_v, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=4))
+
+
+def sink_grad(dout: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, sink: torch.Tensor,
+              packed: bool) -> torch.Tensor:
+    """d sink (h,) in sink's dtype: -sum over rows of exp(sink - lse') * rowsum(dout * out')
+    (out', lse': the outputs with the sink). One pass over dout and out, then a per-head sum
+    of the (rows,) contributions."""
+    dout, out, lse = dout.contiguous(), out.contiguous(), lse.contiguous()
+    h, d_v = out.shape[-2], out.shape[-1]
+    seqlen = out.shape[0] if packed else out.shape[1]
+    n_rows = out.numel() // d_v if d_v else 0
+    contrib = torch.zeros(max(n_rows, 1), dtype=torch.float32, device=out.device)
+    if n_rows:
+        _row_launch(_sink_grad_kernel, (dout, out, lse, sink.contiguous(), contrib), n_rows, h,
+                    seqlen, d_v)
+    return contrib[:n_rows].view(-1, h).sum(0).to(sink.dtype)
+
+
 def sink_apply(out: torch.Tensor, lse: torch.Tensor, sink: torch.Tensor, packed: bool
                ) -> Tuple[torch.Tensor, torch.Tensor]:
     """(out', lse') of module doc. out (b, s, h, d_v) / lse float32 (b, h, s), or packed out
@@ -58,13 +103,8 @@ def sink_apply(out: torch.Tensor, lse: torch.Tensor, sink: torch.Tensor, packed:
     lse_new = torch.empty_like(lse)
     if n_rows == 0:  # no rows (or d_v = 0): nothing to rescale
         return out_new, torch.logaddexp(lse, sink.float().view((-1, 1) if packed else (1, -1, 1)))
-    block_d = config.block_dim(d_v)
-    block_r = max(1, min(128, 8192 // block_d))
-    grid = (triton.cdiv(n_rows, block_r),)
-    launch_jit(_sink_apply_kernel, grid,
-               (out, lse, sink, out_new, lse_new, n_rows, h, max(seqlen, 1)),
-               dict(HEAD_DIM_V=d_v, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=4))
+    _row_launch(_sink_apply_kernel, (out, lse, sink, out_new, lse_new), n_rows, h, seqlen, d_v)
     return out_new, lse_new
 
 
-__all__ = ["sink_apply"]
+__all__ = ["sink_apply", "sink_grad"]

@@ -345,8 +345,8 @@ def _cpu_demo(args: argparse.Namespace) -> int:
     if rows and rows[0].ours_mib is None:
         print("(peak memory needs Linux /proc; times only)")
 
-    speed_seqlens = args.seqlens or [1024, 4096]  # (16k: `--seqlens 1k,4k,16k`, ~1 min)
-    print(f"\n3) Speed: fwd + bwd, causal, b=1, h=8, d=64, ms (fastest of a few runs), beside "
+    speed_seqlens = args.seqlens or [1024, 4096]  # (16k: `--seqlens 1k,4k,16k`, ~2 min)
+    print(f"\n3) Speed: fwd + bwd, causal, b=1, h=8, d=64, ms (fastest call of 3 rounds of blocks), beside "
           f"PyTorch SDPA on the same tensors ({torch.get_num_threads()} threads)")
     bench = load_bench()
     with sc.forced_backend("cpu" if backend == "portable" else None):

@@ -36,13 +36,17 @@ def _config(family: str):
         return transformers.LlamaConfig(**_COMMON)
     if family == "mistral":
         return transformers.MistralConfig(**_COMMON, sliding_window=4)
+    if family == "gpt_oss":  # learnable sinks (s_aux), alternating sliding / full layers, MoE
+        return transformers.GptOssConfig(**_COMMON, head_dim=16, num_local_experts=4,
+                                         num_experts_per_tok=2, sliding_window=4,
+                                         rope_scaling=None)
     return transformers.Gemma2Config(**_COMMON, head_dim=16, sliding_window=4,
                                      attn_logit_softcapping=2.0, final_logit_softcapping=30.0,
                                      query_pre_attn_scalar=24)
 
 
 def _reference_impl(family: str) -> str:
-    return "eager" if family == "gemma2" else "sdpa"
+    return "eager" if family in ("gemma2", "gpt_oss") else "sdpa"
 
 
 def _pair(family: str, device: str = "cpu", dtype=torch.float32):
@@ -51,6 +55,11 @@ def _pair(family: str, device: str = "cpu", dtype=torch.float32):
     cfg = _config(family)
     ref = transformers.AutoModelForCausalLM.from_config(
         copy.deepcopy(cfg), attn_implementation=_reference_impl(family), dtype=dtype)
+    if family == "gpt_oss":  # sinks large enough to change the softmax visibly
+        with torch.no_grad():
+            for name, p in ref.named_parameters():
+                if name.endswith("sinks"):
+                    p.copy_(torch.randn(p.shape) * 2.0)
     ours = transformers.AutoModelForCausalLM.from_config(
         copy.deepcopy(cfg), attn_implementation=fa_hf.NAME, dtype=dtype)
     ours.load_state_dict(ref.state_dict())
@@ -91,7 +100,7 @@ def _exact_logits_and_grads(model64, ids, mask, weight):
     return torch.cat(logits), grads
 
 
-@pytest.mark.parametrize("family", ["llama", "mistral", "gemma2"])
+@pytest.mark.parametrize("family", ["llama", "mistral", "gemma2", "gpt_oss"])
 def test_logits_and_grads_match_reference_with_padding(family):
     """flash-attn's accuracy rule against the reference implementation run in float64 (each
     row's real tokens alone): the fp32 flashattn model's error is at most 2x (logits) / 3x

@@ -89,9 +89,11 @@ def _variant_key(head_dim, dtype, causal, window, softcap, overrides) -> str:
 
 def compile_fwd_variant(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, causal: bool = False,
                         window: tuple = (-1, -1), softcap: float = 0.0,
-                        overrides: Optional[Dict[str, Any]] = None) -> CompileReport:
+                        overrides: Optional[Dict[str, Any]] = None,
+                        sink: bool = False) -> CompileReport:
     """Compile one forward variant for sm_90 (no GPU needed) and report its resources.
-    ``head_dim``: d, or (d, d_v) for V / O of another head dim."""
+    ``head_dim``: d, or (d, d_v) for V / O of another head dim; ``sink``: with learnable
+    sinks folded into the epilogue."""
     from flashattn.sm90.config import fwd_config
     from flashattn.sm90.fwd import launch_args
     from flashattn.sm90.fwd_kernel import attn_fwd_kernel
@@ -100,6 +102,10 @@ def compile_fwd_variant(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, c
     b, s, h = 2, 1000, 4
     lse = torch.empty((b, h, s), dtype=torch.float32)
     scales = None
+    tag_overrides = overrides
+    if overrides and "sink" in overrides:  # a variant switch, not a FwdConfig field
+        overrides = {k: v for k, v in overrides.items() if k != "sink"}
+        sink = sink or bool(tag_overrides["sink"])
     if dtype == torch.float8_e4m3fn:  # FP8: V keys contiguous, bf16 O, descale tables
         from flashattn.fp8_format import keys_contiguous_empty
         from flashattn.params import Fp8Scales
@@ -121,9 +127,11 @@ def compile_fwd_variant(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, c
         window_right = 0
     args, constexprs, options, _ = launch_args(
         q, q, v, out, lse, cfg, softmax_scale=d ** -0.5, window_left=window_left,
-        window_right=window_right, softcap=softcap, num_sms=132, scales=scales)
+        window_right=window_right, softcap=softcap, num_sms=132, scales=scales,
+        sink=torch.empty(h, dtype=torch.float32) if sink else None)
     return _compile(attn_fwd_kernel, args, constexprs, options,
-                    _variant_key(head_dim, dtype, causal, window, softcap, overrides))
+                    _variant_key(head_dim, dtype, causal, window, softcap, tag_overrides)
+                    + ("-sink" if sink and not tag_overrides else ""))
 
 
 def _bwd_variant_key(head_dim, dtype, causal, window, softcap, overrides) -> str:

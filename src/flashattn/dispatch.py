@@ -320,6 +320,19 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: AttnParam
                                                                       return_softmax)
 
 
+def forward_with_sink(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: AttnParams,
+                      sink: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Dense forward with learnable sinks (h,): (out, lse) of attention whose softmax
+    denominators include exp(sink[h]). The Hopper kernel folds the sink into its epilogue
+    (no extra pass); the other paths run the plain forward and then :func:`sink_apply`."""
+    if not _is_degenerate(q, k) and not _small_query(q, k, v, params, False) \
+            and select("fwd", q, k, v, params) == "hopper":
+        out, lse, _ = backend("hopper").fwd(q, k, v, params, False, sink=sink)
+        return out, lse
+    out, lse, _ = forward(q, k, v, params)
+    return sink_apply(out, lse, sink, packed=False)
+
+
 def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              out: torch.Tensor, lse: torch.Tensor, params: AttnParams
              ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -619,6 +632,7 @@ __all__ = [
     "interpreting",
     "kvcache",
     "kvcache_planned",
+    "forward_with_sink",
     "sink_apply",
     "sink_grad",
     "requested_backend",

@@ -653,15 +653,44 @@ def _sink_grad(dout: Tensor, out: Tensor, lse: Tensor, sink: Tensor, packed: boo
     return sink_grad_op(dout, out, lse, sink, packed)
 
 
+def _fwd_sink_impl(q: Tensor, k: Tensor, v: Tensor, sink: Tensor,
+                   alibi_slopes: Optional[Tensor], softmax_scale: float, causal: bool,
+                   window_left: int, window_right: int, softcap: float
+                   ) -> Tuple[Tensor, Tensor]:
+    params = AttnParams(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
+                        0.0, 0, False)
+    return _fresh(*dispatch.forward_with_sink(q, k, v, params, sink))  # type: ignore
+
+
+fwd_sink = torch.library.custom_op("flashattn::fwd_sink", _fwd_sink_impl, mutates_args=())
+
+
+@fwd_sink.register_fake
+def _fwd_sink_fake(q, k, v, sink, alibi_slopes, softmax_scale, causal, window_left,
+                   window_right, softcap):
+    b, s_q, h, _ = q.shape
+    return (q.new_empty((b, s_q, h, v.shape[-1])),
+            q.new_empty((b, h, s_q), dtype=torch.float32))
+
+
+def _attention_sink_forward(q: Tensor, k: Tensor, v: Tensor, sink: Tensor, *rest
+                            ) -> Tuple[Tensor, Tensor]:
+    """The dense forward with sinks (``fwd_sink``'s argument order after sink), or its body
+    for plain eager tensors."""
+    sink = sink.detach()
+    if _eager_call(q, k, v, sink, rest[0]):
+        return _fwd_sink_impl(q, k, v, sink, *rest)
+    return fwd_sink(q, k, v, sink, *rest)
+
+
 class _SinkAttention(torch.autograd.Function):
     """Dense attention with a learnable sink (see above): (out, lse with the sink)."""
 
     @staticmethod
     def forward(ctx, q, k, v, sink, alibi_slopes, softmax_scale, causal, window_left,
                 window_right, softcap, deterministic):
-        out, lse, _ = attention(q, k, v, alibi_slopes, None, softmax_scale, causal,
-                                window_left, window_right, softcap, 0.0, deterministic, False)
-        out, lse = sink_apply(out, lse, sink, packed=False)
+        out, lse = _attention_sink_forward(q, k, v, sink, alibi_slopes, softmax_scale, causal,
+                                           window_left, window_right, softcap)
         ctx.save_for_backward(q, k, v, out, lse, sink, alibi_slopes)
         ctx.params = (softmax_scale, causal, window_left, window_right, softcap, 0.0,
                       deterministic)

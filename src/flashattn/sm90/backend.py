@@ -4,6 +4,8 @@ backward, for the calls
 Every other op runs on the portable backend."""
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from flashattn.params import AttnParams, Fp8Scales
@@ -15,9 +17,12 @@ from flashattn.sm90 import fwd as _fwd
 Tensor = torch.Tensor
 
 
-def fwd(q: Tensor, k: Tensor, v: Tensor, p: AttnParams, return_softmax: bool):
-    """Dense forward: (out, lse, None)."""
-    return _fwd.flash_fwd_hopper(q, k, v, **p.kernel_kwargs(), return_softmax=return_softmax)
+def fwd(q: Tensor, k: Tensor, v: Tensor, p: AttnParams, return_softmax: bool,
+        sink: Optional[Tensor] = None):
+    """Dense forward: (out, lse, None); ``sink`` (h,): learnable sinks folded into the
+    softmax in the kernel's epilogue."""
+    return _fwd.flash_fwd_hopper(q, k, v, **p.kernel_kwargs(), return_softmax=return_softmax,
+                                 sink=sink)
 
 
 def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, p: AttnParams):

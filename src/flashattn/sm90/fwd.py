@@ -37,7 +37,8 @@ def uses_tile_queue(cfg: FwdConfig, window_right: int) -> bool:
 def launch_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                 lse: torch.Tensor, cfg: FwdConfig, *, softmax_scale: float, window_left: int,
                 window_right: int, softcap: float, num_sms: int,
-                counter: Optional[torch.Tensor] = None, scales: Optional[Fp8Scales] = None
+                counter: Optional[torch.Tensor] = None, scales: Optional[Fp8Scales] = None,
+                sink: Optional[torch.Tensor] = None
                 ) -> Tuple[List[Any], Dict[str, Any], Dict[str, Any], int]:
     """(positional args, constexpr kwargs, launch options, grid size) of attn_fwd_kernel.
 
@@ -75,6 +76,7 @@ def launch_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Te
                  min(scales.q_block_shift, 31), min(scales.kv_block_shift, 31), n_heads_k]
     else:
         args += [None] * 8
+    args.append(sink)  # SINK_ARG: the learnable sinks (h,), or None
     constexprs = dict(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, NUM_STAGES=cfg.num_stages,
         HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, HAS_SOFTCAP=has_softcap,
@@ -94,13 +96,16 @@ def flash_fwd_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softm
                      causal: bool, window_left: int, window_right: int, softcap: float,
                      alibi_slopes: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
                      philox_seed: int = 0, return_softmax: bool = False,
-                     config_overrides: Optional[Dict[str, Any]] = None):
+                     config_overrides: Optional[Dict[str, Any]] = None,
+                     sink: Optional[torch.Tensor] = None):
     """Attention forward with the Gluon sm90 kernel.
 
     q (b, s_q, h, d), k (b, s_k, h_k, d), v (b, s_k, h_k, d_v); fp16/bf16, TMA-aligned
     strides; d, d_v in support.HEAD_DIMS. Returns out (b, s_q, h, d_v) in q's dtype, lse
     float32 (b, h, s_q) (natural log, -inf for rows that see no key), None.
-    ``config_overrides``: FwdConfig fields (ablations, tuning).
+    ``config_overrides``: FwdConfig fields (ablations, tuning). ``sink``: learnable sinks
+    (h,) folded into the softmax denominator in the kernel's epilogue (out and lse are then
+    those of attention with the sink; no extra pass).
     """
     if alibi_slopes is not None or dropout_p or return_softmax:
         raise ValueError("flash_fwd_hopper: alibi, dropout and return_softmax are not covered; "
@@ -117,16 +122,20 @@ def flash_fwd_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softm
     # strides follow from q's shape)
     key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.device,
            softmax_scale, window_left, window_right, softcap,
-           tuple(sorted(config_overrides.items())) if config_overrides else None)
+           tuple(sorted(config_overrides.items())) if config_overrides else None,
+           None if sink is None else (sink.dtype, sink.stride()))
 
     def build():
         args, constexprs, options, grid = launch_args(
             q, k, v, out, lse, cfg, softmax_scale=softmax_scale, window_left=window_left,
             window_right=window_right, softcap=softcap, num_sms=sm_count(q.device),
-            counter=counter)
+            counter=counter, sink=sink)
         return attn_fwd_kernel, (grid,), args, {**constexprs, **options}
 
-    _PLANS.launch(key, (q, k, v, out, lse, counter), build)
+    if sink is None:
+        _PLANS.launch(key, (q, k, v, out, lse, counter), build)
+    else:
+        _SINK_PLANS.launch(key, (q, k, v, out, lse, counter, sink), build)
     return out, lse, None
 
 
@@ -173,5 +182,7 @@ def flash_fwd_hopper_fp8(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
 # the 124 us of a call on the H100 host, session 7). Slots: the q, k, v, out descriptors, lse
 # and the tile-queue counter (lse stands in for the counter when the queue is static).
 _PLANS = LaunchPlans(slots=(0, 1, 2, 3, 4, 5))
+SINK_ARG = 27  # position of the sinks in launch_args' list
+_SINK_PLANS = LaunchPlans(slots=(0, 1, 2, 3, 4, 5, SINK_ARG))
 # FP8: the same six, then the three descale tables (after the 13 other scalar arguments)
 _FP8_PLANS = LaunchPlans(slots=(0, 1, 2, 3, 4, 5, 19, 20, 21))

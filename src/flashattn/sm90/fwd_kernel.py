@@ -53,7 +53,8 @@ from flashattn.runtime.gluon_api import tma_load, tma_store  # noqa: F401 (versi
 
 from flashattn.sm90.ptx import per_thread_ptx
 from flashattn.sm90.ring import ring_load
-from flashattn.sm90.softmax import LN2, P_SCALE_LOG2, apply_softcap, mask_scores, online_softmax
+from flashattn.sm90.softmax import (LN2, LOG2E, P_SCALE_LOG2, apply_softcap, mask_scores,
+                                    online_softmax)
 from flashattn.sm90.tiles import block_needs_mask, key_block_range, tile_coords
 
 
@@ -214,7 +215,7 @@ def _turn_pass(turn, WG: gl.constexpr, PINGPONG: gl.constexpr, STEADY: gl.conste
 
 @gluon.jit
 def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr,
-              BLOCK_M: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
+              sink_ptr, BLOCK_M: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
               LONGEST_FIRST: gl.constexpr, PINGPONG: gl.constexpr, INTRA_OVERLAP: gl.constexpr,
               SEPARATE_O: gl.constexpr, DYNAMIC: gl.constexpr, NO_WS: gl.constexpr):
     """One consumer warpgroup: rows [WG * HALF_M, (WG + 1) * HALF_M) of every tile
@@ -407,6 +408,13 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
         # ---- epilogue: O / l through shared memory and a TMA store; LSE in natural log
         if SEPARATE_O:
             mbarrier.arrive(q_empty)  # every QK^T of this tile is done: Q's slot may refill
+        if sink_ptr is not None:
+            # learnable sink (gpt-oss): one more logit of this head in the row's denominator,
+            # attending to nothing: l += exp2(sink * log2(e) - m). A row that saw no key
+            # (m = -inf, l = 0) takes m = 0: its out stays 0 and its lse becomes the sink.
+            sink2 = gl.load(sink_ptr + h).to(gl.float32) * LOG2E
+            m_i = gl.where(m_i == float("-inf"), 0.0, m_i)
+            l_i = l_i + gl.exp2(sink2 - m_i)
         l_o = gl.convert_layout(l_i, ROW_O)
         if FP8:  # O = acc · v_descale(last block) / l (l and P both carry 2^8)
             inv_l = gl.where(l_o > 0.0, vd_prev / l_o, 0.0)
@@ -484,7 +492,7 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
                     heads_per_group, window_left, window_right,
                     qk_scale, softcap_inv, softcap_log2,
                     qd_ptr, kd_ptr, vd_ptr, n_q_blocks, n_kv_blocks, q_shift, kv_shift, n_heads_k,
-                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+                    sink_ptr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
                     LONGEST_FIRST: gl.constexpr, PINGPONG: gl.constexpr,
                     INTRA_OVERLAP: gl.constexpr, SEPARATE_O: gl.constexpr, DYNAMIC: gl.constexpr,
@@ -501,6 +509,8 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
     BLOCK_N] boxes): qd_ptr (b, h, n_q_blocks), kd_ptr / vd_ptr (b, h_k, n_kv_blocks) float32
     descales, row i / key j in block min(i >> q_shift, n - 1) / min(j >> kv_shift, n - 1),
     n_heads_k the kv heads; all None (constexpr) otherwise.
+    sink_ptr: None, or the learnable sinks (h,) (any float dtype): one more logit per head in
+    every row's softmax denominator, folded into l and the LSE in the epilogue.
     lse_ptr: float32 (b, h, s_q) contiguous. tile_counter: int32 zero (DYNAMIC: the global
     tile queue, CTA i starts with tile i, then takes num_programs + atomic_add(counter, 1)).
     Launch with num_warps=4 (the default partition is consumer 0) and
@@ -556,19 +566,19 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
     # cannot be bound to a variable inside a Gluon kernel.)
     if NO_WS:
         gl.warp_specialize([
-            (_consumer, (0, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, BLOCK_M,
+            (_consumer, (0, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS)),
-            (_consumer, (1, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, BLOCK_M,
+            (_consumer, (1, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS)),
         ], [4], [CONSUMER_REGS])
     elif CONSUMERS == 2:
         gl.warp_specialize([
-            (_consumer, (0, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, BLOCK_M,
+            (_consumer, (0, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS)),
-            (_consumer, (1, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, BLOCK_M,
+            (_consumer, (1, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS)),
             (_producer, (descs, smem, bars, problem, window, tile_counter, BLOCK_M, HAS_LEFT,
@@ -577,13 +587,13 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:  # three consumer warpgroups (small head dims: more rows per K/V block loaded)
         gl.warp_specialize([
-            (_consumer, (0, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, BLOCK_M,
+            (_consumer, (0, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS)),
-            (_consumer, (1, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, BLOCK_M,
+            (_consumer, (1, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS)),
-            (_consumer, (2, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, BLOCK_M,
+            (_consumer, (2, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS)),
             (_producer, (descs, smem, bars, problem, window, tile_counter, BLOCK_M, HAS_LEFT,

@@ -62,6 +62,23 @@ def main() -> int:
         t = best_of({"plain": fb(), "sink": fb(learnable_sink=sink)})
         rows.append(dict(what="sink fwd+bwd", causal=causal, **t, ratio=t["sink"] / t["plain"]))
         print(json.dumps(rows[-1]), flush=True)
+    # the Hopper kernel alone with and without the sink folded into its epilogue, and the
+    # plain kernel followed by the separate pass (5 interleaved rounds)
+    from flashattn import ops
+    from flashattn.sm90.fwd import flash_fwd_hopper
+    with torch.no_grad():
+        for causal in (False, True):
+            kw = dict(softmax_scale=d ** -0.5, causal=causal, window_left=-1,
+                      window_right=0 if causal else -1, softcap=0.0)
+            t = best_of({
+                "kernel": lambda: flash_fwd_hopper(q, k, v, **kw),
+                "kernel_sink": lambda: flash_fwd_hopper(q, k, v, **kw, sink=sink),
+                "kernel_then_pass": lambda: ops.sink_apply(
+                    *flash_fwd_hopper(q, k, v, **kw)[:2], sink, False)}, rounds=5)
+            rows.append(dict(what="hopper kernel A/B", causal=causal, **t,
+                             fused_ratio=t["kernel_sink"] / t["kernel"],
+                             pass_ratio=t["kernel_then_pass"] / t["kernel"]))
+            print(json.dumps(rows[-1]), flush=True)
     # the sink pass alone, by launch config, beside a plain copy of the same bytes
     from flashattn.triton import sink as sink_mod
     with torch.no_grad():

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import flashattn
+from flashattn.params import AttnParams
 from flashattn.reference import visible_mask
 
 
@@ -154,16 +155,16 @@ def test_dense_gpu(causal, monkeypatch):
     from flashattn import dispatch
     from tests.accuracy import assert_close_rule
 
-    if dispatch.family_for(torch.device("cuda")) == "hopper":
-        def no_pass(*args, **kwargs):
-            raise AssertionError("the dense Hopper forward ran the separate sink pass")
-        monkeypatch.setattr(dispatch, "sink_apply", no_pass)
-
     torch.manual_seed(5)
     b, s, h, h_k, d = 2, 1024, 8, 2, 128
     q = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     k = torch.randn(b, s, h_k, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     v = torch.randn(b, s, h_k, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    params = AttnParams(d ** -0.5, causal, -1, 0 if causal else -1, 0.0, None, 0.0, 0)
+    if dispatch.select("fwd", q, k, v, params) == "hopper":
+        def no_pass(*args, **kwargs):
+            raise AssertionError("the dense Hopper forward ran the separate sink pass")
+        monkeypatch.setattr(dispatch, "sink_apply", no_pass)
     sink = torch.randn(h, device="cuda", requires_grad=True)
     out, lse, _ = flashattn.flash_attn_func(q, k, v, causal=causal, learnable_sink=sink,
                                             return_attn_probs=True)

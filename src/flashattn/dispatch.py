@@ -320,6 +320,27 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: AttnParam
                                                                       return_softmax)
 
 
+def forward_runner(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: AttnParams):
+    """:func:`forward`'s decisions for these inputs (no dropout / S_dmask), made once: a call
+    ``run(q, k, v) -> (out, lse)`` for later calls of the same signature (the api's fast
+    path keys it on shapes, strides, dtypes, device, alignment and settings, everything the
+    decisions read)."""
+    if _is_degenerate(q, k):
+        return lambda q, k, v: _degenerate_fwd(q, k, v, False)[:2]
+    if _small_query(q, k, v, params, False):
+        impl, p1 = backend("portable"), _one_row_right_edge(params, q.shape[1])
+        b, s_k = q.shape[0], k.shape[1]
+
+        def small(q, k, v):
+            seqlens = torch.full((b,), s_k, dtype=torch.int32, device=q.device)
+            return impl.kvcache_attention(q, k, v, seqlens, 0, p=p1, leftpad=None,
+                                          batch_idx=None, block_table=None, num_splits=0,
+                                          capacity=s_k)
+        return small
+    fwd = backend(select("fwd", q, k, v, params, False)).fwd
+    return lambda q, k, v: fwd(q, k, v, params, False)[:2]
+
+
 def forward_with_sink(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: AttnParams,
                       sink: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """Dense forward with learnable sinks (h,): (out, lse) of attention whose softmax
@@ -632,6 +653,7 @@ __all__ = [
     "interpreting",
     "kvcache",
     "kvcache_planned",
+    "forward_runner",
     "forward_with_sink",
     "sink_apply",
     "sink_grad",

@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from flashattn.runtime import env as _env
-from flashattn.runtime.launch import LaunchPlans, launch_jit
+from flashattn.runtime.launch import LaunchPlans
 from flashattn.triton import config
 from flashattn.triton.mask import (LN2, LOG2E, chunk_start, key_range, score_mod, score_scales,
                                    visible_mask)
@@ -367,30 +367,17 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     out_shape = q4.shape[:-1] + (d_v,)
     out, lse, lse4, out_k, lse_k = _outputs(buffers if not varlen else None, out_shape,
                                             num_splits, q, varlen, batch, h, s_q_grid, device)
-    # a decode plan's dict also records the launches, replayed on its later calls
+    # a decode plan's dict also records the launches, replayed on its later calls; plain calls
+    # share this module's plans (keyed below): a repeated call shape replays its launch
+    # without the binder and without rebuilding its 66 arguments
     plans = buffers if buffers is not None and not varlen else None
-    if num_splits > 1:
-        o_strides = out_k.stride()[:4]
-        l_strides = lse_k.stride()
-    else:
-        o_strides = (0,) + out.stride()[:3]
-        l_strides = (0,) + lse4.stride()
-    if varlen:
-        # one packed batch: the sequence offset comes from cu_seqlens, not the batch stride
-        o_strides = (o_strides[0], 0) + tuple(o_strides[2:])
-        l_strides = (l_strides[0], 0) + tuple(l_strides[2:])
-        q_strides = (0, q.stride(0), q.stride(1))
-    else:
-        q_strides = q.stride()[:3]
-
-    page_size = k_cache.shape[1] if paged else 1
+    paged_cache = paged
     k_strides = k_cache.stride()
     use_tma = (allow_tma and not paged and k_strides[1] > 0
                and config.use_tma(k_cache, v_cache)
                and (d * q.element_size()) % 16 == 0 and (d_v * q.element_size()) % 16 == 0
                and d == block_d and d_v == block_dv)
     dummy = seqlens_k
-    alibi_strides = alibi_slopes.stride() if alibi_slopes is not None else (0, 0)
     grid = (batch * nheads_k * m_blocks, 1, num_splits)
     if use_tma:
         config.install_allocator()
@@ -400,49 +387,74 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                block_table if paged else dummy,
                alibi_slopes if alibi_slopes is not None else lse,
                cu_seqlens_q if varlen else dummy)
-    args = (
-        q4, k_cache, v_cache, out_k, lse_k, seqlens_k,
-        leftpad if leftpad is not None else dummy,
-        batch_idx if batch_idx is not None else dummy,
-        block_table if paged else dummy,
-        alibi_slopes if alibi_slopes is not None else lse,
-        cu_seqlens_q if varlen else dummy,
-        *q_strides,
-        *k_strides[:3], *v_cache.stride()[:3],
-        *o_strides, *l_strides,
-        block_table.stride(0) if paged else 0, alibi_strides[0], alibi_strides[1],
-        s_q_grid, int(seqlen_k_add), k_cache.shape[1], nheads_k, batch * nheads_k,
-        # clamp bounds: cache rows / pages, positions per sequence, packed query rows
-        k_cache.shape[0],
-        block_table.shape[1] * page_size if paged else k_cache.shape[1],
-        q.shape[0] if varlen else 0,
+
+    def build():
+        if num_splits > 1:
+            o_strides = out_k.stride()[:4]
+            l_strides = lse_k.stride()
+        else:
+            o_strides = (0,) + out.stride()[:3]
+            l_strides = (0,) + lse4.stride()
+        if varlen:
+            # one packed batch: the sequence offset comes from cu_seqlens, not the batch stride
+            o_strides = (o_strides[0], 0) + tuple(o_strides[2:])
+            l_strides = (l_strides[0], 0) + tuple(l_strides[2:])
+            q_strides = (0, q.stride(0), q.stride(1))
+        else:
+            q_strides = q.stride()[:3]
+        page_size = k_cache.shape[1] if paged_cache else 1
+        alibi_strides = alibi_slopes.stride() if alibi_slopes is not None else (0, 0)
+        args = (
+            *tensors,
+            *q_strides,
+            *k_strides[:3], *v_cache.stride()[:3],
+            *o_strides, *l_strides,
+            block_table.stride(0) if paged_cache else 0, alibi_strides[0], alibi_strides[1],
+            s_q_grid, int(seqlen_k_add), k_cache.shape[1], nheads_k, batch * nheads_k,
+            # clamp bounds: cache rows / pages, positions per sequence, packed query rows
+            k_cache.shape[0],
+            block_table.shape[1] * page_size if paged_cache else k_cache.shape[1],
+            q.shape[0] if varlen else 0,
+            float(softmax_scale), float(softcap), int(window_left), int(window_right),
+            max(int(attention_chunk), 1))
+        kwargs = dict(
+            G=g, HEAD_DIM=d, HEAD_DIM_V=d_v,
+            BLOCK_D=block_d, BLOCK_DV=block_dv,
+            BLOCK_M=block_m, BLOCK_N=block_n, PAGE_SIZE=page_size,
+            PAGED=paged_cache, HAS_LEFTPAD=leftpad is not None,
+            HAS_BATCH_IDX=batch_idx is not None,
+            VARLEN_Q=varlen, HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0,
+            HAS_CHUNK=attention_chunk > 0, HAS_SOFTCAP=softcap > 0.0,
+            HAS_ALIBI=alibi_slopes is not None,
+            UPCAST=config.upcast_dots(q), DOT_PREC=config.dot_precision(q), USE_TMA=use_tma,
+            num_warps=num_warps, num_stages=num_stages,
+        )
+        return _decode_kernel, grid, args, kwargs
+
+    # everything but the 11 tensors follows from their shapes, strides and dtypes, which of
+    # them are given, and the scalars
+    key = tuple((t.shape, t.stride(), t.dtype) for t in tensors) + (
+        use_tma, int(seqlen_k_add), leftpad is not None, batch_idx is not None, paged,
+        alibi_slopes is not None, varlen, s_q_grid, num_splits, block_n, num_warps, num_stages,
         float(softmax_scale), float(softcap), int(window_left), int(window_right),
-        max(int(attention_chunk), 1))
-    kwargs = dict(
-        G=g, HEAD_DIM=d, HEAD_DIM_V=d_v,
-        BLOCK_D=block_d, BLOCK_DV=block_dv,
-        BLOCK_M=block_m, BLOCK_N=block_n, PAGE_SIZE=page_size,
-        PAGED=paged, HAS_LEFTPAD=leftpad is not None, HAS_BATCH_IDX=batch_idx is not None,
-        VARLEN_Q=varlen, HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0,
-        HAS_CHUNK=attention_chunk > 0, HAS_SOFTCAP=softcap > 0.0,
-        HAS_ALIBI=alibi_slopes is not None,
-        UPCAST=config.upcast_dots(q), DOT_PREC=config.dot_precision(q), USE_TMA=use_tma,
-        num_warps=num_warps, num_stages=num_stages,
-    )
+        int(attention_chunk))
     if plans is None:
-        launch_jit(_decode_kernel, grid, args, kwargs)
+        _PLAIN_DECODE.launch(key, tensors, build)
     else:
-        # everything but the 11 tensors is fixed by the plan's shapes and these strides
-        key = tuple((t.shape, t.stride()) for t in tensors) + (use_tma, int(seqlen_k_add))
         plans.setdefault("decode", LaunchPlans(slots=tuple(range(11)))).launch(
-            key, tensors, lambda: (_decode_kernel, grid, args, kwargs))
+            key, tensors, build)
     if num_splits > 1:
         from flashattn.triton.combine import combine_splits
 
         combine_splits(out_k, lse_k, out, lse4,
-                       plans=None if plans is None else plans.setdefault(
+                       plans=_PLAIN_COMBINE if plans is None else plans.setdefault(
                            "combine", LaunchPlans(slots=(0, 1, 2, 3))))
     return (out[0] if varlen else out), lse
+
+
+# plain (unplanned) calls' launch plans, shared: a repeated call shape replays its launches
+_PLAIN_DECODE = LaunchPlans(slots=tuple(range(11)))
+_PLAIN_COMBINE = LaunchPlans(slots=(0, 1, 2, 3))
 
 
 def _outputs(buffers: Optional[dict], out_shape, num_splits: int, q: torch.Tensor, varlen: bool,

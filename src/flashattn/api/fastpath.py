@@ -1,0 +1,193 @@
+"""The repeated-call fast path of the public functions (issue 21: host time of small calls).
+
+A serving loop or ``generate()`` calls ``flash_attn_func`` / ``flash_attn_with_kvcache`` with
+the same shapes thousands of times. The first call of a *call signature* runs the full path
+(argument checks, normalisation, dispatch); the outcome is kept under a key made of
+everything those decisions read, and later calls with the same key go straight to the
+chosen backend. On the H100 host the checks and dispatch measured 40-60 µs of a 120-170 µs
+call (benchmarks/NOTES.md, session 13).
+
+What the key holds, so that no check whose outcome could differ is skipped:
+
+- the exact Python types of the scalar arguments and their values (``causal=1`` and
+  ``causal=True`` are different keys), and which optional tensors are given;
+- every tensor's type (plain ``torch.Tensor`` only: subclasses and fake tensors take the full
+  path), shape, strides, dtype, device and 16-byte alignment of its data pointer (the
+  Hopper kernels' TMA condition; Triton specialises on it);
+- the runtime settings object (``FLASHATTN_BACKEND``, ``use_backend``, ``checks``, ...),
+  by identity: every change of them makes a new object;
+- no gradient is recorded (grad mode off, or no input requires grad) and no tracer or
+  dispatch mode is active (``ops._eager_call``'s test).
+
+Values read from tensors are never in a key: they are checked where they always were, in the
+ops' bodies (``dispatch.kvcache``'s value checks of CPU metadata and the checked mode run on
+every call, fast or not).
+
+Calls with dropout, ALiBi, FP8, sinks, chunking, packed lengths or ``out=`` take the full path.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Hashable, Optional, Tuple
+
+import torch
+
+from flashattn import dispatch
+from flashattn import ops as _ops
+from flashattn.params import AttnParams
+from flashattn.runtime import env
+
+Tensor = torch.Tensor
+MAX_ENTRIES = 512
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # call signatures kept per function (then dropped all at once)
+
+
+def _tensor_key(t: Tensor) -> tuple:
+    return (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16)
+
+
+def _opt_key(t: Optional[Tensor]) -> Optional[tuple]:
+    return None if t is None else _tensor_key(t)
+
+
+def eligible(*tensors: Optional[Tensor]) -> bool:
+    """Plain eager tensors (None allowed), no gradient to record, nothing tracing."""
+    for t in tensors:
+        if t is not None and type(t) is not Tensor:
+            return False
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        return False
+    return not (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack())
+
+
+_SCALARS = (type(None), bool, int, float)
+
+
+def _scalar(x: Any) -> Tuple[type, Any]:
+    return type(x), x
+
+
+def _plain(*xs: Any) -> bool:
+    """Python scalars only (other types, e.g. numpy scalars or lists, take the full path,
+    whose checks decide about them)."""
+    return all(type(x) in _SCALARS for x in xs)
+
+
+class CallCache:
+    """Entries ``key -> (settings, value)``; a hit needs the same settings object."""
+
+    def __init__(self) -> None:
+        self._entries: Dict[Hashable, Tuple[Any, Any]] = {}
+
+    def get(self, key: Hashable) -> Any:
+        hit = self._entries.get(key)
+        if hit is not None and hit[0] is env.settings():
+            return hit[1]
+        return None
+
+    def put(self, key: Hashable, value: Any) -> None:
+        if len(self._entries) >= MAX_ENTRIES:
+            self._entries.clear()
+        self._entries[key] = (env.settings(), value)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
+# ---------------------------------------------------------------------------------------------
+# flash_attn_func
+# ---------------------------------------------------------------------------------------------
+DENSE = CallCache()
+
+
+def dense_key(q: Any, k: Any, v: Any, dropout_p: Any, softmax_scale: Any, causal: Any,
+              window_size: Any, softcap: Any, deterministic: Any,
+              return_attn_probs: Any) -> Optional[tuple]:
+    """The call signature of an eligible ``flash_attn_func`` call (no dropout / ALiBi / FP8 /
+    sink / chunk: the caller checks those are absent), or None (full path)."""
+    if not (type(q) is Tensor and type(k) is Tensor and type(v) is Tensor):
+        return None
+    if q.dtype not in _DTYPES:  # FP8 (and invalid dtypes) take their own path
+        return None
+    if not eligible(q, k, v) or type(window_size) is not tuple or len(window_size) != 2:
+        return None
+    if type(dropout_p) not in (float, int) or dropout_p != 0:
+        return None
+    if not _plain(softmax_scale, causal, softcap, deterministic, return_attn_probs,
+                  *window_size):
+        return None
+    return (_tensor_key(q), _tensor_key(k), _tensor_key(v), _scalar(softmax_scale),
+            _scalar(causal), tuple(map(_scalar, window_size)), _scalar(softcap),
+            _scalar(deterministic), _scalar(return_attn_probs))
+
+
+def dense_runner(q: Tensor, k: Tensor, v: Tensor, params: AttnParams
+                 ) -> Callable[[Tensor, Tensor, Tensor], Tuple[Tensor, Tensor]]:
+    """What the full path decided for this signature, as a call: dispatch's choice of
+    backend and path for these (already validated and normalised) arguments."""
+    run = dispatch.forward_runner(q, k, v, params)
+
+    def call(q: Tensor, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor]:
+        out, lse = run(q, k, v)
+        return out.contiguous(), lse.contiguous()  # (the op's contract; no-ops normally)
+    return call
+
+
+# ---------------------------------------------------------------------------------------------
+# flash_attn_with_kvcache
+# ---------------------------------------------------------------------------------------------
+KVCACHE = CallCache()
+
+
+def kvcache_key(q: Any, k_cache: Any, v_cache: Any, k: Any, v: Any, rotary_cos: Any,
+                rotary_sin: Any, cache_seqlens: Any, cache_batch_idx: Any, cache_leftpad: Any,
+                block_table: Any, softmax_scale: Any, causal: Any, window_size: Any,
+                softcap: Any, rotary_interleaved: Any, num_splits: Any,
+                return_softmax_lse: Any) -> Optional[tuple]:
+    """The call signature of an eligible ``flash_attn_with_kvcache`` call (no ALiBi, sink,
+    chunk or packed lengths: the caller checks), or None. cache_seqlens may be an int (its
+    value is part of the key: it is checked against the capacity on the host)."""
+    tensors = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_batch_idx,
+               cache_leftpad, block_table)
+    if any(t is not None and type(t) is not Tensor for t in tensors):
+        return None
+    if type(q) is not Tensor or type(k_cache) is not Tensor or type(v_cache) is not Tensor:
+        return None
+    seqlens_is_tensor = type(cache_seqlens) is Tensor
+    if not (seqlens_is_tensor or cache_seqlens is None or type(cache_seqlens) is int):
+        return None
+    if not eligible(*tensors, cache_seqlens if seqlens_is_tensor else None):
+        return None
+    if type(window_size) is not tuple or len(window_size) != 2:
+        return None
+    if not _plain(softmax_scale, causal, softcap, rotary_interleaved, num_splits,
+                  return_softmax_lse, *window_size):
+        return None
+    return (tuple(_opt_key(t) for t in tensors),
+            _tensor_key(cache_seqlens) if seqlens_is_tensor else _scalar(cache_seqlens),
+            _scalar(softmax_scale), _scalar(causal), tuple(map(_scalar, window_size)),
+            _scalar(softcap), _scalar(rotary_interleaved), _scalar(num_splits),
+            _scalar(return_softmax_lse))
+
+
+def kvcache_args(template: tuple, q: Tensor, k_cache: Tensor, v_cache: Tensor,
+                 k: Optional[Tensor], v: Optional[Tensor], rotary_cos: Optional[Tensor],
+                 rotary_sin: Optional[Tensor], cache_seqlens: Any,
+                 cache_batch_idx: Optional[Tensor], cache_leftpad: Optional[Tensor],
+                 block_table: Optional[Tensor]) -> tuple:
+    """The ``flashattn::fwd_kvcache`` arguments of this call from the signature's template
+    (the normalised scalars): the tensors of this call, an int cache_seqlens as the same
+    (b,) int32 tensor the full path makes."""
+    if cache_seqlens is not None and type(cache_seqlens) is not Tensor:
+        cache_seqlens = torch.full((q.shape[0],), int(cache_seqlens), dtype=torch.int32,
+                                   device=q.device)
+    return (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+            cache_leftpad, block_table) + template
+
+
+def kvcache_run(args: tuple) -> Tuple[Tensor, Tensor]:
+    """The op's body (eligible calls are plain eager ones)."""
+    return _ops.kvcache_attention(*args)
+
+
+__all__ = ["DENSE", "KVCACHE", "CallCache", "dense_key", "dense_runner", "eligible",
+           "kvcache_args", "kvcache_key", "kvcache_run"]

@@ -10,12 +10,11 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from flashattn.fp8_format import keys_contiguous_empty
+from flashattn.sm90.v_layout import wgmma_ordered_vt
 from flashattn.sm90.config import FwdConfig, fp8_fwd_config, fwd_config
 from flashattn.params import Fp8Scales
 from flashattn.sm90.descriptors import LOG2E, heads_per_group, keys_major_desc, tensor_desc
 from flashattn.sm90.fwd_kernel import attn_fwd_kernel
-from flashattn.sm90.support import tma_ok
 from flashattn.runtime.device import sm_count
 from flashattn.runtime.grid import cdiv
 from flashattn.runtime.launch import LaunchPlans
@@ -142,20 +141,24 @@ def flash_fwd_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softm
 def flash_fwd_hopper_fp8(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
                          scales: Fp8Scales, *, softmax_scale: float, window_left: int,
                          window_right: int, softcap: float, out_dtype: torch.dtype,
-                         config_overrides: Optional[Dict[str, Any]] = None):
+                         config_overrides: Optional[Dict[str, Any]] = None,
+                         v_in_wgmma_order: bool = False):
     """FP8 attention forward with the Gluon sm90 kernel (e4m3 wgmma for both GEMMs).
 
     q8 (b, s_q, h, d), k8 (b, s_k, h_k, d) float8_e4m3fn, TMA-aligned; v8 (b, s_k, h_k, d_v)
-    float8_e4m3fn with its keys contiguous (fp8_format.keys_contiguous_empty; other layouts are
-    copied into it: FP8 wgmma needs V^T tiles); ``scales`` with q blocks of >= BLOCK_M / consumers
-    rows and kv blocks of >= BLOCK_N keys (support.fp8_unsupported). Returns out (b, s_q, h,
+    float8_e4m3fn in any layout (copied into V^T with its keys in wgmma order:
+    sm90.v_layout.wgmma_ordered_vt, one Triton pass; FP8 wgmma needs V^T tiles), or already
+    in that layout with ``v_in_wgmma_order`` (a (b, s_pad, h_k, d_v) view of it); ``scales``
+    with q blocks of >= BLOCK_M / consumers rows and kv blocks of >= BLOCK_N keys (support.fp8_unsupported). Returns out (b, s_q, h,
     d_v) in ``out_dtype``, lse float32 (b, h, s_q).
     """
     batch, seqlen_q, n_heads, head_dim = q8.shape
     head_dim_v = v8.shape[3]
     cfg = fp8_fwd_config(head_dim, head_dim_v, softcap > 0.0, **(config_overrides or {}))
-    if v8.stride(1) != 1 or not tma_ok(v8.permute(0, 2, 3, 1)):
-        v8 = keys_contiguous_empty(v8.shape, v8.device).copy_(v8)
+    # V^T with its keys in wgmma order (sm90/v_layout.py): P's registers then serve
+    # as the P·V operand without shuffles (fwd_kernel._p_operand)
+    if not v_in_wgmma_order:
+        v8 = wgmma_ordered_vt(v8)
     out = torch.empty((batch, seqlen_q, n_heads, head_dim_v), dtype=out_dtype, device=q8.device)
     lse = torch.empty((batch, n_heads, seqlen_q), dtype=torch.float32, device=q8.device)
     counter = _tile_counter(cfg, window_right, lse)

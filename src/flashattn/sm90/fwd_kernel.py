@@ -322,7 +322,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
                 p, m_i, l_i, alpha = online_softmax(s, m_i, l_i, s_unit_j, P_SCALE_LOG2)
             else:
                 p, m_i, l_i, alpha = online_softmax(s, m_i, l_i, s_unit)
-            p_op = gl.convert_layout(p.to(dtype), P_LAYOUT)
+            p_op = _p_operand(p, dtype, P_LAYOUT, HALF_M, BLOCK_N, FP8)
             if INTRA_OVERLAP == 2:
                 alpha_o = gl.convert_layout(alpha, ROW_O)  # (acc is still zero: no-op rescale)
             prev_stage = stage
@@ -389,7 +389,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
                     alpha_o = gl.convert_layout(alpha, ROW_O)  # applied before PV_j's issue
                 else:
                     acc = acc * gl.expand_dims(gl.convert_layout(alpha, ROW_O), 1)
-                p_op = gl.convert_layout(p.to(dtype), P_LAYOUT)
+                p_op = _p_operand(p, dtype, P_LAYOUT, HALF_M, BLOCK_N, FP8)
                 prev_stage = stage
                 prev_phase = phase
                 kv_count += 1
@@ -444,6 +444,19 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
             tile = _read_tile(tile_slot)
     _turn_end(WG, PINGPONG)
     tma.store_wait(0)
+
+
+@gluon.jit
+def _p_operand(p, dtype: gl.constexpr, P_LAYOUT: gl.constexpr, HALF_M: gl.constexpr,
+               BLOCK_N: gl.constexpr, FP8: gl.constexpr):
+    """P (HALF_M, BLOCK_N) fp32 in the S accumulator layout -> the A operand of P·V."""
+    if FP8:
+        p8 = p.to(dtype)
+        p8 = gl.reshape(p8, [HALF_M, BLOCK_N // 32, 2, 2, 4, 2])
+        p8 = gl.permute(p8, (0, 1, 2, 4, 3, 5))
+        p8 = gl.reshape(p8, [HALF_M, BLOCK_N])
+        return gl.convert_layout(p8, P_LAYOUT)
+    return gl.convert_layout(p.to(dtype), P_LAYOUT)
 
 
 @gluon.jit

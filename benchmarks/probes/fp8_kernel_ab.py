@@ -1,0 +1,56 @@
+"""Kernel-level A/B of the FP8 Hopper forward: V^T prepared once outside the timing (old tree:
+keys contiguous; new tree: keys in wgmma order), and the two V preparations timed alone.
+
+    PYTHONPATH=old/src python benchmarks/probes/fp8_kernel_ab.py --tag old
+"""
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+
+import torch
+from triton.testing import do_bench
+
+from flashattn import fp8_format
+from flashattn.params import Fp8Scales
+from flashattn.sm90.fwd import flash_fwd_hopper_fp8
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tag", default="")
+    args = ap.parse_args()
+    new = "v_in_wgmma_order" in inspect.signature(flash_fwd_hopper_fp8).parameters
+    s, b = 16384, 1
+    for d in (128, 256, 64):
+        h = 2048 // d
+        x8 = [torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16).to(torch.float8_e4m3fn)
+              for _ in range(3)]
+        one = torch.ones(b, h, 1, device="cuda", dtype=torch.float32)
+        scales = Fp8Scales(one, one, one, 31, 31)
+        if new:
+            from flashattn.sm90.v_layout import wgmma_ordered_vt
+            vt = wgmma_ordered_vt(x8[2])
+            kw = dict(v_in_wgmma_order=True)
+            prep = lambda: wgmma_ordered_vt(x8[2])  # noqa: E731
+        else:
+            vt = fp8_format.keys_contiguous_empty(x8[2].shape, x8[2].device).copy_(x8[2])
+            kw = {}
+            prep = lambda: fp8_format.keys_contiguous_empty(  # noqa: E731
+                x8[2].shape, x8[2].device).copy_(x8[2])
+        prep_ms = do_bench(prep, warmup=5, rep=30)
+        for causal in (False, True):
+            ms = min(do_bench(lambda: flash_fwd_hopper_fp8(
+                x8[0], x8[1], vt, scales, softmax_scale=d ** -0.5, window_left=-1,
+                window_right=0 if causal else -1, softcap=0.0, out_dtype=torch.bfloat16, **kw),
+                warmup=10, rep=60) for _ in range(3))
+            tf = 4.0 * b * h * s * s * d * (0.5 if causal else 1.0) / (ms * 1e-3) / 1e12
+            print(json.dumps(dict(tag=args.tag, d=d, causal=causal, kernel_ms=round(ms, 4),
+                                  tflops=round(tf, 1), v_prep_ms=round(prep_ms, 4))),
+                  flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

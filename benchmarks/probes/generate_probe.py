@@ -30,6 +30,8 @@ def main() -> int:
     ap.add_argument("--impls", default="fa_triton,sdpa")
     ap.add_argument("--max-tokens", type=int, default=140000,
                     help="skip points with batch x (prompt + new) above this (memory)")
+    ap.add_argument("--padding", default="none",
+                    help="none,left: left padding gives rows 1.. of a batch 10%% pad tokens")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -47,30 +49,36 @@ def main() -> int:
         for batch in (int(x) for x in args.batches.split(",")):
             if batch * (prompt + args.new) > args.max_tokens:
                 continue
-            ids = torch.randint(0, cfg.vocab_size, (batch, prompt), device="cuda")
-            row = dict(prompt=prompt, batch=batch, new=args.new)
-            outs = {}
-            for impl in args.impls.split(","):
-                model.set_attn_implementation(impl)
-                kw = dict(max_new_tokens=args.new, min_new_tokens=args.new, do_sample=False)
-                with torch.no_grad():
-                    model.generate(ids, max_new_tokens=4, min_new_tokens=4, do_sample=False)
-                    torch.cuda.synchronize()
-                    t0 = time.perf_counter()
-                    out = model.generate(ids, **kw)
-                    torch.cuda.synchronize()
-                seconds = time.perf_counter() - t0
-                outs[impl] = out[:, prompt:]
-                row[f"{impl}_tok_s"] = batch * args.new / seconds
-                row[f"{impl}_s"] = seconds
-            if "fa_triton" in outs and "sdpa" in outs:
-                row["same_tokens"] = float((outs["fa_triton"] == outs["sdpa"]).float().mean())
-                row["fa_triton_over_sdpa"] = row["fa_triton_tok_s"] / row["sdpa_tok_s"]
-            rows.append(row)
-            print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v)
-                              for k, v in row.items()}), flush=True)
-            del ids
-            torch.cuda.empty_cache()
+            for padding in args.padding.split(","):
+                ids = torch.randint(0, cfg.vocab_size, (batch, prompt), device="cuda")
+                mask = torch.ones_like(ids)
+                if padding == "left":  # rows 1.. start with prompt // 10 pad tokens
+                    mask[1:, :prompt // 10] = 0
+                row = dict(prompt=prompt, batch=batch, new=args.new, padding=padding)
+                outs = {}
+                for impl in args.impls.split(","):
+                    model.set_attn_implementation(impl)
+                    kw = dict(max_new_tokens=args.new, min_new_tokens=args.new, do_sample=False,
+                              attention_mask=mask)
+                    with torch.no_grad():
+                        model.generate(ids, max_new_tokens=4, min_new_tokens=4, do_sample=False,
+                                       attention_mask=mask)
+                        torch.cuda.synchronize()
+                        t0 = time.perf_counter()
+                        out = model.generate(ids, **kw)
+                        torch.cuda.synchronize()
+                    seconds = time.perf_counter() - t0
+                    outs[impl] = out[:, prompt:]
+                    row[f"{impl}_tok_s"] = batch * args.new / seconds
+                    row[f"{impl}_s"] = seconds
+                if "fa_triton" in outs and "sdpa" in outs:
+                    row["same_tokens"] = float((outs["fa_triton"] == outs["sdpa"]).float().mean())
+                    row["fa_triton_over_sdpa"] = row["fa_triton_tok_s"] / row["sdpa_tok_s"]
+                rows.append(row)
+                print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v)
+                                  for k, v in row.items()}), flush=True)
+                del ids
+                torch.cuda.empty_cache()
     if args.out:
         import transformers
 

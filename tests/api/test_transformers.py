@@ -295,3 +295,31 @@ def test_models_on_gpu_bf16(family, monkeypatch):
         ref32, ours32 = _pair(family, device="cuda", dtype=torch.float32)
         assert (ours32.generate(ids[:, -16:], **kwargs).tolist()
                 == ref32.generate(ids[:, -16:], **kwargs).tolist())
+
+
+def test_left_padded_decode_step_takes_the_kvcache_kernel(monkeypatch):
+    """One new token against a left-padded cache runs the decode kernel with cache_leftpad
+    (no packing of the whole cache per step); the result equals the varlen path's, and a mask
+    with a hole in the middle still takes the varlen path."""
+    _, ours = _pair("llama")
+    attn = ours.model.layers[0].self_attn
+    torch.manual_seed(2)
+    q = torch.randn(3, 4, 1, 16)
+    k, v = torch.randn(3, 2, 9, 16), torch.randn(3, 2, 9, 16)
+    mask = _padding_mask([9, 5, 7], 9, left=True).bool()
+    fast, _ = fa_hf.attention_forward(attn, q, k, v, mask, scaling=0.25)
+    monkeypatch.setattr(fa_hf, "_decode_left_padded", lambda *a: None)
+    slow, _ = fa_hf.attention_forward(attn, q, k, v, mask, scaling=0.25)
+    monkeypatch.undo()
+    torch.testing.assert_close(fast, slow, atol=1e-6, rtol=1e-6)
+    calls = []
+    real = fa_hf.flash_attn_with_kvcache
+    monkeypatch.setattr(fa_hf, "flash_attn_with_kvcache",
+                        lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    fa_hf.attention_forward(attn, q, k, v, mask, scaling=0.25)
+    assert calls
+    holed = mask.clone()
+    holed[0, 4] = False
+    calls.clear()
+    fa_hf.attention_forward(attn, q, k, v, holed, scaling=0.25)
+    assert not calls

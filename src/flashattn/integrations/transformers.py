@@ -51,6 +51,7 @@ from typing import Any, Callable, Optional, Tuple
 import torch
 
 from flashattn.api.dense import flash_attn_func
+from flashattn.api.kvcache import flash_attn_with_kvcache
 from flashattn.runtime import env
 from flashattn.api.padding import index_first_axis, pad_input, unpad_input
 
@@ -117,6 +118,28 @@ def _unpad_qkv(q: Tensor, k: Tensor, v: Tensor, mask: Tensor):
         return q[:, 0], k_u, v_u, cu_q[:-1].long(), cu_q, cu_k, 1, max_k
     q_u, indices_q, cu_q, max_q, _ = unpad_input(q, mask[:, -s_q:])
     return q_u, k_u, v_u, indices_q, cu_q, cu_k, max_q, max_k
+
+
+def _decode_left_padded(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, params: dict
+                        ) -> Optional[Tensor]:
+    """One new token per row against a cache whose padding is a prefix of each row (left
+    padding, the only padding generate() decodes with; an all-ones mask included): the KV-cache
+    decode kernel over each row's keys [pad, s_k), with ``cache_leftpad`` = pad, instead of
+    packing the whole cache into a varlen batch every step (a gather of all of K and V per
+    layer and token). The mask's shape is checked with one device read (the varlen path's
+    nonzero synchronises too); any other mask returns None (the varlen path)."""
+    if torch.compiler.is_compiling():
+        return None
+    s_k = min(k.shape[1], mask.shape[1])
+    m = mask[:, :s_k].bool()
+    pad = (s_k - m.sum(dim=1)).to(torch.int32)
+    positions = torch.arange(s_k, device=m.device)
+    if not bool((m == (positions[None, :] >= pad[:, None])).all()):
+        return None
+    params = {key: value for key, value in params.items()
+              if key not in ("dropout_p", "deterministic")}
+    return flash_attn_with_kvcache(q, k[:, :s_k], v[:, :s_k], cache_seqlens=s_k,
+                                   cache_leftpad=pad, **params)
 
 
 def _packed_from_position_ids(position_ids: Tensor) -> Tuple[Tensor, int]:
@@ -219,7 +242,12 @@ def attention_forward(
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
     position_ids = kwargs.get("position_ids")
-    if attention_mask is not None:
+    decoded = None
+    if attention_mask is not None and q_len == 1 and dropout == 0:
+        decoded = _decode_left_padded(q, k, v, attention_mask, params)
+    if decoded is not None:
+        out = decoded
+    elif attention_mask is not None:
         q_u, k_u, v_u, indices_q, cu_seqlens_q, cu_seqlens_k, max_sq, max_sk = _unpad_qkv(
             q, k, v, attention_mask.bool())
         out_u = _run_varlen(q_u, k_u, v_u, cu_seqlens_q, cu_seqlens_k, max_sq, max_sk, **params)

@@ -100,18 +100,24 @@ def check_packed_new_kv(k: Any, v: Any, cu_seqlens_k_new: Any, batch: int,
                            k_cache.device)
     h_k, d, d_v = k_cache.shape[2], k_cache.shape[3], v_cache.shape[3]
     for x, n, last, ref in ((k, "k", d, k_cache), (v, "v", d_v, v_cache)):
-        want = (k.shape[0], h_k, last)
-        if tuple(x.shape) != want:
-            raise ValueError(f"{n} must have shape (total_new, nheads_k, "
-                             f"{'headdim' if n == 'k' else 'headdim_v'}) = {want}, got "
-                             f"{tuple(x.shape)}")
-        if x.dtype != ref.dtype:
-            raise TypeError(f"{n} must have the dtype of {n}_cache ({ref.dtype}), got {x.dtype}")
-        if x.device != ref.device:
-            raise ValueError(f"{n} must be on the device of {n}_cache ({ref.device}), got "
-                             f"{x.device}")
-        _v._check_last_dim_contiguous(x, n)
+        _check_new_rows(x, n, (k.shape[0], h_k, last), ref, "total_new, nheads_k", "")
     return k.shape[0]
+
+
+def _check_new_rows(x: torch.Tensor, n: str, want: tuple, ref: torch.Tensor, dims: str,
+                    why: str) -> None:
+    """New keys / values ``x`` (named ``n``): shape ``want`` ((dims, headdim[_v])), and the
+    dtype and device of their cache ``ref``; last dim contiguous."""
+    if tuple(x.shape) != want:
+        raise ValueError(f"{n} must have shape ({dims}, "
+                         f"{'headdim' if n == 'k' else 'headdim_v'}) = {want}{why}, got "
+                         f"{tuple(x.shape)}")
+    if x.dtype != ref.dtype:
+        raise TypeError(f"{n} must have the dtype of {n}_cache ({ref.dtype}), got {x.dtype}")
+    if x.device != ref.device:
+        raise ValueError(f"{n} must be on the device of {n}_cache ({ref.device}), got "
+                         f"{x.device}")
+    _v._check_last_dim_contiguous(x, n)
 
 
 def check_new_kv(k: Any, v: Any, q: torch.Tensor, k_cache: torch.Tensor,
@@ -128,17 +134,8 @@ def check_new_kv(k: Any, v: Any, q: torch.Tensor, k_cache: torch.Tensor,
     check_tensor(v, "v", 4, "(batch, seqlen_new, nheads_k, headdim_v)")
     b, h_k, d, d_v = q.shape[0], k_cache.shape[2], k_cache.shape[3], v_cache.shape[3]
     for x, n, last, ref in ((k, "k", d, k_cache), (v, "v", d_v, v_cache)):
-        want = (b, k.shape[1], h_k, last)
-        if tuple(x.shape) != want:
-            raise ValueError(f"{n} must have shape (batch, seqlen_new, nheads_k, "
-                             f"{'headdim' if n == 'k' else 'headdim_v'}) = {want} to match q "
-                             f"and {n}_cache, got {tuple(x.shape)}")
-        if x.dtype != ref.dtype:
-            raise TypeError(f"{n} must have the dtype of {n}_cache ({ref.dtype}), got {x.dtype}")
-        if x.device != ref.device:
-            raise ValueError(f"{n} must be on the device of {n}_cache ({ref.device}), got "
-                             f"{x.device}")
-        _v._check_last_dim_contiguous(x, n)
+        _check_new_rows(x, n, (b, k.shape[1], h_k, last), ref, "batch, seqlen_new, nheads_k",
+                        f" to match q and {n}_cache")
     s_new = k.shape[1]
     if s_new > capacity:
         raise ValueError(f"the cache is too short for the new tokens: k has seqlen_new = {s_new} "

@@ -22,17 +22,25 @@ from flashattn.triton import config
 
 
 @triton.jit
-def _sink_apply_kernel(Out, Lse, Sink, OutNew, LseNew, n_rows, nheads, seqlen,
-                       HEAD_DIM_V: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
-    # rows r = (b * seqlen + s) * nheads + h of a contiguous (b, s, h, d_v) out; the LSE is
-    # (b, h, s) contiguous (packed calls: b = 1, s = total)
+def _rows_of(Lse, Sink, n_rows, nheads, seqlen, lse_other, BLOCK_R: tl.constexpr):
+    """This program's rows r = (b * seqlen + s) * nheads + h of a contiguous (b, s, h, d_v)
+    tensor and their LSE entries in a contiguous (b, h, s) one (packed calls: b = 1, s =
+    total): (rows, in-range mask, LSE offsets, lse, sink of the row's head in fp32)."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     ok = rows < n_rows
     head = rows % nheads
     bs = rows // nheads
     lse_off = (bs // seqlen) * nheads * seqlen + head * seqlen + bs % seqlen
-    lse = tl.load(Lse + lse_off, mask=ok, other=float("-inf"))
+    lse = tl.load(Lse + lse_off, mask=ok, other=lse_other)
     sink = tl.load(Sink + head, mask=ok, other=0.0).to(tl.float32)
+    return rows, ok, lse_off, lse, sink
+
+
+@triton.jit
+def _sink_apply_kernel(Out, Lse, Sink, OutNew, LseNew, n_rows, nheads, seqlen,
+                       HEAD_DIM_V: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    rows, ok, lse_off, lse, sink = _rows_of(Lse, Sink, n_rows, nheads, seqlen, float("-inf"),
+                                            BLOCK_R)
     hi = tl.maximum(lse, sink)
     lse_new = hi + tl.log(tl.exp(lse - hi) + tl.exp(sink - hi))
     scale = tl.exp(lse - lse_new)  # 0 where lse = -inf
@@ -49,13 +57,8 @@ def _sink_grad_kernel(DOut, Out, Lse, Sink, Contrib, n_rows, nheads, seqlen,
                       HEAD_DIM_V: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
     # each row's share of d sink: -exp(s_h - lse') * rowsum(dout * out'), written per row
     # (b, s, h order) and summed per head by the caller (no atomics on h addresses)
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    ok = rows < n_rows
-    head = rows % nheads
-    bs = rows // nheads
-    lse = tl.load(Lse + (bs // seqlen) * nheads * seqlen + head * seqlen + bs % seqlen,
-                  mask=ok, other=float("inf"))
-    sink = tl.load(Sink + head, mask=ok, other=0.0).to(tl.float32)
+    rows, ok, _lse_off, lse, sink = _rows_of(Lse, Sink, n_rows, nheads, seqlen,
+                                             float("inf"), BLOCK_R)
     offs_d = tl.arange(0, BLOCK_D)
     ptrs = rows[:, None] * HEAD_DIM_V + offs_d[None, :]
     tile_ok = ok[:, None] & (offs_d[None, :] < HEAD_DIM_V)

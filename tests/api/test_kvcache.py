@@ -305,7 +305,9 @@ def _paged_inputs(**over):
     (dict(block_table=torch.full((2, 3), 99, dtype=torch.int32)), ValueError, "out of range"),
     (dict(block_table=torch.full((2, 3), -1, dtype=torch.int32)), ValueError, "out of range"),
     (dict(v_cache=torch.randn(9, 8, 2, 32, dtype=torch.float16)), ValueError, "mismatch"),
-    (dict(cache_batch_idx=torch.tensor([0, 1], dtype=torch.int32)), ValueError, "cannot be combined"),
+    # (cache_batch_idx with block_table picks table rows, FA3: tests/api/test_kvcache_varlen.py)
+    (dict(cache_batch_idx=torch.tensor([0, 5], dtype=torch.int32)), ValueError,
+     "cache_batch_idx[1] = 5 is out of range"),
 ])
 def test_paged_errors(over, exc, words, cpu_backend: str) -> None:
     x = _paged_inputs()

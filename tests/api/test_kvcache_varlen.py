@@ -185,3 +185,29 @@ def test_packed_queries_gpu():
                                      v_new[cn[i]:cn[i + 1]][None],
                                      cache_seqlens=seqlens[i:i + 1], causal=True)
         torch.testing.assert_close(out[cu[i]:cu[i + 1]].double(), ref[0], atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "portable"])
+def test_cache_batch_idx_picks_page_table_rows(backend):
+    """FA3: with a paged cache, batch row b uses the page table's row cache_batch_idx[b]
+    (appends included)."""
+    k_cache, v_cache, table, (b, h, h_k, d) = _setup(True, seed=4)
+    table = torch.cat([table, table.flip(0)])  # 6 rows, the call uses 3 of them
+    idx = torch.tensor([4, 0, 2], dtype=torch.int32)
+    q = torch.randn(3, 1, h, d)
+    kn, vn = torch.randn(3, 1, h_k, d), torch.randn(3, 1, h_k, d)
+    lens = torch.tensor([3, 9, 20], dtype=torch.int32)
+    with flashattn.use_backend(backend):
+        kc, vc = k_cache.clone(), v_cache.clone()
+        got = fa3.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=lens,
+                                          cache_batch_idx=idx, page_table=table, causal=True)
+        kr, vr = k_cache.clone(), v_cache.clone()
+        want = fa3.flash_attn_with_kvcache(q, kr, vr, kn, vn, cache_seqlens=lens,
+                                           page_table=table[idx.long()], causal=True)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    torch.testing.assert_close(kc, kr, rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"cache_batch_idx\[0\] = 6"):
+        flashattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens,
+                                          cache_batch_idx=torch.tensor([6, 0, 1],
+                                                                       dtype=torch.int32),
+                                          block_table=table)

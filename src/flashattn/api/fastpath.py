@@ -152,6 +152,8 @@ def kvcache_key(q: Any, k_cache: Any, v_cache: Any, k: Any, v: Any, rotary_cos: 
         return None
     if type(q) is not Tensor or type(k_cache) is not Tensor or type(v_cache) is not Tensor:
         return None
+    if block_table is not None and cache_batch_idx is not None:
+        return None  # (the call's block table is gathered per call: the full path)
     seqlens_is_tensor = type(cache_seqlens) is Tensor
     if not (seqlens_is_tensor or cache_seqlens is None or type(cache_seqlens) is int):
         return None

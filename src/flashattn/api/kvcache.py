@@ -171,10 +171,11 @@ def _prepare(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, c
     batch, s_q, h, d = q_dense.shape
     device = q.device
     if paged:
-        _v.check_block_table(block_table, batch, device)
         if cache_batch_idx is not None:
-            raise ValueError("cache_batch_idx cannot be combined with block_table: the block "
-                             "table already maps every batch row to its pages")
+            # FlashAttention-3: batch row b uses the block table's row cache_batch_idx[b]
+            block_table = _kv.rows_of_block_table(block_table, cache_batch_idx, batch, device)
+            cache_batch_idx = None
+        _v.check_block_table(block_table, batch, device)
     capacity = metadata.cache_capacity(k_cache, block_table)
     if cu_seqlens_k_new is not None:
         s_new = _kv.check_packed_new_kv(k, v, cu_seqlens_k_new, batch, k_cache, v_cache)

@@ -22,6 +22,7 @@ from typing import Any, Tuple
 
 import torch
 
+from flashattn import metadata
 from flashattn.api import validation as _v
 from flashattn.api.validation import _describe, check_tensor
 
@@ -209,6 +210,30 @@ def check_rotary(cos: Any, sin: Any, q: torch.Tensor, has_new_kv: bool) -> None:
                          "cached keys are already rotated)")
 
 
+def rows_of_block_table(block_table: Any, cache_batch_idx: Any, batch: int,
+                        device: torch.device) -> torch.Tensor:
+    """FlashAttention-3's cache_batch_idx with a paged cache: batch row b's pages are the block
+    table's row cache_batch_idx[b]. Returns the (batch, max_blocks) table of the call's rows
+    (a device gather, no host read; indices clamped to the table's rows, and checked on the
+    host where that is free or in the checked mode)."""
+    if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2 \
+            or block_table.dtype != torch.int32 or block_table.shape[0] < 1:
+        raise ValueError("block_table must be an int32 (rows, max_blocks_per_seq) tensor with "
+                         f"rows >= 1 when cache_batch_idx picks its rows, got "
+                         f"{_describe(block_table)}")
+    if block_table.device != device:
+        raise ValueError(f"block_table must be on the same device as q ({device}), got "
+                         f"{block_table.device}")
+    check_index_vector(cache_batch_idx, "cache_batch_idx", batch, device)
+    rows = block_table.shape[0]
+    if metadata.values_checkable(cache_batch_idx):
+        for i, r in enumerate(metadata.to_host(cache_batch_idx)[0].tolist()):
+            if not 0 <= r < rows:
+                raise ValueError(f"cache_batch_idx[{i}] = {r} is out of range: block_table has "
+                                 f"{rows} rows (allowed 0..{rows - 1})")
+    return block_table[cache_batch_idx.long().clamp(0, rows - 1)]
+
+
 def check_num_splits(num_splits: Any) -> int:
     if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral):
         raise TypeError(f"num_splits must be an int >= 0 (0 = heuristic, 1 = no split), got "
@@ -261,4 +286,4 @@ def check_combine(out_partial: Any, lse_partial: Any, out: Any, out_dtype: Any
 
 
 __all__ = ["check_cache", "check_new_kv", "check_packed_new_kv", "check_varlen_q", "check_cache_seqlens", "check_index_vector",
-           "check_rotary", "check_num_splits", "check_combine"]
+           "check_rotary", "check_num_splits", "check_combine", "rows_of_block_table"]

@@ -20,7 +20,8 @@ regardless), ``sm_margin`` (no SM is reserved), ``num_splits`` on the dense / va
 calls (their kernels have no key split; the decode path takes it). ``attention_chunk``
 (chunked local attention) works in every call, forward and backward (FA3's backward refuses
 it); ``seqused_q`` in the varlen call; packed queries (``cu_seqlens_q`` / ``max_seqlen_q``),
-packed new keys (``cu_seqlens_k_new``) and ``rotary_seqlens`` in the KV-cache call. Not
+packed new keys (``cu_seqlens_k_new``), ``rotary_seqlens`` and ``cache_batch_idx`` with
+``page_table`` (row b takes the table's row cache_batch_idx[b]) in the KV-cache call. Not
 supported yet, and raising ``NotImplementedError`` naming the argument: ``qv``, head dims
 above 256, FP8 KV caches (descales in the KV-cache call).
 """

@@ -59,8 +59,9 @@ def keys_contiguous_empty(shape, device: torch.device) -> torch.Tensor:
 # 8 + 2t, 9 + 2t, ... of every 32), while an 8-bit A operand wants 4 consecutive keys per
 # register (4t .. 4t + 3, 16 + 4t .. 16 + 4t + 3). Reading P's registers in place as the operand
 # puts key column c at operand position wgmma_key_position(c) (a permutation inside each group
-# of 32); V^T stored with its keys in that order makes the product exact, and the conversion
-# from S's layout to the operand's needs no shuffles (sm90/fwd_kernel._p_operand).
+# of 32); V^T stored with its keys in that order (sm90/v_layout.py writes it) makes the product
+# exact, and the conversion from S's layout to the operand's needs no shuffles
+# (sm90/fwd_kernel._p_operand).
 WGMMA_KEY_GROUP = 32
 
 
@@ -71,29 +72,6 @@ def wgmma_key_position(c: torch.Tensor) -> torch.Tensor:
         | (((c >> 3) & 1) << 1) | (c & 1)
 
 
-@functools.lru_cache(maxsize=64)
-def _positions(n: int, device: torch.device) -> torch.Tensor:
-    return wgmma_key_position(torch.arange(n, device=device))
-
-
-def wgmma_ordered_vt(v8: torch.Tensor) -> torch.Tensor:
-    """V (b, s_k, h_k, d_v) float8_e4m3fn, any layout -> a (b, s_pad, h_k, d_v) view of a
-    (b, h_k, d_v, s_pad) tensor, keys contiguous and in wgmma order (s_pad: s_k rounded up to
-    32; the positions of keys past s_k hold zeros, so a TMA load of the whole group reads no
-    NaN encoding where P is 0)."""
-    b, s, h, d = v8.shape
-    s_pad = max(WGMMA_KEY_GROUP, -(-s // WGMMA_KEY_GROUP) * WGMMA_KEY_GROUP)
-    storage = torch.empty((b, h, d, s_pad), dtype=torch.uint8, device=v8.device)
-    tail = (s // WGMMA_KEY_GROUP) * WGMMA_KEY_GROUP
-    if tail < s_pad:
-        storage[..., tail:].zero_()
-    device = v8.device if v8.device.index is not None or v8.device.type != "cuda" else \
-        torch.device("cuda", torch.cuda.current_device())
-    # (float8 has no index_copy kernel: the bytes are moved as uint8)
-    storage.index_copy_(3, _positions(s, device), v8.view(torch.uint8).permute(0, 2, 3, 1))
-    return storage.view(FP8_DTYPE).permute(0, 3, 1, 2)
-
-
 def block_index(positions: torch.Tensor, block_shift: int, n_blocks: int) -> torch.Tensor:
     """The scale block of each row / key position: ``min(pos >> block_shift, n_blocks - 1)``
     (block_shift 31 or more: one scale for every position)."""
@@ -101,5 +79,4 @@ def block_index(positions: torch.Tensor, block_shift: int, n_blocks: int) -> tor
 
 
 __all__ = ["E4M3_MAX", "FP8_DTYPE", "P_SCALE", "P_SCALE_LOG2", "WGMMA_KEY_GROUP", "block_index",
-           "hadamard", "hadamard_block", "keys_contiguous_empty", "wgmma_key_position",
-           "wgmma_ordered_vt"]
+           "hadamard", "hadamard_block", "keys_contiguous_empty", "wgmma_key_position"]

@@ -7,8 +7,9 @@ layout ((b, s_k, h_k, d_v) strides: the FA3 API's (b, s, h, d), or quantize's ke
 V^T), one (batch, head, 64 positions) tile per program: the tile's rows are gathered in the
 permuted key order (each a contiguous d_v vector), and stored along the positions (contiguous),
 so both sides are coalesced and Triton transposes the tile through shared memory. Positions of keys past s_k (up to
-s_pad, a multiple of 32) are written as zeros. (fp8_format.wgmma_ordered_vt computes the same
-with torch ops at ~2.7x the time of a plain copy: 0.60 vs 0.23 ms for 32 MB on the H100.)
+s_pad, a multiple of 32) are written as zeros. (The same layout built with torch ops, an
+``index_copy_`` of the bytes, took 0.60 ms for 32 MB on the H100 against 0.23 ms for a plain
+transposing copy; this pass takes 0.03 ms.)
 """
 from __future__ import annotations
 

@@ -328,15 +328,7 @@ def forward_runner(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: At
     if _is_degenerate(q, k):
         return lambda q, k, v: _degenerate_fwd(q, k, v, False)[:2]
     if _small_query(q, k, v, params, False):
-        impl, p1 = backend("portable"), _one_row_right_edge(params, q.shape[1])
-        b, s_k = q.shape[0], k.shape[1]
-
-        def small(q, k, v):
-            seqlens = torch.full((b,), s_k, dtype=torch.int32, device=q.device)
-            return impl.kvcache_attention(q, k, v, seqlens, 0, p=p1, leftpad=None,
-                                          batch_idx=None, block_table=None, num_splits=0,
-                                          capacity=s_k)
-        return small
+        return lambda q, k, v: _small_query_forward(q, k, v, params)[:2]
     fwd = backend(select("fwd", q, k, v, params, False)).fwd
     return lambda q, k, v: fwd(q, k, v, params, False)[:2]
 

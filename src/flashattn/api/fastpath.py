@@ -33,6 +33,7 @@ import torch
 
 from flashattn import dispatch
 from flashattn import ops as _ops
+from flashattn.api import kvcache_validation as _kv
 from flashattn.params import AttnParams
 from flashattn.runtime import env
 
@@ -50,13 +51,12 @@ def _opt_key(t: Optional[Tensor]) -> Optional[tuple]:
 
 
 def eligible(*tensors: Optional[Tensor]) -> bool:
-    """Plain eager tensors (None allowed), no gradient to record, nothing tracing."""
-    for t in tensors:
-        if t is not None and type(t) is not Tensor:
-            return False
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+    """Plain eager tensors (None allowed) and nothing tracing (the ops' own test,
+    ``ops._eager_call``), and no gradient to record."""
+    if not _ops._eager_call(*tensors):
         return False
-    return not (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack())
+    return not (torch.is_grad_enabled()
+                and any(t is not None and t.requires_grad for t in tensors))
 
 
 _SCALARS = (type(None), bool, int, float)
@@ -148,8 +148,6 @@ def kvcache_key(q: Any, k_cache: Any, v_cache: Any, k: Any, v: Any, rotary_cos: 
     value is part of the key: it is checked against the capacity on the host)."""
     tensors = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_batch_idx,
                cache_leftpad, block_table)
-    if any(t is not None and type(t) is not Tensor for t in tensors):
-        return None
     if type(q) is not Tensor or type(k_cache) is not Tensor or type(v_cache) is not Tensor:
         return None
     if block_table is not None and cache_batch_idx is not None:
@@ -179,17 +177,10 @@ def kvcache_args(template: tuple, q: Tensor, k_cache: Tensor, v_cache: Tensor,
     """The ``flashattn::fwd_kvcache`` arguments of this call from the signature's template
     (the normalised scalars): the tensors of this call, an int cache_seqlens as the same
     (b,) int32 tensor the full path makes."""
-    if cache_seqlens is not None and type(cache_seqlens) is not Tensor:
-        cache_seqlens = torch.full((q.shape[0],), int(cache_seqlens), dtype=torch.int32,
-                                   device=q.device)
-    return (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+    return (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
+            _kv.seqlens_tensor(cache_seqlens, q.shape[0], q.device), cache_batch_idx,
             cache_leftpad, block_table) + template
 
 
-def kvcache_run(args: tuple) -> Tuple[Tensor, Tensor]:
-    """The op's body (eligible calls are plain eager ones)."""
-    return _ops.kvcache_attention(*args)
-
-
 __all__ = ["DENSE", "KVCACHE", "CallCache", "dense_key", "dense_runner", "eligible",
-           "kvcache_args", "kvcache_key", "kvcache_run"]
+           "kvcache_args", "kvcache_key"]

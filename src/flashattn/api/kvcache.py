@@ -130,7 +130,7 @@ def flash_attn_with_kvcache(
                                 rotary_interleaved, num_splits, return_softmax_lse)
         template = None if key is None else _fast.KVCACHE.get(key)
         if template is not None:
-            out, lse = _fast.kvcache_run(_fast.kvcache_args(
+            out, lse = _ops.kvcache_attention(*_fast.kvcache_args(
                 template, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                 cache_batch_idx, cache_leftpad, block_table))
             return (out, lse) if return_softmax_lse else out
@@ -211,10 +211,7 @@ def _prepare(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, c
     # causal sets right = 0; only then is the call "local" (it decides q's rotary positions)
     window = _p.window(window[0], window[1], causal, capacity)
     alibi_slopes = _p.alibi_bh(alibi_slopes, batch, h)
-    # cache_seqlens as an int32 (b,) device tensor; from host ints only (graph friendly)
-    if cache_seqlens is not None and not isinstance(cache_seqlens, torch.Tensor):
-        cache_seqlens = torch.full((batch,), int(cache_seqlens), dtype=torch.int32,
-                                   device=device)
+    cache_seqlens = _kv.seqlens_tensor(cache_seqlens, batch, device)
     return (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
             cache_leftpad, block_table, alibi_slopes, float(scale), causal, int(window[0]),
             int(window[1]), float(softcap), rotary_interleaved, num_splits)

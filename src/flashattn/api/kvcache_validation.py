@@ -168,6 +168,14 @@ def check_cache_seqlens(cache_seqlens: Any, batch: int, device: torch.device,
                          f"{int(cache_seqlens)}")
 
 
+def seqlens_tensor(cache_seqlens: Any, batch: int, device: torch.device) -> Any:
+    """cache_seqlens as the op takes it: an int becomes an int32 (batch,) tensor on the device
+    (from host ints only: graph friendly); a tensor or None passes through."""
+    if cache_seqlens is None or isinstance(cache_seqlens, torch.Tensor):
+        return cache_seqlens
+    return torch.full((batch,), int(cache_seqlens), dtype=torch.int32, device=device)
+
+
 def check_index_vector(x: Any, name: str, batch: int, device: torch.device) -> None:
     """cache_batch_idx / cache_leftpad: None or an int32 (batch,) tensor on q's device."""
     if x is None:
@@ -286,4 +294,5 @@ def check_combine(out_partial: Any, lse_partial: Any, out: Any, out_dtype: Any
 
 
 __all__ = ["check_cache", "check_new_kv", "check_packed_new_kv", "check_varlen_q", "check_cache_seqlens", "check_index_vector",
-           "check_rotary", "check_num_splits", "check_combine", "rows_of_block_table"]
+           "check_rotary", "check_num_splits", "check_combine", "rows_of_block_table",
+           "seqlens_tensor"]

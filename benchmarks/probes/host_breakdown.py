@@ -25,14 +25,14 @@ import cProfile
 import json
 import os
 import pstats
-import statistics
+import re
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 import flashattn  # noqa: E402
+from plan_probe import per_call_us  # noqa: E402  (this script's folder is on sys.path)
 
 LAYERS = ("validation", "api", "dispatch", "kernel-host", "launch", "alloc", "torch-other",
           "other")
@@ -60,8 +60,7 @@ def layer_of(filename: str, funcname: str) -> str:
         return "launch"
     if filename == "~":  # built-ins: "{built-in method torch.empty}", "{method 'stride' ...}"
         name = funcname.strip("{}")
-        if any(name.endswith(("." + a, "'" + a + "'")) or name == a for a in _ALLOC) or \
-                any(f"method {a}" in name or f"'{a}'" in name for a in _ALLOC):
+        if re.search(r"(^|[ .'])(" + "|".join(_ALLOC) + r")($|')", name):
             return "alloc"
         if "launch" in name or "cuLaunch" in name:
             return "launch"
@@ -73,17 +72,9 @@ def layer_of(filename: str, funcname: str) -> str:
     return "other"
 
 
-def wall_us(fn, calls=200, repeats=7):
-    fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        samples.append((time.perf_counter() - t0) / calls * 1e6)
-    return round(min(samples), 1), round(statistics.median(samples), 1)
+def wall_us(fn):
+    """(min, median) µs per call: plan_probe's measurement, rounded."""
+    return tuple(round(x, 1) for x in per_call_us(fn))
 
 
 def split(fn, calls=300):

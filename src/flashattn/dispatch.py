@@ -494,7 +494,6 @@ def _kvcache_varlen(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seq
         cache_seqlens = torch.full((batch,), capacity, dtype=torch.int32, device=device)
     batch = cache_seqlens.shape[0]
     rotary_q_step = 1 if params.masked else 0
-    seqlens = cache_seqlens
     max_new = 0
     if k is not None:
         if cu_seqlens_k_new is not None:
@@ -523,17 +522,13 @@ def _kvcache_varlen(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seq
     q_rot = q
     if k is not None or rotary_cos is not None:
         q_rot = impl.append_kv(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
-                               rotary_interleaved, seqlens, cache_batch_idx, block_table,
-                               rotary_q_step, cu_seqlens_q=cu_seqlens_q,
+                               rotary_interleaved, cache_seqlens, cache_batch_idx,
+                               block_table, rotary_q_step, cu_seqlens_q=cu_seqlens_q,
                                max_seqlen_q=max_seqlen_q, cu_seqlens_k_new=cu_seqlens_k_new,
                                max_seqlen_k_new=max_new, rotary_seqlens=rotary_seqlens)
     if cu_seqlens_q is None:
         params = _one_row_right_edge(params, q.shape[1])
-        return impl.kvcache_attention(q_rot, k_cache, v_cache, seqlens_end, 0, p=params,
-                                      leftpad=cache_leftpad, batch_idx=cache_batch_idx,
-                                      block_table=block_table, num_splits=num_splits,
-                                      capacity=capacity)
-    if batch == 0 or q.shape[0] == 0 or max_seqlen_q == 0:
+    elif batch == 0 or q.shape[0] == 0 or max_seqlen_q == 0:
         total_q, h, _ = q.shape
         return (torch.zeros((total_q, h, v_cache.shape[3]), dtype=q.dtype, device=device),
                 torch.full((h, total_q), float("-inf"), dtype=torch.float32, device=device))

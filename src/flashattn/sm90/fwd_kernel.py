@@ -322,7 +322,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
                 p, m_i, l_i, alpha = online_softmax(s, m_i, l_i, s_unit_j, P_SCALE_LOG2)
             else:
                 p, m_i, l_i, alpha = online_softmax(s, m_i, l_i, s_unit)
-            p_op = _p_operand(p, dtype, P_LAYOUT, HALF_M, BLOCK_N, FP8)
+            p_op = _p_carry(p, dtype, P_LAYOUT, HALF_M, BLOCK_N, FP8)
             if INTRA_OVERLAP == 2:
                 alpha_o = gl.convert_layout(alpha, ROW_O)  # (acc is still zero: no-op rescale)
             prev_stage = stage
@@ -336,6 +336,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
                 n_start = (lo_blk + j) * BLOCK_N
                 k_view = k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
                 v_prev = _v_operand(v_smem, prev_stage, BLOCK_N, HEAD_DIM_V, FP8)
+                p_in = _p_issue(p_op, dtype, P_LAYOUT, HALF_M, BLOCK_N, FP8)
                 if FP8:  # (scalar loads: their latency hides behind the GEMMs issued next)
                     s_unit_j, softcap_inv_j, vd = _fp8_block_scales(
                         fp8_scales, kd_base, n_start, q_unit, qk_scale, softcap_inv, HAS_SOFTCAP)
@@ -346,14 +347,14 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
                     s_tok = warpgroup_mma(q_view, k_view, s_zero, use_acc=False, is_async=True)
                     if INTRA_OVERLAP == 2:  # block j-1's rescale, under QK^T
                         acc = acc * gl.expand_dims(alpha_o, 1)
-                    acc_tok = warpgroup_mma(p_op, v_prev, acc, is_async=True)
+                    acc_tok = warpgroup_mma(p_in, v_prev, acc, is_async=True)
                     _turn_pass(turn, WG, PINGPONG, True)
                     s = warpgroup_mma_wait(1, deps=(s_tok,))
                     mbarrier.arrive(k_empty.index(stage))
                 else:
                     mbarrier.wait(v_ready.index(prev_stage), prev_phase)
                     turn_count = _turn_wait(turn, WG, turn_count, PINGPONG, True)
-                    acc_tok = warpgroup_mma(p_op, v_prev, acc, is_async=True)
+                    acc_tok = warpgroup_mma(p_in, v_prev, acc, is_async=True)
                     acc = warpgroup_mma_wait(0, deps=(acc_tok,))
                     mbarrier.arrive(v_empty.index(prev_stage))
                     mbarrier.wait(k_ready.index(stage), phase)
@@ -389,18 +390,19 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
                     alpha_o = gl.convert_layout(alpha, ROW_O)  # applied before PV_j's issue
                 else:
                     acc = acc * gl.expand_dims(gl.convert_layout(alpha, ROW_O), 1)
-                p_op = _p_operand(p, dtype, P_LAYOUT, HALF_M, BLOCK_N, FP8)
+                p_op = _p_carry(p, dtype, P_LAYOUT, HALF_M, BLOCK_N, FP8)
                 prev_stage = stage
                 prev_phase = phase
                 kv_count += 1
 
             # ---- last PV
             v_prev = _v_operand(v_smem, prev_stage, BLOCK_N, HEAD_DIM_V, FP8)
+            p_in = _p_issue(p_op, dtype, P_LAYOUT, HALF_M, BLOCK_N, FP8)
             mbarrier.wait(v_ready.index(prev_stage), prev_phase)
             turn_count = _turn_wait(turn, WG, turn_count, PINGPONG)
             if INTRA_OVERLAP == 2:
                 acc = acc * gl.expand_dims(alpha_o, 1)
-            acc_tok = warpgroup_mma(p_op, v_prev, acc, is_async=True)
+            acc_tok = warpgroup_mma(p_in, v_prev, acc, is_async=True)
             _turn_pass(turn, WG, PINGPONG)
             acc = warpgroup_mma_wait(0, deps=(acc_tok,))
             mbarrier.arrive(v_empty.index(prev_stage))
@@ -444,6 +446,35 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
             tile = _read_tile(tile_slot)
     _turn_end(WG, PINGPONG)
     tma.store_wait(0)
+
+
+@gluon.jit
+def _p_carry(p, dtype: gl.constexpr, P_LAYOUT: gl.constexpr, HALF_M: gl.constexpr,
+             BLOCK_N: gl.constexpr, FP8: gl.constexpr):
+    """What the loop carries from block j's softmax to P_j V_j's issue: the operand itself, or
+    under FP8 the fp32 P, converted by _p_issue in the next iteration. An 8-bit tensor carried
+    through the loop is kept one element per register (the loop's block arguments are
+    scalars) and repacked into 32-bit operand registers before every wgmma: ~2 PRMT / LOP3
+    per score on the ALU pipe, which ncu showed half busy (d = 128: 675 M ALU instructions
+    per call against cuDNN's 310 M; 273 M after this change, benchmarks/NOTES.md)."""
+    if FP8:
+        carried = p
+    else:
+        carried = _p_operand(p, dtype, P_LAYOUT, HALF_M, BLOCK_N, FP8)
+    return carried
+
+
+@gluon.jit
+def _p_issue(p_op, dtype: gl.constexpr, P_LAYOUT: gl.constexpr, HALF_M: gl.constexpr,
+             BLOCK_N: gl.constexpr, FP8: gl.constexpr):
+    """P·V's A operand from what _p_carry kept, built at the top of the next iteration (in the
+    same basic block chain as the wgmma that reads it, before the QK^T issue allocates the
+    next S accumulator's registers)."""
+    if FP8:
+        operand = _p_operand(p_op, dtype, P_LAYOUT, HALF_M, BLOCK_N, FP8)
+    else:
+        operand = p_op
+    return operand
 
 
 @gluon.jit

@@ -183,7 +183,9 @@ _HALF_MAX = 128
 
 
 def _launch(x: torch.Tensor, out: torch.Tensor, out_strides, descale: torch.Tensor,
-            block: int, signs: Optional[torch.Tensor], interpret: bool) -> None:
+            block: int, signs: Optional[torch.Tensor], interpret: bool,
+            tuning: Optional[dict] = None) -> None:
+    """One tensor's pass. ``tuning`` (probes only): {"warps", "per_sm", "stages"} overrides."""
     b, s, h, d = x.shape
     block_d = max(16, next_pow2(d))
     rotate = signs is not None
@@ -195,10 +197,24 @@ def _launch(x: torch.Tensor, out: torch.Tensor, out_strides, descale: torch.Tens
     n_tiles = n_blocks * b * h
     # the (block, d) tile lives in registers: 8 warps from 16K elements on (AOT report, sm90:
     # d = 256 rotated spills 420 bytes with 8 warps, 1992 with 16 (128 registers a thread))
-    warps = 8 if block * block_d >= 16384 else 4
-    # programs per SM: what registers / shared memory allow (AOT report: d = 64 tiles are
-    # 16 KiB, d >= 96 rotated ones take 112-160 KiB of shared memory)
-    per_sm = 6 if block * block_d <= 8192 else 2
+    big = block * block_d >= 16384
+    warps = 8 if big else 4
+    # programs per SM and pipeline stages, from a sweep on the H100 (probes/quantize_sweep.py,
+    # 16k tokens, hidden 2048; benchmarks/NOTES.md, session 14). A rotated tile of 16K
+    # elements takes ~186 registers a thread at 8 warps: one program fits per SM, and three
+    # stages keep the next tiles' loads in flight (d = 128: 65 -> 48 us, 2.11 TB/s). V
+    # (no rotation, a transposing store) gains nothing from stages and wants more programs
+    # instead (d = 128: 61 -> 43 us, 2.33 TB/s).
+    if rotate:
+        per_sm, stages = (1, 3) if big else (2, 3)
+    else:
+        per_sm, stages = (2, 1) if big else (4, 1)
+    if interpret:
+        stages = 1
+    if tuning:
+        warps = tuning.get("warps", warps)
+        per_sm = tuning.get("per_sm", per_sm)
+        stages = tuning.get("stages", stages)
     programs = n_tiles if interpret else min(n_tiles, per_sm * sm_count(x.device))
     _quantize_kernel[(programs,)](
         x, out, descale, had, sg,
@@ -208,7 +224,7 @@ def _launch(x: torch.Tensor, out: torch.Tensor, out_strides, descale: torch.Tens
         HEAD_DIM=d, BLOCK_D=block_d, BLOCK=block, ROTATE=rotate,
         HALVES=rotate and block_d > _HALF_MAX, MIX=hadamard_block(d) > _HALF_MAX,
         DOT_PREC="ieee" if upcast else "tf32", UPCAST=upcast, EXACT_ROUND=interpret,
-        NUM_STAGES=1 if interpret or block_d > _HALF_MAX else 2, num_warps=warps)
+        NUM_STAGES=stages, num_warps=warps)
 
 
 def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, signs: Optional[torch.Tensor],

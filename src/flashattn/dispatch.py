@@ -44,7 +44,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
-from flashattn import metadata
+from flashattn import fp8_format, metadata
 from flashattn.params import AttnParams, Fp8Scales
 from flashattn.runtime import env
 
@@ -562,11 +562,20 @@ def sink_grad(dout: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, sink: to
 
 
 def fp8_quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 signs: Optional[torch.Tensor], block_m: int, block_n: int
-                 ) -> Tuple[torch.Tensor, ...]:
+                 signs: Optional[torch.Tensor], block_m: int, block_n: int,
+                 v_wgmma: bool = False) -> Tuple[torch.Tensor, ...]:
     """FP8 block quantization of q, k, v (incoherent processing of q and k with ``signs``):
-    (q8, k8, v8, q_descale (b, h, nq), k_descale (b, h_k, nk), v_descale (b, h_k, nk))."""
-    return backend(select("fp8_quantize", q)).fp8_quantize(q, k, v, signs, block_m, block_n)
+    (q8, k8, v8, q_descale (b, h, nq), k_descale (b, h_k, nk), v_descale (b, h_k, nk)); v8 in
+    wgmma key order with ``v_wgmma`` (fp8_format.wgmma_vt_empty), else keys contiguous."""
+    return backend(select("fp8_quantize", q)).fp8_quantize(q, k, v, signs, block_m, block_n,
+                                                           v_wgmma=v_wgmma)
+
+
+def fp8_v_wgmma(q: torch.Tensor) -> bool:
+    """Whether FP8 attention on q's device reads V in wgmma key order (the Hopper kernels): a
+    quantize pass feeding it should write that order (fp8_quantize's ``v_wgmma``) rather than
+    have the forward permute V (a 30 us pass per 32 MB on the H100)."""
+    return family_for(q) == "hopper"
 
 
 def kvcache_planned(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -598,14 +607,21 @@ def decode_splits(batch: int, seqlen_q: int, max_seqlen_k: int, nheads: int, nhe
 
 
 def fp8_forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, scales: Fp8Scales,
-                params: AttnParams, out_dtype: torch.dtype
+                params: AttnParams, out_dtype: torch.dtype, v_wgmma: bool = False
                 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Dense FP8 forward: (out (b, s_q, h, d_v) in ``out_dtype``, lse (b, h, s_q)). Inputs
-    validated: float8_e4m3fn q8 / k8 / v8 and block descales (params.Fp8Scales)."""
+    validated: float8_e4m3fn q8 / k8 / v8 and block descales (params.Fp8Scales). ``v_wgmma``:
+    v8 is in wgmma key order (fp8_quantize's ``v_wgmma``): the Hopper kernels read it as is,
+    any other backend gets it back in key order."""
+    v_keys = v8[:, :k8.shape[1]] if v_wgmma else v8  # (the shape the checks expect)
     if _is_degenerate(q8, k8):
-        out, lse, _ = _degenerate_fwd(q8, k8, v8, False)
+        out, lse, _ = _degenerate_fwd(q8, k8, v_keys, False)
         return out.to(out_dtype), lse
-    name = select("fp8_fwd", q8, k8, v8, params, scales=scales)
+    name = select("fp8_fwd", q8, k8, v_keys, params, scales=scales)
+    if v_wgmma:
+        if name == "hopper":
+            return backend(name).fp8_fwd(q8, k8, v8, scales, params, out_dtype, v_wgmma=True)
+        v8 = fp8_format.from_wgmma_order(v8, k8.shape[1])
     return backend(name).fp8_fwd(q8, k8, v8, scales, params, out_dtype)
 
 
@@ -635,6 +651,7 @@ __all__ = [
     "forward_family",
     "fp8_forward",
     "fp8_quantize",
+    "fp8_v_wgmma",
     "fp8_varlen_forward",
     "hopper_reason",
     "interpreting",

@@ -72,6 +72,40 @@ def wgmma_key_position(c: torch.Tensor) -> torch.Tensor:
         | (((c >> 3) & 1) << 1) | (c & 1)
 
 
+def wgmma_padded_keys(seqlen_k: int) -> int:
+    """Key positions of a V^T in wgmma order: seqlen_k rounded up to a whole group of 32 (at
+    least one group)."""
+    return max(WGMMA_KEY_GROUP, -(-seqlen_k // WGMMA_KEY_GROUP) * WGMMA_KEY_GROUP)
+
+
+def wgmma_vt_empty(shape, device: torch.device, zero: bool = False) -> torch.Tensor:
+    """An uninitialised (or zeroed) V^T in wgmma key order for V of ``shape`` (b, s_k, h_k, d_v):
+    a (b, s_pad, h_k, d_v) view of float8_e4m3fn storage (b, h_k, d_v, s_pad), s_pad =
+    wgmma_padded_keys(s_k); key c lives at position wgmma_key_position(c), positions of no key
+    must hold zeros (the kernel's P is 0 there, and 0 x NaN is NaN)."""
+    b, s, h, d = shape
+    make = torch.zeros if zero else torch.empty
+    storage = make((b, h, d, wgmma_padded_keys(s)), dtype=FP8_DTYPE, device=device)
+    return storage.permute(0, 3, 1, 2)
+
+
+def to_wgmma_order(v8: torch.Tensor) -> torch.Tensor:
+    """V (b, s_k, h_k, d_v) float8_e4m3fn, any layout -> the same values in wgmma key order
+    (wgmma_vt_empty's layout), with torch ops (the CPU path; CUDA has sm90/v_layout.py and the
+    quantize pass writes the order directly)."""
+    out = wgmma_vt_empty(v8.shape, v8.device, zero=True)
+    pos = wgmma_key_position(torch.arange(v8.shape[1], device=v8.device))
+    out.view(torch.uint8).index_copy_(1, pos, v8.view(torch.uint8))
+    return out
+
+
+def from_wgmma_order(v8w: torch.Tensor, seqlen_k: int) -> torch.Tensor:
+    """The inverse of to_wgmma_order: (b, s_pad, h_k, d_v) in wgmma key order -> (b, seqlen_k,
+    h_k, d_v) in key order (a gather: for backends that read V in key order)."""
+    pos = wgmma_key_position(torch.arange(seqlen_k, device=v8w.device))
+    return v8w.view(torch.uint8).index_select(1, pos).view(FP8_DTYPE)
+
+
 def block_index(positions: torch.Tensor, block_shift: int, n_blocks: int) -> torch.Tensor:
     """The scale block of each row / key position: ``min(pos >> block_shift, n_blocks - 1)``
     (block_shift 31 or more: one scale for every position)."""
@@ -79,4 +113,5 @@ def block_index(positions: torch.Tensor, block_shift: int, n_blocks: int) -> tor
 
 
 __all__ = ["E4M3_MAX", "FP8_DTYPE", "P_SCALE", "P_SCALE_LOG2", "WGMMA_KEY_GROUP", "block_index",
-           "hadamard", "hadamard_block", "keys_contiguous_empty", "wgmma_key_position"]
+           "from_wgmma_order", "hadamard", "hadamard_block", "keys_contiguous_empty",
+           "to_wgmma_order", "wgmma_key_position", "wgmma_padded_keys", "wgmma_vt_empty"]

@@ -79,7 +79,7 @@ from typing import Any, Optional, Tuple, Union
 import torch
 
 from flashattn import dispatch
-from flashattn.fp8_format import keys_contiguous_empty
+from flashattn.fp8_format import keys_contiguous_empty, wgmma_vt_empty
 from flashattn.params import ONE_BLOCK_SHIFT, AttnParams, Fp8Scales
 
 Tensor = torch.Tensor
@@ -563,11 +563,13 @@ def combine_splits(out_partial: Tensor, lse_partial: Tensor, out: Optional[Tenso
 # FP8 block quantization (flashattn.fp8.quantize): not differentiable
 # ---------------------------------------------------------------------------------------------
 def _fp8_quantize_impl(q: Tensor, k: Tensor, v: Tensor, signs: Optional[Tensor], block_m: int,
-                       block_n: int) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+                       block_n: int, v_wgmma: bool = False
+                       ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(q8, k8, v8) float8_e4m3fn shaped like q, k, v and (q_descale (b, h, cdiv(s_q,
     block_m)), k_descale, v_descale (b, h_k, cdiv(s_k, block_n))) float32; all contiguous but
-    v8, whose storage is (b, h_k, d_v, s_k padded to 16): keys contiguous."""
-    q8, k8, v8, qs, ks, vs = dispatch.fp8_quantize(q, k, v, signs, block_m, block_n)
+    v8, whose storage is (b, h_k, d_v, s_k padded to 16): keys contiguous. ``v_wgmma``: v8 in
+    wgmma key order instead, (b, s_pad, h_k, d_v) (fp8_format.wgmma_vt_empty)."""
+    q8, k8, v8, qs, ks, vs = dispatch.fp8_quantize(q, k, v, signs, block_m, block_n, v_wgmma)
     # v8 keeps its keys-contiguous layout (fp8_format.keys_contiguous_empty): the FP8 kernels'
     return (*_fresh(q8, k8), v8, *_fresh(qs, ks, vs))  # type: ignore[return-value]
 
@@ -577,23 +579,30 @@ fp8_quantize = torch.library.custom_op("flashattn::fp8_quantize", _fp8_quantize_
 
 
 @fp8_quantize.register_fake
-def _fp8_quantize_fake(q, k, v, signs, block_m, block_n):
+def _fp8_quantize_fake(q, k, v, signs, block_m, block_n, v_wgmma=False):
     b, s_q, h, _ = q.shape
     s_k, h_k = k.shape[1], k.shape[2]
     f8 = torch.float8_e4m3fn
     nq, nk = -(-s_q // block_m), -(-s_k // block_n)
+    v8 = wgmma_vt_empty(v.shape, v.device) if v_wgmma else keys_contiguous_empty(v.shape, v.device)
     return (q.new_empty(q.shape, dtype=f8), k.new_empty(k.shape, dtype=f8),
-            keys_contiguous_empty(v.shape, v.device), q.new_empty((b, h, nq), dtype=torch.float32),
+            v8, q.new_empty((b, h, nq), dtype=torch.float32),
             q.new_empty((b, h_k, nk), dtype=torch.float32),
             q.new_empty((b, h_k, nk), dtype=torch.float32))
 
 
 def quantize_fp8(q: Tensor, k: Tensor, v: Tensor, signs: Optional[Tensor], block_m: int,
-                 block_n: int) -> Tuple[Tensor, ...]:
+                 block_n: int, v_wgmma: bool = False) -> Tuple[Tensor, ...]:
     """``fp8_quantize``, or its body for plain eager tensors."""
     if _eager_call(q, k, v, signs):
-        return _fp8_quantize_impl(q, k, v, signs, block_m, block_n)
-    return fp8_quantize(q, k, v, signs, block_m, block_n)
+        return _fp8_quantize_impl(q, k, v, signs, block_m, block_n, v_wgmma)
+    return fp8_quantize(q, k, v, signs, block_m, block_n, v_wgmma)
+
+
+def fp8_v_wgmma(q: Tensor) -> bool:
+    """Whether FP8 attention on q's device reads V in wgmma key order (dispatch.fp8_v_wgmma):
+    the order a quantize pass feeding it should write."""
+    return dispatch.fp8_v_wgmma(q)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -767,13 +776,15 @@ def varlen_attention_with_sink(q: Tensor, k: Tensor, v: Tensor, sink: Tensor,
 def _fp8_fwd_impl(q8: Tensor, k8: Tensor, v8: Tensor, q_descale: Tensor, k_descale: Tensor,
                   v_descale: Tensor, q_block_shift: int, kv_block_shift: int,
                   softmax_scale: float, causal: bool, window_left: int, window_right: int,
-                  softcap: float, out_dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+                  softcap: float, out_dtype: torch.dtype, v_wgmma: bool = False
+                  ) -> Tuple[Tensor, Tensor]:
     """FP8 attention forward: q8 (b, s_q, h, d), k8 (b, s_k, h_k, d), v8 (b, s_k, h_k, d_v)
-    float8_e4m3fn; descales float32 in params.Fp8Scales' block form. Returns out (b, s_q, h,
-    d_v) in ``out_dtype`` and lse float32 (b, h, s_q), contiguous."""
+    float8_e4m3fn (with ``v_wgmma``: (b, s_pad, h_k, d_v) in wgmma key order, as
+    fp8_quantize's ``v_wgmma`` writes it); descales float32 in params.Fp8Scales' block form.
+    Returns out (b, s_q, h, d_v) in ``out_dtype`` and lse float32 (b, h, s_q), contiguous."""
     params = AttnParams(softmax_scale, causal, window_left, window_right, softcap, None, 0.0, 0)
     scales = Fp8Scales(q_descale, k_descale, v_descale, q_block_shift, kv_block_shift)
-    out, lse = dispatch.fp8_forward(q8, k8, v8, scales, params, out_dtype)
+    out, lse = dispatch.fp8_forward(q8, k8, v8, scales, params, out_dtype, v_wgmma)
     return _fresh(out, lse)  # type: ignore[return-value]
 
 
@@ -782,7 +793,8 @@ fp8_fwd = torch.library.custom_op("flashattn::fp8_fwd", _fp8_fwd_impl, mutates_a
 
 @fp8_fwd.register_fake
 def _fp8_fwd_fake(q8, k8, v8, q_descale, k_descale, v_descale, q_block_shift, kv_block_shift,
-                  softmax_scale, causal, window_left, window_right, softcap, out_dtype):
+                  softmax_scale, causal, window_left, window_right, softcap, out_dtype,
+                  v_wgmma=False):
     b, s_q, h, _ = q8.shape
     return (q8.new_empty((b, s_q, h, v8.shape[-1]), dtype=out_dtype),
             q8.new_empty((b, h, s_q), dtype=torch.float32))
@@ -845,6 +857,7 @@ __all__ = [
     "combine_splits",
     "fwd_kvcache",
     "fp8_quantize",
+    "fp8_v_wgmma",
     "quantize_fp8",
     "kvcache_attention",
     "fwd",

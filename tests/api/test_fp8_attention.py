@@ -265,3 +265,38 @@ def test_fp8_op_under_compile_and_opcheck():
             return fp8.attention(qkv, causal=True)
 
         torch.testing.assert_close(f(r), fp8.attention(r, causal=True))
+
+
+@pytest.mark.parametrize("backend_name", ["cpu", "portable"])
+@pytest.mark.parametrize("s_k,block_n", [(70, 32), (45, 16), (0, 32)])
+def test_quantize_v_in_wgmma_order_feeds_the_forward(backend_name, s_k, block_n):
+    """flash_attn_fp8_func's quantize writes V in the Hopper kernels' key order
+    (fp8_format.wgmma_vt_empty): the same bytes as quantize's V, key c at
+    wgmma_key_position(c), zeros at the positions of no key; a backend that reads V in key
+    order gets it back (dispatch), so attention over it equals attention over quantize's V."""
+    from flashattn import fp8_format as F
+    from flashattn import ops
+    from flashattn.api.fp8 import quantize_for_kernels
+
+    torch.manual_seed(6)
+    q = torch.randn(2, 40, 4, 64).bfloat16()
+    k = torch.randn(2, s_k, 2, 64).bfloat16()
+    v = torch.randn(2, s_k, 2, 32).bfloat16()
+    with flashattn.use_backend(backend_name):
+        plain = quantize_for_kernels(q, k, v, True, 1, 32, block_n, v_wgmma=False)
+        w = quantize_for_kernels(q, k, v, True, 1, 32, block_n, v_wgmma=True)
+        assert w.v.shape == (2, F.wgmma_padded_keys(s_k), 2, 32) and w.v.stride(1) == 1
+        pos = F.wgmma_key_position(torch.arange(s_k))
+        assert torch.equal(w.v[:, pos].view(torch.uint8), plain.v.view(torch.uint8))
+        rest = sorted(set(range(w.v.shape[1])) - set(pos.tolist()))
+        assert torch.equal(w.v[:, rest].view(torch.uint8), torch.zeros_like(w.v[:, rest].view(torch.uint8)))
+        for t in ("q", "k", "q_descale", "k_descale", "v_descale"):
+            assert torch.equal(getattr(w, t).view(torch.uint8) if t in "qk" else getattr(w, t),
+                               getattr(plain, t).view(torch.uint8) if t in "qk" else getattr(plain, t))
+        args = (w.q_descale, w.k_descale, w.v_descale, 5, 4 if block_n == 16 else 5, 0.125, True,
+                -1, 0, 0.0, torch.bfloat16)
+        got, lse = ops.fp8_attention(w.q, w.k, w.v, *args, True)
+        want, lse_want = ops.fp8_attention(plain.q, plain.k, plain.v, *args)
+        assert torch.equal(got, want) and torch.equal(lse, lse_want)
+        e2e = fp8.flash_attn_fp8_func(q, k, v, causal=True, seed=1, block_m=32, block_n=block_n)
+        assert torch.equal(e2e, want)

@@ -105,6 +105,21 @@ def test_fa3_descale_api_and_v_layout(backend):
     assert _rmse(out.float().cpu(), exact) <= allowed
 
 
+@pytest.mark.parametrize("d,s_k,block_n", [(128, 1100, 128), (64, 777, 128), (256, 300, 128),
+                                            (128, 500, 16)])
+def test_flash_attn_fp8_func_writes_v_in_kernel_order(d, s_k, block_n):
+    """On the Hopper kernels flash_attn_fp8_func's quantize writes V in their key order (no
+    permuting pass): the output is bitwise that of fp8.attention over fp8.quantize (V in key
+    order, permuted inside the forward). block_n 16 is not a Hopper kv block: the portable
+    kernel runs it, on V handed back in key order."""
+    xs, _ = _quantized(2, 900, s_k, 4, 2, d, d)
+    for causal in (False, True):
+        want = fp8.attention(fp8.quantize(*xs, seed=0, block_n=block_n), causal=causal,
+                             out_dtype=torch.bfloat16)
+        got = fp8.flash_attn_fp8_func(*xs, causal=causal, seed=0, block_n=block_n)
+        assert torch.equal(got, want)
+
+
 def test_varlen_fp8_gpu():
     torch.manual_seed(1)
     lens = [300, 0, 1000, 17]

@@ -1,24 +1,14 @@
 """V^T in wgmma key order for the FP8 Hopper forward (fp8_format.wgmma_key_position,
 sm90/v_layout.py): a permutation inside every group of 32 keys, padded with zeros to a
-multiple of 32; the Triton pass (interpreter here) equals a torch formulation for V in the
-FA3 layout and in quantize's keys-contiguous layout."""
+multiple of 32; the Triton pass (interpreter here) equals the torch formulation
+(fp8_format.to_wgmma_order, the CPU path's) for V in the FA3 layout and in quantize's
+keys-contiguous layout, and every key lands at its position."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from flashattn import fp8_format as F
-
-
-def _wgmma_ordered_vt(v8: torch.Tensor) -> torch.Tensor:
-    """The expected layout, in torch: (b, h, d, s_pad) bytes with key c at
-    wgmma_key_position(c), zeros elsewhere, viewed as (b, s_pad, h, d)."""
-    b, s, h, d = v8.shape
-    s_pad = max(32, -(-s // 32) * 32)
-    storage = torch.zeros((b, h, d, s_pad), dtype=torch.uint8)
-    storage.index_copy_(3, F.wgmma_key_position(torch.arange(s)),
-                        v8.view(torch.uint8).permute(0, 2, 3, 1))
-    return storage.view(F.FP8_DTYPE).permute(0, 3, 1, 2)
 
 
 def test_positions_are_a_permutation_inside_each_group():
@@ -38,7 +28,7 @@ def test_triton_pass_matches_torch(shape):
     torch.manual_seed(0)
     v = torch.randn(*shape).to(torch.float8_e4m3fn)
     for layout in (v, F.keys_contiguous_empty(v.shape, v.device).copy_(v)):
-        want = _wgmma_ordered_vt(layout)
+        want = F.to_wgmma_order(layout)
         got = v_layout.wgmma_ordered_vt(layout)
         assert got.shape == want.shape and got.stride() == want.stride()
         assert torch.equal(got.permute(0, 2, 3, 1).contiguous().view(torch.uint8),

@@ -88,16 +88,24 @@ def quantize(q: Tensor, k: Tensor, v: Tensor, *, incoherent: bool = True,
 
     Returns a :class:`QuantizedQKV`.
     """
+    return quantize_for_kernels(q, k, v, incoherent, seed, block_m, block_n, v_wgmma=False)
+
+
+def quantize_for_kernels(q: Tensor, k: Tensor, v: Tensor, incoherent: bool, seed: Optional[int],
+                         block_m: int, block_n: int, v_wgmma: bool) -> QuantizedQKV:
+    """:func:`quantize`'s body; ``v_wgmma``: V in the Hopper kernels' key order
+    (fp8_format.wgmma_vt_empty, (b, s_pad, h_k, d_v)) instead of key order: for
+    flash_attn_fp8_func, which hands it straight to the forward (not a layout to dequantize)."""
     _v.check_qkv(q, k, v, ("q", "k", "v"))
     incoherent = _v.check_bool(incoherent, "incoherent")
     block_m, block_n = _check_block(block_m, "block_m"), _check_block(block_n, "block_n")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
         raise TypeError(f"seed must be an int or None, got {seed!r}")
     signs = random_signs(q.shape[-1], seed, q.device) if incoherent else None
-    q8, k8, v8, qs, ks, vs = _ops.quantize_fp8(q, k, v, signs, block_m, block_n)
+    q8, k8, v8, qs, ks, vs = _ops.quantize_fp8(q, k, v, signs, block_m, block_n, v_wgmma)
     # (a copy: a seeded sign vector is cached per device, the caller may write to theirs)
     signs = signs.clone() if signs is not None else None
     return QuantizedQKV(q8, k8, v8, qs, ks, vs, signs, block_m, block_n)
 
 
-__all__ = ["QuantizedQKV", "quantize", "random_signs"]
+__all__ = ["QuantizedQKV", "quantize", "quantize_for_kernels", "random_signs"]

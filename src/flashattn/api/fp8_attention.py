@@ -23,7 +23,7 @@ from flashattn import ops as _ops
 from flashattn.api import out as _out
 from flashattn.api import params as _p
 from flashattn.api import validation as _v
-from flashattn.api.fp8 import QuantizedQKV, quantize
+from flashattn.api.fp8 import QuantizedQKV, quantize_for_kernels
 from flashattn.params import ONE_BLOCK_SHIFT
 
 Tensor = torch.Tensor
@@ -213,11 +213,20 @@ def attention_quantized(qkv: QuantizedQKV, softmax_scale: Optional[float] = None
     rotation does not change the head dim); out_dtype default bfloat16. Returns out (b, s_q,
     h, d_v), or (out, lse (b, h, s_q) float32) with ``return_lse``.
     """
+    return _attention_quantized(qkv, softmax_scale, causal, window_size, softcap, out_dtype,
+                                return_lse, v_wgmma=False)
+
+
+def _attention_quantized(qkv: QuantizedQKV, softmax_scale: Optional[float], causal: bool,
+                         window_size: Tuple[int, int], softcap: float,
+                         out_dtype: Optional[torch.dtype], return_lse: bool, v_wgmma: bool):
+    """attention_quantized's body; ``v_wgmma``: qkv.v is in wgmma key order (quantized for
+    the Hopper kernels by flash_attn_fp8_func: fp8_format.wgmma_vt_empty's layout)."""
     if not isinstance(qkv, QuantizedQKV):
         raise TypeError(f"qkv must be the QuantizedQKV that flashattn.fp8.quantize returns, got "
                         f"{_v._describe(qkv)}")
     q, k, v = qkv.q, qkv.k, qkv.v
-    check_fp8_qkv(q, k, v, ("qkv.q", "qkv.k", "qkv.v"))
+    check_fp8_qkv(q, k, v[:, :k.shape[1]] if v_wgmma else v, ("qkv.q", "qkv.k", "qkv.v"))
     out_dtype = _check_out_dtype(out_dtype)
     b, s_q, h, d = q.shape
     s_k, h_k = k.shape[1], k.shape[2]
@@ -238,7 +247,7 @@ def attention_quantized(qkv: QuantizedQKV, softmax_scale: Optional[float] = None
                                   qkv.k_descale.contiguous(), qkv.v_descale.contiguous(),
                                   int(qkv.block_m).bit_length() - 1,
                                   int(qkv.block_n).bit_length() - 1, scale, causal, left, right,
-                                  softcap, out_dtype)
+                                  softcap, out_dtype, v_wgmma)
     return (out, lse) if return_lse else out
 
 
@@ -270,10 +279,11 @@ def flash_attn_fp8_func(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional
         if isinstance(x, torch.Tensor) and x.requires_grad and torch.is_grad_enabled():
             raise RuntimeError(f"{n} requires grad: {_NO_BACKWARD} (or run "
                                f"flash_attn_fp8_func under torch.no_grad())")
-    qkv8 = quantize(q, k, v, incoherent=incoherent, seed=seed, block_m=block_m, block_n=block_n)
-    return attention_quantized(qkv8, softmax_scale=softmax_scale, causal=causal,
-                               window_size=window_size, softcap=softcap, out_dtype=q.dtype,
-                               return_lse=return_lse)
+    # on the Hopper kernels the quantize pass writes V in their key order (no permuting pass)
+    v_wgmma = isinstance(q, torch.Tensor) and _ops.fp8_v_wgmma(q)
+    qkv8 = quantize_for_kernels(q, k, v, incoherent, seed, block_m, block_n, v_wgmma)
+    return _attention_quantized(qkv8, softmax_scale, causal, window_size, softcap, q.dtype,
+                                return_lse, v_wgmma)
 
 
 __all__ = ["attention_quantized", "check_descale", "check_descales_need_fp8", "check_fp8_qkv", "dense",

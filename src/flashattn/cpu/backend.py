@@ -14,6 +14,7 @@ from flashattn.cpu import dense as _dense
 from flashattn.cpu import fp8 as _fp8
 from flashattn.cpu import kvcache as _kv
 from flashattn.params import AttnParams, Fp8Scales
+from flashattn.fp8_format import to_wgmma_order
 
 Tensor = torch.Tensor
 
@@ -216,9 +217,13 @@ def combine(out_partial: Tensor, lse_partial: Tensor, out: Optional[Tensor],
 
 
 def fp8_quantize(q: Tensor, k: Tensor, v: Tensor, signs: Optional[Tensor], block_m: int,
-                 block_n: int) -> Tuple[Tensor, ...]:
-    """FP8 block quantization (+ incoherent processing with ``signs``): see cpu/fp8.py."""
-    return _fp8.fp8_quantize(q, k, v, signs, block_m, block_n)
+                 block_n: int, v_wgmma: bool = False) -> Tuple[Tensor, ...]:
+    """FP8 block quantization (+ incoherent processing with ``signs``): see cpu/fp8.py; V in
+    wgmma key order with ``v_wgmma`` (fp8_format.to_wgmma_order)."""
+    q8, k8, v8, qs, ks, vs = _fp8.fp8_quantize(q, k, v, signs, block_m, block_n)
+    if v_wgmma:
+        v8 = to_wgmma_order(v8)
+    return q8, k8, v8, qs, ks, vs
 
 
 __all__ = ["append_kv", "bwd", "combine", "fp8_fwd", "fp8_quantize", "fp8_varlen_fwd", "fwd",

@@ -32,11 +32,13 @@ def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
 
 
 def fp8_fwd(q8: Tensor, k8: Tensor, v8: Tensor, scales: Fp8Scales, p: AttnParams,
-            out_dtype: torch.dtype):
-    """Dense FP8 forward (Gluon, e4m3 wgmma): (out, lse)."""
+            out_dtype: torch.dtype, v_wgmma: bool = False):
+    """Dense FP8 forward (Gluon, e4m3 wgmma): (out, lse). ``v_wgmma``: v8 already in wgmma key
+    order (fp8_format.wgmma_vt_empty), else any layout (permuted by one pass first)."""
     return _fwd.flash_fwd_hopper_fp8(q8, k8, v8, scales, softmax_scale=p.softmax_scale,
                                      window_left=p.window_left, window_right=p.window_right,
-                                     softcap=p.softcap, out_dtype=out_dtype)
+                                     softcap=p.softcap, out_dtype=out_dtype,
+                                     v_in_wgmma_order=v_wgmma)
 
 
 __all__ = ["bwd", "fp8_fwd", "fwd"]

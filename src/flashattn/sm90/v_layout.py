@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flashattn.fp8_format import FP8_DTYPE, WGMMA_KEY_GROUP
+from flashattn.fp8_format import FP8_DTYPE, wgmma_padded_keys
 from flashattn.runtime.launch import launch_jit
 
 
@@ -47,7 +47,7 @@ def wgmma_ordered_vt(v8: torch.Tensor) -> torch.Tensor:
     """V (b, s_k, h_k, d_v) float8_e4m3fn, any strides -> a (b, s_pad, h_k, d_v) view of a
     (b, h_k, d_v, s_pad) tensor in wgmma key order (see module doc)."""
     b, s, h, d = v8.shape
-    s_pad = max(WGMMA_KEY_GROUP, -(-s // WGMMA_KEY_GROUP) * WGMMA_KEY_GROUP)
+    s_pad = wgmma_padded_keys(s)
     out = torch.empty((b, h, d, s_pad), dtype=torch.uint8, device=v8.device)
     if out.numel():
         src = v8.view(torch.uint8)

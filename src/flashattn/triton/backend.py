@@ -75,10 +75,11 @@ def _fp8_kwargs(p: AttnParams):
 
 
 def fp8_quantize(q: Tensor, k: Tensor, v: Tensor, signs: Optional[Tensor], block_m: int,
-                 block_n: int) -> Tuple[Tensor, ...]:
-    """The fused FP8 quantization pass (triton/fp8_quantize.py), same results as cpu/fp8.py."""
+                 block_n: int, v_wgmma: bool = False) -> Tuple[Tensor, ...]:
+    """The fused FP8 quantization pass (triton/fp8_quantize.py), same results as cpu/fp8.py
+    (V in wgmma key order with ``v_wgmma``)."""
     return _quantize.quantize_qkv(q, k, v, signs, block_m, block_n,
-                                  interpret=q.device.type == "cpu")
+                                  interpret=q.device.type == "cpu", v_wgmma=v_wgmma)
 
 
 def append_kv(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor,

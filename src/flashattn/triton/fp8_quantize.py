@@ -25,7 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
-from flashattn.fp8_format import hadamard, hadamard_block, keys_contiguous_empty
+from flashattn.fp8_format import (WGMMA_KEY_GROUP, hadamard, hadamard_block,
+                                  keys_contiguous_empty, wgmma_vt_empty)
 from flashattn.runtime.device import sm_count
 from flashattn.runtime.grid import cdiv, next_pow2
 
@@ -65,8 +66,12 @@ def _quantize_tile(X, Out, Descale, h, h2, signs, signs2, tile, stride_xb, strid
                    n_blocks, inv_sqrt_block, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                    BLOCK: tl.constexpr, ROTATE: tl.constexpr, HALVES: tl.constexpr,
                    MIX: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
-                   EXACT_ROUND: tl.constexpr):
+                   EXACT_ROUND: tl.constexpr, WGMMA_ROWS: tl.constexpr):
     """One (BLOCK rows, head dim) tile of one (batch, head): tile = bh * n_blocks + block.
+
+    WGMMA_ROWS (V for the Hopper FP8 forward): row r is stored at position
+    wgmma_key_position(r) (fp8_format), and rows past seqlen up to the padded length (a
+    multiple of 32, which the tiles cover when BLOCK >= 32) are stored as zeros.
 
     HALVES (BLOCK_D = 256, rotated): the tile as two 128-column halves x1, x2, so the ±1
     matrices in shared memory are 128 x 128 (a 256 x 256 one does not fit beside the tile).
@@ -81,8 +86,16 @@ def _quantize_tile(X, Out, Descale, h, h2, signs, signs2, tile, stride_xb, strid
     cols = tl.arange(0, W)
     x_base = (X + off_b.to(tl.int64) * stride_xb + off_h.to(tl.int64) * stride_xh
               + rows[:, None].to(tl.int64) * stride_xs)
+    if WGMMA_ROWS:
+        # key r = 32 n + 16 a + 8 b + 2 t + w -> position 32 n + 16 a + 4 t + 2 b + w
+        out_rows = ((rows >> 5) << 5) | (((rows >> 4) & 1) << 4) | (((rows >> 1) & 3) << 2) \
+            | (((rows >> 3) & 1) << 1) | (rows & 1)
+        stored = (rows[:, None] < ((seqlen + 31) // 32) * 32) & (cols[None, :] < HEAD_DIM)
+    else:
+        out_rows = rows
+        stored = (rows[:, None] < seqlen) & (cols[None, :] < HEAD_DIM)
     o_base = (Out + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh
-              + rows[:, None].to(tl.int64) * stride_os)
+              + out_rows[:, None].to(tl.int64) * stride_os)
     inside = (rows[:, None] < seqlen) & (cols[None, :] < HEAD_DIM)
     x = tl.load(x_base + cols[None, :], mask=inside, other=0.0)
     if HALVES:
@@ -112,19 +125,19 @@ def _quantize_tile(X, Out, Descale, h, h2, signs, signs2, tile, stride_xb, strid
     # multiply by the fp32 reciprocal (cpu/fp8.py does the same): a division per element
     # would cost ~10 instructions
     inv = 1.0 / descale
-    _store_e4m3(o_base, cols, y1, inv, inside, stride_od, EXACT_ROUND)
+    _store_e4m3(o_base, cols, y1, inv, stored, stride_od, EXACT_ROUND)
     if HALVES:
         _store_e4m3(o_base, W + cols, y2, inv, inside2, stride_od, EXACT_ROUND)
     tl.store(Descale + pid_bh.to(tl.int64) * n_blocks + pid_blk, descale)
 
 
 @triton.jit
-def _store_e4m3(o_base, cols, y, inv, inside, stride_od, EXACT_ROUND: tl.constexpr):
+def _store_e4m3(o_base, cols, y, inv, stored, stride_od, EXACT_ROUND: tl.constexpr):
     ys = tl.minimum(tl.maximum(y * inv, -E4M3_MAX), E4M3_MAX)
     if EXACT_ROUND:  # the interpreter's own conversion does not round to nearest even
         ys = round_e4m3(ys)
     tl.store(o_base + cols[None, :].to(tl.int64) * stride_od,
-             ys.to(o_base.dtype.element_ty), mask=inside)
+             ys.to(o_base.dtype.element_ty), mask=stored)
 
 
 @triton.jit
@@ -135,7 +148,8 @@ def _quantize_kernel(X, Out, Descale, Had, Signs,
                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr,
                      ROTATE: tl.constexpr, HALVES: tl.constexpr, MIX: tl.constexpr,
                      DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
-                     EXACT_ROUND: tl.constexpr, NUM_STAGES: tl.constexpr):
+                     EXACT_ROUND: tl.constexpr, NUM_STAGES: tl.constexpr,
+                     WGMMA_ROWS: tl.constexpr):
     """Persistent: each program walks tiles pid, pid + nprog, ... so Triton's pipeliner loads
     the next tile while this one is rotated, reduced and stored (one tile per program left
     the load latency exposed: 0.97 TB/s measured on the H100). Had: (BLOCK_D, BLOCK_D) ±1, or
@@ -159,7 +173,7 @@ def _quantize_kernel(X, Out, Descale, Had, Signs,
         _quantize_tile(X, Out, Descale, h, h2, signs, signs2, tile, stride_xb, stride_xs,
                        stride_xh, stride_ob, stride_os, stride_oh, stride_od, seqlen, nheads,
                        n_blocks, inv_sqrt_block, HEAD_DIM, BLOCK_D, BLOCK, ROTATE, HALVES, MIX,
-                       DOT_PREC, UPCAST, EXACT_ROUND)
+                       DOT_PREC, UPCAST, EXACT_ROUND, WGMMA_ROWS)
 
 
 @functools.lru_cache(maxsize=32)
@@ -184,7 +198,7 @@ _HALF_MAX = 128
 
 def _launch(x: torch.Tensor, out: torch.Tensor, out_strides, descale: torch.Tensor,
             block: int, signs: Optional[torch.Tensor], interpret: bool,
-            tuning: Optional[dict] = None) -> None:
+            tuning: Optional[dict] = None, wgmma_rows: bool = False) -> None:
     """One tensor's pass. ``tuning`` (probes only): {"warps", "per_sm", "stages"} overrides."""
     b, s, h, d = x.shape
     block_d = max(16, next_pow2(d))
@@ -224,25 +238,30 @@ def _launch(x: torch.Tensor, out: torch.Tensor, out_strides, descale: torch.Tens
         HEAD_DIM=d, BLOCK_D=block_d, BLOCK=block, ROTATE=rotate,
         HALVES=rotate and block_d > _HALF_MAX, MIX=hadamard_block(d) > _HALF_MAX,
         DOT_PREC="ieee" if upcast else "tf32", UPCAST=upcast, EXACT_ROUND=interpret,
-        NUM_STAGES=stages, num_warps=warps)
+        NUM_STAGES=stages, WGMMA_ROWS=wgmma_rows, num_warps=warps)
 
 
 def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, signs: Optional[torch.Tensor],
-                 block_m: int, block_n: int, interpret: bool = False):
+                 block_m: int, block_n: int, interpret: bool = False, v_wgmma: bool = False):
     """The fused pass: (q8, k8, v8, q_descale, k_descale, v_descale) as cpu.fp8.fp8_quantize
-    returns them (v8 with keys contiguous: ``fp8_format.keys_contiguous_empty``). q (b, s_q, h, d),
-    k (b, s_k, h_k, d), v (b, s_k, h_k, d_v), last dim contiguous; signs (d,) ±1 or None."""
+    returns them (v8 with keys contiguous: ``fp8_format.keys_contiguous_empty``; with
+    ``v_wgmma`` in wgmma key order instead, ``fp8_format.wgmma_vt_empty``'s layout, which the
+    Hopper FP8 forward reads without a copy). q (b, s_q, h, d), k (b, s_k, h_k, d), v (b, s_k,
+    h_k, d_v), last dim contiguous; signs (d,) ±1 or None."""
     outs = []
     for x, block, rot in ((q, block_m, signs), (k, block_n, signs), (v, block_n, None)):
         b, s, h, d = x.shape
-        if x is v:
+        wgmma_rows = v_wgmma and x is v
+        if wgmma_rows:  # (tiles of fewer than 32 rows leave the padding to a zeroed buffer)
+            x8 = wgmma_vt_empty(v.shape, v.device, zero=block_n < WGMMA_KEY_GROUP or s == 0)
+        elif x is v:
             x8 = keys_contiguous_empty(v.shape, v.device)
         else:
             x8 = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
         descale = torch.empty((b, h, cdiv(s, block)), dtype=torch.float32, device=x.device)
         if x.numel():
             strides = (x8.stride(0), x8.stride(1), x8.stride(2), x8.stride(3))
-            _launch(x, x8, strides, descale, block, rot, interpret)
+            _launch(x, x8, strides, descale, block, rot, interpret, wgmma_rows=wgmma_rows)
         elif descale.numel():
             descale.fill_(1.0)
         outs.append((x8, descale))

@@ -101,9 +101,13 @@ def to_wgmma_order(v8: torch.Tensor) -> torch.Tensor:
 
 def from_wgmma_order(v8w: torch.Tensor, seqlen_k: int) -> torch.Tensor:
     """The inverse of to_wgmma_order: (b, s_pad, h_k, d_v) in wgmma key order -> (b, seqlen_k,
-    h_k, d_v) in key order (a gather: for backends that read V in key order)."""
+    h_k, d_v) in key order, keys contiguous (keys_contiguous_empty's layout: the V a quantize
+    pass writes without the wgmma order, so a backend reading it runs exactly as on that)."""
+    b, _, h, d = v8w.shape
     pos = wgmma_key_position(torch.arange(seqlen_k, device=v8w.device))
-    return v8w.view(torch.uint8).index_select(1, pos).view(FP8_DTYPE)
+    out = keys_contiguous_empty((b, seqlen_k, h, d), v8w.device)
+    out.view(torch.uint8).copy_(v8w.view(torch.uint8).index_select(1, pos))
+    return out
 
 
 def block_index(positions: torch.Tensor, block_shift: int, n_blocks: int) -> torch.Tensor:

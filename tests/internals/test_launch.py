@@ -131,3 +131,42 @@ def test_plans_build_once_per_key_and_forget_past_the_cap(monkeypatch) -> None:
         plans.launch(key, (t,), build)
     # a: built, replayed, (b built), replayed; c: cap reached -> all dropped; a: built again
     assert len(built) == 4 and len(replayed) == 2
+
+
+def test_tuned_launch_plans_once_a_winner_is_known(monkeypatch) -> None:
+    """launch_tuned_planned: the autotuner's path until a winner exists, then the plans, keyed
+    by the non-tensor arguments, the tensors' dtypes and the resolved grid (a varlen call's
+    batch reaches only the grid); plans=None always takes launch_tuned."""
+    import torch
+
+    tuned, planned = [], []
+    monkeypatch.setattr(launch, "INTERPRET", False)
+    monkeypatch.setattr(launch, "launch_tuned", lambda *a, **k: tuned.append(a))
+
+    class _Plans:
+        def launch(self, key, tensors, build):
+            planned.append((key, tensors, build()))
+
+    class _Winner:
+        def all_kwargs(self):
+            return {"BLOCK_M": 64, "num_warps": 4}
+
+    tuner = type("Tuner", (), {"fn": "kernel"})()
+    t = torch.zeros(4)
+    n_seqs = [3]
+
+    def grid(meta):
+        return (n_seqs[0] * 2, 128 // meta["BLOCK_M"])
+
+    launch.launch_tuned_planned(_Plans(), tuner, grid, "k", (t,), t, 5, HEAD=8)
+    assert len(tuned) == 1 and not planned  # no winner yet
+    monkeypatch.setitem(launch._WINNERS, (id(tuner), "k", 8), _Winner())
+    launch.launch_tuned_planned(None, tuner, grid, "k", (t,), t, 5, HEAD=8)
+    assert len(tuned) == 2 and not planned  # no plans: the tuned path
+    launch.launch_tuned_planned(_Plans(), tuner, grid, "k", (t,), t, 5, HEAD=8)
+    n_seqs[0] = 4
+    launch.launch_tuned_planned(_Plans(), tuner, grid, "k", (t,), t, 5, HEAD=8)
+    (key1, tensors, (fn, _, args, kwargs)), (key2, _, _) = planned
+    assert tensors == (t,) and fn == "kernel" and args == (t, 5)
+    assert kwargs == {"HEAD": 8, "BLOCK_M": 64, "num_warps": 4}
+    assert key1 != key2 and key1[-1] == (6, 2) and key2[-1] == (8, 2)

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from flashattn.triton import config
-from flashattn.runtime.launch import launch_tuned
+from flashattn.runtime.launch import LaunchPlans, launch_tuned_planned
 from flashattn.philox import dropout_threshold
 from flashattn.triton.mask import (LN2, LOG2E, dropout_keep, key_range, score_mod,
                                      score_scales, seq_bounds, visible_mask)
@@ -310,9 +310,11 @@ def _launch_fwd(q, k, v, out, lse, p_mat, strides, n_seqs, seqlen_q, seqlen_k, l
     config.install_allocator()
     bucket = config.seq_bucket(seqlen_q, seqlen_k)
     tuned_key = (bucket, q.dtype, k.dtype, v.dtype, alibi_arg.dtype)
-    launch_tuned(
-        _fwd_autotuned, grid, tuned_key,
-        q, k, v, out, lse, alibi_arg, p_arg, cu_q, cu_k, seqused_k,
+    tensors = (q, k, v, out, lse, alibi_arg, p_arg, cu_q, cu_k, seqused_k)
+    # (dropout's seed changes every call: a plan per call would only churn the cache)
+    launch_tuned_planned(
+        None if has_dropout else _FWD_PLANS, _fwd_autotuned, grid, tuned_key, tensors,
+        *tensors,
         *strides[0], *strides[1], *strides[2], *strides[3],
         alibi_strides[0], alibi_strides[1],
         p_strides[0], p_strides[1], p_strides[2],
@@ -329,6 +331,10 @@ def _launch_fwd(q, k, v, out, lse, p_mat, strides, n_seqs, seqlen_q, seqlen_k, l
         USE_TMA=config.use_tma(k, v), VARLEN=varlen, HAS_SEQUSED=has_seqused,
         BH_AXIS0=bh_axis0,
     )
+
+
+# launch plans of the forward's repeated call shapes (the ten tensor arguments are the slots)
+_FWD_PLANS = LaunchPlans(slots=tuple(range(10)))
 
 
 def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_scale: float,

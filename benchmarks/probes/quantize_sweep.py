@@ -39,7 +39,8 @@ def main() -> int:
             strides = tuple(out.stride())
             rot = signs if kind == "qk" else None
             best = None
-            for warps, stages, per_sm in itertools.product((4, 8), (1, 2, 3), (1, 2, 4)):
+            warp_counts = (4, 8, 16) if d >= 192 else (4, 8)
+            for warps, stages, per_sm in itertools.product(warp_counts, (1, 2, 3), (1, 2, 4)):
                 tuning = dict(warps=warps, stages=stages, per_sm=per_sm)
                 try:
                     fn = lambda: _launch(x, out, strides, descale, block, rot, False, tuning)  # noqa: E731

@@ -213,7 +213,9 @@ def _launch(x: torch.Tensor, out: torch.Tensor, out_strides, descale: torch.Tens
     # stages keep the next tiles' loads in flight (d = 128: 65 -> 48 us, 2.11 TB/s). V
     # (no rotation, a transposing store) gains nothing from stages and wants more programs
     # instead (d = 128: 61 -> 43 us, 2.33 TB/s).
-    if rotate:
+    if rotate and block_d > _HALF_MAX:  # two 128-column halves (d = 256: 74 -> 61 us)
+        per_sm, stages = 2, 2
+    elif rotate:
         per_sm, stages = (1, 3) if big else (2, 3)
     else:
         per_sm, stages = (2, 1) if big else (4, 1)

@@ -106,11 +106,11 @@ def test_fa3_descale_api_and_v_layout(backend):
 
 
 @pytest.mark.parametrize("d,s_k,block_n", [(128, 1100, 128), (64, 777, 128), (256, 300, 128),
-                                            (128, 500, 16)])
+                                            (128, 500, 32)])
 def test_flash_attn_fp8_func_writes_v_in_kernel_order(d, s_k, block_n):
     """On the Hopper kernels flash_attn_fp8_func's quantize writes V in their key order (no
     permuting pass): the output is bitwise that of fp8.attention over fp8.quantize (V in key
-    order, permuted inside the forward). block_n 16 is not a Hopper kv block: the portable
+    order, permuted inside the forward). block_n 32 is not a Hopper kv block: the portable
     kernel runs it, on V handed back in key order."""
     xs, _ = _quantized(2, 900, s_k, 4, 2, d, d)
     for causal in (False, True):
@@ -118,6 +118,18 @@ def test_flash_attn_fp8_func_writes_v_in_kernel_order(d, s_k, block_n):
                              out_dtype=torch.bfloat16)
         got = fp8.flash_attn_fp8_func(*xs, causal=causal, seed=0, block_n=block_n)
         assert torch.equal(got, want)
+
+
+def test_kv_scale_blocks_below_the_smallest_key_tile_are_refused():
+    """One V descale per key tile: scale blocks of fewer keys than the GPU's smallest FP8 dot K
+    (32) would straddle tiles; they raise, naming block_n (before: a compile error at 16,
+    silently mis-scaled below)."""
+    xs, _ = _quantized(1, 100, 100, 2, 2, 64, 64)
+    for block_n in (16, 8):
+        with pytest.raises(ValueError, match="block_n"):
+            fp8.attention(fp8.quantize(*xs, seed=0, block_n=block_n))
+        with pytest.raises(ValueError, match="block_n"):
+            fp8.flash_attn_fp8_func(*xs, seed=0, block_n=block_n)
 
 
 def test_varlen_fp8_gpu():

@@ -200,15 +200,27 @@ def fp8_dot_supported(device: torch.device) -> bool:
     return tuple(_device.capability(_device.device_index(device))) >= (8, 9)
 
 
-def _tiles(head_dim: int, head_dim_v: int, kv_block: int) -> Tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages); BLOCK_N never straddles a kv scale block."""
+def min_dot_k(fp8_dot: bool) -> int:
+    """The smallest K of ``tl.dot`` on the GPU: 32 for e4m3 operands, 16 for the upcast ones.
+    It bounds the key tile (P·V's K) and the padded head dim (Q·K^T's K)."""
+    return 32 if fp8_dot else 16
+
+
+def _tiles(head_dim: int, head_dim_v: int, kv_block: int,
+           fp8_dot: bool) -> Tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages); BLOCK_N never straddles a kv scale block (one
+    V descale per key tile), so kv scale blocks below the GPU's smallest dot K are refused."""
     if INTERPRET:
         return 16, min(16, kv_block), 4, 1
+    if kv_block < min_dot_k(fp8_dot):
+        raise ValueError(f"FP8 attention on this GPU needs K / V scale blocks of at least "
+                         f"{min_dot_k(fp8_dot)} keys (block_n of flashattn.fp8.quantize), got "
+                         f"{kv_block}")
     # register use on sm90 (AOT, ptxas): d 64 (128, 128) 221 regs; d 128 (128, 128) spills
     # 104 bytes non-causal, (128, 64) 171; d 256 (128, 64) 255, no spill
     d = max(head_dim, head_dim_v)
     bm, bn, warps, stages = (128, 128, 8, 3) if d <= 64 else (128, 64, 8, 3)
-    return bm, max(16, min(bn, kv_block)), warps, stages
+    return bm, min(bn, kv_block), warps, stages
 
 
 def _launch(q8, k8, v8, out, lse, scales: Fp8Scales, strides, n_seqs, seqlen_q, seqlen_k,
@@ -219,7 +231,9 @@ def _launch(q8, k8, v8, out, lse, scales: Fp8Scales, strides, n_seqs, seqlen_q, 
     cu_q, cu_k, seqused_k = seqlens if varlen else (lse, lse, None)
     has_seqused = seqused_k is not None
     kv_block = 1 << min(scales.kv_block_shift, 30)
-    bm, bn, warps, stages = _tiles(head_dim, head_dim_v, kv_block)
+    fp8_dot = fp8_dot_supported(q8.device)
+    bm, bn, warps, stages = _tiles(head_dim, head_dim_v, kv_block, fp8_dot)
+    min_d = 16 if INTERPRET else min_dot_k(fp8_dot)
     axis0 = bh_on_axis0(n_seqs * nheads, varlen)
     grid = ((n_seqs * nheads, cdiv(seqlen_q, bm)) if axis0
             else (cdiv(seqlen_q, bm), n_seqs * nheads))
@@ -232,10 +246,10 @@ def _launch(q8, k8, v8, out, lse, scales: Fp8Scales, strides, n_seqs, seqlen_q, 
         min(scales.q_block_shift, 31), min(scales.kv_block_shift, 31),
         float(softmax_scale), float(softcap), int(window_left), int(window_right),
         HEAD_DIM=head_dim, HEAD_DIM_V=head_dim_v,
-        BLOCK_D=max(16, next_pow2(head_dim)), BLOCK_DV=max(16, next_pow2(head_dim_v)),
+        BLOCK_D=max(min_d, next_pow2(head_dim)), BLOCK_DV=max(16, next_pow2(head_dim_v)),
         BLOCK_M=bm, BLOCK_N=bn,
         HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, HAS_SOFTCAP=softcap > 0.0,
-        FP8_DOT=fp8_dot_supported(q8.device), VARLEN=varlen, HAS_SEQUSED=has_seqused,
+        FP8_DOT=fp8_dot, VARLEN=varlen, HAS_SEQUSED=has_seqused,
         BH_AXIS0=axis0, num_warps=warps, num_stages=stages)
 
 

@@ -129,8 +129,11 @@ def test_incoherent_processing_lowers_the_error_on_outliers():
 def test_op_under_compile_and_opcheck():
     q, k, v = torch.randn(1, 40, 4, 64), torch.randn(1, 24, 2, 64), torch.randn(1, 24, 2, 32)
     signs = fp8.random_signs(64, 1, q.device)
-    torch.library.opcheck(torch.ops.flashattn.fp8_quantize.default, (q, k, v, signs, 16, 16),
-                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
+    for v_wgmma in (False, True):  # (True: V in the Hopper kernels' key order, padded)
+        torch.library.opcheck(torch.ops.flashattn.fp8_quantize.default,
+                              (q, k, v, signs, 16, 16, v_wgmma),
+                              test_utils=("test_schema", "test_faketensor",
+                                          "test_aot_dispatch_static"))
     eager = fp8.quantize(q, k, v, seed=1, block_m=16, block_n=16)
     compiled = torch.compile(lambda a, b, c: fp8.quantize(a, b, c, seed=1, block_m=16,
                                                           block_n=16), fullgraph=True,

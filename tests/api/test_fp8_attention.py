@@ -296,6 +296,10 @@ def test_quantize_v_in_wgmma_order_feeds_the_forward(backend_name, s_k, block_n)
         args = (w.q_descale, w.k_descale, w.v_descale, 5, 4 if block_n == 16 else 5, 0.125, True,
                 -1, 0, 0.0, torch.bfloat16)
         got, lse = ops.fp8_attention(w.q, w.k, w.v, *args, True)
+        if s_k:  # the registered op (torch.compile's path) with V in that order
+            torch.library.opcheck(torch.ops.flashattn.fp8_fwd.default,
+                                  (w.q, w.k, w.v, *args, True),
+                                  test_utils=("test_faketensor",))  # (schema check: no fp8 mul)
         want, lse_want = ops.fp8_attention(plain.q, plain.k, plain.v, *args)
         assert torch.equal(got, want) and torch.equal(lse, lse_want)
         e2e = fp8.flash_attn_fp8_func(q, k, v, causal=True, seed=1, block_m=32, block_n=block_n)

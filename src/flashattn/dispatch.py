@@ -296,15 +296,26 @@ def _one_row_right_edge(params: AttnParams, s_q: int) -> AttnParams:
     return params
 
 
+def _small_query_runner(q: torch.Tensor, k: torch.Tensor, params: AttnParams):
+    """The dense forward through the decode kernel (k / v a full 'cache' of s_k keys), as a
+    call ``run(q, k, v) -> (out, lse)`` for tensors of these shapes. What depends only on the
+    shapes is made once: the bottom-right params and the (b,) int32 key counts, which the
+    kernel only reads (a repeated call, e.g. a generate() step without padding through the
+    fast path's runner, saves an allocation and a fill launch)."""
+    row_params = _one_row_right_edge(params, q.shape[1])
+    seqlens = torch.full((q.shape[0],), k.shape[1], dtype=torch.int32, device=q.device)
+    decode = backend("portable").kvcache_attention
+
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        return decode(q, k, v, seqlens, 0, p=row_params, leftpad=None, batch_idx=None,
+                      block_table=None, num_splits=0, capacity=k.shape[1])
+    return run
+
+
 def _small_query_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          params: AttnParams) -> Tuple[torch.Tensor, torch.Tensor, None]:
-    """The dense forward through the decode kernel: k / v are a full 'cache' of s_k keys."""
-    b, s_k = q.shape[0], k.shape[1]
-    params = _one_row_right_edge(params, q.shape[1])
-    seqlens = torch.full((b,), s_k, dtype=torch.int32, device=q.device)
-    out, lse = backend("portable").kvcache_attention(
-        q, k, v, seqlens, 0, p=params, leftpad=None, batch_idx=None, block_table=None,
-        num_splits=0, capacity=s_k)
+    """The dense forward through the decode kernel (see _small_query_runner)."""
+    out, lse = _small_query_runner(q, k, params)(q, k, v)
     return out, lse, None
 
 
@@ -328,7 +339,7 @@ def forward_runner(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: At
     if _is_degenerate(q, k):
         return lambda q, k, v: _degenerate_fwd(q, k, v, False)[:2]
     if _small_query(q, k, v, params, False):
-        return lambda q, k, v: _small_query_forward(q, k, v, params)[:2]
+        return _small_query_runner(q, k, params)  # (its shape-only parts made once)
     fwd = backend(select("fwd", q, k, v, params, False)).fwd
     return lambda q, k, v: fwd(q, k, v, params, False)[:2]
 

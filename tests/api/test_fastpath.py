@@ -122,3 +122,26 @@ def test_entries_are_bounded():
     for i in range(fastpath.MAX_ENTRIES + 3):
         flashattn.flash_attn_func(q, q, q, softmax_scale=0.1 + i * 1e-3)
     assert len(fastpath.DENSE._entries) <= fastpath.MAX_ENTRIES
+
+
+def test_small_query_runner_keeps_only_shape_facts(monkeypatch):
+    """A repeated few-query call (the decode kernel through the dense API, portable backend)
+    reuses its runner's key counts and params, never the previous call's data: every hit
+    with new tensors matches float64 attention of those tensors."""
+    from flashattn.reference import attention_ref
+    from tests.settings import set_env
+
+    set_env(monkeypatch, FLASHATTN_BACKEND="portable")
+    torch.manual_seed(3)
+
+    def draw():
+        return torch.randn(2, 1, 4, 16), torch.randn(2, 37, 2, 16), torch.randn(2, 37, 2, 16)
+
+    flashattn.flash_attn_func(*draw(), causal=True)  # records the signature
+    (key, _), = fastpath.DENSE._entries.items()
+    for _ in range(2):
+        q, k, v = draw()
+        out = flashattn.flash_attn_func(q, k, v, causal=True)
+        assert list(fastpath.DENSE._entries) == [key]  # a hit, no new entry
+        want, _ = attention_ref(q.double(), k.double(), v.double(), causal=True)
+        torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=1e-5)

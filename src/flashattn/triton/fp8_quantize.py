@@ -204,8 +204,9 @@ def _launch(x: torch.Tensor, out: torch.Tensor, out_strides, descale: torch.Tens
     sg = signs if rotate else descale  # (float32 (d,) on x's device: api/fp8.py)
     n_blocks = cdiv(s, block)
     n_tiles = n_blocks * b * h
-    # the (block, d) tile lives in registers: 8 warps from 16K elements on (AOT report, sm90:
-    # d = 256 rotated spills 420 bytes with 8 warps, 1992 with 16 (128 registers a thread))
+    # the (block, d) tile lives in registers: 8 warps from 16K elements on (d = 256 rotated
+    # keeps 1168 bytes of stack with 8 warps, 512 with 16, AOT for sm_90; 8 measured faster
+    # in the sweep below)
     big = block * block_d >= 16384
     warps = 8 if big else 4
     # programs per SM and pipeline stages, from a sweep on the H100 (probes/quantize_sweep.py,
@@ -235,9 +236,10 @@ def _launch(x: torch.Tensor, out: torch.Tensor, out_strides, descale: torch.Tens
         DOT_PREC="ieee" if upcast else "tf32", UPCAST=upcast, EXACT_ROUND=interpret,
         NUM_STAGES=stages, WGMMA_ROWS=wgmma_rows, num_warps=warps)
     tensors = (x, out, descale, had, sg)
-    # a launch plan per call shape: Triton's own launch path cost ~60 us of host time per
-    # tensor, so a quantize call (three launches) was host-bound below ~64 MB (measured on
-    # the H100: ~200 us of host time against 135-165 us of kernels at 16k tokens, d 64-256)
+    # a launch plan per call shape (no binder or argument specialisation per launch, as the
+    # other kernels). The call stays host-bound on the H100 host: ~200 us of Python (six
+    # allocations, three launches, checks) against 135-165 us of kernels at 16k tokens
+    # (benchmarks/NOTES.md, session 14)
     key = (scalars, tuple(constexprs.items()), programs, x.dtype, out.dtype)
     _PLANS.launch(key, tensors, lambda: (_quantize_kernel, (programs,), tensors + scalars,
                                          constexprs))

@@ -239,12 +239,20 @@ def select(op: str, q: torch.Tensor, k: Optional[torch.Tensor] = None,
                                deterministic=params.deterministic)
     if op not in OPS:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
-    if op == "fp8_fwd" and family_for(q) == "hopper":
-        from flashattn.sm90.support import fp8_unsupported
-
-        if fp8_unsupported(q, k, v, params, scales) is None:
-            return "hopper"
+    if op == "fp8_fwd" and _fp8_on_hopper(q, q, k, v, params, scales):
+        return "hopper"
     return backend_for(q)
+
+
+def _fp8_on_hopper(x: torch.Tensor, q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
+                   params: AttnParams, scales: Fp8Scales) -> bool:
+    """Whether the Hopper FP8 kernel runs this FP8 forward: x's device starts from the Hopper
+    family and the kernel covers q8 / k8 / v8 with these params and scale blocks."""
+    if family_for(x) != "hopper":
+        return False
+    from flashattn.sm90.support import fp8_unsupported
+
+    return fp8_unsupported(q8, k8, v8, params, scales) is None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -582,11 +590,20 @@ def fp8_quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                                            v_wgmma=v_wgmma)
 
 
-def fp8_v_wgmma(q: torch.Tensor) -> bool:
-    """Whether FP8 attention on q's device reads V in wgmma key order (the Hopper kernels): a
-    quantize pass feeding it should write that order (fp8_quantize's ``v_wgmma``) rather than
-    have the forward permute V (a 30 us pass per 32 MB on the H100)."""
-    return family_for(q) == "hopper"
+def fp8_v_wgmma(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: AttnParams,
+                block_m: int, block_n: int) -> bool:
+    """Whether a quantize pass of q, k, v (16/32-bit, validated) with these blocks should write
+    V in wgmma key order (fp8_quantize's ``v_wgmma``): exactly when :func:`fp8_forward` will run
+    the Hopper kernel on its outputs, so the order never has to be undone, and the forward
+    skips its permuting pass (30 us per 32 MB on the H100). Decided on meta stand-ins with the
+    shapes and layouts the pass writes (fresh allocations: 16-byte aligned)."""
+    meta = torch.device("meta")
+    q8 = torch.empty(q.shape, dtype=fp8_format.FP8_DTYPE, device=meta)
+    k8 = torch.empty(k.shape, dtype=fp8_format.FP8_DTYPE, device=meta)
+    v8 = fp8_format.keys_contiguous_empty(v.shape, meta)
+    scales = Fp8Scales(q8, k8, v8, int(block_m).bit_length() - 1,  # (the tables are not read)
+                       int(block_n).bit_length() - 1)
+    return _fp8_on_hopper(q, q8, k8, v8, params, scales)
 
 
 def kvcache_planned(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

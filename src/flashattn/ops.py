@@ -599,10 +599,11 @@ def quantize_fp8(q: Tensor, k: Tensor, v: Tensor, signs: Optional[Tensor], block
     return fp8_quantize(q, k, v, signs, block_m, block_n, v_wgmma)
 
 
-def fp8_v_wgmma(q: Tensor) -> bool:
-    """Whether FP8 attention on q's device reads V in wgmma key order (dispatch.fp8_v_wgmma):
-    the order a quantize pass feeding it should write."""
-    return dispatch.fp8_v_wgmma(q)
+def fp8_v_wgmma(q: Tensor, k: Tensor, v: Tensor, params: AttnParams, block_m: int,
+                block_n: int) -> bool:
+    """Whether a quantize pass feeding FP8 attention should write V in the Hopper kernel's key
+    order (dispatch.fp8_v_wgmma: exactly when that kernel will run on its outputs)."""
+    return dispatch.fp8_v_wgmma(q, k, v, params, block_m, block_n)
 
 
 # ---------------------------------------------------------------------------------------------

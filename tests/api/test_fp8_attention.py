@@ -304,3 +304,25 @@ def test_quantize_v_in_wgmma_order_feeds_the_forward(backend_name, s_k, block_n)
         assert torch.equal(got, want) and torch.equal(lse, lse_want)
         e2e = fp8.flash_attn_fp8_func(q, k, v, causal=True, seed=1, block_m=32, block_n=block_n)
         assert torch.equal(e2e, want)
+
+
+def test_v_in_wgmma_order_exactly_when_the_hopper_kernel_runs(monkeypatch):
+    """flash_attn_fp8_func asks the quantize pass for the Hopper kernel's V order only when
+    fp8_forward will run that kernel on the pass's outputs (the same check, on meta stand-ins
+    of them): other scale blocks or head dims would otherwise pay for undoing the order."""
+    pytest.importorskip("triton")
+    from flashattn import dispatch
+    from flashattn.params import AttnParams
+
+    params = AttnParams(0.1, True, -1, 0, 0.0, None, 0.0, 0)
+
+    def decide(d=128, block_m=128, block_n=128, device_family="hopper"):
+        monkeypatch.setattr(dispatch, "family_for", lambda x: device_family)
+        q, k, v = (torch.empty(2, 1000, h, d, dtype=torch.bfloat16) for h in (8, 2, 2))
+        return dispatch.fp8_v_wgmma(q, k, v, params, block_m, block_n)
+
+    assert decide()
+    assert not decide(device_family="portable")
+    assert not decide(block_n=64)  # kv scale blocks below the kernel's 128-key tiles
+    assert not decide(block_m=32)  # q scale blocks below a consumer's 64 rows
+    assert not decide(d=80)  # not a Hopper head dim

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import numbers
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 
@@ -88,19 +88,28 @@ def quantize(q: Tensor, k: Tensor, v: Tensor, *, incoherent: bool = True,
 
     Returns a :class:`QuantizedQKV`.
     """
+    incoherent, block_m, block_n = check_quantize_args(q, k, v, incoherent, seed, block_m,
+                                                       block_n)
     return quantize_for_kernels(q, k, v, incoherent, seed, block_m, block_n, v_wgmma=False)
 
 
-def quantize_for_kernels(q: Tensor, k: Tensor, v: Tensor, incoherent: bool, seed: Optional[int],
-                         block_m: int, block_n: int, v_wgmma: bool) -> QuantizedQKV:
-    """:func:`quantize`'s body; ``v_wgmma``: V in the Hopper kernels' key order
-    (fp8_format.wgmma_vt_empty, (b, s_pad, h_k, d_v)) instead of key order: for
-    flash_attn_fp8_func, which hands it straight to the forward (not a layout to dequantize)."""
+def check_quantize_args(q: Tensor, k: Tensor, v: Tensor, incoherent: object, seed: object,
+                        block_m: object, block_n: object) -> Tuple[bool, int, int]:
+    """:func:`quantize`'s argument checks; returns (incoherent, block_m, block_n) normalised."""
     _v.check_qkv(q, k, v, ("q", "k", "v"))
     incoherent = _v.check_bool(incoherent, "incoherent")
     block_m, block_n = _check_block(block_m, "block_m"), _check_block(block_n, "block_n")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
         raise TypeError(f"seed must be an int or None, got {seed!r}")
+    return incoherent, block_m, block_n
+
+
+def quantize_for_kernels(q: Tensor, k: Tensor, v: Tensor, incoherent: bool, seed: Optional[int],
+                         block_m: int, block_n: int, v_wgmma: bool) -> QuantizedQKV:
+    """:func:`quantize`'s body, arguments checked (check_quantize_args); ``v_wgmma``: V in the
+    Hopper kernels' key order (fp8_format.wgmma_vt_empty, (b, s_pad, h_k, d_v)) instead of
+    key order: for flash_attn_fp8_func, which hands it straight to the forward (not a layout
+    to dequantize)."""
     signs = random_signs(q.shape[-1], seed, q.device) if incoherent else None
     q8, k8, v8, qs, ks, vs = _ops.quantize_fp8(q, k, v, signs, block_m, block_n, v_wgmma)
     # (a copy: a seeded sign vector is cached per device, the caller may write to theirs)
@@ -108,4 +117,5 @@ def quantize_for_kernels(q: Tensor, k: Tensor, v: Tensor, incoherent: bool, seed
     return QuantizedQKV(q8, k8, v8, qs, ks, vs, signs, block_m, block_n)
 
 
-__all__ = ["QuantizedQKV", "quantize", "quantize_for_kernels", "random_signs"]
+__all__ = ["QuantizedQKV", "check_quantize_args", "quantize", "quantize_for_kernels",
+           "random_signs"]

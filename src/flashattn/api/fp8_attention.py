@@ -23,8 +23,8 @@ from flashattn import ops as _ops
 from flashattn.api import out as _out
 from flashattn.api import params as _p
 from flashattn.api import validation as _v
-from flashattn.api.fp8 import QuantizedQKV, quantize_for_kernels
-from flashattn.params import ONE_BLOCK_SHIFT
+from flashattn.api.fp8 import QuantizedQKV, check_quantize_args, quantize_for_kernels
+from flashattn.params import ONE_BLOCK_SHIFT, AttnParams
 
 Tensor = torch.Tensor
 FP8 = torch.float8_e4m3fn
@@ -279,8 +279,14 @@ def flash_attn_fp8_func(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional
         if isinstance(x, torch.Tensor) and x.requires_grad and torch.is_grad_enabled():
             raise RuntimeError(f"{n} requires grad: {_NO_BACKWARD} (or run "
                                f"flash_attn_fp8_func under torch.no_grad())")
-    # on the Hopper kernels the quantize pass writes V in their key order (no permuting pass)
-    v_wgmma = isinstance(q, torch.Tensor) and _ops.fp8_v_wgmma(q)
+    incoherent, block_m, block_n = check_quantize_args(q, k, v, incoherent, seed, block_m,
+                                                       block_n)
+    # when the Hopper kernel will run, the quantize pass writes V in its key order (no
+    # permuting pass in the forward)
+    scale, causal_, left, right, softcap_ = _common(softmax_scale, causal, window_size, softcap,
+                                                    q.shape[-1], k.shape[1])
+    params = AttnParams(scale, causal_, left, right, softcap_, None, 0.0, 0)
+    v_wgmma = _ops.fp8_v_wgmma(q, k, v, params, block_m, block_n)
     qkv8 = quantize_for_kernels(q, k, v, incoherent, seed, block_m, block_n, v_wgmma)
     return _attention_quantized(qkv8, softmax_scale, causal, window_size, softcap, q.dtype,
                                 return_lse, v_wgmma)

@@ -144,6 +144,8 @@ def test_tuned_launch_plans_once_a_winner_is_known(monkeypatch) -> None:
     monkeypatch.setattr(launch, "launch_tuned", lambda *a, **k: tuned.append(a))
 
     class _Plans:
+        slots = (0,)
+
         def launch(self, key, tensors, build):
             planned.append((key, tensors, build()))
 
@@ -158,14 +160,14 @@ def test_tuned_launch_plans_once_a_winner_is_known(monkeypatch) -> None:
     def grid(meta):
         return (n_seqs[0] * 2, 128 // meta["BLOCK_M"])
 
-    launch.launch_tuned_planned(_Plans(), tuner, grid, "k", (t,), t, 5, HEAD=8)
+    launch.launch_tuned_planned(_Plans(), tuner, grid, "k", t, 5, HEAD=8)
     assert len(tuned) == 1 and not planned  # no winner yet
     monkeypatch.setitem(launch._WINNERS, (id(tuner), "k", 8), _Winner())
-    launch.launch_tuned_planned(None, tuner, grid, "k", (t,), t, 5, HEAD=8)
+    launch.launch_tuned_planned(None, tuner, grid, "k", t, 5, HEAD=8)
     assert len(tuned) == 2 and not planned  # no plans: the tuned path
-    launch.launch_tuned_planned(_Plans(), tuner, grid, "k", (t,), t, 5, HEAD=8)
+    launch.launch_tuned_planned(_Plans(), tuner, grid, "k", t, 5, HEAD=8)
     n_seqs[0] = 4
-    launch.launch_tuned_planned(_Plans(), tuner, grid, "k", (t,), t, 5, HEAD=8)
+    launch.launch_tuned_planned(_Plans(), tuner, grid, "k", t, 5, HEAD=8)
     (key1, tensors, (fn, _, args, kwargs)), (key2, _, _) = planned
     assert tensors == (t,) and fn == "kernel" and args == (t, 5)
     assert kwargs == {"HEAD": 8, "BLOCK_M": 64, "num_warps": 4}

@@ -149,8 +149,9 @@ def flash_fwd_hopper_fp8(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
     float8_e4m3fn in any layout (copied into V^T with its keys in wgmma order:
     sm90.v_layout.wgmma_ordered_vt, one Triton pass; FP8 wgmma needs V^T tiles), or already
     in that layout with ``v_in_wgmma_order`` (a (b, s_pad, h_k, d_v) view of it); ``scales``
-    with q blocks of >= BLOCK_M / consumers rows and kv blocks of >= BLOCK_N keys (support.fp8_unsupported). Returns out (b, s_q, h,
-    d_v) in ``out_dtype``, lse float32 (b, h, s_q).
+    with q blocks of >= BLOCK_M / consumers rows and kv blocks of >= BLOCK_N keys
+    (support.fp8_unsupported). Returns out (b, s_q, h, d_v) in ``out_dtype``, lse float32
+    (b, h, s_q).
     """
     batch, seqlen_q, n_heads, head_dim = q8.shape
     head_dim_v = v8.shape[3]

@@ -310,11 +310,10 @@ def _launch_fwd(q, k, v, out, lse, p_mat, strides, n_seqs, seqlen_q, seqlen_k, l
     config.install_allocator()
     bucket = config.seq_bucket(seqlen_q, seqlen_k)
     tuned_key = (bucket, q.dtype, k.dtype, v.dtype, alibi_arg.dtype)
-    tensors = (q, k, v, out, lse, alibi_arg, p_arg, cu_q, cu_k, seqused_k)
     # (dropout's seed changes every call: a plan per call would only churn the cache)
     launch_tuned_planned(
-        None if has_dropout else _FWD_PLANS, _fwd_autotuned, grid, tuned_key, tensors,
-        *tensors,
+        None if has_dropout else _FWD_PLANS, _fwd_autotuned, grid, tuned_key,
+        q, k, v, out, lse, alibi_arg, p_arg, cu_q, cu_k, seqused_k,
         *strides[0], *strides[1], *strides[2], *strides[3],
         alibi_strides[0], alibi_strides[1],
         p_strides[0], p_strides[1], p_strides[2],

@@ -296,6 +296,11 @@ def _small_query(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: Attn
     return requested_backend() in ("auto", "portable") and backend_for(q) == "portable"
 
 
+def _capturing() -> bool:
+    """Whether a CUDA graph is being captured on the current stream."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 def _one_row_right_edge(params: AttnParams, s_q: int) -> AttnParams:
     """A single query row sits on the last key (bottom-right alignment): a right window edge
     of 0 hides nothing there, so drop it (the decode kernel then skips the mask work)."""
@@ -304,7 +309,7 @@ def _one_row_right_edge(params: AttnParams, s_q: int) -> AttnParams:
     return params
 
 
-def _small_query_runner(q: torch.Tensor, k: torch.Tensor, params: AttnParams):
+def _small_query_runner(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: AttnParams):
     """The dense forward through the decode kernel (k / v a full 'cache' of s_k keys), as a
     call ``run(q, k, v) -> (out, lse)`` for tensors of these shapes. What depends only on the
     shapes is made once: the bottom-right params and the (b,) int32 key counts, which the
@@ -312,18 +317,28 @@ def _small_query_runner(q: torch.Tensor, k: torch.Tensor, params: AttnParams):
     fast path's runner, saves an allocation and a fill launch)."""
     row_params = _one_row_right_edge(params, q.shape[1])
     seqlens = torch.full((q.shape[0],), k.shape[1], dtype=torch.int32, device=q.device)
-    decode = backend("portable").kvcache_attention
+    if _capturing():
+        # the fill above is only recorded into the graph, not run: a runner kept for eager
+        # calls after the capture would read unset counts. Fill per call then.
+        def run_capture(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+            lens = torch.full((q.shape[0],), k.shape[1], dtype=torch.int32, device=q.device)
+            return backend("portable").kvcache_attention(
+                q, k, v, lens, 0, p=row_params, leftpad=None, batch_idx=None, block_table=None,
+                num_splits=0, capacity=k.shape[1])
+        return run_capture
+    call = backend("portable").kvcache_call(q, k, v, seqlens, 0, p=row_params, leftpad=None,
+                                            batch_idx=None, block_table=None, num_splits=0,
+                                            capacity=k.shape[1])
 
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-        return decode(q, k, v, seqlens, 0, p=row_params, leftpad=None, batch_idx=None,
-                      block_table=None, num_splits=0, capacity=k.shape[1])
+        return call(q, k, v, seqlens, None, None, None, row_params.alibi_slopes)
     return run
 
 
 def _small_query_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          params: AttnParams) -> Tuple[torch.Tensor, torch.Tensor, None]:
     """The dense forward through the decode kernel (see _small_query_runner)."""
-    out, lse = _small_query_runner(q, k, params)(q, k, v)
+    out, lse = _small_query_runner(q, k, v, params)(q, k, v)
     return out, lse, None
 
 
@@ -347,7 +362,7 @@ def forward_runner(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: At
     if _is_degenerate(q, k):
         return lambda q, k, v: _degenerate_fwd(q, k, v, False)[:2]
     if _small_query(q, k, v, params, False):
-        return _small_query_runner(q, k, params)  # (its shape-only parts made once)
+        return _small_query_runner(q, k, v, params)  # (its shape-only parts made once)
     fwd = backend(select("fwd", q, k, v, params, False)).fwd
     return lambda q, k, v: fwd(q, k, v, params, False)[:2]
 
@@ -497,6 +512,62 @@ def kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                   leftpad=cache_leftpad, batch_idx=cache_batch_idx,
                                   block_table=block_table, num_splits=num_splits,
                                   capacity=capacity)
+
+
+def kvcache_runner(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                   k: Optional[torch.Tensor], v: Optional[torch.Tensor],
+                   rotary_cos: Optional[torch.Tensor], rotary_sin: Optional[torch.Tensor],
+                   cache_seqlens: Optional[torch.Tensor],
+                   cache_batch_idx: Optional[torch.Tensor], cache_leftpad: Optional[torch.Tensor],
+                   block_table: Optional[torch.Tensor], params: AttnParams,
+                   rotary_interleaved: bool, num_splits: int):
+    """:func:`kvcache`'s decisions for this call signature (dense q, no packed lengths), made
+    once: a call ``run(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+    cache_batch_idx, cache_leftpad, block_table) -> (out, lse)`` for later calls whose tensors
+    have the same shapes, strides, dtypes, devices and alignment and whose scalars, given
+    tensors and settings are the same (the api's fast path keys on exactly those). The value
+    checks run in it as in :func:`kvcache` (always for CPU metadata). None where the full body
+    must run on every call: the checked mode on a GPU (its checks depend on capture), empty
+    shapes, or a backend without decode kernels (the torch path)."""
+    batch, s_q, _, _ = q.shape
+    metas = (cache_seqlens, cache_leftpad, cache_batch_idx, block_table)
+    on_cpu = all(t.device.type == "cpu" for t in (q, *metas) if t is not None)
+    if batch == 0 or s_q == 0 or (env.settings().checks and not on_cpu) or _capturing():
+        return None  # (capturing: tensors made here would be filled only by the graph)
+    name = select("kvcache", q)
+    if name != "portable":
+        return None
+    impl = backend(name)
+    capacity = metadata.cache_capacity(k_cache, block_table)
+    s_new = 0 if k is None else k.shape[1]
+    rotary_q_step = 1 if params.masked else 0
+    row_params = _one_row_right_edge(params, s_q)
+    full = None  # (cache_seqlens None: every row holds the whole cache; the kernel only reads)
+    if cache_seqlens is None:
+        full = torch.full((batch,), capacity, dtype=torch.int32, device=q.device)
+    n_rotary = None if rotary_cos is None else rotary_cos.shape[0]
+    calls: list = []  # the DecodeCall, made by the first run (it needs the rotated q)
+
+    def run(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+            cache_leftpad, block_table):
+        seqlens = full if cache_seqlens is None else cache_seqlens
+        if on_cpu:
+            metadata.check_values(seqlens, s_new, capacity, cache_leftpad, cache_batch_idx,
+                                  k_cache.shape[0], block_table, k_cache.shape[0],
+                                  k_cache.shape[1], n_rotary, s_q if rotary_q_step else 1, None)
+        q_rot = q
+        if s_new > 0:
+            q_rot = impl.append_kv(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
+                                   rotary_interleaved, seqlens, cache_batch_idx, block_table,
+                                   rotary_q_step)
+        if not calls:
+            calls.append(impl.kvcache_call(q_rot, k_cache, v_cache, seqlens, s_new,
+                                           p=row_params, leftpad=cache_leftpad,
+                                           batch_idx=cache_batch_idx, block_table=block_table,
+                                           num_splits=num_splits, capacity=capacity))
+        return calls[0](q_rot, k_cache, v_cache, seqlens, cache_leftpad, cache_batch_idx,
+                        block_table, row_params.alibi_slopes)
+    return run
 
 
 def _kvcache_varlen(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,

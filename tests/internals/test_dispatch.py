@@ -41,7 +41,16 @@ def _recorder(tag, calls):
         b, s_q, h, _ = q.shape
         return torch.zeros(b, s_q, h, v.shape[-1]), torch.zeros(b, h, s_q)
 
-    return types.SimpleNamespace(fwd=fwd, bwd=bwd, kvcache_attention=kvcache_attention)
+    def kvcache_call(q, k, v, seqlens, s_new, *, p, **kw):  # made once per call signature
+        calls.append((f"{tag}.small_query", {**p.kernel_kwargs(), **kw}))
+
+        def call(q, k, v, *tensors):
+            b, s_q, h, _ = q.shape
+            return torch.zeros(b, s_q, h, v.shape[-1]), torch.zeros(b, h, s_q)
+        return call
+
+    return types.SimpleNamespace(fwd=fwd, bwd=bwd, kvcache_attention=kvcache_attention,
+                                 kvcache_call=kvcache_call)
 
 
 @pytest.fixture

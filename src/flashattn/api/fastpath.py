@@ -169,6 +169,20 @@ def kvcache_key(q: Any, k_cache: Any, v_cache: Any, k: Any, v: Any, rotary_cos: 
             _scalar(return_softmax_lse))
 
 
+def kvcache_entry(args: tuple) -> Tuple[tuple, Optional[Callable[..., Tuple[Tensor, Tensor]]]]:
+    """What a repeated ``flash_attn_with_kvcache`` signature keeps, from the full path's op
+    arguments (``flashattn::fwd_kvcache``'s, no packed lengths): the normalised scalars after
+    the 11 tensors, and dispatch's runner for the signature (None: the op's body runs on every
+    call, see ``dispatch.kvcache_runner``)."""
+    (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, seqlens, batch_idx, leftpad,
+     block_table, alibi, scale, causal, left, right, softcap, interleaved, num_splits) = args
+    params = AttnParams(scale, causal, left, right, softcap, alibi, 0.0, 0)
+    runner = dispatch.kvcache_runner(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, seqlens,
+                                     batch_idx, leftpad, block_table, params, interleaved,
+                                     num_splits)
+    return args[11:], runner
+
+
 def kvcache_args(template: tuple, q: Tensor, k_cache: Tensor, v_cache: Tensor,
                  k: Optional[Tensor], v: Optional[Tensor], rotary_cos: Optional[Tensor],
                  rotary_sin: Optional[Tensor], cache_seqlens: Any,
@@ -183,4 +197,4 @@ def kvcache_args(template: tuple, q: Tensor, k_cache: Tensor, v_cache: Tensor,
 
 
 __all__ = ["DENSE", "KVCACHE", "CallCache", "dense_key", "dense_runner", "eligible",
-           "kvcache_args", "kvcache_key"]
+           "kvcache_args", "kvcache_entry", "kvcache_key"]

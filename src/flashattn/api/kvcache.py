@@ -128,11 +128,17 @@ def flash_attn_with_kvcache(
                                 cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
                                 softmax_scale, causal, window_size, softcap,
                                 rotary_interleaved, num_splits, return_softmax_lse)
-        template = None if key is None else _fast.KVCACHE.get(key)
-        if template is not None:
-            out, lse = _ops.kvcache_attention(*_fast.kvcache_args(
-                template, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                cache_batch_idx, cache_leftpad, block_table))
+        entry = None if key is None else _fast.KVCACHE.get(key)
+        if entry is not None:
+            template, runner = entry
+            if runner is not None:  # the signature's recorded decode call
+                out, lse = runner(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
+                                  _kv.seqlens_tensor(cache_seqlens, q.shape[0], q.device),
+                                  cache_batch_idx, cache_leftpad, block_table)
+            else:
+                out, lse = _ops.kvcache_attention(*_fast.kvcache_args(
+                    template, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                    cache_batch_idx, cache_leftpad, block_table))
             return (out, lse) if return_softmax_lse else out
     args = _prepare(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                     cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
@@ -143,7 +149,7 @@ def flash_attn_with_kvcache(
     _v.check_learnable_sink(learnable_sink, q.shape[-2], q.device)
     attention_chunk = _v.check_attention_chunk(attention_chunk)
     if key is not None:
-        _fast.KVCACHE.put(key, args[11:])  # the normalised scalars after the 11 tensors
+        _fast.KVCACHE.put(key, _fast.kvcache_entry(args))
     if attention_chunk > 0 or any(x is not None for x in varlen):
         args = args + (attention_chunk, cu_seqlens_q,
                        0 if max_seqlen_q is None else int(max_seqlen_q), cu_seqlens_k_new,

@@ -194,6 +194,21 @@ class LaunchPlan:
         compat.launch_compiled(self.kernel, self.grid, self.device, values)
         return True
 
+    def replay(self, slot_values: Sequence[Any]) -> bool:
+        """:meth:`launch` for a caller that has checked what :meth:`launch` checks per tensor:
+        ``slot_values`` are the slots' device addresses (ints, which the launcher takes as
+        they are: no ``data_ptr()`` call and no driver pointer query per argument) or
+        tensors, with the recorded 16-byte alignment. Plain slots only (no descriptors).
+        False, with nothing launched, when fast launches are off, a profiler listens or
+        another device is current."""
+        if not fast_launch_allowed() or torch.cuda.current_device() != self.device:
+            return False
+        values = self.values.copy()
+        for (i, _, _), x in zip(self.slots, slot_values):
+            values[i] = x
+        compat.launch_compiled(self.kernel, self.grid, self.device, values)
+        return True
+
 
 def forget_winners() -> None:
     """Drop the remembered winners and compiled kernels (tests that change spaces or env)."""
@@ -216,12 +231,14 @@ class LaunchPlans:
         self._plans: Dict[Hashable, LaunchPlan] = {}
 
     def launch(self, key: Hashable, tensors: Sequence[torch.Tensor],
-               build: Callable[[], Tuple[Any, Any, Sequence[Any], Dict[str, Any]]]) -> None:
+               build: Callable[[], Tuple[Any, Any, Sequence[Any], Dict[str, Any]]]
+               ) -> Optional[LaunchPlan]:
         """Launch: replay ``key``'s plan with ``tensors``, or build the arguments, launch through
-        :func:`launch_jit` on ``tensors[0]``'s device and keep the plan it records."""
+        :func:`launch_jit` on ``tensors[0]``'s device and keep the plan it records. Returns the
+        plan that launched or was recorded (None: Triton's own path ran, nothing recorded)."""
         plan = self._plans.get(key)
         if plan is not None and plan.launch(*tensors):
-            return
+            return plan
         fn, grid, args, kwargs = build()
         device = tensors[0].device
         if device.type == "cuda":  # (CPU tensors: the interpreter)
@@ -233,6 +250,7 @@ class LaunchPlans:
             if len(self._plans) >= MAX_PLANS:
                 self._plans.clear()
             self._plans[key] = recorded
+        return recorded
 
     def clear(self) -> None:
         self._plans.clear()

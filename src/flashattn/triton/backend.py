@@ -130,6 +130,22 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens: Tens
                                     attention_chunk=p.attention_chunk)
 
 
+def kvcache_call(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens: Tensor, s_new: int, *,
+                 p: AttnParams, leftpad: Optional[Tensor], batch_idx: Optional[Tensor],
+                 block_table: Optional[Tensor], num_splits: int, capacity: int
+                 ) -> "_decode.DecodeCall":
+    """:func:`kvcache_attention`'s decisions for tensors like these (dense q), made once: a
+    ``DecodeCall``, called as ``call(q, k_cache, v_cache, seqlens, leftpad, batch_idx,
+    block_table, p.alibi_slopes)`` with each later call's tensors of the same shapes, strides,
+    dtypes, devices and alignment (the caller keys on them)."""
+    return _decode.DecodeCall(q, k_cache, v_cache, seqlens, s_new, num_splits=num_splits,
+                              max_seqlen_k=capacity, softmax_scale=p.softmax_scale,
+                              window_left=p.window_left, window_right=p.window_right,
+                              softcap=p.softcap, alibi_slopes=p.alibi_slopes, leftpad=leftpad,
+                              batch_idx=batch_idx, block_table=block_table,
+                              attention_chunk=p.attention_chunk)
+
+
 def decode_splits(batch: int, seqlen_q: int, max_seqlen_k: int, nheads: int, nheads_k: int,
                   headdim: int, headdim_v: int, dtype: torch.dtype, page_size: Optional[int],
                   device: torch.device) -> int:
@@ -175,4 +191,4 @@ def combine(out_partial: Tensor, lse_partial: Tensor, out: Optional[Tensor],
 
 
 __all__ = ["append_kv", "bwd", "combine", "decode_splits", "fp8_fwd", "fp8_quantize", "fp8_varlen_fwd", "fwd",
-           "kvcache_attention", "sink_apply", "sink_grad", "varlen_bwd", "varlen_fwd", "varlen_paged_fwd"]
+           "kvcache_attention", "kvcache_call", "sink_apply", "sink_grad", "varlen_bwd", "varlen_fwd", "varlen_paged_fwd"]

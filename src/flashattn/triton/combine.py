@@ -14,6 +14,8 @@ One program per (batch, query position, head) row; splits stream in chunks of
 """
 from __future__ import annotations
 
+from typing import Any, Tuple
+
 import torch
 import triton
 import triton.language as tl
@@ -71,20 +73,12 @@ def _combine_kernel(OutP, LseP, Out, Lse, n_splits, seqlen_q, nheads,
              + off_m.to(tl.int64) * stride_lm, lse)
 
 
-def combine_splits(out_partial: torch.Tensor, lse_partial: torch.Tensor, out: torch.Tensor,
-                   lse: torch.Tensor, plans=None) -> None:
-    """Write the merge of the splits into ``out`` / ``lse`` (Triton).
-
-    out_partial (num_splits, b, s_q, h, d_v) float32, lse_partial (num_splits, b, h, s_q)
-    float32, any strides with unit last dim for out_partial; out (b, s_q, h, d_v) any float
-    dtype, lse (b, h, s_q) float32. ``plans``: a runtime.launch.LaunchPlans (a decode plan's)
-    to record the launch in and replay it from.
-    """
+def combine_launch(out_partial: torch.Tensor, lse_partial: torch.Tensor, out: torch.Tensor,
+                   lse: torch.Tensor) -> Tuple[Any, Tuple[int], tuple, dict]:
+    """The combine kernel's launch ``(fn, grid, args, kwargs)`` for these tensors (see
+    :func:`combine_splits`; out_partial has a unit last stride). The four tensors lead
+    ``args`` (a launch plan's slots 0-3)."""
     n_splits, b, s_q, h, d_v = out_partial.shape
-    if b * s_q * h == 0:
-        return
-    if out_partial.stride(-1) != 1:
-        out_partial = out_partial.contiguous()
     block_s = max(2, config.next_pow2(n_splits))
     block_dv = config.block_dim(d_v)
     chunk = min(block_s, 16 if block_dv <= 128 else 8)
@@ -98,12 +92,24 @@ def combine_splits(out_partial: torch.Tensor, lse_partial: torch.Tensor, out: to
         HEAD_DIM_V=d_v, BLOCK_DV=block_dv, BLOCK_S=block_s, SPLIT_CHUNK=chunk,
         num_warps=4 if block_dv * chunk >= 2048 else 2,
     )
-    if plans is None:
-        launch_jit(_combine_kernel, (b * s_q * h,), args, kwargs)
-    else:
-        tensors = (out_partial, lse_partial, out, lse)
-        key = tuple((t.shape, t.stride(), t.dtype) for t in tensors)
-        plans.launch(key, tensors, lambda: (_combine_kernel, (b * s_q * h,), args, kwargs))
+    return _combine_kernel, (b * s_q * h,), args, kwargs
 
 
-__all__ = ["combine_splits"]
+def combine_splits(out_partial: torch.Tensor, lse_partial: torch.Tensor, out: torch.Tensor,
+                   lse: torch.Tensor) -> None:
+    """Write the merge of the splits into ``out`` / ``lse`` (Triton).
+
+    out_partial (num_splits, b, s_q, h, d_v) float32, lse_partial (num_splits, b, h, s_q)
+    float32, any strides with unit last dim for out_partial; out (b, s_q, h, d_v) any float
+    dtype, lse (b, h, s_q) float32.
+    """
+    _, b, s_q, h, _ = out_partial.shape
+    if b * s_q * h == 0:
+        return
+    if out_partial.stride(-1) != 1:
+        out_partial = out_partial.contiguous()
+    fn, grid, args, kwargs = combine_launch(out_partial, lse_partial, out, lse)
+    launch_jit(fn, grid, args, kwargs)
+
+
+__all__ = ["combine_launch", "combine_splits"]

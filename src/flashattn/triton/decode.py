@@ -34,8 +34,9 @@ import triton
 import triton.language as tl
 
 from flashattn.runtime import env as _env
-from flashattn.runtime.launch import LaunchPlans
+from flashattn.runtime.launch import LaunchPlan, LaunchPlans
 from flashattn.triton import config
+from flashattn.triton.combine import combine_launch
 from flashattn.triton.mask import (LN2, LOG2E, chunk_start, key_range, score_mod, score_scales,
                                    visible_mask)
 
@@ -341,60 +342,104 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
     Returns out like q (dtype of q) and lse float32 (b, h, s_q) (packed: (h, total_q)).
     """
-    varlen = cu_seqlens_q is not None
-    if varlen:
-        total_q, h, d = q.shape
-        batch = cu_seqlens_q.shape[0] - 1
-        s_q_grid = max(1, int(max_seqlen_q))
-        q4 = q.unsqueeze(0)
-    else:
-        batch, s_q, h, d = q.shape
-        s_q_grid = s_q
-        q4 = q
-    paged = block_table is not None
-    nheads_k, d_v = k_cache.shape[2], v_cache.shape[3]
-    g = h // nheads_k
-    device = q.device
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    (block_n, num_warps, num_stages, allow_tma, block_m, m_blocks, num_splits, block_d,
-     block_dv) = _launch_plan(d, d_v, q.element_size(), paged, g, s_q_grid, batch, nheads_k,
-                              int(max_seqlen_k), int(num_splits), device,
-                              _env.settings().decode_config,
-                              _env.settings().decode_waves)
+    planned = buffers is not None and cu_seqlens_q is None
+    call = None
+    if planned:
+        # a decode plan fixes everything but the strides and alignments (its run checks the
+        # rest): one DecodeCall per stride set, kept in the plan's dict
+        sig = ("call",) + tuple(None if t is None else (t.stride(), t.data_ptr() % 16)
+                                for t in (q, k_cache, v_cache, seqlens_k, block_table))
+        call = buffers.get(sig)
+    if call is None:
+        call = DecodeCall(q, k_cache, v_cache, seqlens_k, seqlen_k_add,
+                          softmax_scale=softmax_scale, window_left=window_left,
+                          window_right=window_right, softcap=softcap, alibi_slopes=alibi_slopes,
+                          num_splits=num_splits, max_seqlen_k=max_seqlen_k, leftpad=leftpad,
+                          batch_idx=batch_idx, block_table=block_table,
+                          cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
+                          attention_chunk=attention_chunk, plans=buffers)
+        if planned:
+            buffers[sig] = call
+    return call(q, k_cache, v_cache, seqlens_k, leftpad, batch_idx, block_table, alibi_slopes,
+                cu_seqlens_q, buffers=buffers)
 
-    # outputs (shapes from host ints only: graph friendly)
-    out_shape = q4.shape[:-1] + (d_v,)
-    out, lse, lse4, out_k, lse_k = _outputs(buffers if not varlen else None, out_shape,
-                                            num_splits, q, varlen, batch, h, s_q_grid, device)
-    # a decode plan's dict also records the launches, replayed on its later calls; plain calls
-    # share this module's plans (keyed below): a repeated call shape replays its launch
-    # without the binder and without rebuilding its 66 arguments
-    plans = buffers if buffers is not None and not varlen else None
-    paged_cache = paged
-    k_strides = k_cache.stride()
-    use_tma = (allow_tma and not paged and k_strides[1] > 0
-               and config.use_tma(k_cache, v_cache)
-               and (d * q.element_size()) % 16 == 0 and (d_v * q.element_size()) % 16 == 0
-               and d == block_d and d_v == block_dv)
-    dummy = seqlens_k
-    grid = (batch * nheads_k * m_blocks, 1, num_splits)
-    if use_tma:
-        config.install_allocator()
-    tensors = (q4, k_cache, v_cache, out_k, lse_k, seqlens_k,
-               leftpad if leftpad is not None else dummy,
-               batch_idx if batch_idx is not None else dummy,
-               block_table if paged else dummy,
-               alibi_slopes if alibi_slopes is not None else lse,
-               cu_seqlens_q if varlen else dummy)
 
-    def build():
-        if num_splits > 1:
-            o_strides = out_k.stride()[:4]
-            l_strides = lse_k.stride()
+# plain (unplanned) calls' launch plans, shared: a repeated call shape replays its launches
+_PLAIN_DECODE = LaunchPlans(slots=tuple(range(11)))
+_PLAIN_COMBINE = LaunchPlans(slots=(0, 1, 2, 3))
+_ALIGN = 16  # floats between the pieces of the split workspace (64 bytes: Triton's 16 and more)
+
+
+class DecodeCall:
+    """:func:`decode_attention` for one *call signature*, its host work done once.
+
+    Every decision of a decode launch (tile sizes, splits, TMA, grid, the kernel's 55
+    non-tensor arguments, the output shapes) follows from the tensors' shapes, strides, dtypes,
+    devices and 16-byte alignment, which optional tensors are given, the scalars and the
+    runtime settings. A caller that keys its calls on all of those (the api's fast path per
+    call signature, a decode plan per stride set) builds one DecodeCall per key and calls it
+    with each call's tensors: after the first call, a call allocates its outputs (two
+    allocations: out, and one float32 workspace holding lse and the split partials) and
+    replays the recorded launches with the tensors' addresses. That is the decode step's host
+    path (issue 21: tens of microseconds of Python per step were the decisions and the
+    argument tuples, rebuilt on every call).
+
+    The constructor takes the first call's tensors (only their metadata is read).
+    """
+
+    def __init__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 seqlens_k: torch.Tensor, seqlen_k_add: int, *, softmax_scale: float,
+                 window_left: int, window_right: int, softcap: float,
+                 alibi_slopes: Optional[torch.Tensor], num_splits: int, max_seqlen_k: int,
+                 leftpad: Optional[torch.Tensor] = None,
+                 batch_idx: Optional[torch.Tensor] = None,
+                 block_table: Optional[torch.Tensor] = None,
+                 cu_seqlens_q: Optional[torch.Tensor] = None, max_seqlen_q: int = 0,
+                 attention_chunk: int = 0, plans: Optional[dict] = None) -> None:
+        varlen = cu_seqlens_q is not None
+        if varlen:
+            _, h, d = q.shape
+            batch = cu_seqlens_q.shape[0] - 1
+            s_q_grid = max(1, int(max_seqlen_q))
+            q_shape4 = (1,) + tuple(q.shape)
         else:
-            o_strides = (0,) + out.stride()[:3]
-            l_strides = (0,) + lse4.stride()
+            batch, s_q, h, d = q.shape
+            s_q_grid = s_q
+            q_shape4 = tuple(q.shape)
+        paged = block_table is not None
+        nheads_k, d_v = k_cache.shape[2], v_cache.shape[3]
+        g = h // nheads_k
+        device = q.device
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        (block_n, num_warps, num_stages, allow_tma, block_m, m_blocks, num_splits, block_d,
+         block_dv) = _launch_plan(d, d_v, q.element_size(), paged, g, s_q_grid, batch, nheads_k,
+                                  int(max_seqlen_k), int(num_splits), device,
+                                  _env.settings().decode_config,
+                                  _env.settings().decode_waves)
+        k_strides = k_cache.stride()
+        self.use_tma = (allow_tma and not paged and k_strides[1] > 0
+                        and config.use_tma(k_cache, v_cache)
+                        and (d * q.element_size()) % 16 == 0
+                        and (d_v * q.element_size()) % 16 == 0
+                        and d == block_d and d_v == block_dv)
+        self.varlen, self.num_splits, self.device, self.dtype = varlen, num_splits, device, q.dtype
+        self.grid = (batch * nheads_k * m_blocks, 1, num_splits)
+        # outputs: out (q's shape with d_v), lse (b, h, s_q) or packed (h, total_q); with
+        # splits the float32 partials (splits, *out) and (splits, *lse4), lse4 = lse as 4-D
+        self.out_shape = q_shape4[:-1] + (d_v,)
+        self.lse_shape = (h, q.shape[0]) if varlen else (batch, h, s_q_grid)
+        lse4_shape = (1,) + self.lse_shape if varlen else self.lse_shape
+        self.part_shapes = ((num_splits,) + self.out_shape, (num_splits,) + lse4_shape)
+        n_lse = _numel(self.lse_shape)
+        self.offsets = (_aligned(n_lse), _aligned(n_lse) + _aligned(_numel(self.part_shapes[0])))
+        self.ws_numel = self.offsets[1] + _numel(self.part_shapes[1])
+        o_strides = _contiguous_strides(self.part_shapes[0] if num_splits > 1
+                                        else (1,) + self.out_shape)
+        l_strides = _contiguous_strides(self.part_shapes[1] if num_splits > 1
+                                        else (1,) + lse4_shape)
+        if num_splits == 1:
+            o_strides, l_strides = (0,) + o_strides[1:], (0,) + l_strides[1:]
         if varlen:
             # one packed batch: the sequence offset comes from cu_seqlens, not the batch stride
             o_strides = (o_strides[0], 0) + tuple(o_strides[2:])
@@ -402,92 +447,165 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
             q_strides = (0, q.stride(0), q.stride(1))
         else:
             q_strides = q.stride()[:3]
-        page_size = k_cache.shape[1] if paged_cache else 1
+        page_size = k_cache.shape[1] if paged else 1
         alibi_strides = alibi_slopes.stride() if alibi_slopes is not None else (0, 0)
-        args = (
-            *tensors,
+        # the kernel's arguments after its 11 tensors (``Q ... CuSeqQ``)
+        self.scalars = (
             *q_strides,
             *k_strides[:3], *v_cache.stride()[:3],
-            *o_strides, *l_strides,
-            block_table.stride(0) if paged_cache else 0, alibi_strides[0], alibi_strides[1],
+            *o_strides[:4], *l_strides,
+            block_table.stride(0) if paged else 0, alibi_strides[0], alibi_strides[1],
             s_q_grid, int(seqlen_k_add), k_cache.shape[1], nheads_k, batch * nheads_k,
             # clamp bounds: cache rows / pages, positions per sequence, packed query rows
             k_cache.shape[0],
-            block_table.shape[1] * page_size if paged_cache else k_cache.shape[1],
+            block_table.shape[1] * page_size if paged else k_cache.shape[1],
             q.shape[0] if varlen else 0,
             float(softmax_scale), float(softcap), int(window_left), int(window_right),
             max(int(attention_chunk), 1))
-        kwargs = dict(
+        self.kwargs = dict(
             G=g, HEAD_DIM=d, HEAD_DIM_V=d_v,
             BLOCK_D=block_d, BLOCK_DV=block_dv,
             BLOCK_M=block_m, BLOCK_N=block_n, PAGE_SIZE=page_size,
-            PAGED=paged_cache, HAS_LEFTPAD=leftpad is not None,
+            PAGED=paged, HAS_LEFTPAD=leftpad is not None,
             HAS_BATCH_IDX=batch_idx is not None,
             VARLEN_Q=varlen, HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0,
             HAS_CHUNK=attention_chunk > 0, HAS_SOFTCAP=softcap > 0.0,
             HAS_ALIBI=alibi_slopes is not None,
-            UPCAST=config.upcast_dots(q), DOT_PREC=config.dot_precision(q), USE_TMA=use_tma,
-            num_warps=num_warps, num_stages=num_stages,
+            UPCAST=config.upcast_dots(q), DOT_PREC=config.dot_precision(q),
+            USE_TMA=self.use_tma, num_warps=num_warps, num_stages=num_stages,
         )
-        return _decode_kernel, grid, args, kwargs
-
-    # everything but the 11 tensors follows from their shapes, strides and dtypes, which of
-    # them are given, and the scalars
-    key = tuple((t.shape, t.stride(), t.dtype) for t in tensors) + (
-        use_tma, int(seqlen_k_add), leftpad is not None, batch_idx is not None, paged,
-        alibi_slopes is not None, varlen, s_q_grid, num_splits, block_n, num_warps, num_stages,
-        float(softmax_scale), float(softcap), int(window_left), int(window_right),
-        int(attention_chunk))
-    if plans is None:
-        _PLAIN_DECODE.launch(key, tensors, build)
-    else:
-        plans.setdefault("decode", LaunchPlans(slots=tuple(range(11)))).launch(
-            key, tensors, build)
-    if num_splits > 1:
-        from flashattn.triton.combine import combine_splits
-
-        combine_splits(out_k, lse_k, out, lse4,
-                       plans=_PLAIN_COMBINE if plans is None else plans.setdefault(
-                           "combine", LaunchPlans(slots=(0, 1, 2, 3))))
-    return (out[0] if varlen else out), lse
-
-
-# plain (unplanned) calls' launch plans, shared: a repeated call shape replays its launches
-_PLAIN_DECODE = LaunchPlans(slots=tuple(range(11)))
-_PLAIN_COMBINE = LaunchPlans(slots=(0, 1, 2, 3))
-
-
-def _outputs(buffers: Optional[dict], out_shape, num_splits: int, q: torch.Tensor, varlen: bool,
-             batch: int, h: int, s_q_grid: int, device: torch.device):
-    """(out, lse, lse4, out_k, lse_k): the outputs and, with splits, the fp32 split workspaces;
-    taken from ``buffers`` (a decode plan's, dense queries only) when it holds them for this
-    shape, else allocated (and kept there)."""
-    key = (tuple(out_shape), num_splits, q.dtype, device)
-    if buffers is not None and buffers.get("key") == key:
-        return buffers["out"], buffers["lse"], buffers["lse"], buffers["out_k"], buffers["lse_k"]
-    # Packed rows outside every sequence are written by no program: they start as out 0 /
-    # lse -inf (and as empty splits for the combine pass).
-    if varlen:
-        lse = torch.full((h, q.shape[0]), float("-inf"), dtype=torch.float32, device=device)
-        lse4 = lse.unsqueeze(0)  # (1, h, total_q)
-        out = torch.zeros(out_shape, dtype=q.dtype, device=device)
-    else:
-        lse = torch.empty((batch, h, s_q_grid), dtype=torch.float32, device=device)
-        lse4 = lse
-        out = torch.empty(out_shape, dtype=q.dtype, device=device)
-    if num_splits > 1:
-        out_k = torch.empty((num_splits,) + tuple(out_shape), dtype=torch.float32, device=device)
-        lse_k_shape = (num_splits,) + tuple(lse4.shape)
-        if varlen:
-            lse_k = torch.full(lse_k_shape, float("-inf"), dtype=torch.float32, device=device)
+        # the shared plans' key: everything but the 11 tensors follows from the tensors'
+        # shapes, strides and dtypes, which of them are given, and the scalars
+        tensor_meta = tuple(None if t is None else (t.shape, t.stride(), t.dtype) for t in
+                            (q, k_cache, v_cache, seqlens_k, leftpad, batch_idx, block_table,
+                             alibi_slopes, cu_seqlens_q))
+        self.key = (tensor_meta, self.scalars, tuple(self.kwargs.values()))
+        if plans is not None and not varlen:  # a decode plan's own (dropped with the plan)
+            self.plans = (plans.setdefault("decode", LaunchPlans(slots=tuple(range(11)))),
+                          plans.setdefault("combine", LaunchPlans(slots=(0, 1, 2, 3))))
         else:
-            lse_k = torch.empty(lse_k_shape, dtype=torch.float32, device=device)
-    else:
-        out_k, lse_k = out, lse4
-    if buffers is not None:
-        buffers.update(key=key, out=out, lse=lse, out_k=out_k, lse_k=lse_k)
-    return out, lse, lse4, out_k, lse_k
+            self.plans = (_PLAIN_DECODE, _PLAIN_COMBINE)
+        self._decode: Optional[LaunchPlan] = None  # recorded by the first call's launch
+        self._combine: Optional[LaunchPlan] = None
 
+    def _outputs(self, buffers: Optional[dict], q: torch.Tensor):
+        """(out, lse, lse4, out_k, lse_k, workspace): the outputs and, with splits, the
+        float32 partials (views of one workspace); from ``buffers`` (a decode plan's, dense
+        queries only) when it holds them for this call, else allocated (and kept there)."""
+        if buffers is not None and not self.varlen and buffers.get("call") is self:
+            return buffers["outputs"]
+        device = self.device
+        # Packed rows outside every sequence are written by no program: they start as out 0 /
+        # lse -inf (and as empty splits for the combine pass).
+        ws = torch.empty((self.ws_numel,), dtype=torch.float32, device=device)
+        lse = ws[:_numel(self.lse_shape)].view(self.lse_shape)
+        if self.varlen:
+            lse.fill_(float("-inf"))
+            out = torch.zeros(self.out_shape, dtype=self.dtype, device=device)
+            lse4 = lse.unsqueeze(0)
+        else:
+            out = torch.empty(self.out_shape, dtype=self.dtype, device=device)
+            lse4 = lse
+        if self.num_splits > 1:
+            (o0, l0), (po, pl) = self.offsets, self.part_shapes
+            out_k = ws[o0:o0 + _numel(po)].view(po)
+            lse_k = ws[l0:l0 + _numel(pl)].view(pl)
+            if self.varlen:
+                lse_k.fill_(float("-inf"))
+        else:
+            out_k, lse_k = out, lse4
+        outputs = (out, lse, lse4, out_k, lse_k, ws)
+        if buffers is not None and not self.varlen:
+            buffers.update(call=self, outputs=outputs)
+        return outputs
+
+    def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 seqlens_k: torch.Tensor, leftpad: Optional[torch.Tensor],
+                 batch_idx: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
+                 alibi_slopes: Optional[torch.Tensor], cu_seqlens_q: Optional[torch.Tensor] = None,
+                 buffers: Optional[dict] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """out like q with d_v, lse float32 (see :func:`decode_attention`), for tensors of the
+        signature this call was made for. ``buffers``: a decode plan's dict (outputs reused)."""
+        if (self._decode is not None and (self._combine is not None or self.num_splits == 1)
+                and not self.varlen):
+            replayed = self._replay(q, k_cache, v_cache, seqlens_k, leftpad, batch_idx,
+                                    block_table, alibi_slopes, buffers)
+            if replayed is not None:
+                return replayed
+        out, lse, lse4, out_k, lse_k, _ = self._outputs(buffers, q)
+        if self.use_tma:
+            config.install_allocator()
+        dummy = seqlens_k
+        q4 = q.unsqueeze(0) if self.varlen else q
+        tensors = (q4, k_cache, v_cache, out_k, lse_k, seqlens_k,
+                   leftpad if leftpad is not None else dummy,
+                   batch_idx if batch_idx is not None else dummy,
+                   block_table if block_table is not None else dummy,
+                   alibi_slopes if alibi_slopes is not None else lse,
+                   cu_seqlens_q if cu_seqlens_q is not None else dummy)
+        decode_plans, combine_plans = self.plans
+        self._decode = decode_plans.launch(
+            self.key, tensors,
+            lambda: (_decode_kernel, self.grid, tensors + self.scalars, self.kwargs))
+        if self.num_splits > 1:
+            parts = (out_k, lse_k, out, lse4)
+            key = tuple((t.shape, t.stride(), t.dtype) for t in parts)
+            self._combine = combine_plans.launch(key, parts,
+                                                 lambda: combine_launch(*parts))
+        return (out[0] if self.varlen else out), lse
+
+    def _replay(self, q, k_cache, v_cache, seqlens_k, leftpad, batch_idx, block_table,
+                alibi_slopes, buffers) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+        """A repeated dense call: two allocations (none with a plan's buffers) and the
+        recorded launches with the tensors' addresses. None (nothing launched) when a plan
+        cannot replay now (fast launches off, a profiler listening, another current
+        device)."""
+        lse = None
+        if buffers is not None:
+            out, lse, _, _, _, ws = self._outputs(buffers, q)
+        else:
+            ws = torch.empty((self.ws_numel,), dtype=torch.float32, device=self.device)
+            out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
+        base = ws.data_ptr()
+        lens = seqlens_k.data_ptr()
+        if self.num_splits > 1:
+            o_k, l_k = base + 4 * self.offsets[0], base + 4 * self.offsets[1]
+        else:
+            o_k, l_k = out.data_ptr(), base
+        if self.use_tma:
+            config.install_allocator()
+        if not self._decode.replay((
+                q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), o_k, l_k, lens,
+                lens if leftpad is None else leftpad.data_ptr(),
+                lens if batch_idx is None else batch_idx.data_ptr(),
+                lens if block_table is None else block_table.data_ptr(),
+                base if alibi_slopes is None else alibi_slopes.data_ptr(), lens)):
+            return None
+        if self.num_splits > 1 and not self._combine.replay((o_k, l_k, out.data_ptr(), base)):
+            raise RuntimeError("flashattn: the split-KV combine launch could not be replayed "
+                               "right after its decode launch")  # (same checks: cannot happen)
+        if lse is None:
+            lse = ws[:_numel(self.lse_shape)].view(self.lse_shape)
+        return out, lse
+
+
+def _numel(shape: Tuple[int, ...]) -> int:
+    n = 1
+    for x in shape:
+        n *= int(x)
+    return n
+
+
+def _aligned(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
+
+
+def _contiguous_strides(shape: Tuple[int, ...]) -> Tuple[int, ...]:
+    strides, acc = [], 1
+    for x in reversed(shape):
+        strides.append(acc)
+        acc *= max(1, int(x))
+    return tuple(reversed(strides))
 
 
 def planned_splits(batch: int, seqlen_q: int, max_seqlen_k: int, nheads: int, nheads_k: int,
@@ -501,5 +619,5 @@ def planned_splits(batch: int, seqlen_q: int, max_seqlen_k: int, nheads: int, nh
     return plan[6]
 
 
-__all__ = ["planned_splits", "decode_attention", "num_splits_heuristic", "launch_config", "block_m_for",
+__all__ = ["DecodeCall", "planned_splits", "decode_attention", "num_splits_heuristic", "launch_config", "block_m_for",
            "MAX_SPLITS"]

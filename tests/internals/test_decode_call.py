@@ -1,0 +1,78 @@
+"""DecodeCall's replay (issue 21's lean decode path) without a GPU: a repeated call passes
+the recorded launches exactly the addresses the first call's tensors had in the same roles
+(the workspace pieces at the same offsets, the inputs' own addresses), and returns its lse
+where the replayed kernels write it. The GPU tests run the replay for real
+(tests/api/test_kvcache_gpu.py::test_repeated_signature_replays_the_recorded_decode)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flashattn.runtime import launch
+from flashattn.triton import decode
+
+
+class _Recorded:
+    """Stands in for a recorded launch plan: keeps what each replay passes."""
+
+    def __init__(self, tensors):
+        self.first = [t.data_ptr() for t in tensors]
+        self.replays = []
+
+    def replay(self, values):
+        self.replays.append(list(values))
+        return True
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("paged", [False, True])
+def test_replay_passes_the_recorded_roles(monkeypatch, splits, paged):
+    recorded = []
+
+    def fake_launch(self, key, tensors, build):
+        plan = _Recorded(tensors)
+        recorded.append(plan)
+        return plan
+
+    monkeypatch.setattr(launch.LaunchPlans, "launch", fake_launch)
+    b, h, h_k, d = 2, 8, 2, 32
+    if paged:
+        k_cache = torch.randn(12, 16, h_k, d)
+        block_table = torch.arange(8, dtype=torch.int32).view(b, 4)
+    else:
+        k_cache, block_table = torch.randn(b, 64, h_k, d), None
+    v_cache = torch.randn_like(k_cache)
+    seqlens = torch.tensor([40, 64], dtype=torch.int32)
+    q = torch.randn(b, 1, h, d)
+    call = decode.DecodeCall(q, k_cache, v_cache, seqlens, 0, softmax_scale=0.2,
+                             window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None,
+                             num_splits=splits, max_seqlen_k=64, block_table=block_table)
+    assert call.num_splits == splits
+    out1, lse1 = call(q, k_cache, v_cache, seqlens, None, None, block_table, None)
+    dec = recorded[0]
+    combine = recorded[1] if splits > 1 else None
+    assert len(recorded) == (2 if splits > 1 else 1)
+    q2 = torch.randn(b, 1, h, d)
+    out2, lse2 = call(q2, k_cache, v_cache, seqlens, None, None, block_table, None)
+    assert len(recorded) == len(dec.replays) + (1 if splits > 1 else 0)  # replayed, no record
+    (vals,) = dec.replays
+    base1, base2 = lse1.data_ptr(), lse2.data_ptr()  # lse leads the workspace
+
+    ws_bytes, out_bytes = 4 * call.ws_numel, out1.numel() * out1.element_size()
+
+    def role(addr, base, out):  # an address as (tensor, offset) in the call's own tensors
+        for name, start, size in (("ws", base, ws_bytes), ("out", out, out_bytes)):
+            if 0 <= addr - start < size:
+                return name, addr - start
+        return addr
+
+    first = [role(a, base1, out1.data_ptr()) for a in dec.first]
+    again = [role(a, base2, out2.data_ptr()) for a in vals]
+    assert first[0] == q.data_ptr() and again[0] == q2.data_ptr()
+    assert first[1:] == again[1:]  # caches, pieces of the workspace / out, lengths, dummies
+    if combine is not None:
+        (cvals,) = combine.replays
+        assert [role(a, base1, out1.data_ptr()) for a in combine.first] == \
+            [role(a, base2, out2.data_ptr()) for a in cvals]
+    assert out2.shape == out1.shape and lse2.shape == lse1.shape == (b, h, 1)
+    assert lse2.is_contiguous() and out2.is_contiguous()

@@ -1,6 +1,8 @@
 """Decode probe: flash_attn_with_kvcache vs SDPA (cuDNN, flash) at the issue's decode grid.
 
-bf16, d=128, 32 query heads / 8 KV heads, one new query token; bandwidth = bytes of K and V
+bf16, d=128, 32 query heads / 8 KV heads, one new query token, through
+``flash_attn_with_kvcache`` (contiguous and paged caches) and ``flash_attn_func`` (q with seqlen
+1 over the full k / v: what transformers calls without padding, row ``flashattn-dense``); bandwidth = bytes of K and V
 read / time (``triton.testing.do_bench`` median). Rows for the contiguous cache, the paged
 cache (page 16, shuffled page table) and optional launch-config variants
 (``--configs "64,4,4;128,8,3"`` -> FLASHATTN_DECODE_CONFIG, ``--waves 1,2,4`` ->
@@ -124,10 +126,12 @@ def main() -> int:
             os.environ.update(env)
             reload_env()  # flashattn reads its variables once: re-read them
             try:
-                for layout in ("contig", "paged16"):
+                for layout in ("contig", "paged16", "dense"):
                     if layout == "paged16" and paged is None:
                         continue
-                    if layout == "contig":
+                    if layout == "dense":  # flash_attn_func(q with seqlen 1, full k / v)
+                        fn = lambda: flashattn.flash_attn_func(q, kc, vc, causal=True)  # noqa: E731
+                    elif layout == "contig":
                         fn = lambda: flashattn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens)  # noqa: E731
                     else:
                         kp, vp, table = paged

@@ -19,7 +19,7 @@ hardware conversion does it in one instruction per pair.
 from __future__ import annotations
 
 import functools
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import triton
@@ -79,12 +79,13 @@ def _quantize_tile(X, Out, Descale, h, h2, signs, signs2, tile, stride_xb, strid
         # key r = 32 n + 16 a + 8 b + 2 t + w -> position 32 n + 16 a + 4 t + 2 b + w
         out_rows = ((rows >> 5) << 5) | (((rows >> 4) & 1) << 4) | (((rows >> 1) & 3) << 2) \
             | (((rows >> 3) & 1) << 1) | (rows & 1)
-        stored = (rows[:, None] < ((seqlen + 31) // 32) * 32) & (cols[None, :] < HEAD_DIM)
+        stored_rows = rows < ((seqlen + 31) // 32) * 32
     else:
         out_rows = rows
-        stored = (rows[:, None] < seqlen) & (cols[None, :] < HEAD_DIM)
+        stored_rows = rows < seqlen
     o_base = (Out + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh
               + out_rows[:, None].to(tl.int64) * stride_os)
+    stored = stored_rows[:, None] & (cols[None, :] < HEAD_DIM)
     inside = (rows[:, None] < seqlen) & (cols[None, :] < HEAD_DIM)
     x = tl.load(x_base + cols[None, :], mask=inside, other=0.0)
     if HALVES:
@@ -122,7 +123,8 @@ def _quantize_tile(X, Out, Descale, h, h2, signs, signs2, tile, stride_xb, strid
     inv = 1.0 / descale
     _store_e4m3(o_base, cols, y1, inv, stored, stride_od, EXACT_ROUND)
     if HALVES:
-        _store_e4m3(o_base, W + cols, y2, inv, inside2, stride_od, EXACT_ROUND)
+        _store_e4m3(o_base, W + cols, y2, inv, stored_rows[:, None] & (W + cols[None, :] < HEAD_DIM),
+                    stride_od, EXACT_ROUND)
     tl.store(Descale + pid_bh.to(tl.int64) * n_blocks + pid_blk, descale)
 
 
@@ -136,19 +138,27 @@ def _store_e4m3(o_base, cols, y, inv, stored, stride_od, EXACT_ROUND: tl.constex
 
 
 @triton.jit
-def _quantize_kernel(X, Out, Descale, Had, Signs,
-                     stride_xb, stride_xs, stride_xh,
-                     stride_ob, stride_os, stride_oh, stride_od,
-                     seqlen, nheads, n_blocks, n_tiles, inv_sqrt_block,
-                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK: tl.constexpr,
-                     ROTATE: tl.constexpr, HALVES: tl.constexpr, MIX: tl.constexpr,
-                     DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
-                     EXACT_ROUND: tl.constexpr, NUM_STAGES: tl.constexpr,
-                     WGMMA_ROWS: tl.constexpr):
-    """Persistent: each program walks tiles pid, pid + nprog, ... so Triton's pipeliner loads
-    the next tile while this one is rotated, reduced and stored (one tile per program left
-    the load latency exposed: 0.97 TB/s measured on the H100). Had: (BLOCK_D, BLOCK_D) ±1, or
-    with HALVES (2, BLOCK_D / 2, BLOCK_D / 2)."""
+def _quantize_qkv_kernel(Q, K, V, Q8, K8, V8, QS, KS, VS, Had, Signs,
+                         stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+                         stride_vb, stride_vs, stride_vh,
+                         stride_q8b, stride_q8s, stride_q8h, stride_q8d,
+                         stride_k8b, stride_k8s, stride_k8h, stride_k8d,
+                         stride_v8b, stride_v8s, stride_v8h, stride_v8d,
+                         seqlen_q, seqlen_k, nheads, nheads_k, q_blocks, k_blocks,
+                         q_tiles, k_tiles, v_tiles, inv_sqrt_block,
+                         HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+                         BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         ROTATE: tl.constexpr, HALVES: tl.constexpr, MIX: tl.constexpr,
+                         DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
+                         EXACT_ROUND: tl.constexpr, STAGES_QK: tl.constexpr,
+                         STAGES_V: tl.constexpr, V_WGMMA: tl.constexpr):
+    """The whole pass in one launch: Q's tiles, then K's, then V's, dealt round-robin over the
+    programs as one list (tile t of the concatenation goes to program t % nprog), so no
+    program gets the extra tile of all three. Persistent: each program walks its tiles, and
+    Triton's pipeliner loads the next tile while this one is rotated, reduced and stored (one
+    tile per program left the load latency exposed: 0.97 TB/s measured on the H100). Had:
+    (BLOCK_D, BLOCK_D) ±1, or with HALVES (2, BLOCK_D / 2, BLOCK_D / 2); Signs (HEAD_DIM,)."""
     W: tl.constexpr = BLOCK_D // 2 if HALVES else BLOCK_D
     cols = tl.arange(0, W)
     h = cols  # (unused without ROTATE)
@@ -164,11 +174,25 @@ def _quantize_kernel(X, Out, Descale, Had, Signs,
         if UPCAST:
             h = h.to(tl.float32)
             h2 = h2.to(tl.float32)
-    for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0), num_stages=NUM_STAGES):
-        _quantize_tile(X, Out, Descale, h, h2, signs, signs2, tile, stride_xb, stride_xs,
-                       stride_xh, stride_ob, stride_os, stride_oh, stride_od, seqlen, nheads,
-                       n_blocks, inv_sqrt_block, HEAD_DIM, BLOCK_D, BLOCK, ROTATE, HALVES, MIX,
-                       DOT_PREC, UPCAST, EXACT_ROUND, WGMMA_ROWS)
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    for tile in tl.range(pid, q_tiles, nprog, num_stages=STAGES_QK):
+        _quantize_tile(Q, Q8, QS, h, h2, signs, signs2, tile, stride_qb, stride_qs, stride_qh,
+                       stride_q8b, stride_q8s, stride_q8h, stride_q8d, seqlen_q, nheads,
+                       q_blocks, inv_sqrt_block, HEAD_DIM, BLOCK_D, BLOCK_M, ROTATE, HALVES,
+                       MIX, DOT_PREC, UPCAST, EXACT_ROUND, False)
+    k_first = (pid + nprog - q_tiles % nprog) % nprog  # (K tile t is list entry q_tiles + t)
+    for tile in tl.range(k_first, k_tiles, nprog, num_stages=STAGES_QK):
+        _quantize_tile(K, K8, KS, h, h2, signs, signs2, tile, stride_kb, stride_ks, stride_kh,
+                       stride_k8b, stride_k8s, stride_k8h, stride_k8d, seqlen_k, nheads_k,
+                       k_blocks, inv_sqrt_block, HEAD_DIM, BLOCK_D, BLOCK_N, ROTATE, HALVES,
+                       MIX, DOT_PREC, UPCAST, EXACT_ROUND, False)
+    v_first = (pid + nprog - (q_tiles + k_tiles) % nprog) % nprog
+    for tile in tl.range(v_first, v_tiles, nprog, num_stages=STAGES_V):
+        _quantize_tile(V, V8, VS, h, h2, signs, signs2, tile, stride_vb, stride_vs, stride_vh,
+                       stride_v8b, stride_v8s, stride_v8h, stride_v8d, seqlen_k, nheads_k,
+                       k_blocks, inv_sqrt_block, HEAD_DIM_V, BLOCK_DV, BLOCK_N, False, False,
+                       False, DOT_PREC, UPCAST, EXACT_ROUND, V_WGMMA)
 
 
 @functools.lru_cache(maxsize=32)
@@ -191,61 +215,73 @@ def _hadamard_pm1(head_dim: int, block_d: int, dtype: torch.dtype,
 _HALF_MAX = 128
 
 
-def _launch(x: torch.Tensor, out: torch.Tensor, out_strides, descale: torch.Tensor,
-            block: int, signs: Optional[torch.Tensor], interpret: bool,
-            tuning: Optional[dict] = None, wgmma_rows: bool = False) -> None:
-    """One tensor's pass. ``tuning`` (probes only): {"warps", "per_sm", "stages"} overrides."""
-    b, s, h, d = x.shape
-    block_d = max(16, next_pow2(d))
-    rotate = signs is not None
-    upcast = interpret or x.dtype == torch.float32
-    had_dtype = torch.float32 if upcast else x.dtype
-    had = _hadamard_pm1(d, block_d, had_dtype, x.device) if rotate else descale
-    sg = signs if rotate else descale  # (float32 (d,) on x's device: api/fp8.py)
-    n_blocks = cdiv(s, block)
-    n_tiles = n_blocks * b * h
-    # the (block, d) tile lives in registers: 8 warps from 16K elements on (d = 256 rotated
-    # keeps 1168 bytes of stack with 8 warps, 512 with 16, AOT for sm_90; 8 measured faster
-    # in the sweep below)
+def launch_params(head_dim: int, block: int, rotate: bool) -> Tuple[int, int, int, int]:
+    """(warps, programs per SM, stages of the Q / K loops, stages of the V loop).
+
+    The (block, d) tile lives in registers: 8 warps from 16K elements (d = 256 rotated keeps
+    1168 bytes of stack with 8 warps, 512 with 16, AOT for sm_90; 8 measured faster). Programs
+    per SM and stages from sweeps on the H100 (probes/quantize_sweep.py, 16k tokens, hidden
+    2048; benchmarks/NOTES.md, sessions 14-15). A rotated tile of 16K elements takes ~186
+    registers a thread at 8 warps, so one program fits per SM, and three stages keep the next
+    tiles' loads in flight; the rotated loops decide the programs, and the V loop (no
+    rotation, a transposing store) takes its stages from the sweep at that program count."""
+    block_d = max(16, next_pow2(head_dim))
     big = block * block_d >= 16384
     warps = 8 if big else 4
-    # programs per SM and pipeline stages, from a sweep on the H100 (probes/quantize_sweep.py,
-    # 16k tokens, hidden 2048; benchmarks/NOTES.md, session 14). A rotated tile of 16K
-    # elements takes ~186 registers a thread at 8 warps: one program fits per SM, and three
-    # stages keep the next tiles' loads in flight (d = 128: 65 -> 48 us, 2.11 TB/s). V
-    # (no rotation, a transposing store) gains nothing from stages and wants more programs
-    # instead (d = 128: 61 -> 43 us, 2.33 TB/s).
-    if rotate and block_d > _HALF_MAX:  # two 128-column halves (d = 256: 74 -> 61 us)
-        per_sm, stages = 2, 2
-    elif rotate:
-        per_sm, stages = (1, 3) if big else (2, 3)
-    else:
-        per_sm, stages = (2, 1) if big else (4, 1)
-    if interpret:
-        stages = 1
+    # (a pipelined V loop ran at half speed: 263-290 us against 143 for the whole pass with
+    # one stage, d = 128, in the sweep of session 15)
+    if rotate and block_d > _HALF_MAX:  # two 128-column halves (d = 256); 3 stages do not fit
+        return warps, 1, 2, 1
+    if rotate:
+        return (warps, 1, 3, 1) if big else (warps, 2, 3, 1)
+    return (warps, 2, 1, 1) if big else (warps, 4, 1, 1)
+
+
+def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q8: torch.Tensor,
+            k8: torch.Tensor, v8: torch.Tensor, q_descale: torch.Tensor,
+            k_descale: torch.Tensor, v_descale: torch.Tensor, signs: Optional[torch.Tensor],
+            block_m: int, block_n: int, interpret: bool, v_wgmma: bool,
+            tuning: Optional[dict] = None) -> None:
+    """The pass's one launch. ``tuning`` (probes only): {"warps", "per_sm", "stages",
+    "stages_v"} overrides of :func:`launch_params`."""
+    b, s_q, h, d = q.shape
+    s_k, h_k, d_v = k.shape[1], k.shape[2], v.shape[3]
+    block_d, block_dv = max(16, next_pow2(d)), max(16, next_pow2(d_v))
+    rotate = signs is not None
+    upcast = interpret or q.dtype == torch.float32
+    had_dtype = torch.float32 if upcast else q.dtype
+    had = _hadamard_pm1(d, block_d, had_dtype, q.device) if rotate else q_descale
+    sg = signs if rotate else q_descale  # (float32 (d,) on q's device: api/fp8.py)
+    q_blocks, k_blocks = cdiv(s_q, block_m), cdiv(s_k, block_n)
+    q_tiles, k_tiles = q_blocks * b * h, k_blocks * b * h_k
+    warps, per_sm, stages, stages_v = launch_params(d, max(block_m, block_n), rotate)
     if tuning:
         warps = tuning.get("warps", warps)
         per_sm = tuning.get("per_sm", per_sm)
         stages = tuning.get("stages", stages)
-    programs = n_tiles if interpret else min(n_tiles, per_sm * sm_count(x.device))
-    scalars = (x.stride(0), x.stride(1), x.stride(2), *out_strides, s, h, n_blocks, n_tiles,
+        stages_v = tuning.get("stages_v", stages_v)
+    if interpret:
+        stages = stages_v = 1
+    n_tiles = q_tiles + 2 * k_tiles
+    programs = max(1, n_tiles if interpret else min(n_tiles, per_sm * sm_count(q.device)))
+    scalars = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *q8.stride(), *k8.stride(),
+               *v8.stride(), s_q, s_k, h, h_k, q_blocks, k_blocks, q_tiles, k_tiles, k_tiles,
                float(hadamard_block(d)) ** -0.5)
     constexprs = dict(
-        HEAD_DIM=d, BLOCK_D=block_d, BLOCK=block, ROTATE=rotate,
-        HALVES=rotate and block_d > _HALF_MAX, MIX=hadamard_block(d) > _HALF_MAX,
-        DOT_PREC="ieee" if upcast else "tf32", UPCAST=upcast, EXACT_ROUND=interpret,
-        NUM_STAGES=stages, WGMMA_ROWS=wgmma_rows, num_warps=warps)
-    tensors = (x, out, descale, had, sg)
+        HEAD_DIM=d, HEAD_DIM_V=d_v, BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_M=block_m,
+        BLOCK_N=block_n, ROTATE=rotate, HALVES=rotate and block_d > _HALF_MAX,
+        MIX=hadamard_block(d) > _HALF_MAX, DOT_PREC="ieee" if upcast else "tf32",
+        UPCAST=upcast, EXACT_ROUND=interpret, STAGES_QK=stages, STAGES_V=stages_v,
+        V_WGMMA=v_wgmma, num_warps=warps)
+    tensors = (q, k, v, q8, k8, v8, q_descale, k_descale, v_descale, had, sg)
     # a launch plan per call shape (no binder or argument specialisation per launch, as the
-    # other kernels). The call stays host-bound on the H100 host: ~200 us of Python (six
-    # allocations, three launches, checks) against 135-165 us of kernels at 16k tokens
-    # (benchmarks/NOTES.md, session 14)
-    key = (scalars, tuple(constexprs.items()), programs, x.dtype, out.dtype)
-    _PLANS.launch(key, tensors, lambda: (_quantize_kernel, (programs,), tensors + scalars,
+    # other kernels)
+    key = (scalars, tuple(constexprs.items()), programs, q.dtype, v8.dtype)
+    _PLANS.launch(key, tensors, lambda: (_quantize_qkv_kernel, (programs,), tensors + scalars,
                                          constexprs))
 
 
-_PLANS = LaunchPlans(slots=tuple(range(5)))
+_PLANS = LaunchPlans(slots=tuple(range(11)))
 
 
 def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, signs: Optional[torch.Tensor],
@@ -254,26 +290,23 @@ def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, signs: Optio
     returns them (v8 with keys contiguous: ``fp8_format.keys_contiguous_empty``; with
     ``v_wgmma`` in wgmma key order instead, ``fp8_format.wgmma_vt_empty``'s layout, which the
     Hopper FP8 forward reads without a copy). q (b, s_q, h, d), k (b, s_k, h_k, d), v (b, s_k,
-    h_k, d_v), last dim contiguous; signs (d,) ±1 or None."""
-    outs = []
-    for x, block, rot in ((q, block_m, signs), (k, block_n, signs), (v, block_n, None)):
-        b, s, h, d = x.shape
-        wgmma_rows = v_wgmma and x is v
-        if wgmma_rows:  # (tiles of fewer than 32 rows leave the padding to a zeroed buffer)
-            x8 = wgmma_vt_empty(v.shape, v.device, zero=block_n < WGMMA_KEY_GROUP or s == 0)
-        elif x is v:
-            x8 = keys_contiguous_empty(v.shape, v.device)
-        else:
-            x8 = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
-        descale = torch.empty((b, h, cdiv(s, block)), dtype=torch.float32, device=x.device)
-        if x.numel():
-            strides = (x8.stride(0), x8.stride(1), x8.stride(2), x8.stride(3))
-            _launch(x, x8, strides, descale, block, rot, interpret, wgmma_rows=wgmma_rows)
-        elif descale.numel():
-            descale.fill_(1.0)
-        outs.append((x8, descale))
-    (q8, qs), (k8, ks), (v8, vs) = outs
-    return q8, k8, v8, qs, ks, vs
+    h_k, d_v), last dim contiguous; signs (d,) ±1 or None. One launch (three tensors' tiles)."""
+    b, s_q, h, _ = q.shape
+    s_k, h_k = k.shape[1], k.shape[2]
+    if v_wgmma:  # (tiles of fewer than 32 rows leave the padding to a zeroed buffer)
+        v8 = wgmma_vt_empty(v.shape, v.device, zero=block_n < WGMMA_KEY_GROUP or s_k == 0)
+    else:
+        v8 = keys_contiguous_empty(v.shape, v.device)
+    q8 = torch.empty(q.shape, dtype=torch.float8_e4m3fn, device=q.device)
+    k8 = torch.empty(k.shape, dtype=torch.float8_e4m3fn, device=k.device)
+    q_descale = torch.empty((b, h, cdiv(s_q, block_m)), dtype=torch.float32, device=q.device)
+    k_descale = torch.empty((b, h_k, cdiv(s_k, block_n)), dtype=torch.float32, device=q.device)
+    v_descale = torch.empty((b, h_k, cdiv(s_k, block_n)), dtype=torch.float32, device=q.device)
+    if q_descale.numel() + k_descale.numel():
+        # (an empty tensor has no tiles, and its scales, if any (head dim 0), are written 1)
+        _launch(q, k, v, q8, k8, v8, q_descale, k_descale, v_descale, signs, block_m, block_n,
+                interpret, v_wgmma)
+    return q8, k8, v8, q_descale, k_descale, v_descale
 
 
-__all__ = ["quantize_qkv", "round_e4m3"]
+__all__ = ["launch_params", "quantize_qkv", "round_e4m3"]

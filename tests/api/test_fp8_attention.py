@@ -268,8 +268,9 @@ def test_fp8_op_under_compile_and_opcheck():
 
 
 @pytest.mark.parametrize("backend_name", ["cpu", "portable"])
-@pytest.mark.parametrize("s_k,block_n", [(70, 32), (45, 16), (0, 32)])
-def test_quantize_v_in_wgmma_order_feeds_the_forward(backend_name, s_k, block_n):
+@pytest.mark.parametrize("s_k,block_n,d_v", [(70, 32, 32), (45, 16, 32), (0, 32, 32),
+                                             (70, 32, 192)])  # (d_v > 128: V's own launch)
+def test_quantize_v_in_wgmma_order_feeds_the_forward(backend_name, s_k, block_n, d_v):
     """flash_attn_fp8_func's quantize writes V in the Hopper kernels' key order
     (fp8_format.wgmma_vt_empty): the same bytes as quantize's V, key c at
     wgmma_key_position(c), zeros at the positions of no key; a backend that reads V in key
@@ -281,11 +282,11 @@ def test_quantize_v_in_wgmma_order_feeds_the_forward(backend_name, s_k, block_n)
     torch.manual_seed(6)
     q = torch.randn(2, 40, 4, 64).bfloat16()
     k = torch.randn(2, s_k, 2, 64).bfloat16()
-    v = torch.randn(2, s_k, 2, 32).bfloat16()
+    v = torch.randn(2, s_k, 2, d_v).bfloat16()
     with flashattn.use_backend(backend_name):
         plain = quantize_for_kernels(q, k, v, True, 1, 32, block_n, v_wgmma=False)
         w = quantize_for_kernels(q, k, v, True, 1, 32, block_n, v_wgmma=True)
-        assert w.v.shape == (2, F.wgmma_padded_keys(s_k), 2, 32) and w.v.stride(1) == 1
+        assert w.v.shape == (2, F.wgmma_padded_keys(s_k), 2, d_v) and w.v.stride(1) == 1
         pos = F.wgmma_key_position(torch.arange(s_k))
         assert torch.equal(w.v[:, pos].view(torch.uint8), plain.v.view(torch.uint8))
         rest = sorted(set(range(w.v.shape[1])) - set(pos.tolist()))

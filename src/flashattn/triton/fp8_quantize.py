@@ -152,7 +152,8 @@ def _quantize_qkv_kernel(Q, K, V, Q8, K8, V8, QS, KS, VS, Had, Signs,
                          ROTATE: tl.constexpr, HALVES: tl.constexpr, MIX: tl.constexpr,
                          DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
                          EXACT_ROUND: tl.constexpr, STAGES_QK: tl.constexpr,
-                         STAGES_V: tl.constexpr, V_WGMMA: tl.constexpr):
+                         STAGES_V: tl.constexpr, V_WGMMA: tl.constexpr,
+                         QK_LOOPS: tl.constexpr, V_LOOP: tl.constexpr):
     """The whole pass in one launch: Q's tiles, then K's, then V's, dealt round-robin over the
     programs as one list (tile t of the concatenation goes to program t % nprog), so no
     program gets the extra tile of all three. Persistent: each program walks its tiles, and
@@ -176,23 +177,25 @@ def _quantize_qkv_kernel(Q, K, V, Q8, K8, V8, QS, KS, VS, Had, Signs,
             h2 = h2.to(tl.float32)
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    for tile in tl.range(pid, q_tiles, nprog, num_stages=STAGES_QK):
-        _quantize_tile(Q, Q8, QS, h, h2, signs, signs2, tile, stride_qb, stride_qs, stride_qh,
-                       stride_q8b, stride_q8s, stride_q8h, stride_q8d, seqlen_q, nheads,
-                       q_blocks, inv_sqrt_block, HEAD_DIM, BLOCK_D, BLOCK_M, ROTATE, HALVES,
-                       MIX, DOT_PREC, UPCAST, EXACT_ROUND, False)
-    k_first = (pid + nprog - q_tiles % nprog) % nprog  # (K tile t is list entry q_tiles + t)
-    for tile in tl.range(k_first, k_tiles, nprog, num_stages=STAGES_QK):
-        _quantize_tile(K, K8, KS, h, h2, signs, signs2, tile, stride_kb, stride_ks, stride_kh,
-                       stride_k8b, stride_k8s, stride_k8h, stride_k8d, seqlen_k, nheads_k,
-                       k_blocks, inv_sqrt_block, HEAD_DIM, BLOCK_D, BLOCK_N, ROTATE, HALVES,
-                       MIX, DOT_PREC, UPCAST, EXACT_ROUND, False)
-    v_first = (pid + nprog - (q_tiles + k_tiles) % nprog) % nprog
-    for tile in tl.range(v_first, v_tiles, nprog, num_stages=STAGES_V):
-        _quantize_tile(V, V8, VS, h, h2, signs, signs2, tile, stride_vb, stride_vs, stride_vh,
-                       stride_v8b, stride_v8s, stride_v8h, stride_v8d, seqlen_k, nheads_k,
-                       k_blocks, inv_sqrt_block, HEAD_DIM_V, BLOCK_DV, BLOCK_N, False, False,
-                       False, DOT_PREC, UPCAST, EXACT_ROUND, V_WGMMA)
+    if QK_LOOPS:
+        for tile in tl.range(pid, q_tiles, nprog, num_stages=STAGES_QK):
+            _quantize_tile(Q, Q8, QS, h, h2, signs, signs2, tile, stride_qb, stride_qs,
+                           stride_qh, stride_q8b, stride_q8s, stride_q8h, stride_q8d, seqlen_q,
+                           nheads, q_blocks, inv_sqrt_block, HEAD_DIM, BLOCK_D, BLOCK_M, ROTATE,
+                           HALVES, MIX, DOT_PREC, UPCAST, EXACT_ROUND, False)
+        k_first = (pid + nprog - q_tiles % nprog) % nprog  # (K tile t: entry q_tiles + t)
+        for tile in tl.range(k_first, k_tiles, nprog, num_stages=STAGES_QK):
+            _quantize_tile(K, K8, KS, h, h2, signs, signs2, tile, stride_kb, stride_ks,
+                           stride_kh, stride_k8b, stride_k8s, stride_k8h, stride_k8d, seqlen_k,
+                           nheads_k, k_blocks, inv_sqrt_block, HEAD_DIM, BLOCK_D, BLOCK_N,
+                           ROTATE, HALVES, MIX, DOT_PREC, UPCAST, EXACT_ROUND, False)
+    if V_LOOP:
+        v_first = (pid + nprog - (q_tiles + k_tiles) % nprog) % nprog
+        for tile in tl.range(v_first, v_tiles, nprog, num_stages=STAGES_V):
+            _quantize_tile(V, V8, VS, h, h2, signs, signs2, tile, stride_vb, stride_vs,
+                           stride_vh, stride_v8b, stride_v8s, stride_v8h, stride_v8d, seqlen_k,
+                           nheads_k, k_blocks, inv_sqrt_block, HEAD_DIM_V, BLOCK_DV, BLOCK_N,
+                           False, False, False, DOT_PREC, UPCAST, EXACT_ROUND, V_WGMMA)
 
 
 @functools.lru_cache(maxsize=32)
@@ -242,8 +245,12 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q8: torch.Tensor,
             k_descale: torch.Tensor, v_descale: torch.Tensor, signs: Optional[torch.Tensor],
             block_m: int, block_n: int, interpret: bool, v_wgmma: bool,
             tuning: Optional[dict] = None) -> None:
-    """The pass's one launch. ``tuning`` (probes only): {"warps", "per_sm", "stages",
-    "stages_v"} overrides of :func:`launch_params`."""
+    """The pass: one launch, or two (Q and K, then V) for V in wgmma key order with d_v > 128,
+    whose reordering store ran at half speed with the rotated loops' 8 warps and at full
+    speed with 4 (H100, 16k tokens, d = 256: 273 us for the one launch, 145 with keys-
+    contiguous V; the V loop alone at 4 warps matched the keys-contiguous store; session 15).
+    ``tuning`` (probes only): {"warps", "per_sm", "stages", "stages_v"} overrides of
+    :func:`launch_params` (for the first launch)."""
     b, s_q, h, d = q.shape
     s_k, h_k, d_v = k.shape[1], k.shape[2], v.shape[3]
     block_d, block_dv = max(16, next_pow2(d)), max(16, next_pow2(d_v))
@@ -254,29 +261,49 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q8: torch.Tensor,
     sg = signs if rotate else q_descale  # (float32 (d,) on q's device: api/fp8.py)
     q_blocks, k_blocks = cdiv(s_q, block_m), cdiv(s_k, block_n)
     q_tiles, k_tiles = q_blocks * b * h, k_blocks * b * h_k
-    warps, per_sm, stages, stages_v = launch_params(d, max(block_m, block_n), rotate)
+    params = launch_params(d, max(block_m, block_n), rotate)
     if tuning:
-        warps = tuning.get("warps", warps)
-        per_sm = tuning.get("per_sm", per_sm)
-        stages = tuning.get("stages", stages)
-        stages_v = tuning.get("stages_v", stages_v)
-    if interpret:
-        stages = stages_v = 1
-    n_tiles = q_tiles + 2 * k_tiles
-    programs = max(1, n_tiles if interpret else min(n_tiles, per_sm * sm_count(q.device)))
-    scalars = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *q8.stride(), *k8.stride(),
-               *v8.stride(), s_q, s_k, h, h_k, q_blocks, k_blocks, q_tiles, k_tiles, k_tiles,
-               float(hadamard_block(d)) ** -0.5)
+        params = tuple(tuning.get(name, x) for name, x in
+                       zip(("warps", "per_sm", "stages", "stages_v"), params))
+    tensors = (q, k, v, q8, k8, v8, q_descale, k_descale, v_descale, had, sg)
+    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *q8.stride(), *k8.stride(),
+               *v8.stride(), s_q, s_k, h, h_k, q_blocks, k_blocks)
     constexprs = dict(
         HEAD_DIM=d, HEAD_DIM_V=d_v, BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_M=block_m,
         BLOCK_N=block_n, ROTATE=rotate, HALVES=rotate and block_d > _HALF_MAX,
         MIX=hadamard_block(d) > _HALF_MAX, DOT_PREC="ieee" if upcast else "tf32",
-        UPCAST=upcast, EXACT_ROUND=interpret, STAGES_QK=stages, STAGES_V=stages_v,
-        V_WGMMA=v_wgmma, num_warps=warps)
-    tensors = (q, k, v, q8, k8, v8, q_descale, k_descale, v_descale, had, sg)
+        UPCAST=upcast, EXACT_ROUND=interpret, V_WGMMA=v_wgmma)
+    inv_sqrt_block = float(hadamard_block(d)) ** -0.5
+    if v_wgmma and block_dv > _HALF_MAX:
+        v_params = (4,) + launch_params(d_v, block_n, False)[1:]
+        _launch_tiles(tensors, strides, (q_tiles, k_tiles, 0, inv_sqrt_block), constexprs,
+                      params, interpret)
+        _launch_tiles(tensors, strides, (0, 0, k_tiles, inv_sqrt_block), constexprs,
+                      v_params, interpret)
+    else:
+        _launch_tiles(tensors, strides, (q_tiles, k_tiles, k_tiles, inv_sqrt_block),
+                      constexprs, params, interpret)
+
+
+def _launch_tiles(tensors: tuple, strides: tuple, tiles: tuple, constexprs: dict,
+                  params: Tuple[int, int, int, int], interpret: bool) -> None:
+    """One launch of the pass over ``tiles`` = (Q tiles, K tiles, V tiles, 1 / sqrt(block))
+    (zero tiles: that loop is compiled out) with ``params`` = (warps, programs per SM,
+    stages of the Q / K loops, stages of the V loop)."""
+    warps, per_sm, stages, stages_v = params
+    if interpret:
+        stages = stages_v = 1
+    q_tiles, k_tiles, v_tiles, _ = tiles
+    n_tiles = q_tiles + k_tiles + v_tiles
+    if n_tiles == 0:
+        return
+    programs = n_tiles if interpret else min(n_tiles, per_sm * sm_count(tensors[0].device))
+    constexprs = dict(constexprs, QK_LOOPS=q_tiles + k_tiles > 0, V_LOOP=v_tiles > 0,
+                      STAGES_QK=stages, STAGES_V=stages_v, num_warps=warps)
+    scalars = strides + tiles
     # a launch plan per call shape (no binder or argument specialisation per launch, as the
     # other kernels)
-    key = (scalars, tuple(constexprs.items()), programs, q.dtype, v8.dtype)
+    key = (scalars, tuple(constexprs.items()), programs, tensors[0].dtype)
     _PLANS.launch(key, tensors, lambda: (_quantize_qkv_kernel, (programs,), tensors + scalars,
                                          constexprs))
 
@@ -290,7 +317,8 @@ def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, signs: Optio
     returns them (v8 with keys contiguous: ``fp8_format.keys_contiguous_empty``; with
     ``v_wgmma`` in wgmma key order instead, ``fp8_format.wgmma_vt_empty``'s layout, which the
     Hopper FP8 forward reads without a copy). q (b, s_q, h, d), k (b, s_k, h_k, d), v (b, s_k,
-    h_k, d_v), last dim contiguous; signs (d,) ±1 or None. One launch (three tensors' tiles)."""
+    h_k, d_v), last dim contiguous; signs (d,) ±1 or None. One launch over the three tensors'
+    tiles (two for V in wgmma key order with d_v > 128: :func:`_launch`)."""
     b, s_q, h, _ = q.shape
     s_k, h_k = k.shape[1], k.shape[2]
     if v_wgmma:  # (tiles of fewer than 32 rows leave the padding to a zeroed buffer)

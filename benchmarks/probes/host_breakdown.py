@@ -17,6 +17,7 @@ The split's fractions are of the profiled time (cProfile inflates every function
 equally); the µs column scales them to the unprofiled wall time.
 
     python benchmarks/probes/host_breakdown.py --json $OUT/host_breakdown.json
+    FLASHATTN_SRC=old/src python benchmarks/probes/host_breakdown.py   # another tree
 """
 from __future__ import annotations
 
@@ -30,7 +31,9 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
+# (FLASHATTN_SRC: another tree's src, for same-run A/B; default this tree's)
+sys.path.insert(0, os.environ.get("FLASHATTN_SRC")
+                or os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 import flashattn  # noqa: E402
 from plan_probe import per_call_us  # noqa: E402  (this script's folder is on sys.path)
 

@@ -363,7 +363,12 @@ def forward_runner(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: At
         return lambda q, k, v: _degenerate_fwd(q, k, v, False)[:2]
     if _small_query(q, k, v, params, False):
         return _small_query_runner(q, k, v, params)  # (its shape-only parts made once)
-    fwd = backend(select("fwd", q, k, v, params, False)).fwd
+    name = select("fwd", q, k, v, params, False)
+    if name == "portable":
+        call = backend(name).fwd_call(q, k, v, params)  # (replays its recorded launch)
+        if call is not None:
+            return call
+    fwd = backend(name).fwd
     return lambda q, k, v: fwd(q, k, v, params, False)[:2]
 
 
@@ -667,14 +672,29 @@ def fp8_v_wgmma(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: AttnP
     V in wgmma key order (fp8_quantize's ``v_wgmma``): exactly when :func:`fp8_forward` will run
     the Hopper kernel on its outputs, so the order never has to be undone, and the forward
     skips its permuting pass (30 us per 32 MB on the H100). Decided on meta stand-ins with the
-    shapes and layouts the pass writes (fresh allocations: 16-byte aligned)."""
+    shapes and layouts the pass writes (fresh allocations: 16-byte aligned). Kept per
+    signature: it reads only shapes, dtypes, the device, the params, the blocks and the
+    settings (three meta allocations and the Hopper coverage checks cost ~40 us of host per
+    flash_attn_fp8_func call on the H100 host)."""
+    key = (tuple(q.shape), tuple(k.shape), tuple(v.shape), q.dtype, q.device, params,
+           int(block_m), int(block_n), env.settings())
+    hit = _FP8_V_WGMMA.get(key)
+    if hit is not None:
+        return hit
     meta = torch.device("meta")
     q8 = torch.empty(q.shape, dtype=fp8_format.FP8_DTYPE, device=meta)
     k8 = torch.empty(k.shape, dtype=fp8_format.FP8_DTYPE, device=meta)
     v8 = fp8_format.keys_contiguous_empty(v.shape, meta)
     scales = Fp8Scales(q8, k8, v8, int(block_m).bit_length() - 1,  # (the tables are not read)
                        int(block_n).bit_length() - 1)
-    return _fp8_on_hopper(q, q8, k8, v8, params, scales)
+    decision = _fp8_on_hopper(q, q8, k8, v8, params, scales)
+    if len(_FP8_V_WGMMA) >= 512:  # (signatures that never repeat must not grow it forever)
+        _FP8_V_WGMMA.clear()
+    _FP8_V_WGMMA[key] = decision
+    return decision
+
+
+_FP8_V_WGMMA: Dict[tuple, bool] = {}
 
 
 def kvcache_planned(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

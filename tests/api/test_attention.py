@@ -399,6 +399,35 @@ def test_dropout_reproducible_gpu():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_repeated_tiny_calls_replay_the_recorded_forward_gpu(monkeypatch, causal):
+    """A repeated small call signature on the portable kernel (issue 21's tiny dense call):
+    calls 3 and 4, with fresh tensors, replay the forward's recorded launch with the new
+    addresses and still match float64 attention of those tensors (out and lse)."""
+    from flashattn.runtime.launch import LaunchPlan
+
+    set_env(monkeypatch, FLASHATTN_BACKEND="portable")
+    replays = []
+    replay = LaunchPlan.replay
+    monkeypatch.setattr(LaunchPlan, "replay",
+                        lambda self, values: replays.append(1) or replay(self, values))
+    for step in range(4):
+        q, k, v = (torch.randn(1, 128, h, 128, device="cuda", dtype=torch.bfloat16)
+                   for h in (16, 4, 4))
+        out, lse, _ = flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+        ref, _ = attention_ref(q.double(), k.double(), v.double(), causal=causal)
+        low, _ = attention_ref(q, k, v, causal=causal, upcast=False)
+        assert_close_rule(out, ref, low, name=f"call {step}")
+        scores = torch.einsum("bqhd,bkhd->bhqk", q.double(),
+                              k.double().repeat_interleave(4, dim=2)) * 128 ** -0.5
+        if causal:
+            scores = scores.masked_fill(~visible_mask(128, 128, -1, 0, scores.device), -torch.inf)
+        torch.testing.assert_close(lse.double(), torch.logsumexp(scores, -1), atol=1e-3,
+                                   rtol=1e-4)
+    assert replays, "the repeated calls never replayed the recorded forward"
+
+
+@pytest.mark.gpu
 def test_dropout_matches_reference_gpu():
     check_attention(Case(s_q=777, s_k=1024, d=128, h=8, h_k=2, dtype=torch.bfloat16,
                          dropout_p=0.25, window=(200, 50)), device="cuda")

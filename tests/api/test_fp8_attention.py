@@ -319,6 +319,8 @@ def test_v_in_wgmma_order_exactly_when_the_hopper_kernel_runs(monkeypatch):
 
     def decide(d=128, block_m=128, block_n=128, device_family="hopper"):
         monkeypatch.setattr(dispatch, "family_for", lambda x: device_family)
+        # (the decision is kept per signature, whose device family is fixed in a process)
+        monkeypatch.setattr(dispatch, "_FP8_V_WGMMA", {})
         q, k, v = (torch.empty(2, 1000, h, d, dtype=torch.bfloat16) for h in (8, 2, 2))
         return dispatch.fp8_v_wgmma(q, k, v, params, block_m, block_n)
 
@@ -327,3 +329,8 @@ def test_v_in_wgmma_order_exactly_when_the_hopper_kernel_runs(monkeypatch):
     assert not decide(block_n=64)  # kv scale blocks below the kernel's 128-key tiles
     assert not decide(block_m=32)  # q scale blocks below a consumer's 64 rows
     assert not decide(d=80)  # not a Hopper head dim
+    monkeypatch.setattr(dispatch, "family_for", lambda x: "hopper")
+    q, k, v = (torch.empty(2, 1000, h, 128, dtype=torch.bfloat16) for h in (8, 2, 2))
+    assert dispatch.fp8_v_wgmma(q, k, v, params, 128, 128)  # decided, then kept:
+    monkeypatch.setattr(dispatch, "_fp8_on_hopper", lambda *a: pytest.fail("decided again"))
+    assert dispatch.fp8_v_wgmma(q, k, v, params, 128, 128)

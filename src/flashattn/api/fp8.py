@@ -105,15 +105,17 @@ def check_quantize_args(q: Tensor, k: Tensor, v: Tensor, incoherent: object, see
 
 
 def quantize_for_kernels(q: Tensor, k: Tensor, v: Tensor, incoherent: bool, seed: Optional[int],
-                         block_m: int, block_n: int, v_wgmma: bool) -> QuantizedQKV:
+                         block_m: int, block_n: int, v_wgmma: bool,
+                         copy_signs: bool = True) -> QuantizedQKV:
     """:func:`quantize`'s body, arguments checked (check_quantize_args); ``v_wgmma``: V in the
     Hopper kernels' key order (fp8_format.wgmma_vt_empty, (b, s_pad, h_k, d_v)) instead of
     key order: for flash_attn_fp8_func, which hands it straight to the forward (not a layout
-    to dequantize)."""
+    to dequantize). ``copy_signs`` False: the result's signs may be the cached sign vector
+    itself (a caller that never hands them out: flash_attn_fp8_func)."""
     signs = random_signs(q.shape[-1], seed, q.device) if incoherent else None
     q8, k8, v8, qs, ks, vs = _ops.quantize_fp8(q, k, v, signs, block_m, block_n, v_wgmma)
     # (a copy: a seeded sign vector is cached per device, the caller may write to theirs)
-    signs = signs.clone() if signs is not None else None
+    signs = signs.clone() if signs is not None and copy_signs else signs
     return QuantizedQKV(q8, k8, v8, qs, ks, vs, signs, block_m, block_n)
 
 

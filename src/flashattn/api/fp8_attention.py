@@ -219,32 +219,24 @@ def attention_quantized(qkv: QuantizedQKV, softmax_scale: Optional[float] = None
 
 def _attention_quantized(qkv: QuantizedQKV, softmax_scale: Optional[float], causal: bool,
                          window_size: Tuple[int, int], softcap: float,
-                         out_dtype: Optional[torch.dtype], return_lse: bool, v_wgmma: bool):
+                         out_dtype: Optional[torch.dtype], return_lse: bool, v_wgmma: bool,
+                         trusted: bool = False):
     """attention_quantized's body; ``v_wgmma``: qkv.v is in wgmma key order (quantized for
-    the Hopper kernels by flash_attn_fp8_func: fp8_format.wgmma_vt_empty's layout)."""
-    if not isinstance(qkv, QuantizedQKV):
-        raise TypeError(f"qkv must be the QuantizedQKV that flashattn.fp8.quantize returns, got "
-                        f"{_v._describe(qkv)}")
+    the Hopper kernels by flash_attn_fp8_func: fp8_format.wgmma_vt_empty's layout).
+    ``trusted``: qkv comes straight from this package's quantize pass on checked inputs
+    (flash_attn_fp8_func), so the checks of its tensors are skipped (their outcome is fixed:
+    ~50 us of host per call on the H100 host); the scalar arguments are still checked."""
+    if not trusted:
+        _check_quantized(qkv, v_wgmma)
     q, k, v = qkv.q, qkv.k, qkv.v
-    check_fp8_qkv(q, k, v[:, :k.shape[1]] if v_wgmma else v, ("qkv.q", "qkv.k", "qkv.v"))
     out_dtype = _check_out_dtype(out_dtype)
-    b, s_q, h, d = q.shape
-    s_k, h_k = k.shape[1], k.shape[2]
-    for name, x, shape in (("q_descale", qkv.q_descale, (b, h, -(-s_q // qkv.block_m))),
-                           ("k_descale", qkv.k_descale, (b, h_k, -(-s_k // qkv.block_n))),
-                           ("v_descale", qkv.v_descale, (b, h_k, -(-s_k // qkv.block_n)))):
-        if not isinstance(x, torch.Tensor) or x.dtype != torch.float32 \
-                or tuple(x.shape) != shape or x.device != q.device:
-            raise ValueError(f"qkv.{name} must be float32 of shape {shape} on {q.device}, got "
-                             f"{_v._describe(x)}")
-    for name, block in (("block_m", qkv.block_m), ("block_n", qkv.block_n)):
-        if isinstance(block, bool) or not isinstance(block, numbers.Integral) or block < 1 \
-                or block & (block - 1):
-            raise ValueError(f"qkv.{name} must be a power of two, got {block!r}")
+    d, s_k = q.shape[3], k.shape[1]
     scale, causal, left, right, softcap = _common(softmax_scale, causal, window_size, softcap,
                                                   d, s_k)
-    out, lse = _ops.fp8_attention(q, k, v, qkv.q_descale.contiguous(),
-                                  qkv.k_descale.contiguous(), qkv.v_descale.contiguous(),
+    descales = (qkv.q_descale, qkv.k_descale, qkv.v_descale)
+    if not trusted:  # (the pass writes them contiguous)
+        descales = tuple(x.contiguous() for x in descales)
+    out, lse = _ops.fp8_attention(q, k, v, *descales,
                                   int(qkv.block_m).bit_length() - 1,
                                   int(qkv.block_n).bit_length() - 1, scale, causal, left, right,
                                   softcap, out_dtype, v_wgmma)
@@ -287,9 +279,33 @@ def flash_attn_fp8_func(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional
                                                     q.shape[-1], k.shape[1])
     params = AttnParams(scale, causal_, left, right, softcap_, None, 0.0, 0)
     v_wgmma = _ops.fp8_v_wgmma(q, k, v, params, block_m, block_n)
-    qkv8 = quantize_for_kernels(q, k, v, incoherent, seed, block_m, block_n, v_wgmma)
+    qkv8 = quantize_for_kernels(q, k, v, incoherent, seed, block_m, block_n, v_wgmma,
+                                copy_signs=False)
     return _attention_quantized(qkv8, softmax_scale, causal, window_size, softcap, q.dtype,
-                                return_lse, v_wgmma)
+                                return_lse, v_wgmma, trusted=True)
+
+
+def _check_quantized(qkv: QuantizedQKV, v_wgmma: bool) -> None:
+    """The checks of a QuantizedQKV handed to attention_quantized: fp8 tensors of matching
+    shapes on one device, descales float32 of the block counts, blocks powers of two."""
+    if not isinstance(qkv, QuantizedQKV):
+        raise TypeError(f"qkv must be the QuantizedQKV that flashattn.fp8.quantize returns, got "
+                        f"{_v._describe(qkv)}")
+    q, k, v = qkv.q, qkv.k, qkv.v
+    check_fp8_qkv(q, k, v[:, :k.shape[1]] if v_wgmma else v, ("qkv.q", "qkv.k", "qkv.v"))
+    b, s_q, h, _ = q.shape
+    s_k, h_k = k.shape[1], k.shape[2]
+    for name, x, shape in (("q_descale", qkv.q_descale, (b, h, -(-s_q // qkv.block_m))),
+                           ("k_descale", qkv.k_descale, (b, h_k, -(-s_k // qkv.block_n))),
+                           ("v_descale", qkv.v_descale, (b, h_k, -(-s_k // qkv.block_n)))):
+        if not isinstance(x, torch.Tensor) or x.dtype != torch.float32 \
+                or tuple(x.shape) != shape or x.device != q.device:
+            raise ValueError(f"qkv.{name} must be float32 of shape {shape} on {q.device}, got "
+                             f"{_v._describe(x)}")
+    for name, block in (("block_m", qkv.block_m), ("block_n", qkv.block_n)):
+        if isinstance(block, bool) or not isinstance(block, numbers.Integral) or block < 1 \
+                or block & (block - 1):
+            raise ValueError(f"qkv.{name} must be a power of two, got {block!r}")
 
 
 __all__ = ["attention_quantized", "check_descale", "check_descales_need_fp8", "check_fp8_qkv", "dense",

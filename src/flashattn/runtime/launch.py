@@ -49,25 +49,26 @@ def launch_tuned(tuner: Any, grid: Callable[..., Tuple[int, ...]], key: Hashable
 
 def launch_tuned_planned(plans: Optional["LaunchPlans"], tuner: Any,
                          grid: Callable[..., Tuple[int, ...]], key: Hashable, *args: Any,
-                         **kwargs: Any) -> None:
+                         **kwargs: Any) -> Optional["LaunchPlan"]:
     """``launch_tuned``, and once the winner is known a replayed launch plan: the tensor
     arguments lead ``args`` (the plans' slots must be ``range(n)``); every other argument goes
     into the plan's key with ``key``. A repeated call shape then skips the binder and the
     argument specialisation (the causal tiny dense call, issue 21). ``plans`` None: plain
-    ``launch_tuned``."""
+    ``launch_tuned``. Returns the plan that launched or was recorded (None: the tuned path
+    ran)."""
     full_key = (id(tuner), key, *kwargs.values())
     winner = None if INTERPRET or plans is None else _WINNERS.get(full_key)
     if winner is None:
         launch_tuned(tuner, grid, key, *args, **kwargs)
-        return
+        return None
     n = len(plans.slots)
     tensors, others = args[:n], args[n:]
     # (the grid follows from the scalars and the winner's block sizes, but also from values the
     # kernel never sees, e.g. a varlen call's batch: it is resolved here and keyed)
     plan_key = (full_key, others, tuple(t.dtype for t in tensors),
                 tuple(grid(winner.all_kwargs())))
-    plans.launch(plan_key, tensors,
-                 lambda: (tuner.fn, grid, args, {**kwargs, **winner.all_kwargs()}))
+    return plans.launch(plan_key, tensors,
+                        lambda: (tuner.fn, grid, args, {**kwargs, **winner.all_kwargs()}))
 
 
 def fast_launch_allowed() -> bool:

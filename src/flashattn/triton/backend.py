@@ -30,6 +30,17 @@ def fwd(q: Tensor, k: Tensor, v: Tensor, p: AttnParams, return_softmax: bool):
     return _fwd.flash_fwd(q, k, v, **p.kernel_kwargs(), return_softmax=return_softmax)
 
 
+def fwd_call(q: Tensor, k: Tensor, v: Tensor, p: AttnParams) -> Optional["_fwd.FwdCall"]:
+    """:func:`fwd`'s decisions for tensors like these (no S_dmask), made once: a call
+    ``call(q, k, v) -> (out, lse)`` for later tensors of the same shapes, strides, dtypes,
+    devices and alignment (the caller keys on them). None with dropout (a new seed per call)."""
+    kw = p.kernel_kwargs()
+    if kw.pop("dropout_p") > 0.0:
+        return None
+    kw.pop("philox_seed")
+    return _fwd.FwdCall(q, k, v, **kw)
+
+
 def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, p: AttnParams):
     """Dense backward: (dq, dk, dv)."""
     return _bwd.flash_bwd(dout, q, k, v, out, lse, **p.kernel_kwargs(),
@@ -191,4 +202,4 @@ def combine(out_partial: Tensor, lse_partial: Tensor, out: Optional[Tensor],
 
 
 __all__ = ["append_kv", "bwd", "combine", "decode_splits", "fp8_fwd", "fp8_quantize", "fp8_varlen_fwd", "fwd",
-           "kvcache_attention", "kvcache_call", "sink_apply", "sink_grad", "varlen_bwd", "varlen_fwd", "varlen_paged_fwd"]
+           "fwd_call", "kvcache_attention", "kvcache_call", "sink_apply", "sink_grad", "varlen_bwd", "varlen_fwd", "varlen_paged_fwd"]

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from flashattn.triton import config
-from flashattn.runtime.launch import LaunchPlans, launch_tuned_planned
+from flashattn.runtime.launch import LaunchPlan, LaunchPlans, launch_tuned_planned
 from flashattn.philox import dropout_threshold
 from flashattn.triton.mask import (LN2, LOG2E, dropout_keep, key_range, score_mod,
                                      score_scales, seq_bounds, visible_mask)
@@ -278,8 +278,9 @@ _fwd_autotuned = config.autotune_fwd(_fwd_kernel)
 
 def _launch_fwd(q, k, v, out, lse, p_mat, strides, n_seqs, seqlen_q, seqlen_k, lse_stride_h,
                 seqlens, *, softmax_scale, window_left, window_right, softcap, alibi_slopes,
-                dropout_p, philox_seed, return_softmax):
-    """One launch of the forward kernel, dense or varlen.
+                dropout_p, philox_seed, return_softmax) -> Optional[LaunchPlan]:
+    """One launch of the forward kernel, dense or varlen; returns its launch plan (None when
+    the autotuned path ran: no winner yet, dropout, the interpreter).
 
     strides: (b, row, head) strides of q, k, v, out (b unused in varlen mode).
     seqlens: None (dense) or (cu_seqlens_q, cu_seqlens_k, seqused_k | None) int32 tensors;
@@ -311,7 +312,7 @@ def _launch_fwd(q, k, v, out, lse, p_mat, strides, n_seqs, seqlen_q, seqlen_k, l
     bucket = config.seq_bucket(seqlen_q, seqlen_k)
     tuned_key = (bucket, q.dtype, k.dtype, v.dtype, alibi_arg.dtype)
     # (dropout's seed changes every call: a plan per call would only churn the cache)
-    launch_tuned_planned(
+    return launch_tuned_planned(
         None if has_dropout else _FWD_PLANS, _fwd_autotuned, grid, tuned_key,
         q, k, v, out, lse, alibi_arg, p_arg, cu_q, cu_k, seqused_k,
         *strides[0], *strides[1], *strides[2], *strides[3],
@@ -339,13 +340,14 @@ _FWD_PLANS = LaunchPlans(slots=tuple(range(10)))
 def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_scale: float,
               causal: bool, window_left: int, window_right: int, softcap: float,
               alibi_slopes: Optional[torch.Tensor], dropout_p: float, philox_seed: int,
-              return_softmax: bool):
+              return_softmax: bool, plan_out: Optional[list] = None):
     """Attention forward with the portable Triton kernel.
 
     q (b, s_q, h, d), k (b, s_k, h_k, d), v (b, s_k, h_k, d_v); fp16/bf16/fp32, last dim
     contiguous. Returns out (b, s_q, h, d_v) in q's dtype, lse float32 (b, h, s_q) and, when
     ``return_softmax``, S_dmask (b, h, s_q, s_k) in q's dtype (else None).
-    Parameters are the normalised ones of docs/internals.md.
+    Parameters are the normalised ones of docs/internals.md. ``plan_out``: None, or a list
+    that receives the launch's plan when one was recorded or replayed (FwdCall keeps it).
     """
     batch, seqlen_q, nheads, head_dim = q.shape
     _, seqlen_k, nheads_k, head_dim_v = v.shape
@@ -359,11 +361,57 @@ def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_scal
             lse.fill_(float("-inf"))
         return out, lse, p_mat
     strides = tuple(t.stride()[:3] for t in (q, k, v, out))
-    _launch_fwd(q, k, v, out, lse, p_mat, strides, batch, seqlen_q, seqlen_k, seqlen_q, None,
-                softmax_scale=softmax_scale, window_left=window_left, window_right=window_right,
-                softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
-                philox_seed=philox_seed, return_softmax=return_softmax)
+    plan = _launch_fwd(q, k, v, out, lse, p_mat, strides, batch, seqlen_q, seqlen_k, seqlen_q,
+                       None, softmax_scale=softmax_scale, window_left=window_left,
+                       window_right=window_right, softcap=softcap, alibi_slopes=alibi_slopes,
+                       dropout_p=dropout_p, philox_seed=philox_seed,
+                       return_softmax=return_softmax)
+    if plan_out is not None and plan is not None:
+        plan_out.append(plan)  # (FwdCall keeps it)
     return out, lse, p_mat
+
+
+class FwdCall:
+    """:func:`flash_fwd` (no dropout, no S_dmask) for one *call signature*, its host work done
+    once: once the first calls have recorded the launch plan (after the autotuner's pick), a
+    call allocates out and lse and replays the plan with the tensors' addresses. Everything
+    the launch depends on follows from the shapes, strides, dtypes, devices, 16-byte
+    alignment, params and settings, which the caller keys (the api's fast path per call
+    signature); issue 21's tiny dense call spent ~15-20 us of its host time on flash_fwd's
+    argument tuples and the plan lookup."""
+
+    def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                 softmax_scale: float, causal: bool, window_left: int, window_right: int,
+                 softcap: float, alibi_slopes: Optional[torch.Tensor]) -> None:
+        batch, seqlen_q, nheads, _ = q.shape
+        self.kwargs = dict(softmax_scale=softmax_scale, causal=causal, window_left=window_left,
+                           window_right=window_right, softcap=softcap, alibi_slopes=alibi_slopes,
+                           dropout_p=0.0, philox_seed=0, return_softmax=False)
+        self.out_shape = (batch, seqlen_q, nheads, v.shape[-1])
+        self.lse_shape = (batch, nheads, seqlen_q)
+        self.dtype, self.device = q.dtype, q.device
+        self.use_tma = config.use_tma(k, v)
+        self.plan: Optional[LaunchPlan] = None
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """(out, lse) of q, k, v of the signature this call was made for."""
+        plan = self.plan
+        if plan is not None:
+            out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
+            lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
+            o, m = out.data_ptr(), lse.data_ptr()
+            alibi = self.kwargs["alibi_slopes"]
+            a = m if alibi is None else alibi.data_ptr()
+            if self.use_tma:
+                config.install_allocator()
+            # slots: q, k, v, out, lse, alibi | lse, S_dmask | out, and the three length
+            # vectors of the varlen mode (lse stands in for them: _launch_fwd's dense call)
+            if plan.replay((q.data_ptr(), k.data_ptr(), v.data_ptr(), o, m, a, o, m, m, m)):
+                return out, lse
+        record: list = []
+        out, lse, _ = flash_fwd(q, k, v, **self.kwargs, plan_out=record)
+        self.plan = record[0] if record else None
+        return out, lse
 
 
 def flash_varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -1,15 +1,17 @@
-"""DecodeCall's replay (issue 21's lean decode path) without a GPU: a repeated call passes
-the recorded launches exactly the addresses the first call's tensors had in the same roles
-(the workspace pieces at the same offsets, the inputs' own addresses), and returns its lse
-where the replayed kernels write it. The GPU tests run the replay for real
-(tests/api/test_kvcache_gpu.py::test_repeated_signature_replays_the_recorded_decode)."""
+"""The recorded calls' replays (issue 21's lean decode and dense paths) without a GPU:
+DecodeCall passes the recorded launches exactly the addresses the first call's tensors had in
+the same roles (the workspace pieces at the same offsets, the inputs' own addresses) and
+returns its lse where the replayed kernels write it; FwdCall records the forward's plan and
+replays it with the new tensors in the kernel's slot order. The GPU tests run the replays for
+real (tests/api/test_kvcache_gpu.py::test_repeated_signature_replays_the_recorded_decode,
+tests/api/test_attention.py's repeated-call test)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from flashattn.runtime import launch
-from flashattn.triton import decode
+from flashattn.triton import decode, fwd
 
 
 class _Recorded:
@@ -76,3 +78,35 @@ def test_replay_passes_the_recorded_roles(monkeypatch, splits, paged):
             [role(a, base2, out2.data_ptr()) for a in cvals]
     assert out2.shape == out1.shape and lse2.shape == lse1.shape == (b, h, 1)
     assert lse2.is_contiguous() and out2.is_contiguous()
+
+
+def test_fwd_call_records_then_replays_in_slot_order(monkeypatch):
+    class _Plan:
+        def __init__(self):
+            self.replays = []
+
+        def replay(self, values):
+            self.replays.append(list(values))
+            return True
+
+    plan = _Plan()
+    launched = []
+
+    def fake_launch(q, k, v, out, lse, p_mat, *args, **kwargs):
+        launched.append((out, lse))
+        return plan
+
+    monkeypatch.setattr(fwd, "_launch_fwd", fake_launch)
+    q, k, v = torch.randn(1, 8, 4, 16), torch.randn(1, 8, 2, 16), torch.randn(1, 8, 2, 32)
+    call = fwd.FwdCall(q, k, v, softmax_scale=0.25, causal=True, window_left=-1,
+                       window_right=0, softcap=0.0, alibi_slopes=None)
+    out1, lse1 = call(q, k, v)  # records
+    assert launched == [(out1, lse1)] and call.plan is plan and not plan.replays
+    q2 = torch.randn_like(q)
+    out2, lse2 = call(q2, k, v)
+    assert len(launched) == 1  # replayed, not launched through flash_fwd
+    (vals,) = plan.replays
+    o, m = out2.data_ptr(), lse2.data_ptr()
+    assert vals == [q2.data_ptr(), k.data_ptr(), v.data_ptr(), o, m, m, o, m, m, m]
+    assert out2.shape == (1, 8, 4, 32) and lse2.shape == (1, 4, 8)
+    assert out2.dtype == q.dtype and lse2.dtype == torch.float32

@@ -72,6 +72,13 @@ def test_repeated_signature_replays_the_recorded_decode(case: KVCase, monkeypatc
     assert replays, "the repeated calls never replayed the recorded launch"
 
 
+def test_split_counts_of_one_shape_each_run_their_own() -> None:
+    """One shape, several explicit split counts in a row (then the heuristic): each call runs
+    its own count's launch (a replayed plan of another count gave wrong results)."""
+    for n in (3, 7, 3, 0, 1, 7):
+        run_case(replace(BIG, b=1, num_splits=n), "cuda")
+
+
 def test_repeated_single_query_dense_calls_replay() -> None:
     """flash_attn_func with one query row (a generate() step without padding) replays the
     decode kernel's recorded launches: each call with fresh tensors matches float64."""

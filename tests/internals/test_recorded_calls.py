@@ -110,3 +110,19 @@ def test_fwd_call_records_then_replays_in_slot_order(monkeypatch):
     assert vals == [q2.data_ptr(), k.data_ptr(), v.data_ptr(), o, m, m, o, m, m, m]
     assert out2.shape == (1, 8, 4, 32) and lse2.shape == (1, 4, 8)
     assert out2.dtype == q.dtype and lse2.dtype == torch.float32
+
+
+def test_split_counts_key_their_own_plans():
+    """The launch plans' key holds the grid: two calls that differ only in their split count
+    (the partials' strides are the same for any count > 1) never share a recorded launch."""
+    q, k_cache = torch.randn(1, 1, 8, 32), torch.randn(1, 256, 2, 32)
+    seqlens = torch.tensor([256], dtype=torch.int32)
+
+    def call(splits):
+        return decode.DecodeCall(q, k_cache, k_cache, seqlens, 0, softmax_scale=0.2,
+                                 window_left=-1, window_right=-1, softcap=0.0,
+                                 alibi_slopes=None, num_splits=splits, max_seqlen_k=256)
+
+    keys = {n: call(n).key for n in (2, 3, 5)}
+    assert len(set(keys.values())) == 3
+    assert call(3).key == keys[3]

@@ -474,12 +474,14 @@ class DecodeCall:
             UPCAST=config.upcast_dots(q), DOT_PREC=config.dot_precision(q),
             USE_TMA=self.use_tma, num_warps=num_warps, num_stages=num_stages,
         )
-        # the shared plans' key: everything but the 11 tensors follows from the tensors'
-        # shapes, strides and dtypes, which of them are given, and the scalars
+        # the shared plans' key: the launch's every argument but the 11 tensors (the inputs'
+        # metadata, the scalars, the constexprs and options) and its grid, whose split count
+        # no other part shows (the partials' strides are the same for any count > 1; a key
+        # without it replayed another call's split count: wrong results, GPU suite session 15)
         tensor_meta = tuple(None if t is None else (t.shape, t.stride(), t.dtype) for t in
                             (q, k_cache, v_cache, seqlens_k, leftpad, batch_idx, block_table,
                              alibi_slopes, cu_seqlens_q))
-        self.key = (tensor_meta, self.scalars, tuple(self.kwargs.values()))
+        self.key = (tensor_meta, self.scalars, tuple(self.kwargs.values()), self.grid)
         if plans is not None and not varlen:  # a decode plan's own (dropped with the plan)
             self.plans = (plans.setdefault("decode", LaunchPlans(slots=tuple(range(11)))),
                           plans.setdefault("combine", LaunchPlans(slots=(0, 1, 2, 3))))

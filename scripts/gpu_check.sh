@@ -6,13 +6,14 @@
 #   bash scripts/gpu_check.sh                     # all steps, full grid, within ~9 minutes
 #   GRID=quick TESTS=0 bash scripts/gpu_check.sh  # a quick grid only
 #
-# The whole GPU suite no longer fits one device call beside a grid (session 6, H100: 279
-# non-bigmem tests in 434 s with 4 workers, then 6 bigmem tests serially, ~2 min), so a full
-# check is two calls:
-#   BENCH=0 CHECK=0 TEST_TIMEOUT=560 BUDGET=590 PYTEST_ARGS=--maxfail=30 bash scripts/gpu_check.sh
+# The whole GPU suite no longer fits one device call (session 15, H100: 429 non-bigmem tests
+# in ~480 s with 4 workers; the 11 bigmem tests serially take ~2-3 min more), so a full check
+# is three calls:
+#   BENCH=0 CHECK=0 BIGMEM=0 TEST_TIMEOUT=560 BUDGET=590 PYTEST_ARGS=--maxfail=30 bash scripts/gpu_check.sh
+#   BENCH=0 CHECK=0 BIGMEM=only TEST_TIMEOUT=400 BUDGET=430 bash scripts/gpu_check.sh
 #   GRID=full MODES=fwd,bwd,decode TESTS=0 CHECK=0 BUDGET=570 bash scripts/gpu_check.sh
-# (the bigmem step gets what TEST_TIMEOUT leaves after the parallel step, at least 30 s: run
-#  `pytest -m "gpu and bigmem"` on its own when that is not enough).
+# (with BIGMEM=1 the bigmem step gets what TEST_TIMEOUT leaves after the parallel step, at
+#  least 30 s).
 #
 # Knobs (environment):
 #   GRID=full|anchors|quick   full: d 128,64,256 x s 512..16k; anchors: d 128,64,256 x s 2k,8k,16k;
@@ -21,6 +22,7 @@
 #   IMPLS=flashattn,sdpa-flash,sdpa-cudnn,flex                            (default: these four)
 #   Tests and the self-check run with FLASHATTN_AUTOTUNE=0 (one config per kernel: no tuning runs).
 #   TESTS=1|0  pytest -m gpu;  CHECK=1|0  flashattn check --quick;  BENCH=1|0  (all default 1)
+#   BIGMEM=1|0|only  with the tests: the bigmem step after the parallel one | skip it | only it
 #   BUDGET=530        seconds for the whole script (the device call limit is 600)
 #   TEST_TIMEOUT=240  CHECK_TIMEOUT=60   per-step caps, in seconds
 #   PYTEST_WORKERS=4  pytest-xdist workers (0: none; Triton compiles in parallel across workers)
@@ -36,7 +38,7 @@ export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 GRID="${GRID:-full}"; MODES="${MODES:-fwd,bwd,decode,mem}"
 IMPLS="${IMPLS:-flashattn,sdpa-flash,sdpa-cudnn,flex}"
-TESTS="${TESTS:-1}"; CHECK="${CHECK:-1}"; BENCH="${BENCH:-1}"
+TESTS="${TESTS:-1}"; CHECK="${CHECK:-1}"; BENCH="${BENCH:-1}"; BIGMEM="${BIGMEM:-1}"
 BUDGET="${BUDGET:-530}"; TEST_TIMEOUT="${TEST_TIMEOUT:-240}"; CHECK_TIMEOUT="${CHECK_TIMEOUT:-60}"
 PYTEST_WORKERS="${PYTEST_WORKERS:-4}"; WARMUP_MS="${WARMUP_MS:-10}"; REP_MS="${REP_MS:-40}"
 
@@ -72,17 +74,23 @@ if [ "$TESTS" = 1 ]; then
     # Parallel workers share the GPU's memory: the tests marked bigmem (tens of GiB each) run
     # afterwards in one process, so they never meet another worker's allocations.
     t0=$SECONDS
-    # shellcheck disable=SC2086
-    FLASHATTN_AUTOTUNE=0 TRITON_CACHE_DIR="$TEST_TRITON_CACHE" timeout -s INT -k 20 "$TEST_TIMEOUT" "$PY" -m pytest -m "gpu and not bigmem" -x -q -p no:cacheprovider \
-        "${xdist[@]}" --junitxml="$OUT/pytest.xml" ${PYTEST_ARGS:-} tests 2>&1 | tee "$OUT/pytest.log"
-    rc=${PIPESTATUS[0]}
-    big_cap=$(( TEST_TIMEOUT - (SECONDS - t0) ))
-    if [ "$big_cap" -lt 30 ]; then big_cap=30; fi
-    # shellcheck disable=SC2086
-    FLASHATTN_AUTOTUNE=0 TRITON_CACHE_DIR="$TEST_TRITON_CACHE" timeout -s INT -k 20 "$big_cap" "$PY" -m pytest -m "gpu and bigmem" -x -q -p no:cacheprovider \
-        --junitxml="$OUT/pytest_bigmem.xml" ${PYTEST_ARGS:-} tests 2>&1 | tee -a "$OUT/pytest.log"
-    rc_big=${PIPESTATUS[0]}
-    if [ "$rc" = 0 ] || [ "$rc" = 5 ]; then rc=$rc_big; fi
+    rc=5
+    : > "$OUT/pytest.log"
+    if [ "$BIGMEM" != only ]; then
+        # shellcheck disable=SC2086
+        FLASHATTN_AUTOTUNE=0 TRITON_CACHE_DIR="$TEST_TRITON_CACHE" timeout -s INT -k 20 "$TEST_TIMEOUT" "$PY" -m pytest -m "gpu and not bigmem" -x -q -p no:cacheprovider \
+            "${xdist[@]}" --junitxml="$OUT/pytest.xml" ${PYTEST_ARGS:-} tests 2>&1 | tee "$OUT/pytest.log"
+        rc=${PIPESTATUS[0]}
+    fi
+    if [ "$BIGMEM" != 0 ]; then
+        big_cap=$(( TEST_TIMEOUT - (SECONDS - t0) ))
+        if [ "$big_cap" -lt 30 ]; then big_cap=30; fi
+        # shellcheck disable=SC2086
+        FLASHATTN_AUTOTUNE=0 TRITON_CACHE_DIR="$TEST_TRITON_CACHE" timeout -s INT -k 20 "$big_cap" "$PY" -m pytest -m "gpu and bigmem" -x -q -p no:cacheprovider \
+            --junitxml="$OUT/pytest_bigmem.xml" ${PYTEST_ARGS:-} tests 2>&1 | tee -a "$OUT/pytest.log"
+        rc_big=${PIPESTATUS[0]}
+        if [ "$rc" = 0 ] || [ "$rc" = 5 ]; then rc=$rc_big; fi
+    fi
     counts="$("$PY" - "$OUT/pytest.xml" "$OUT/pytest_bigmem.xml" <<'PYEOF' 2>/dev/null
 import os, sys, xml.etree.ElementTree as ET
 suites = []

@@ -373,10 +373,10 @@ _ALIGN = 16  # floats between the pieces of the split workspace (64 bytes: Trito
 class DecodeCall:
     """:func:`decode_attention` for one *call signature*, its host work done once.
 
-    Every decision of a decode launch (tile sizes, splits, TMA, grid, the kernel's 55
-    non-tensor arguments, the output shapes) follows from the tensors' shapes, strides, dtypes,
-    devices and 16-byte alignment, which optional tensors are given, the scalars and the
-    runtime settings. A caller that keys its calls on all of those (the api's fast path per
+    Every decision of a decode launch (tile sizes, splits, TMA, grid, the kernel's 33 scalar
+    arguments and 20 constexprs, the output shapes) follows from the tensors' shapes, strides,
+    dtypes, devices and 16-byte alignment, which optional tensors are given, the scalars and
+    the runtime settings. A caller that keys its calls on all of those (the api's fast path per
     call signature, a decode plan per stride set) builds one DecodeCall per key and calls it
     with each call's tensors: after the first call, a call allocates its outputs (two
     allocations: out, and one float32 workspace holding lse and the split partials) and
@@ -621,5 +621,5 @@ def planned_splits(batch: int, seqlen_q: int, max_seqlen_k: int, nheads: int, nh
     return plan[6]
 
 
-__all__ = ["DecodeCall", "planned_splits", "decode_attention", "num_splits_heuristic", "launch_config", "block_m_for",
-           "MAX_SPLITS"]
+__all__ = ["DecodeCall", "planned_splits", "decode_attention", "num_splits_heuristic",
+           "launch_config", "block_m_for", "MAX_SPLITS"]

@@ -123,8 +123,8 @@ def _quantize_tile(X, Out, Descale, h, h2, signs, signs2, tile, stride_xb, strid
     inv = 1.0 / descale
     _store_e4m3(o_base, cols, y1, inv, stored, stride_od, EXACT_ROUND)
     if HALVES:
-        _store_e4m3(o_base, W + cols, y2, inv, stored_rows[:, None] & (W + cols[None, :] < HEAD_DIM),
-                    stride_od, EXACT_ROUND)
+        stored2 = stored_rows[:, None] & (W + cols[None, :] < HEAD_DIM)
+        _store_e4m3(o_base, W + cols, y2, inv, stored2, stride_od, EXACT_ROUND)
     tl.store(Descale + pid_bh.to(tl.int64) * n_blocks + pid_blk, descale)
 
 

@@ -494,10 +494,9 @@ def kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
     if metadata.values_checkable(seqlens, cache_leftpad, cache_batch_idx, block_table,
                                  rotary_seqlens):
-        metadata.check_values(seqlens, s_new, capacity, cache_leftpad, cache_batch_idx,
-                              k_cache.shape[0], block_table, k_cache.shape[0], k_cache.shape[1],
-                              None if rotary_cos is None else rotary_cos.shape[0],
-                              s_q if rotary_q_step else 1, rotary_seqlens)
+        _check_kvcache_values(seqlens, s_new, capacity, cache_leftpad, cache_batch_idx,
+                              k_cache, block_table, rotary_cos, s_q if rotary_q_step else 1,
+                              rotary_seqlens)
 
     impl = backend(select("kvcache", q))
     rot = dict(rotary_seqlens=rotary_seqlens) if rotary_seqlens is not None else {}
@@ -517,6 +516,16 @@ def kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                   leftpad=cache_leftpad, batch_idx=cache_batch_idx,
                                   block_table=block_table, num_splits=num_splits,
                                   capacity=capacity)
+
+
+def _check_kvcache_values(seqlens, s_new, capacity, leftpad, batch_idx, k_cache, block_table,
+                          rotary_cos, q_positions, rotary_seqlens) -> None:
+    """:func:`metadata.check_values` of a KV-cache call (``q_positions``: rotary positions q
+    takes past each row's length: s_q when rotated token by token, else 1)."""
+    metadata.check_values(seqlens, s_new, capacity, leftpad, batch_idx, k_cache.shape[0],
+                          block_table, k_cache.shape[0], k_cache.shape[1],
+                          None if rotary_cos is None else rotary_cos.shape[0], q_positions,
+                          rotary_seqlens)
 
 
 def kvcache_runner(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -550,16 +559,15 @@ def kvcache_runner(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     full = None  # (cache_seqlens None: every row holds the whole cache; the kernel only reads)
     if cache_seqlens is None:
         full = torch.full((batch,), capacity, dtype=torch.int32, device=q.device)
-    n_rotary = None if rotary_cos is None else rotary_cos.shape[0]
     calls: list = []  # the DecodeCall, made by the first run (it needs the rotated q)
 
     def run(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
             cache_leftpad, block_table):
         seqlens = full if cache_seqlens is None else cache_seqlens
         if on_cpu:
-            metadata.check_values(seqlens, s_new, capacity, cache_leftpad, cache_batch_idx,
-                                  k_cache.shape[0], block_table, k_cache.shape[0],
-                                  k_cache.shape[1], n_rotary, s_q if rotary_q_step else 1, None)
+            _check_kvcache_values(seqlens, s_new, capacity, cache_leftpad, cache_batch_idx,
+                                  k_cache, block_table, rotary_cos,
+                                  s_q if rotary_q_step else 1, None)
         q_rot = q
         if s_new > 0:
             q_rot = impl.append_kv(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,

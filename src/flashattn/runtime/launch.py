@@ -182,26 +182,22 @@ class LaunchPlan:
         takes the tensor the descriptor covers). False, with nothing launched, when this call
         must take the full path: fast launches off or a profiler hook set, another current
         device, or a plain tensor whose 16-byte alignment differs from the recorded one."""
-        if not fast_launch_allowed() or torch.cuda.current_device() != self.device:
-            return False
-        values = self.values.copy()
-        for (i, desc, aligned), t in zip(self.slots, tensors):
+        args = []
+        for (_, desc, aligned), t in zip(self.slots, tensors):
             if desc is None:
                 if (t.data_ptr() % 16 == 0) != aligned:
                     return False
-                values[i] = t
+                args.append(t)
             else:
-                values[i] = TensorDescArg(t, *desc)
-        compat.launch_compiled(self.kernel, self.grid, self.device, values)
-        return True
+                args.append(TensorDescArg(t, *desc))
+        return self.replay(args)
 
     def replay(self, slot_values: Sequence[Any]) -> bool:
         """:meth:`launch` for a caller that has checked what :meth:`launch` checks per tensor:
-        ``slot_values`` are the slots' device addresses (ints, which the launcher takes as
-        they are: no ``data_ptr()`` call and no driver pointer query per argument) or
-        tensors, with the recorded 16-byte alignment. Plain slots only (no descriptors).
-        False, with nothing launched, when fast launches are off, a profiler listens or
-        another device is current."""
+        ``slot_values`` are the slots' arguments as the launcher takes them (device addresses
+        as ints: no ``data_ptr()`` call and no driver pointer query per argument; tensors;
+        descriptors), with the recorded 16-byte alignment. False, with nothing launched, when
+        fast launches are off, a profiler listens or another device is current."""
         if not fast_launch_allowed() or torch.cuda.current_device() != self.device:
             return False
         values = self.values.copy()

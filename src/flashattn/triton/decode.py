@@ -27,6 +27,7 @@ Varlen queries (``VARLEN_Q``): q / out are one packed (total_q, h, d) batch, the
 from __future__ import annotations
 
 import functools
+import math
 from typing import Optional, Tuple
 
 import torch
@@ -431,13 +432,16 @@ class DecodeCall:
         self.lse_shape = (h, q.shape[0]) if varlen else (batch, h, s_q_grid)
         lse4_shape = (1,) + self.lse_shape if varlen else self.lse_shape
         self.part_shapes = ((num_splits,) + self.out_shape, (num_splits,) + lse4_shape)
-        n_lse = _numel(self.lse_shape)
-        self.offsets = (_aligned(n_lse), _aligned(n_lse) + _aligned(_numel(self.part_shapes[0])))
-        self.ws_numel = self.offsets[1] + _numel(self.part_shapes[1])
-        o_strides = _contiguous_strides(self.part_shapes[0] if num_splits > 1
-                                        else (1,) + self.out_shape)
-        l_strides = _contiguous_strides(self.part_shapes[1] if num_splits > 1
-                                        else (1,) + lse4_shape)
+        self.lse_numel = math.prod(self.lse_shape)
+        aligned = lambda n: config.cdiv(n, _ALIGN) * _ALIGN  # noqa: E731
+        self.offsets = (aligned(self.lse_numel),
+                        aligned(self.lse_numel) + aligned(math.prod(self.part_shapes[0])))
+        self.ws_numel = self.offsets[1] + math.prod(self.part_shapes[1])
+        # (the strides torch gives fresh tensors of these shapes: what the views below have)
+        o_strides = _fresh_strides(self.part_shapes[0] if num_splits > 1
+                                   else (1,) + self.out_shape)
+        l_strides = _fresh_strides(self.part_shapes[1] if num_splits > 1
+                                   else (1,) + lse4_shape)
         if num_splits == 1:
             o_strides, l_strides = (0,) + o_strides[1:], (0,) + l_strides[1:]
         if varlen:
@@ -500,7 +504,7 @@ class DecodeCall:
         # Packed rows outside every sequence are written by no program: they start as out 0 /
         # lse -inf (and as empty splits for the combine pass).
         ws = torch.empty((self.ws_numel,), dtype=torch.float32, device=device)
-        lse = ws[:_numel(self.lse_shape)].view(self.lse_shape)
+        lse = ws[:self.lse_numel].view(self.lse_shape)
         if self.varlen:
             lse.fill_(float("-inf"))
             out = torch.zeros(self.out_shape, dtype=self.dtype, device=device)
@@ -510,8 +514,8 @@ class DecodeCall:
             lse4 = lse
         if self.num_splits > 1:
             (o0, l0), (po, pl) = self.offsets, self.part_shapes
-            out_k = ws[o0:o0 + _numel(po)].view(po)
-            lse_k = ws[l0:l0 + _numel(pl)].view(pl)
+            out_k = ws[o0:o0 + math.prod(po)].view(po)
+            lse_k = ws[l0:l0 + math.prod(pl)].view(pl)
             if self.varlen:
                 lse_k.fill_(float("-inf"))
         else:
@@ -537,14 +541,9 @@ class DecodeCall:
         out, lse, lse4, out_k, lse_k, _ = self._outputs(buffers, q)
         if self.use_tma:
             config.install_allocator()
-        dummy = seqlens_k
-        q4 = q.unsqueeze(0) if self.varlen else q
-        tensors = (q4, k_cache, v_cache, out_k, lse_k, seqlens_k,
-                   leftpad if leftpad is not None else dummy,
-                   batch_idx if batch_idx is not None else dummy,
-                   block_table if block_table is not None else dummy,
-                   alibi_slopes if alibi_slopes is not None else lse,
-                   cu_seqlens_q if cu_seqlens_q is not None else dummy)
+        tensors = _slots(q.unsqueeze(0) if self.varlen else q, k_cache, v_cache, out_k, lse_k,
+                         seqlens_k, leftpad, batch_idx, block_table, alibi_slopes, cu_seqlens_q,
+                         lse)
         decode_plans, combine_plans = self.plans
         self._decode = decode_plans.launch(
             self.key, tensors,
@@ -569,45 +568,41 @@ class DecodeCall:
             ws = torch.empty((self.ws_numel,), dtype=torch.float32, device=self.device)
             out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
         base = ws.data_ptr()
-        lens = seqlens_k.data_ptr()
         if self.num_splits > 1:
             o_k, l_k = base + 4 * self.offsets[0], base + 4 * self.offsets[1]
         else:
             o_k, l_k = out.data_ptr(), base
         if self.use_tma:
             config.install_allocator()
-        if not self._decode.replay((
-                q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), o_k, l_k, lens,
-                lens if leftpad is None else leftpad.data_ptr(),
-                lens if batch_idx is None else batch_idx.data_ptr(),
-                lens if block_table is None else block_table.data_ptr(),
-                base if alibi_slopes is None else alibi_slopes.data_ptr(), lens)):
+        addr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
+        if not self._decode.replay(_slots(
+                q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), o_k, l_k,
+                seqlens_k.data_ptr(), addr(leftpad), addr(batch_idx), addr(block_table),
+                addr(alibi_slopes), None, base)):
             return None
         if self.num_splits > 1 and not self._combine.replay((o_k, l_k, out.data_ptr(), base)):
             raise RuntimeError("flashattn: the split-KV combine launch could not be replayed "
                                "right after its decode launch")  # (same checks: cannot happen)
         if lse is None:
-            lse = ws[:_numel(self.lse_shape)].view(self.lse_shape)
+            lse = ws[:self.lse_numel].view(self.lse_shape)
         return out, lse
 
 
-def _numel(shape: Tuple[int, ...]) -> int:
-    n = 1
-    for x in shape:
-        n *= int(x)
-    return n
+def _fresh_strides(shape: Tuple[int, ...]) -> Tuple[int, ...]:
+    return torch.empty(shape, device="meta").stride()
 
 
-def _aligned(n: int) -> int:
-    return -(-n // _ALIGN) * _ALIGN
-
-
-def _contiguous_strides(shape: Tuple[int, ...]) -> Tuple[int, ...]:
-    strides, acc = [], 1
-    for x in reversed(shape):
-        strides.append(acc)
-        acc *= max(1, int(x))
-    return tuple(reversed(strides))
+def _slots(q4, k_cache, v_cache, out_k, lse_k, seqlens_k, leftpad, batch_idx, block_table,
+           alibi_slopes, cu_seqlens_q, lse):
+    """The decode kernel's 11 tensor arguments (``Q ... CuSeqQ``) in order, as tensors (a
+    recorded launch) or as addresses (its replay): absent optional ones stand in as the
+    lengths (never read) and, for ALiBi, lse."""
+    return (q4, k_cache, v_cache, out_k, lse_k, seqlens_k,
+            seqlens_k if leftpad is None else leftpad,
+            seqlens_k if batch_idx is None else batch_idx,
+            seqlens_k if block_table is None else block_table,
+            lse if alibi_slopes is None else alibi_slopes,
+            seqlens_k if cu_seqlens_q is None else cu_seqlens_q)
 
 
 def planned_splits(batch: int, seqlen_q: int, max_seqlen_k: int, nheads: int, nheads_k: int,

@@ -2,6 +2,10 @@
 keys contiguous; new tree: keys in wgmma order), and the two V preparations timed alone.
 
     PYTHONPATH=old/src python benchmarks/probes/fp8_kernel_ab.py --tag old
+    python benchmarks/probes/fp8_kernel_ab.py --variants '[{}, {"thread_release": false}]'
+
+``--variants``: FwdConfig overrides timed in turn at every point, ``--repeat`` rounds
+interleaved (one tree, one process: a same-run A/B of a kernel switch).
 """
 from __future__ import annotations
 
@@ -20,10 +24,14 @@ from flashattn.sm90.fwd import flash_fwd_hopper_fp8
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tag", default="")
+    ap.add_argument("--variants", default="[{}]")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--d", default="128,256,64")
     args = ap.parse_args()
+    variants = json.loads(args.variants)
     new = "v_in_wgmma_order" in inspect.signature(flash_fwd_hopper_fp8).parameters
     s, b = 16384, 1
-    for d in (128, 256, 64):
+    for d in (int(x) for x in args.d.split(",")):
         h = 2048 // d
         x8 = [torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16).to(torch.float8_e4m3fn)
               for _ in range(3)]
@@ -41,14 +49,24 @@ def main() -> int:
                 x8[2].shape, x8[2].device).copy_(x8[2])
         prep_ms = do_bench(prep, warmup=5, rep=30)
         for causal in (False, True):
-            ms = min(do_bench(lambda: flash_fwd_hopper_fp8(
-                x8[0], x8[1], vt, scales, softmax_scale=d ** -0.5, window_left=-1,
-                window_right=0 if causal else -1, softcap=0.0, out_dtype=torch.bfloat16, **kw),
-                warmup=10, rep=60) for _ in range(3))
-            tf = 4.0 * b * h * s * s * d * (0.5 if causal else 1.0) / (ms * 1e-3) / 1e12
-            print(json.dumps(dict(tag=args.tag, d=d, causal=causal, kernel_ms=round(ms, 4),
-                                  tflops=round(tf, 1), v_prep_ms=round(prep_ms, 4))),
-                  flush=True)
+            times = {i: [] for i in range(len(variants))}
+            for _ in range(args.repeat):  # rounds: the variants interleaved
+                for i, var in enumerate(variants):
+                    if var:
+                        kw["config_overrides"] = var
+                    else:
+                        kw.pop("config_overrides", None)
+                    times[i].append(do_bench(lambda: flash_fwd_hopper_fp8(
+                        x8[0], x8[1], vt, scales, softmax_scale=d ** -0.5, window_left=-1,
+                        window_right=0 if causal else -1, softcap=0.0,
+                        out_dtype=torch.bfloat16, **kw), warmup=10, rep=60))
+            for i, var in enumerate(variants):
+                ms = min(times[i])
+                tf = 4.0 * b * h * s * s * d * (0.5 if causal else 1.0) / (ms * 1e-3) / 1e12
+                print(json.dumps(dict(tag=args.tag, variant=var, d=d, causal=causal,
+                                      kernel_ms=round(ms, 4), tflops=round(tf, 1),
+                                      all_ms=[round(t, 4) for t in times[i]],
+                                      v_prep_ms=round(prep_ms, 4))), flush=True)
     return 0
 
 

@@ -12,6 +12,8 @@ Differences handled here (found by compiling every Gluon variant for sm_90 on ea
 from __future__ import annotations
 
 from triton.experimental.gluon import language as _gl
+from triton.experimental.gluon import jit as _jit
+from triton.experimental.gluon.language.nvidia.ampere import async_copy as _async_copy
 from triton.experimental.gluon.language.nvidia.hopper import tma as _tma
 
 
@@ -31,4 +33,16 @@ tma_store = _first(_tma, "async_store", "async_copy_shared_to_global")
 # cta_barrier(): every thread of the CTA (of the partition) reaches it before any goes on
 cta_barrier = _first(_gl, "barrier", "thread_barrier")
 
-__all__ = ["cta_barrier", "tma_load", "tma_store"]
+
+
+@_jit
+def mbarrier_arrive_per_thread(bar):
+    """Every calling thread arrives once on mbarrier ``bar`` (init its count accordingly),
+    with no CTA / warpgroup barrier first: ``cp.async.mbarrier.arrive.noinc``, which arrives
+    once the calling thread's own cp.async copies are done (none in a thread that issues
+    none). The same builtin on 3.6-3.9. (``mbarrier.arrive`` is one thread's arrive after a
+    ``bar.sync`` of the partition.)"""
+    _async_copy.mbarrier_arrive(bar, increment_count=False)
+
+
+__all__ = ["cta_barrier", "mbarrier_arrive_per_thread", "tma_load", "tma_store"]

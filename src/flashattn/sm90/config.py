@@ -50,6 +50,11 @@ class FwdConfig:
     # + the producer's warp, padded to a warpgroup, share the file: 16 warps, so maxnreg <= 128
     # and consumer_regs <= 160)
     consumers: int = 2
+    # True: every consumer thread releases K / V slots by itself (fwd_kernel._release), with no
+    # warpgroup bar.sync. Measured slower (H100, session 16, kernel alone at 16k, TFLOP/s with /
+    # without): FP8 d128 826 / 853, d256 1110 / 1174, d64 562 / 602; bf16 d128 627 / 637,
+    # causal 572 / 604 (benchmarks/NOTES.md): off, kept as a tested switch.
+    thread_release: bool = False
 
     def smem_bytes(self, head_dim: int, elem: int = 2, head_dim_v: Optional[int] = None) -> int:
         """Shared memory of the Q / K / V (/ O) tiles, head dims padded to powers of two

@@ -49,6 +49,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                                warpgroup_mma, warpgroup_mma_wait)
 
+from flashattn.runtime.gluon_api import mbarrier_arrive_per_thread
 from flashattn.runtime.gluon_api import tma_load, tma_store  # noqa: F401 (version names)
 
 from flashattn.sm90.ptx import per_thread_ptx
@@ -145,6 +146,23 @@ def _read_tile(tile_slot):
     return gl.max(tile_slot.load(layout), axis=0)
 
 
+@gluon.jit
+def _release(empty_bar, THREAD_RELEASE: gl.constexpr):
+    """A consumer warpgroup is done reading a K or V slot: arrive on its *empty* barrier.
+
+    THREAD_RELEASE: every thread arrives by itself once its own wgmma wait has returned
+    (``cp.async.mbarrier.arrive.noinc``: with no cp.async of this thread pending it is a plain
+    per-thread arrive; the barrier counts 128 per warpgroup). Otherwise Gluon's
+    ``mbarrier.arrive``: a warpgroup ``bar.sync`` plus a one-thread arrive. Removing those
+    barriers (ncu's top stall of the FP8 forward is "CTA barrier") measured 1-7 % *slower*:
+    128 arrives on one barrier word cost more than the bar.sync; off by default
+    (FwdConfig.thread_release; NOTES, session 16)."""
+    if THREAD_RELEASE:
+        mbarrier_arrive_per_thread(empty_bar)
+    else:
+        mbarrier.arrive(empty_bar)
+
+
 # Hardware named-barrier ids of the ping-pong token (PINGPONG == 2): warpgroup WG waits on
 # TURN_BARRIER + WG. Triton's own partitions use ids 0-2 (membar's per-partition bar.sync and
 # the warp_specialize start-up barrier in this kernel's PTX); 16 exist.
@@ -217,7 +235,8 @@ def _turn_pass(turn, WG: gl.constexpr, PINGPONG: gl.constexpr, STEADY: gl.conste
 def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr,
               sink_ptr, BLOCK_M: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
               LONGEST_FIRST: gl.constexpr, PINGPONG: gl.constexpr, INTRA_OVERLAP: gl.constexpr,
-              SEPARATE_O: gl.constexpr, DYNAMIC: gl.constexpr, NO_WS: gl.constexpr):
+              SEPARATE_O: gl.constexpr, DYNAMIC: gl.constexpr, NO_WS: gl.constexpr,
+              THREAD_RELEASE: gl.constexpr):
     """One consumer warpgroup: rows [WG * HALF_M, (WG + 1) * HALF_M) of every tile
     (HALF_M = BLOCK_M // CONSUMERS: the name is from the two-consumer layout).
 
@@ -308,7 +327,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
             s_tok = warpgroup_mma(q_view, k_view, s_zero, use_acc=False, is_async=True)
             _turn_pass(turn, WG, PINGPONG)
             s = warpgroup_mma_wait(0, deps=(s_tok,))
-            mbarrier.arrive(k_empty.index(stage))
+            _release(k_empty.index(stage), THREAD_RELEASE)
             if HAS_SOFTCAP:
                 if FP8:
                     s = apply_softcap(s, softcap_inv_j, softcap_log2)
@@ -350,18 +369,18 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
                     acc_tok = warpgroup_mma(p_in, v_prev, acc, is_async=True)
                     _turn_pass(turn, WG, PINGPONG, True)
                     s = warpgroup_mma_wait(1, deps=(s_tok,))
-                    mbarrier.arrive(k_empty.index(stage))
+                    _release(k_empty.index(stage), THREAD_RELEASE)
                 else:
                     mbarrier.wait(v_ready.index(prev_stage), prev_phase)
                     turn_count = _turn_wait(turn, WG, turn_count, PINGPONG, True)
                     acc_tok = warpgroup_mma(p_in, v_prev, acc, is_async=True)
                     acc = warpgroup_mma_wait(0, deps=(acc_tok,))
-                    mbarrier.arrive(v_empty.index(prev_stage))
+                    _release(v_empty.index(prev_stage), THREAD_RELEASE)
                     mbarrier.wait(k_ready.index(stage), phase)
                     s_tok = warpgroup_mma(q_view, k_view, s_zero, use_acc=False, is_async=True)
                     _turn_pass(turn, WG, PINGPONG, True)
                     s = warpgroup_mma_wait(0, deps=(s_tok,))
-                    mbarrier.arrive(k_empty.index(stage))
+                    _release(k_empty.index(stage), THREAD_RELEASE)
                 if HAS_SOFTCAP:
                     if FP8:
                         s = apply_softcap(s, softcap_inv_j, softcap_log2)
@@ -380,7 +399,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
                     p, m_i, l_i, alpha = online_softmax(s, m_i, l_i, s_unit)
                 if INTRA_OVERLAP:
                     acc = warpgroup_mma_wait(0, deps=(acc_tok,))
-                    mbarrier.arrive(v_empty.index(prev_stage))
+                    _release(v_empty.index(prev_stage), THREAD_RELEASE)
                 if NO_WS:
                     if WG == 0:  # block j - 1's slot is free once the other warpgroup agrees
                         if j - 1 + NUM_STAGES < n_blocks:
@@ -405,7 +424,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
             acc_tok = warpgroup_mma(p_in, v_prev, acc, is_async=True)
             _turn_pass(turn, WG, PINGPONG)
             acc = warpgroup_mma_wait(0, deps=(acc_tok,))
-            mbarrier.arrive(v_empty.index(prev_stage))
+            _release(v_empty.index(prev_stage), THREAD_RELEASE)
 
         # ---- epilogue: O / l through shared memory and a TMA store; LSE in natural log
         if SEPARATE_O:
@@ -541,7 +560,7 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
                     LONGEST_FIRST: gl.constexpr, PINGPONG: gl.constexpr,
                     INTRA_OVERLAP: gl.constexpr, SEPARATE_O: gl.constexpr, DYNAMIC: gl.constexpr,
                     NO_WS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-                    CONSUMERS: gl.constexpr = 2):
+                    CONSUMERS: gl.constexpr = 2, THREAD_RELEASE: gl.constexpr = False):
     """Persistent warp-specialised attention forward (see module docstring).
 
     Descriptors are rank 4 over (batch, seq, head, dim) with boxes [1, rows, 1, dim_pad] (dim_pad
@@ -583,13 +602,15 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
     v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    # a K / V slot is free once every consumer thread (THREAD_RELEASE) or warpgroup has released it
+    RELEASES: gl.constexpr = CONSUMERS * 128 if THREAD_RELEASE else CONSUMERS
     mbarrier.init(q_ready, count=1)
     mbarrier.init(q_empty, count=CONSUMERS)
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=CONSUMERS)
+        mbarrier.init(k_empty.index(i), count=RELEASES)
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(v_empty.index(i), count=CONSUMERS)
+        mbarrier.init(v_empty.index(i), count=RELEASES)
     for i in gl.static_range(2):
         mbarrier.init(turn.index(i), count=1)
     fence_async_shared()
@@ -612,19 +633,19 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
         gl.warp_specialize([
             (_consumer, (0, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
-                         INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS)),
+                         INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE)),
             (_consumer, (1, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
-                         INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS)),
+                         INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE)),
         ], [4], [CONSUMER_REGS])
     elif CONSUMERS == 2:
         gl.warp_specialize([
             (_consumer, (0, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
-                         INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS)),
+                         INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE)),
             (_consumer, (1, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
-                         INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS)),
+                         INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE)),
             (_producer, (descs, smem, bars, problem, window, tile_counter, BLOCK_M, HAS_LEFT,
                          HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG, INTRA_OVERLAP,
                          SEPARATE_O, DYNAMIC)),
@@ -633,13 +654,13 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
         gl.warp_specialize([
             (_consumer, (0, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
-                         INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS)),
+                         INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE)),
             (_consumer, (1, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
-                         INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS)),
+                         INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE)),
             (_consumer, (2, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
-                         INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS)),
+                         INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE)),
             (_producer, (descs, smem, bars, problem, window, tile_counter, BLOCK_M, HAS_LEFT,
                          HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG, INTRA_OVERLAP,
                          SEPARATE_O, DYNAMIC)),

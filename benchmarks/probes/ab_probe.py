@@ -78,6 +78,20 @@ def child(points: str) -> Dict[str, float]:
     seqlens = torch.full((1,), L, dtype=torch.int32, device="cuda")
     rows["decode_b1_16k_eager_us"] = _per_call_us(
         lambda: flashattn.flash_attn_with_kvcache(qd, kc, vc, cache_seqlens=seqlens), 200, 15)
+    rows["decode_b1_16k_lse_eager_us"] = _per_call_us(
+        lambda: flashattn.flash_attn_with_kvcache(qd, kc, vc, cache_seqlens=seqlens,
+                                                  return_softmax_lse=True), 200, 15)
+    rows["dense_sq1_b1_16k_eager_us"] = _per_call_us(
+        lambda: flashattn.flash_attn_func(qd, kc, vc, causal=True), 200, 15)
+    # the same step through SDPA's cuDNN backend in this process: the host's speed in this
+    # child (single runs of the H100 host move 1.5-2x), to read each tree against
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    qt, kt, vt = qd.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2)
+
+    def cudnn():
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
+    rows["cudnn_b1_16k_eager_us"] = _per_call_us(cudnn, 200, 15)
     return rows
 
 
@@ -116,6 +130,13 @@ def main() -> int:
         b = statistics.median(x[key] for x in results["b"])
         summary[key] = dict(a=round(a, 2), b=round(b, 2), b_over_a=round(b / a, 4))
         print(f"{key:34s} A {a:9.2f}  B {b:9.2f}  B/A {b / a:.3f}")
+    anchor = "cudnn_b1_16k_eager_us"
+    if anchor in results["a"][0]:  # host-bound rows against the same process's cuDNN step
+        for key in results["a"][0]:
+            if key.endswith("_us") and key != anchor:
+                a, b = (statistics.median(x[key] / x[anchor] for x in results[t]) for t in "ab")
+                summary[key].update(a_over_cudnn=round(a, 3), b_over_cudnn=round(b, 3))
+                print(f"{key:34s} / cuDNN in the same child: A {a:.3f}  B {b:.3f}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(dict(a=args.a, b=args.b, rounds=args.rounds, summary=summary,

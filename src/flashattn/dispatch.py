@@ -309,7 +309,8 @@ def _one_row_right_edge(params: AttnParams, s_q: int) -> AttnParams:
     return params
 
 
-def _small_query_runner(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: AttnParams):
+def _small_query_runner(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: AttnParams,
+                        need_lse: bool = True):
     """The dense forward through the decode kernel (k / v a full 'cache' of s_k keys), as a
     call ``run(q, k, v) -> (out, lse)`` for tensors of these shapes. What depends only on the
     shapes is made once: the bottom-right params and the (b,) int32 key counts, which the
@@ -331,7 +332,8 @@ def _small_query_runner(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, param
                                             capacity=k.shape[1])
 
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-        return call(q, k, v, seqlens, None, None, None, row_params.alibi_slopes)
+        return call(q, k, v, seqlens, None, None, None, row_params.alibi_slopes,
+                    need_lse=need_lse)
     return run
 
 
@@ -354,15 +356,17 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: AttnParam
                                                                       return_softmax)
 
 
-def forward_runner(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: AttnParams):
+def forward_runner(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: AttnParams,
+                   need_lse: bool = True):
     """:func:`forward`'s decisions for these inputs (no dropout / S_dmask), made once: a call
     ``run(q, k, v) -> (out, lse)`` for later calls of the same signature (the api's fast
     path keys it on shapes, strides, dtypes, device, alignment and settings, everything the
-    decisions read)."""
+    decisions read). ``need_lse`` False: the caller drops lse, which may then be None."""
     if _is_degenerate(q, k):
         return lambda q, k, v: _degenerate_fwd(q, k, v, False)[:2]
     if _small_query(q, k, v, params, False):
-        return _small_query_runner(q, k, v, params)  # (its shape-only parts made once)
+        # (its shape-only parts made once)
+        return _small_query_runner(q, k, v, params, need_lse)
     name = select("fwd", q, k, v, params, False)
     if name == "portable":
         call = backend(name).fwd_call(q, k, v, params)  # (replays its recorded launch)
@@ -537,9 +541,10 @@ def kvcache_runner(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
                    rotary_interleaved: bool, num_splits: int):
     """:func:`kvcache`'s decisions for this call signature (dense q, no packed lengths), made
     once: a call ``run(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-    cache_batch_idx, cache_leftpad, block_table) -> (out, lse)`` for later calls whose tensors
-    have the same shapes, strides, dtypes, devices and alignment and whose scalars, given
-    tensors and settings are the same (the api's fast path keys on exactly those). The value
+    cache_batch_idx, cache_leftpad, block_table, need_lse=True) -> (out, lse)`` for later
+    calls whose tensors have the same shapes, strides, dtypes, devices and alignment and whose
+    scalars, given tensors and settings are the same (the api's fast path keys on exactly
+    those); with ``need_lse=False`` lse may come back None (the caller drops it). The value
     checks run in it as in :func:`kvcache` (always for CPU metadata). None where the full body
     must run on every call: the checked mode on a GPU (its checks depend on capture), empty
     shapes, or a backend without decode kernels (the torch path)."""
@@ -562,7 +567,7 @@ def kvcache_runner(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     calls: list = []  # the DecodeCall, made by the first run (it needs the rotated q)
 
     def run(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-            cache_leftpad, block_table):
+            cache_leftpad, block_table, need_lse=True):
         seqlens = full if cache_seqlens is None else cache_seqlens
         if on_cpu:
             _check_kvcache_values(seqlens, s_new, capacity, cache_leftpad, cache_batch_idx,
@@ -579,7 +584,7 @@ def kvcache_runner(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
                                            batch_idx=cache_batch_idx, block_table=block_table,
                                            num_splits=num_splits, capacity=capacity))
         return calls[0](q_rot, k_cache, v_cache, seqlens, cache_leftpad, cache_batch_idx,
-                        block_table, row_params.alibi_slopes)
+                        block_table, row_params.alibi_slopes, need_lse=need_lse)
     return run
 
 

@@ -117,10 +117,15 @@ def _eager_autograd(name: str, fwd_impl, setup_context, backward, bwd_impl):
                 {"forward": staticmethod(forward), "backward": staticmethod(backward_)})
 
 
+def _tracing() -> bool:
+    """torch.compile / export tracing, or a Python dispatch mode, is active."""
+    return torch.compiler.is_compiling() or bool(torch._C._len_torch_dispatch_stack())
+
+
 def _eager_call(*tensors: Optional[Tensor]) -> bool:
     """True for a plain eager call: not under torch.compile / export tracing, no tensor
     subclass (FakeTensor, FunctionalTensor, DTensor, nested), no Python dispatch mode."""
-    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
+    if _tracing():
         return False
     return all(t is None or type(t) is torch.Tensor for t in tensors)
 

@@ -85,10 +85,16 @@ def test_repeated_single_query_dense_calls_replay() -> None:
     from flashattn import flash_attn_func
     from flashattn.reference import attention_ref
 
-    for step in range(3):
+    for step in range(6):  # with the LSE, then without (the stream's reused workspace)
         q = torch.randn(2, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
         k, v = (torch.randn(2, 3000, 8, 128, device="cuda", dtype=torch.bfloat16)
                 for _ in range(2))
+        if step >= 3:
+            out = flash_attn_func(q, k, v, causal=True)
+            ref, _ = attention_ref(q.double(), k.double(), v.double(), causal=True)
+            low, _ = attention_ref(q, k, v, causal=True, upcast=False)
+            assert_close_rule(out, ref, low, name=f"call {step} (no lse)")
+            continue
         out, lse, _ = flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
         ref, _ = attention_ref(q.double(), k.double(), v.double(), causal=True)
         low, _ = attention_ref(q, k, v, causal=True, upcast=False)
@@ -97,6 +103,106 @@ def test_repeated_single_query_dense_calls_replay() -> None:
             torch.einsum("bqhd,bkhd->bhqk", q.double(),
                          k.double().repeat_interleave(4, dim=2)) * 128 ** -0.5, dim=-1)
         torch.testing.assert_close(lse.double(), want_lse, atol=1e-3, rtol=1e-4)
+
+
+def _decode_ref(q, kc, vc, lens):
+    cpu = dict(q=q.cpu(), k_cache=kc.cpu(), v_cache=vc.cpu(), cache_seqlens=lens.cpu())
+    ref, ref_lse, _, _ = kvcache_ref(**cpu, causal=True)
+    low, _, _, _ = kvcache_ref(**cpu, causal=True, upcast=False)
+    return ref, ref_lse, low
+
+
+def test_decode_without_lse_reuses_the_stream_workspace() -> None:
+    """Repeated b = 1 split-KV decode calls that do not ask for the LSE keep their partials in
+    the stream's reused workspace (runtime.buffers): every call is still right, an LSE
+    returned earlier is not overwritten by later calls, two streams do not share, and a graph
+    captured after eager calls keeps its own memory (eager calls after the capture, which
+    reuse the stream's workspace, leave the graph's result intact)."""
+    from flashattn.runtime import buffers
+
+    buffers.clear()
+    kc, vc = (torch.randn(1, 6000, 8, 128, device="cuda", dtype=torch.bfloat16)
+              for _ in range(2))
+    lens = torch.tensor([5000], dtype=torch.int32, device="cuda")
+    kept = []
+    for step in range(6):
+        q = torch.randn(1, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+        want_lse = step % 3 == 0
+        res = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, causal=True,
+                                      return_softmax_lse=want_lse)
+        out = res[0] if want_lse else res
+        ref, ref_lse, low = _decode_ref(q, kc, vc, lens)
+        assert_close_rule(out, ref, low, name=f"call {step}")
+        if want_lse:
+            kept.append((res[1], ref_lse))
+    torch.cuda.synchronize()
+    for lse, ref_lse in kept:  # (later calls ran in between)
+        torch.testing.assert_close(lse.cpu().double(), ref_lse.double(), atol=1e-4, rtol=1e-4)
+    assert any(k[0] == "decode-workspace" for k in buffers._BUFFERS), "workspace not reused"
+
+    # another stream: its own workspace, right results
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        q = torch.randn(1, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+        out = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, causal=True)
+    torch.cuda.current_stream().wait_stream(side)
+    ref, _, low = _decode_ref(q, kc, vc, lens)
+    assert_close_rule(out, ref, low, name="side stream")
+    kinds = [k for k in buffers._BUFFERS if k[0] == "decode-workspace"]
+    assert len({k[2] for k in kinds}) == 2, "the two streams shared a workspace"
+
+    # capture after eager calls of the same signature, then eager calls, then replay
+    q_static = torch.randn(1, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    graph = torch.cuda.CUDAGraph()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        flash_attn_with_kvcache(q_static, kc, vc, cache_seqlens=lens, causal=True)
+    torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.graph(graph):
+        out_static = flash_attn_with_kvcache(q_static, kc, vc, cache_seqlens=lens, causal=True)
+    for step in range(3):
+        q_static.copy_(torch.randn_like(q_static))
+        graph.replay()
+        q_eager = torch.randn_like(q_static)
+        out_eager = flash_attn_with_kvcache(q_eager, kc, vc, cache_seqlens=lens, causal=True)
+        torch.cuda.synchronize()
+        ref, _, low = _decode_ref(q_static, kc, vc, lens)
+        assert_close_rule(out_static, ref, low, name=f"graph replay {step}")
+        ref, _, low = _decode_ref(q_eager, kc, vc, lens)
+        assert_close_rule(out_eager, ref, low, name=f"eager after replay {step}")
+
+
+def test_stream_buffer_per_stream_thread_and_capture() -> None:
+    """runtime.buffers.stream_buffer: one buffer per (kind, device, stream, thread), grown
+    when asked for more, a fresh one while a graph is captured."""
+    import threading
+
+    from flashattn.runtime import buffers
+
+    buffers.clear()
+    dev = torch.cuda.current_device()
+    a = buffers.stream_buffer("t", 100, dev)
+    assert buffers.stream_buffer("t", 4096, dev).data_ptr() == a.data_ptr()
+    assert buffers.stream_buffer("u", 100, dev).data_ptr() != a.data_ptr()
+    big = buffers.stream_buffer("t", 1 << 20, dev)
+    assert big.numel() >= 1 << 20
+    assert buffers.stream_buffer("t", 100, dev).data_ptr() == big.data_ptr()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        assert buffers.stream_buffer("t", 100, dev).data_ptr() != big.data_ptr()
+    other = []
+    th = threading.Thread(target=lambda: other.append(buffers.stream_buffer("t", 100, dev)))
+    th.start()
+    th.join()
+    assert other[0].data_ptr() != big.data_ptr()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(side):
+        ptrs = [buffers.stream_buffer("t", 100, dev).data_ptr()]
+        with torch.cuda.graph(graph):
+            inside = buffers.stream_buffer("t", 100, dev)
+            inside.zero_()
+    assert inside.data_ptr() not in ptrs + [big.data_ptr()]
 
 
 @pytest.mark.parametrize("page", [None, 16], ids=["contiguous", "paged16"])

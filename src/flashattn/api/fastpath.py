@@ -46,30 +46,10 @@ def _tensor_key(t: Tensor) -> tuple:
     return (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16)
 
 
-def _opt_key(t: Optional[Tensor]) -> Optional[tuple]:
-    return None if t is None else _tensor_key(t)
-
-
-def eligible(*tensors: Optional[Tensor]) -> bool:
-    """Plain eager tensors (None allowed) and nothing tracing (the ops' own test,
-    ``ops._eager_call``), and no gradient to record."""
-    if not _ops._eager_call(*tensors):
-        return False
-    return not (torch.is_grad_enabled()
-                and any(t is not None and t.requires_grad for t in tensors))
-
-
+# the scalar argument types a key takes as they are (type and value both in the key: causal=1
+# and causal=True are different signatures); other types, e.g. numpy scalars or lists, take
+# the full path, whose checks decide about them
 _SCALARS = (type(None), bool, int, float)
-
-
-def _scalar(x: Any) -> Tuple[type, Any]:
-    return type(x), x
-
-
-def _plain(*xs: Any) -> bool:
-    """Python scalars only (other types, e.g. numpy scalars or lists, take the full path,
-    whose checks decide about them)."""
-    return all(type(x) in _SCALARS for x in xs)
 
 
 class CallCache:
@@ -103,32 +83,44 @@ def dense_key(q: Any, k: Any, v: Any, dropout_p: Any, softmax_scale: Any, causal
               window_size: Any, softcap: Any, deterministic: Any,
               return_attn_probs: Any) -> Optional[tuple]:
     """The call signature of an eligible ``flash_attn_func`` call (no dropout / ALiBi / FP8 /
-    sink / chunk: the caller checks those are absent), or None (full path)."""
+    sink / chunk: the caller checks those are absent), or None (full path). Every test is
+    written out (no helper calls, no generator): this is a decoding step's host path."""
     if not (type(q) is Tensor and type(k) is Tensor and type(v) is Tensor):
         return None
     if q.dtype not in _DTYPES:  # FP8 (and invalid dtypes) take their own path
         return None
-    if not eligible(q, k, v) or type(window_size) is not tuple or len(window_size) != 2:
+    # ops._eager_call's test (plain tensors, checked above; no tracing, no dispatch mode)
+    # and no gradient to record
+    if _ops._tracing():
+        return None
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return None
+    if type(window_size) is not tuple or len(window_size) != 2:
         return None
     if type(dropout_p) not in (float, int) or dropout_p != 0:
         return None
-    if not _plain(softmax_scale, causal, softcap, deterministic, return_attn_probs,
-                  *window_size):
+    left, right = window_size
+    if not (type(softmax_scale) in _SCALARS and type(causal) in _SCALARS
+            and type(softcap) in _SCALARS and type(deterministic) in _SCALARS
+            and type(return_attn_probs) in _SCALARS and type(left) in _SCALARS
+            and type(right) in _SCALARS):
         return None
-    return (_tensor_key(q), _tensor_key(k), _tensor_key(v), _scalar(softmax_scale),
-            _scalar(causal), tuple(map(_scalar, window_size)), _scalar(softcap),
-            _scalar(deterministic), _scalar(return_attn_probs))
+    return (_tensor_key(q), _tensor_key(k), _tensor_key(v), type(softmax_scale), softmax_scale,
+            type(causal), causal, type(left), left, type(right), right, type(softcap), softcap,
+            type(deterministic), deterministic, type(return_attn_probs), return_attn_probs)
 
 
-def dense_runner(q: Tensor, k: Tensor, v: Tensor, params: AttnParams
-                 ) -> Callable[[Tensor, Tensor, Tensor], Tuple[Tensor, Tensor]]:
+def dense_runner(q: Tensor, k: Tensor, v: Tensor, params: AttnParams, need_lse: bool = True
+                 ) -> Callable[[Tensor, Tensor, Tensor], Tuple[Tensor, Optional[Tensor]]]:
     """What the full path decided for this signature, as a call: dispatch's choice of
-    backend and path for these (already validated and normalised) arguments."""
-    run = dispatch.forward_runner(q, k, v, params)
+    backend and path for these (already validated and normalised) arguments. ``need_lse``
+    False (the signature does not return it): lse may come back None."""
+    run = dispatch.forward_runner(q, k, v, params, need_lse)
 
-    def call(q: Tensor, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor]:
+    def call(q: Tensor, k: Tensor, v: Tensor) -> Tuple[Tensor, Optional[Tensor]]:
         out, lse = run(q, k, v)
-        return out.contiguous(), lse.contiguous()  # (the op's contract; no-ops normally)
+        # (the op's contract; no-ops normally)
+        return out.contiguous(), (None if lse is None else lse.contiguous())
     return call
 
 
@@ -145,28 +137,49 @@ def kvcache_key(q: Any, k_cache: Any, v_cache: Any, k: Any, v: Any, rotary_cos: 
                 return_softmax_lse: Any) -> Optional[tuple]:
     """The call signature of an eligible ``flash_attn_with_kvcache`` call (no ALiBi, sink,
     chunk or packed lengths: the caller checks), or None. cache_seqlens may be an int (its
-    value is part of the key: it is checked against the capacity on the host)."""
-    tensors = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_batch_idx,
-               cache_leftpad, block_table)
+    value is part of the key: it is checked against the capacity on the host).
+
+    Every test is written out (no helper calls per tensor): this is a decode step's host path,
+    and the generic version (a key per optional tensor, usually None) took 4.6 µs against
+    2.6 µs here on the CPU box (the whole api layer: 6.5 against 3.9)."""
     if type(q) is not Tensor or type(k_cache) is not Tensor or type(v_cache) is not Tensor:
         return None
     if block_table is not None and cache_batch_idx is not None:
         return None  # (the call's block table is gathered per call: the full path)
-    seqlens_is_tensor = type(cache_seqlens) is Tensor
-    if not (seqlens_is_tensor or cache_seqlens is None or type(cache_seqlens) is int):
+    seqlens_type = type(cache_seqlens)
+    if seqlens_type is Tensor:
+        seqlens_key = _tensor_key(cache_seqlens)
+    elif cache_seqlens is None or seqlens_type is int:
+        seqlens_key = (seqlens_type, cache_seqlens)
+    else:
         return None
-    if not eligible(*tensors, cache_seqlens if seqlens_is_tensor else None):
+    optional = (k, v, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, block_table)
+    given = [t for t in optional if t is not None]
+    if any(type(t) is not Tensor for t in given):
+        return None
+    # ops._eager_call's test (plain tensors, checked above; no tracing, no dispatch mode)
+    # and no gradient to record
+    if _ops._tracing():
+        return None
+    if torch.is_grad_enabled() and (
+            q.requires_grad or k_cache.requires_grad or v_cache.requires_grad
+            or (seqlens_type is Tensor and cache_seqlens.requires_grad)
+            or any(t.requires_grad for t in given)):
         return None
     if type(window_size) is not tuple or len(window_size) != 2:
         return None
-    if not _plain(softmax_scale, causal, softcap, rotary_interleaved, num_splits,
-                  return_softmax_lse, *window_size):
+    left, right = window_size
+    if not (type(softmax_scale) in _SCALARS and type(causal) in _SCALARS
+            and type(softcap) in _SCALARS and type(rotary_interleaved) in _SCALARS
+            and type(num_splits) in _SCALARS and type(return_softmax_lse) in _SCALARS
+            and type(left) in _SCALARS and type(right) in _SCALARS):
         return None
-    return (tuple(_opt_key(t) for t in tensors),
-            _tensor_key(cache_seqlens) if seqlens_is_tensor else _scalar(cache_seqlens),
-            _scalar(softmax_scale), _scalar(causal), tuple(map(_scalar, window_size)),
-            _scalar(softcap), _scalar(rotary_interleaved), _scalar(num_splits),
-            _scalar(return_softmax_lse))
+    return (_tensor_key(q), _tensor_key(k_cache), _tensor_key(v_cache),
+            tuple(None if t is None else _tensor_key(t) for t in optional) if given else None,
+            seqlens_key, type(softmax_scale), softmax_scale, type(causal), causal,
+            type(left), left, type(right), right, type(softcap), softcap,
+            type(rotary_interleaved), rotary_interleaved, type(num_splits), num_splits,
+            type(return_softmax_lse), return_softmax_lse)
 
 
 def kvcache_entry(args: tuple) -> Tuple[tuple, Optional[Callable[..., Tuple[Tensor, Tensor]]]]:
@@ -196,5 +209,5 @@ def kvcache_args(template: tuple, q: Tensor, k_cache: Tensor, v_cache: Tensor,
             cache_leftpad, block_table) + template
 
 
-__all__ = ["DENSE", "KVCACHE", "CallCache", "dense_key", "dense_runner", "eligible",
+__all__ = ["DENSE", "KVCACHE", "CallCache", "dense_key", "dense_runner",
            "kvcache_args", "kvcache_entry", "kvcache_key"]

@@ -117,11 +117,10 @@ def flash_attn_with_kvcache(
         out (batch, seqlen_q, nheads, headdim_v) in q's dtype, and with return_softmax_lse
         lse (batch, nheads, seqlen_q) float32 (-inf on rows that see no key; their out is 0).
     """
-    varlen = (cu_seqlens_q, max_seqlen_q, cu_seqlens_k_new, rotary_seqlens)
     key = None
     if (alibi_slopes is None and learnable_sink is None and type(attention_chunk) is int
-            and attention_chunk == 0
-            and all(x is None for x in varlen)):
+            and attention_chunk == 0 and cu_seqlens_q is None and max_seqlen_q is None
+            and cu_seqlens_k_new is None and rotary_seqlens is None):
         # a repeated call signature skips the argument checks (api/fastpath.py); the value
         # checks of the metadata run in the op's body on every call, as before
         key = _fast.kvcache_key(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
@@ -132,14 +131,17 @@ def flash_attn_with_kvcache(
         if entry is not None:
             template, runner = entry
             if runner is not None:  # the signature's recorded decode call
+                if type(cache_seqlens) is int:
+                    cache_seqlens = _kv.seqlens_tensor(cache_seqlens, q.shape[0], q.device)
                 out, lse = runner(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
-                                  _kv.seqlens_tensor(cache_seqlens, q.shape[0], q.device),
-                                  cache_batch_idx, cache_leftpad, block_table)
+                                  cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                                  need_lse=bool(return_softmax_lse))
             else:
                 out, lse = _ops.kvcache_attention(*_fast.kvcache_args(
                     template, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                     cache_batch_idx, cache_leftpad, block_table))
             return (out, lse) if return_softmax_lse else out
+    varlen = (cu_seqlens_q, max_seqlen_q, cu_seqlens_k_new, rotary_seqlens)
     args = _prepare(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                     cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
                     window_size, softcap, rotary_interleaved, alibi_slopes, num_splits, *varlen)

@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 
 from flashattn.runtime import env as _env
+from flashattn.runtime.buffers import stream_buffer
 from flashattn.runtime.launch import LaunchPlan, LaunchPlans
 from flashattn.triton import config
 from flashattn.triton.combine import combine_launch
@@ -529,13 +530,17 @@ class DecodeCall:
                  seqlens_k: torch.Tensor, leftpad: Optional[torch.Tensor],
                  batch_idx: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
                  alibi_slopes: Optional[torch.Tensor], cu_seqlens_q: Optional[torch.Tensor] = None,
-                 buffers: Optional[dict] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                 buffers: Optional[dict] = None, need_lse: bool = True
+                 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """out like q with d_v, lse float32 (see :func:`decode_attention`), for tensors of the
-        signature this call was made for. ``buffers``: a decode plan's dict (outputs reused)."""
+        signature this call was made for. ``buffers``: a decode plan's dict (outputs reused).
+        ``need_lse`` False: the caller drops the LSE, so a replayed call may return None for
+        it and keep the LSE and the split partials in the stream's reused workspace
+        (``runtime.buffers``) instead of allocating one."""
         if (self._decode is not None and (self._combine is not None or self.num_splits == 1)
                 and not self.varlen):
             replayed = self._replay(q, k_cache, v_cache, seqlens_k, leftpad, batch_idx,
-                                    block_table, alibi_slopes, buffers)
+                                    block_table, alibi_slopes, buffers, need_lse)
             if replayed is not None:
                 return replayed
         out, lse, lse4, out_k, lse_k, _ = self._outputs(buffers, q)
@@ -556,18 +561,26 @@ class DecodeCall:
         return (out[0] if self.varlen else out), lse
 
     def _replay(self, q, k_cache, v_cache, seqlens_k, leftpad, batch_idx, block_table,
-                alibi_slopes, buffers) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
-        """A repeated dense call: two allocations (none with a plan's buffers) and the
-        recorded launches with the tensors' addresses. None (nothing launched) when a plan
-        cannot replay now (fast launches off, a profiler listening, another current
-        device)."""
-        lse = None
+                alibi_slopes, buffers, need_lse=True
+                ) -> Optional[Tuple[torch.Tensor, Optional[torch.Tensor]]]:
+        """A repeated dense call: two allocations (none with a plan's buffers, one without the
+        LSE) and the recorded launches with the tensors' addresses. None (nothing launched)
+        when a plan cannot replay now (fast launches off, a profiler listening, another
+        current device)."""
+        lse = ws = None
         if buffers is not None:
             out, lse, _, _, _, ws = self._outputs(buffers, q)
-        else:
+            base = ws.data_ptr()
+        elif need_lse:
             ws = torch.empty((self.ws_numel,), dtype=torch.float32, device=self.device)
             out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
-        base = ws.data_ptr()
+            base = ws.data_ptr()
+        else:  # (lse and the partials live only until this call's combine has run)
+            # ws is held until the launches are enqueued: during graph capture it is a fresh
+            # block of the graph's pool, which out would otherwise be given again
+            ws = stream_buffer("decode-workspace", 4 * self.ws_numel, self.device.index)
+            out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
+            base = ws.data_ptr()
         if self.num_splits > 1:
             o_k, l_k = base + 4 * self.offsets[0], base + 4 * self.offsets[1]
         else:
@@ -583,7 +596,7 @@ class DecodeCall:
         if self.num_splits > 1 and not self._combine.replay((o_k, l_k, out.data_ptr(), base)):
             raise RuntimeError("flashattn: the split-KV combine launch could not be replayed "
                                "right after its decode launch")  # (same checks: cannot happen)
-        if lse is None:
+        if lse is None and need_lse:
             lse = ws[:self.lse_numel].view(self.lse_shape)
         return out, lse
 

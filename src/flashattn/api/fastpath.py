@@ -144,6 +144,10 @@ def kvcache_key(q: Any, k_cache: Any, v_cache: Any, k: Any, v: Any, rotary_cos: 
     2.6 µs here on the CPU box (the whole api layer: 6.5 against 3.9)."""
     if type(q) is not Tensor or type(k_cache) is not Tensor or type(v_cache) is not Tensor:
         return None
+    # ops._eager_call's test (plain tensors, checked here and below; no tracing, no dispatch
+    # mode), first: nothing below may run under torch.compile (data_ptr() does not trace)
+    if _ops._tracing():
+        return None
     if block_table is not None and cache_batch_idx is not None:
         return None  # (the call's block table is gathered per call: the full path)
     seqlens_type = type(cache_seqlens)
@@ -157,10 +161,7 @@ def kvcache_key(q: Any, k_cache: Any, v_cache: Any, k: Any, v: Any, rotary_cos: 
     given = [t for t in optional if t is not None]
     if any(type(t) is not Tensor for t in given):
         return None
-    # ops._eager_call's test (plain tensors, checked above; no tracing, no dispatch mode)
-    # and no gradient to record
-    if _ops._tracing():
-        return None
+    # no gradient to record
     if torch.is_grad_enabled() and (
             q.requires_grad or k_cache.requires_grad or v_cache.requires_grad
             or (seqlens_type is Tensor and cache_seqlens.requires_grad)

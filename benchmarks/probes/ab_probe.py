@@ -85,13 +85,14 @@ def child(points: str) -> Dict[str, float]:
         lambda: flashattn.flash_attn_func(qd, kc, vc, causal=True), 200, 15)
     # the same step through SDPA's cuDNN backend in this process: the host's speed in this
     # child (single runs of the H100 host move 1.5-2x), to read each tree against
+    # (the backend is selected once, outside the timed calls: entering sdpa_kernel per call
+    # costs tens of µs of its own, which a first version of this row included)
     from torch.nn.attention import SDPBackend, sdpa_kernel
     qt, kt, vt = qd.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2)
-
-    def cudnn():
-        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-            torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
-    rows["cudnn_b1_16k_eager_us"] = _per_call_us(cudnn, 200, 15)
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+        rows["cudnn_b1_16k_eager_us"] = _per_call_us(
+            lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt,
+                                                                    enable_gqa=True), 200, 15)
     return rows
 
 

@@ -567,20 +567,18 @@ class DecodeCall:
         LSE) and the recorded launches with the tensors' addresses. None (nothing launched)
         when a plan cannot replay now (fast launches off, a profiler listening, another
         current device)."""
-        lse = ws = None
+        lse = None
         if buffers is not None:
             out, lse, _, _, _, ws = self._outputs(buffers, q)
-            base = ws.data_ptr()
-        elif need_lse:
-            ws = torch.empty((self.ws_numel,), dtype=torch.float32, device=self.device)
+        else:
+            if need_lse:  # (lse is a view of the workspace)
+                ws = torch.empty((self.ws_numel,), dtype=torch.float32, device=self.device)
+            else:  # lse and the partials live only until this call's combine has run
+                ws = stream_buffer("decode-workspace", 4 * self.ws_numel, self.device.index)
+            # (ws, not just its address, is held until the launches are enqueued: during graph
+            # capture it is a fresh block of the graph's pool, which out would be given again)
             out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
-            base = ws.data_ptr()
-        else:  # (lse and the partials live only until this call's combine has run)
-            # ws is held until the launches are enqueued: during graph capture it is a fresh
-            # block of the graph's pool, which out would otherwise be given again
-            ws = stream_buffer("decode-workspace", 4 * self.ws_numel, self.device.index)
-            out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
-            base = ws.data_ptr()
+        base = ws.data_ptr()
         if self.num_splits > 1:
             o_k, l_k = base + 4 * self.offsets[0], base + 4 * self.offsets[1]
         else:

@@ -43,6 +43,42 @@ def test_dense_hits_and_matches_the_full_path():
     torch.testing.assert_close(lse, full_lse, atol=1e-5, rtol=1e-5)
 
 
+def test_the_lse_flags_are_part_of_the_signature():
+    """A signature that drops the LSE may run without one (need_lse=False: the decode path then
+    keeps it in a reused workspace); the same shapes asking for it are another signature and
+    get the LSE, equal to the full path's."""
+    torch.manual_seed(1)
+    q, k, v = (torch.randn(2, 9, 4, 16) for _ in range(3))
+    for _ in range(2):
+        out = flashattn.flash_attn_func(q, k, v, causal=True)
+    assert isinstance(out, torch.Tensor) and len(fastpath.DENSE._entries) == 1
+    for _ in range(2):
+        out2, lse, _ = flashattn.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    assert len(fastpath.DENSE._entries) == 2 and isinstance(lse, torch.Tensor)
+    fastpath.DENSE.clear()
+    full, full_lse, _ = flashattn.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    torch.testing.assert_close(out, full)
+    torch.testing.assert_close(out2, full)
+    torch.testing.assert_close(lse, full_lse)
+
+    qd = torch.randn(2, 1, 4, 16)
+    kc, vc = torch.randn(2, 12, 2, 16), torch.randn(2, 12, 2, 16)
+    lens = torch.tensor([5, 11], dtype=torch.int32)
+    for _ in range(2):
+        out = flashattn.flash_attn_with_kvcache(qd, kc, vc, cache_seqlens=lens, causal=True)
+    assert isinstance(out, torch.Tensor)
+    for _ in range(2):
+        out2, lse = flashattn.flash_attn_with_kvcache(qd, kc, vc, cache_seqlens=lens,
+                                                      causal=True, return_softmax_lse=True)
+    assert len(fastpath.KVCACHE._entries) == 2 and lse.shape == (2, 4, 1)
+    fastpath.KVCACHE.clear()
+    full, full_lse = flashattn.flash_attn_with_kvcache(qd, kc, vc, cache_seqlens=lens,
+                                                       causal=True, return_softmax_lse=True)
+    torch.testing.assert_close(out, full)
+    torch.testing.assert_close(out2, full)
+    torch.testing.assert_close(lse, full_lse)
+
+
 def test_other_types_are_checked_again():
     q = torch.randn(1, 8, 2, 16)
     flashattn.flash_attn_func(q, q, q, window_size=(1, 2))

@@ -40,7 +40,9 @@ Scheduling knobs (constexpr, for the ablation table in benchmarks/NOTES.md):
 Every Gluon ``mbarrier.arrive`` from a consumer is a warpgroup ``bar.sync`` followed by a
 one-thread arrive (Triton's lowering): each K or V release costs one warpgroup barrier, which
 is where ncu's "CTA barrier" stalls of this kernel come from. Releasing K and V of a slot with
-one arrive after PV was measured slower (K's slot refills a block later: NOTES).
+one arrive after PV was measured slower (K's slot refills a block later: NOTES). So was
+THREAD_RELEASE (``_release``: every consumer thread arrives by itself, no ``bar.sync``; 1-7 %
+slower, session 16): the stall is warps waiting for each other, not the barrier instruction.
 """
 from __future__ import annotations
 

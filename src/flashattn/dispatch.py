@@ -47,6 +47,7 @@ import torch
 from flashattn import fp8_format, metadata
 from flashattn.params import AttnParams, Fp8Scales
 from flashattn.runtime import env
+from flashattn.runtime.device import capturing
 
 BACKENDS: Tuple[str, ...] = env.BACKENDS
 ENV_BACKEND = "FLASHATTN_BACKEND"
@@ -296,11 +297,6 @@ def _small_query(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: Attn
     return requested_backend() in ("auto", "portable") and backend_for(q) == "portable"
 
 
-def _capturing() -> bool:
-    """Whether a CUDA graph is being captured on the current stream."""
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-
-
 def _one_row_right_edge(params: AttnParams, s_q: int) -> AttnParams:
     """A single query row sits on the last key (bottom-right alignment): a right window edge
     of 0 hides nothing there, so drop it (the decode kernel then skips the mask work)."""
@@ -318,7 +314,7 @@ def _small_query_runner(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, param
     fast path's runner, saves an allocation and a fill launch)."""
     row_params = _one_row_right_edge(params, q.shape[1])
     seqlens = torch.full((q.shape[0],), k.shape[1], dtype=torch.int32, device=q.device)
-    if _capturing():
+    if capturing():
         # the fill above is only recorded into the graph, not run: a runner kept for eager
         # calls after the capture would read unset counts. Fill per call then.
         def run_capture(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
@@ -551,7 +547,7 @@ def kvcache_runner(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     batch, s_q, _, _ = q.shape
     metas = (cache_seqlens, cache_leftpad, cache_batch_idx, block_table)
     on_cpu = all(t.device.type == "cpu" for t in (q, *metas) if t is not None)
-    if batch == 0 or s_q == 0 or (env.settings().checks and not on_cpu) or _capturing():
+    if batch == 0 or s_q == 0 or (env.settings().checks and not on_cpu) or capturing():
         return None  # (capturing: tensors made here would be filled only by the graph)
     name = select("kvcache", q)
     if name != "portable":

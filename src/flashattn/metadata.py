@@ -12,7 +12,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from flashattn.runtime import env
+from flashattn.runtime import device, env
 
 
 def cache_capacity(k_cache: torch.Tensor, block_table: Optional[torch.Tensor]) -> int:
@@ -32,7 +32,7 @@ def values_checkable(*tensors: Optional[torch.Tensor]) -> bool:
         return True
     if not env.settings().checks or torch.compiler.is_compiling():
         return False
-    return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+    return not device.capturing()
 
 
 def to_host(*tensors: Optional[torch.Tensor]) -> Tuple[Optional[torch.Tensor], ...]:

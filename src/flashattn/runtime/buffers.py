@@ -31,6 +31,7 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from flashattn.runtime import compat
+from flashattn.runtime.device import capturing
 
 MAX_BUFFERS = 64
 _MIN_BYTES = 4096  # (small requests grow to this at once: no regrowth for small variations)
@@ -45,7 +46,7 @@ def stream_buffer(kind: str, nbytes: int, device: int,
     stream (see the module docstring for when that is safe), a fresh one during graph capture.
     Its contents are undefined; the caller must enqueue all use of it on that stream
     (``stream``: its raw handle when the caller has it, else the device's current stream)."""
-    if torch.cuda.is_current_stream_capturing():
+    if capturing():
         return torch.empty(nbytes, dtype=torch.uint8, device=torch.device("cuda", device))
     if stream is None:
         stream = compat.current_stream(device)

@@ -1,4 +1,5 @@
-"""Device properties the host code asks on every call, cached per device index.
+"""Device properties the host code asks on every call, cached per device index, and whether
+the current stream is capturing a CUDA graph.
 
 ``torch.cuda.get_device_properties`` / ``get_device_capability`` cost microseconds per call on
 the H100 host (measured ~10 us), several times per attention call without the cache.
@@ -39,4 +40,9 @@ def device_index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
-__all__ = ["capability", "capability_major", "device_index", "sm_count"]
+def capturing() -> bool:
+    """Whether a CUDA graph is being captured on the current stream (False without CUDA)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+__all__ = ["capability", "capability_major", "capturing", "device_index", "sm_count"]

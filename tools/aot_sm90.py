@@ -111,7 +111,9 @@ def compile_fwd_variant(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, c
         from flashattn.params import Fp8Scales
         from flashattn.sm90.config import fp8_fwd_config
 
-        cfg = fp8_fwd_config(d, d_v, softcap > 0.0, **(overrides or {}))
+        cfg = fp8_fwd_config(d, d_v, softcap > 0.0,
+                             masked=causal or window[0] >= 0 or window[1] >= 0,
+                             **(overrides or {}))
         q = torch.empty((b, s, h, d), dtype=dtype)
         v = keys_contiguous_empty((b, s, h, d_v), torch.device("cpu"))
         out = torch.empty((b, s, h, d_v), dtype=torch.bfloat16)

@@ -27,11 +27,13 @@ def main() -> int:
     ap.add_argument("--variants", default="[{}]")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--d", default="128,256,64")
+    ap.add_argument("--s", default="16384", help="key lengths; batch = 16384 // s (16k tokens)")
     args = ap.parse_args()
     variants = json.loads(args.variants)
     new = "v_in_wgmma_order" in inspect.signature(flash_fwd_hopper_fp8).parameters
-    s, b = 16384, 1
-    for d in (int(x) for x in args.d.split(",")):
+    points = [(int(d), int(s)) for s in args.s.split(",") for d in args.d.split(",")]
+    for d, s in points:
+        b = max(1, 16384 // s)
         h = 2048 // d
         x8 = [torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16).to(torch.float8_e4m3fn)
               for _ in range(3)]
@@ -63,7 +65,7 @@ def main() -> int:
             for i, var in enumerate(variants):
                 ms = min(times[i])
                 tf = 4.0 * b * h * s * s * d * (0.5 if causal else 1.0) / (ms * 1e-3) / 1e12
-                print(json.dumps(dict(tag=args.tag, variant=var, d=d, causal=causal,
+                print(json.dumps(dict(tag=args.tag, variant=var, d=d, s=s, b=b, causal=causal,
                                       kernel_ms=round(ms, 4), tflops=round(tf, 1),
                                       all_ms=[round(t, 4) for t in times[i]],
                                       v_prep_ms=round(prep_ms, 4))), flush=True)

@@ -123,11 +123,12 @@ def _key(v):
 # FP8 with P carried in fp32 and converted at the next issue (session 14: +16 % at d = 128,
 # +39 % at d = 64, +3-7 % at d = 256 against the 8-bit carry): d = 96 / 128 16 bytes, three
 # per-tile scalars stored at consumer entry and reloaded in the tile prologue (SASS: no LDL
-# in the key-block loop); d = 64 104, d = 256 176 / 88 (causal).
+# in the key-block loop); d = 64 104, d = 256 causal 88; d = 256 non-causal runs without the
+# intra-warpgroup overlap since session 17 (config.FP8_UNMASKED_OVERRIDES): 72 (176 with it).
 SPILL_ALLOWANCE = {"fwd_d192_bfloat16_causal": 8, "fwd_d256_bfloat16_causal": 8,
                    "fwd_d64_bfloat16": 8, "fwd_d64_bfloat16_sink1": 16, "fwd_d64_float16": 8,
                    "fwd_d64_float8_e4m3fn": 104, "fwd_d96_float8_e4m3fn": 16,
-                   "fwd_d128_float8_e4m3fn": 16, "fwd_d256_float8_e4m3fn": 176,
+                   "fwd_d128_float8_e4m3fn": 16, "fwd_d256_float8_e4m3fn": 72,
                    "fwd_d256_float8_e4m3fn_causal": 88}
 
 
@@ -172,7 +173,8 @@ def test_fwd_variant_compiles_without_spills(variant, reports, capsys):
     d, d_v = variant[0] if isinstance(variant[0], tuple) else (variant[0], variant[0])
     fields = {k: x for k, x in (variant[5] or {}).items() if k != "sink"}  # sink: no field
     if variant[1] == "float8_e4m3fn":
-        cfg = fp8_fwd_config(d, d_v, variant[4] > 0.0, **fields)
+        cfg = fp8_fwd_config(d, d_v, variant[4] > 0.0,
+                             masked=variant[2] or max(variant[3]) >= 0, **fields)
     else:
         cfg = fwd_config(d, variant[4] > 0.0, head_dim_v=d_v if d_v != d else None, **fields)
     # consumer warpgroups + the producer's (padded) warpgroup

@@ -114,3 +114,21 @@ def test_deterministic_backward_refuses_a_left_window():
     with pytest.raises(ValueError, match="left window"):
         aot.compile_bwd_variant(128, torch.bfloat16, window=(300, 0),
                                 overrides={"deterministic": True})
+
+
+def test_fp8_unmasked_overrides_change_only_the_schedule():
+    """FP8_UNMASKED_OVERRIDES (d = 256 without the intra-warpgroup overlap, measured faster on
+    unmasked calls only) leave the tiles alone, so the scale-block checks of
+    support.fp8_unsupported hold either way; masked calls, softcap and explicit overrides keep
+    what they ask for."""
+    from flashattn.sm90.config import FP8_CONFIGS, FP8_UNMASKED_OVERRIDES, fp8_fwd_config
+
+    for d in FP8_CONFIGS:
+        masked, unmasked = fp8_fwd_config(d, masked=True), fp8_fwd_config(d, masked=False)
+        assert masked == FP8_CONFIGS[d]
+        tiles = lambda c: (c.block_m, c.block_n, c.consumers, c.num_stages)  # noqa: E731
+        assert tiles(masked) == tiles(unmasked)
+        assert unmasked.intra_overlap == (d not in FP8_UNMASKED_OVERRIDES)
+        assert unmasked.smem_bytes(d, elem=1) <= SMEM_LIMIT
+    assert fp8_fwd_config(256, softcap=True).intra_overlap  # softcap: its own tiles
+    assert fp8_fwd_config(256, masked=False, intra_overlap=True).intra_overlap

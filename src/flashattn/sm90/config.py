@@ -106,16 +106,28 @@ FP8_CONFIGS: Dict[int, FwdConfig] = {
 }
 
 
+# Unmasked calls (no causal mask, no window) at d = 256: without the intra-warpgroup overlap
+# (one S tile live instead of two: 72 bytes of spills instead of 176). Kernel alone, 16k
+# tokens, min of interleaved rounds, TFLOP/s without / with: 1104 / 1036 (session 14), 1177 /
+# 1144 (session 16), 1165 / 1135 at 16k and 1110 / 1094 at 4k (session 17). Masked calls keep
+# the overlap, which hides the masked blocks' extra softmax work: causal 986 / 1011, 1047 /
+# 1110, 1058 / 1092 (benchmarks/NOTES.md). d = 128 and 64 measured equal or slower without it.
+FP8_UNMASKED_OVERRIDES: Dict[int, Dict[str, Any]] = {256: dict(intra_overlap=False)}
+
+
 def fp8_fwd_config(head_dim: int, head_dim_v: Optional[int] = None, softcap: bool = False,
-                   **overrides) -> FwdConfig:
+                   masked: bool = False, **overrides) -> FwdConfig:
     """The FP8 forward's config (FP8_CONFIGS by the larger head dim; softcap's tanh needs the
-    registers of a 64-key block, as in bf16), with overrides."""
+    registers of a 64-key block, as in bf16; ``masked``: a causal mask or a window, else
+    FP8_UNMASKED_OVERRIDES apply; the tile sizes do not depend on it), with overrides."""
     key = max(head_dim, head_dim_v or head_dim)
     cfg = FP8_CONFIGS[key]
     if softcap and key in SOFTCAP_CONFIGS and cfg.consumers == 3:
         cfg = replace(SOFTCAP_CONFIGS[key], separate_o=True)
     elif softcap:  # tanh's registers: 64-key blocks (d = 256 with 128 spills 112 bytes)
         cfg = replace(cfg, block_n=64)
+    elif not masked and key in FP8_UNMASKED_OVERRIDES:
+        cfg = replace(cfg, **FP8_UNMASKED_OVERRIDES[key])
     cfg = replace(cfg, **overrides) if overrides else cfg
     if not cfg.separate_o or cfg.rescale_early:
         raise ValueError("FP8 forward configs need separate_o=True and rescale_early=False")

@@ -155,7 +155,9 @@ def flash_fwd_hopper_fp8(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
     """
     batch, seqlen_q, n_heads, head_dim = q8.shape
     head_dim_v = v8.shape[3]
-    cfg = fp8_fwd_config(head_dim, head_dim_v, softcap > 0.0, **(config_overrides or {}))
+    cfg = fp8_fwd_config(head_dim, head_dim_v, softcap > 0.0,
+                         masked=window_left >= 0 or window_right >= 0,
+                         **(config_overrides or {}))
     # V^T with its keys in wgmma order (sm90/v_layout.py): P's registers then serve
     # as the P·V operand without shuffles (fwd_kernel._p_operand)
     if not v_in_wgmma_order:

@@ -5,6 +5,11 @@ loop. ncu (probes/fp8_profile.py --impl quantize) showed the d = 128 rotated til
 registers a thread (8 warps): one CTA fits per SM.
 
     PYTHONPATH=src python benchmarks/probes/quantize_sweep.py --json out.json
+    PYTHONPATH=src python benchmarks/probes/quantize_sweep.py --dims 128 \
+        --tunings '[{"stages": 4}, {"stages": 5}]' --rounds 3
+
+``--tunings``: only these overrides of the shipped launch parameters, each timed against the
+shipped ones in ``--rounds`` interleaved rounds (min per config), instead of the grid.
 """
 from __future__ import annotations
 
@@ -25,6 +30,8 @@ def main() -> int:
     ap.add_argument("--json", default="")
     ap.add_argument("--dims", default="128,64,256")
     ap.add_argument("--quick", action="store_true", help="per_sm 1 / 2 and V stages only")
+    ap.add_argument("--tunings", default="", help="JSON list of launch-parameter overrides")
+    ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     rows = []
     s, block = 16384, 128
@@ -44,6 +51,24 @@ def main() -> int:
             fn()
             return do_bench(fn, warmup=5, rep=40)
 
+        if args.tunings:  # shipped vs the given overrides, interleaved rounds
+            cands = [None] + json.loads(args.tunings)
+            times = [[] for _ in cands]
+            for _ in range(args.rounds):
+                for i, tuning in enumerate(cands):
+                    try:
+                        times[i].append(time_ms(tuning))
+                    except Exception as exc:  # does not compile / fit
+                        times[i].append(float("nan"))
+                        print(json.dumps(dict(d=d, tuning=tuning, error=str(exc)[:160])))
+            for tuning, ts in zip(cands, times):
+                ms = min(ts)
+                row = dict(d=d, tuning=tuning or "shipped", us=round(ms * 1e3, 1),
+                           tb_s=round(moved / (ms * 1e-3) / 1e12, 2),
+                           all_us=[round(x * 1e3, 1) for x in ts])
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+            continue
         shipped_ms = time_ms(None)
         best = None
         warp_counts = (8,) if args.quick else ((8, 16) if d >= 192 else (4, 8))

@@ -365,7 +365,7 @@ def forward_runner(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: At
         return _small_query_runner(q, k, v, params, need_lse)
     name = select("fwd", q, k, v, params, False)
     if name == "portable":
-        call = backend(name).fwd_call(q, k, v, params)  # (replays its recorded launch)
+        call = backend(name).fwd_call(q, k, v, params, need_lse)  # (replays its launch)
         if call is not None:
             return call
     fwd = backend(name).fwd

@@ -402,29 +402,41 @@ def test_dropout_reproducible_gpu():
 @pytest.mark.parametrize("causal", [False, True])
 def test_repeated_tiny_calls_replay_the_recorded_forward_gpu(monkeypatch, causal):
     """A repeated small call signature on the portable kernel (issue 21's tiny dense call):
-    calls 3 and 4, with fresh tensors, replay the forward's recorded launch with the new
-    addresses and still match float64 attention of those tensors (out and lse)."""
+    later calls, with fresh tensors, replay the forward's recorded launch with the new
+    addresses and still match float64 attention of those tensors (out and lse). Calls that
+    drop the LSE (no return_attn_probs) alternate with calls that return it: theirs goes to
+    the stream's reused buffer, and an LSE returned earlier is not overwritten by them."""
+    from flashattn.runtime import buffers
     from flashattn.runtime.launch import LaunchPlan
 
     set_env(monkeypatch, FLASHATTN_BACKEND="portable")
+    buffers.clear()
     replays = []
     replay = LaunchPlan.replay
     monkeypatch.setattr(LaunchPlan, "replay",
                         lambda self, values: replays.append(1) or replay(self, values))
-    for step in range(4):
+    kept = []
+    for step in range(8):
         q, k, v = (torch.randn(1, 128, h, 128, device="cuda", dtype=torch.bfloat16)
                    for h in (16, 4, 4))
-        out, lse, _ = flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+        want_lse = step % 2 == 0
+        res = flash_attn_func(q, k, v, causal=causal, return_attn_probs=want_lse)
+        out = res[0] if want_lse else res
         ref, _ = attention_ref(q.double(), k.double(), v.double(), causal=causal)
         low, _ = attention_ref(q, k, v, causal=causal, upcast=False)
         assert_close_rule(out, ref, low, name=f"call {step}")
-        scores = torch.einsum("bqhd,bkhd->bhqk", q.double(),
-                              k.double().repeat_interleave(4, dim=2)) * 128 ** -0.5
-        if causal:
-            scores = scores.masked_fill(~visible_mask(128, 128, -1, 0, scores.device), -torch.inf)
-        torch.testing.assert_close(lse.double(), torch.logsumexp(scores, -1), atol=1e-3,
-                                   rtol=1e-4)
-    assert replays, "the repeated calls never replayed the recorded forward"
+        if want_lse:
+            scores = torch.einsum("bqhd,bkhd->bhqk", q.double(),
+                                  k.double().repeat_interleave(4, dim=2)) * 128 ** -0.5
+            if causal:
+                scores = scores.masked_fill(~visible_mask(128, 128, -1, 0, scores.device),
+                                            -torch.inf)
+            kept.append((res[1], torch.logsumexp(scores, -1)))
+    torch.cuda.synchronize()
+    for lse, ref_lse in kept:  # (calls without the LSE ran in between)
+        torch.testing.assert_close(lse.double(), ref_lse, atol=1e-3, rtol=1e-4)
+    assert len(replays) >= 3, "the repeated calls never replayed the recorded forward"
+    assert any(key[0] == "fwd-lse" for key in buffers._BUFFERS), "the LSE buffer was not reused"
 
 
 @pytest.mark.gpu

@@ -30,15 +30,17 @@ def fwd(q: Tensor, k: Tensor, v: Tensor, p: AttnParams, return_softmax: bool):
     return _fwd.flash_fwd(q, k, v, **p.kernel_kwargs(), return_softmax=return_softmax)
 
 
-def fwd_call(q: Tensor, k: Tensor, v: Tensor, p: AttnParams) -> Optional["_fwd.FwdCall"]:
+def fwd_call(q: Tensor, k: Tensor, v: Tensor, p: AttnParams,
+             need_lse: bool = True) -> Optional["_fwd.FwdCall"]:
     """:func:`fwd`'s decisions for tensors like these (no S_dmask), made once: a call
     ``call(q, k, v) -> (out, lse)`` for later tensors of the same shapes, strides, dtypes,
-    devices and alignment (the caller keys on them). None with dropout (a new seed per call)."""
+    devices and alignment (the caller keys on them; lse may be None without ``need_lse``).
+    None with dropout (a new seed per call)."""
     kw = p.kernel_kwargs()
     if kw.pop("dropout_p") > 0.0:
         return None
     kw.pop("philox_seed")
-    return _fwd.FwdCall(q, k, v, **kw)
+    return _fwd.FwdCall(q, k, v, **kw, need_lse=need_lse)
 
 
 def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, p: AttnParams):

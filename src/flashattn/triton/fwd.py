@@ -13,6 +13,7 @@ end exit (``flash_varlen_fwd``).
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -20,6 +21,7 @@ import triton
 import triton.language as tl
 
 from flashattn.triton import config
+from flashattn.runtime.buffers import stream_buffer
 from flashattn.runtime.launch import LaunchPlan, LaunchPlans, launch_tuned_planned
 from flashattn.philox import dropout_threshold
 from flashattn.triton.mask import (LN2, LOG2E, dropout_keep, key_range, score_mod,
@@ -378,11 +380,15 @@ class FwdCall:
     the launch depends on follows from the shapes, strides, dtypes, devices, 16-byte
     alignment, params and settings, which the caller keys (the api's fast path per call
     signature); issue 21's tiny dense call spent ~15-20 us of its host time on flash_fwd's
-    argument tuples and the plan lookup."""
+    argument tuples and the plan lookup.
+
+    ``need_lse`` False (the caller drops the LSE): a replayed call writes it into the stream's
+    reused buffer (``runtime.buffers``) instead of allocating one, and returns None for it."""
 
     def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                  softmax_scale: float, causal: bool, window_left: int, window_right: int,
-                 softcap: float, alibi_slopes: Optional[torch.Tensor]) -> None:
+                 softcap: float, alibi_slopes: Optional[torch.Tensor],
+                 need_lse: bool = True) -> None:
         batch, seqlen_q, nheads, _ = q.shape
         self.kwargs = dict(softmax_scale=softmax_scale, causal=causal, window_left=window_left,
                            window_right=window_right, softcap=softcap, alibi_slopes=alibi_slopes,
@@ -391,14 +397,19 @@ class FwdCall:
         self.lse_shape = (batch, nheads, seqlen_q)
         self.dtype, self.device = q.dtype, q.device
         self.use_tma = config.use_tma(k, v)
+        self.need_lse = need_lse
         self.plan: Optional[LaunchPlan] = None
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-        """(out, lse) of q, k, v of the signature this call was made for."""
+        """(out, lse) of q, k, v of the signature this call was made for (lse None from a
+        replayed call without ``need_lse``)."""
         plan = self.plan
         if plan is not None:
+            if self.need_lse:
+                lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
+            else:  # (held until the launch is enqueued: under capture it is a fresh block)
+                lse = stream_buffer("fwd-lse", 4 * math.prod(self.lse_shape), self.device.index)
             out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
-            lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
             o, m = out.data_ptr(), lse.data_ptr()
             alibi = self.kwargs["alibi_slopes"]
             a = m if alibi is None else alibi.data_ptr()
@@ -407,7 +418,7 @@ class FwdCall:
             # slots: q, k, v, out, lse, alibi | lse, S_dmask | out, and the three length
             # vectors of the varlen mode (lse stands in for them: _launch_fwd's dense call)
             if plan.replay((q.data_ptr(), k.data_ptr(), v.data_ptr(), o, m, a, o, m, m, m)):
-                return out, lse
+                return out, (lse if self.need_lse else None)
         record: list = []
         out, lse, _ = flash_fwd(q, k, v, **self.kwargs, plan_out=record)
         self.plan = record[0] if record else None

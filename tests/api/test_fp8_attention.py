@@ -268,8 +268,10 @@ def test_fp8_op_under_compile_and_opcheck():
 
 
 @pytest.mark.parametrize("backend_name", ["cpu", "portable"])
+# (block_n >= 32: the pass gathers each tile's keys in storage order; 16: it permutes the
+# store; d_v > 128: V's own launch)
 @pytest.mark.parametrize("s_k,block_n,d_v", [(70, 32, 32), (45, 16, 32), (0, 32, 32),
-                                             (70, 32, 192)])  # (d_v > 128: V's own launch)
+                                             (70, 32, 192), (150, 64, 32)])
 def test_quantize_v_in_wgmma_order_feeds_the_forward(backend_name, s_k, block_n, d_v):
     """flash_attn_fp8_func's quantize writes V in the Hopper kernels' key order
     (fp8_format.wgmma_vt_empty): the same bytes as quantize's V, key c at
@@ -294,7 +296,7 @@ def test_quantize_v_in_wgmma_order_feeds_the_forward(backend_name, s_k, block_n,
         for t in ("q", "k", "q_descale", "k_descale", "v_descale"):
             assert torch.equal(getattr(w, t).view(torch.uint8) if t in "qk" else getattr(w, t),
                                getattr(plain, t).view(torch.uint8) if t in "qk" else getattr(plain, t))
-        args = (w.q_descale, w.k_descale, w.v_descale, 5, 4 if block_n == 16 else 5, 0.125, True,
+        args = (w.q_descale, w.k_descale, w.v_descale, 5, block_n.bit_length() - 1, 0.125, True,
                 -1, 0, 0.0, torch.bfloat16)
         got, lse = ops.fp8_attention(w.q, w.k, w.v, *args, True)
         if s_k:  # the registered op (torch.compile's path) with V in that order

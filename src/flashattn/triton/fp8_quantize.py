@@ -73,23 +73,36 @@ def _quantize_tile(X, Out, Descale, h, h2, signs, signs2, tile, stride_xb, strid
     rows = pid_blk * BLOCK + tl.arange(0, BLOCK)
     W: tl.constexpr = BLOCK_D // 2 if HALVES else BLOCK_D
     cols = tl.arange(0, W)
-    x_base = (X + off_b.to(tl.int64) * stride_xb + off_h.to(tl.int64) * stride_xh
-              + rows[:, None].to(tl.int64) * stride_xs)
-    if WGMMA_ROWS:
+    if WGMMA_ROWS and BLOCK >= 32:
+        # the tile's rows are storage positions: position p = 32 n + 16 a + 4 t + 2 b + w
+        # holds key 32 n + 16 a + 8 b + 2 t + w (a permutation inside each group of 32, so
+        # the tile holds the same keys and the same amax). Gathering whole rows (d values) keeps
+        # the loads coalesced, and the transposed store runs along contiguous positions: the
+        # permuted store (below, for tiles under 32 rows) compiled to 64 one-byte stores and
+        # 255 registers a thread at d = 128 (AOT, session 17).
+        src_rows = ((rows >> 5) << 5) | (((rows >> 4) & 1) << 4) | (((rows >> 1) & 1) << 3) \
+            | (((rows >> 2) & 3) << 1) | (rows & 1)
+        out_rows = rows
+        stored_rows = rows < ((seqlen + 31) // 32) * 32
+    elif WGMMA_ROWS:
         # key r = 32 n + 16 a + 8 b + 2 t + w -> position 32 n + 16 a + 4 t + 2 b + w
+        src_rows = rows
         out_rows = ((rows >> 5) << 5) | (((rows >> 4) & 1) << 4) | (((rows >> 1) & 3) << 2) \
             | (((rows >> 3) & 1) << 1) | (rows & 1)
         stored_rows = rows < ((seqlen + 31) // 32) * 32
     else:
+        src_rows = rows
         out_rows = rows
         stored_rows = rows < seqlen
+    x_base = (X + off_b.to(tl.int64) * stride_xb + off_h.to(tl.int64) * stride_xh
+              + src_rows[:, None].to(tl.int64) * stride_xs)
     o_base = (Out + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh
               + out_rows[:, None].to(tl.int64) * stride_os)
     stored = stored_rows[:, None] & (cols[None, :] < HEAD_DIM)
-    inside = (rows[:, None] < seqlen) & (cols[None, :] < HEAD_DIM)
+    inside = (src_rows[:, None] < seqlen) & (cols[None, :] < HEAD_DIM)
     x = tl.load(x_base + cols[None, :], mask=inside, other=0.0)
     if HALVES:
-        inside2 = (rows[:, None] < seqlen) & (W + cols[None, :] < HEAD_DIM)
+        inside2 = (src_rows[:, None] < seqlen) & (W + cols[None, :] < HEAD_DIM)
         x1 = x
         x2 = tl.load(x_base + W + cols[None, :], mask=inside2, other=0.0)
         if UPCAST:
@@ -245,12 +258,12 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q8: torch.Tensor,
             k_descale: torch.Tensor, v_descale: torch.Tensor, signs: Optional[torch.Tensor],
             block_m: int, block_n: int, interpret: bool, v_wgmma: bool,
             tuning: Optional[dict] = None) -> None:
-    """The pass: one launch, or two (Q and K, then V) for V in wgmma key order with d_v > 128,
-    whose reordering store ran at half speed with the rotated loops' 8 warps and at full
-    speed with 4 (H100, 16k tokens, d = 256: 273 us for the one launch, 145 with keys-
-    contiguous V; the V loop alone at 4 warps matched the keys-contiguous store; session 15).
-    ``tuning`` (probes only): {"warps", "per_sm", "stages", "stages_v"} overrides of
-    :func:`launch_params` (for the first launch)."""
+    """The pass, one launch. (Sessions 15-16 gave V in wgmma key order with d_v > 128 its
+    own 4-warp launch: the permuted store ran at half speed at 8 warps. Since session 17 the
+    V loop gathers its keys and stores along contiguous positions (``_quantize_tile``), and
+    the one launch at 8 warps measured 144 us against 157 for the two at d = 256, 16k
+    tokens, H100.) ``tuning`` (probes only): {"warps", "per_sm", "stages", "stages_v"}
+    overrides of :func:`launch_params`, and "maxnreg" (a register cap)."""
     b, s_q, h, d = q.shape
     s_k, h_k, d_v = k.shape[1], k.shape[2], v.shape[3]
     block_d, block_dv = max(16, next_pow2(d)), max(16, next_pow2(d_v))
@@ -265,6 +278,8 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q8: torch.Tensor,
     if tuning:
         params = tuple(tuning.get(name, x) for name, x in
                        zip(("warps", "per_sm", "stages", "stages_v"), params))
+        if "maxnreg" in tuning:
+            params = params + (tuning["maxnreg"],)
     tensors = (q, k, v, q8, k8, v8, q_descale, k_descale, v_descale, had, sg)
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *q8.stride(), *k8.stride(),
                *v8.stride(), s_q, s_k, h, h_k, q_blocks, k_blocks)
@@ -274,15 +289,8 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q8: torch.Tensor,
         MIX=hadamard_block(d) > _HALF_MAX, DOT_PREC="ieee" if upcast else "tf32",
         UPCAST=upcast, EXACT_ROUND=interpret, V_WGMMA=v_wgmma)
     inv_sqrt_block = float(hadamard_block(d)) ** -0.5
-    if v_wgmma and block_dv > _HALF_MAX:
-        v_params = (4,) + launch_params(d_v, block_n, False)[1:]
-        _launch_tiles(tensors, strides, (q_tiles, k_tiles, 0, inv_sqrt_block), constexprs,
-                      params, interpret)
-        _launch_tiles(tensors, strides, (0, 0, k_tiles, inv_sqrt_block), constexprs,
-                      v_params, interpret)
-    else:
-        _launch_tiles(tensors, strides, (q_tiles, k_tiles, k_tiles, inv_sqrt_block),
-                      constexprs, params, interpret)
+    _launch_tiles(tensors, strides, (q_tiles, k_tiles, k_tiles, inv_sqrt_block), constexprs,
+                  params, interpret)
 
 
 def _launch_tiles(tensors: tuple, strides: tuple, tiles: tuple, constexprs: dict,
@@ -290,7 +298,7 @@ def _launch_tiles(tensors: tuple, strides: tuple, tiles: tuple, constexprs: dict
     """One launch of the pass over ``tiles`` = (Q tiles, K tiles, V tiles, 1 / sqrt(block))
     (zero tiles: that loop is compiled out) with ``params`` = (warps, programs per SM,
     stages of the Q / K loops, stages of the V loop)."""
-    warps, per_sm, stages, stages_v = params
+    warps, per_sm, stages, stages_v = params[:4]
     if interpret:
         stages = stages_v = 1
     q_tiles, k_tiles, v_tiles, _ = tiles
@@ -300,6 +308,8 @@ def _launch_tiles(tensors: tuple, strides: tuple, tiles: tuple, constexprs: dict
     programs = n_tiles if interpret else min(n_tiles, per_sm * sm_count(tensors[0].device))
     constexprs = dict(constexprs, QK_LOOPS=q_tiles + k_tiles > 0, V_LOOP=v_tiles > 0,
                       STAGES_QK=stages, STAGES_V=stages_v, num_warps=warps)
+    if len(params) > 4:  # (probes: a register cap)
+        constexprs["maxnreg"] = params[4]
     scalars = strides + tiles
     # a launch plan per call shape (no binder or argument specialisation per launch, as the
     # other kernels)
@@ -318,7 +328,7 @@ def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, signs: Optio
     ``v_wgmma`` in wgmma key order instead, ``fp8_format.wgmma_vt_empty``'s layout, which the
     Hopper FP8 forward reads without a copy). q (b, s_q, h, d), k (b, s_k, h_k, d), v (b, s_k,
     h_k, d_v), last dim contiguous; signs (d,) ±1 or None. One launch over the three tensors'
-    tiles (two for V in wgmma key order with d_v > 128: :func:`_launch`)."""
+    tiles."""
     b, s_q, h, _ = q.shape
     s_k, h_k = k.shape[1], k.shape[2]
     if v_wgmma:  # (tiles of fewer than 32 rows leave the padding to a zeroed buffer)

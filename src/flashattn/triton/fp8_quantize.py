@@ -231,26 +231,35 @@ def _hadamard_pm1(head_dim: int, block_d: int, dtype: torch.dtype,
 _HALF_MAX = 128
 
 
-def launch_params(head_dim: int, block: int, rotate: bool) -> Tuple[int, int, int, int]:
-    """(warps, programs per SM, stages of the Q / K loops, stages of the V loop).
+def launch_params(head_dim: int, block: int, rotate: bool, elem_bytes: int = 2
+                  ) -> Tuple[int, int, int, int, Optional[int]]:
+    """(warps, programs per SM, stages of the Q / K loops, stages of the V loop, register cap
+    or None).
 
     The (block, d) tile lives in registers: 8 warps from 16K elements (d = 256 rotated keeps
     1168 bytes of stack with 8 warps, 512 with 16, AOT for sm_90; 8 measured faster). Programs
     per SM and stages from sweeps on the H100 (probes/quantize_sweep.py, 16k tokens, hidden
-    2048; benchmarks/NOTES.md, sessions 14-15). A rotated tile of 16K elements takes ~186
-    registers a thread at 8 warps, so one program fits per SM, and three stages keep the next
-    tiles' loads in flight; the rotated loops decide the programs, and the V loop (no
-    rotation, a transposing store) takes its stages from the sweep at that program count."""
+    2048; benchmarks/NOTES.md, sessions 14-17). A rotated 128 x 128 tile takes ~180 registers
+    a thread at 8 warps, so one program fitted per SM; capped at 128 (no spills, AOT) with two
+    stages (112 KB of shared memory), two programs fit, and one's amax / layout conversion /
+    store overlaps the other's: 132.7 -> 123.8 us at d = 128, 16k tokens (session 17). The
+    rotated loops decide the programs, and the V loop (no rotation, a transposing store)
+    takes its stages from the sweep at that program count."""
     block_d = max(16, next_pow2(head_dim))
     big = block * block_d >= 16384
     warps = 8 if big else 4
     # (a pipelined V loop ran at half speed: 263-290 us against 143 for the whole pass with
-    # one stage, d = 128, in the sweep of session 15)
+    # one stage, d = 128, in the sweep of session 15; 2 / 3 stages 150 / 138 against 132 in
+    # session 17's)
     if rotate and block_d > _HALF_MAX:  # two 128-column halves (d = 256); 3 stages do not fit
-        return warps, 1, 2, 1
+        return warps, 1, 2, 1, None
+    # (only 16-bit inputs of a power-of-two head dim: under the cap d = 96 spilled 72 bytes,
+    # float32 inputs (an fp32 product) 4.5 KB)
+    if rotate and block * block_d == 16384 and head_dim == block_d and elem_bytes == 2:
+        return warps, 2, 2, 1, 128
     if rotate:
-        return (warps, 1, 3, 1) if big else (warps, 2, 3, 1)
-    return (warps, 2, 1, 1) if big else (warps, 4, 1, 1)
+        return (warps, 1, 3, 1, None) if big else (warps, 2, 3, 1, None)
+    return (warps, 2, 1, 1, None) if big else (warps, 4, 1, 1, None)
 
 
 def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q8: torch.Tensor,
@@ -263,7 +272,7 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q8: torch.Tensor,
     V loop gathers its keys and stores along contiguous positions (``_quantize_tile``), and
     the one launch at 8 warps measured 144 us against 157 for the two at d = 256, 16k
     tokens, H100.) ``tuning`` (probes only): {"warps", "per_sm", "stages", "stages_v"}
-    overrides of :func:`launch_params`, and "maxnreg" (a register cap)."""
+    "maxnreg" overrides of :func:`launch_params`."""
     b, s_q, h, d = q.shape
     s_k, h_k, d_v = k.shape[1], k.shape[2], v.shape[3]
     block_d, block_dv = max(16, next_pow2(d)), max(16, next_pow2(d_v))
@@ -274,12 +283,10 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q8: torch.Tensor,
     sg = signs if rotate else q_descale  # (float32 (d,) on q's device: api/fp8.py)
     q_blocks, k_blocks = cdiv(s_q, block_m), cdiv(s_k, block_n)
     q_tiles, k_tiles = q_blocks * b * h, k_blocks * b * h_k
-    params = launch_params(d, max(block_m, block_n), rotate)
+    params = launch_params(d, max(block_m, block_n), rotate, q.element_size())
     if tuning:
         params = tuple(tuning.get(name, x) for name, x in
-                       zip(("warps", "per_sm", "stages", "stages_v"), params))
-        if "maxnreg" in tuning:
-            params = params + (tuning["maxnreg"],)
+                       zip(("warps", "per_sm", "stages", "stages_v", "maxnreg"), params))
     tensors = (q, k, v, q8, k8, v8, q_descale, k_descale, v_descale, had, sg)
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *q8.stride(), *k8.stride(),
                *v8.stride(), s_q, s_k, h, h_k, q_blocks, k_blocks)
@@ -294,11 +301,10 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q8: torch.Tensor,
 
 
 def _launch_tiles(tensors: tuple, strides: tuple, tiles: tuple, constexprs: dict,
-                  params: Tuple[int, int, int, int], interpret: bool) -> None:
+                  params: Tuple[int, int, int, int, Optional[int]], interpret: bool) -> None:
     """One launch of the pass over ``tiles`` = (Q tiles, K tiles, V tiles, 1 / sqrt(block))
-    (zero tiles: that loop is compiled out) with ``params`` = (warps, programs per SM,
-    stages of the Q / K loops, stages of the V loop)."""
-    warps, per_sm, stages, stages_v = params[:4]
+    (zero tiles: that loop is compiled out) with ``params`` = :func:`launch_params`'s."""
+    warps, per_sm, stages, stages_v, maxnreg = params
     if interpret:
         stages = stages_v = 1
     q_tiles, k_tiles, v_tiles, _ = tiles
@@ -308,8 +314,8 @@ def _launch_tiles(tensors: tuple, strides: tuple, tiles: tuple, constexprs: dict
     programs = n_tiles if interpret else min(n_tiles, per_sm * sm_count(tensors[0].device))
     constexprs = dict(constexprs, QK_LOOPS=q_tiles + k_tiles > 0, V_LOOP=v_tiles > 0,
                       STAGES_QK=stages, STAGES_V=stages_v, num_warps=warps)
-    if len(params) > 4:  # (probes: a register cap)
-        constexprs["maxnreg"] = params[4]
+    if maxnreg is not None:
+        constexprs["maxnreg"] = maxnreg
     scalars = strides + tiles
     # a launch plan per call shape (no binder or argument specialisation per launch, as the
     # other kernels)

@@ -21,6 +21,27 @@ from flashattn.params import Fp8Scales
 from flashattn.sm90.fwd import flash_fwd_hopper_fp8
 
 
+def _time_bf16(args, variants, d, s, b, h) -> None:
+    """The variants on the bf16 forward at one point, rounds interleaved, min per variant."""
+    from flashattn.sm90.fwd import flash_fwd_hopper
+
+    x = [torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+    for causal in (False, True):
+        times = {i: [] for i in range(len(variants))}
+        for _ in range(args.repeat):
+            for i, var in enumerate(variants):
+                times[i].append(do_bench(lambda: flash_fwd_hopper(
+                    *x, softmax_scale=d ** -0.5, causal=causal, window_left=-1,
+                    window_right=0 if causal else -1, softcap=0.0,
+                    config_overrides=var or None), warmup=10, rep=60))
+        for i, var in enumerate(variants):
+            ms = min(times[i])
+            tf = 4.0 * b * h * s * s * d * (0.5 if causal else 1.0) / (ms * 1e-3) / 1e12
+            print(json.dumps(dict(tag=args.tag, dtype="bf16", variant=var, d=d, s=s, b=b,
+                                  causal=causal, kernel_ms=round(ms, 4), tflops=round(tf, 1),
+                                  all_ms=[round(t, 4) for t in times[i]])), flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tag", default="")
@@ -28,6 +49,8 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--d", default="128,256,64")
     ap.add_argument("--s", default="16384", help="key lengths; batch = 16384 // s (16k tokens)")
+    ap.add_argument("--dtype", default="fp8", choices=["fp8", "bf16"],
+                    help="bf16: the same variants on the bf16 Gluon forward (flash_fwd_hopper)")
     args = ap.parse_args()
     variants = json.loads(args.variants)
     new = "v_in_wgmma_order" in inspect.signature(flash_fwd_hopper_fp8).parameters
@@ -37,6 +60,9 @@ def main() -> int:
         h = 2048 // d
         x8 = [torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16).to(torch.float8_e4m3fn)
               for _ in range(3)]
+        if args.dtype == "bf16":
+            _time_bf16(args, variants, d, s, b, h)
+            continue
         one = torch.ones(b, h, 1, device="cuda", dtype=torch.float32)
         scales = Fp8Scales(one, one, one, 31, 31)
         if new:

@@ -196,3 +196,34 @@ def test_accuracy_targets_on_the_papers_distribution(d):
     assert e_base / e_full >= 2.0
     if d >= 128:
         assert e_full <= 9e-3
+
+
+@pytest.mark.skipif(not _hopper(), reason="the Gluon FP8 kernel needs an sm90 GPU")
+@pytest.mark.parametrize("d,causal,window,softcap", [
+    (128, False, (-1, -1), 0.0), (128, True, (-1, -1), 0.0), (64, False, (-1, -1), 0.0),
+    (64, True, (-1, -1), 0.0), (256, False, (-1, -1), 0.0), (256, True, (-1, -1), 0.0),
+    (128, False, (300, 40), 0.0), (128, True, (-1, -1), 20.0)])
+def test_row_sum_on_the_tensor_core_keeps_fa3_numerics(d, causal, window, softcap):
+    """FwdConfig.rowsum_mma: l = P · ones by wgmma (the same e4m3 P that P·V multiplies)
+    instead of the fp32 sum. Same criterion as the shipped kernel; causal with s_q > s_k
+    leaves the first rows with no key: out 0 and lse -inf there."""
+    from flashattn.api.params import window as norm_window
+    from flashattn.params import Fp8Scales
+    from flashattn.sm90.fwd import flash_fwd_hopper_fp8
+
+    b, s_q, s_k, h, h_k = 2, 1100 if causal else 1000, 1000, 4, 2
+    _, r = _quantized(b, s_q, s_k, h, h_k, d, d, seed=3)
+    scales = Fp8Scales(r.q_descale, r.k_descale, r.v_descale, r.block_m.bit_length() - 1,
+                       r.block_n.bit_length() - 1)
+    left, right = norm_window(*window, causal, s_k)
+    out, lse = flash_fwd_hopper_fp8(r.q, r.k, r.v, scales, softmax_scale=d ** -0.5,
+                                    window_left=left, window_right=right, softcap=softcap,
+                                    out_dtype=torch.bfloat16,
+                                    config_overrides=dict(rowsum_mma=True))
+    _check(r, out.float(), causal, window, softcap)
+    if causal:
+        assert (out[:, :s_q - s_k] == 0).all()
+        assert (lse[:, :, :s_q - s_k] == float("-inf")).all()
+        assert torch.isfinite(lse[:, :, s_q - s_k:]).all()
+    else:
+        assert torch.isfinite(lse).all()

@@ -152,6 +152,29 @@ def test_ablation_variants_are_exact(overrides, causal):
     _check(q, k, v, params, out, lse)
 
 
+@pytest.mark.parametrize("d,dtype,causal,window,softcap,overrides", [
+    (128, torch.bfloat16, False, (-1, -1), 0.0, {}),
+    (128, torch.bfloat16, True, (-1, -1), 0.0, {}),
+    (64, torch.bfloat16, False, (-1, -1), 0.0, {}),
+    (64, torch.float16, True, (-1, -1), 0.0, {}),
+    (256, torch.bfloat16, True, (-1, -1), 0.0, {}),
+    (96, torch.bfloat16, False, (200, 30), 0.0, {}),
+    (128, torch.bfloat16, False, (-1, -1), 30.0, {}),
+    (128, torch.bfloat16, True, (-1, -1), 0.0, dict(intra_overlap=False)),
+    (128, torch.bfloat16, True, (-1, -1), 0.0, dict(pingpong=2))],
+    ids=["d128", "d128-causal", "d64", "d64-fp16-causal", "d256-causal", "d96-window",
+         "d128-softcap", "d128-causal-no-overlap", "d128-causal-pingpong"])
+def test_row_sum_on_the_tensor_core_is_within_the_rule(d, dtype, causal, window, softcap,
+                                                       overrides):
+    """FwdConfig.rowsum_mma: l = P · ones by wgmma, summing the rounded P that P·V multiplies.
+    out and lse within flash-attn's rule; s_q > s_k under causal leaves rows with no key,
+    whose out must be exactly 0 (_check)."""
+    q, k, v = _inputs(2, 1100 if causal else 1000, 1000, 4, 2, d, dtype)
+    params = _params(d, causal, window, softcap, 1000)
+    out, lse = _run_hopper(q, k, v, params, rowsum_mma=True, **overrides)
+    _check(q, k, v, params, out, lse)
+
+
 _THREE_CONSUMERS = dict(consumers=3, block_m=192, consumer_regs=160, maxnreg=128)
 
 

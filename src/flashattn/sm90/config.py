@@ -55,6 +55,11 @@ class FwdConfig:
     # without): FP8 d128 826 / 853, d256 1110 / 1174, d64 562 / 602; bf16 d128 627 / 637,
     # causal 572 / 604 (benchmarks/NOTES.md): off, kept as a tested switch.
     thread_release: bool = False
+    # True: the softmax's row sum l = P · ones on the tensor core (one more wgmma of N = 8 per
+    # key block, fwd_kernel ROWSUM_MMA) instead of one FADD per score: the kernel is bound by
+    # instruction issue at small head dims (benchmarks/NOTES.md, session 18). l then sums the
+    # same rounded P (bf16 / e4m3) that P·V multiplies.
+    rowsum_mma: bool = False
 
     def smem_bytes(self, head_dim: int, elem: int = 2, head_dim_v: Optional[int] = None) -> int:
         """Shared memory of the Q / K / V (/ O) tiles, head dims padded to powers of two
@@ -96,12 +101,17 @@ SOFTCAP_CONFIGS: Dict[int, FwdConfig] = {
 # bytes but 1013 / 889); d = 128: 2 / 3 / 4 stages, ping-pong 1 / 2 and no overlap all
 # measured equal or slower than this (706-726 non-causal); d = 64: two consumers 377 / 400
 # against three 443 / 422.
+# rowsum_mma (l = P · ones on the tensor core) at d <= 192: kernel alone, 16k / 4k tokens, min of
+# 3 interleaved rounds, TFLOP/s with / without (H100, session 18): d = 64 664 / 605, 592 / 537
+# (causal 642 / 595, 511 / 456); d = 96 695 / 651, 647 / 615; d = 128 918 / 851, 844 / 792
+# (causal 855 / 836, 745 / 729); d = 192 816 / 784, 783 / 734. d = 256 is slower with it
+# (1124 / 1203, causal 1072 / 1118): there the GEMMs, not instruction issue, bound the kernel.
 FP8_CONFIGS: Dict[int, FwdConfig] = {
     64: FwdConfig(block_m=192, block_n=128, num_stages=3, separate_o=True, consumers=3,
-                  consumer_regs=160, maxnreg=128),
-    96: FwdConfig(block_m=128, block_n=128, num_stages=3, separate_o=True),
-    128: FwdConfig(block_m=128, block_n=128, num_stages=3, separate_o=True),
-    192: FwdConfig(block_m=128, block_n=64, num_stages=3, separate_o=True),
+                  consumer_regs=160, maxnreg=128, rowsum_mma=True),
+    96: FwdConfig(block_m=128, block_n=128, num_stages=3, separate_o=True, rowsum_mma=True),
+    128: FwdConfig(block_m=128, block_n=128, num_stages=3, separate_o=True, rowsum_mma=True),
+    192: FwdConfig(block_m=128, block_n=64, num_stages=3, separate_o=True, rowsum_mma=True),
     256: FwdConfig(block_m=128, block_n=128, num_stages=2, separate_o=True),
 }
 

@@ -84,6 +84,7 @@ def launch_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Te
         NO_WS=not cfg.warp_specialized,
         CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
         CONSUMERS=cfg.consumers, THREAD_RELEASE=bool(cfg.thread_release),
+        ROWSUM_MMA=bool(cfg.rowsum_mma),
     )
     # without the producer warp the kernel has 8 warps: 240 registers each fit the file
     options = dict(num_warps=4, maxnreg=cfg.maxnreg if cfg.warp_specialized else 240)

@@ -52,7 +52,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                warpgroup_mma, warpgroup_mma_wait)
 
 from flashattn.runtime.gluon_api import mbarrier_arrive_per_thread
-from flashattn.runtime.gluon_api import tma_load, tma_store  # noqa: F401 (version names)
+from flashattn.runtime.gluon_api import cta_barrier, tma_load, tma_store  # noqa: F401 (version names)
 
 from flashattn.sm90.ptx import per_thread_ptx
 from flashattn.sm90.ring import ring_load
@@ -68,7 +68,7 @@ def _producer(descs, smem, bars, problem, window, tile_counter, BLOCK_M: gl.cons
               SEPARATE_O: gl.constexpr, DYNAMIC: gl.constexpr):
     """Issue every TMA load of this CTA's tiles, in the order the consumers use them."""
     q_desc, k_desc, v_desc, o_desc = descs
-    q_smem, k_smem, v_smem, o_smem, tile_slot = smem
+    q_smem, k_smem, v_smem, o_smem, tile_slot, ones_smem = smem
     q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn = bars
     seqlen_q, seqlen_k, n_heads, group_size, n_bh, n_m_blocks, n_tiles, heads_per_group = problem
     window_left, window_right = window
@@ -121,7 +121,7 @@ def _load_kv(descs, smem, bars, kv_count, b, n_start, h_k):
     """TMA loads of key block ``n_start`` (K, then V) into ring slot ``kv_count % NUM_STAGES``,
     each once every consumer has released the slot. Returns ``kv_count + 1``."""
     q_desc, k_desc, v_desc, o_desc = descs
-    q_smem, k_smem, v_smem, o_smem, tile_slot = smem
+    q_smem, k_smem, v_smem, o_smem, tile_slot, ones_smem = smem
     q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn = bars
     NUM_STAGES: gl.constexpr = k_smem.shape[0]
     stage = kv_count % NUM_STAGES
@@ -146,6 +146,22 @@ def _read_tile(tile_slot):
     """Consumer side of _publish_tile, after q_ready's wait (acquire)."""
     layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     return gl.max(tile_slot.load(layout), axis=0)
+
+
+# The row-sum GEMM's N: wgmma's smallest (l is any one of its equal columns)
+ROWSUM_N = gl.constexpr(8)
+
+
+@gluon.jit
+def _fill_ones(ones_smem, WG: gl.constexpr):
+    """Consumer ``WG`` writes its ROWSUM_N x BLOCK_N tile of ones (the row-sum GEMM's B operand,
+    keys contiguous as K^T's are) once per kernel, visible to its own wgmmas."""
+    BLOCK_N: gl.constexpr = ones_smem.shape[2]
+    fill: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [4, 1], [1, 0])
+    ones = gl.full([ROWSUM_N, BLOCK_N], 1.0, gl.float32, fill).to(ones_smem.dtype)
+    ones_smem.index(WG).store(ones)
+    fence_async_shared()
+    cta_barrier()  # every thread's part is written before any wgmma of the warpgroup reads it
 
 
 @gluon.jit
@@ -238,7 +254,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
               sink_ptr, BLOCK_M: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
               LONGEST_FIRST: gl.constexpr, PINGPONG: gl.constexpr, INTRA_OVERLAP: gl.constexpr,
               SEPARATE_O: gl.constexpr, DYNAMIC: gl.constexpr, NO_WS: gl.constexpr,
-              THREAD_RELEASE: gl.constexpr):
+              THREAD_RELEASE: gl.constexpr, ROWSUM_MMA: gl.constexpr):
     """One consumer warpgroup: rows [WG * HALF_M, (WG + 1) * HALF_M) of every tile
     (HALF_M = BLOCK_M // CONSUMERS: the name is from the two-consumer layout).
 
@@ -246,7 +262,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
     NUM_STAGES key blocks ahead, at the end of each key block (FA2-style software pipelining
     inside the compute warps), and both warpgroups walk the static round-robin tile order."""
     q_desc, k_desc, v_desc, o_desc = descs
-    q_smem, k_smem, v_smem, o_smem, tile_slot = smem
+    q_smem, k_smem, v_smem, o_smem, tile_slot, ones_smem = smem
     q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn = bars
     seqlen_q, seqlen_k, n_heads, group_size, n_bh, n_m_blocks, n_tiles, heads_per_group = problem
     window_left, window_right = window
@@ -279,6 +295,18 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
 
     gl.static_assert(WG * HALF_M < BLOCK_M)
     gl.static_assert(not FP8 or (INTRA_OVERLAP != 2 and SEPARATE_O))
+    gl.static_assert(not ROWSUM_MMA or INTRA_OVERLAP != 2)
+    # ROWSUM_MMA: l = P · ones on the tensor core, one more wgmma (N = ROWSUM_N) per PV; its
+    # group is waited with PV's, so the QK^T wait leaves PV_GROUPS groups in flight
+    PV_GROUPS: gl.constexpr = 2 if ROWSUM_MMA else 1
+    L_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, ROWSUM_N, MMA_K])
+    P_L_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=L_LAYOUT,
+                                                   k_width=P_K_WIDTH)
+    ROW_L: gl.constexpr = gl.SliceLayout(1, L_LAYOUT)
+    if ROWSUM_MMA:
+        _fill_ones(ones_smem, WG)
+        ones_view = ones_smem.index(WG).permute((1, 0))  # (BLOCK_N, ROWSUM_N), keys contiguous
     gl.static_assert(PINGPONG == 0 or BLOCK_M == 2 * HALF_M)  # the turn token passes 0 <-> 1
     _turn_start(turn, WG, PINGPONG)  # warpgroup 0 issues first
     turn_count = 0
@@ -311,6 +339,8 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
         m_i = gl.full([HALF_M], float("-inf"), gl.float32, ROW_S)
         l_i = gl.zeros([HALF_M], gl.float32, ROW_S)
         acc = gl.zeros([HALF_M, HEAD_DIM_V], gl.float32, O_LAYOUT)
+        if ROWSUM_MMA:
+            l_acc = gl.zeros([HALF_M, ROWSUM_N], gl.float32, L_LAYOUT)
         if FP8:  # the first key block's factors (a clamped index when there is none)
             q_unit, kd_base = _fp8_tile_scales(fp8_scales, b, h, h_k, row0, n_heads)
             s_unit_j, softcap_inv_j, vd = _fp8_block_scales(fp8_scales, kd_base,
@@ -340,9 +370,10 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
                 s = mask_scores(s, row0, n_start, seqlen_q, seqlen_k, window_left, window_right,
                                 S_LAYOUT, HALF_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
             if FP8:
-                p, m_i, l_i, alpha = online_softmax(s, m_i, l_i, s_unit_j, P_SCALE_LOG2)
+                p, m_i, l_i, alpha = online_softmax(s, m_i, l_i, s_unit_j, P_SCALE_LOG2,
+                                                    not ROWSUM_MMA)
             else:
-                p, m_i, l_i, alpha = online_softmax(s, m_i, l_i, s_unit)
+                p, m_i, l_i, alpha = online_softmax(s, m_i, l_i, s_unit, 0.0, not ROWSUM_MMA)
             p_op = _p_carry(p, dtype, P_LAYOUT, HALF_M, BLOCK_N, FP8)
             if INTRA_OVERLAP == 2:
                 alpha_o = gl.convert_layout(alpha, ROW_O)  # (acc is still zero: no-op rescale)
@@ -369,14 +400,22 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
                     if INTRA_OVERLAP == 2:  # block j-1's rescale, under QK^T
                         acc = acc * gl.expand_dims(alpha_o, 1)
                     acc_tok = warpgroup_mma(p_in, v_prev, acc, is_async=True)
+                    if ROWSUM_MMA:
+                        l_tok = warpgroup_mma(gl.convert_layout(p_in, P_L_LAYOUT), ones_view,
+                                              l_acc, is_async=True)
                     _turn_pass(turn, WG, PINGPONG, True)
-                    s = warpgroup_mma_wait(1, deps=(s_tok,))
+                    s = warpgroup_mma_wait(PV_GROUPS, deps=(s_tok,))
                     _release(k_empty.index(stage), THREAD_RELEASE)
                 else:
                     mbarrier.wait(v_ready.index(prev_stage), prev_phase)
                     turn_count = _turn_wait(turn, WG, turn_count, PINGPONG, True)
                     acc_tok = warpgroup_mma(p_in, v_prev, acc, is_async=True)
-                    acc = warpgroup_mma_wait(0, deps=(acc_tok,))
+                    if ROWSUM_MMA:
+                        l_tok = warpgroup_mma(gl.convert_layout(p_in, P_L_LAYOUT), ones_view,
+                                              l_acc, is_async=True)
+                        acc, l_acc = warpgroup_mma_wait(0, deps=(acc_tok, l_tok))
+                    else:
+                        acc = warpgroup_mma_wait(0, deps=(acc_tok,))
                     _release(v_empty.index(prev_stage), THREAD_RELEASE)
                     mbarrier.wait(k_ready.index(stage), phase)
                     s_tok = warpgroup_mma(q_view, k_view, s_zero, use_acc=False, is_async=True)
@@ -393,14 +432,21 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
                     s = mask_scores(s, row0, n_start, seqlen_q, seqlen_k, window_left,
                                     window_right, S_LAYOUT, HALF_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
                 if FP8:
-                    p, m_i, l_i, alpha = online_softmax(s, m_i, l_i, s_unit_j, P_SCALE_LOG2)
+                    p, m_i, l_i, alpha = online_softmax(s, m_i, l_i, s_unit_j, P_SCALE_LOG2,
+                                                        not ROWSUM_MMA)
+                    alpha_l = alpha
                     # acc holds block j-1's P V in units of its V descale: carry the ratio
                     alpha = alpha * (vd_prev / vd)
                     vd_prev = vd
                 else:
-                    p, m_i, l_i, alpha = online_softmax(s, m_i, l_i, s_unit)
+                    p, m_i, l_i, alpha = online_softmax(s, m_i, l_i, s_unit, 0.0,
+                                                        not ROWSUM_MMA)
+                    alpha_l = alpha
                 if INTRA_OVERLAP:
-                    acc = warpgroup_mma_wait(0, deps=(acc_tok,))
+                    if ROWSUM_MMA:
+                        acc, l_acc = warpgroup_mma_wait(0, deps=(acc_tok, l_tok))
+                    else:
+                        acc = warpgroup_mma_wait(0, deps=(acc_tok,))
                     _release(v_empty.index(prev_stage), THREAD_RELEASE)
                 if NO_WS:
                     if WG == 0:  # block j - 1's slot is free once the other warpgroup agrees
@@ -411,6 +457,8 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
                     alpha_o = gl.convert_layout(alpha, ROW_O)  # applied before PV_j's issue
                 else:
                     acc = acc * gl.expand_dims(gl.convert_layout(alpha, ROW_O), 1)
+                if ROWSUM_MMA:
+                    l_acc = l_acc * gl.expand_dims(gl.convert_layout(alpha_l, ROW_L), 1)
                 p_op = _p_carry(p, dtype, P_LAYOUT, HALF_M, BLOCK_N, FP8)
                 prev_stage = stage
                 prev_phase = phase
@@ -424,13 +472,21 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
             if INTRA_OVERLAP == 2:
                 acc = acc * gl.expand_dims(alpha_o, 1)
             acc_tok = warpgroup_mma(p_in, v_prev, acc, is_async=True)
+            if ROWSUM_MMA:
+                l_tok = warpgroup_mma(gl.convert_layout(p_in, P_L_LAYOUT), ones_view, l_acc,
+                                      is_async=True)
             _turn_pass(turn, WG, PINGPONG)
-            acc = warpgroup_mma_wait(0, deps=(acc_tok,))
+            if ROWSUM_MMA:
+                acc, l_acc = warpgroup_mma_wait(0, deps=(acc_tok, l_tok))
+            else:
+                acc = warpgroup_mma_wait(0, deps=(acc_tok,))
             _release(v_empty.index(prev_stage), THREAD_RELEASE)
 
         # ---- epilogue: O / l through shared memory and a TMA store; LSE in natural log
         if SEPARATE_O:
             mbarrier.arrive(q_empty)  # every QK^T of this tile is done: Q's slot may refill
+        if ROWSUM_MMA:  # (every column of P · ones is the row sum)
+            l_i = gl.convert_layout(gl.max(l_acc, axis=1), ROW_S)
         if sink_ptr is not None:
             # learnable sink (gpt-oss): one more logit of this head in the row's denominator,
             # attending to nothing: l += exp2(sink * log2(e) - m). A row that saw no key
@@ -562,7 +618,8 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
                     LONGEST_FIRST: gl.constexpr, PINGPONG: gl.constexpr,
                     INTRA_OVERLAP: gl.constexpr, SEPARATE_O: gl.constexpr, DYNAMIC: gl.constexpr,
                     NO_WS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-                    CONSUMERS: gl.constexpr = 2, THREAD_RELEASE: gl.constexpr = False):
+                    CONSUMERS: gl.constexpr = 2, THREAD_RELEASE: gl.constexpr = False,
+                    ROWSUM_MMA: gl.constexpr = False):
     """Persistent warp-specialised attention forward (see module docstring).
 
     Descriptors are rank 4 over (batch, seq, head, dim) with boxes [1, rows, 1, dim_pad] (dim_pad
@@ -597,6 +654,12 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
         o_smem = q_smem
 
     tile_slot = gl.allocate_shared_memory(gl.int32, [1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    if ROWSUM_MMA:  # the B operand of the row-sum GEMM, one per consumer (_fill_ones)
+        ones_smem = gl.allocate_shared_memory(
+            q_desc.dtype, [CONSUMERS, ROWSUM_N, BLOCK_N],
+            gl.NVMMASharedLayout.get_default_for([ROWSUM_N, BLOCK_N], q_desc.dtype))
+    else:
+        ones_smem = tile_slot  # (unread)
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -618,7 +681,7 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
     fence_async_shared()
 
     descs = (q_desc, k_desc, v_desc, o_desc)
-    smem = (q_smem, k_smem, v_smem, o_smem, tile_slot)
+    smem = (q_smem, k_smem, v_smem, o_smem, tile_slot, ones_smem)
     bars = (q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn)
     problem = (seqlen_q, seqlen_k, n_heads, group_size, n_bh, n_m_blocks, n_tiles, heads_per_group)
     window = (window_left, window_right)
@@ -635,19 +698,23 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
         gl.warp_specialize([
             (_consumer, (0, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
-                         INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE)),
+                         INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
+                         ROWSUM_MMA)),
             (_consumer, (1, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
-                         INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE)),
+                         INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
+                         ROWSUM_MMA)),
         ], [4], [CONSUMER_REGS])
     elif CONSUMERS == 2:
         gl.warp_specialize([
             (_consumer, (0, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
-                         INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE)),
+                         INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
+                         ROWSUM_MMA)),
             (_consumer, (1, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
-                         INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE)),
+                         INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
+                         ROWSUM_MMA)),
             (_producer, (descs, smem, bars, problem, window, tile_counter, BLOCK_M, HAS_LEFT,
                          HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG, INTRA_OVERLAP,
                          SEPARATE_O, DYNAMIC)),
@@ -656,13 +723,16 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
         gl.warp_specialize([
             (_consumer, (0, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
-                         INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE)),
+                         INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
+                         ROWSUM_MMA)),
             (_consumer, (1, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
-                         INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE)),
+                         INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
+                         ROWSUM_MMA)),
             (_consumer, (2, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
-                         INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE)),
+                         INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
+                         ROWSUM_MMA)),
             (_producer, (descs, smem, bars, problem, window, tile_counter, BLOCK_M, HAS_LEFT,
                          HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG, INTRA_OVERLAP,
                          SEPARATE_O, DYNAMIC)),

@@ -52,12 +52,14 @@ P_SCALE_LOG2 = gl.constexpr(8.0)
 
 
 @gluon.jit
-def online_softmax(s, m_i, l_i, s_unit, P_LOG2_OFFSET: gl.constexpr = 0.0):
+def online_softmax(s, m_i, l_i, s_unit, P_LOG2_OFFSET: gl.constexpr = 0.0,
+                   ROW_SUM: gl.constexpr = True):
     """One key block of the online softmax.
 
     s: scores (HALF_M, BLOCK_N) fp32, multiplied by ``s_unit`` to reach log2 units;
     m_i, l_i: running max (log2 units) and sum, (HALF_M,) fp32.
     P_LOG2_OFFSET (FP8: 8): p is 2^offset larger (l too), alpha unchanged.
+    ROW_SUM False: l_i is returned as given (the caller sums P on the tensor core instead).
     Returns (p, m_new, l_new, alpha): p = exp2(s * s_unit - m_new) (unnormalised
     probabilities, 0 where s = -inf) and alpha = exp2(m_i - m_new), the factor that rescales
     the accumulator. Rows whose max is still -inf use 0 instead, so they give p = 0, no NaN.
@@ -70,7 +72,10 @@ def online_softmax(s, m_i, l_i, s_unit, P_LOG2_OFFSET: gl.constexpr = 0.0):
     else:
         p = gl.exp2(s * s_unit - gl.expand_dims(m_use, 1))
     alpha = gl.exp2(m_i - m_use)
-    l_new = l_i * alpha + gl.sum(p, axis=1)
+    if ROW_SUM:
+        l_new = l_i * alpha + gl.sum(p, axis=1)
+    else:
+        l_new = l_i
     return p, m_new, l_new, alpha
 
 

@@ -297,7 +297,11 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
     gl.static_assert(not FP8 or (INTRA_OVERLAP != 2 and SEPARATE_O))
     gl.static_assert(not ROWSUM_MMA or INTRA_OVERLAP != 2)
     # ROWSUM_MMA: l = P · ones on the tensor core, one more wgmma (N = ROWSUM_N) per PV; its
-    # group is waited with PV's, so the QK^T wait leaves PV_GROUPS groups in flight
+    # group is waited with PV's, so the QK^T wait leaves PV_GROUPS groups in flight. Each key
+    # block's sum starts from zero and is added to l in fp32 registers: the FP8 tensor core
+    # keeps ~14 bits when it adds products to its accumulator, so l (a sum of positives that
+    # keeps growing) accumulated there loses the small terms of later blocks; that made the
+    # output 2.5x less accurate at 16k keys (H100, benchmarks/NOTES.md, session 18).
     PV_GROUPS: gl.constexpr = 2 if ROWSUM_MMA else 1
     L_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, ROWSUM_N, MMA_K])
@@ -305,6 +309,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
                                                    k_width=P_K_WIDTH)
     ROW_L: gl.constexpr = gl.SliceLayout(1, L_LAYOUT)
     if ROWSUM_MMA:
+        l_zero = gl.zeros([HALF_M, ROWSUM_N], gl.float32, L_LAYOUT)
         _fill_ones(ones_smem, WG)
         ones_view = ones_smem.index(WG).permute((1, 0))  # (BLOCK_N, ROWSUM_N), keys contiguous
     gl.static_assert(PINGPONG == 0 or BLOCK_M == 2 * HALF_M)  # the turn token passes 0 <-> 1
@@ -339,7 +344,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
         m_i = gl.full([HALF_M], float("-inf"), gl.float32, ROW_S)
         l_i = gl.zeros([HALF_M], gl.float32, ROW_S)
         acc = gl.zeros([HALF_M, HEAD_DIM_V], gl.float32, O_LAYOUT)
-        if ROWSUM_MMA:
+        if ROWSUM_MMA:  # (every column holds the row sum: P · ones, then fp32 adds)
             l_acc = gl.zeros([HALF_M, ROWSUM_N], gl.float32, L_LAYOUT)
         if FP8:  # the first key block's factors (a clamped index when there is none)
             q_unit, kd_base = _fp8_tile_scales(fp8_scales, b, h, h_k, row0, n_heads)
@@ -402,7 +407,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
                     acc_tok = warpgroup_mma(p_in, v_prev, acc, is_async=True)
                     if ROWSUM_MMA:
                         l_tok = warpgroup_mma(gl.convert_layout(p_in, P_L_LAYOUT), ones_view,
-                                              l_acc, is_async=True)
+                                              l_zero, use_acc=False, is_async=True)
                     _turn_pass(turn, WG, PINGPONG, True)
                     s = warpgroup_mma_wait(PV_GROUPS, deps=(s_tok,))
                     _release(k_empty.index(stage), THREAD_RELEASE)
@@ -412,8 +417,8 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
                     acc_tok = warpgroup_mma(p_in, v_prev, acc, is_async=True)
                     if ROWSUM_MMA:
                         l_tok = warpgroup_mma(gl.convert_layout(p_in, P_L_LAYOUT), ones_view,
-                                              l_acc, is_async=True)
-                        acc, l_acc = warpgroup_mma_wait(0, deps=(acc_tok, l_tok))
+                                              l_zero, use_acc=False, is_async=True)
+                        acc, l_blk = warpgroup_mma_wait(0, deps=(acc_tok, l_tok))
                     else:
                         acc = warpgroup_mma_wait(0, deps=(acc_tok,))
                     _release(v_empty.index(prev_stage), THREAD_RELEASE)
@@ -444,7 +449,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
                     alpha_l = alpha
                 if INTRA_OVERLAP:
                     if ROWSUM_MMA:
-                        acc, l_acc = warpgroup_mma_wait(0, deps=(acc_tok, l_tok))
+                        acc, l_blk = warpgroup_mma_wait(0, deps=(acc_tok, l_tok))
                     else:
                         acc = warpgroup_mma_wait(0, deps=(acc_tok,))
                     _release(v_empty.index(prev_stage), THREAD_RELEASE)
@@ -458,7 +463,8 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
                 else:
                     acc = acc * gl.expand_dims(gl.convert_layout(alpha, ROW_O), 1)
                 if ROWSUM_MMA:
-                    l_acc = l_acc * gl.expand_dims(gl.convert_layout(alpha_l, ROW_L), 1)
+                    alpha_lo = gl.expand_dims(gl.convert_layout(alpha_l, ROW_L), 1)
+                    l_acc = (l_acc + l_blk) * alpha_lo
                 p_op = _p_carry(p, dtype, P_LAYOUT, HALF_M, BLOCK_N, FP8)
                 prev_stage = stage
                 prev_phase = phase
@@ -473,11 +479,12 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
                 acc = acc * gl.expand_dims(alpha_o, 1)
             acc_tok = warpgroup_mma(p_in, v_prev, acc, is_async=True)
             if ROWSUM_MMA:
-                l_tok = warpgroup_mma(gl.convert_layout(p_in, P_L_LAYOUT), ones_view, l_acc,
-                                      is_async=True)
+                l_tok = warpgroup_mma(gl.convert_layout(p_in, P_L_LAYOUT), ones_view, l_zero,
+                                      use_acc=False, is_async=True)
             _turn_pass(turn, WG, PINGPONG)
             if ROWSUM_MMA:
-                acc, l_acc = warpgroup_mma_wait(0, deps=(acc_tok, l_tok))
+                acc, l_blk = warpgroup_mma_wait(0, deps=(acc_tok, l_tok))
+                l_acc = l_acc + l_blk
             else:
                 acc = warpgroup_mma_wait(0, deps=(acc_tok,))
             _release(v_empty.index(prev_stage), THREAD_RELEASE)

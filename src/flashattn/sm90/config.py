@@ -101,11 +101,11 @@ SOFTCAP_CONFIGS: Dict[int, FwdConfig] = {
 # bytes but 1013 / 889); d = 128: 2 / 3 / 4 stages, ping-pong 1 / 2 and no overlap all
 # measured equal or slower than this (706-726 non-causal); d = 64: two consumers 377 / 400
 # against three 443 / 422.
-# rowsum_mma (l = P · ones on the tensor core) at d <= 192: kernel alone, 16k / 4k tokens, min of
-# 3 interleaved rounds, TFLOP/s with / without (H100, session 18): d = 64 664 / 605, 592 / 537
-# (causal 642 / 595, 511 / 456); d = 96 695 / 651, 647 / 615; d = 128 918 / 851, 844 / 792
-# (causal 855 / 836, 745 / 729); d = 192 816 / 784, 783 / 734. d = 256 is slower with it
-# (1124 / 1203, causal 1072 / 1118): there the GEMMs, not instruction issue, bound the kernel.
+# rowsum_mma (l = P · ones on the tensor core) at d <= 192. Kernel alone, 16k tokens, min of 3
+# interleaved rounds, TFLOP/s with / without (H100, session 18; benchmarks/NOTES.md):
+# d = 64 651 / 602 (causal 644 / 589), d = 96 684 / 649 (647 / 641), d = 128 893 / 851
+# (841 / 848), d = 192 794 / 793 (755 / 734). d = 256 is slower with it (1124 / 1203, causal
+# 1072 / 1118): there the GEMMs, not instruction issue, bound the kernel.
 FP8_CONFIGS: Dict[int, FwdConfig] = {
     64: FwdConfig(block_m=192, block_n=128, num_stages=3, separate_o=True, consumers=3,
                   consumer_regs=160, maxnreg=128, rowsum_mma=True),

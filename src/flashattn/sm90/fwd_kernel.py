@@ -36,6 +36,12 @@ Scheduling knobs (constexpr, for the ablation table in benchmarks/NOTES.md):
     tile index to the consumers through shared memory with Q's barrier.
     NO_WS          ablation only: no producer warp; consumer warpgroup 0 issues the TMA loads
                    between its own GEMMs (static tile order). Measured -35..-45 % at d=128.
+    ROWSUM_MMA     the softmax's row sum l as P · ones on the tensor core (one wgmma of N = 8
+                   per key block beside P·V, B a tile of ones in shared memory) instead of one
+                   FADD per score: the FP8 kernel at d <= 192 is bound by instruction issue,
+                   not by the GEMMs (+5-8 % at d = 64 / 128, benchmarks/NOTES.md, session 18).
+                   Each block's sum starts from zero and l adds them in fp32 registers. l then
+                   sums the same rounded P that P·V multiplies (FA3 sums the fp32 P).
 
 Every Gluon ``mbarrier.arrive`` from a consumer is a warpgroup ``bar.sync`` followed by a
 one-thread arrive (Triton's lowering): each K or V release costs one warpgroup barrier, which

@@ -155,11 +155,13 @@ def test_varlen_fp8_gpu():
         assert _rmse(out[sl].cpu(), exact) <= allowed
 
 
-def test_quantize_pass_gpu_matches_cpu_semantics():
+@pytest.mark.parametrize("d,d_v", [(128, 96), (96, 96), (192, 192), (192, 128)])
+def test_quantize_pass_gpu_matches_cpu_semantics(d, d_v):
+    """The pass on the GPU against cpu/fp8.py; d = 96 / 192 take the three-chunk rotation."""
     torch.manual_seed(2)
-    q = torch.randn(2, 1000, 8, 128).bfloat16()
-    k = torch.randn(2, 1000, 2, 128).bfloat16()
-    v = torch.randn(2, 1000, 2, 96).bfloat16()
+    q = torch.randn(2, 1000, 8, d).bfloat16()
+    k = torch.randn(2, 1000, 2, d).bfloat16()
+    v = torch.randn(2, 1000, 2, d_v).bfloat16()
     with flashattn.use_backend("cpu"):
         a = fp8.quantize(q, k, v, seed=3)
     c = fp8.quantize(q.cuda(), k.cuda(), v.cuda(), seed=3)

@@ -8,7 +8,9 @@ bf16 / fp16 inputs, the fp32 sums are exact to the last bit for d <= 256, and th
 cores make the O(d^2) product free next to the tile's memory traffic; a butterfly would need
 log2(d) register shuffles), takes the tile's amax, scales, rounds to e4m3 and writes the fp8
 tile and its descale. V is written transposed (keys contiguous: the layout FP8 wgmma needs
-for the P·V operand), Q and K in their own layout.
+for the P·V operand), Q and K in their own layout. Rotated tiles of d = 96 / 192 / 256 go as
+W-column chunks with one W x W ±1 block (``_quantize_tile_chunks``: no padding to a power of
+two, and d = 256 as H_4 ⊗ H_64 with a butterfly across chunks); other d > 128 as two halves.
 
 ``round_e4m3`` is the rounding the FP8 kernels use under the interpreter: its fp32 -> e4m3
 conversion rounds ties away from zero and flushes small values (measured), so values are first
@@ -142,15 +144,21 @@ def _quantize_tile(X, Out, Descale, h, h2, signs, signs2, tile, stride_xb, strid
 
 
 @triton.jit
-def _quantize_tile_thirds(X, Out, Descale, h, signs, signs2, signs3, tile, stride_xb, stride_xs,
-                          stride_xh, stride_ob, stride_os, stride_oh, stride_od, seqlen, nheads,
-                          n_blocks, inv_sqrt_block, W: tl.constexpr, BLOCK: tl.constexpr,
-                          DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
-                          EXACT_ROUND: tl.constexpr):
-    """A rotated Q / K tile whose head dim is 3 W (d = 96, 192: H is block-diagonal with W x W
-    Sylvester blocks, fp8_format.hadamard): three W-column chunks, each x_c · h (h the W x W
-    ±1 block) with its W signs. _quantize_tile pads such a tile to the next power of two (128 /
-    256 columns, a quarter of them masked off); the chunks touch only the d real columns."""
+def _quantize_tile_chunks(X, Out, Descale, h, signs0, signs1, signs2, signs3, tile, stride_xb,
+                          stride_xs, stride_xh, stride_ob, stride_os, stride_oh, stride_od,
+                          seqlen, nheads, n_blocks, inv_sqrt_block, W: tl.constexpr,
+                          CHUNKS: tl.constexpr, BLOCK: tl.constexpr, DOT_PREC: tl.constexpr,
+                          UPCAST: tl.constexpr, EXACT_ROUND: tl.constexpr):
+    """A rotated Q / K tile as CHUNKS W-column chunks, each rotated by the one W x W ±1
+    Sylvester block h (signs_c: the chunk's W signs):
+
+    - CHUNKS = 3 (d = 3 W: 96, 192): H is block-diagonal, chunk c's output is x_c · h.
+      _quantize_tile pads such a tile to the next power of two (128 / 256 columns, a quarter
+      of them masked off); the chunks touch only the d real columns.
+    - CHUNKS = 4 (d = 256, W = 64): H = H_4 ⊗ H_64 (Sylvester), so with z_k = x_k · h the
+      output chunks are the 4-point butterfly of the z_k: y_c = sum_k H_4[k, c] z_k (two adds
+      per element). One 64 x 64 matrix in shared memory instead of _quantize_tile's two
+      128 x 128 halves frees room for a deeper load pipeline."""
     pid_bh = tile // n_blocks
     pid_blk = tile % n_blocks
     off_b = pid_bh // nheads
@@ -167,12 +175,31 @@ def _quantize_tile_thirds(X, Out, Descale, h, signs, signs2, signs3, tile, strid
         x0 = x0.to(tl.float32)
         x1 = x1.to(tl.float32)
         x2 = x2.to(tl.float32)
-    y0 = tl.dot(x0, h, input_precision=DOT_PREC) * inv_sqrt_block * signs[None, :]
-    y1 = tl.dot(x1, h, input_precision=DOT_PREC) * inv_sqrt_block * signs2[None, :]
-    y2 = tl.dot(x2, h, input_precision=DOT_PREC) * inv_sqrt_block * signs3[None, :]
+    z0 = tl.dot(x0, h, input_precision=DOT_PREC)
+    z1 = tl.dot(x1, h, input_precision=DOT_PREC)
+    z2 = tl.dot(x2, h, input_precision=DOT_PREC)
+    if CHUNKS == 4:
+        x3 = tl.load(x_base + 3 * W, mask=inside, other=0.0)
+        if UPCAST:
+            x3 = x3.to(tl.float32)
+        z3 = tl.dot(x3, h, input_precision=DOT_PREC)
+        a = z0 + z1
+        b = z0 - z1
+        c = z2 + z3
+        e = z2 - z3
+        z0 = a + c
+        z1 = b + e
+        z2 = a - c
+        z3 = b - e
+        y3 = z3 * inv_sqrt_block * signs3[None, :]
+    y0 = z0 * inv_sqrt_block * signs0[None, :]
+    y1 = z1 * inv_sqrt_block * signs1[None, :]
+    y2 = z2 * inv_sqrt_block * signs2[None, :]
     amax = tl.maximum(tl.maximum(tl.max(tl.max(tl.abs(y0), 1), 0),
                                  tl.max(tl.max(tl.abs(y1), 1), 0)),
                       tl.max(tl.max(tl.abs(y2), 1), 0))
+    if CHUNKS == 4:
+        amax = tl.maximum(amax, tl.max(tl.max(tl.abs(y3), 1), 0))
     descale = tl.where(amax > 0.0, amax / E4M3_MAX, 1.0)
     inv = 1.0 / descale
     o_base = (Out + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh
@@ -180,6 +207,8 @@ def _quantize_tile_thirds(X, Out, Descale, h, signs, signs2, signs3, tile, strid
     _store_e4m3(o_base, cols, y0, inv, inside, stride_od, EXACT_ROUND)
     _store_e4m3(o_base, W + cols, y1, inv, inside, stride_od, EXACT_ROUND)
     _store_e4m3(o_base, 2 * W + cols, y2, inv, inside, stride_od, EXACT_ROUND)
+    if CHUNKS == 4:
+        _store_e4m3(o_base, 3 * W + cols, y3, inv, inside, stride_od, EXACT_ROUND)
     tl.store(Descale + pid_bh.to(tl.int64) * n_blocks + pid_blk, descale)
 
 
@@ -209,25 +238,28 @@ def _quantize_qkv_kernel(Q, K, V, Q8, K8, V8, QS, KS, VS, Had, Signs,
                          EXACT_ROUND: tl.constexpr, STAGES_QK: tl.constexpr,
                          STAGES_V: tl.constexpr, V_WGMMA: tl.constexpr,
                          QK_LOOPS: tl.constexpr, V_LOOP: tl.constexpr,
-                         THIRDS: tl.constexpr = False):
+                         CHUNKS: tl.constexpr = 0):
     """The whole pass in one launch: Q's tiles, then K's, then V's, dealt round-robin over the
     programs as one list (tile t of the concatenation goes to program t % nprog), so no
     program gets the extra tile of all three. Persistent: each program walks its tiles, and
     Triton's pipeliner loads the next tile while this one is rotated, reduced and stored (one
     tile per program left the load latency exposed: 0.97 TB/s measured on the H100). Had:
     (BLOCK_D, BLOCK_D) ±1, or with HALVES (2, BLOCK_D / 2, BLOCK_D / 2); Signs (HEAD_DIM,)."""
-    W: tl.constexpr = HEAD_DIM // 3 if THIRDS else (BLOCK_D // 2 if HALVES else BLOCK_D)
+    W: tl.constexpr = HEAD_DIM // CHUNKS if CHUNKS else (BLOCK_D // 2 if HALVES else BLOCK_D)
     cols = tl.arange(0, W)
     h = cols  # (unused without ROTATE)
     h2 = cols
     signs = cols
     signs2 = cols
+    signs1 = cols
     signs3 = cols
-    if THIRDS:  # Had: (W, W) ±1, the one Sylvester block of the block-diagonal H
+    if CHUNKS:  # Had: (W, W) ±1, the one Sylvester block (_quantize_tile_chunks)
         h = tl.load(Had + cols[:, None] * W + cols[None, :])
         signs = tl.load(Signs + cols)
-        signs2 = tl.load(Signs + W + cols)
-        signs3 = tl.load(Signs + 2 * W + cols)
+        signs1 = tl.load(Signs + W + cols)
+        signs2 = tl.load(Signs + 2 * W + cols)
+        if CHUNKS == 4:
+            signs3 = tl.load(Signs + 3 * W + cols)
         if UPCAST:
             h = h.to(tl.float32)
     elif ROTATE:
@@ -243,12 +275,12 @@ def _quantize_qkv_kernel(Q, K, V, Q8, K8, V8, QS, KS, VS, Had, Signs,
     nprog = tl.num_programs(0)
     if QK_LOOPS:
         for tile in tl.range(pid, q_tiles, nprog, num_stages=STAGES_QK):
-            if THIRDS:
-                _quantize_tile_thirds(Q, Q8, QS, h, signs, signs2, signs3, tile,
+            if CHUNKS:
+                _quantize_tile_chunks(Q, Q8, QS, h, signs, signs1, signs2, signs3, tile,
                                       stride_qb, stride_qs, stride_qh, stride_q8b,
                                       stride_q8s, stride_q8h, stride_q8d, seqlen_q, nheads,
-                                      q_blocks, inv_sqrt_block, W, BLOCK_M, DOT_PREC, UPCAST,
-                                      EXACT_ROUND)
+                                      q_blocks, inv_sqrt_block, W, CHUNKS, BLOCK_M, DOT_PREC,
+                                      UPCAST, EXACT_ROUND)
             else:
                 _quantize_tile(Q, Q8, QS, h, h2, signs, signs2, tile, stride_qb, stride_qs,
                                stride_qh, stride_q8b, stride_q8s, stride_q8h, stride_q8d, seqlen_q,
@@ -256,12 +288,12 @@ def _quantize_qkv_kernel(Q, K, V, Q8, K8, V8, QS, KS, VS, Had, Signs,
                                HALVES, MIX, DOT_PREC, UPCAST, EXACT_ROUND, False)
         k_first = (pid + nprog - q_tiles % nprog) % nprog  # (K tile t: entry q_tiles + t)
         for tile in tl.range(k_first, k_tiles, nprog, num_stages=STAGES_QK):
-            if THIRDS:
-                _quantize_tile_thirds(K, K8, KS, h, signs, signs2, signs3, tile,
+            if CHUNKS:
+                _quantize_tile_chunks(K, K8, KS, h, signs, signs1, signs2, signs3, tile,
                                       stride_kb, stride_ks, stride_kh, stride_k8b,
                                       stride_k8s, stride_k8h, stride_k8d, seqlen_k, nheads_k,
-                                      k_blocks, inv_sqrt_block, W, BLOCK_N, DOT_PREC, UPCAST,
-                                      EXACT_ROUND)
+                                      k_blocks, inv_sqrt_block, W, CHUNKS, BLOCK_N, DOT_PREC,
+                                      UPCAST, EXACT_ROUND)
             else:
                 _quantize_tile(K, K8, KS, h, h2, signs, signs2, tile, stride_kb, stride_ks,
                                stride_kh, stride_k8b, stride_k8s, stride_k8h, stride_k8d, seqlen_k,
@@ -296,11 +328,14 @@ def _hadamard_pm1(head_dim: int, block_d: int, dtype: torch.dtype,
 _HALF_MAX = 128
 
 
-def thirds(head_dim: int) -> bool:
-    """Whether a rotated tile of ``head_dim`` goes in three chunks (_quantize_tile_thirds): d = 3 W
-    with W its Sylvester block (d = 96, 192; 48 too)."""
+def chunks(head_dim: int) -> int:
+    """How many W-column chunks a rotated tile of ``head_dim`` goes in (_quantize_tile_chunks),
+    0 for none: 3 when d = 3 W with W its Sylvester block (d = 96, 192; 48 too), 4 at d = 256
+    (H_4 ⊗ H_64)."""
     w = hadamard_block(head_dim)
-    return head_dim == 3 * w and w >= 16
+    if head_dim == 3 * w and w >= 16:
+        return 3
+    return 4 if head_dim == 256 else 0
 
 
 def launch_params(head_dim: int, block: int, rotate: bool, elem_bytes: int = 2
@@ -323,13 +358,15 @@ def launch_params(head_dim: int, block: int, rotate: bool, elem_bytes: int = 2
     # (a pipelined V loop ran at half speed: 263-290 us against 143 for the whole pass with
     # one stage, d = 128, in the sweep of session 15; 2 / 3 stages 150 / 138 against 132 in
     # session 17's)
-    if rotate and thirds(head_dim):  # three W-column chunks (d = 96, 192: session 18's sweep)
+    if rotate and chunks(head_dim) == 3:  # d = 96, 192 (session 18's sweep)
         if block * head_dim > 16384:  # d = 192: 197 registers, 3 stages in 170 KB
             return warps, 1, 3, 1, None
         # d = 96: 120 registers under a 128 cap with one stage (16-bit inputs): two programs per
         # SM (float32 inputs take 169: one)
         return (warps, 2, 1, 1, 128) if elem_bytes == 2 else (warps, 1, 1, 1, None)
-    if rotate and block_d > _HALF_MAX:  # two 128-column halves (d = 256); 3 stages do not fit
+    if rotate and chunks(head_dim) == 4:  # d = 256 in 64-column chunks: 3 stages in 208 KB
+        return warps, 1, 3, 1, None
+    if rotate and block_d > _HALF_MAX:  # two 128-column halves; 3 stages do not fit
         return warps, 1, 2, 1, None
     # (only 16-bit inputs of a power-of-two head dim: under the cap d = 96 spilled 72 bytes,
     # float32 inputs (an fp32 product) 4.5 KB)
@@ -350,17 +387,17 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q8: torch.Tensor,
     V loop gathers its keys and stores along contiguous positions (``_quantize_tile``), and
     the one launch at 8 warps measured 144 us against 157 for the two at d = 256, 16k
     tokens, H100.) ``tuning`` (probes only): {"warps", "per_sm", "stages", "stages_v"}
-    "maxnreg" overrides of :func:`launch_params`; {"thirds": False} pads d = 3 W tiles to a
-    power of two as before session 18 (A/B)."""
+    "maxnreg" overrides of :func:`launch_params`; {"chunks": 0} pads d = 3 W tiles to a
+    power of two and runs d = 256 as two 128-column halves, as before session 18 (A/B)."""
     b, s_q, h, d = q.shape
     s_k, h_k, d_v = k.shape[1], k.shape[2], v.shape[3]
     block_d, block_dv = max(16, next_pow2(d)), max(16, next_pow2(d_v))
     rotate = signs is not None
     upcast = interpret or q.dtype == torch.float32
     had_dtype = torch.float32 if upcast else q.dtype
-    chunks = rotate and thirds(d) and (tuning or {}).get("thirds", True)
-    if chunks:  # the one W x W Sylvester block
-        had = _hadamard_pm1(d // 3, d // 3, had_dtype, q.device)
+    n_chunks = (tuning or {}).get("chunks", chunks(d)) if rotate else 0
+    if n_chunks:  # the one W x W Sylvester block
+        had = _hadamard_pm1(d // n_chunks, d // n_chunks, had_dtype, q.device)
     else:
         had = _hadamard_pm1(d, block_d, had_dtype, q.device) if rotate else q_descale
     sg = signs if rotate else q_descale  # (float32 (d,) on q's device: api/fp8.py)
@@ -377,7 +414,7 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q8: torch.Tensor,
         HEAD_DIM=d, HEAD_DIM_V=d_v, BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_M=block_m,
         BLOCK_N=block_n, ROTATE=rotate, HALVES=rotate and block_d > _HALF_MAX,
         MIX=hadamard_block(d) > _HALF_MAX, DOT_PREC="ieee" if upcast else "tf32",
-        UPCAST=upcast, EXACT_ROUND=interpret, V_WGMMA=v_wgmma, THIRDS=chunks)
+        UPCAST=upcast, EXACT_ROUND=interpret, V_WGMMA=v_wgmma, CHUNKS=n_chunks)
     inv_sqrt_block = float(hadamard_block(d)) ** -0.5
     _launch_tiles(tensors, strides, (q_tiles, k_tiles, k_tiles, inv_sqrt_block), constexprs,
                   params, interpret)

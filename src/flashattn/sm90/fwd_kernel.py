@@ -171,6 +171,16 @@ def _fill_ones(ones_smem, WG: gl.constexpr):
 
 
 @gluon.jit
+def _rowsum_issue(p_in, ones_view, l_zero, P_L_LAYOUT: gl.constexpr):
+    """Issue one key block's row sum P · ones (ROWSUM_MMA), beside its P·V: from zero, so the
+    block's sum never adds into a large accumulator on the tensor core (the caller adds the
+    blocks in fp32). P's registers serve as they are: the A operand's layout does not depend on
+    N, so the conversion to the N = ROWSUM_N parent moves nothing."""
+    return warpgroup_mma(gl.convert_layout(p_in, P_L_LAYOUT), ones_view, l_zero, use_acc=False,
+                         is_async=True)
+
+
+@gluon.jit
 def _release(empty_bar, THREAD_RELEASE: gl.constexpr):
     """A consumer warpgroup is done reading a K or V slot: arrive on its *empty* barrier.
 
@@ -412,8 +422,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
                         acc = acc * gl.expand_dims(alpha_o, 1)
                     acc_tok = warpgroup_mma(p_in, v_prev, acc, is_async=True)
                     if ROWSUM_MMA:
-                        l_tok = warpgroup_mma(gl.convert_layout(p_in, P_L_LAYOUT), ones_view,
-                                              l_zero, use_acc=False, is_async=True)
+                        l_tok = _rowsum_issue(p_in, ones_view, l_zero, P_L_LAYOUT)
                     _turn_pass(turn, WG, PINGPONG, True)
                     s = warpgroup_mma_wait(PV_GROUPS, deps=(s_tok,))
                     _release(k_empty.index(stage), THREAD_RELEASE)
@@ -422,8 +431,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
                     turn_count = _turn_wait(turn, WG, turn_count, PINGPONG, True)
                     acc_tok = warpgroup_mma(p_in, v_prev, acc, is_async=True)
                     if ROWSUM_MMA:
-                        l_tok = warpgroup_mma(gl.convert_layout(p_in, P_L_LAYOUT), ones_view,
-                                              l_zero, use_acc=False, is_async=True)
+                        l_tok = _rowsum_issue(p_in, ones_view, l_zero, P_L_LAYOUT)
                         acc, l_blk = warpgroup_mma_wait(0, deps=(acc_tok, l_tok))
                     else:
                         acc = warpgroup_mma_wait(0, deps=(acc_tok,))
@@ -485,8 +493,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
                 acc = acc * gl.expand_dims(alpha_o, 1)
             acc_tok = warpgroup_mma(p_in, v_prev, acc, is_async=True)
             if ROWSUM_MMA:
-                l_tok = warpgroup_mma(gl.convert_layout(p_in, P_L_LAYOUT), ones_view, l_zero,
-                                      use_acc=False, is_async=True)
+                l_tok = _rowsum_issue(p_in, ones_view, l_zero, P_L_LAYOUT)
             _turn_pass(turn, WG, PINGPONG)
             if ROWSUM_MMA:
                 acc, l_blk = warpgroup_mma_wait(0, deps=(acc_tok, l_tok))

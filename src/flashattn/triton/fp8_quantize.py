@@ -213,6 +213,29 @@ def _quantize_tile_chunks(X, Out, Descale, h, signs0, signs1, signs2, signs3, ti
 
 
 @triton.jit
+def _quantize_qk_tile(X, Out, Descale, h, h2, signs, signs1, signs2, signs3, tile, stride_xb,
+                      stride_xs, stride_xh, stride_ob, stride_os, stride_oh, stride_od, seqlen,
+                      nheads, n_blocks, inv_sqrt_block, HEAD_DIM: tl.constexpr,
+                      BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, W: tl.constexpr,
+                      CHUNKS: tl.constexpr, ROTATE: tl.constexpr, HALVES: tl.constexpr,
+                      MIX: tl.constexpr, DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
+                      EXACT_ROUND: tl.constexpr):
+    """A Q or K tile: in chunks (_quantize_tile_chunks) when CHUNKS, else _quantize_tile (rows
+    in storage order). ``signs`` are chunk 0's (or the whole tile's), ``signs2`` chunk 2's or
+    the second half's."""
+    if CHUNKS:
+        _quantize_tile_chunks(X, Out, Descale, h, signs, signs1, signs2, signs3, tile, stride_xb,
+                              stride_xs, stride_xh, stride_ob, stride_os, stride_oh, stride_od,
+                              seqlen, nheads, n_blocks, inv_sqrt_block, W, CHUNKS, BLOCK,
+                              DOT_PREC, UPCAST, EXACT_ROUND)
+    else:
+        _quantize_tile(X, Out, Descale, h, h2, signs, signs2, tile, stride_xb, stride_xs,
+                       stride_xh, stride_ob, stride_os, stride_oh, stride_od, seqlen, nheads,
+                       n_blocks, inv_sqrt_block, HEAD_DIM, BLOCK_D, BLOCK, ROTATE, HALVES, MIX,
+                       DOT_PREC, UPCAST, EXACT_ROUND, False)
+
+
+@triton.jit
 def _store_e4m3(o_base, cols, y, inv, stored, stride_od, EXACT_ROUND: tl.constexpr):
     ys = tl.minimum(tl.maximum(y * inv, -E4M3_MAX), E4M3_MAX)
     if EXACT_ROUND:  # the interpreter's own conversion does not round to nearest even
@@ -253,21 +276,19 @@ def _quantize_qkv_kernel(Q, K, V, Q8, K8, V8, QS, KS, VS, Had, Signs,
     signs2 = cols
     signs1 = cols
     signs3 = cols
-    if CHUNKS:  # Had: (W, W) ±1, the one Sylvester block (_quantize_tile_chunks)
+    if ROTATE:  # (W, W) ±1: the tile's matrix, HALVES' first half or CHUNKS' one block
         h = tl.load(Had + cols[:, None] * W + cols[None, :])
-        signs = tl.load(Signs + cols)
-        signs1 = tl.load(Signs + W + cols)
-        signs2 = tl.load(Signs + 2 * W + cols)
-        if CHUNKS == 4:
-            signs3 = tl.load(Signs + 3 * W + cols)
-        if UPCAST:
-            h = h.to(tl.float32)
-    elif ROTATE:
-        h = tl.load(Had + cols[:, None] * W + cols[None, :])
-        signs = tl.load(Signs + cols, mask=cols < HEAD_DIM, other=0.0)
-        if HALVES:
-            h2 = tl.load(Had + W * W + cols[:, None] * W + cols[None, :])
-            signs2 = tl.load(Signs + W + cols, mask=W + cols < HEAD_DIM, other=0.0)
+        if CHUNKS:  # each chunk's W signs (chunks cover exactly HEAD_DIM)
+            signs = tl.load(Signs + cols)
+            signs1 = tl.load(Signs + W + cols)
+            signs2 = tl.load(Signs + 2 * W + cols)
+            if CHUNKS == 4:
+                signs3 = tl.load(Signs + 3 * W + cols)
+        else:
+            signs = tl.load(Signs + cols, mask=cols < HEAD_DIM, other=0.0)
+            if HALVES:
+                h2 = tl.load(Had + W * W + cols[:, None] * W + cols[None, :])
+                signs2 = tl.load(Signs + W + cols, mask=W + cols < HEAD_DIM, other=0.0)
         if UPCAST:
             h = h.to(tl.float32)
             h2 = h2.to(tl.float32)
@@ -275,30 +296,18 @@ def _quantize_qkv_kernel(Q, K, V, Q8, K8, V8, QS, KS, VS, Had, Signs,
     nprog = tl.num_programs(0)
     if QK_LOOPS:
         for tile in tl.range(pid, q_tiles, nprog, num_stages=STAGES_QK):
-            if CHUNKS:
-                _quantize_tile_chunks(Q, Q8, QS, h, signs, signs1, signs2, signs3, tile,
-                                      stride_qb, stride_qs, stride_qh, stride_q8b,
-                                      stride_q8s, stride_q8h, stride_q8d, seqlen_q, nheads,
-                                      q_blocks, inv_sqrt_block, W, CHUNKS, BLOCK_M, DOT_PREC,
-                                      UPCAST, EXACT_ROUND)
-            else:
-                _quantize_tile(Q, Q8, QS, h, h2, signs, signs2, tile, stride_qb, stride_qs,
-                               stride_qh, stride_q8b, stride_q8s, stride_q8h, stride_q8d, seqlen_q,
-                               nheads, q_blocks, inv_sqrt_block, HEAD_DIM, BLOCK_D, BLOCK_M, ROTATE,
-                               HALVES, MIX, DOT_PREC, UPCAST, EXACT_ROUND, False)
+            _quantize_qk_tile(Q, Q8, QS, h, h2, signs, signs1, signs2, signs3, tile, stride_qb,
+                              stride_qs, stride_qh, stride_q8b, stride_q8s, stride_q8h,
+                              stride_q8d, seqlen_q, nheads, q_blocks, inv_sqrt_block, HEAD_DIM,
+                              BLOCK_D, BLOCK_M, W, CHUNKS, ROTATE, HALVES, MIX, DOT_PREC, UPCAST,
+                              EXACT_ROUND)
         k_first = (pid + nprog - q_tiles % nprog) % nprog  # (K tile t: entry q_tiles + t)
         for tile in tl.range(k_first, k_tiles, nprog, num_stages=STAGES_QK):
-            if CHUNKS:
-                _quantize_tile_chunks(K, K8, KS, h, signs, signs1, signs2, signs3, tile,
-                                      stride_kb, stride_ks, stride_kh, stride_k8b,
-                                      stride_k8s, stride_k8h, stride_k8d, seqlen_k, nheads_k,
-                                      k_blocks, inv_sqrt_block, W, CHUNKS, BLOCK_N, DOT_PREC,
-                                      UPCAST, EXACT_ROUND)
-            else:
-                _quantize_tile(K, K8, KS, h, h2, signs, signs2, tile, stride_kb, stride_ks,
-                               stride_kh, stride_k8b, stride_k8s, stride_k8h, stride_k8d, seqlen_k,
-                               nheads_k, k_blocks, inv_sqrt_block, HEAD_DIM, BLOCK_D, BLOCK_N,
-                               ROTATE, HALVES, MIX, DOT_PREC, UPCAST, EXACT_ROUND, False)
+            _quantize_qk_tile(K, K8, KS, h, h2, signs, signs1, signs2, signs3, tile, stride_kb,
+                              stride_ks, stride_kh, stride_k8b, stride_k8s, stride_k8h,
+                              stride_k8d, seqlen_k, nheads_k, k_blocks, inv_sqrt_block, HEAD_DIM,
+                              BLOCK_D, BLOCK_N, W, CHUNKS, ROTATE, HALVES, MIX, DOT_PREC, UPCAST,
+                              EXACT_ROUND)
     if V_LOOP:
         v_first = (pid + nprog - (q_tiles + k_tiles) % nprog) % nprog
         for tile in tl.range(v_first, v_tiles, nprog, num_stages=STAGES_V):

@@ -58,11 +58,11 @@ def main() -> int:
     for d, s in points:
         b = max(1, 16384 // s)
         h = 2048 // d
-        x8 = [torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16).to(torch.float8_e4m3fn)
-              for _ in range(3)]
         if args.dtype == "bf16":
             _time_bf16(args, variants, d, s, b, h)
             continue
+        x8 = [torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16).to(torch.float8_e4m3fn)
+              for _ in range(3)]
         one = torch.ones(b, h, 1, device="cuda", dtype=torch.float32)
         scales = Fp8Scales(one, one, one, 31, 31)
         if new:

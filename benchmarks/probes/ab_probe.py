@@ -11,6 +11,8 @@ Points (H100 defaults):
   call costs);
 - ``decode`` (flash_attn_with_kvcache, GQA 32/8, d128, b1, L16k, one new token, eager):
   microseconds per step, measured the same way.
+- ``--points fp8``: ``flash_attn_fp8_func`` end to end beside bf16 ``flash_attn_func`` at b1
+  h16 d128, s 1k / 4k / 8k (:func:`fp8_rows`).
 
     python benchmarks/probes/ab_probe.py --a /tmp/old/src --b src --rounds 3 --out ab.json
 """
@@ -45,6 +47,33 @@ def _per_call_us(fn, calls: int, reps: int) -> float:
     return min(times)
 
 
+def fp8_rows() -> Dict[str, float]:
+    """``flash_attn_fp8_func`` end to end beside our bf16 ``flash_attn_func`` (b1, h16, d128:
+    2048 hidden; s 1k / 4k / 8k, causal and not): microseconds per call, back-to-back calls
+    (host-bound where the call's Python outlasts its kernels), and do_bench medians."""
+    import torch
+    from triton.testing import do_bench
+
+    import flashattn
+    from flashattn import fp8
+
+    rows: Dict[str, float] = {}
+    for s in (1024, 4096, 8192):
+        q, k, v = (torch.randn(1, s, 16, 128, device="cuda", dtype=torch.bfloat16)
+                   for _ in range(3))
+        for causal in (False, True):
+            tag = f"b1_s{s // 1024}k_d128_{'causal' if causal else 'dense'}"
+            e2e = lambda: fp8.flash_attn_fp8_func(q, k, v, causal=causal)  # noqa: E731
+            bf16 = lambda: flashattn.flash_attn_func(q, k, v, causal=causal)  # noqa: E731
+            calls = 200 if s <= 1024 else 50
+            rows[f"fp8_e2e_{tag}_us"] = _per_call_us(e2e, calls, 15)
+            rows[f"bf16_{tag}_us"] = _per_call_us(bf16, calls, 15)
+            if s >= 4096:
+                rows[f"fp8_e2e_{tag}_bench_us"] = do_bench(e2e, warmup=50, rep=200) * 1e3
+                rows[f"bf16_{tag}_bench_us"] = do_bench(bf16, warmup=50, rep=200) * 1e3
+    return rows
+
+
 def child(points: str) -> Dict[str, float]:
     """Measure the points with the flashattn on sys.path[0]; print one JSON line."""
     import torch
@@ -52,6 +81,8 @@ def child(points: str) -> Dict[str, float]:
 
     import flashattn
 
+    if points == "fp8":
+        return fp8_rows()
     rows: Dict[str, float] = {}
     dt = torch.bfloat16
     b, s, h, d = 1, 16384, 16, 128
@@ -101,8 +132,9 @@ def main() -> int:
     ap.add_argument("--a", required=True, help="src dir of tree A (the baseline)")
     ap.add_argument("--b", required=True, help="src dir of tree B")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--points", choices=("all", "host"), default="all",
-                    help="all points, or the host-time ones only (tiny calls, decode)")
+    ap.add_argument("--points", choices=("all", "host", "fp8"), default="all",
+                    help="all points, the host-time ones only (tiny calls, decode), or "
+                         "flash_attn_fp8_func beside bf16 (fp8_rows)")
     ap.add_argument("--out", default="")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()

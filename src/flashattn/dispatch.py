@@ -39,6 +39,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import math
 import warnings
 from typing import Any, Dict, Optional, Tuple
 
@@ -753,6 +754,115 @@ def fp8_forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, scales: Fp
     return backend(name).fp8_fwd(q8, k8, v8, scales, params, out_dtype)
 
 
+def fp8_e2e_runner(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: AttnParams,
+                   signs: Optional[torch.Tensor], block_m: int, block_n: int, need_lse: bool
+                   ) -> Optional["Fp8Call"]:
+    """``flash_attn_fp8_func``'s decisions for these validated 16/32-bit inputs, made once: a
+    :class:`Fp8Call` for the calls that run the Triton quantize pass and then the Hopper FP8
+    kernel (CUDA, V in wgmma key order, >= 32 keys per scale), None for the rest (they take
+    the full path on every call). The caller keys it on everything the decisions read
+    (shapes, strides, dtypes, device, alignment, params, blocks, seed, settings)."""
+    if (q.device.type != "cuda" or _is_degenerate(q, k)
+            or block_n < fp8_format.WGMMA_KEY_GROUP
+            or select("fp8_quantize", q) != "portable"
+            or not fp8_v_wgmma(q, k, v, params, block_m, block_n)):
+        return None
+    return Fp8Call(q, k, v, params, signs, block_m, block_n, need_lse)
+
+
+def _align(nbytes: int) -> int:
+    return -(-nbytes // 256) * 256
+
+
+class Fp8Call:
+    """``flash_attn_fp8_func`` for one call signature (issue 21's recorded calls, for FP8
+    prefill): the quantize pass and the Hopper FP8 forward, both launched by replaying their
+    recorded launch plans with addresses. The pass's outputs, the LSE when the caller drops it
+    and the forward's tile-queue counter live in one workspace reused per (stream, thread)
+    (``runtime.buffers``; the stream orders one call's forward before the next call's pass),
+    so a call allocates only ``out`` (and ``lse`` when it is returned). The full path
+    allocated nine tensors and checked the pass's outputs again (~400 µs of host per call on
+    the H100 host, benchmarks/NOTES.md, session 15).
+
+    Made by :func:`fp8_e2e_runner`. The first call (and any call whose replay cannot run now:
+    fast launches off, a profiler listening) launches through tensor views of the workspace
+    and records the plans."""
+
+    def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: AttnParams,
+                 signs: Optional[torch.Tensor], block_m: int, block_n: int,
+                 need_lse: bool) -> None:
+        b, s_q, h, d = q.shape
+        s_k, h_k, d_v = k.shape[1], k.shape[2], v.shape[3]
+        n_q, n_k = -(-s_q // block_m), -(-s_k // block_n)
+        s_pad = fp8_format.wgmma_padded_keys(s_k)
+        f32, f8 = torch.float32, fp8_format.FP8_DTYPE
+        # (name, dtype, shape, strides) of every region, in workspace order
+        regions = [
+            ("q8", f8, (b, s_q, h, d), (s_q * h * d, h * d, d, 1)),
+            ("k8", f8, (b, s_k, h_k, d), (s_k * h_k * d, h_k * d, d, 1)),
+            # V^T in wgmma key order: wgmma_vt_empty's (b, s_pad, h_k, d_v) view of
+            # (b, h_k, d_v, s_pad) storage
+            ("v8", f8, (b, s_pad, h_k, d_v), (h_k * d_v * s_pad, 1, d_v * s_pad, s_pad)),
+            ("q_descale", f32, (b, h, n_q), (h * n_q, n_q, 1)),
+            ("k_descale", f32, (b, h_k, n_k), (h_k * n_k, n_k, 1)),
+            ("v_descale", f32, (b, h_k, n_k), (h_k * n_k, n_k, 1)),
+            ("lse", f32, (b, h, s_q), (h * s_q, s_q, 1)),
+            ("counter", torch.int32, (1,), (1,)),
+        ]
+        self._regions, offset = [], 0
+        for name, dtype, shape, strides in regions:
+            nbytes = dtype.itemsize * math.prod(shape)
+            self._regions.append((name, offset, nbytes, dtype, shape, strides))
+            offset += _align(nbytes)
+        self._nbytes = offset
+        self._offsets = tuple(r[1] for r in self._regions)
+        self._out_shape, self._lse_shape = (b, s_q, h, d_v), (b, h, s_q)
+        self._dtype, self._device, self._index = q.dtype, q.device, q.device.index
+        self._need_lse = need_lse
+        self._shifts = (int(block_m).bit_length() - 1, int(block_n).bit_length() - 1)
+        # (imported here: runtime.buffers needs Triton, and dispatch must import without it)
+        from flashattn.runtime import buffers
+
+        self._buffers = buffers
+        self._quantize = backend("portable").fp8_quantize_call(signs, block_m, block_n)
+        self._fwd = backend("hopper").fp8_fwd_call(d, d_v, params, q.dtype)
+        self._recorded = False
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+                 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """(out (b, s_q, h, d_v) in q's dtype, lse (b, h, s_q) float32 or None when the
+        signature does not return it) for q, k, v of this call signature."""
+        ws = self._buffers.stream_buffer("fp8-call", self._nbytes, self._index)
+        out = torch.empty(self._out_shape, dtype=self._dtype, device=self._device)
+        lse = (torch.empty(self._lse_shape, dtype=torch.float32, device=self._device)
+               if self._need_lse else None)
+        if self._fwd.uses_counter:  # (the tile queue starts at zero on every call)
+            ws.narrow(0, self._offsets[7], 4).zero_()
+        if self._recorded:
+            base = ws.data_ptr()
+            q8, k8, v8, qs, ks, vs, lse_ws, counter = (base + o for o in self._offsets)
+            lse_at = lse_ws if lse is None else lse.data_ptr()
+            if (self._quantize.replay(q, k, v, (q8, k8, v8, qs, ks, vs))
+                    and self._fwd.replay((q8, k8, v8, out.data_ptr(), lse_at,
+                                          counter if self._fwd.uses_counter else lse_at,
+                                          qs, ks, vs))):
+                return out, lse
+            # (a replay that cannot run now launches through the views below; the pass may
+            # then run twice, which writes the same values)
+        views = {name: ws.narrow(0, offset, nbytes).view(dtype).as_strided(shape, strides)
+                 for name, offset, nbytes, dtype, shape, strides in self._regions}
+        q8, k8, v8 = views["q8"], views["k8"], views["v8"]
+        self._quantize.record(q, k, v, (q8, k8, v8, views["q_descale"], views["k_descale"],
+                                        views["v_descale"]))
+        scales = Fp8Scales(views["q_descale"], views["k_descale"], views["v_descale"],
+                           *self._shifts)
+        lse_t = views["lse"] if lse is None else lse
+        self._fwd.record(q8, k8, v8, scales, out, lse_t,
+                         views["counter"] if self._fwd.uses_counter else lse_t)
+        self._recorded = self._quantize.plan is not None and self._fwd.plan is not None
+        return out, lse
+
+
 def fp8_varlen_forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
                        cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
                        seqused_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int,
@@ -777,6 +887,8 @@ __all__ = [
     "family_for",
     "forward",
     "forward_family",
+    "Fp8Call",
+    "fp8_e2e_runner",
     "fp8_forward",
     "fp8_quantize",
     "fp8_v_wgmma",

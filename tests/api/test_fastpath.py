@@ -181,3 +181,130 @@ def test_small_query_runner_keeps_only_shape_facts(monkeypatch):
         assert list(fastpath.DENSE._entries) == [key]  # a hit, no new entry
         want, _ = attention_ref(q.double(), k.double(), v.double(), causal=True)
         torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# flash_attn_fp8_func: the key, the CPU path's entry, the recorded call's workspace layout
+# ---------------------------------------------------------------------------------------------
+def test_fp8_signature_rules():
+    """Only a fixed rotation (an int seed) has a signature: seed None draws new signs per call.
+    Types are part of the key; inputs that need grad, lists and numpy scalars take the full
+    path (whose checks decide about them)."""
+    q = torch.randn(1, 8, 2, 16).bfloat16()
+    key = fastpath.fp8_key
+    args = dict(softmax_scale=None, causal=True, window_size=(-1, -1), softcap=0.0,
+                incoherent=True, seed=0, block_m=128, block_n=128, return_lse=False)
+    base = key(q, q, q, **args)
+    assert base is not None
+    assert key(q, q, q, **{**args, "seed": None}) is None
+    assert key(q, q, q, **{**args, "seed": True}) is None
+    assert key(q, q, q, **{**args, "window_size": [-1, -1]}) is None
+    assert key(q, q, q, **{**args, "causal": 1}) not in (None, base)
+    assert key(q, q, q, **{**args, "return_lse": True}) != base
+    assert key(q, q, q, **{**args, "seed": 1}) != base
+    assert key(q.float(), q.float(), q.float(), **args) != base
+    x = q.clone().requires_grad_()
+    assert key(x, x, x, **args) is None
+    with torch.no_grad():
+        assert key(x, x, x, **args) is not None
+    import numpy as np
+    assert key(q, q, q, **{**args, "softcap": np.float32(0.0)}) is None
+
+
+def test_fp8_cpu_calls_keep_taking_the_full_path():
+    """Off the Hopper kernels there is no recorded call: the signature's entry says so once
+    (no decision per call), and repeated calls equal the first."""
+    from flashattn import fp8
+
+    fastpath.FP8.clear()
+    torch.manual_seed(2)
+    q, k, v = (torch.randn(1, 40, h, 32).bfloat16() for h in (4, 2, 2))
+    first = fp8.flash_attn_fp8_func(q, k, v, causal=True, seed=3, block_m=32, block_n=32)
+    assert list(fastpath.FP8._entries.values())[0][1] is fastpath.FP8_FULL_PATH
+    again = fp8.flash_attn_fp8_func(q, k, v, causal=True, seed=3, block_m=32, block_n=32)
+    assert torch.equal(first, again) and len(fastpath.FP8._entries) == 1
+    fastpath.FP8.clear()
+
+
+class _FakePlan:
+    """Stands in for the quantize / forward recorded calls: keeps what record and replay
+    received (the recorded views' addresses, the replayed addresses)."""
+
+    def __init__(self, uses_counter=False):
+        self.plan, self.uses_counter, self.recorded, self.replayed = None, uses_counter, [], []
+
+    def record(self, *args):
+        self.recorded.append(args)
+        self.plan = object()
+
+    def replay(self, *args):
+        self.replayed.append(args)
+        return True
+
+
+@pytest.mark.parametrize("causal,need_lse", [(True, False), (False, True)])
+def test_fp8_recorded_call_replays_the_recorded_layout(monkeypatch, causal, need_lse):
+    """dispatch.Fp8Call: the addresses a replay hands the two launches are exactly those of
+    the tensor views the first call recorded with (q8, k8, V^T in wgmma order, the three
+    descale tables, the LSE, the tile-queue counter), the regions are 256-byte aligned and
+    disjoint, V^T's view has wgmma_vt_empty's strides, the counter is zeroed before every
+    launch, and a returned LSE is the caller's own tensor (CPU stand-ins for the workspace and
+    the kernels)."""
+    from flashattn import fp8_format
+    from flashattn.params import AttnParams
+
+    ws = torch.full((1 << 20,), 7, dtype=torch.uint8)
+    from flashattn.runtime import buffers
+
+    monkeypatch.setattr(buffers, "stream_buffer", lambda kind, nbytes, device: ws)
+    quant, fwd = _FakePlan(), _FakePlan(uses_counter=causal)
+
+    class _Backend:
+        fp8_quantize_call = staticmethod(lambda signs, bm, bn: quant)
+        fp8_fwd_call = staticmethod(lambda d, d_v, p, dtype: fwd)
+
+    monkeypatch.setattr(dispatch, "backend", lambda name: _Backend)
+    b, s_q, s_k, h, h_k, d = 2, 300, 170, 4, 2, 64
+    q = torch.randn(b, s_q, h, d).bfloat16()
+    k, v = (torch.randn(b, s_k, h_k, d).bfloat16() for _ in range(2))
+    params = AttnParams(0.125, causal, -1, 0 if causal else -1, 0.0, None, 0.0, 0)
+    call = dispatch.Fp8Call(q, k, v, params, None, 128, 64, need_lse)
+    out, lse = call(q, k, v)
+    assert out.shape == (b, s_q, h, d) and (lse is not None) == need_lse
+    (_, _, _, outs), = quant.recorded
+    q8, k8, v8, qs, ks, vs = outs
+    (q8f, k8f, v8f, scales, out_r, lse_r, counter_r), = fwd.recorded
+    assert q8f is q8 and k8f is k8 and v8f is v8 and out_r is out
+    assert (scales.q_descale, scales.k_descale, scales.v_descale) == (qs, ks, vs)
+    assert (scales.q_block_shift, scales.kv_block_shift) == (7, 6)
+    want_v = fp8_format.wgmma_vt_empty((b, s_k, h_k, d), torch.device("cpu"))
+    assert v8.shape == want_v.shape and v8.stride() == want_v.stride()
+    assert qs.shape == (b, h, 3) and ks.shape == vs.shape == (b, h_k, 3)
+    if need_lse:
+        assert lse_r is lse
+    if causal:
+        assert counter_r.dtype == torch.int32 and int(counter_r[0]) == 0
+    else:
+        assert counter_r is lse_r
+    in_ws = [q8, k8, v8, qs, ks, vs] + ([] if need_lse else [lse_r]) \
+        + ([counter_r] if causal else [])
+    base = ws.data_ptr()
+    # (V^T's view covers all of its (b, h_k, d, s_pad) storage)
+    spans = sorted((t.data_ptr() - base, t.data_ptr() - base + (
+        b * h_k * d * want_v.shape[1] if t is v8 else t.numel() * t.element_size()))
+        for t in in_ws)
+    assert all(lo % 256 == 0 for lo, _ in spans) and spans[-1][1] <= ws.numel()
+    assert all(one[1] <= two[0] for one, two in zip(spans, spans[1:]))
+    # the second call replays with the same addresses
+    ws[:] = 7
+    out2, lse2 = call(q, k, v)
+    (qa, ka, va, (a_q8, a_k8, a_v8, a_qs, a_ks, a_vs)), = quant.replayed
+    assert qa is q and ka is k and va is v
+    assert (a_q8, a_k8, a_v8, a_qs, a_ks, a_vs) == tuple(t.data_ptr() for t in outs)
+    (addrs,), = fwd.replayed
+    assert addrs[:3] == (a_q8, a_k8, a_v8) and addrs[6:] == (a_qs, a_ks, a_vs)
+    assert addrs[3] == out2.data_ptr()
+    assert addrs[4] == (lse2.data_ptr() if need_lse else lse_r.data_ptr())
+    assert addrs[5] == (counter_r.data_ptr() if causal else addrs[4])
+    if causal:
+        assert int(counter_r[0]) == 0

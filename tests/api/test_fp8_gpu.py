@@ -229,3 +229,95 @@ def test_row_sum_on_the_tensor_core_keeps_fa3_numerics(d, causal, window, softca
         assert torch.isfinite(lse[:, :, s_q - s_k:]).all()
     else:
         assert torch.isfinite(lse).all()
+
+
+# the recorded call of flash_attn_fp8_func (dispatch.Fp8Call): shapes interleaved so that one
+# signature's workspace is written by another's between its calls; windows and causal use the
+# tile queue's counter; s_k not a multiple of 32 leaves V^T padding positions
+_RECORDED_SHAPES = [
+    dict(b=2, s_q=900, s_k=1100, h=4, h_k=2, d=128, causal=True, window_size=(-1, -1)),
+    dict(b=1, s_q=777, s_k=777, h=4, h_k=4, d=64, causal=False, window_size=(-1, -1)),
+    dict(b=2, s_q=300, s_k=301, h=2, h_k=1, d=256, causal=True, window_size=(-1, -1)),
+    dict(b=1, s_q=1000, s_k=1000, h=4, h_k=2, d=128, causal=False, window_size=(200, 30)),
+]
+
+
+def _full_path(q, k, v, causal, window_size, seed):
+    """flash_attn_fp8_func's semantics through the public two-step route (V in key order,
+    permuted inside the forward): (out, lse)."""
+    return fp8.attention(fp8.quantize(q, k, v, seed=seed), causal=causal,
+                         window_size=window_size, out_dtype=q.dtype, return_lse=True)
+
+
+def test_recorded_fp8_call_matches_the_full_path():
+    """Repeated flash_attn_fp8_func signatures replay the recorded call (Hopper: quantize pass
+    and FP8 forward from their launch plans, outputs in a reused workspace): every call,
+    with and without the LSE, is bitwise the two-step route's result, and outputs returned
+    earlier stay intact after later calls."""
+    from flashattn import dispatch
+    from flashattn.api import fastpath
+
+    fastpath.FP8.clear()
+    kept = []
+    for rnd in range(3):
+        for i, sh in enumerate(_RECORDED_SHAPES):
+            xs, _ = _quantized(sh["b"], sh["s_q"], sh["s_k"], sh["h"], sh["h_k"], sh["d"],
+                               sh["d"], seed=10 * rnd + i)
+            want, want_lse = _full_path(*xs, sh["causal"], sh["window_size"], 5)
+            for return_lse in (False, True):
+                got = fp8.flash_attn_fp8_func(*xs, causal=sh["causal"],
+                                              window_size=sh["window_size"], seed=5,
+                                              return_lse=return_lse)
+                if return_lse:
+                    got, lse = got
+                    assert torch.equal(lse, want_lse), (rnd, i)
+                assert torch.equal(got, want), (rnd, i, return_lse)
+            kept.append((got, want))
+    for got, want in kept:
+        assert torch.equal(got, want)
+    runs = [entry[1] for entry in fastpath.FP8._entries.values()]
+    assert len(runs) == 2 * len(_RECORDED_SHAPES)
+    if _hopper():
+        assert all(isinstance(r, dispatch.Fp8Call) and r._recorded for r in runs)
+    fastpath.FP8.clear()
+
+
+def test_recorded_fp8_call_on_two_streams_and_in_a_cuda_graph():
+    """The workspace is per (stream, thread): a call on a side stream runs beside one on the
+    main stream without sharing it. Under CUDA-graph capture the call takes fresh memory from
+    the graph's pool; replays after new inputs are copied in match eager calls, and eager
+    calls between replays do not disturb them."""
+    from flashattn.api import fastpath
+
+    fastpath.FP8.clear()
+    args = dict(causal=True, seed=0)
+    (q, k, v), _ = _quantized(1, 1024, 1024, 4, 2, 128, 128, seed=1)
+    (q2, k2, v2), _ = _quantized(1, 1024, 1024, 4, 2, 128, 128, seed=2)
+    want1 = _full_path(q, k, v, True, (-1, -1), 0)[0]
+    want2 = _full_path(q2, k2, v2, True, (-1, -1), 0)[0]
+    for _ in range(2):
+        assert torch.equal(fp8.flash_attn_fp8_func(q, k, v, **args), want1)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        got_side = fp8.flash_attn_fp8_func(q2, k2, v2, **args)
+    got_main = fp8.flash_attn_fp8_func(q, k, v, **args)
+    torch.cuda.synchronize()
+    assert torch.equal(got_side, want2) and torch.equal(got_main, want1)
+
+    sq, sk, sv = q.clone(), k.clone(), v.clone()
+    warm = torch.cuda.Stream()
+    warm.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(warm):
+        fp8.flash_attn_fp8_func(sq, sk, sv, **args)
+    torch.cuda.current_stream().wait_stream(warm)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g_out = fp8.flash_attn_fp8_func(sq, sk, sv, **args)
+    for (a, b_, c), want in (((q2, k2, v2), want2), ((q, k, v), want1)):
+        sq.copy_(a), sk.copy_(b_), sv.copy_(c)
+        graph.replay()
+        eager = fp8.flash_attn_fp8_func(q2, k2, v2, **args)  # between replays
+        torch.cuda.synchronize()
+        assert torch.equal(g_out, want) and torch.equal(eager, want2)
+    fastpath.FP8.clear()

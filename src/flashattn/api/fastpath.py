@@ -79,23 +79,26 @@ class CallCache:
 DENSE = CallCache()
 
 
+def _plain_qkv(q: Any, k: Any, v: Any, window_size: Any) -> bool:
+    """The tests every dense signature starts with: plain 16/32-bit tensors (FP8 and invalid
+    dtypes take their own path), ops._eager_call's test (no tracing, no dispatch mode), no
+    gradient to record, and a window_size tuple of two (its items' types are keyed)."""
+    if not (type(q) is Tensor and type(k) is Tensor and type(v) is Tensor):
+        return False
+    if q.dtype not in _DTYPES or _ops._tracing():
+        return False
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return False
+    return type(window_size) is tuple and len(window_size) == 2
+
+
 def dense_key(q: Any, k: Any, v: Any, dropout_p: Any, softmax_scale: Any, causal: Any,
               window_size: Any, softcap: Any, deterministic: Any,
               return_attn_probs: Any) -> Optional[tuple]:
     """The call signature of an eligible ``flash_attn_func`` call (no dropout / ALiBi / FP8 /
     sink / chunk: the caller checks those are absent), or None (full path). Every test is
-    written out (no helper calls, no generator): this is a decoding step's host path."""
-    if not (type(q) is Tensor and type(k) is Tensor and type(v) is Tensor):
-        return None
-    if q.dtype not in _DTYPES:  # FP8 (and invalid dtypes) take their own path
-        return None
-    # ops._eager_call's test (plain tensors, checked above; no tracing, no dispatch mode)
-    # and no gradient to record
-    if _ops._tracing():
-        return None
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return None
-    if type(window_size) is not tuple or len(window_size) != 2:
+    written out (no generator, one helper): this is a decoding step's host path."""
+    if not _plain_qkv(q, k, v, window_size):
         return None
     if type(dropout_p) not in (float, int) or dropout_p != 0:
         return None
@@ -210,5 +213,45 @@ def kvcache_args(template: tuple, q: Tensor, k_cache: Tensor, v_cache: Tensor,
             cache_leftpad, block_table) + template
 
 
-__all__ = ["DENSE", "KVCACHE", "CallCache", "dense_key", "dense_runner",
-           "kvcache_args", "kvcache_entry", "kvcache_key"]
+# ---------------------------------------------------------------------------------------------
+# flash_attn_fp8_func
+# ---------------------------------------------------------------------------------------------
+FP8 = CallCache()
+# the entry of a signature the recorded FP8 call does not cover (fp8_runner returned None):
+# its calls take the full path without asking again
+FP8_FULL_PATH = False
+
+
+def fp8_key(q: Any, k: Any, v: Any, softmax_scale: Any, causal: Any, window_size: Any,
+            softcap: Any, incoherent: Any, seed: Any, block_m: Any, block_n: Any,
+            return_lse: Any) -> Optional[tuple]:
+    """The call signature of a ``flash_attn_fp8_func`` call with a fixed rotation (``seed`` an
+    int: None draws new signs on every call and takes the full path), or None (full path).
+    Same rules as :func:`dense_key`; inputs that require grad take the full path, which
+    raises."""
+    if type(seed) is not int or not _plain_qkv(q, k, v, window_size):
+        return None
+    left, right = window_size
+    if not (type(softmax_scale) in _SCALARS and type(causal) in _SCALARS
+            and type(softcap) in _SCALARS and type(incoherent) in _SCALARS
+            and type(block_m) in _SCALARS and type(block_n) in _SCALARS
+            and type(return_lse) in _SCALARS and type(left) in _SCALARS
+            and type(right) in _SCALARS):
+        return None
+    return (_tensor_key(q), _tensor_key(k), _tensor_key(v), type(softmax_scale), softmax_scale,
+            type(causal), causal, type(left), left, type(right), right, type(softcap), softcap,
+            type(incoherent), incoherent, seed, type(block_m), block_m, type(block_n), block_n,
+            type(return_lse), return_lse)
+
+
+def fp8_runner(q: Tensor, k: Tensor, v: Tensor, params: AttnParams, signs: Optional[Tensor],
+               block_m: int, block_n: int, need_lse: bool) -> Any:
+    """What ``flash_attn_fp8_func``'s full path decided for this signature (arguments checked
+    and normalised), as a call ``run(q, k, v) -> (out, lse or None)``: dispatch's recorded FP8
+    call, or :data:`FP8_FULL_PATH` where it does not apply."""
+    run = dispatch.fp8_e2e_runner(q, k, v, params, signs, block_m, block_n, need_lse)
+    return FP8_FULL_PATH if run is None else run
+
+
+__all__ = ["DENSE", "FP8", "FP8_FULL_PATH", "KVCACHE", "CallCache", "dense_key", "dense_runner",
+           "fp8_key", "fp8_runner", "kvcache_args", "kvcache_entry", "kvcache_key"]

@@ -20,10 +20,12 @@ from typing import Optional, Sequence, Tuple
 import torch
 
 from flashattn import ops as _ops
+from flashattn.api import fastpath as _fast
 from flashattn.api import out as _out
 from flashattn.api import params as _p
 from flashattn.api import validation as _v
-from flashattn.api.fp8 import QuantizedQKV, check_quantize_args, quantize_for_kernels
+from flashattn.api.fp8 import (QuantizedQKV, check_quantize_args, quantize_for_kernels,
+                               random_signs)
 from flashattn.params import ONE_BLOCK_SHIFT, AttnParams
 
 Tensor = torch.Tensor
@@ -267,6 +269,13 @@ def flash_attn_fp8_func(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional
 
     Returns out (batch, seqlen_q, nheads, headdim_v) in q's dtype (and lse).
     """
+    # a repeated call signature replays the recorded call (api/fastpath.py, dispatch.Fp8Call)
+    key = _fast.fp8_key(q, k, v, softmax_scale, causal, window_size, softcap, incoherent, seed,
+                        block_m, block_n, return_lse)
+    run = None if key is None else _fast.FP8.get(key)
+    if run:
+        out, lse = run(q, k, v)
+        return (out, lse) if return_lse else out
     for x, n in ((q, "q"), (k, "k"), (v, "v")):
         if isinstance(x, torch.Tensor) and x.requires_grad and torch.is_grad_enabled():
             raise RuntimeError(f"{n} requires grad: {_NO_BACKWARD} (or run "
@@ -278,6 +287,13 @@ def flash_attn_fp8_func(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional
     scale, causal_, left, right, softcap_ = _common(softmax_scale, causal, window_size, softcap,
                                                     q.shape[-1], k.shape[1])
     params = AttnParams(scale, causal_, left, right, softcap_, None, 0.0, 0)
+    if key is not None and run is None:  # the signature's first call: record it
+        signs = random_signs(q.shape[-1], seed, q.device) if incoherent else None
+        run = _fast.fp8_runner(q, k, v, params, signs, block_m, block_n, bool(return_lse))
+        _fast.FP8.put(key, run)
+        if run:
+            out, lse = run(q, k, v)
+            return (out, lse) if return_lse else out
     v_wgmma = _ops.fp8_v_wgmma(q, k, v, params, block_m, block_n)
     qkv8 = quantize_for_kernels(q, k, v, incoherent, seed, block_m, block_n, v_wgmma,
                                 copy_signs=False)

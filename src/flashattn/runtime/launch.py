@@ -207,6 +207,27 @@ class LaunchPlan:
         compat.launch_compiled(self.kernel, self.grid, self.device, values)
         return True
 
+    def replay_addresses(self, addresses: Sequence[int]) -> bool:
+        """:meth:`replay` with every slot given as a device address (int), descriptor slots
+        included: a descriptor slot gets the recorded shape and strides over ``addresses[i]``
+        (for memory the caller places itself, e.g. a reused workspace: no tensor view per
+        call). The caller guarantees the recorded 16-byte alignment of each address."""
+        return self.replay([a if desc is None else TensorDescArg(_Address(a), *desc)
+                            for (_, desc, _), a in zip(self.slots, addresses)])
+
+
+class _Address:
+    """A device address standing in for a descriptor's base tensor: Triton's launcher reads
+    only ``base.data_ptr()`` from it (``make_tensordesc_arg``, Triton 3.6-3.9)."""
+
+    __slots__ = ("address",)
+
+    def __init__(self, address: int) -> None:
+        self.address = address
+
+    def data_ptr(self) -> int:
+        return self.address
+
 
 def forget_winners() -> None:
     """Drop the remembered winners and compiled kernels (tests that change spaces or env)."""

@@ -41,4 +41,13 @@ def fp8_fwd(q8: Tensor, k8: Tensor, v8: Tensor, scales: Fp8Scales, p: AttnParams
                                      v_in_wgmma_order=v_wgmma)
 
 
-__all__ = ["bwd", "fp8_fwd", "fwd"]
+def fp8_fwd_call(head_dim: int, head_dim_v: int, p: AttnParams, out_dtype: torch.dtype
+                 ) -> "_fwd.Fp8FwdCall":
+    """The FP8 forward over V in wgmma key order for one call signature, its launch replayed
+    with addresses (sm90/fwd.Fp8FwdCall: flash_attn_fp8_func's recorded call)."""
+    return _fwd.Fp8FwdCall(head_dim, head_dim_v, softmax_scale=p.softmax_scale,
+                           window_left=p.window_left, window_right=p.window_right,
+                           softcap=p.softcap, out_dtype=out_dtype)
+
+
+__all__ = ["bwd", "fp8_fwd", "fp8_fwd_call", "fwd"]

@@ -143,7 +143,9 @@ def flash_fwd_hopper_fp8(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
                          scales: Fp8Scales, *, softmax_scale: float, window_left: int,
                          window_right: int, softcap: float, out_dtype: torch.dtype,
                          config_overrides: Optional[Dict[str, Any]] = None,
-                         v_in_wgmma_order: bool = False):
+                         v_in_wgmma_order: bool = False,
+                         into: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None,
+                         plan_out: Optional[list] = None):
     """FP8 attention forward with the Gluon sm90 kernel (e4m3 wgmma for both GEMMs).
 
     q8 (b, s_q, h, d), k8 (b, s_k, h_k, d) float8_e4m3fn, TMA-aligned; v8 (b, s_k, h_k, d_v)
@@ -153,6 +155,10 @@ def flash_fwd_hopper_fp8(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
     with q blocks of >= BLOCK_M / consumers rows and kv blocks of >= BLOCK_N keys
     (support.fp8_unsupported). Returns out (b, s_q, h, d_v) in ``out_dtype``, lse float32
     (b, h, s_q).
+
+    ``into``: (out, lse, tile-queue counter) placed by the caller (:class:`Fp8FwdCall`; the
+    counter an int32 zero, or any tensor when the kernel has no tile queue); ``plan_out`` gets
+    the launch plan (None when Triton's own launch path ran).
     """
     batch, seqlen_q, n_heads, head_dim = q8.shape
     head_dim_v = v8.shape[3]
@@ -163,9 +169,13 @@ def flash_fwd_hopper_fp8(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
     # as the P·V operand without shuffles (fwd_kernel._p_operand)
     if not v_in_wgmma_order:
         v8 = wgmma_ordered_vt(v8)
-    out = torch.empty((batch, seqlen_q, n_heads, head_dim_v), dtype=out_dtype, device=q8.device)
-    lse = torch.empty((batch, n_heads, seqlen_q), dtype=torch.float32, device=q8.device)
-    counter = _tile_counter(cfg, window_right, lse)
+    if into is None:
+        out = torch.empty((batch, seqlen_q, n_heads, head_dim_v), dtype=out_dtype,
+                          device=q8.device)
+        lse = torch.empty((batch, n_heads, seqlen_q), dtype=torch.float32, device=q8.device)
+        counter = _tile_counter(cfg, window_right, lse)
+    else:
+        out, lse, counter = into
     key = (q8.shape, k8.shape, v8.shape, q8.stride(), k8.stride(), v8.stride(), out_dtype,
            q8.device, softmax_scale, window_left, window_right, softcap,
            scales.q_descale.shape, scales.k_descale.shape, scales.q_block_shift,
@@ -179,9 +189,48 @@ def flash_fwd_hopper_fp8(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
             counter=counter, scales=scales)
         return attn_fwd_kernel, (grid,), args, {**constexprs, **options}
 
-    _FP8_PLANS.launch(key, (q8, k8, v8, out, lse, counter, scales.q_descale, scales.k_descale,
-                            scales.v_descale), build)
+    plan = _FP8_PLANS.launch(key, (q8, k8, v8, out, lse, counter, scales.q_descale,
+                                   scales.k_descale, scales.v_descale), build)
+    if plan_out is not None:
+        plan_out.append(plan)
     return out, lse
+
+
+class Fp8FwdCall:
+    """:func:`flash_fwd_hopper_fp8` over V in wgmma key order for one call signature, with its
+    inputs, LSE and tile-queue counter in memory the caller places (``flash_attn_fp8_func``'s
+    recorded call, ``dispatch.Fp8Call``: the quantize pass's outputs live in a reused
+    per-stream workspace). :meth:`record` launches on tensor views and keeps the launch plan;
+    :meth:`replay` relaunches with addresses (no descriptor validation, no binder).
+
+    Contract (the caller's key): a replayed call has inputs of the recorded shapes, strides
+    and dtypes at 16-byte-aligned addresses, the same params, and a zeroed counter when
+    :attr:`uses_counter`."""
+
+    def __init__(self, head_dim: int, head_dim_v: int, *, softmax_scale: float,
+                 window_left: int, window_right: int, softcap: float,
+                 out_dtype: torch.dtype) -> None:
+        self.kwargs = dict(softmax_scale=softmax_scale, window_left=window_left,
+                           window_right=window_right, softcap=softcap, out_dtype=out_dtype)
+        cfg = fp8_fwd_config(head_dim, head_dim_v, softcap > 0.0,
+                             masked=window_left >= 0 or window_right >= 0)
+        # whether the kernel takes its tiles from an int32 counter that starts at zero
+        self.uses_counter = uses_tile_queue(cfg, window_right)
+        self.plan = None
+
+    def record(self, q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, scales: Fp8Scales,
+               out: torch.Tensor, lse: torch.Tensor, counter: torch.Tensor) -> None:
+        """Launch into out / lse (v8 in wgmma key order) and keep the plan."""
+        recorded: list = []
+        flash_fwd_hopper_fp8(q8, k8, v8, scales, **self.kwargs, v_in_wgmma_order=True,
+                             into=(out, lse, counter), plan_out=recorded)
+        self.plan = recorded[0]
+
+    def replay(self, addresses: Tuple[int, ...]) -> bool:
+        """The recorded launch with ``addresses`` = (q8, k8, v8, out, lse, counter, q_descale,
+        k_descale, v_descale) (counter: any address when not :attr:`uses_counter`). False,
+        with nothing launched, when there is no plan or it cannot replay now."""
+        return self.plan is not None and self.plan.replay_addresses(addresses)
 
 
 # Launch plans (kernels/launch.py) of earlier calls: a repeated call shape costs allocations +

@@ -95,6 +95,13 @@ def fp8_quantize(q: Tensor, k: Tensor, v: Tensor, signs: Optional[Tensor], block
                                   interpret=q.device.type == "cpu", v_wgmma=v_wgmma)
 
 
+def fp8_quantize_call(signs: Optional[Tensor], block_m: int, block_n: int
+                      ) -> "_quantize.QuantizeCall":
+    """The quantize pass (V in wgmma key order) for one call signature, into memory the caller
+    places, its launch replayed with addresses (triton/fp8_quantize.QuantizeCall)."""
+    return _quantize.QuantizeCall(signs, block_m, block_n)
+
+
 def append_kv(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor,
               cos: Optional[Tensor], sin: Optional[Tensor], interleaved: bool, seqlens: Tensor,
               batch_idx: Optional[Tensor], block_table: Optional[Tensor],
@@ -203,5 +210,5 @@ def combine(out_partial: Tensor, lse_partial: Tensor, out: Optional[Tensor],
     return res, lse
 
 
-__all__ = ["append_kv", "bwd", "combine", "decode_splits", "fp8_fwd", "fp8_quantize", "fp8_varlen_fwd", "fwd",
+__all__ = ["append_kv", "bwd", "combine", "decode_splits", "fp8_fwd", "fp8_quantize", "fp8_quantize_call", "fp8_varlen_fwd", "fwd",
            "fwd_call", "kvcache_attention", "kvcache_call", "sink_apply", "sink_grad", "varlen_bwd", "varlen_fwd", "varlen_paged_fwd"]

@@ -30,7 +30,7 @@ import triton.language as tl
 from flashattn.fp8_format import (WGMMA_KEY_GROUP, hadamard, hadamard_block,
                                   keys_contiguous_empty, wgmma_vt_empty)
 from flashattn.runtime.device import sm_count
-from flashattn.runtime.launch import LaunchPlans
+from flashattn.runtime.launch import LaunchPlan, LaunchPlans
 from flashattn.runtime.grid import cdiv, next_pow2
 
 E4M3_MAX = tl.constexpr(448.0)
@@ -390,14 +390,16 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q8: torch.Tensor,
             k8: torch.Tensor, v8: torch.Tensor, q_descale: torch.Tensor,
             k_descale: torch.Tensor, v_descale: torch.Tensor, signs: Optional[torch.Tensor],
             block_m: int, block_n: int, interpret: bool, v_wgmma: bool,
-            tuning: Optional[dict] = None) -> None:
+            tuning: Optional[dict] = None, plan_out: Optional[list] = None) -> None:
     """The pass, one launch. (Sessions 15-16 gave V in wgmma key order with d_v > 128 its
     own 4-warp launch: the permuted store ran at half speed at 8 warps. Since session 17 the
     V loop gathers its keys and stores along contiguous positions (``_quantize_tile``), and
     the one launch at 8 warps measured 144 us against 157 for the two at d = 256, 16k
     tokens, H100.) ``tuning`` (probes only): {"warps", "per_sm", "stages", "stages_v"}
     "maxnreg" overrides of :func:`launch_params`; {"chunks": 0} pads d = 3 W tiles to a
-    power of two and runs d = 256 as two 128-column halves, as before session 18 (A/B)."""
+    power of two and runs d = 256 as two 128-column halves, as before session 18 (A/B).
+    ``plan_out``: gets (the launch plan or None, the ±1 matrix, the signs argument): what a
+    :class:`QuantizeCall` replays."""
     b, s_q, h, d = q.shape
     s_k, h_k, d_v = k.shape[1], k.shape[2], v.shape[3]
     block_d, block_dv = max(16, next_pow2(d)), max(16, next_pow2(d_v))
@@ -425,21 +427,25 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q8: torch.Tensor,
         MIX=hadamard_block(d) > _HALF_MAX, DOT_PREC="ieee" if upcast else "tf32",
         UPCAST=upcast, EXACT_ROUND=interpret, V_WGMMA=v_wgmma, CHUNKS=n_chunks)
     inv_sqrt_block = float(hadamard_block(d)) ** -0.5
-    _launch_tiles(tensors, strides, (q_tiles, k_tiles, k_tiles, inv_sqrt_block), constexprs,
-                  params, interpret)
+    plan = _launch_tiles(tensors, strides, (q_tiles, k_tiles, k_tiles, inv_sqrt_block),
+                         constexprs, params, interpret)
+    if plan_out is not None:
+        plan_out.append((plan, had, sg))
 
 
 def _launch_tiles(tensors: tuple, strides: tuple, tiles: tuple, constexprs: dict,
-                  params: Tuple[int, int, int, int, Optional[int]], interpret: bool) -> None:
+                  params: Tuple[int, int, int, int, Optional[int]], interpret: bool
+                  ) -> Optional[LaunchPlan]:
     """One launch of the pass over ``tiles`` = (Q tiles, K tiles, V tiles, 1 / sqrt(block))
-    (zero tiles: that loop is compiled out) with ``params`` = :func:`launch_params`'s."""
+    (zero tiles: that loop is compiled out) with ``params`` = :func:`launch_params`'s.
+    Returns the launch plan that launched or was recorded (None: Triton's own path ran)."""
     warps, per_sm, stages, stages_v, maxnreg = params
     if interpret:
         stages = stages_v = 1
     q_tiles, k_tiles, v_tiles, _ = tiles
     n_tiles = q_tiles + k_tiles + v_tiles
     if n_tiles == 0:
-        return
+        return None
     programs = n_tiles if interpret else min(n_tiles, per_sm * sm_count(tensors[0].device))
     constexprs = dict(constexprs, QK_LOOPS=q_tiles + k_tiles > 0, V_LOOP=v_tiles > 0,
                       STAGES_QK=stages, STAGES_V=stages_v, num_warps=warps)
@@ -449,8 +455,8 @@ def _launch_tiles(tensors: tuple, strides: tuple, tiles: tuple, constexprs: dict
     # a launch plan per call shape (no binder or argument specialisation per launch, as the
     # other kernels)
     key = (scalars, tuple(constexprs.items()), programs, tensors[0].dtype)
-    _PLANS.launch(key, tensors, lambda: (_quantize_qkv_kernel, (programs,), tensors + scalars,
-                                         constexprs))
+    return _PLANS.launch(key, tensors, lambda: (_quantize_qkv_kernel, (programs,),
+                                                tensors + scalars, constexprs))
 
 
 _PLANS = LaunchPlans(slots=tuple(range(11)))
@@ -482,4 +488,48 @@ def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, signs: Optio
     return q8, k8, v8, q_descale, k_descale, v_descale
 
 
-__all__ = ["launch_params", "quantize_qkv", "round_e4m3"]
+class QuantizeCall:
+    """:func:`quantize_qkv` with V in wgmma key order, for one call signature, into memory the
+    caller places: ``flash_attn_fp8_func``'s recorded call (``dispatch.Fp8Call``) keeps the
+    pass's outputs in a reused per-stream workspace instead of six fresh tensors per call.
+
+    :meth:`record` launches the pass on tensor views of that memory and keeps the launch plan;
+    :meth:`replay` relaunches it with addresses only (no allocation, no view, no binder).
+    Contract (the caller's key): a replayed call has q, k, v of the recorded shapes, strides,
+    dtype, device and 16-byte alignment, and its outputs at 16-byte-aligned addresses laid out
+    as the recorded views were. Needs ``block_n`` >= 32 keys: the pass then writes the zeros of
+    V's padding key positions itself (a reused workspace is not zeroed)."""
+
+    def __init__(self, signs: Optional[torch.Tensor], block_m: int, block_n: int) -> None:
+        if block_n < WGMMA_KEY_GROUP:
+            raise ValueError(f"QuantizeCall needs block_n >= {WGMMA_KEY_GROUP}, got {block_n}")
+        self.signs, self.block_m, self.block_n = signs, block_m, block_n
+        self.plan: Optional[LaunchPlan] = None
+        self._held: tuple = ()  # the ±1 matrix and the signs argument of the recorded launch
+        self._const_addresses: Tuple[int, ...] = ()
+
+    def record(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               outs: Tuple[torch.Tensor, ...]) -> None:
+        """Run the pass into ``outs`` = (q8, k8, v8 in wgmma key order, q_descale, k_descale,
+        v_descale) and keep its plan (None when Triton's own launch path ran)."""
+        recorded: list = []
+        _launch(q, k, v, *outs, self.signs, self.block_m, self.block_n, False, True,
+                plan_out=recorded)
+        plan, had, sg = recorded[0]
+        self.plan = plan
+        if self.signs is not None:  # (else both stand-ins are q_descale: never read)
+            self._held = (had, sg)
+            self._const_addresses = (had.data_ptr(), sg.data_ptr())
+
+    def replay(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               addresses: Tuple[int, ...]) -> bool:
+        """The recorded launch over q, k, v into the outputs at ``addresses`` (the six of
+        :meth:`record`'s ``outs``). False, with nothing launched, when there is no plan or it
+        cannot replay now (``LaunchPlan.replay``)."""
+        if self.plan is None:
+            return False
+        consts = self._const_addresses or (addresses[3], addresses[3])
+        return self.plan.replay((q.data_ptr(), k.data_ptr(), v.data_ptr(), *addresses, *consts))
+
+
+__all__ = ["QuantizeCall", "launch_params", "quantize_qkv", "round_e4m3"]

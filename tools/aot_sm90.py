@@ -100,12 +100,15 @@ def compile_fwd_variant(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, c
 
     d, d_v = head_dim if isinstance(head_dim, (tuple, list)) else (head_dim, head_dim)
     b, s, h = 2, 1000, 4
-    lse = torch.empty((b, h, s), dtype=torch.float32)
     scales = None
     tag_overrides = overrides
     if overrides and "sink" in overrides:  # a variant switch, not a FwdConfig field
         overrides = {k: v for k, v in overrides.items() if k != "sink"}
         sink = sink or bool(tag_overrides["sink"])
+    if overrides and "seqlen" in overrides:  # the stand-ins' length (BOTTOM_ALIGN needs a
+        s = int(overrides["seqlen"])         # shift of >= one warpgroup piece: 960 at 128)
+        overrides = {k: v for k, v in overrides.items() if k != "seqlen"} or None
+    lse = torch.empty((b, h, s), dtype=torch.float32)
     if dtype == torch.float8_e4m3fn:  # FP8: V keys contiguous, bf16 O, descale tables
         from flashattn.fp8_format import keys_contiguous_empty
         from flashattn.params import Fp8Scales

@@ -321,3 +321,39 @@ def test_recorded_fp8_call_on_two_streams_and_in_a_cuda_graph():
         torch.cuda.synchronize()
         assert torch.equal(g_out, want) and torch.equal(eager, want2)
     fastpath.FP8.clear()
+
+
+@pytest.mark.skipif(not _hopper(), reason="the Gluon FP8 kernel needs an sm90 GPU")
+@pytest.mark.parametrize("d,s_q,causal,window", [(64, 1088, True, (-1, -1)),
+                                                 (128, 960, True, (-1, -1)),
+                                                 (64, 4096, False, (500, 0)),
+                                                 (64, 1000, True, (-1, -1))])
+def test_bottom_aligned_fp8_tiles_keep_fa3_numerics(d, s_q, causal, window):
+    """FP8 tiles shifted by whole warpgroup pieces (fwd_kernel BOTTOM_ALIGN: 1088 at d = 64
+    by 64, ending at seqlen_q; 960 at d = 128 by 64; 1000 at d = 64 by 128 of 152), so each
+    warpgroup's rows stay inside one Q scale block.
+    Both within the numerics rule. Between the two, the LSE is the same and out differs by
+    bf16 rounding flips at most: blocks one tiling adds past a row's diagonal are fully
+    masked, but each still carries V's descale ratio into the accumulator (fp32 rounding)."""
+    from flashattn.api.params import window as norm_window
+    from flashattn.params import Fp8Scales
+    from flashattn.sm90.fwd import flash_fwd_hopper_fp8
+    from flashattn.sm90.v_layout import wgmma_ordered_vt
+
+    s_k, b, h, h_k = s_q, 2, 4, 2
+    _, r = _quantized(b, s_q, s_k, h, h_k, d, d, seed=7)
+    scales = Fp8Scales(r.q_descale, r.k_descale, r.v_descale, r.block_m.bit_length() - 1,
+                       r.block_n.bit_length() - 1)
+    left, right = norm_window(*window, causal, s_k)
+    vt = wgmma_ordered_vt(r.v)
+    outs = []
+    for bottom in (True, False):
+        out, lse = flash_fwd_hopper_fp8(r.q, r.k, vt, scales, softmax_scale=d ** -0.5,
+                                        window_left=left, window_right=right, softcap=0.0,
+                                        out_dtype=torch.bfloat16, v_in_wgmma_order=True,
+                                        config_overrides=dict(bottom_align=bottom))
+        _check(r, out.float(), causal, window, 0.0)
+        assert torch.isfinite(lse).all()
+        outs.append((out.float(), lse))
+    torch.testing.assert_close(outs[0][0], outs[1][0], atol=1e-6, rtol=2 ** -7)
+    torch.testing.assert_close(outs[0][1], outs[1][1], atol=1e-5, rtol=0)

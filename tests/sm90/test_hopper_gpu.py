@@ -362,3 +362,26 @@ def test_uncovered_calls_fall_back(monkeypatch, what):
     out_ref, lse_ref = attention_ref(q.double(), k.double(), v.double(), **ref_kw)
     out_lp, _ = attention_ref(q, k, v, upcast=False, **ref_kw)
     assert_close_rule(out, out_ref, out_lp, name="out")
+
+
+@pytest.mark.parametrize("d,dtype,shape,causal,window", [
+    (64, torch.bfloat16, (2, 1000, 1000, 4, 2), True, (-1, -1)),
+    (64, torch.float16, (1, 4096, 4096, 2, 2), True, (-1, -1)),  # 4096 = 21 1/3 tiles of 192
+    (128, torch.bfloat16, (1, 777, 1100, 4, 4), True, (-1, -1)),  # s_q < s_k
+    (128, torch.bfloat16, (2, 700, 300, 2, 1), True, (-1, -1)),  # rows that see no key
+    (96, torch.bfloat16, (1, 900, 900, 4, 2), False, (128, 16)),
+    (64, torch.bfloat16, (1, 1, 513, 2, 2), True, (-1, -1)),  # one row: a tile of 191 < 0
+], ids=["d64-1000", "d64-4096-fp16", "d128-sq<sk", "d128-sq>sk", "d96-window", "d64-one-row"])
+def test_bottom_aligned_tiles_are_bitwise_the_top_aligned_ones(d, dtype, shape, causal, window):
+    """BOTTOM_ALIGN (FwdConfig.bottom_align) regroups the query rows into tiles that end at
+    seqlen_q. Each row still visits its key blocks in the same order, and the blocks a tile
+    adds are fully masked for that row (p = 0, alpha = 1), so out and lse are bitwise those of
+    the top-aligned tiles; both within the rule; the rows of the first tile that lie before 0
+    are neither stored nor written to the LSE (NaN-poisoned memory would show)."""
+    b, s_q, s_k, h, h_k = shape
+    q, k, v = _inputs(b, s_q, s_k, h, h_k, d, dtype)
+    params = _params(d, causal, window, 0.0, s_k)
+    out, lse = _run_hopper(q, k, v, params)
+    out_top, lse_top = _run_hopper(q, k, v, params, bottom_align=False)
+    assert torch.equal(out, out_top) and torch.equal(lse, lse_top)
+    _check(q, k, v, params, out, lse)

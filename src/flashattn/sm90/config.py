@@ -60,6 +60,13 @@ class FwdConfig:
     # instruction issue at small head dims (benchmarks/NOTES.md, session 18). l then sums the
     # same rounded P (bf16 / e4m3) that P·V multiplies.
     rowsum_mma: bool = False
+    # Masked calls (causal / a right window bound): tiles aligned to the end of the query
+    # sequence, in whole warpgroup pieces (fwd_kernel BOTTOM_ALIGN), so the partial tile of a
+    # seqlen_q that BLOCK_M does not divide is the first one, which sees the fewest keys,
+    # instead of the last, which sees them all. Kernel alone, 16k tokens, d = 64 causal
+    # (192-row tiles), TFLOP/s with / without: bf16 1k 255 / 233, 2k 343 / 332, 4k 424 / 413;
+    # FP8 1k 303 / 275, 2k 434 / 414, 4k 527 / 503 (H100, session 19, benchmarks/NOTES.md).
+    bottom_align: bool = True
 
     def smem_bytes(self, head_dim: int, elem: int = 2, head_dim_v: Optional[int] = None) -> int:
         """Shared memory of the Q / K / V (/ O) tiles, head dims padded to powers of two

@@ -85,6 +85,10 @@ def launch_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Te
         CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
         CONSUMERS=cfg.consumers, THREAD_RELEASE=bool(cfg.thread_release),
         ROWSUM_MMA=bool(cfg.rowsum_mma),
+        # (only when the shift is at least one warpgroup piece: other lengths keep the variant
+        # without it, whose kernel is the one before BOTTOM_ALIGN existed)
+        BOTTOM_ALIGN=(bool(cfg.bottom_align) and window_right >= 0
+                      and n_m_blocks * cfg.block_m - seqlen_q >= half_m),
     )
     # without the producer warp the kernel has 8 warps: 240 registers each fit the file
     options = dict(num_warps=4, maxnreg=cfg.maxnreg if cfg.warp_specialized else 240)

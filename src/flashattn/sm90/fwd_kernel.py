@@ -42,6 +42,12 @@ Scheduling knobs (constexpr, for the ablation table in benchmarks/NOTES.md):
                    not by the GEMMs (+5-8 % at d = 64 / 128, benchmarks/NOTES.md, session 18).
                    Each block's sum starts from zero and l adds them in fp32 registers. l then
                    sums the same rounded P that P·V multiplies (FA3 sums the fp32 P).
+    BOTTOM_ALIGN   masked calls: query tiles are shifted up by whole warpgroup pieces
+                   (_row_shift) so that the last ends within HALF_M rows of seqlen_q: when
+                   BLOCK_M does not divide seqlen_q the partial tile is the first, which sees
+                   the fewest keys under a causal mask, not the last, which sees them all.
+                   A piece of rows < 0 loads rows from 0 (TMA takes no negative coordinate),
+                   and its rows are neither stored nor written to the LSE.
 
 Every Gluon ``mbarrier.arrive`` from a consumer is a warpgroup ``bar.sync`` followed by a
 one-thread arrive (Triton's lowering): each K or V release costs one warpgroup barrier, which
@@ -71,7 +77,7 @@ from flashattn.sm90.tiles import block_needs_mask, key_block_range, tile_coords
 def _producer(descs, smem, bars, problem, window, tile_counter, BLOCK_M: gl.constexpr,
               HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
               LONGEST_FIRST: gl.constexpr, PINGPONG: gl.constexpr, INTRA_OVERLAP: gl.constexpr,
-              SEPARATE_O: gl.constexpr, DYNAMIC: gl.constexpr):
+              SEPARATE_O: gl.constexpr, DYNAMIC: gl.constexpr, BOTTOM_ALIGN: gl.constexpr):
     """Issue every TMA load of this CTA's tiles, in the order the consumers use them."""
     q_desc, k_desc, v_desc, o_desc = descs
     q_smem, k_smem, v_smem, o_smem, tile_slot, ones_smem = smem
@@ -79,13 +85,15 @@ def _producer(descs, smem, bars, problem, window, tile_counter, BLOCK_M: gl.cons
     seqlen_q, seqlen_k, n_heads, group_size, n_bh, n_m_blocks, n_tiles, heads_per_group = problem
     window_left, window_right = window
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
+    m_shift = _row_shift(seqlen_q, n_m_blocks, BLOCK_M, q_desc.block_type.shape[1],
+                         q_desc.dtype == gl.float8e4nv, BOTTOM_ALIGN)
 
     kv_count = 0
     tile_iter = 0
     tile = gl.program_id(0)
     while tile < n_tiles:
         b, h, m_block = tile_coords(tile, n_m_blocks, n_heads, n_bh, heads_per_group, LONGEST_FIRST)
-        m_start = m_block * BLOCK_M
+        m_start = m_block * BLOCK_M - m_shift
         h_k = h // group_size
         lo_blk, n_blocks = key_block_range(m_start, seqlen_q, seqlen_k, window_left, window_right,
                                            BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
@@ -111,6 +119,21 @@ def _producer(descs, smem, bars, problem, window, tile_counter, BLOCK_M: gl.cons
 
 
 @gluon.jit
+def _row_shift(seqlen_q, n_m_blocks, BLOCK_M: gl.constexpr, HALF_M: gl.constexpr,
+               FP8: gl.constexpr, BOTTOM_ALIGN: gl.constexpr):
+    """How far tile m's first row lies before m * BLOCK_M (module doc, BOTTOM_ALIGN): 0, or
+    n_m_blocks * BLOCK_M - seqlen_q rounded down to a multiple of HALF_M, so that the last
+    tile ends less than HALF_M rows past seqlen_q. Whole warpgroup pieces: each piece of the
+    first tile is all rows < 0 or none, and in FP8 each stays inside one Q scale block
+    (power-of-two blocks of >= HALF_M rows, support.fp8_unsupported)."""
+    m_shift = 0
+    if BOTTOM_ALIGN:
+        # (a tensor: Triton specialises integer arguments equal to 1 into constants)
+        m_shift = (gl.to_tensor(n_m_blocks * BLOCK_M - seqlen_q) // HALF_M) * HALF_M
+    return m_shift
+
+
+@gluon.jit
 def _load_q(q_desc, q_smem, q_ready, b, h, m_start):
     """TMA loads of a tile's Q, one HALF_M-row piece per consumer, all on ``q_ready``; the
     caller has waited for ``q_empty``."""
@@ -118,8 +141,11 @@ def _load_q(q_desc, q_smem, q_ready, b, h, m_start):
     CONSUMERS: gl.constexpr = q_smem.shape[0]
     mbarrier.expect(q_ready, CONSUMERS * q_desc.block_type.nbytes)
     for i in gl.static_range(CONSUMERS):
-        tma_load(q_desc, [b, m_start + i * HALF_M, h, 0], q_ready,
-                                        q_smem.index(i))
+        # (BOTTOM_ALIGN: a piece of rows < 0 loads rows from 0 instead, which its consumer
+        # neither stores nor writes to the LSE; TMA takes no negative coordinate: measured as
+        # an illegal instruction on the H100)
+        tma_load(q_desc, [b, gl.maximum(m_start + i * HALF_M, 0), h, 0], q_ready,
+                 q_smem.index(i))
 
 
 @gluon.jit
@@ -270,7 +296,8 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
               sink_ptr, BLOCK_M: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
               LONGEST_FIRST: gl.constexpr, PINGPONG: gl.constexpr, INTRA_OVERLAP: gl.constexpr,
               SEPARATE_O: gl.constexpr, DYNAMIC: gl.constexpr, NO_WS: gl.constexpr,
-              THREAD_RELEASE: gl.constexpr, ROWSUM_MMA: gl.constexpr):
+              THREAD_RELEASE: gl.constexpr, ROWSUM_MMA: gl.constexpr,
+              BOTTOM_ALIGN: gl.constexpr):
     """One consumer warpgroup: rows [WG * HALF_M, (WG + 1) * HALF_M) of every tile
     (HALF_M = BLOCK_M // CONSUMERS: the name is from the two-consumer layout).
 
@@ -293,6 +320,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
     # FP8 (e4m3 Q, K, V^T; module doc "FP8"): wgmma's K step is 32 and P is an 8-bit A operand
     FP8: gl.constexpr = dtype == gl.float8e4nv
     MMA_K: gl.constexpr = 32 if FP8 else 16
+    m_shift = _row_shift(seqlen_q, n_m_blocks, BLOCK_M, HALF_M, FP8, BOTTOM_ALIGN)
     P_K_WIDTH: gl.constexpr = 4 if FP8 else 2
     # wgmma layouts of one warpgroup: S (HALF_M x BLOCK_N) and O (HALF_M x HEAD_DIM_V)
     S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -344,7 +372,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
         tile = _read_tile(tile_slot)
     while tile < n_tiles:
         b, h, m_block = tile_coords(tile, n_m_blocks, n_heads, n_bh, heads_per_group, LONGEST_FIRST)
-        m_start = m_block * BLOCK_M
+        m_start = m_block * BLOCK_M - m_shift
         row0 = m_start + WG * HALF_M
         lo_blk, n_blocks = key_block_range(m_start, seqlen_q, seqlen_k, window_left, window_right,
                                            BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
@@ -523,7 +551,11 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
         tma.store_wait(0)  # the previous tile's store has left o_smem
         o_view.store(out)
         fence_async_shared()
-        tma_store(o_desc, [b, row0, h, 0], o_smem.index(WG))
+        if BOTTOM_ALIGN:  # (rows < 0: this warpgroup's piece of the first tile holds no row)
+            if row0 >= 0:
+                tma_store(o_desc, [b, row0, h, 0], o_smem.index(WG))
+        else:
+            tma_store(o_desc, [b, row0, h, 0], o_smem.index(WG))
 
         rows = row0 + gl.arange(0, HALF_M, layout=ROW_S)
         if FP8:
@@ -531,7 +563,10 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
         else:
             lse = gl.where(l_i > 0.0, (m_i + gl.log2(l_i)) * LN2, float("-inf"))
         lse_off = (b * n_heads + h).to(gl.int64) * seqlen_q + rows
-        gl.store(lse_ptr + lse_off, lse, mask=rows < seqlen_q)
+        if BOTTOM_ALIGN:  # (the first tile's rows < 0 are not rows)
+            gl.store(lse_ptr + lse_off, lse, mask=(rows < seqlen_q) & (rows >= 0))
+        else:
+            gl.store(lse_ptr + lse_off, lse, mask=rows < seqlen_q)
         if not SEPARATE_O:
             tma.store_wait(0)
             mbarrier.arrive(q_empty)  # O went out through Q's slot
@@ -605,7 +640,7 @@ def _fp8_tile_scales(fp8_scales, b, h, h_k, row0, n_heads):
     scale block: the host keeps HALF_M <= the q scale block) and the row offset of this (batch,
     kv head) in the K / V descale tables."""
     qd_ptr, kd_ptr, vd_ptr, n_q_blocks, n_kv_blocks, q_shift, kv_shift, n_heads_k = fp8_scales
-    q_blk = gl.minimum(row0 >> q_shift, n_q_blocks - 1)
+    q_blk = gl.minimum(gl.maximum(row0, 0) >> q_shift, n_q_blocks - 1)  # (rows < 0: unused)
     qd = gl.load(qd_ptr + (b * n_heads + h).to(gl.int64) * n_q_blocks + q_blk)
     kd_base = (b * n_heads_k + h_k).to(gl.int64) * n_kv_blocks
     return qd, kd_base
@@ -639,7 +674,7 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
                     INTRA_OVERLAP: gl.constexpr, SEPARATE_O: gl.constexpr, DYNAMIC: gl.constexpr,
                     NO_WS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
                     CONSUMERS: gl.constexpr = 2, THREAD_RELEASE: gl.constexpr = False,
-                    ROWSUM_MMA: gl.constexpr = False):
+                    ROWSUM_MMA: gl.constexpr = False, BOTTOM_ALIGN: gl.constexpr = False):
     """Persistent warp-specialised attention forward (see module docstring).
 
     Descriptors are rank 4 over (batch, seq, head, dim) with boxes [1, rows, 1, dim_pad] (dim_pad
@@ -719,41 +754,41 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
             (_consumer, (0, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
-                         ROWSUM_MMA)),
+                         ROWSUM_MMA, BOTTOM_ALIGN)),
             (_consumer, (1, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
-                         ROWSUM_MMA)),
+                         ROWSUM_MMA, BOTTOM_ALIGN)),
         ], [4], [CONSUMER_REGS])
     elif CONSUMERS == 2:
         gl.warp_specialize([
             (_consumer, (0, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
-                         ROWSUM_MMA)),
+                         ROWSUM_MMA, BOTTOM_ALIGN)),
             (_consumer, (1, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
-                         ROWSUM_MMA)),
+                         ROWSUM_MMA, BOTTOM_ALIGN)),
             (_producer, (descs, smem, bars, problem, window, tile_counter, BLOCK_M, HAS_LEFT,
                          HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG, INTRA_OVERLAP,
-                         SEPARATE_O, DYNAMIC)),
+                         SEPARATE_O, DYNAMIC, BOTTOM_ALIGN)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:  # three consumer warpgroups (small head dims: more rows per K/V block loaded)
         gl.warp_specialize([
             (_consumer, (0, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
-                         ROWSUM_MMA)),
+                         ROWSUM_MMA, BOTTOM_ALIGN)),
             (_consumer, (1, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
-                         ROWSUM_MMA)),
+                         ROWSUM_MMA, BOTTOM_ALIGN)),
             (_consumer, (2, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
-                         ROWSUM_MMA)),
+                         ROWSUM_MMA, BOTTOM_ALIGN)),
             (_producer, (descs, smem, bars, problem, window, tile_counter, BLOCK_M, HAS_LEFT,
                          HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG, INTRA_OVERLAP,
-                         SEPARATE_O, DYNAMIC)),
+                         SEPARATE_O, DYNAMIC, BOTTOM_ALIGN)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])

@@ -308,3 +308,22 @@ def test_fp8_recorded_call_replays_the_recorded_layout(monkeypatch, causal, need
     assert addrs[5] == (counter_r.data_ptr() if causal else addrs[4])
     if causal:
         assert int(counter_r[0]) == 0
+
+
+def test_fp8_signature_first_seen_under_graph_capture_is_not_kept(monkeypatch):
+    """No recorded FP8 call is built during CUDA-graph capture (docs/internals.md: whatever
+    such a call made would exist only in the graph). The capture's call takes the full path
+    and leaves no entry, so a later eager call of the signature still gets one."""
+    from flashattn import fp8
+
+    fastpath.FP8.clear()
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(1, 40, h, 32).bfloat16() for h in (4, 2, 2))
+    args = dict(causal=True, seed=1, block_m=32, block_n=32)
+    monkeypatch.setattr(fastpath, "capturing", lambda: True)
+    first = fp8.flash_attn_fp8_func(q, k, v, **args)
+    assert not fastpath.FP8._entries
+    monkeypatch.setattr(fastpath, "capturing", lambda: False)
+    again = fp8.flash_attn_fp8_func(q, k, v, **args)
+    assert torch.equal(first, again) and len(fastpath.FP8._entries) == 1
+    fastpath.FP8.clear()

@@ -36,6 +36,7 @@ from flashattn import ops as _ops
 from flashattn.api import kvcache_validation as _kv
 from flashattn.params import AttnParams
 from flashattn.runtime import env
+from flashattn.runtime.device import capturing
 
 Tensor = torch.Tensor
 MAX_ENTRIES = 512
@@ -248,7 +249,10 @@ def fp8_runner(q: Tensor, k: Tensor, v: Tensor, params: AttnParams, signs: Optio
                block_m: int, block_n: int, need_lse: bool) -> Any:
     """What ``flash_attn_fp8_func``'s full path decided for this signature (arguments checked
     and normalised), as a call ``run(q, k, v) -> (out, lse or None)``: dispatch's recorded FP8
-    call, or :data:`FP8_FULL_PATH` where it does not apply."""
+    call, or :data:`FP8_FULL_PATH` where it does not apply; None (nothing to keep yet) during
+    CUDA-graph capture, where no recorded call is built (docs/internals.md)."""
+    if capturing():
+        return None
     run = dispatch.fp8_e2e_runner(q, k, v, params, signs, block_m, block_n, need_lse)
     return FP8_FULL_PATH if run is None else run
 

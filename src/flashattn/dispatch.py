@@ -863,6 +863,51 @@ class Fp8Call:
         return out, lse
 
 
+def fp8_quantize_runner(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        signs: Optional[torch.Tensor], block_m: int, block_n: int
+                        ) -> Optional["Fp8QuantizeCall"]:
+    """``fp8.quantize``'s decisions for these validated inputs, made once: a
+    :class:`Fp8QuantizeCall` where the Triton pass runs them (CUDA, every tensor non-empty),
+    None elsewhere (the full path on every call)."""
+    if (q.device.type != "cuda" or select("fp8_quantize", q) != "portable"
+            or q.numel() == 0 or k.numel() == 0 or v.numel() == 0):
+        return None
+    return Fp8QuantizeCall(q, k, v, signs, block_m, block_n)
+
+
+class Fp8QuantizeCall:
+    """``fp8.quantize`` for one call signature: its six outputs allocated fresh (the caller
+    owns them; V keys contiguous, fp8_format.keys_contiguous_empty) and the pass's recorded
+    launch replayed with their addresses (triton/fp8_quantize.QuantizeCall). The full path's
+    checks, dispatch and launch-plan lookup cost ~200 µs of host per call on the H100 host
+    (benchmarks/NOTES.md, session 14)."""
+
+    def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 signs: Optional[torch.Tensor], block_m: int, block_n: int) -> None:
+        b, s_q, h, _ = q.shape
+        s_k, h_k = k.shape[1], k.shape[2]
+        self._shapes = (q.shape, k.shape, v.shape, (b, h, -(-s_q // block_m)),
+                        (b, h_k, -(-s_k // block_n)))
+        self._device = q.device
+        self._quantize = backend("portable").fp8_quantize_call(signs, block_m, block_n,
+                                                               v_wgmma=False)
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+                 ) -> Tuple[torch.Tensor, ...]:
+        """(q8, k8, v8, q_descale, k_descale, v_descale), as the full path returns them."""
+        q_shape, k_shape, v_shape, qs_shape, kv_shape = self._shapes
+        dev, f8, f32 = self._device, fp8_format.FP8_DTYPE, torch.float32
+        outs = (torch.empty(q_shape, dtype=f8, device=dev),
+                torch.empty(k_shape, dtype=f8, device=dev),
+                fp8_format.keys_contiguous_empty(v_shape, dev),
+                torch.empty(qs_shape, dtype=f32, device=dev),
+                torch.empty(kv_shape, dtype=f32, device=dev),
+                torch.empty(kv_shape, dtype=f32, device=dev))
+        if not self._quantize.replay(q, k, v, tuple(t.data_ptr() for t in outs)):
+            self._quantize.record(q, k, v, outs)  # (first call, or no replay now)
+        return outs
+
+
 def fp8_varlen_forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
                        cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
                        seqused_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int,
@@ -888,7 +933,9 @@ __all__ = [
     "forward",
     "forward_family",
     "Fp8Call",
+    "Fp8QuantizeCall",
     "fp8_e2e_runner",
+    "fp8_quantize_runner",
     "fp8_forward",
     "fp8_quantize",
     "fp8_v_wgmma",

@@ -327,3 +327,27 @@ def test_fp8_signature_first_seen_under_graph_capture_is_not_kept(monkeypatch):
     again = fp8.flash_attn_fp8_func(q, k, v, **args)
     assert torch.equal(first, again) and len(fastpath.FP8._entries) == 1
     fastpath.FP8.clear()
+
+
+def test_quantize_signature_rules_and_cpu_entry():
+    """fp8.quantize keys like flash_attn_fp8_func (an int seed only, no grad to record); on the
+    CPU its entry says "full path" once, and repeated calls equal the first, each with its
+    own copy of the signs."""
+    from flashattn import fp8
+
+    q = torch.randn(1, 40, 4, 32).bfloat16()
+    k = torch.randn(1, 40, 2, 32).bfloat16()
+    key = fastpath.quantize_key
+    assert key(q, k, k, True, None, 32, 32) is None
+    assert key(q, k, k, True, 0, 32, 32) != key(q, k, k, True, 1, 32, 32)
+    assert key(q, k, k, 1, 0, 32, 32) != key(q, k, k, True, 0, 32, 32)
+    fastpath.QUANTIZE.clear()
+    first = fp8.quantize(q, k, k, seed=2, block_m=32, block_n=32)
+    assert list(fastpath.QUANTIZE._entries.values())[0][1] is fastpath.FP8_FULL_PATH
+    again = fp8.quantize(q, k, k, seed=2, block_m=32, block_n=32)
+    for a, b in zip(first, again):
+        if isinstance(a, torch.Tensor):
+            assert torch.equal(a.view(torch.uint8) if a.element_size() == 1 else a,
+                               b.view(torch.uint8) if b.element_size() == 1 else b)
+    assert again.signs.data_ptr() != first.signs.data_ptr()
+    fastpath.QUANTIZE.clear()

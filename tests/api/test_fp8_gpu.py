@@ -357,3 +357,48 @@ def test_bottom_aligned_fp8_tiles_keep_fa3_numerics(d, s_q, causal, window):
         outs.append((out.float(), lse))
     torch.testing.assert_close(outs[0][0], outs[1][0], atol=1e-6, rtol=2 ** -7)
     torch.testing.assert_close(outs[0][1], outs[1][1], atol=1e-5, rtol=0)
+
+
+def test_recorded_quantize_matches_the_full_path():
+    """A repeated fp8.quantize signature replays the recorded pass (dispatch.Fp8QuantizeCall):
+    fresh outputs every call (the caller owns them), bitwise the full path's, signs a copy;
+    signatures interleaved, incoherent and not."""
+    from flashattn import dispatch
+    from flashattn.api import fastpath
+
+    def full(*xs, seed, incoherent=True, block_m=128, block_n=128):
+        from flashattn.api.fp8 import quantize_for_kernels  # (quantize's body, no fast path)
+
+        return quantize_for_kernels(*xs, incoherent, seed, block_m, block_n, v_wgmma=False)
+
+    def same(a, b):
+        for x, y in zip(a[:6], b[:6]):
+            assert x.shape == y.shape and x.stride() == y.stride()
+            assert torch.equal(x.view(torch.uint8) if x.element_size() == 1 else x,
+                               y.view(torch.uint8) if y.element_size() == 1 else y)
+
+    fastpath.QUANTIZE.clear()
+    cases = [((2, 900, 1100, 4, 2, 128, 128), dict(seed=3)),
+             ((1, 777, 777, 4, 4, 64, 64), dict(seed=4, incoherent=False)),
+             ((1, 300, 301, 2, 1, 256, 256), dict(seed=5, block_n=64))]
+    kept = []
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for rnd in range(3):
+        for dims, kw in cases:
+            b, s_q, s_k, h, h_k, d, d_v = dims
+            xs = [torch.randn(shape, device="cuda", generator=g).bfloat16() for shape in
+                  ((b, s_q, h, d), (b, s_k, h_k, d), (b, s_k, h_k, d_v))]
+            got = fp8.quantize(*xs, **kw)
+            kept.append((got, xs, kw))
+    runs = [e[1] for e in fastpath.QUANTIZE._entries.values()]
+    assert len(runs) == len(cases)
+    if _hopper():
+        assert all(isinstance(r, dispatch.Fp8QuantizeCall) for r in runs)
+    ptrs = set()
+    for got, xs, kw in kept:  # (earlier results intact after later calls)
+        same(got, full(*xs, **kw))
+        ptrs.add(got.q.data_ptr())
+        if kw.get("incoherent", True):
+            assert got.signs is not None
+    assert len(ptrs) == len(kept)
+    fastpath.QUANTIZE.clear()

@@ -257,5 +257,36 @@ def fp8_runner(q: Tensor, k: Tensor, v: Tensor, params: AttnParams, signs: Optio
     return FP8_FULL_PATH if run is None else run
 
 
-__all__ = ["DENSE", "FP8", "FP8_FULL_PATH", "KVCACHE", "CallCache", "dense_key", "dense_runner",
-           "fp8_key", "fp8_runner", "kvcache_args", "kvcache_entry", "kvcache_key"]
+# ---------------------------------------------------------------------------------------------
+# fp8.quantize
+# ---------------------------------------------------------------------------------------------
+QUANTIZE = CallCache()
+
+
+def quantize_key(q: Any, k: Any, v: Any, incoherent: Any, seed: Any, block_m: Any,
+                 block_n: Any) -> Optional[tuple]:
+    """The call signature of an ``fp8.quantize`` call with a fixed rotation (an int seed), or
+    None (full path). Same rules as :func:`fp8_key`."""
+    if type(seed) is not int or not _plain_qkv(q, k, v, (-1, -1)):
+        return None
+    if not (type(incoherent) in _SCALARS and type(block_m) in _SCALARS
+            and type(block_n) in _SCALARS):
+        return None
+    return (_tensor_key(q), _tensor_key(k), _tensor_key(v), type(incoherent), incoherent, seed,
+            type(block_m), block_m, type(block_n), block_n)
+
+
+def quantize_runner(q: Tensor, k: Tensor, v: Tensor, signs: Optional[Tensor], block_m: int,
+                    block_n: int) -> Any:
+    """What ``fp8.quantize``'s full path decided for this signature, as a call ``run(q, k, v)
+    -> (q8, k8, v8, q_descale, k_descale, v_descale)``: dispatch's recorded pass, or
+    :data:`FP8_FULL_PATH`; None during CUDA-graph capture (as :func:`fp8_runner`)."""
+    if capturing():
+        return None
+    run = dispatch.fp8_quantize_runner(q, k, v, signs, block_m, block_n)
+    return FP8_FULL_PATH if run is None else run
+
+
+__all__ = ["DENSE", "FP8", "FP8_FULL_PATH", "KVCACHE", "QUANTIZE", "CallCache", "dense_key",
+           "dense_runner", "fp8_key", "fp8_runner", "kvcache_args", "kvcache_entry",
+           "kvcache_key", "quantize_key", "quantize_runner"]

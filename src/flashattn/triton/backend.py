@@ -95,11 +95,11 @@ def fp8_quantize(q: Tensor, k: Tensor, v: Tensor, signs: Optional[Tensor], block
                                   interpret=q.device.type == "cpu", v_wgmma=v_wgmma)
 
 
-def fp8_quantize_call(signs: Optional[Tensor], block_m: int, block_n: int
-                      ) -> "_quantize.QuantizeCall":
-    """The quantize pass (V in wgmma key order) for one call signature, into memory the caller
-    places, its launch replayed with addresses (triton/fp8_quantize.QuantizeCall)."""
-    return _quantize.QuantizeCall(signs, block_m, block_n)
+def fp8_quantize_call(signs: Optional[Tensor], block_m: int, block_n: int,
+                      v_wgmma: bool = True) -> "_quantize.QuantizeCall":
+    """The quantize pass for one call signature, into outputs the caller places, its launch
+    replayed with addresses (triton/fp8_quantize.QuantizeCall)."""
+    return _quantize.QuantizeCall(signs, block_m, block_n, v_wgmma)
 
 
 def append_kv(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor,

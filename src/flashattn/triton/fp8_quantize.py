@@ -489,31 +489,34 @@ def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, signs: Optio
 
 
 class QuantizeCall:
-    """:func:`quantize_qkv` with V in wgmma key order, for one call signature, into memory the
-    caller places: ``flash_attn_fp8_func``'s recorded call (``dispatch.Fp8Call``) keeps the
-    pass's outputs in a reused per-stream workspace instead of six fresh tensors per call.
+    """:func:`quantize_qkv` for one call signature, into outputs the caller places, its launch
+    replayed: ``flash_attn_fp8_func``'s recorded call (``dispatch.Fp8Call``) keeps the pass's
+    outputs, V in wgmma key order, in a reused per-stream workspace; a repeated
+    ``fp8.quantize`` (``dispatch.Fp8QuantizeCall``) allocates them fresh, V keys contiguous.
 
-    :meth:`record` launches the pass on tensor views of that memory and keeps the launch plan;
-    :meth:`replay` relaunches it with addresses only (no allocation, no view, no binder).
+    :meth:`record` launches the pass on the given output tensors and keeps the launch plan;
+    :meth:`replay` relaunches it with addresses only (no view, no binder).
     Contract (the caller's key): a replayed call has q, k, v of the recorded shapes, strides,
     dtype, device and 16-byte alignment, and its outputs at 16-byte-aligned addresses laid out
-    as the recorded views were. Needs ``block_n`` >= 32 keys: the pass then writes the zeros of
-    V's padding key positions itself (a reused workspace is not zeroed)."""
+    as the recorded ones were. V in wgmma order needs ``block_n`` >= 32 keys: the pass then
+    writes the zeros of V's padding key positions itself (a reused workspace is not zeroed)."""
 
-    def __init__(self, signs: Optional[torch.Tensor], block_m: int, block_n: int) -> None:
-        if block_n < WGMMA_KEY_GROUP:
+    def __init__(self, signs: Optional[torch.Tensor], block_m: int, block_n: int,
+                 v_wgmma: bool = True) -> None:
+        if v_wgmma and block_n < WGMMA_KEY_GROUP:
             raise ValueError(f"QuantizeCall needs block_n >= {WGMMA_KEY_GROUP}, got {block_n}")
-        self.signs, self.block_m, self.block_n = signs, block_m, block_n
+        self.signs, self.block_m, self.block_n, self.v_wgmma = signs, block_m, block_n, v_wgmma
         self.plan: Optional[LaunchPlan] = None
         self._held: tuple = ()  # the ±1 matrix and the signs argument of the recorded launch
         self._const_addresses: Tuple[int, ...] = ()
 
     def record(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                outs: Tuple[torch.Tensor, ...]) -> None:
-        """Run the pass into ``outs`` = (q8, k8, v8 in wgmma key order, q_descale, k_descale,
-        v_descale) and keep its plan (None when Triton's own launch path ran)."""
+        """Run the pass into ``outs`` = (q8, k8, v8 (in wgmma key order with ``v_wgmma``),
+        q_descale, k_descale, v_descale) and keep its plan (None when Triton's own launch path
+        ran)."""
         recorded: list = []
-        _launch(q, k, v, *outs, self.signs, self.block_m, self.block_n, False, True,
+        _launch(q, k, v, *outs, self.signs, self.block_m, self.block_n, False, self.v_wgmma,
                 plan_out=recorded)
         plan, had, sg = recorded[0]
         self.plan = plan

@@ -792,25 +792,17 @@ class Fp8Call:
                  signs: Optional[torch.Tensor], block_m: int, block_n: int,
                  need_lse: bool) -> None:
         b, s_q, h, d = q.shape
-        s_k, h_k, d_v = k.shape[1], k.shape[2], v.shape[3]
-        n_q, n_k = -(-s_q // block_m), -(-s_k // block_n)
-        s_pad = fp8_format.wgmma_padded_keys(s_k)
-        f32, f8 = torch.float32, fp8_format.FP8_DTYPE
-        # (name, dtype, shape, strides) of every region, in workspace order
-        regions = [
-            ("q8", f8, (b, s_q, h, d), (s_q * h * d, h * d, d, 1)),
-            ("k8", f8, (b, s_k, h_k, d), (s_k * h_k * d, h_k * d, d, 1)),
-            # V^T in wgmma key order: wgmma_vt_empty's (b, s_pad, h_k, d_v) view of
-            # (b, h_k, d_v, s_pad) storage
-            ("v8", f8, (b, s_pad, h_k, d_v), (h_k * d_v * s_pad, 1, d_v * s_pad, s_pad)),
-            ("q_descale", f32, (b, h, n_q), (h * n_q, n_q, 1)),
-            ("k_descale", f32, (b, h_k, n_k), (h_k * n_k, n_k, 1)),
-            ("v_descale", f32, (b, h_k, n_k), (h_k * n_k, n_k, 1)),
-            ("lse", f32, (b, h, s_q), (h * s_q, s_q, 1)),
-            ("counter", torch.int32, (1,), (1,)),
-        ]
+        d_v = v.shape[3]
+        # the pass's outputs as the pass lays them out (V^T in wgmma key order: a view that
+        # covers all of its storage), then the LSE and the counter: (name, meta tensor)
+        metas = fp8_format.quantized_empty(q.shape, k.shape, v.shape, block_m, block_n, True,
+                                           torch.device("meta"))
+        regions = list(zip(("q8", "k8", "v8", "q_descale", "k_descale", "v_descale"), metas))
+        regions += [("lse", torch.empty((b, h, s_q), dtype=torch.float32, device="meta")),
+                    ("counter", torch.empty((1,), dtype=torch.int32, device="meta"))]
         self._regions, offset = [], 0
-        for name, dtype, shape, strides in regions:
+        for name, meta in regions:
+            dtype, shape, strides = meta.dtype, tuple(meta.shape), meta.stride()
             nbytes = dtype.itemsize * math.prod(shape)
             self._regions.append((name, offset, nbytes, dtype, shape, strides))
             offset += _align(nbytes)
@@ -884,10 +876,7 @@ class Fp8QuantizeCall:
 
     def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  signs: Optional[torch.Tensor], block_m: int, block_n: int) -> None:
-        b, s_q, h, _ = q.shape
-        s_k, h_k = k.shape[1], k.shape[2]
-        self._shapes = (q.shape, k.shape, v.shape, (b, h, -(-s_q // block_m)),
-                        (b, h_k, -(-s_k // block_n)))
+        self._shapes = (q.shape, k.shape, v.shape, block_m, block_n)
         self._device = q.device
         self._quantize = backend("portable").fp8_quantize_call(signs, block_m, block_n,
                                                                v_wgmma=False)
@@ -895,14 +884,7 @@ class Fp8QuantizeCall:
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                  ) -> Tuple[torch.Tensor, ...]:
         """(q8, k8, v8, q_descale, k_descale, v_descale), as the full path returns them."""
-        q_shape, k_shape, v_shape, qs_shape, kv_shape = self._shapes
-        dev, f8, f32 = self._device, fp8_format.FP8_DTYPE, torch.float32
-        outs = (torch.empty(q_shape, dtype=f8, device=dev),
-                torch.empty(k_shape, dtype=f8, device=dev),
-                fp8_format.keys_contiguous_empty(v_shape, dev),
-                torch.empty(qs_shape, dtype=f32, device=dev),
-                torch.empty(kv_shape, dtype=f32, device=dev),
-                torch.empty(kv_shape, dtype=f32, device=dev))
+        outs = fp8_format.quantized_empty(*self._shapes, False, self._device)
         if not self._quantize.replay(q, k, v, tuple(t.data_ptr() for t in outs)):
             self._quantize.record(q, k, v, outs)  # (first call, or no replay now)
         return outs

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import functools
+from typing import Tuple
 
 import torch
 
@@ -89,6 +90,28 @@ def wgmma_vt_empty(shape, device: torch.device, zero: bool = False) -> torch.Ten
     return storage.permute(0, 3, 1, 2)
 
 
+def quantized_empty(q_shape, k_shape, v_shape, block_m: int, block_n: int, v_wgmma: bool,
+                    device: torch.device) -> Tuple[torch.Tensor, ...]:
+    """The six outputs of the quantize pass, uninitialised: q8 (b, s_q, h, d) and k8
+    (b, s_k, h_k, d) float8_e4m3fn contiguous; v8 for V of ``v_shape`` in wgmma key order
+    (:func:`wgmma_vt_empty`, zeroed where the pass leaves padding positions: tiles of fewer
+    than 32 keys, or no key) or keys contiguous (:func:`keys_contiguous_empty`); q_descale
+    (b, h, cdiv(s_q, block_m)), k_descale and v_descale (b, h_k, cdiv(s_k, block_n)) float32.
+    ``device`` may be "meta" (the layouts alone)."""
+    b, s_q, h, _ = q_shape
+    s_k, h_k = k_shape[1], k_shape[2]
+    if v_wgmma:
+        v8 = wgmma_vt_empty(v_shape, device, zero=block_n < WGMMA_KEY_GROUP or s_k == 0)
+    else:
+        v8 = keys_contiguous_empty(v_shape, device)
+    f32 = torch.float32
+    return (torch.empty(q_shape, dtype=FP8_DTYPE, device=device),
+            torch.empty(k_shape, dtype=FP8_DTYPE, device=device), v8,
+            torch.empty((b, h, -(-s_q // block_m)), dtype=f32, device=device),
+            torch.empty((b, h_k, -(-s_k // block_n)), dtype=f32, device=device),
+            torch.empty((b, h_k, -(-s_k // block_n)), dtype=f32, device=device))
+
+
 def to_wgmma_order(v8: torch.Tensor) -> torch.Tensor:
     """V (b, s_k, h_k, d_v) float8_e4m3fn, any layout -> the same values in wgmma key order
     (wgmma_vt_empty's layout), with torch ops (the CPU path; CUDA has sm90/v_layout.py and the
@@ -118,4 +141,4 @@ def block_index(positions: torch.Tensor, block_shift: int, n_blocks: int) -> tor
 
 __all__ = ["E4M3_MAX", "FP8_DTYPE", "P_SCALE", "P_SCALE_LOG2", "WGMMA_KEY_GROUP", "block_index",
            "from_wgmma_order", "hadamard", "hadamard_block", "keys_contiguous_empty",
-           "to_wgmma_order", "wgmma_key_position", "wgmma_padded_keys", "wgmma_vt_empty"]
+           "quantized_empty", "to_wgmma_order", "wgmma_key_position", "wgmma_padded_keys", "wgmma_vt_empty"]

@@ -79,7 +79,7 @@ from typing import Any, Optional, Tuple, Union
 import torch
 
 from flashattn import dispatch
-from flashattn.fp8_format import keys_contiguous_empty, wgmma_vt_empty
+from flashattn.fp8_format import quantized_empty
 from flashattn.params import ONE_BLOCK_SHIFT, AttnParams, Fp8Scales
 
 Tensor = torch.Tensor
@@ -585,15 +585,7 @@ fp8_quantize = torch.library.custom_op("flashattn::fp8_quantize", _fp8_quantize_
 
 @fp8_quantize.register_fake
 def _fp8_quantize_fake(q, k, v, signs, block_m, block_n, v_wgmma=False):
-    b, s_q, h, _ = q.shape
-    s_k, h_k = k.shape[1], k.shape[2]
-    f8 = torch.float8_e4m3fn
-    nq, nk = -(-s_q // block_m), -(-s_k // block_n)
-    v8 = wgmma_vt_empty(v.shape, v.device) if v_wgmma else keys_contiguous_empty(v.shape, v.device)
-    return (q.new_empty(q.shape, dtype=f8), k.new_empty(k.shape, dtype=f8),
-            v8, q.new_empty((b, h, nq), dtype=torch.float32),
-            q.new_empty((b, h_k, nk), dtype=torch.float32),
-            q.new_empty((b, h_k, nk), dtype=torch.float32))
+    return quantized_empty(q.shape, k.shape, v.shape, block_m, block_n, v_wgmma, q.device)
 
 
 def quantize_fp8(q: Tensor, k: Tensor, v: Tensor, signs: Optional[Tensor], block_m: int,

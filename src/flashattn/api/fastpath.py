@@ -218,7 +218,7 @@ def kvcache_args(template: tuple, q: Tensor, k_cache: Tensor, v_cache: Tensor,
 # flash_attn_fp8_func
 # ---------------------------------------------------------------------------------------------
 FP8 = CallCache()
-# the entry of a signature the recorded FP8 call does not cover (fp8_runner returned None):
+# the entry of a signature no recorded call covers (dispatch's runner returned None):
 # its calls take the full path without asking again
 FP8_FULL_PATH = False
 
@@ -245,16 +245,26 @@ def fp8_key(q: Any, k: Any, v: Any, softmax_scale: Any, causal: Any, window_size
             type(return_lse), return_lse)
 
 
-def fp8_runner(q: Tensor, k: Tensor, v: Tensor, params: AttnParams, signs: Optional[Tensor],
-               block_m: int, block_n: int, need_lse: bool) -> Any:
-    """What ``flash_attn_fp8_func``'s full path decided for this signature (arguments checked
-    and normalised), as a call ``run(q, k, v) -> (out, lse or None)``: dispatch's recorded FP8
-    call, or :data:`FP8_FULL_PATH` where it does not apply; None (nothing to keep yet) during
-    CUDA-graph capture, where no recorded call is built (docs/internals.md)."""
+def _record(cache: CallCache, key: Hashable, make: Callable[[], Any]) -> Any:
+    """A signature's first call, its arguments checked: keep ``make()`` (dispatch's recorded
+    call, or None where none applies: then :data:`FP8_FULL_PATH`) under ``key`` and return it.
+    During CUDA-graph capture nothing is built or kept (docs/internals.md: what a recorded
+    call made there would exist only in the graph): None, and a later call asks again."""
     if capturing():
         return None
-    run = dispatch.fp8_e2e_runner(q, k, v, params, signs, block_m, block_n, need_lse)
-    return FP8_FULL_PATH if run is None else run
+    run = make()
+    run = FP8_FULL_PATH if run is None else run
+    cache.put(key, run)
+    return run
+
+
+def fp8_record(key: Hashable, q: Tensor, k: Tensor, v: Tensor, params: AttnParams,
+               signs: Optional[Tensor], block_m: int, block_n: int, need_lse: bool) -> Any:
+    """What ``flash_attn_fp8_func``'s full path decided for this signature (arguments checked
+    and normalised), kept under ``key``: a call ``run(q, k, v) -> (out, lse or None)``
+    (dispatch's recorded FP8 call), :data:`FP8_FULL_PATH`, or None (:func:`_record`)."""
+    return _record(FP8, key, lambda: dispatch.fp8_e2e_runner(q, k, v, params, signs, block_m,
+                                                             block_n, need_lse))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -276,17 +286,15 @@ def quantize_key(q: Any, k: Any, v: Any, incoherent: Any, seed: Any, block_m: An
             type(block_m), block_m, type(block_n), block_n)
 
 
-def quantize_runner(q: Tensor, k: Tensor, v: Tensor, signs: Optional[Tensor], block_m: int,
-                    block_n: int) -> Any:
-    """What ``fp8.quantize``'s full path decided for this signature, as a call ``run(q, k, v)
-    -> (q8, k8, v8, q_descale, k_descale, v_descale)``: dispatch's recorded pass, or
-    :data:`FP8_FULL_PATH`; None during CUDA-graph capture (as :func:`fp8_runner`)."""
-    if capturing():
-        return None
-    run = dispatch.fp8_quantize_runner(q, k, v, signs, block_m, block_n)
-    return FP8_FULL_PATH if run is None else run
+def quantize_record(key: Hashable, q: Tensor, k: Tensor, v: Tensor, signs: Optional[Tensor],
+                    block_m: int, block_n: int) -> Any:
+    """What ``fp8.quantize``'s full path decided for this signature, kept under ``key``: a
+    call ``run(q, k, v) -> (q8, k8, v8, q_descale, k_descale, v_descale)`` (dispatch's
+    recorded pass), :data:`FP8_FULL_PATH`, or None (:func:`_record`)."""
+    return _record(QUANTIZE, key, lambda: dispatch.fp8_quantize_runner(q, k, v, signs, block_m,
+                                                                       block_n))
 
 
 __all__ = ["DENSE", "FP8", "FP8_FULL_PATH", "KVCACHE", "QUANTIZE", "CallCache", "dense_key",
-           "dense_runner", "fp8_key", "fp8_runner", "kvcache_args", "kvcache_entry",
-           "kvcache_key", "quantize_key", "quantize_runner"]
+           "dense_runner", "fp8_key", "fp8_record", "kvcache_args", "kvcache_entry",
+           "kvcache_key", "quantize_key", "quantize_record"]

@@ -97,9 +97,7 @@ def quantize(q: Tensor, k: Tensor, v: Tensor, *, incoherent: bool = True,
                                                            block_n)
         if key is not None and run is None:  # the signature's first call: record it
             signs = random_signs(q.shape[-1], seed, q.device) if incoherent else None
-            run = _fast.quantize_runner(q, k, v, signs, block_m, block_n)
-            if run is not None:  # (None: under graph capture, asked again later)
-                _fast.QUANTIZE.put(key, run)
+            run = _fast.quantize_record(key, q, k, v, signs, block_m, block_n)
         if not run:
             return quantize_for_kernels(q, k, v, incoherent, seed, block_m, block_n,
                                         v_wgmma=False)

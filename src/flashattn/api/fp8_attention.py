@@ -289,9 +289,8 @@ def flash_attn_fp8_func(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional
     params = AttnParams(scale, causal_, left, right, softcap_, None, 0.0, 0)
     if key is not None and run is None:  # the signature's first call: record it
         signs = random_signs(q.shape[-1], seed, q.device) if incoherent else None
-        run = _fast.fp8_runner(q, k, v, params, signs, block_m, block_n, bool(return_lse))
-        if run is not None:  # (None: under graph capture, asked again on a later call)
-            _fast.FP8.put(key, run)
+        run = _fast.fp8_record(key, q, k, v, params, signs, block_m, block_n,
+                               bool(return_lse))
         if run:
             out, lse = run(q, k, v)
             return (out, lse) if return_lse else out

@@ -27,8 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flashattn.fp8_format import (WGMMA_KEY_GROUP, hadamard, hadamard_block,
-                                  keys_contiguous_empty, wgmma_vt_empty)
+from flashattn.fp8_format import WGMMA_KEY_GROUP, hadamard, hadamard_block, quantized_empty
 from flashattn.runtime.device import sm_count
 from flashattn.runtime.launch import LaunchPlan, LaunchPlans
 from flashattn.runtime.grid import cdiv, next_pow2
@@ -470,17 +469,8 @@ def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, signs: Optio
     Hopper FP8 forward reads without a copy). q (b, s_q, h, d), k (b, s_k, h_k, d), v (b, s_k,
     h_k, d_v), last dim contiguous; signs (d,) ±1 or None. One launch over the three tensors'
     tiles."""
-    b, s_q, h, _ = q.shape
-    s_k, h_k = k.shape[1], k.shape[2]
-    if v_wgmma:  # (tiles of fewer than 32 rows leave the padding to a zeroed buffer)
-        v8 = wgmma_vt_empty(v.shape, v.device, zero=block_n < WGMMA_KEY_GROUP or s_k == 0)
-    else:
-        v8 = keys_contiguous_empty(v.shape, v.device)
-    q8 = torch.empty(q.shape, dtype=torch.float8_e4m3fn, device=q.device)
-    k8 = torch.empty(k.shape, dtype=torch.float8_e4m3fn, device=k.device)
-    q_descale = torch.empty((b, h, cdiv(s_q, block_m)), dtype=torch.float32, device=q.device)
-    k_descale = torch.empty((b, h_k, cdiv(s_k, block_n)), dtype=torch.float32, device=q.device)
-    v_descale = torch.empty((b, h_k, cdiv(s_k, block_n)), dtype=torch.float32, device=q.device)
+    q8, k8, v8, q_descale, k_descale, v_descale = quantized_empty(
+        q.shape, k.shape, v.shape, block_m, block_n, v_wgmma, q.device)
     if q_descale.numel() + k_descale.numel():
         # (an empty tensor has no tiles, and its scales, if any (head dim 0), are written 1)
         _launch(q, k, v, q8, k8, v8, q_descale, k_descale, v_descale, signs, block_m, block_n,

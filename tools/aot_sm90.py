@@ -108,20 +108,27 @@ def compile_fwd_variant(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, c
     if overrides and "seqlen" in overrides:  # the stand-ins' length (BOTTOM_ALIGN needs a
         s = int(overrides["seqlen"])         # shift of >= one warpgroup piece: 960 at 128)
         overrides = {k: v for k, v in overrides.items() if k != "seqlen"} or None
+    # FP8 only: the config of a long causal call with one K / V descale per head
+    # (config.FP8_LONG_CAUSAL), a variant switch rather than a FwdConfig field
+    long_causal = bool((overrides or {}).get("long_causal"))
+    if overrides and "long_causal" in overrides:
+        overrides = {k: v for k, v in overrides.items() if k != "long_causal"} or None
     lse = torch.empty((b, h, s), dtype=torch.float32)
     if dtype == torch.float8_e4m3fn:  # FP8: V keys contiguous, bf16 O, descale tables
         from flashattn.fp8_format import keys_contiguous_empty
         from flashattn.params import Fp8Scales
         from flashattn.sm90.config import fp8_fwd_config
 
+        kv_shift = 31 if long_causal else 7  # one descale per head, or 128-key blocks
         cfg = fp8_fwd_config(d, d_v, softcap > 0.0,
                              masked=causal or window[0] >= 0 or window[1] >= 0,
+                             kv_block_keys=1 << kv_shift, long_causal=long_causal,
                              **(overrides or {}))
         q = torch.empty((b, s, h, d), dtype=dtype)
         v = keys_contiguous_empty((b, s, h, d_v), torch.device("cpu"))
         out = torch.empty((b, s, h, d_v), dtype=torch.bfloat16)
         table = torch.empty((b, h, 8), dtype=torch.float32)
-        scales = Fp8Scales(table, table, table, 7, 7)
+        scales = Fp8Scales(table, table, table, 7, kv_shift)
     else:
         cfg = fwd_config(d, softcap > 0.0, head_dim_v=d_v if d_v != d else None,
                          **(overrides or {}))

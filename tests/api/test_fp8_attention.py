@@ -328,7 +328,8 @@ def test_v_in_wgmma_order_exactly_when_the_hopper_kernel_runs(monkeypatch):
 
     assert decide()
     assert not decide(device_family="portable")
-    assert not decide(block_n=64)  # kv scale blocks below the kernel's 128-key tiles
+    assert decide(block_n=64)  # the kernel's key tiles shrink to 64-key scale blocks
+    assert not decide(block_n=32)  # ... but no further (config.FP8_MIN_BLOCK_N)
     assert not decide(block_m=32)  # q scale blocks below a consumer's 64 rows
     assert not decide(d=80)  # not a Hopper head dim
     monkeypatch.setattr(dispatch, "family_for", lambda x: "hopper")

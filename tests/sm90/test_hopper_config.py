@@ -132,3 +132,48 @@ def test_fp8_unmasked_overrides_change_only_the_schedule():
         assert unmasked.smem_bytes(d, elem=1) <= SMEM_LIMIT
     assert fp8_fwd_config(256, softcap=True).intra_overlap  # softcap: its own tiles
     assert fp8_fwd_config(256, masked=False, intra_overlap=True).intra_overlap
+
+
+def test_fp8_key_tiles_follow_the_descale_blocks():
+    """A K / V descale covers whole key tiles: tiles longer than the descale blocks shrink to
+    them (down to FP8_MIN_BLOCK_N, below which support.fp8_unsupported refuses the call), and
+    FP8_LONG_CAUSAL's longer tiles apply only to long causal calls whose blocks cover them."""
+    import torch
+
+    from flashattn.params import AttnParams, Fp8Scales
+    from flashattn.sm90 import support
+    from flashattn.sm90.config import (FP8_CONFIGS, FP8_LONG_CAUSAL, FP8_LONG_CAUSAL_MIN_KEYS,
+                                       FP8_MIN_BLOCK_N, FP8_NARROW_STAGES, fp8_fwd_config,
+                                       fp8_long_causal)
+
+    one_per_head = 1 << 31
+    assert fp8_long_causal(-1, 0, FP8_LONG_CAUSAL_MIN_KEYS)
+    assert not fp8_long_causal(-1, 0, FP8_LONG_CAUSAL_MIN_KEYS - 1)
+    assert not fp8_long_causal(256, 0, 16384)  # a left window: not the measured case
+    assert not fp8_long_causal(-1, -1, 16384)  # no mask
+    long = fp8_fwd_config(128, masked=True, kv_block_keys=one_per_head, long_causal=True)
+    assert (long.block_n, long.num_stages, long.intra_overlap) == (256, 2, False)
+    assert long == fp8_fwd_config(128, masked=True, kv_block_keys=256, long_causal=True)
+    assert long.smem_bytes(128, elem=1) <= SMEM_LIMIT
+    assert set(FP8_LONG_CAUSAL) <= set(FP8_CONFIGS)
+    # 128-key descales, a dense call, softcap or a short call: the table's tiles
+    for kw in (dict(kv_block_keys=128, long_causal=True, masked=True),
+               dict(kv_block_keys=one_per_head, long_causal=True, masked=False),
+               dict(kv_block_keys=one_per_head, long_causal=False, masked=True)):
+        assert fp8_fwd_config(128, **kw).block_n == FP8_CONFIGS[128].block_n, kw
+    assert fp8_fwd_config(128, softcap=True, masked=True, kv_block_keys=one_per_head,
+                          long_causal=True).block_n == 64
+    # shorter descale blocks: shorter tiles, every head dim
+    for d in FP8_CONFIGS:
+        cfg = fp8_fwd_config(d, kv_block_keys=FP8_MIN_BLOCK_N)
+        assert cfg.block_n == FP8_MIN_BLOCK_N
+        assert cfg.num_stages == (FP8_NARROW_STAGES if FP8_CONFIGS[d].block_n > FP8_MIN_BLOCK_N
+                                  else FP8_CONFIGS[d].num_stages)
+        assert cfg.smem_bytes(d, elem=1) <= SMEM_LIMIT
+    # support: 64-key descales at d = 192 (128-key tiles) run shorter tiles; 32 are refused
+    q = torch.empty((1, 256, 2, 192), dtype=torch.float8_e4m3fn, device="meta")
+    params = AttnParams(192 ** -0.5, False, -1, -1, 0.0, None, 0.0, 0)
+    table = torch.empty((1, 2, 8), device="meta")
+    for shift, ok in ((6, True), (7, True), (31, True), (5, False)):
+        why = support.fp8_unsupported(q, q, q, params, Fp8Scales(table, table, table, 7, shift))
+        assert (why is None) == ok, (shift, why)

@@ -118,9 +118,28 @@ FP8_CONFIGS: Dict[int, FwdConfig] = {
                   consumer_regs=160, maxnreg=128, rowsum_mma=True),
     96: FwdConfig(block_m=128, block_n=128, num_stages=3, separate_o=True, rowsum_mma=True),
     128: FwdConfig(block_m=128, block_n=128, num_stages=3, separate_o=True, rowsum_mma=True),
-    192: FwdConfig(block_m=128, block_n=64, num_stages=3, separate_o=True, rowsum_mma=True),
+    # d = 192: 128-key blocks, 2 stages (226.5 KiB of shared memory; 184 / 112 bytes of
+    # spills) against 64 x 3 stages, kernel alone, 16k tokens, min of 3 interleaved rounds,
+    # TFLOP/s (H100, session 20): non-causal 16k 906 / 824, 4k 883 / 788; causal 16k 861 / 753,
+    # 4k 734 / 681. Without the intra-warpgroup overlap: 892 / 839 / 799 / 706.
+    192: FwdConfig(block_m=128, block_n=128, num_stages=2, separate_o=True, rowsum_mma=True),
     256: FwdConfig(block_m=128, block_n=128, num_stages=2, separate_o=True),
 }
+
+# Key blocks of 256 without the intra-warpgroup overlap (352 bytes of spills) for causal calls
+# over >= FP8_LONG_CAUSAL_MIN_KEYS keys at d = 128, where the K / V descales cover >= 256 keys
+# (a key block must not straddle two descales: FlashAttention-3's API, one descale per head,
+# or fp8.quantize(block_n=256)). Kernel alone, min of 3 interleaved rounds, TFLOP/s with / the
+# table's config (H100, session 20, two runs): causal 16k 941 / 843 and 933 / 837, 8k 848 /
+# 791, 4k 750 / 734 and 750 / 737, 2k 593 / 628; non-causal 16k 861 / 913, 4k 787 / 841 (so
+# dense calls keep 128-key blocks). With the overlap, 256-key blocks spill 432 bytes: 670 / 843.
+FP8_LONG_CAUSAL: Dict[int, Dict[str, Any]] = {
+    128: dict(block_n=256, num_stages=2, intra_overlap=False)}
+FP8_LONG_CAUSAL_MIN_KEYS = 4096
+# When the K / V descale blocks are shorter than a config's key block, the key block shrinks
+# to theirs (never below FP8_MIN_BLOCK_N: support.fp8_unsupported) with this many stages.
+FP8_MIN_BLOCK_N = 64
+FP8_NARROW_STAGES = 3
 
 
 # Unmasked calls (no causal mask, no window) at d = 256: without the intra-warpgroup overlap
@@ -133,10 +152,16 @@ FP8_UNMASKED_OVERRIDES: Dict[int, Dict[str, Any]] = {256: dict(intra_overlap=Fal
 
 
 def fp8_fwd_config(head_dim: int, head_dim_v: Optional[int] = None, softcap: bool = False,
-                   masked: bool = False, **overrides) -> FwdConfig:
-    """The FP8 forward's config (FP8_CONFIGS by the larger head dim; softcap's tanh needs the
-    registers of a 64-key block, as in bf16; ``masked``: a causal mask or a window, else
-    FP8_UNMASKED_OVERRIDES apply; the tile sizes do not depend on it), with overrides."""
+                   masked: bool = False, *, kv_block_keys: Optional[int] = None,
+                   long_causal: bool = False, **overrides) -> FwdConfig:
+    """The FP8 forward's config, with overrides.
+
+    FP8_CONFIGS by the larger head dim; softcap's tanh needs the registers of a 64-key block,
+    as in bf16. ``masked``: a causal mask or a window, else FP8_UNMASKED_OVERRIDES apply (the
+    tile sizes do not depend on it). ``kv_block_keys``: keys per K / V descale (None: any);
+    a key block longer than that shrinks to it (>= FP8_MIN_BLOCK_N), and FP8_LONG_CAUSAL
+    applies only where it covers the longer block. ``long_causal``: a causal mask (no left
+    window) over >= FP8_LONG_CAUSAL_MIN_KEYS keys (:func:`fp8_long_causal`)."""
     key = max(head_dim, head_dim_v or head_dim)
     cfg = FP8_CONFIGS[key]
     if softcap and key in SOFTCAP_CONFIGS and cfg.consumers == 3:
@@ -145,10 +170,21 @@ def fp8_fwd_config(head_dim: int, head_dim_v: Optional[int] = None, softcap: boo
         cfg = replace(cfg, block_n=64)
     elif not masked and key in FP8_UNMASKED_OVERRIDES:
         cfg = replace(cfg, **FP8_UNMASKED_OVERRIDES[key])
+    elif (masked and long_causal and key in FP8_LONG_CAUSAL and kv_block_keys is not None
+          and kv_block_keys >= FP8_LONG_CAUSAL[key]["block_n"]):
+        cfg = replace(cfg, **FP8_LONG_CAUSAL[key])
+    if kv_block_keys is not None and FP8_MIN_BLOCK_N <= kv_block_keys < cfg.block_n:
+        cfg = replace(cfg, block_n=kv_block_keys, num_stages=FP8_NARROW_STAGES)
     cfg = replace(cfg, **overrides) if overrides else cfg
     if not cfg.separate_o or cfg.rescale_early:
         raise ValueError("FP8 forward configs need separate_o=True and rescale_early=False")
     return cfg
+
+
+def fp8_long_causal(window_left: int, window_right: int, seqlen_k: int) -> bool:
+    """Whether an FP8 call is FP8_LONG_CAUSAL's case: a causal mask (a right bound, no left
+    one) over at least FP8_LONG_CAUSAL_MIN_KEYS keys."""
+    return window_right >= 0 and window_left < 0 and seqlen_k >= FP8_LONG_CAUSAL_MIN_KEYS
 
 
 def fwd_config(head_dim: int, softcap: bool = False, head_dim_v: Optional[int] = None,

@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from flashattn.sm90.v_layout import wgmma_ordered_vt
-from flashattn.sm90.config import FwdConfig, fp8_fwd_config, fwd_config
+from flashattn.sm90.config import FwdConfig, fp8_fwd_config, fp8_long_causal, fwd_config
 from flashattn.params import Fp8Scales
 from flashattn.sm90.descriptors import LOG2E, heads_per_group, keys_major_desc, tensor_desc
 from flashattn.sm90.fwd_kernel import attn_fwd_kernel
@@ -168,6 +168,8 @@ def flash_fwd_hopper_fp8(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
     head_dim_v = v8.shape[3]
     cfg = fp8_fwd_config(head_dim, head_dim_v, softcap > 0.0,
                          masked=window_left >= 0 or window_right >= 0,
+                         kv_block_keys=1 << scales.kv_block_shift,
+                         long_causal=fp8_long_causal(window_left, window_right, k8.shape[1]),
                          **(config_overrides or {}))
     # V^T with its keys in wgmma order (sm90/v_layout.py): P's registers then serve
     # as the P·V operand without shuffles (fwd_kernel._p_operand)

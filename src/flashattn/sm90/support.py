@@ -172,7 +172,9 @@ def fp8_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: A
         return "a dimension >= 2**31"
     if not (tma_ok(q) and tma_ok(k)):
         return "strides or base not 16-byte aligned (TMA)"
-    cfg = fp8_fwd_config(d, d_v, params.softcap > 0.0)
+    # (key blocks shrink to shorter K / V descale blocks, down to FP8_MIN_BLOCK_N)
+    cfg = fp8_fwd_config(d, d_v, params.softcap > 0.0,
+                         kv_block_keys=1 << scales.kv_block_shift)
     if scales.q_block_shift < (cfg.block_m // cfg.consumers).bit_length() - 1:
         return f"q scale blocks of {1 << scales.q_block_shift} rows < {cfg.block_m // cfg.consumers}"
     if scales.kv_block_shift < cfg.block_n.bit_length() - 1:

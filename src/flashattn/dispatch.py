@@ -46,7 +46,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from flashattn import fp8_format, metadata
-from flashattn.params import AttnParams, Fp8Scales
+from flashattn.params import ONE_BLOCK_SHIFT, AttnParams, Fp8Scales
 from flashattn.runtime import env
 from flashattn.runtime.device import capturing
 
@@ -672,8 +672,18 @@ def fp8_quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """FP8 block quantization of q, k, v (incoherent processing of q and k with ``signs``):
     (q8, k8, v8, q_descale (b, h, nq), k_descale (b, h_k, nk), v_descale (b, h_k, nk)); v8 in
     wgmma key order with ``v_wgmma`` (fp8_format.wgmma_vt_empty), else keys contiguous."""
-    return backend(select("fp8_quantize", q)).fp8_quantize(q, k, v, signs, block_m, block_n,
-                                                           v_wgmma=v_wgmma)
+    return backend(quantize_backend(q, block_m, block_n)).fp8_quantize(
+        q, k, v, signs, block_m, block_n, v_wgmma=v_wgmma)
+
+
+def quantize_backend(q: torch.Tensor, block_m: int, block_n: int) -> str:
+    """The backend of the FP8 quantize pass: the device's, except that scale blocks longer
+    than the fused Triton pass's tile (fp8_format.PASS_MAX_BLOCK) take the torch ops of the
+    cpu backend (device-agnostic) on any device."""
+    name = select("fp8_quantize", q)
+    if name == "portable" and max(block_m, block_n) > fp8_format.PASS_MAX_BLOCK:
+        return "cpu"
+    return name
 
 
 def fp8_v_wgmma(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: AttnParams,
@@ -764,7 +774,7 @@ def fp8_e2e_runner(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: At
     (shapes, strides, dtypes, device, alignment, params, blocks, seed, settings)."""
     if (q.device.type != "cuda" or _is_degenerate(q, k)
             or block_n < fp8_format.WGMMA_KEY_GROUP
-            or select("fp8_quantize", q) != "portable"
+            or quantize_backend(q, block_m, block_n) != "portable"
             or not fp8_v_wgmma(q, k, v, params, block_m, block_n)):
         return None
     return Fp8Call(q, k, v, params, signs, block_m, block_n, need_lse)
@@ -861,7 +871,7 @@ def fp8_quantize_runner(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """``fp8.quantize``'s decisions for these validated inputs, made once: a
     :class:`Fp8QuantizeCall` where the Triton pass runs them (CUDA, every tensor non-empty),
     None elsewhere (the full path on every call)."""
-    if (q.device.type != "cuda" or select("fp8_quantize", q) != "portable"
+    if (q.device.type != "cuda" or quantize_backend(q, block_m, block_n) != "portable"
             or q.numel() == 0 or k.numel() == 0 or v.numel() == 0):
         return None
     return Fp8QuantizeCall(q, k, v, signs, block_m, block_n)
@@ -890,6 +900,133 @@ class Fp8QuantizeCall:
         return outs
 
 
+def fp8_descale_runner(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
+                       descales: Tuple[Optional[torch.Tensor], ...], params: AttnParams,
+                       out_dtype: torch.dtype, need_lse: bool) -> Optional["Fp8DescaleCall"]:
+    """FlashAttention-3's FP8 API (``flash_attn_func`` on float8_e4m3fn q, k, v with
+    (batch, nheads_k) descales): the decisions for these validated inputs, made once. A
+    :class:`Fp8DescaleCall` where the Hopper FP8 kernel runs them (CUDA, not degenerate), None
+    elsewhere (the full path on every call). The caller keys it on everything the decisions
+    read (shapes, strides, dtypes, device, alignment, params, which descales are given)."""
+    if q8.device.type != "cuda" or _is_degenerate(q8, k8):
+        return None
+    b, h, h_k = q8.shape[0], q8.shape[2], k8.shape[2]
+    meta = torch.empty((b, h, 1), dtype=torch.float32, device="meta")
+    scales = Fp8Scales(meta, meta[:, :h_k], meta[:, :h_k], ONE_BLOCK_SHIFT, ONE_BLOCK_SHIFT)
+    if select("fp8_fwd", q8, k8, v8, params, scales=scales) != "hopper":
+        return None
+    return Fp8DescaleCall(q8, k8, v8, descales, params, out_dtype, need_lse)
+
+
+class Fp8DescaleCall:
+    """FlashAttention-3's FP8 API for one call signature (issue 21's recorded calls): V^T in
+    the kernel's wgmma key order written by a replayed pass (sm90/v_layout.VtCall), then the
+    Hopper FP8 forward replayed (sm90/fwd.Fp8FwdCall), both with addresses. V^T, the dropped
+    LSE, the tile-queue counter and the descale tables that must be copied live in one
+    workspace reused per (stream, thread) (``runtime.buffers``), so a call allocates only
+    ``out`` (and ``lse`` when it is returned). The full path validated the inputs on meta
+    tensors, expanded the descales and allocated V^T on every call.
+
+    The kernel reads one float32 descale table per tensor, (batch, heads, 1) contiguous. Per
+    descale, fixed by the signature: a table of ones made once (None: FA3's "= 1"), the
+    caller's tensor read in place (contiguous, and for q, one query head per kv head), or a
+    copy into the workspace on every call (q's descale of a GQA group: one entry per query
+    head; a non-contiguous descale). Values are never cached: a call with new descale values
+    (same signature) computes with them.
+
+    Made by :func:`fp8_descale_runner`. The first call (and any call whose replay cannot run
+    now: fast launches off, a profiler listening) launches through tensor views of the
+    workspace and records the plans."""
+
+    def __init__(self, q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
+                 descales: Tuple[Optional[torch.Tensor], ...], params: AttnParams,
+                 out_dtype: torch.dtype, need_lse: bool) -> None:
+        b, s_q, h, d = q8.shape
+        s_k, h_k, d_v = k8.shape[1], k8.shape[2], v8.shape[3]
+        self._group = h // h_k
+        f32, device = torch.float32, q8.device
+        # (name, bytes, dtype, shape) of the workspace's regions, then the descale tables'
+        regions = [("vt", torch.uint8, (b, h_k, d_v, fp8_format.wgmma_padded_keys(s_k))),
+                   ("lse", f32, (b, h, s_q)), ("counter", torch.int32, (1,))]
+        # per descale (q, k, v): ("ones", table), ("given", None) or ("copy", region index)
+        self._tables: list = []
+        for name, x, heads in (("q", descales[0], h), ("k", descales[1], h_k),
+                               ("v", descales[2], h_k)):
+            shape = (b, heads, 1)
+            if x is None:
+                self._tables.append(("ones", torch.ones(shape, dtype=f32, device=device)))
+            elif (name == "q" and self._group > 1) or not x.is_contiguous():
+                self._tables.append(("copy", len(regions)))
+                regions.append((name, f32, shape))
+            else:
+                self._tables.append(("given", None))
+        self._regions, offset = [], 0
+        for name, dtype, shape in regions:
+            nbytes = dtype.itemsize * math.prod(shape)
+            self._regions.append((name, offset, nbytes, dtype, shape))
+            offset += _align(nbytes)
+        self._nbytes = offset
+        self._out_shape, self._lse_shape = (b, s_q, h, d_v), (b, h, s_q)
+        self._out_dtype, self._device, self._index = out_dtype, device, device.index
+        self._need_lse = need_lse
+        # (imported here: runtime.buffers needs Triton, and dispatch must import without it)
+        from flashattn.runtime import buffers
+
+        self._buffers = buffers
+        self._vt = backend("hopper").fp8_vt_call()
+        self._fwd = backend("hopper").fp8_fwd_call(d, d_v, params, out_dtype)
+        self._recorded = False
+
+    def _view(self, ws: torch.Tensor, i: int) -> torch.Tensor:
+        _, offset, nbytes, dtype, shape = self._regions[i]
+        return ws.narrow(0, offset, nbytes).view(dtype).view(shape)
+
+    def __call__(self, q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
+                 q_descale: Optional[torch.Tensor], k_descale: Optional[torch.Tensor],
+                 v_descale: Optional[torch.Tensor]
+                 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """(out (b, s_q, h, d_v) in the signature's out_dtype, lse (b, h, s_q) float32 or None
+        when the signature does not return it) for these inputs and descales ((b, h_k)
+        float32 or None, as the signature's)."""
+        ws = self._buffers.stream_buffer("fp8-descale-call", self._nbytes, self._index)
+        out = torch.empty(self._out_shape, dtype=self._out_dtype, device=self._device)
+        lse = (torch.empty(self._lse_shape, dtype=torch.float32, device=self._device)
+               if self._need_lse else None)
+        if self._fwd.uses_counter:  # (the tile queue starts at zero on every call)
+            ws.narrow(0, self._regions[2][1], 4).zero_()
+        tables = []
+        for (how, what), x in zip(self._tables, (q_descale, k_descale, v_descale)):
+            if how == "ones":
+                tables.append(what)
+            elif how == "given":
+                tables.append(x.unsqueeze(-1))
+            else:  # one entry per query head of the group (or a contiguous copy)
+                table = self._view(ws, what)
+                b, heads = table.shape[0], x.shape[1]
+                table.view(b, heads, -1).copy_(x.unsqueeze(-1).expand(b, heads,
+                                                                      table.shape[1] // heads))
+                tables.append(table)
+        vt = self._view(ws, 0)
+        lse_t = self._view(ws, 1) if lse is None else lse
+        counter = self._view(ws, 2)
+        if self._recorded:
+            if (self._vt.replay(v8.data_ptr(), vt.data_ptr())
+                    and self._fwd.replay((q8.data_ptr(), k8.data_ptr(), vt.data_ptr(),
+                                          out.data_ptr(), lse_t.data_ptr(),
+                                          counter.data_ptr() if self._fwd.uses_counter
+                                          else lse_t.data_ptr(),
+                                          *(t.data_ptr() for t in tables)))):
+                return out, lse
+        # (a replay that cannot run now launches through the views; V^T may then be
+        # written twice, with the same values)
+        self._vt.record(v8, vt)
+        scales = Fp8Scales(*tables, ONE_BLOCK_SHIFT, ONE_BLOCK_SHIFT)
+        self._fwd.record(q8, k8, vt.view(fp8_format.FP8_DTYPE).permute(0, 3, 1, 2), scales,
+                         out, lse_t, counter if self._fwd.uses_counter else lse_t)
+        self._recorded = self._vt.plan is not None and self._fwd.plan is not None
+        return out, lse
+
+
 def fp8_varlen_forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
                        cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
                        seqused_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int,
@@ -915,12 +1052,15 @@ __all__ = [
     "forward",
     "forward_family",
     "Fp8Call",
+    "Fp8DescaleCall",
     "Fp8QuantizeCall",
+    "fp8_descale_runner",
     "fp8_e2e_runner",
     "fp8_quantize_runner",
     "fp8_forward",
     "fp8_quantize",
     "fp8_v_wgmma",
+    "quantize_backend",
     "fp8_varlen_forward",
     "hopper_reason",
     "interpreting",

@@ -64,6 +64,9 @@ def keys_contiguous_empty(shape, device: torch.device) -> torch.Tensor:
 # exact, and the conversion from S's layout to the operand's needs no shuffles
 # (sm90/fwd_kernel._p_operand).
 WGMMA_KEY_GROUP = 32
+# The fused quantize pass (triton/fp8_quantize.py) holds a (block, head dim) tile in registers;
+# larger scale blocks (up to "one per head") take the torch ops of cpu/fp8.py on any device.
+PASS_MAX_BLOCK = 256
 
 
 def wgmma_key_position(c: torch.Tensor) -> torch.Tensor:
@@ -139,6 +142,6 @@ def block_index(positions: torch.Tensor, block_shift: int, n_blocks: int) -> tor
     return torch.clamp(positions >> min(block_shift, 62), max=max(n_blocks - 1, 0))
 
 
-__all__ = ["E4M3_MAX", "FP8_DTYPE", "P_SCALE", "P_SCALE_LOG2", "WGMMA_KEY_GROUP", "block_index",
+__all__ = ["E4M3_MAX", "FP8_DTYPE", "PASS_MAX_BLOCK", "P_SCALE", "P_SCALE_LOG2", "WGMMA_KEY_GROUP", "block_index",
            "from_wgmma_order", "hadamard", "hadamard_block", "keys_contiguous_empty",
            "quantized_empty", "to_wgmma_order", "wgmma_key_position", "wgmma_padded_keys", "wgmma_vt_empty"]

@@ -351,3 +351,162 @@ def test_quantize_signature_rules_and_cpu_entry():
                                b.view(torch.uint8) if b.element_size() == 1 else b)
     assert again.signs.data_ptr() != first.signs.data_ptr()
     fastpath.QUANTIZE.clear()
+
+
+# ---------------------------------------------------------------------------------------------
+# flash_attn_func on FP8 inputs (FA3's descale API): the key, the CPU entry, the recorded call
+# ---------------------------------------------------------------------------------------------
+def _fa3_args(**kw):
+    args = dict(dropout_p=0.0, softmax_scale=None, causal=True, window_size=(-1, -1),
+                softcap=0.0, alibi_slopes=None, return_attn_probs=False, q_descale=None,
+                k_descale=None, v_descale=None, out_dtype=None, return_lse=False)
+    args.update(kw)
+    return args
+
+
+def test_fa3_fp8_signature_rules():
+    """Only float8_e4m3fn q, k, v have a signature; descales are keyed by presence and
+    layout, never by value; dropout, ALiBi, return_attn_probs, non-tensor descales, inputs
+    that need grad and other dtypes take the full path (whose checks raise or decide)."""
+    key = fastpath.fa3_fp8_key
+    q8 = torch.randn(2, 8, 4, 16).to(torch.float8_e4m3fn)
+    k8 = torch.randn(2, 8, 2, 16).to(torch.float8_e4m3fn)
+    d = torch.rand(2, 2) + 0.5
+    base = key(q8, k8, k8, **_fa3_args())
+    assert base is not None
+    with_d = key(q8, k8, k8, **_fa3_args(q_descale=d))
+    assert with_d not in (None, base)
+    assert key(q8, k8, k8, **_fa3_args(q_descale=d * 3)) == with_d  # values: not keyed
+    assert key(q8, k8, k8, **_fa3_args(q_descale=d.t().contiguous().t())) != with_d
+    assert key(q8, k8, k8, **_fa3_args(k_descale=d)) not in (None, base, with_d)
+    assert key(q8, k8, k8, **_fa3_args(out_dtype=torch.float16)) not in (None, base)
+    assert key(q8, k8, k8, **_fa3_args(return_lse=True)) != base
+    assert key(q8, k8, k8, **_fa3_args(causal=1)) not in (None, base)
+    for bad in (dict(dropout_p=0.1), dict(alibi_slopes=torch.ones(4)),
+                dict(return_attn_probs=True), dict(q_descale=[1.0, 1.0]),
+                dict(window_size=[-1, -1]), dict(out_dtype="bfloat16")):
+        assert key(q8, k8, k8, **_fa3_args(**bad)) is None, bad
+    e5m2 = q8.to(torch.float8_e5m2)
+    assert key(e5m2, k8, k8, **_fa3_args()) is None
+    b16 = q8.bfloat16()
+    assert key(b16, b16, b16, **_fa3_args()) is None
+
+
+def test_fa3_fp8_cpu_calls_keep_taking_the_full_path():
+    """Off the Hopper kernels the signature's entry is the full path (decided once), repeated
+    calls equal the first, and new descale values are used (values are not part of a key)."""
+    fastpath.FA3_FP8.clear()
+    torch.manual_seed(4)
+    q8 = torch.randn(1, 48, 4, 32).to(torch.float8_e4m3fn)
+    k8, v8 = (torch.randn(1, 48, 2, 32).to(torch.float8_e4m3fn) for _ in range(2))
+    d = torch.rand(1, 2) + 0.5
+    first = flashattn.flash_attn_func(q8, k8, v8, causal=True, q_descale=d, v_descale=d)
+    assert list(fastpath.FA3_FP8._entries.values())[0][1] is fastpath.FP8_FULL_PATH
+    again = flashattn.flash_attn_func(q8, k8, v8, causal=True, q_descale=d, v_descale=d)
+    assert torch.equal(first, again) and len(fastpath.FA3_FP8._entries) == 1
+    doubled = flashattn.flash_attn_func(q8, k8, v8, causal=True, q_descale=d, v_descale=d * 2)
+    torch.testing.assert_close(doubled.float(), 2 * first.float(), rtol=2 ** -7, atol=0)
+    fastpath.FA3_FP8.clear()
+
+
+class _FakeVt:
+    def __init__(self):
+        self.plan, self.recorded, self.replayed = None, [], []
+
+    def record(self, v8, into):
+        self.recorded.append((v8, into))
+        self.plan = object()
+
+    def replay(self, *addresses):
+        self.replayed.append(addresses)
+        return True
+
+
+@pytest.mark.parametrize("group,given,contiguous,need_lse", [
+    (2, (True, True, True), True, False),    # GQA: q's descale copied per query head
+    (1, (True, True, True), True, True),     # no group: all three read in place
+    (2, (False, True, False), True, False),  # None descales: tables of ones
+    (1, (True, True, True), False, False)])  # non-contiguous descales: copied
+def test_fa3_fp8_recorded_call_replays_the_recorded_roles(monkeypatch, group, given, contiguous,
+                                                          need_lse):
+    """dispatch.Fp8DescaleCall: V^T is written into the workspace and read back by the
+    forward; the descale tables the forward reads hold the call's values (ones for None, one
+    entry per query head of a group), in place where the caller's tensor is a contiguous
+    (b, h_k) table; a replay hands both launches the recorded roles' addresses (the tables
+    copied again on every call); regions are 256-byte aligned and disjoint (CPU stand-ins for
+    the workspace and the kernels)."""
+    from flashattn.params import AttnParams
+
+    ws = torch.full((1 << 20,), 7, dtype=torch.uint8)
+    from flashattn.runtime import buffers
+
+    monkeypatch.setattr(buffers, "stream_buffer", lambda kind, nbytes, device: ws)
+    vt_call, fwd = _FakeVt(), _FakePlan(uses_counter=True)
+
+    class _Backend:
+        fp8_vt_call = staticmethod(lambda: vt_call)
+        fp8_fwd_call = staticmethod(lambda d, d_v, p, dtype: fwd)
+
+    monkeypatch.setattr(dispatch, "backend", lambda name: _Backend)
+    b, s_q, s_k, h_k, d = 2, 100, 70, 2, 64
+    h = h_k * group
+    q8 = torch.randn(b, s_q, h, d).to(torch.float8_e4m3fn)
+    k8, v8 = (torch.randn(b, s_k, h_k, d).to(torch.float8_e4m3fn) for _ in range(2))
+
+    def descales(scale):
+        ds = [(torch.arange(b * h_k, dtype=torch.float32).view(b, h_k) + 1 + i) * scale
+              for i in range(3)]
+        if not contiguous:
+            ds = [x.t().contiguous().t() for x in ds]
+        return tuple(x if g else None for x, g in zip(ds, given))
+
+    params = AttnParams(0.125, True, -1, 0, 0.0, None, 0.0, 0)
+    first = descales(1.0)
+    call = dispatch.Fp8DescaleCall(q8, k8, v8, first, params, torch.bfloat16, need_lse)
+    out, lse = call(q8, k8, v8, *first)
+    assert out.shape == (b, s_q, h, d) and out.dtype == torch.bfloat16
+    assert (lse is not None) == need_lse
+    ((v_in, vt),) = vt_call.recorded
+    assert v_in is v8 and vt.shape[:3] == (b, h_k, d) and vt.shape[3] >= s_k
+    (q_r, k_r, v_r, scales, out_r, lse_r, counter_r), = fwd.recorded
+    assert q_r is q8 and k_r is k8 and out_r is out
+    assert v_r.data_ptr() == vt.data_ptr() and v_r.shape == (b, vt.shape[3], h_k, d)
+    assert (scales.q_block_shift, scales.kv_block_shift) == (31, 31)
+    tables = (scales.q_descale, scales.k_descale, scales.v_descale)
+    for table, x, heads in zip(tables, first, (h, h_k, h_k)):
+        assert table.shape == (b, heads, 1) and table.is_contiguous()
+        want = (torch.ones(b, heads) if x is None
+                else x.repeat_interleave(heads // h_k, dim=1))
+        assert torch.equal(table[..., 0], want)
+        in_place = x is not None and x.is_contiguous() and heads == h_k
+        assert (table.data_ptr() == x.data_ptr()) if in_place else True
+    assert counter_r.dtype == torch.int32 and int(counter_r[0]) == 0
+    if need_lse:
+        assert lse_r is lse
+    base = ws.data_ptr()
+    in_ws = [vt, counter_r] + ([] if need_lse else [lse_r]) + [
+        t for t in tables if base <= t.data_ptr() < base + ws.numel()]
+    spans = sorted((t.data_ptr() - base, t.data_ptr() - base + t.numel() * t.element_size())
+                   for t in in_ws)
+    assert all(lo % 256 == 0 for lo, _ in spans) and spans[-1][1] <= ws.numel()
+    assert all(one[1] <= two[0] for one, two in zip(spans, spans[1:]))
+    # a replay: the same roles, the new descale values in the tables the forward reads
+    ws[:] = 7
+    second = descales(3.0)
+    out2, lse2 = call(q8, k8, v8, *second)
+    ((va, vta),) = vt_call.replayed
+    assert (va, vta) == (v8.data_ptr(), vt.data_ptr())
+    (addrs,), = fwd.replayed
+    assert addrs[:3] == (q8.data_ptr(), k8.data_ptr(), vt.data_ptr())
+    assert addrs[3] == out2.data_ptr() and addrs[5] == counter_r.data_ptr()
+    assert addrs[4] == (lse2.data_ptr() if need_lse else lse_r.data_ptr())
+    assert int(counter_r[0]) == 0
+    for address, table, x, heads in zip(addrs[6:], tables, second, (h, h_k, h_k)):
+        if x is None:
+            assert address == table.data_ptr()
+            continue
+        if x.is_contiguous() and heads == h_k:
+            assert address == x.data_ptr()
+        else:  # the workspace table, refilled with this call's values
+            assert address == table.data_ptr()
+            assert torch.equal(table[..., 0], x.repeat_interleave(heads // h_k, dim=1))

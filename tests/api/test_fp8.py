@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+import flashattn
+
 from flashattn import fp8
 from flashattn.reference import attention_fp8_ref, attention_ref
 
@@ -150,3 +152,43 @@ def test_cuda_matches_cpu():
     for x, y in zip(cpu[:6], gpu[:6]):
         # the rotation is a float32 matmul: GPU / CPU may round a value to the next e4m3 step
         assert (x.float() - y.float().cpu()).abs().max() <= 1.0 / 8 * x.float().abs().max()
+
+
+def test_quantize_pass_shared_memory_and_block_routing(monkeypatch):
+    """The fused pass keeps its tiles in one SM's shared memory: scale blocks past 128 rows
+    and float32 d = 256 run one pipeline stage (3 asked for 240-409 KB, AOT for sm_90), the
+    shipped 128-row configurations are unchanged; blocks past fp8_format.PASS_MAX_BLOCK take the
+    torch ops (the cpu backend's, device-agnostic) instead of the pass."""
+    pytest.importorskip("triton")
+    from flashattn import dispatch, fp8_format
+    from flashattn.triton.fp8_quantize import launch_params
+
+    shipped = {d: launch_params(d, 128, True) for d in (64, 96, 128, 192, 256)}
+    assert shipped == {64: (4, 2, 3, 1, None), 96: (8, 2, 1, 1, 128), 128: (8, 2, 2, 1, 128),
+                       192: (8, 1, 3, 1, None), 256: (8, 1, 3, 1, None)}
+    for d in (64, 96, 128, 192, 256):
+        assert launch_params(d, 256, True)[1:3] == (1, 1)
+    assert launch_params(256, 128, True, elem_bytes=4)[1:3] == (1, 1)
+    assert launch_params(192, 128, True, elem_bytes=4)[2] == 3  # (212 KB: fits)
+    monkeypatch.setattr(dispatch, "select", lambda op, q, *a, **kw: "portable")
+    q = torch.empty(1, 8, 2, 64)
+    top = fp8_format.PASS_MAX_BLOCK
+    assert dispatch.quantize_backend(q, 128, top) == "portable"
+    assert dispatch.quantize_backend(q, 2 * top, 128) == "cpu"
+    assert dispatch.quantize_backend(q, 128, 2 ** 31) == "cpu"
+    monkeypatch.setattr(dispatch, "select", lambda op, q, *a, **kw: "cpu")
+    assert dispatch.quantize_backend(q, 128, 128) == "cpu"
+
+
+def test_one_block_per_head_needs_no_padding():
+    """A scale block longer than the sequence is one scale per (batch, head): the torch
+    quantization neither pads to the block (2^30 rows would not fit in memory) nor changes a
+    value against a block of the sequence's own length."""
+    torch.manual_seed(1)
+    q, k, v = (torch.randn(1, 100, 2, 64) for _ in range(3))
+    with flashattn.use_backend("cpu"):  # (the torch ops for both; see quantize_backend)
+        huge = fp8.quantize(q, k, v, seed=0, block_m=2 ** 30, block_n=2 ** 30)
+        exact = fp8.quantize(q, k, v, seed=0, block_m=128, block_n=128)
+    assert huge.q_descale.shape == (1, 2, 1) and huge.k_descale.shape == (1, 2, 1)
+    for x, y in zip(huge[:6], exact[:6]):
+        assert torch.equal(x.float(), y.float())

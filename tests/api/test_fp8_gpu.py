@@ -173,6 +173,29 @@ def test_quantize_pass_gpu_matches_cpu_semantics(d, d_v):
         torch.testing.assert_close(x, y.cpu(), atol=0, rtol=1e-6)
 
 
+@pytest.mark.parametrize("d,dtype,block_m,block_n", [
+    (128, torch.bfloat16, 128, 256), (256, torch.bfloat16, 256, 256),
+    (192, torch.bfloat16, 256, 128), (256, torch.float32, 128, 128),
+    (128, torch.bfloat16, 1024, 4096), (64, torch.bfloat16, 2 ** 20, 2 ** 20)])
+def test_quantize_blocks_past_the_default_and_float32_inputs(d, dtype, block_m, block_n):
+    """Scale blocks of 256 rows and float32 d = 256 inputs asked the fused pass for more
+    shared memory than an SM has (240-409 KB with 3 stages: OutOfResources); they now run one
+    stage. Blocks past fp8_format.PASS_MAX_BLOCK (up to one per head) take the torch ops on the
+    GPU. All against cpu/fp8.py, and the attention over them within the numerics rule."""
+    torch.manual_seed(6)
+    q = torch.randn(1, 700, 4, d).to(dtype)
+    k, v = (torch.randn(1, 700, 2, d).to(dtype) for _ in range(2))
+    with flashattn.use_backend("cpu"):
+        a = fp8.quantize(q, k, v, seed=3, block_m=block_m, block_n=block_n)
+    c = fp8.quantize(q.cuda(), k.cuda(), v.cuda(), seed=3, block_m=block_m, block_n=block_n)
+    for x, y in zip(a[:3], c[:3]):
+        assert (x.float() != y.float().cpu()).float().mean().item() < 1e-3
+    for x, y in zip(a[3:6], c[3:6]):
+        torch.testing.assert_close(x, y.cpu(), atol=0, rtol=1e-6)
+    out = fp8.attention(c, causal=True)
+    _check(c, out.float(), True, (-1, -1), 0.0)
+
+
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_accuracy_targets_on_the_papers_distribution(d):
     """N(0,1) + N(0,100)·Bernoulli(0.001), b=1, h=16, s=4k: the full method (block scales +
@@ -323,6 +346,115 @@ def test_recorded_fp8_call_on_two_streams_and_in_a_cuda_graph():
     fastpath.FP8.clear()
 
 
+# the recorded call of FA3's FP8 API (dispatch.Fp8DescaleCall): descales given or None, a GQA
+# group (q's table copied per query head), a non-contiguous descale (copied), V in FA3's layout
+# or with its keys contiguous, the long causal tiles (4096 keys), a window
+_FA3_RECORDED = [
+    dict(b=2, s_q=900, s_k=1100, h=4, h_k=2, d=128, causal=True, window_size=(-1, -1),
+         given="qkv"),
+    dict(b=1, s_q=777, s_k=777, h=4, h_k=4, d=64, causal=False, window_size=(-1, -1),
+         given=""),
+    dict(b=2, s_q=300, s_k=301, h=2, h_k=1, d=256, causal=True, window_size=(-1, -1),
+         given="qk", strided=True),
+    dict(b=1, s_q=4096, s_k=4096, h=4, h_k=2, d=128, causal=True, window_size=(-1, -1),
+         given="qkv", v_keys_contiguous=True),
+    dict(b=1, s_q=1000, s_k=1000, h=4, h_k=2, d=192, causal=False, window_size=(200, 30),
+         given="v"),
+]
+
+
+def _fa3_inputs(sh, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q8, k8, v8 = ((torch.randn(sh["b"], s, hh, sh["d"], device="cuda", generator=g) * 3)
+                  .to(torch.float8_e4m3fn) for s, hh in ((sh["s_q"], sh["h"]),
+                                                          (sh["s_k"], sh["h_k"]),
+                                                          (sh["s_k"], sh["h_k"])))
+    if sh.get("v_keys_contiguous"):
+        v8 = v8.transpose(1, 3).contiguous().transpose(1, 3)
+    ds = []
+    for name in "qkv":
+        x = torch.rand(sh["b"], sh["h_k"], device="cuda", generator=g) * 0.1 + 0.01
+        if sh.get("strided"):
+            x = torch.rand(sh["h_k"], sh["b"], device="cuda", generator=g).t() * 0.1 + 0.01
+        ds.append(x if name in sh["given"] else None)
+    return (q8, k8, v8), dict(q_descale=ds[0], k_descale=ds[1], v_descale=ds[2])
+
+
+def test_recorded_fa3_fp8_call_matches_the_full_path(monkeypatch):
+    """Repeated FP8 flash_attn_func signatures (FA3's descale API) replay the recorded call
+    (V^T pass and FP8 forward from their launch plans, V^T and copied descale tables in a
+    reused workspace): every call is bitwise the full path's result with its own descale
+    values, and outputs returned earlier stay intact after later calls."""
+    from flashattn import dispatch
+    from flashattn.api import fastpath
+
+    fastpath.FA3_FP8.clear()
+    kept = []
+    for rnd in range(3):
+        for i, sh in enumerate(_FA3_RECORDED):
+            xs, ds = _fa3_inputs(sh, 10 * rnd + i)
+            kw = dict(causal=sh["causal"], window_size=sh["window_size"], **ds)
+            with monkeypatch.context() as m:  # the full path: no signature
+                m.setattr(fastpath, "fa3_fp8_key", lambda *a: None)
+                want = flashattn.flash_attn_func(*xs, **kw)
+            got = flashattn.flash_attn_func(*xs, **kw)
+            assert torch.equal(got, want), (rnd, i)
+            kept.append((got, want))
+    for got, want in kept:
+        assert torch.equal(got, want)
+    runs = [entry[1] for entry in fastpath.FA3_FP8._entries.values()]
+    assert len(runs) == len(_FA3_RECORDED)
+    if _hopper():
+        assert all(isinstance(r, dispatch.Fp8DescaleCall) and r._recorded for r in runs)
+    fastpath.FA3_FP8.clear()
+
+
+def test_recorded_fa3_fp8_call_on_two_streams_and_in_a_cuda_graph(monkeypatch):
+    """As flash_attn_fp8_func's recorded call: a side stream gets its own workspace; under
+    CUDA-graph capture the call takes fresh memory from the graph's pool, and replays with new
+    inputs and descales copied in match eager calls, with eager calls between replays."""
+    from flashattn.api import fastpath
+
+    fastpath.FA3_FP8.clear()
+    sh = _FA3_RECORDED[0]
+    (x1, d1), (x2, d2) = _fa3_inputs(sh, 1), _fa3_inputs(sh, 2)
+    kw = dict(causal=True)
+    with monkeypatch.context() as m:
+        m.setattr(fastpath, "fa3_fp8_key", lambda *a: None)
+        want1 = flashattn.flash_attn_func(*x1, **kw, **d1)
+        want2 = flashattn.flash_attn_func(*x2, **kw, **d2)
+    for _ in range(2):
+        assert torch.equal(flashattn.flash_attn_func(*x1, **kw, **d1), want1)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        got_side = flashattn.flash_attn_func(*x2, **kw, **d2)
+    got_main = flashattn.flash_attn_func(*x1, **kw, **d1)
+    torch.cuda.synchronize()
+    assert torch.equal(got_side, want2) and torch.equal(got_main, want1)
+
+    static = [t.clone() for t in x1]
+    static_d = {n: t.clone() for n, t in d1.items()}
+    warm = torch.cuda.Stream()
+    warm.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(warm):
+        flashattn.flash_attn_func(*static, **kw, **static_d)
+    torch.cuda.current_stream().wait_stream(warm)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g_out = flashattn.flash_attn_func(*static, **kw, **static_d)
+    for (xs, ds), want in (((x2, d2), want2), ((x1, d1), want1)):
+        for dst, src in zip(static, xs):
+            dst.copy_(src)
+        for n in static_d:
+            static_d[n].copy_(ds[n])
+        graph.replay()
+        eager = flashattn.flash_attn_func(*x2, **kw, **d2)  # between replays
+        torch.cuda.synchronize()
+        assert torch.equal(g_out, want) and torch.equal(eager, want2)
+    fastpath.FA3_FP8.clear()
+
+
 @pytest.mark.skipif(not _hopper(), reason="the Gluon FP8 kernel needs an sm90 GPU")
 @pytest.mark.parametrize("d,s_q,causal,window", [(64, 1088, True, (-1, -1)),
                                                  (128, 960, True, (-1, -1)),
@@ -357,6 +489,52 @@ def test_bottom_aligned_fp8_tiles_keep_fa3_numerics(d, s_q, causal, window):
         outs.append((out.float(), lse))
     torch.testing.assert_close(outs[0][0], outs[1][0], atol=1e-6, rtol=2 ** -7)
     torch.testing.assert_close(outs[0][1], outs[1][1], atol=1e-5, rtol=0)
+
+
+@pytest.mark.skipif(not _hopper(), reason="the Gluon FP8 kernel needs an sm90 GPU")
+@pytest.mark.parametrize("d,s,block_n,causal,key_block", [
+    (128, 4096, 256, True, 256),   # config.FP8_LONG_CAUSAL: 256-key tiles, no overlap
+    (128, 4096, 128, True, 128),   # descales of 128 keys: the table's tiles
+    (128, 4096, 256, False, 128),  # dense calls keep 128-key tiles
+    (192, 1100, 64, True, 64),     # 64-key descales shrink d = 192's 128-key tiles
+    (192, 1100, 128, False, 128)])
+def test_fp8_key_tiles_follow_the_scale_blocks(d, s, block_n, causal, key_block):
+    """The Hopper FP8 kernel's key tile is what config.fp8_fwd_config picks for the call's
+    K / V descale blocks (never straddling one) and stays within the numerics rule."""
+    from flashattn.api.params import window as norm_window
+    from flashattn.params import AttnParams, Fp8Scales
+    from flashattn.sm90.config import fp8_fwd_config, fp8_long_causal
+
+    b, h, h_k = 1, 4, 2
+    xs = _quantized(b, s, s, h, h_k, d, d, seed=3)[0]
+    r = fp8.quantize(*xs, seed=3, block_n=block_n)
+    left, right = norm_window(-1, -1, causal, s)
+    cfg = fp8_fwd_config(d, d, False, masked=causal, kv_block_keys=block_n,
+                         long_causal=fp8_long_causal(left, right, s))
+    assert cfg.block_n == key_block
+    params = AttnParams(d ** -0.5, causal, left, right, 0.0, None, 0.0, 0)
+    scales = Fp8Scales(r.q_descale, r.k_descale, r.v_descale, 7, block_n.bit_length() - 1)
+    assert dispatch.select("fp8_fwd", r.q, r.k, r.v, params, scales=scales) == "hopper"
+    out = fp8.attention(r, causal=causal)
+    _check(r, out.float(), causal, (-1, -1), 0.0)
+
+
+@pytest.mark.skipif(not _hopper(), reason="the Gluon FP8 kernel needs an sm90 GPU")
+def test_fa3_api_long_causal_call_keeps_fa3_numerics():
+    """FA3's one descale per (batch, kv head) over 4k causal keys at d = 128 runs
+    config.FP8_LONG_CAUSAL's 256-key tiles: exact attention of fp8 x descale within the rule."""
+    torch.manual_seed(1)
+    b, s, h, h_k, d = 1, 4096, 4, 2, 128
+    q8, k8, v8 = ((torch.randn(b, s, hh, d, device="cuda") * 4).to(torch.float8_e4m3fn)
+                  for hh in (h, h_k, h_k))
+    qd, kd, vd = (torch.rand(b, h_k, device="cuda") * 0.1 + 0.01 for _ in range(3))
+    out = flashattn.flash_attn_func(q8, k8, v8, causal=True, q_descale=qd, k_descale=kd,
+                                    v_descale=vd)
+    tables = (qd.repeat_interleave(h // h_k, 1)[..., None], kd[..., None], vd[..., None])
+    args = (q8, k8, v8, *tables, s, s)
+    exact = attention_fp8_ref(*args, causal=True, p_scale=None)
+    allowed = 2 * _rmse(attention_fp8_ref(*args, causal=True), exact) + 2 * _bf16_rounding(exact)
+    assert _rmse(out.float(), exact) <= allowed
 
 
 def test_recorded_quantize_matches_the_full_path():

@@ -23,7 +23,9 @@ Values read from tensors are never in a key: they are checked where they always 
 ops' bodies (``dispatch.kvcache``'s value checks of CPU metadata and the checked mode run on
 every call, fast or not).
 
-Calls with dropout, ALiBi, FP8, sinks, chunking, packed lengths or ``out=`` take the full path.
+Calls with dropout, ALiBi, sinks, chunking, packed lengths or ``out=`` take the full path.
+FP8 calls have their own keys: ``flash_attn_fp8_func``, ``fp8.quantize`` and ``flash_attn_func``
+on float8_e4m3fn inputs (FlashAttention-3's descale API).
 """
 from __future__ import annotations
 
@@ -268,6 +270,65 @@ def fp8_record(key: Hashable, q: Tensor, k: Tensor, v: Tensor, params: AttnParam
 
 
 # ---------------------------------------------------------------------------------------------
+# flash_attn_func on FP8 inputs (FlashAttention-3's descale API)
+# ---------------------------------------------------------------------------------------------
+FA3_FP8 = CallCache()
+
+
+def _descale_key(x: Any) -> Any:
+    """A descale argument in a key: None, a plain tensor's _tensor_key, or False (the call
+    takes the full path, whose checks decide about it)."""
+    if x is None:
+        return None
+    return _tensor_key(x) if type(x) is Tensor else False
+
+
+def fa3_fp8_key(q: Any, k: Any, v: Any, dropout_p: Any, softmax_scale: Any, causal: Any,
+                window_size: Any, softcap: Any, alibi_slopes: Any, return_attn_probs: Any,
+                q_descale: Any, k_descale: Any, v_descale: Any, out_dtype: Any,
+                return_lse: Any) -> Optional[tuple]:
+    """The call signature of a ``flash_attn_func`` call on float8_e4m3fn q, k, v, or None (full
+    path). Same rules as :func:`dense_key`; the descales are keyed by presence, shape,
+    strides, dtype, device and alignment (their values are read by the kernel on every call).
+    Dropout, ALiBi and return_attn_probs take the full path, which raises."""
+    if not (type(q) is Tensor and type(k) is Tensor and type(v) is Tensor):
+        return None
+    e4m3 = torch.float8_e4m3fn
+    if q.dtype is not e4m3 or k.dtype is not e4m3 or v.dtype is not e4m3 or _ops._tracing():
+        return None
+    if q.requires_grad or k.requires_grad or v.requires_grad:
+        return None
+    if type(window_size) is not tuple or len(window_size) != 2 or alibi_slopes is not None:
+        return None
+    if type(dropout_p) not in (float, int) or dropout_p != 0 or return_attn_probs is not False:
+        return None
+    if not (out_dtype is None or type(out_dtype) is torch.dtype):
+        return None
+    descales = (_descale_key(q_descale), _descale_key(k_descale), _descale_key(v_descale))
+    if False in descales:
+        return None
+    left, right = window_size
+    if not (type(softmax_scale) in _SCALARS and type(causal) in _SCALARS
+            and type(softcap) in _SCALARS and type(return_lse) in _SCALARS
+            and type(left) in _SCALARS and type(right) in _SCALARS):
+        return None
+    return (_tensor_key(q), _tensor_key(k), _tensor_key(v), type(softmax_scale), softmax_scale,
+            type(causal), causal, type(left), left, type(right), right, type(softcap), softcap,
+            descales, out_dtype, type(return_lse), return_lse)
+
+
+def fa3_fp8_record(key: Hashable, q: Tensor, k: Tensor, v: Tensor,
+                   descales: Tuple[Optional[Tensor], ...], params: AttnParams,
+                   out_dtype: torch.dtype, need_lse: bool) -> Any:
+    """What the FP8 ``flash_attn_func``'s full path decided for this signature (arguments
+    checked and normalised), kept under ``key``: a call ``run(q, k, v, q_descale, k_descale,
+    v_descale) -> (out, lse or None)`` (dispatch's recorded call), :data:`FP8_FULL_PATH`, or
+    None (:func:`_record`)."""
+    return _record(FA3_FP8, key, lambda: dispatch.fp8_descale_runner(
+        q, k, v, descales, params, out_dtype, need_lse))
+
+
+# ---------------------------------------------------------------------------------------------
 # fp8.quantize
 # ---------------------------------------------------------------------------------------------
 QUANTIZE = CallCache()
@@ -295,6 +356,6 @@ def quantize_record(key: Hashable, q: Tensor, k: Tensor, v: Tensor, signs: Optio
                                                                        block_n))
 
 
-__all__ = ["DENSE", "FP8", "FP8_FULL_PATH", "KVCACHE", "QUANTIZE", "CallCache", "dense_key",
-           "dense_runner", "fp8_key", "fp8_record", "kvcache_args", "kvcache_entry",
+__all__ = ["DENSE", "FA3_FP8", "FP8", "FP8_FULL_PATH", "KVCACHE", "QUANTIZE", "CallCache",
+           "dense_key", "dense_runner", "fa3_fp8_key", "fa3_fp8_record", "fp8_key", "fp8_record", "kvcache_args", "kvcache_entry",
            "kvcache_key", "quantize_key", "quantize_record"]

@@ -42,6 +42,7 @@ def _block_quantize(x: torch.Tensor, block: int) -> Tuple[torch.Tensor, torch.Te
     one scale per (batch, head, block of rows)."""
     b, s, h, d = x.shape
     n_blocks = -(-s // block)
+    block = min(block, max(s, 1))  # (a block past the end: one per (batch, head), no padding)
     pad = n_blocks * block - s
     xf = x.float()
     if pad:

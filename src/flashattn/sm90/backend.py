@@ -13,6 +13,7 @@ from flashattn.params import AttnParams, Fp8Scales
 # replaces a kernel module's entry point is then the one that runs
 from flashattn.sm90 import bwd as _bwd
 from flashattn.sm90 import fwd as _fwd
+from flashattn.sm90 import v_layout as _v_layout
 
 Tensor = torch.Tensor
 
@@ -50,4 +51,11 @@ def fp8_fwd_call(head_dim: int, head_dim_v: int, p: AttnParams, out_dtype: torch
                            softcap=p.softcap, out_dtype=out_dtype)
 
 
-__all__ = ["bwd", "fp8_fwd", "fp8_fwd_call", "fwd"]
+def fp8_vt_call() -> "_v_layout.VtCall":
+    """V^T in the FP8 forward's wgmma key order for one call signature, written into memory
+    the caller places, its launch replayed with addresses (sm90/v_layout.VtCall: FA3's FP8
+    API as a recorded call)."""
+    return _v_layout.VtCall()
+
+
+__all__ = ["bwd", "fp8_fwd", "fp8_fwd_call", "fp8_vt_call", "fwd"]

@@ -13,6 +13,8 @@ transposing copy; this pass takes 0.03 ms.)
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
@@ -43,20 +45,54 @@ def _wgmma_vt_kernel(V, Out, s_k, s_pad, n_heads, stride_vb, stride_vs, stride_v
     tl.store(dst, tile, mask=(pos[:, None] < s_pad) & (dims[None, :] < HEAD_DIM))
 
 
-def wgmma_ordered_vt(v8: torch.Tensor) -> torch.Tensor:
+def wgmma_ordered_vt(v8: torch.Tensor, into: Optional[torch.Tensor] = None,
+                     plan_out: Optional[list] = None) -> torch.Tensor:
     """V (b, s_k, h_k, d_v) float8_e4m3fn, any strides -> a (b, s_pad, h_k, d_v) view of a
-    (b, h_k, d_v, s_pad) tensor in wgmma key order (see module doc)."""
+    (b, h_k, d_v, s_pad) tensor in wgmma key order (see module doc).
+
+    ``into``: that (b, h_k, d_v, s_pad) tensor (uint8 or float8_e4m3fn, contiguous), placed by
+    the caller (a recorded call's workspace: ``dispatch.Fp8DescaleCall``); ``plan_out`` gets
+    the launch plan, whose slots are (V, the output) as device addresses (None when Triton's own
+    launch path ran, or nothing was launched)."""
     b, s, h, d = v8.shape
     s_pad = wgmma_padded_keys(s)
-    out = torch.empty((b, h, d, s_pad), dtype=torch.uint8, device=v8.device)
+    out = (torch.empty((b, h, d, s_pad), dtype=torch.uint8, device=v8.device) if into is None
+           else into.view(torch.uint8))
+    plan = None
     if out.numel():
         src = v8.view(torch.uint8)
         block_s = 64
-        launch_jit(_wgmma_vt_kernel, (b * h, triton.cdiv(s_pad, block_s)),
-                   (src, out, s, s_pad, h, *src.stride()),
-                   dict(HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), BLOCK_S=block_s,
-                        num_warps=4))
+        plan = launch_jit(_wgmma_vt_kernel, (b * h, triton.cdiv(s_pad, block_s)),
+                          (src, out, s, s_pad, h, *src.stride()),
+                          dict(HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), BLOCK_S=block_s,
+                               num_warps=4), plan_slots=None if plan_out is None else (0, 1))
+    if plan_out is not None:
+        plan_out.append(plan)
     return out.view(FP8_DTYPE).permute(0, 3, 1, 2)
 
 
-__all__ = ["wgmma_ordered_vt"]
+class VtCall:
+    """:func:`wgmma_ordered_vt` for one call signature, into memory the caller places (FA3's
+    FP8 API as a recorded call: ``dispatch.Fp8DescaleCall``). :meth:`record` launches and
+    keeps the plan; :meth:`replay` relaunches with addresses.
+
+    Contract (the caller's key): a replayed call has V of the recorded shape, strides and
+    16-byte alignment, and a contiguous destination of the recorded shape at a 16-byte-aligned
+    address."""
+
+    def __init__(self) -> None:
+        self.plan = None
+
+    def record(self, v8: torch.Tensor, into: torch.Tensor) -> None:
+        """Write V^T in wgmma key order into ``into`` (b, h_k, d_v, s_pad) and keep the plan."""
+        recorded: list = []
+        wgmma_ordered_vt(v8, into=into, plan_out=recorded)
+        self.plan = recorded[0]
+
+    def replay(self, v_address: int, into_address: int) -> bool:
+        """The recorded launch from V at ``v_address`` into ``into_address``. False, with
+        nothing launched, when there is no plan or it cannot replay now."""
+        return self.plan is not None and self.plan.replay((v_address, into_address))
+
+
+__all__ = ["VtCall", "wgmma_ordered_vt"]

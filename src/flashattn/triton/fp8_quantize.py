@@ -366,6 +366,11 @@ def launch_params(head_dim: int, block: int, rotate: bool, elem_bytes: int = 2
     # (a pipelined V loop ran at half speed: 263-290 us against 143 for the whole pass with
     # one stage, d = 128, in the sweep of session 15; 2 / 3 stages 150 / 138 against 132 in
     # session 17's)
+    if rotate and (block > 128 or (elem_bytes == 4 and head_dim > 192)):
+        # one stage: 3 of a 256 x 128 bf16 tile asked for 240 KB of shared memory (of 227),
+        # float32 d = 256 for 276 KB; with one, every head dim at block 256 (16-bit) takes
+        # <= 104 KB and float32 <= 208 KB (AOT for sm_90, session 20)
+        return warps, 1, 1, 1, None
     if rotate and chunks(head_dim) == 3:  # d = 96, 192 (session 18's sweep)
         if block * head_dim > 16384:  # d = 192: 197 registers, 3 stages in 170 KB
             return warps, 1, 3, 1, None

@@ -72,9 +72,14 @@ METRIC = {"fwd": "tflops", "bwd": "tflops", "decode": "tbps", "mem": "mib", "qua
 # (block scales + incoherent processing), flash_attn_fp8_func end to end (bf16 in, quantize +
 # FP8 forward, bf16 out), the portable FP8 kernel, and the fused quantize pass alone (mode
 # "quant", TB/s of bf16 read + fp8 written)
-FP8_IMPLS: Tuple[str, ...] = ("flashattn-fp8", "flashattn-fp8-e2e", "flashattn-fp8-portable")
+# FP8 rows (cont.): "flashattn-fp8-fa3" is FlashAttention-3's API, flash_attn_func on e4m3
+# q, k, v in their own (b, s, h, d) layout with one descale per (batch, kv head): V^T pass +
+# FP8 forward, as a caller with FP8 tensors of its own pays them
+FP8_IMPLS: Tuple[str, ...] = ("flashattn-fp8", "flashattn-fp8-e2e", "flashattn-fp8-fa3",
+                              "flashattn-fp8-portable")
 FP8_QUANTIZE = "flashattn-fp8-quantize"
-FP8_DEFAULT_IMPLS: Tuple[str, ...] = ("flashattn-fp8", "flashattn-fp8-e2e", OURS, "sdpa-cudnn")
+FP8_DEFAULT_IMPLS: Tuple[str, ...] = ("flashattn-fp8", "flashattn-fp8-e2e", "flashattn-fp8-fa3",
+                                      OURS, "sdpa-cudnn")
 
 DTYPE = "bfloat16"
 
@@ -432,6 +437,28 @@ def impl_context(impl: str) -> "contextlib.AbstractContextManager[None]":
     return contextlib.nullcontext()
 
 
+def per_head_fp8(q: Any, k: Any, v: Any) -> Tuple[Any, ...]:
+    """(q8, k8, v8, q_descale, k_descale, v_descale): q, k, v (b, s, h, d) cast to e4m3 with
+    FlashAttention-3's per-tensor scaling, one descale per (batch, kv head) = amax / 448 (q's
+    over the query heads of each group), no rotation: what a caller of FA3's FP8 API hands it."""
+    import torch
+
+    from flashattn.fp8_format import E4M3_MAX, FP8_DTYPE
+
+    b, _, h, _ = q.shape
+    h_k = k.shape[2]
+
+    def cast(x: Any, heads_per_scale: int) -> Tuple[Any, Any]:
+        xf = x.float()
+        amax = xf.abs().amax(dim=(1, 3)).view(b, -1, heads_per_scale).amax(dim=2)
+        descale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+        per_head = descale.repeat_interleave(heads_per_scale, dim=1)[:, None, :, None]
+        return (xf / per_head).clamp(-E4M3_MAX, E4M3_MAX).to(FP8_DTYPE), descale
+
+    (q8, qd), (k8, kd), (v8, vd) = cast(q, h // h_k), cast(k, 1), cast(v, 1)
+    return q8, k8, v8, qd, kd, vd
+
+
 def build_attention(impl: str, q: Any, k: Any, v: Any, causal: bool
                     ) -> Tuple[Tuple[Any, ...], Callable[..., Any]]:
     """``(inputs, fn)`` with ``fn(*inputs) -> out``. q, k, v are (b, s, h, d); the SDPA and
@@ -446,6 +473,16 @@ def build_attention(impl: str, q: Any, k: Any, v: Any, causal: bool
             return fp8.attention(qkv8, causal=causal)
 
         return (), ours_fp8
+    if impl == "flashattn-fp8-fa3":
+        import flashattn
+
+        q8, k8, v8, qd, kd, vd = per_head_fp8(q.detach(), k.detach(), v.detach())
+
+        def ours_fp8_fa3():
+            return flashattn.flash_attn_func(q8, k8, v8, causal=causal, q_descale=qd,
+                                             k_descale=kd, v_descale=vd)
+
+        return (), ours_fp8_fa3
     if impl == "flashattn-fp8-e2e":
         from flashattn import fp8
 

@@ -106,7 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default flashattn,sdpa-flash,sdpa-cudnn,flex)")
     b.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16",
                    help="fp8: FP8 forward rows (flashattn-fp8 on pre-quantized inputs, "
-                        "flashattn-fp8-e2e = flash_attn_fp8_func, the quantize pass alone) "
+                        "flashattn-fp8-e2e = flash_attn_fp8_func, flashattn-fp8-fa3 = "
+                        "FA3's API on e4m3 tensors with per-head descales, the quantize pass "
+                        "alone) "
                         "beside our bf16 forward and cuDNN's in the same run (default bf16)")
     b.add_argument("--flex-all-d", action="store_true",
                    help="run flex at every head dim (default: d=128 only)")

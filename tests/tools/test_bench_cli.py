@@ -309,3 +309,34 @@ def test_cpu_speed_rows_time_ours_beside_sdpa():
     assert row["dtype"] == "float32" and row["s"] == 64
     assert row["ours_ms"] > 0 and row["sdpa_ms"] > 0
     assert row["speed"] == row["sdpa_ms"] / row["ours_ms"]
+
+
+def test_fa3_fp8_rows_take_per_head_descales():
+    """bench's flashattn-fp8-fa3 rows hand FA3's API what its callers have: e4m3 q, k, v in
+    (b, s, h, d) with one descale per (batch, kv head), amax / 448 (q's over its group), and
+    the row's callable runs (the CPU path here) to the dequantized inputs' attention."""
+    import torch
+
+    from flashattn import bench
+    from flashattn.reference import attention_fp8_ref
+
+    torch.manual_seed(0)
+    q = torch.randn(2, 64, 4, 32)
+    k, v = (torch.randn(2, 64, 2, 32) * 3 for _ in range(2))
+    q8, k8, v8, qd, kd, vd = bench.per_head_fp8(q, k, v)
+    assert q8.dtype == k8.dtype == v8.dtype == torch.float8_e4m3fn
+    assert qd.shape == kd.shape == vd.shape == (2, 2)
+    torch.testing.assert_close(kd, k.abs().amax(dim=(1, 3)) / 448.0)
+    torch.testing.assert_close(qd, q.abs().amax(dim=(1, 3)).view(2, 2, 2).amax(2) / 448.0)
+    for x8, d, x in ((q8, qd, q), (k8, kd, k), (v8, vd, v)):
+        back = x8.float() * d.repeat_interleave(x.shape[2] // d.shape[1], 1)[:, None, :, None]
+        assert (back - x).abs().max() <= x.abs().max() / 16  # e4m3: 3 mantissa bits
+    inputs, fn = bench.build_attention("flashattn-fp8-fa3", q, k, v, causal=True)
+    out = fn(*inputs).double()
+    tables = (qd.repeat_interleave(2, 1)[..., None], kd[..., None], vd[..., None])
+    args = (q8, k8, v8, *tables, 64, 64)
+    exact = attention_fp8_ref(*args, causal=True, p_scale=None)
+    rmse = lambda a, b: (a - b).pow(2).mean().sqrt().item()  # noqa: E731
+    allowed = 2 * rmse(attention_fp8_ref(*args, causal=True), exact) \
+        + 2 * rmse(exact.bfloat16().double(), exact)
+    assert rmse(out, exact) <= allowed

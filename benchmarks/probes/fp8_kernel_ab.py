@@ -5,7 +5,9 @@ keys contiguous; new tree: keys in wgmma order), and the two V preparations time
     python benchmarks/probes/fp8_kernel_ab.py --variants '[{}, {"thread_release": false}]'
 
 ``--variants``: FwdConfig overrides timed in turn at every point, ``--repeat`` rounds
-interleaved (one tree, one process: a same-run A/B of a kernel switch).
+interleaved (one tree, one process: a same-run A/B of a kernel switch). A variant's
+``"block_scales": true`` (or ``--block-scales`` for all) times descale tables of 128-row /
+128-key blocks (``flash_attn_fp8_func``'s) instead of one descale per head (FA3's API).
 """
 from __future__ import annotations
 
@@ -51,6 +53,9 @@ def main() -> int:
     ap.add_argument("--s", default="16384", help="key lengths; batch = 16384 // s (16k tokens)")
     ap.add_argument("--dtype", default="fp8", choices=["fp8", "bf16"],
                     help="bf16: the same variants on the bf16 Gluon forward (flash_fwd_hopper)")
+    ap.add_argument("--block-scales", action="store_true",
+                    help="descale tables of 128-row / 128-key blocks (flash_attn_fp8_func's) "
+                         "instead of one descale per head (FA3's API)")
     args = ap.parse_args()
     variants = json.loads(args.variants)
     new = "v_in_wgmma_order" in inspect.signature(flash_fwd_hopper_fp8).parameters
@@ -64,7 +69,11 @@ def main() -> int:
         x8 = [torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16).to(torch.float8_e4m3fn)
               for _ in range(3)]
         one = torch.ones(b, h, 1, device="cuda", dtype=torch.float32)
-        scales = Fp8Scales(one, one, one, 31, 31)
+        per_head = Fp8Scales(one, one, one, 31, 31)
+        # flash_attn_fp8_func's tables: one descale per 128 rows / keys (values 1, so the
+        # outputs are those of per_head)
+        table = torch.ones(b, h, -(-s // 128), device="cuda", dtype=torch.float32)
+        per_block = Fp8Scales(table, table, table, 7, 7)
         if new:
             from flashattn.sm90.v_layout import wgmma_ordered_vt
             vt = wgmma_ordered_vt(x8[2])
@@ -80,8 +89,11 @@ def main() -> int:
             times = {i: [] for i in range(len(variants))}
             for _ in range(args.repeat):  # rounds: the variants interleaved
                 for i, var in enumerate(variants):
-                    if var:
-                        kw["config_overrides"] = var
+                    blocks = bool(var.get("block_scales", args.block_scales))
+                    scales = per_block if blocks else per_head
+                    overrides = {k: x for k, x in var.items() if k != "block_scales"}
+                    if overrides:
+                        kw["config_overrides"] = overrides
                     else:
                         kw.pop("config_overrides", None)
                     times[i].append(do_bench(lambda: flash_fwd_hopper_fp8(
@@ -92,6 +104,8 @@ def main() -> int:
                 ms = min(times[i])
                 tf = 4.0 * b * h * s * s * d * (0.5 if causal else 1.0) / (ms * 1e-3) / 1e12
                 print(json.dumps(dict(tag=args.tag, variant=var, d=d, s=s, b=b, causal=causal,
+                                      block_scales=bool(var.get("block_scales",
+                                                                args.block_scales)),
                                       kernel_ms=round(ms, 4), tflops=round(tf, 1),
                                       all_ms=[round(t, 4) for t in times[i]],
                                       v_prep_ms=round(prep_ms, 4))), flush=True)

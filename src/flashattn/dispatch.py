@@ -902,20 +902,24 @@ class Fp8QuantizeCall:
 
 def fp8_descale_runner(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
                        descales: Tuple[Optional[torch.Tensor], ...], params: AttnParams,
-                       out_dtype: torch.dtype, need_lse: bool) -> Optional["Fp8DescaleCall"]:
-    """FlashAttention-3's FP8 API (``flash_attn_func`` on float8_e4m3fn q, k, v with
-    (batch, nheads_k) descales): the decisions for these validated inputs, made once. A
-    :class:`Fp8DescaleCall` where the Hopper FP8 kernel runs them (CUDA, not degenerate), None
-    elsewhere (the full path on every call). The caller keys it on everything the decisions
-    read (shapes, strides, dtypes, device, alignment, params, which descales are given)."""
+                       out_dtype: torch.dtype, need_lse: bool,
+                       shifts: Tuple[int, int] = (ONE_BLOCK_SHIFT, ONE_BLOCK_SHIFT)
+                       ) -> Optional["Fp8DescaleCall"]:
+    """An FP8 forward on e4m3 q, k, v whose descales the caller holds: FlashAttention-3's API
+    (``flash_attn_func``, (batch, nheads_k) descales or None, ``shifts`` one block per head) or
+    ``fp8.attention`` (block tables (batch, heads, blocks) of 2^shifts rows / keys). The
+    decisions for these validated inputs, made once: a :class:`Fp8DescaleCall` where the
+    Hopper FP8 kernel runs them (CUDA, not degenerate), None elsewhere (the full path on every
+    call). The caller keys it on everything the decisions read (shapes, strides, dtypes,
+    device, alignment, params, which descales are given, the blocks)."""
     if q8.device.type != "cuda" or _is_degenerate(q8, k8):
         return None
     b, h, h_k = q8.shape[0], q8.shape[2], k8.shape[2]
     meta = torch.empty((b, h, 1), dtype=torch.float32, device="meta")
-    scales = Fp8Scales(meta, meta[:, :h_k], meta[:, :h_k], ONE_BLOCK_SHIFT, ONE_BLOCK_SHIFT)
+    scales = Fp8Scales(meta, meta[:, :h_k], meta[:, :h_k], *shifts)
     if select("fp8_fwd", q8, k8, v8, params, scales=scales) != "hopper":
         return None
-    return Fp8DescaleCall(q8, k8, v8, descales, params, out_dtype, need_lse)
+    return Fp8DescaleCall(q8, k8, v8, descales, params, out_dtype, need_lse, shifts)
 
 
 class Fp8DescaleCall:
@@ -927,12 +931,14 @@ class Fp8DescaleCall:
     ``out`` (and ``lse`` when it is returned). The full path validated the inputs on meta
     tensors, expanded the descales and allocated V^T on every call.
 
-    The kernel reads one float32 descale table per tensor, (batch, heads, 1) contiguous. Per
-    descale, fixed by the signature: a table of ones made once (None: FA3's "= 1"), the
-    caller's tensor read in place (contiguous, and for q, one query head per kv head), or a
-    copy into the workspace on every call (q's descale of a GQA group: one entry per query
-    head; a non-contiguous descale). Values are never cached: a call with new descale values
-    (same signature) computes with them.
+    The kernel reads one float32 descale table per tensor, (batch, heads, blocks) contiguous.
+    FA3's descales are (batch, nheads_k) with one block per head (``shifts`` 31); block tables
+    (``fp8.attention``) are already (batch, heads, blocks). Per descale, fixed by the
+    signature: a table of ones made once (None: FA3's "= 1"), the caller's tensor read in place
+    (contiguous, and for FA3's q, one query head per kv head), or a copy into the workspace on
+    every call (FA3's q descale of a GQA group: one entry per query head; a non-contiguous
+    descale). Values are never cached: a call with new descale values (same signature)
+    computes with them.
 
     Made by :func:`fp8_descale_runner`. The first call (and any call whose replay cannot run
     now: fast launches off, a profiler listening) launches through tensor views of the
@@ -940,10 +946,14 @@ class Fp8DescaleCall:
 
     def __init__(self, q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
                  descales: Tuple[Optional[torch.Tensor], ...], params: AttnParams,
-                 out_dtype: torch.dtype, need_lse: bool) -> None:
+                 out_dtype: torch.dtype, need_lse: bool,
+                 shifts: Tuple[int, int] = (ONE_BLOCK_SHIFT, ONE_BLOCK_SHIFT)) -> None:
         b, s_q, h, d = q8.shape
         s_k, h_k, d_v = k8.shape[1], k8.shape[2], v8.shape[3]
         self._group = h // h_k
+        self._shifts = tuple(shifts)
+        # FA3's (batch, nheads_k) descales, or block tables as the kernel reads them
+        self._fa3 = all(x is None or x.dim() == 2 for x in descales)
         f32, device = torch.float32, q8.device
         # (name, bytes, dtype, shape) of the workspace's regions, then the descale tables'
         regions = [("vt", torch.uint8, (b, h_k, d_v, fp8_format.wgmma_padded_keys(s_k))),
@@ -952,10 +962,10 @@ class Fp8DescaleCall:
         self._tables: list = []
         for name, x, heads in (("q", descales[0], h), ("k", descales[1], h_k),
                                ("v", descales[2], h_k)):
-            shape = (b, heads, 1)
+            shape = (b, heads, 1) if self._fa3 else tuple(x.shape)
             if x is None:
                 self._tables.append(("ones", torch.ones(shape, dtype=f32, device=device)))
-            elif (name == "q" and self._group > 1) or not x.is_contiguous():
+            elif (self._fa3 and name == "q" and self._group > 1) or not x.is_contiguous():
                 self._tables.append(("copy", len(regions)))
                 regions.append((name, f32, shape))
             else:
@@ -986,8 +996,8 @@ class Fp8DescaleCall:
                  v_descale: Optional[torch.Tensor]
                  ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """(out (b, s_q, h, d_v) in the signature's out_dtype, lse (b, h, s_q) float32 or None
-        when the signature does not return it) for these inputs and descales ((b, h_k)
-        float32 or None, as the signature's)."""
+        when the signature does not return it) for these inputs and descales (float32, as the
+        signature's: FA3's (b, h_k) or None, or block tables)."""
         ws = self._buffers.stream_buffer("fp8-descale-call", self._nbytes, self._index)
         out = torch.empty(self._out_shape, dtype=self._out_dtype, device=self._device)
         lse = (torch.empty(self._lse_shape, dtype=torch.float32, device=self._device)
@@ -999,13 +1009,15 @@ class Fp8DescaleCall:
             if how == "ones":
                 tables.append(what)
             elif how == "given":
-                tables.append(x.unsqueeze(-1))
-            else:  # one entry per query head of the group (or a contiguous copy)
+                tables.append(x.unsqueeze(-1) if self._fa3 else x)
+            elif self._fa3:  # one entry per query head of the group (or a contiguous copy)
                 table = self._view(ws, what)
                 b, heads = table.shape[0], x.shape[1]
                 table.view(b, heads, -1).copy_(x.unsqueeze(-1).expand(b, heads,
                                                                       table.shape[1] // heads))
                 tables.append(table)
+            else:  # a block table's contiguous copy
+                tables.append(self._view(ws, what).copy_(x))
         vt = self._view(ws, 0)
         lse_t = self._view(ws, 1) if lse is None else lse
         counter = self._view(ws, 2)
@@ -1020,7 +1032,7 @@ class Fp8DescaleCall:
         # (a replay that cannot run now launches through the views; V^T may then be
         # written twice, with the same values)
         self._vt.record(v8, vt)
-        scales = Fp8Scales(*tables, ONE_BLOCK_SHIFT, ONE_BLOCK_SHIFT)
+        scales = Fp8Scales(*tables, *self._shifts)
         self._fwd.record(q8, k8, vt.view(fp8_format.FP8_DTYPE).permute(0, 3, 1, 2), scales,
                          out, lse_t, counter if self._fwd.uses_counter else lse_t)
         self._recorded = self._vt.plan is not None and self._fwd.plan is not None

@@ -510,3 +510,88 @@ def test_fa3_fp8_recorded_call_replays_the_recorded_roles(monkeypatch, group, gi
         else:  # the workspace table, refilled with this call's values
             assert address == table.data_ptr()
             assert torch.equal(table[..., 0], x.repeat_interleave(heads // h_k, dim=1))
+
+
+# ---------------------------------------------------------------------------------------------
+# fp8.attention on fp8.quantize's output: the key, the CPU entry, the block-table mode
+# ---------------------------------------------------------------------------------------------
+def test_quantized_signature_rules():
+    """fp8.attention's signature: the QuantizedQKV's tensors by layout (never by value), its
+    blocks and the scalars; other tuple types, 16-bit tensors, non-int blocks and list windows
+    take the full path."""
+    from flashattn import fp8
+
+    key = fastpath.quantized_key
+    q, k, v = (torch.randn(1, 40, h, 32) for h in (4, 2, 2))
+    r = fp8.quantize(q, k, v, seed=0, block_m=32, block_n=32)
+    args = dict(softmax_scale=None, causal=True, window_size=(-1, -1), softcap=0.0,
+                out_dtype=None, return_lse=False)
+    base = key(r, **args)
+    assert base is not None
+    r2 = fp8.quantize(q * 2, k, v, seed=0, block_m=32, block_n=32)
+    assert key(r2, **args) == base  # other values, same layout
+    assert key(r._replace(block_n=64), **args) != base
+    assert key(r._replace(block_n=64.0), **args) is None
+    assert key(r, **{**args, "window_size": [-1, -1]}) is None
+    assert key(r, **{**args, "return_lse": True}) != base
+    assert key(r._replace(q=r.q.float()), **args) is None
+    assert key(r._replace(k_descale=r.k_descale.double()), **args) is None
+
+
+def test_quantized_cpu_calls_keep_taking_the_full_path():
+    """Off the Hopper kernels fp8.attention's signature entry is the full path (decided
+    once); repeated calls equal the first, and a QuantizedQKV of new values with the same
+    layout computes with its own values."""
+    from flashattn import fp8
+
+    fastpath.FP8_QUANTIZED.clear()
+    torch.manual_seed(5)
+    q, k, v = (torch.randn(1, 48, h, 32) for h in (4, 2, 2))
+    r = fp8.quantize(q, k, v, seed=1, block_m=32, block_n=32)
+    first = fp8.attention(r, causal=True)
+    assert list(fastpath.FP8_QUANTIZED._entries.values())[0][1] is fastpath.FP8_FULL_PATH
+    assert torch.equal(fp8.attention(r, causal=True), first)
+    doubled = fp8.attention(r._replace(v_descale=r.v_descale * 2), causal=True)
+    torch.testing.assert_close(doubled.float(), 2 * first.float(), rtol=2 ** -7, atol=0)
+    assert len(fastpath.FP8_QUANTIZED._entries) == 1
+    fastpath.FP8_QUANTIZED.clear()
+
+
+def test_block_table_recorded_call_reads_the_tables_in_place(monkeypatch):
+    """dispatch.Fp8DescaleCall over fp8.quantize's block tables: the forward reads the
+    caller's contiguous (b, heads, blocks) tables in place with the blocks' shifts, a
+    non-contiguous table is copied into the workspace on every call (CPU stand-ins)."""
+    from flashattn.params import AttnParams
+
+    ws = torch.full((1 << 20,), 7, dtype=torch.uint8)
+    from flashattn.runtime import buffers
+
+    monkeypatch.setattr(buffers, "stream_buffer", lambda kind, nbytes, device: ws)
+    vt_call, fwd = _FakeVt(), _FakePlan(uses_counter=False)
+
+    class _Backend:
+        fp8_vt_call = staticmethod(lambda: vt_call)
+        fp8_fwd_call = staticmethod(lambda d, d_v, p, dtype: fwd)
+
+    monkeypatch.setattr(dispatch, "backend", lambda name: _Backend)
+    b, s, h, h_k, d = 2, 200, 4, 2, 64
+    q8 = torch.randn(b, s, h, d).to(torch.float8_e4m3fn)
+    k8, v8 = (torch.randn(b, s, h_k, d).to(torch.float8_e4m3fn) for _ in range(2))
+    qd = torch.rand(b, h, 4) + 0.5
+    kd = torch.rand(b, h_k, 2) + 0.5
+    vd = (torch.rand(b, 2, h_k) + 0.5).transpose(1, 2)  # non-contiguous: copied
+    params = AttnParams(0.125, False, -1, -1, 0.0, None, 0.0, 0)
+    call = dispatch.Fp8DescaleCall(q8, k8, v8, (qd, kd, vd), params, torch.bfloat16, False,
+                                   (6, 7))
+    call(q8, k8, v8, qd, kd, vd)
+    (_, _, _, scales, _, _, _), = fwd.recorded
+    assert (scales.q_block_shift, scales.kv_block_shift) == (6, 7)
+    assert scales.q_descale.data_ptr() == qd.data_ptr()
+    assert scales.k_descale.data_ptr() == kd.data_ptr()
+    assert scales.v_descale.data_ptr() != vd.data_ptr() and scales.v_descale.is_contiguous()
+    assert torch.equal(scales.v_descale, vd)
+    vd2 = (torch.rand(b, 2, h_k) + 0.5).transpose(1, 2)
+    call(q8, k8, v8, qd, kd, vd2)
+    (addrs,), = fwd.replayed
+    assert addrs[6:8] == (qd.data_ptr(), kd.data_ptr())
+    assert addrs[8] == scales.v_descale.data_ptr() and torch.equal(scales.v_descale, vd2)

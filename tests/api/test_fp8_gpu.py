@@ -409,6 +409,42 @@ def test_recorded_fa3_fp8_call_matches_the_full_path(monkeypatch):
     fastpath.FA3_FP8.clear()
 
 
+def test_recorded_quantized_attention_matches_the_full_path(monkeypatch):
+    """Repeated fp8.attention signatures (fp8.quantize's block tables) replay the recorded
+    call: each result is bitwise the full path's, with the call's own quantized values (a new
+    QuantizedQKV of the same layout each round), including 64-key blocks at d = 192, 256-key
+    blocks at d = 128 over 4k causal keys and a non-contiguous descale table."""
+    from flashattn import dispatch
+    from flashattn.api import fastpath
+
+    fastpath.FP8_QUANTIZED.clear()
+    shapes = [dict(b=2, s=900, h=4, h_k=2, d=128, block_n=128, causal=True, strided=False),
+              dict(b=1, s=1100, h=4, h_k=2, d=192, block_n=64, causal=False, strided=True),
+              dict(b=1, s=4096, h=4, h_k=2, d=128, block_n=256, causal=True, strided=False)]
+    kept = []
+    for rnd in range(3):
+        for i, sh in enumerate(shapes):
+            xs = _quantized(sh["b"], sh["s"], sh["s"], sh["h"], sh["h_k"], sh["d"], sh["d"],
+                            seed=10 * rnd + i)[0]
+            r = fp8.quantize(*xs, seed=rnd, block_n=sh["block_n"])
+            if sh["strided"]:
+                r = r._replace(v_descale=r.v_descale.transpose(1, 2).contiguous()
+                               .transpose(1, 2))
+            with monkeypatch.context() as m:  # the full path: no signature
+                m.setattr(fastpath, "quantized_key", lambda *a: None)
+                want = fp8.attention(r, causal=sh["causal"])
+            got = fp8.attention(r, causal=sh["causal"])
+            assert torch.equal(got, want), (rnd, i)
+            kept.append((got, want))
+    for got, want in kept:
+        assert torch.equal(got, want)
+    runs = [entry[1] for entry in fastpath.FP8_QUANTIZED._entries.values()]
+    assert len(runs) == len(shapes)
+    if _hopper():
+        assert all(isinstance(r, dispatch.Fp8DescaleCall) and r._recorded for r in runs)
+    fastpath.FP8_QUANTIZED.clear()
+
+
 def test_recorded_fa3_fp8_call_on_two_streams_and_in_a_cuda_graph(monkeypatch):
     """As flash_attn_fp8_func's recorded call: a side stream gets its own workspace; under
     CUDA-graph capture the call takes fresh memory from the graph's pool, and replays with new

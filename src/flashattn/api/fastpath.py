@@ -329,6 +329,59 @@ def fa3_fp8_record(key: Hashable, q: Tensor, k: Tensor, v: Tensor,
 
 
 # ---------------------------------------------------------------------------------------------
+# fp8.attention on fp8.quantize's output (block descales)
+# ---------------------------------------------------------------------------------------------
+FP8_QUANTIZED = CallCache()
+
+
+def quantized_key(qkv: Any, softmax_scale: Any, causal: Any, window_size: Any, softcap: Any,
+                  out_dtype: Any, return_lse: Any) -> Optional[tuple]:
+    """The call signature of an ``fp8.attention`` call, or None (full path): the
+    QuantizedQKV's (the caller checks the type: api.fp8 imports this module) five tensors
+    keyed as :func:`fa3_fp8_key`'s (plain tensors only; q, k, v float8_e4m3fn, the descales
+    float32), its blocks (ints) and the scalars. Anything else takes the full path, whose
+    checks raise or decide."""
+    q, k, v = qkv.q, qkv.k, qkv.v
+    if not (type(q) is Tensor and type(k) is Tensor and type(v) is Tensor):
+        return None
+    e4m3 = torch.float8_e4m3fn
+    if q.dtype is not e4m3 or k.dtype is not e4m3 or v.dtype is not e4m3 or _ops._tracing():
+        return None
+    if q.requires_grad or k.requires_grad or v.requires_grad:
+        return None
+    tables = (qkv.q_descale, qkv.k_descale, qkv.v_descale)
+    if not all(type(x) is Tensor and x.dtype is torch.float32 for x in tables):
+        return None
+    if type(qkv.block_m) is not int or type(qkv.block_n) is not int:
+        return None
+    if type(window_size) is not tuple or len(window_size) != 2:
+        return None
+    if not (out_dtype is None or type(out_dtype) is torch.dtype):
+        return None
+    left, right = window_size
+    if not (type(softmax_scale) in _SCALARS and type(causal) in _SCALARS
+            and type(softcap) in _SCALARS and type(return_lse) in _SCALARS
+            and type(left) in _SCALARS and type(right) in _SCALARS):
+        return None
+    return (_tensor_key(q), _tensor_key(k), _tensor_key(v), *(_tensor_key(x) for x in tables),
+            qkv.block_m, qkv.block_n, type(softmax_scale), softmax_scale, type(causal), causal,
+            type(left), left, type(right), right, type(softcap), softcap, out_dtype,
+            type(return_lse), return_lse)
+
+
+def quantized_record(key: Hashable, qkv: Any, params: AttnParams, out_dtype: torch.dtype,
+                     need_lse: bool) -> Any:
+    """What ``fp8.attention``'s full path decided for this signature (arguments checked and
+    normalised), kept under ``key``: a call ``run(q, k, v, q_descale, k_descale, v_descale)
+    -> (out, lse or None)`` (dispatch's recorded call over block tables),
+    :data:`FP8_FULL_PATH`, or None (:func:`_record`)."""
+    shifts = (int(qkv.block_m).bit_length() - 1, int(qkv.block_n).bit_length() - 1)
+    return _record(FP8_QUANTIZED, key, lambda: dispatch.fp8_descale_runner(
+        qkv.q, qkv.k, qkv.v, (qkv.q_descale, qkv.k_descale, qkv.v_descale), params, out_dtype,
+        need_lse, shifts))
+
+
+# ---------------------------------------------------------------------------------------------
 # fp8.quantize
 # ---------------------------------------------------------------------------------------------
 QUANTIZE = CallCache()
@@ -356,6 +409,6 @@ def quantize_record(key: Hashable, q: Tensor, k: Tensor, v: Tensor, signs: Optio
                                                                        block_n))
 
 
-__all__ = ["DENSE", "FA3_FP8", "FP8", "FP8_FULL_PATH", "KVCACHE", "QUANTIZE", "CallCache",
-           "dense_key", "dense_runner", "fa3_fp8_key", "fa3_fp8_record", "fp8_key", "fp8_record", "kvcache_args", "kvcache_entry",
-           "kvcache_key", "quantize_key", "quantize_record"]
+__all__ = ["DENSE", "FA3_FP8", "FP8", "FP8_FULL_PATH", "FP8_QUANTIZED", "KVCACHE", "QUANTIZE",
+           "CallCache", "dense_key", "dense_runner", "fa3_fp8_key", "fa3_fp8_record", "fp8_key", "fp8_record", "kvcache_args", "kvcache_entry",
+           "kvcache_key", "quantize_key", "quantize_record", "quantized_key", "quantized_record"]

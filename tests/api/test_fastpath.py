@@ -422,6 +422,23 @@ class _FakeVt:
         return True
 
 
+def _descale_call_stand_ins(monkeypatch, uses_counter):
+    """dispatch.Fp8DescaleCall's workspace and kernels as CPU stand-ins: (workspace, V^T
+    call, forward call), each keeping what it recorded and replayed."""
+    ws = torch.full((1 << 20,), 7, dtype=torch.uint8)
+    from flashattn.runtime import buffers
+
+    monkeypatch.setattr(buffers, "stream_buffer", lambda kind, nbytes, device: ws)
+    vt_call, fwd = _FakeVt(), _FakePlan(uses_counter=uses_counter)
+
+    class _Backend:
+        fp8_vt_call = staticmethod(lambda: vt_call)
+        fp8_fwd_call = staticmethod(lambda d, d_v, p, dtype: fwd)
+
+    monkeypatch.setattr(dispatch, "backend", lambda name: _Backend)
+    return ws, vt_call, fwd
+
+
 @pytest.mark.parametrize("group,given,contiguous,need_lse", [
     (2, (True, True, True), True, False),    # GQA: q's descale copied per query head
     (1, (True, True, True), True, True),     # no group: all three read in place
@@ -437,17 +454,7 @@ def test_fa3_fp8_recorded_call_replays_the_recorded_roles(monkeypatch, group, gi
     the workspace and the kernels)."""
     from flashattn.params import AttnParams
 
-    ws = torch.full((1 << 20,), 7, dtype=torch.uint8)
-    from flashattn.runtime import buffers
-
-    monkeypatch.setattr(buffers, "stream_buffer", lambda kind, nbytes, device: ws)
-    vt_call, fwd = _FakeVt(), _FakePlan(uses_counter=True)
-
-    class _Backend:
-        fp8_vt_call = staticmethod(lambda: vt_call)
-        fp8_fwd_call = staticmethod(lambda d, d_v, p, dtype: fwd)
-
-    monkeypatch.setattr(dispatch, "backend", lambda name: _Backend)
+    ws, vt_call, fwd = _descale_call_stand_ins(monkeypatch, uses_counter=True)
     b, s_q, s_k, h_k, d = 2, 100, 70, 2, 64
     h = h_k * group
     q8 = torch.randn(b, s_q, h, d).to(torch.float8_e4m3fn)
@@ -563,17 +570,7 @@ def test_block_table_recorded_call_reads_the_tables_in_place(monkeypatch):
     non-contiguous table is copied into the workspace on every call (CPU stand-ins)."""
     from flashattn.params import AttnParams
 
-    ws = torch.full((1 << 20,), 7, dtype=torch.uint8)
-    from flashattn.runtime import buffers
-
-    monkeypatch.setattr(buffers, "stream_buffer", lambda kind, nbytes, device: ws)
-    vt_call, fwd = _FakeVt(), _FakePlan(uses_counter=False)
-
-    class _Backend:
-        fp8_vt_call = staticmethod(lambda: vt_call)
-        fp8_fwd_call = staticmethod(lambda d, d_v, p, dtype: fwd)
-
-    monkeypatch.setattr(dispatch, "backend", lambda name: _Backend)
+    _, _, fwd = _descale_call_stand_ins(monkeypatch, uses_counter=False)
     b, s, h, h_k, d = 2, 200, 4, 2, 64
     q8 = torch.randn(b, s, h, d).to(torch.float8_e4m3fn)
     k8, v8 = (torch.randn(b, s, h_k, d).to(torch.float8_e4m3fn) for _ in range(2))

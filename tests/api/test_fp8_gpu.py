@@ -380,33 +380,48 @@ def _fa3_inputs(sh, seed):
     return (q8, k8, v8), dict(q_descale=ds[0], k_descale=ds[1], v_descale=ds[2])
 
 
+def _recorded_equals_full_path(monkeypatch, key_name, cache, rounds):
+    """Every call of ``rounds`` (lists of zero-argument calls, one per signature, the same
+    signatures each round) is bitwise the full path's (``fastpath.<key_name>`` giving no
+    signature), results returned earlier stay intact after later calls, and on Hopper every
+    signature's entry is a recorded dispatch.Fp8DescaleCall."""
+    from flashattn import dispatch
+    from flashattn.api import fastpath
+
+    cache.clear()
+    kept = []
+    for rnd, calls in enumerate(rounds):
+        for i, call in enumerate(calls):
+            with monkeypatch.context() as m:
+                m.setattr(fastpath, key_name, lambda *a: None)
+                want = call()
+            got = call()
+            assert torch.equal(got, want), (rnd, i)
+            kept.append((got, want))
+    for got, want in kept:
+        assert torch.equal(got, want)
+    runs = [entry[1] for entry in cache._entries.values()]
+    assert len(runs) == len(rounds[0])
+    if _hopper():
+        assert all(isinstance(r, dispatch.Fp8DescaleCall) and r._recorded for r in runs)
+    cache.clear()
+
+
 def test_recorded_fa3_fp8_call_matches_the_full_path(monkeypatch):
     """Repeated FP8 flash_attn_func signatures (FA3's descale API) replay the recorded call
     (V^T pass and FP8 forward from their launch plans, V^T and copied descale tables in a
     reused workspace): every call is bitwise the full path's result with its own descale
     values, and outputs returned earlier stay intact after later calls."""
-    from flashattn import dispatch
     from flashattn.api import fastpath
 
-    fastpath.FA3_FP8.clear()
-    kept = []
-    for rnd in range(3):
-        for i, sh in enumerate(_FA3_RECORDED):
-            xs, ds = _fa3_inputs(sh, 10 * rnd + i)
-            kw = dict(causal=sh["causal"], window_size=sh["window_size"], **ds)
-            with monkeypatch.context() as m:  # the full path: no signature
-                m.setattr(fastpath, "fa3_fp8_key", lambda *a: None)
-                want = flashattn.flash_attn_func(*xs, **kw)
-            got = flashattn.flash_attn_func(*xs, **kw)
-            assert torch.equal(got, want), (rnd, i)
-            kept.append((got, want))
-    for got, want in kept:
-        assert torch.equal(got, want)
-    runs = [entry[1] for entry in fastpath.FA3_FP8._entries.values()]
-    assert len(runs) == len(_FA3_RECORDED)
-    if _hopper():
-        assert all(isinstance(r, dispatch.Fp8DescaleCall) and r._recorded for r in runs)
-    fastpath.FA3_FP8.clear()
+    def call(sh, seed):
+        xs, ds = _fa3_inputs(sh, seed)
+        return lambda: flashattn.flash_attn_func(*xs, causal=sh["causal"],
+                                                 window_size=sh["window_size"], **ds)
+
+    rounds = [[call(sh, 10 * rnd + i) for i, sh in enumerate(_FA3_RECORDED)]
+              for rnd in range(3)]
+    _recorded_equals_full_path(monkeypatch, "fa3_fp8_key", fastpath.FA3_FP8, rounds)
 
 
 def test_recorded_quantized_attention_matches_the_full_path(monkeypatch):
@@ -414,35 +429,22 @@ def test_recorded_quantized_attention_matches_the_full_path(monkeypatch):
     call: each result is bitwise the full path's, with the call's own quantized values (a new
     QuantizedQKV of the same layout each round), including 64-key blocks at d = 192, 256-key
     blocks at d = 128 over 4k causal keys and a non-contiguous descale table."""
-    from flashattn import dispatch
     from flashattn.api import fastpath
 
-    fastpath.FP8_QUANTIZED.clear()
     shapes = [dict(b=2, s=900, h=4, h_k=2, d=128, block_n=128, causal=True, strided=False),
               dict(b=1, s=1100, h=4, h_k=2, d=192, block_n=64, causal=False, strided=True),
               dict(b=1, s=4096, h=4, h_k=2, d=128, block_n=256, causal=True, strided=False)]
-    kept = []
-    for rnd in range(3):
-        for i, sh in enumerate(shapes):
-            xs = _quantized(sh["b"], sh["s"], sh["s"], sh["h"], sh["h_k"], sh["d"], sh["d"],
-                            seed=10 * rnd + i)[0]
-            r = fp8.quantize(*xs, seed=rnd, block_n=sh["block_n"])
-            if sh["strided"]:
-                r = r._replace(v_descale=r.v_descale.transpose(1, 2).contiguous()
-                               .transpose(1, 2))
-            with monkeypatch.context() as m:  # the full path: no signature
-                m.setattr(fastpath, "quantized_key", lambda *a: None)
-                want = fp8.attention(r, causal=sh["causal"])
-            got = fp8.attention(r, causal=sh["causal"])
-            assert torch.equal(got, want), (rnd, i)
-            kept.append((got, want))
-    for got, want in kept:
-        assert torch.equal(got, want)
-    runs = [entry[1] for entry in fastpath.FP8_QUANTIZED._entries.values()]
-    assert len(runs) == len(shapes)
-    if _hopper():
-        assert all(isinstance(r, dispatch.Fp8DescaleCall) and r._recorded for r in runs)
-    fastpath.FP8_QUANTIZED.clear()
+
+    def call(sh, seed):
+        xs = _quantized(sh["b"], sh["s"], sh["s"], sh["h"], sh["h_k"], sh["d"], sh["d"],
+                        seed=seed)[0]
+        r = fp8.quantize(*xs, seed=seed, block_n=sh["block_n"])
+        if sh["strided"]:
+            r = r._replace(v_descale=r.v_descale.transpose(1, 2).contiguous().transpose(1, 2))
+        return lambda: fp8.attention(r, causal=sh["causal"])
+
+    rounds = [[call(sh, 10 * rnd + i) for i, sh in enumerate(shapes)] for rnd in range(3)]
+    _recorded_equals_full_path(monkeypatch, "quantized_key", fastpath.FP8_QUANTIZED, rounds)
 
 
 def test_recorded_fa3_fp8_call_on_two_streams_and_in_a_cuda_graph(monkeypatch):

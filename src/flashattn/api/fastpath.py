@@ -283,6 +283,34 @@ def _descale_key(x: Any) -> Any:
     return _tensor_key(x) if type(x) is Tensor else False
 
 
+def _plain_fp8_qkv(q: Any, k: Any, v: Any) -> bool:
+    """The tests every FP8 signature starts with: plain float8_e4m3fn tensors, no tracing or
+    dispatch mode, none requiring grad (the full path raises for those)."""
+    if not (type(q) is Tensor and type(k) is Tensor and type(v) is Tensor):
+        return False
+    e4m3 = torch.float8_e4m3fn
+    if q.dtype is not e4m3 or k.dtype is not e4m3 or v.dtype is not e4m3 or _ops._tracing():
+        return False
+    return not (q.requires_grad or k.requires_grad or v.requires_grad)
+
+
+def _fp8_scalars(softmax_scale: Any, causal: Any, window_size: Any, softcap: Any,
+                 out_dtype: Any, return_lse: Any) -> Optional[tuple]:
+    """The scalar part of an FP8 signature (types and values, as :func:`dense_key`'s), or
+    None when one takes the full path (a list window, a non-dtype out_dtype, numpy scalars)."""
+    if type(window_size) is not tuple or len(window_size) != 2:
+        return None
+    if not (out_dtype is None or type(out_dtype) is torch.dtype):
+        return None
+    left, right = window_size
+    if not (type(softmax_scale) in _SCALARS and type(causal) in _SCALARS
+            and type(softcap) in _SCALARS and type(return_lse) in _SCALARS
+            and type(left) in _SCALARS and type(right) in _SCALARS):
+        return None
+    return (type(softmax_scale), softmax_scale, type(causal), causal, type(left), left,
+            type(right), right, type(softcap), softcap, out_dtype, type(return_lse), return_lse)
+
+
 def fa3_fp8_key(q: Any, k: Any, v: Any, dropout_p: Any, softmax_scale: Any, causal: Any,
                 window_size: Any, softcap: Any, alibi_slopes: Any, return_attn_probs: Any,
                 q_descale: Any, k_descale: Any, v_descale: Any, out_dtype: Any,
@@ -291,30 +319,17 @@ def fa3_fp8_key(q: Any, k: Any, v: Any, dropout_p: Any, softmax_scale: Any, caus
     path). Same rules as :func:`dense_key`; the descales are keyed by presence, shape,
     strides, dtype, device and alignment (their values are read by the kernel on every call).
     Dropout, ALiBi and return_attn_probs take the full path, which raises."""
-    if not (type(q) is Tensor and type(k) is Tensor and type(v) is Tensor):
-        return None
-    e4m3 = torch.float8_e4m3fn
-    if q.dtype is not e4m3 or k.dtype is not e4m3 or v.dtype is not e4m3 or _ops._tracing():
-        return None
-    if q.requires_grad or k.requires_grad or v.requires_grad:
-        return None
-    if type(window_size) is not tuple or len(window_size) != 2 or alibi_slopes is not None:
+    if not _plain_fp8_qkv(q, k, v) or alibi_slopes is not None:
         return None
     if type(dropout_p) not in (float, int) or dropout_p != 0 or return_attn_probs is not False:
-        return None
-    if not (out_dtype is None or type(out_dtype) is torch.dtype):
         return None
     descales = (_descale_key(q_descale), _descale_key(k_descale), _descale_key(v_descale))
     if False in descales:
         return None
-    left, right = window_size
-    if not (type(softmax_scale) in _SCALARS and type(causal) in _SCALARS
-            and type(softcap) in _SCALARS and type(return_lse) in _SCALARS
-            and type(left) in _SCALARS and type(right) in _SCALARS):
+    scalars = _fp8_scalars(softmax_scale, causal, window_size, softcap, out_dtype, return_lse)
+    if scalars is None:
         return None
-    return (_tensor_key(q), _tensor_key(k), _tensor_key(v), type(softmax_scale), softmax_scale,
-            type(causal), causal, type(left), left, type(right), right, type(softcap), softcap,
-            descales, out_dtype, type(return_lse), return_lse)
+    return (_tensor_key(q), _tensor_key(k), _tensor_key(v), descales, scalars)
 
 
 def fa3_fp8_record(key: Hashable, q: Tensor, k: Tensor, v: Tensor,
@@ -341,32 +356,18 @@ def quantized_key(qkv: Any, softmax_scale: Any, causal: Any, window_size: Any, s
     keyed as :func:`fa3_fp8_key`'s (plain tensors only; q, k, v float8_e4m3fn, the descales
     float32), its blocks (ints) and the scalars. Anything else takes the full path, whose
     checks raise or decide."""
-    q, k, v = qkv.q, qkv.k, qkv.v
-    if not (type(q) is Tensor and type(k) is Tensor and type(v) is Tensor):
-        return None
-    e4m3 = torch.float8_e4m3fn
-    if q.dtype is not e4m3 or k.dtype is not e4m3 or v.dtype is not e4m3 or _ops._tracing():
-        return None
-    if q.requires_grad or k.requires_grad or v.requires_grad:
+    if not _plain_fp8_qkv(qkv.q, qkv.k, qkv.v):
         return None
     tables = (qkv.q_descale, qkv.k_descale, qkv.v_descale)
     if not all(type(x) is Tensor and x.dtype is torch.float32 for x in tables):
         return None
     if type(qkv.block_m) is not int or type(qkv.block_n) is not int:
         return None
-    if type(window_size) is not tuple or len(window_size) != 2:
+    scalars = _fp8_scalars(softmax_scale, causal, window_size, softcap, out_dtype, return_lse)
+    if scalars is None:
         return None
-    if not (out_dtype is None or type(out_dtype) is torch.dtype):
-        return None
-    left, right = window_size
-    if not (type(softmax_scale) in _SCALARS and type(causal) in _SCALARS
-            and type(softcap) in _SCALARS and type(return_lse) in _SCALARS
-            and type(left) in _SCALARS and type(right) in _SCALARS):
-        return None
-    return (_tensor_key(q), _tensor_key(k), _tensor_key(v), *(_tensor_key(x) for x in tables),
-            qkv.block_m, qkv.block_n, type(softmax_scale), softmax_scale, type(causal), causal,
-            type(left), left, type(right), right, type(softcap), softcap, out_dtype,
-            type(return_lse), return_lse)
+    return (*(_tensor_key(x) for x in (qkv.q, qkv.k, qkv.v) + tables), qkv.block_m,
+            qkv.block_n, scalars)
 
 
 def quantized_record(key: Hashable, qkv: Any, params: AttnParams, out_dtype: torch.dtype,

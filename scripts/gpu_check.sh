@@ -6,10 +6,11 @@
 #   bash scripts/gpu_check.sh                     # all steps, full grid, within ~9 minutes
 #   GRID=quick TESTS=0 bash scripts/gpu_check.sh  # a quick grid only
 #
-# The whole GPU suite no longer fits one device call (session 15, H100: 429 non-bigmem tests
-# in ~480 s with 4 workers; the 11 bigmem tests serially take ~2-3 min more), so a full check
-# is three calls:
-#   BENCH=0 CHECK=0 BIGMEM=0 TEST_TIMEOUT=560 BUDGET=590 PYTEST_ARGS=--maxfail=30 bash scripts/gpu_check.sh
+# The whole GPU suite no longer fits one device call (session 20, H100: 482 non-bigmem tests,
+# 421 of them in 540 s with 4 workers; the 11 bigmem tests serially take ~2 min more), so a
+# full check is four calls (TEST_PATHS: the pytest paths, default tests):
+#   BENCH=0 CHECK=0 BIGMEM=0 TEST_TIMEOUT=560 BUDGET=590 PYTEST_ARGS="--maxfail=30 --ignore=tests/sm90/test_hopper_gpu.py" bash scripts/gpu_check.sh
+#   BENCH=0 CHECK=0 BIGMEM=0 TEST_TIMEOUT=400 BUDGET=430 TEST_PATHS=tests/sm90/test_hopper_gpu.py bash scripts/gpu_check.sh
 #   BENCH=0 CHECK=0 BIGMEM=only TEST_TIMEOUT=400 BUDGET=430 bash scripts/gpu_check.sh
 #   GRID=full MODES=fwd,bwd,decode TESTS=0 CHECK=0 BUDGET=570 bash scripts/gpu_check.sh
 # (with BIGMEM=1 the bigmem step gets what TEST_TIMEOUT leaves after the parallel step, at
@@ -27,6 +28,7 @@
 #   TEST_TIMEOUT=240  CHECK_TIMEOUT=60   per-step caps, in seconds
 #   PYTEST_WORKERS=4  pytest-xdist workers (0: none; Triton compiles in parallel across workers)
 #   PYTEST_ARGS, BENCH_ARGS   extra arguments for those commands
+#   TEST_PATHS=tests          what pytest collects (paths, space-separated)
 #   WARMUP_MS / REP_MS        do_bench timing (default 10 / 40)
 # Files: env.txt pytest.xml pytest_bigmem.xml pytest.log check.log bench.log <gpu>.json <gpu>.png summary.txt
 set -uo pipefail
@@ -83,7 +85,7 @@ if [ "$TESTS" = 1 ]; then
     if [ "$BIGMEM" != only ]; then
         # shellcheck disable=SC2086
         FLASHATTN_AUTOTUNE=0 TRITON_CACHE_DIR="$TEST_TRITON_CACHE" timeout -s INT -k 20 "$TEST_TIMEOUT" "$PY" -m pytest -m "gpu and not bigmem" -x -q -p no:cacheprovider \
-            "${xdist[@]}" --junitxml="$OUT/pytest.xml" ${PYTEST_ARGS:-} tests 2>&1 | tee "$OUT/pytest.log"
+            "${xdist[@]}" --junitxml="$OUT/pytest.xml" ${PYTEST_ARGS:-} ${TEST_PATHS:-tests} 2>&1 | tee "$OUT/pytest.log"
         rc=${PIPESTATUS[0]}
     fi
     if [ "$BIGMEM" != 0 ]; then
@@ -91,7 +93,7 @@ if [ "$TESTS" = 1 ]; then
         if [ "$big_cap" -lt 30 ]; then big_cap=30; fi
         # shellcheck disable=SC2086
         FLASHATTN_AUTOTUNE=0 TRITON_CACHE_DIR="$TEST_TRITON_CACHE" timeout -s INT -k 20 "$big_cap" "$PY" -m pytest -m "gpu and bigmem" -x -q -p no:cacheprovider \
-            --junitxml="$OUT/pytest_bigmem.xml" ${PYTEST_ARGS:-} tests 2>&1 | tee -a "$OUT/pytest.log"
+            --junitxml="$OUT/pytest_bigmem.xml" ${PYTEST_ARGS:-} ${TEST_PATHS:-tests} 2>&1 | tee -a "$OUT/pytest.log"
         rc_big=${PIPESTATUS[0]}
         if [ "$rc" = 0 ] || [ "$rc" = 5 ]; then rc=$rc_big; fi
     fi

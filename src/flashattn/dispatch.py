@@ -780,11 +780,65 @@ def fp8_e2e_runner(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: At
     return Fp8Call(q, k, v, params, signs, block_m, block_n, need_lse)
 
 
-def _align(nbytes: int) -> int:
-    return -(-nbytes // 256) * 256
+class _Workspace:
+    """The layout of a recorded call's per-stream workspace (``runtime.buffers``): named
+    regions, each laid out as its meta tensor (dtype, shape, strides; a strided view must
+    cover all of its storage) at a 256-byte-aligned offset."""
+
+    def __init__(self, regions: "list[Tuple[str, torch.Tensor]]") -> None:
+        self._regions: Dict[str, tuple] = {}
+        offset = 0
+        for name, meta in regions:
+            nbytes = meta.dtype.itemsize * math.prod(meta.shape)
+            self._regions[name] = (offset, nbytes, meta.dtype, tuple(meta.shape), meta.stride())
+            offset += -(-nbytes // 256) * 256
+        self.nbytes = offset
+
+    def offset(self, name: str) -> int:
+        return self._regions[name][0]
+
+    def view(self, ws: torch.Tensor, name: str) -> torch.Tensor:
+        """Region ``name`` of the workspace ``ws`` (a uint8 buffer of >= :attr:`nbytes`)."""
+        offset, nbytes, dtype, shape, strides = self._regions[name]
+        return ws.narrow(0, offset, nbytes).view(dtype).as_strided(shape, strides)
 
 
-class Fp8Call:
+def _meta(shape: Tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+class _WorkspaceCall:
+    """What the recorded FP8 calls share: a per-(stream, thread) workspace of named regions
+    (one of them "counter", the forward's tile queue), a fresh ``out`` and, when the
+    signature returns it, a fresh ``lse`` per call. A subclass sets ``self._fwd`` (an
+    sm90/fwd.Fp8FwdCall) and calls :meth:`_setup` in its constructor."""
+
+    def _setup(self, kind: str, regions: "list[Tuple[str, torch.Tensor]]",
+               out_shape: Tuple[int, ...], out_dtype: torch.dtype, lse_shape: Tuple[int, ...],
+               device: torch.device, need_lse: bool) -> None:
+        self._kind, self._ws = kind, _Workspace(regions)
+        self._counter_at = self._ws.offset("counter")
+        self._out_shape, self._out_dtype, self._lse_shape = out_shape, out_dtype, lse_shape
+        self._device, self._index, self._need_lse = device, device.index, need_lse
+        # (imported here: runtime.buffers needs Triton, and dispatch must import without it)
+        from flashattn.runtime import buffers
+
+        self._buffers = buffers
+        self._recorded = False
+
+    def _begin(self) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        """(workspace, out, lse or None) of this call; the tile-queue counter zeroed when the
+        forward takes its tiles from it (it starts at zero on every call)."""
+        ws = self._buffers.stream_buffer(self._kind, self._ws.nbytes, self._index)
+        out = torch.empty(self._out_shape, dtype=self._out_dtype, device=self._device)
+        lse = (torch.empty(self._lse_shape, dtype=torch.float32, device=self._device)
+               if self._need_lse else None)
+        if self._fwd.uses_counter:
+            ws.narrow(0, self._counter_at, 4).zero_()
+        return ws, out, lse
+
+
+class Fp8Call(_WorkspaceCall):
     """``flash_attn_fp8_func`` for one call signature (issue 21's recorded calls, for FP8
     prefill): the quantize pass and the Hopper FP8 forward, both launched by replaying their
     recorded launch plans with addresses. The pass's outputs, the LSE when the caller drops it
@@ -807,39 +861,20 @@ class Fp8Call:
         # covers all of its storage), then the LSE and the counter: (name, meta tensor)
         metas = fp8_format.quantized_empty(q.shape, k.shape, v.shape, block_m, block_n, True,
                                            torch.device("meta"))
-        regions = list(zip(("q8", "k8", "v8", "q_descale", "k_descale", "v_descale"), metas))
-        regions += [("lse", torch.empty((b, h, s_q), dtype=torch.float32, device="meta")),
-                    ("counter", torch.empty((1,), dtype=torch.int32, device="meta"))]
-        self._regions, offset = [], 0
-        for name, meta in regions:
-            dtype, shape, strides = meta.dtype, tuple(meta.shape), meta.stride()
-            nbytes = dtype.itemsize * math.prod(shape)
-            self._regions.append((name, offset, nbytes, dtype, shape, strides))
-            offset += _align(nbytes)
-        self._nbytes = offset
-        self._offsets = tuple(r[1] for r in self._regions)
-        self._out_shape, self._lse_shape = (b, s_q, h, d_v), (b, h, s_q)
-        self._dtype, self._device, self._index = q.dtype, q.device, q.device.index
-        self._need_lse = need_lse
+        names = ("q8", "k8", "v8", "q_descale", "k_descale", "v_descale", "lse", "counter")
+        self._setup("fp8-call", list(zip(names, metas + (_meta((b, h, s_q), torch.float32),
+                                                         _meta((1,), torch.int32)))),
+                    (b, s_q, h, d_v), q.dtype, (b, h, s_q), q.device, need_lse)
+        self._offsets = tuple(self._ws.offset(name) for name in names)
         self._shifts = (int(block_m).bit_length() - 1, int(block_n).bit_length() - 1)
-        # (imported here: runtime.buffers needs Triton, and dispatch must import without it)
-        from flashattn.runtime import buffers
-
-        self._buffers = buffers
         self._quantize = backend("portable").fp8_quantize_call(signs, block_m, block_n)
         self._fwd = backend("hopper").fp8_fwd_call(d, d_v, params, q.dtype)
-        self._recorded = False
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                  ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """(out (b, s_q, h, d_v) in q's dtype, lse (b, h, s_q) float32 or None when the
         signature does not return it) for q, k, v of this call signature."""
-        ws = self._buffers.stream_buffer("fp8-call", self._nbytes, self._index)
-        out = torch.empty(self._out_shape, dtype=self._dtype, device=self._device)
-        lse = (torch.empty(self._lse_shape, dtype=torch.float32, device=self._device)
-               if self._need_lse else None)
-        if self._fwd.uses_counter:  # (the tile queue starts at zero on every call)
-            ws.narrow(0, self._offsets[7], 4).zero_()
+        ws, out, lse = self._begin()
         if self._recorded:
             base = ws.data_ptr()
             q8, k8, v8, qs, ks, vs, lse_ws, counter = (base + o for o in self._offsets)
@@ -851,8 +886,9 @@ class Fp8Call:
                 return out, lse
             # (a replay that cannot run now launches through the views below; the pass may
             # then run twice, which writes the same values)
-        views = {name: ws.narrow(0, offset, nbytes).view(dtype).as_strided(shape, strides)
-                 for name, offset, nbytes, dtype, shape, strides in self._regions}
+        views = {name: self._ws.view(ws, name) for name in ("q8", "k8", "v8", "q_descale",
+                                                             "k_descale", "v_descale", "lse",
+                                                             "counter")}
         q8, k8, v8 = views["q8"], views["k8"], views["v8"]
         self._quantize.record(q, k, v, (q8, k8, v8, views["q_descale"], views["k_descale"],
                                         views["v_descale"]))
@@ -922,7 +958,7 @@ def fp8_descale_runner(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
     return Fp8DescaleCall(q8, k8, v8, descales, params, out_dtype, need_lse, shifts)
 
 
-class Fp8DescaleCall:
+class Fp8DescaleCall(_WorkspaceCall):
     """FlashAttention-3's FP8 API for one call signature (issue 21's recorded calls): V^T in
     the kernel's wgmma key order written by a replayed pass (sm90/v_layout.VtCall), then the
     Hopper FP8 forward replayed (sm90/fwd.Fp8FwdCall), both with addresses. V^T, the dropped
@@ -955,10 +991,10 @@ class Fp8DescaleCall:
         # FA3's (batch, nheads_k) descales, or block tables as the kernel reads them
         self._fa3 = all(x is None or x.dim() == 2 for x in descales)
         f32, device = torch.float32, q8.device
-        # (name, bytes, dtype, shape) of the workspace's regions, then the descale tables'
-        regions = [("vt", torch.uint8, (b, h_k, d_v, fp8_format.wgmma_padded_keys(s_k))),
-                   ("lse", f32, (b, h, s_q)), ("counter", torch.int32, (1,))]
-        # per descale (q, k, v): ("ones", table), ("given", None) or ("copy", region index)
+        # the workspace's regions: V^T, the LSE, the counter, then the tables to copy
+        regions = [("vt", _meta((b, h_k, d_v, fp8_format.wgmma_padded_keys(s_k)), torch.uint8)),
+                   ("lse", _meta((b, h, s_q), f32)), ("counter", _meta((1,), torch.int32))]
+        # per descale (q, k, v): ("ones", table), ("given", None) or ("copy", region name)
         self._tables: list = []
         for name, x, heads in (("q", descales[0], h), ("k", descales[1], h_k),
                                ("v", descales[2], h_k)):
@@ -966,30 +1002,27 @@ class Fp8DescaleCall:
             if x is None:
                 self._tables.append(("ones", torch.ones(shape, dtype=f32, device=device)))
             elif (self._fa3 and name == "q" and self._group > 1) or not x.is_contiguous():
-                self._tables.append(("copy", len(regions)))
-                regions.append((name, f32, shape))
+                self._tables.append(("copy", name))
+                regions.append((name, _meta(shape, f32)))
             else:
                 self._tables.append(("given", None))
-        self._regions, offset = [], 0
-        for name, dtype, shape in regions:
-            nbytes = dtype.itemsize * math.prod(shape)
-            self._regions.append((name, offset, nbytes, dtype, shape))
-            offset += _align(nbytes)
-        self._nbytes = offset
-        self._out_shape, self._lse_shape = (b, s_q, h, d_v), (b, h, s_q)
-        self._out_dtype, self._device, self._index = out_dtype, device, device.index
-        self._need_lse = need_lse
-        # (imported here: runtime.buffers needs Triton, and dispatch must import without it)
-        from flashattn.runtime import buffers
-
-        self._buffers = buffers
+        self._setup("fp8-descale-call", regions, (b, s_q, h, d_v), out_dtype, (b, h, s_q),
+                    device, need_lse)
+        self._offsets = tuple(self._ws.offset(name) for name in ("vt", "lse", "counter"))
         self._vt = backend("hopper").fp8_vt_call()
         self._fwd = backend("hopper").fp8_fwd_call(d, d_v, params, out_dtype)
-        self._recorded = False
 
-    def _view(self, ws: torch.Tensor, i: int) -> torch.Tensor:
-        _, offset, nbytes, dtype, shape = self._regions[i]
-        return ws.narrow(0, offset, nbytes).view(dtype).view(shape)
+    def _copy(self, ws: torch.Tensor, name: str, x: torch.Tensor) -> torch.Tensor:
+        """Table ``name``'s workspace region filled from the caller's descale ``x``: one entry
+        per query head of the group (FA3's q), or a contiguous copy."""
+        table = self._ws.view(ws, name)
+        if self._fa3:
+            b, heads = table.shape[0], x.shape[1]
+            table.view(b, heads, -1).copy_(x.unsqueeze(-1).expand(b, heads,
+                                                                  table.shape[1] // heads))
+        else:
+            table.copy_(x)
+        return table
 
     def __call__(self, q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
                  q_descale: Optional[torch.Tensor], k_descale: Optional[torch.Tensor],
@@ -998,43 +1031,32 @@ class Fp8DescaleCall:
         """(out (b, s_q, h, d_v) in the signature's out_dtype, lse (b, h, s_q) float32 or None
         when the signature does not return it) for these inputs and descales (float32, as the
         signature's: FA3's (b, h_k) or None, or block tables)."""
-        ws = self._buffers.stream_buffer("fp8-descale-call", self._nbytes, self._index)
-        out = torch.empty(self._out_shape, dtype=self._out_dtype, device=self._device)
-        lse = (torch.empty(self._lse_shape, dtype=torch.float32, device=self._device)
-               if self._need_lse else None)
-        if self._fwd.uses_counter:  # (the tile queue starts at zero on every call)
-            ws.narrow(0, self._regions[2][1], 4).zero_()
-        tables = []
-        for (how, what), x in zip(self._tables, (q_descale, k_descale, v_descale)):
-            if how == "ones":
-                tables.append(what)
-            elif how == "given":
-                tables.append(x.unsqueeze(-1) if self._fa3 else x)
-            elif self._fa3:  # one entry per query head of the group (or a contiguous copy)
-                table = self._view(ws, what)
-                b, heads = table.shape[0], x.shape[1]
-                table.view(b, heads, -1).copy_(x.unsqueeze(-1).expand(b, heads,
-                                                                      table.shape[1] // heads))
-                tables.append(table)
-            else:  # a block table's contiguous copy
-                tables.append(self._view(ws, what).copy_(x))
-        vt = self._view(ws, 0)
-        lse_t = self._view(ws, 1) if lse is None else lse
-        counter = self._view(ws, 2)
-        if self._recorded:
-            if (self._vt.replay(v8.data_ptr(), vt.data_ptr())
-                    and self._fwd.replay((q8.data_ptr(), k8.data_ptr(), vt.data_ptr(),
-                                          out.data_ptr(), lse_t.data_ptr(),
-                                          counter.data_ptr() if self._fwd.uses_counter
-                                          else lse_t.data_ptr(),
+        ws, out, lse = self._begin()
+        descales = (q_descale, k_descale, v_descale)
+        # the tables the forward reads: constant ones, the caller's, or refilled copies
+        tables = [what if how == "ones" else x if how == "given" else self._copy(ws, what, x)
+                  for (how, what), x in zip(self._tables, descales)]
+        if self._recorded:  # addresses only: no view of the workspace per call
+            base = ws.data_ptr()
+            vt, lse_ws, counter = (base + o for o in self._offsets)
+            lse_at = lse_ws if lse is None else lse.data_ptr()
+            if (self._vt.replay(v8.data_ptr(), vt)
+                    and self._fwd.replay((q8.data_ptr(), k8.data_ptr(), vt, out.data_ptr(),
+                                          lse_at, counter if self._fwd.uses_counter else lse_at,
                                           *(t.data_ptr() for t in tables)))):
                 return out, lse
         # (a replay that cannot run now launches through the views; V^T may then be
         # written twice, with the same values)
+        vt = self._ws.view(ws, "vt")
+        lse_t = self._ws.view(ws, "lse") if lse is None else lse
+        counter_t = self._ws.view(ws, "counter") if self._fwd.uses_counter else lse_t
         self._vt.record(v8, vt)
+        if self._fa3:  # (the caller's (b, h_k) descales as the kernel's (b, h_k, 1) tables)
+            tables = [t.unsqueeze(-1) if how == "given" else t
+                      for (how, _), t in zip(self._tables, tables)]
         scales = Fp8Scales(*tables, *self._shifts)
         self._fwd.record(q8, k8, vt.view(fp8_format.FP8_DTYPE).permute(0, 3, 1, 2), scales,
-                         out, lse_t, counter if self._fwd.uses_counter else lse_t)
+                         out, lse_t, counter_t)
         self._recorded = self._vt.plan is not None and self._fwd.plan is not None
         return out, lse
 

@@ -225,6 +225,23 @@ FP8 = CallCache()
 FP8_FULL_PATH = False
 
 
+def _fp8_scalars(softmax_scale: Any, causal: Any, window_size: Any, softcap: Any,
+                 out_dtype: Any, return_lse: Any) -> Optional[tuple]:
+    """The scalar part of an FP8 signature (types and values, as :func:`dense_key`'s), or
+    None when one takes the full path (a list window, a non-dtype out_dtype, numpy scalars)."""
+    if type(window_size) is not tuple or len(window_size) != 2:
+        return None
+    if not (out_dtype is None or type(out_dtype) is torch.dtype):
+        return None
+    left, right = window_size
+    if not (type(softmax_scale) in _SCALARS and type(causal) in _SCALARS
+            and type(softcap) in _SCALARS and type(return_lse) in _SCALARS
+            and type(left) in _SCALARS and type(right) in _SCALARS):
+        return None
+    return (type(softmax_scale), softmax_scale, type(causal), causal, type(left), left,
+            type(right), right, type(softcap), softcap, out_dtype, type(return_lse), return_lse)
+
+
 def fp8_key(q: Any, k: Any, v: Any, softmax_scale: Any, causal: Any, window_size: Any,
             softcap: Any, incoherent: Any, seed: Any, block_m: Any, block_n: Any,
             return_lse: Any) -> Optional[tuple]:
@@ -234,17 +251,14 @@ def fp8_key(q: Any, k: Any, v: Any, softmax_scale: Any, causal: Any, window_size
     raises."""
     if type(seed) is not int or not _plain_qkv(q, k, v, window_size):
         return None
-    left, right = window_size
-    if not (type(softmax_scale) in _SCALARS and type(causal) in _SCALARS
-            and type(softcap) in _SCALARS and type(incoherent) in _SCALARS
-            and type(block_m) in _SCALARS and type(block_n) in _SCALARS
-            and type(return_lse) in _SCALARS and type(left) in _SCALARS
-            and type(right) in _SCALARS):
+    if not (type(incoherent) in _SCALARS and type(block_m) in _SCALARS
+            and type(block_n) in _SCALARS):
         return None
-    return (_tensor_key(q), _tensor_key(k), _tensor_key(v), type(softmax_scale), softmax_scale,
-            type(causal), causal, type(left), left, type(right), right, type(softcap), softcap,
-            type(incoherent), incoherent, seed, type(block_m), block_m, type(block_n), block_n,
-            type(return_lse), return_lse)
+    scalars = _fp8_scalars(softmax_scale, causal, window_size, softcap, None, return_lse)
+    if scalars is None:
+        return None
+    return (_tensor_key(q), _tensor_key(k), _tensor_key(v), scalars, type(incoherent),
+            incoherent, seed, type(block_m), block_m, type(block_n), block_n)
 
 
 def _record(cache: CallCache, key: Hashable, make: Callable[[], Any]) -> Any:
@@ -292,23 +306,6 @@ def _plain_fp8_qkv(q: Any, k: Any, v: Any) -> bool:
     if q.dtype is not e4m3 or k.dtype is not e4m3 or v.dtype is not e4m3 or _ops._tracing():
         return False
     return not (q.requires_grad or k.requires_grad or v.requires_grad)
-
-
-def _fp8_scalars(softmax_scale: Any, causal: Any, window_size: Any, softcap: Any,
-                 out_dtype: Any, return_lse: Any) -> Optional[tuple]:
-    """The scalar part of an FP8 signature (types and values, as :func:`dense_key`'s), or
-    None when one takes the full path (a list window, a non-dtype out_dtype, numpy scalars)."""
-    if type(window_size) is not tuple or len(window_size) != 2:
-        return None
-    if not (out_dtype is None or type(out_dtype) is torch.dtype):
-        return None
-    left, right = window_size
-    if not (type(softmax_scale) in _SCALARS and type(causal) in _SCALARS
-            and type(softcap) in _SCALARS and type(return_lse) in _SCALARS
-            and type(left) in _SCALARS and type(right) in _SCALARS):
-        return None
-    return (type(softmax_scale), softmax_scale, type(causal), causal, type(left), left,
-            type(right), right, type(softcap), softcap, out_dtype, type(return_lse), return_lse)
 
 
 def fa3_fp8_key(q: Any, k: Any, v: Any, dropout_p: Any, softmax_scale: Any, causal: Any,

@@ -113,6 +113,10 @@ def compile_fwd_variant(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, c
     long_causal = bool((overrides or {}).get("long_causal"))
     if overrides and "long_causal" in overrides:
         overrides = {k: v for k, v in overrides.items() if k != "long_causal"} or None
+    # FP8 only: out_dtype=float32 (O's slot and TMA store in fp32), a variant switch too
+    out_f32 = bool((overrides or {}).get("out_f32"))
+    if overrides and "out_f32" in overrides:
+        overrides = {k: v for k, v in overrides.items() if k != "out_f32"} or None
     lse = torch.empty((b, h, s), dtype=torch.float32)
     if dtype == torch.float8_e4m3fn:  # FP8: V keys contiguous, bf16 O, descale tables
         from flashattn.fp8_format import keys_contiguous_empty
@@ -126,7 +130,7 @@ def compile_fwd_variant(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, c
                              **(overrides or {}))
         q = torch.empty((b, s, h, d), dtype=dtype)
         v = keys_contiguous_empty((b, s, h, d_v), torch.device("cpu"))
-        out = torch.empty((b, s, h, d_v), dtype=torch.bfloat16)
+        out = torch.empty((b, s, h, d_v), dtype=torch.float32 if out_f32 else torch.bfloat16)
         table = torch.empty((b, h, 8), dtype=torch.float32)
         scales = Fp8Scales(table, table, table, 7, kv_shift)
     else:

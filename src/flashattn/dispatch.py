@@ -230,10 +230,12 @@ def backend(name: str) -> Any:
 
 def select(op: str, q: torch.Tensor, k: Optional[torch.Tensor] = None,
            v: Optional[torch.Tensor] = None, params: Optional[AttnParams] = None,
-           return_softmax: bool = False, scales: Optional[Fp8Scales] = None) -> str:
+           return_softmax: bool = False, scales: Optional[Fp8Scales] = None,
+           out_dtype: Optional[torch.dtype] = None) -> str:
     """The backend ('hopper' | 'portable' | 'cpu') that runs ``op`` (one of :data:`OPS`) for
     these inputs: the dense forward / backward may take the Hopper kernels (per-call checks
-    need k, v and the params); every other op runs on the device backend."""
+    need k, v and the params; the FP8 forward also its scales and ``out_dtype``, None: a
+    16-bit one); every other op runs on the device backend."""
     if op == "fwd":
         return forward_family(q, k, v, **params.kernel_kwargs(), return_softmax=return_softmax)
     if op == "bwd":
@@ -241,20 +243,22 @@ def select(op: str, q: torch.Tensor, k: Optional[torch.Tensor] = None,
                                deterministic=params.deterministic)
     if op not in OPS:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
-    if op == "fp8_fwd" and _fp8_on_hopper(q, q, k, v, params, scales):
+    if op == "fp8_fwd" and _fp8_on_hopper(q, q, k, v, params, scales, out_dtype):
         return "hopper"
     return backend_for(q)
 
 
 def _fp8_on_hopper(x: torch.Tensor, q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
-                   params: AttnParams, scales: Fp8Scales) -> bool:
+                   params: AttnParams, scales: Fp8Scales,
+                   out_dtype: Optional[torch.dtype] = None) -> bool:
     """Whether the Hopper FP8 kernel runs this FP8 forward: x's device starts from the Hopper
-    family and the kernel covers q8 / k8 / v8 with these params and scale blocks."""
+    family and the kernel covers q8 / k8 / v8 with these params, scale blocks and output
+    dtype."""
     if family_for(x) != "hopper":
         return False
     from flashattn.sm90.support import fp8_unsupported
 
-    return fp8_unsupported(q8, k8, v8, params, scales) is None
+    return fp8_unsupported(q8, k8, v8, params, scales, out_dtype) is None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -707,7 +711,7 @@ def fp8_v_wgmma(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: AttnP
     v8 = fp8_format.keys_contiguous_empty(v.shape, meta)
     scales = Fp8Scales(q8, k8, v8, int(block_m).bit_length() - 1,  # (the tables are not read)
                        int(block_n).bit_length() - 1)
-    decision = _fp8_on_hopper(q, q8, k8, v8, params, scales)
+    decision = _fp8_on_hopper(q, q8, k8, v8, params, scales, q.dtype)
     if len(_FP8_V_WGMMA) >= 512:  # (signatures that never repeat must not grow it forever)
         _FP8_V_WGMMA.clear()
     _FP8_V_WGMMA[key] = decision
@@ -756,7 +760,7 @@ def fp8_forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, scales: Fp
     if _is_degenerate(q8, k8):
         out, lse, _ = _degenerate_fwd(q8, k8, v_keys, False)
         return out.to(out_dtype), lse
-    name = select("fp8_fwd", q8, k8, v_keys, params, scales=scales)
+    name = select("fp8_fwd", q8, k8, v_keys, params, scales=scales, out_dtype=out_dtype)
     if v_wgmma:
         if name == "hopper":
             return backend(name).fp8_fwd(q8, k8, v8, scales, params, out_dtype, v_wgmma=True)
@@ -953,7 +957,7 @@ def fp8_descale_runner(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
     b, h, h_k = q8.shape[0], q8.shape[2], k8.shape[2]
     meta = torch.empty((b, h, 1), dtype=torch.float32, device="meta")
     scales = Fp8Scales(meta, meta[:, :h_k], meta[:, :h_k], *shifts)
-    if select("fp8_fwd", q8, k8, v8, params, scales=scales) != "hopper":
+    if select("fp8_fwd", q8, k8, v8, params, scales=scales, out_dtype=out_dtype) != "hopper":
         return None
     return Fp8DescaleCall(q8, k8, v8, descales, params, out_dtype, need_lse, shifts)
 

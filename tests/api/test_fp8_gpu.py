@@ -85,6 +85,42 @@ def test_fp8_forward_matches_fa3_numerics(backend, dims, causal, window, softcap
     assert torch.isfinite(lse).all()
 
 
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_float32_output(d):
+    """out_dtype=float32 through fp8.attention and FA3's API, and flash_attn_fp8_func on
+    float32 inputs: the Hopper FP8 kernel writes O in fp32 where its shared memory allows it
+    (d <= 128 here; d = 256's fp32 O slot does not fit beside its tiles: the portable kernel),
+    with FA3's numerics. On the Hopper kernel the bf16 output is the fp32 one rounded."""
+    from flashattn.api import fastpath
+    from flashattn.params import AttnParams, Fp8Scales
+
+    b, s, h, h_k = 1, 1000, 4, 2
+    xs, r = _quantized(b, s, s, h, h_k, d, d)
+    params = AttnParams(d ** -0.5, True, -1, 0, 0.0, None, 0.0, 0)
+    scales = Fp8Scales(r.q_descale, r.k_descale, r.v_descale, 7, 7)
+    hopper = _hopper() and d <= 128
+    assert dispatch.select("fp8_fwd", r.q, r.k, r.v, params, scales=scales,
+                           out_dtype=torch.float32) == ("hopper" if hopper else "portable")
+    out32 = fp8.attention(r, causal=True, out_dtype=torch.float32)
+    out16 = fp8.attention(r, causal=True)
+    assert out32.dtype == torch.float32 and out16.dtype == torch.bfloat16
+    _check(r, out32, True, (-1, -1), 0.0)
+    if hopper:
+        assert torch.equal(out32.bfloat16(), out16)
+    fa3_32 = flashattn.flash_attn_func(r.q, r.k, r.v, causal=True, out_dtype=torch.float32)
+    fa3_16 = flashattn.flash_attn_func(r.q, r.k, r.v, causal=True)
+    assert fa3_32.dtype == torch.float32 and torch.isfinite(fa3_32).all()
+    if hopper:
+        assert torch.equal(fa3_32.bfloat16(), fa3_16)
+    q, k, v = (x.float() for x in xs)
+    fastpath.FP8.clear()
+    for _ in range(2):  # (the first call records, the second replays)
+        got = fp8.flash_attn_fp8_func(q, k, v, causal=True, seed=0)
+        assert got.dtype == torch.float32
+        assert torch.equal(got, _full_path(q, k, v, True, (-1, -1), 0)[0])
+    fastpath.FP8.clear()
+
+
 @pytest.mark.parametrize("backend", ["auto", "portable"])
 def test_fa3_descale_api_and_v_layout(backend):
     """FA3's flash_attn_func(fp8 q, k, v, q/k/v_descale (b, h_k)) with V in its own layout

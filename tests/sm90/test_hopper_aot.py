@@ -64,7 +64,11 @@ VARIANTS = (
        (128, "float8_e4m3fn", True, (-1, -1), 0.0, {"seqlen": 960}),
        (256, "float8_e4m3fn", True, (-1, -1), 0.0, {"seqlen": 960}),
        # long causal calls with one K / V descale per head (config.FP8_LONG_CAUSAL)
-       (128, "float8_e4m3fn", True, (-1, -1), 0.0, {"long_causal": True})]
+       (128, "float8_e4m3fn", True, (-1, -1), 0.0, {"long_causal": True}),
+       # out_dtype=float32: O's slot and TMA store in fp32 (head dims whose smem allows it)
+       (128, "float8_e4m3fn", True, (-1, -1), 0.0, {"out_f32": True}),
+       (64, "float8_e4m3fn", False, (-1, -1), 0.0, {"out_f32": True}),
+       (128, "float8_e4m3fn", True, (-1, -1), 0.0, {"out_f32": True, "long_causal": True})]
 )
 
 
@@ -146,6 +150,9 @@ SPILL_ALLOWANCE = {"fwd_d192_bfloat16_causal": 8, "fwd_d256_bfloat16_causal": 8,
                    "fwd_d128_float8_e4m3fn_win256_0": 16, "fwd_d192_float8_e4m3fn": 184,
                    "fwd_d192_float8_e4m3fn_causal": 112, "fwd_d192x128_float8_e4m3fn_causal": 80,
                    "fwd_d128_float8_e4m3fn_causal_long_causal1": 24,
+                   # out_dtype=float32 (session 21): the 16-bit variants' allowances
+                   "fwd_d64_float8_e4m3fn_out_f321": 112,
+                   "fwd_d128_float8_e4m3fn_causal_out_f321_long_causal1": 24,
                    "fwd_d256_float8_e4m3fn": 72,
                    "fwd_d256_float8_e4m3fn_causal": 88,
                    # tiles aligned to the sequence's end (session 19): 16 more at d = 256 FP8

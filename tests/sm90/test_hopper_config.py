@@ -177,3 +177,40 @@ def test_fp8_key_tiles_follow_the_descale_blocks():
     for shift, ok in ((6, True), (7, True), (31, True), (5, False)):
         why = support.fp8_unsupported(q, q, q, params, Fp8Scales(table, table, table, 7, shift))
         assert (why is None) == ok, (shift, why)
+
+
+def test_fp8_float32_output_only_where_its_o_slot_fits():
+    """out_dtype=float32 doubles the FP8 forward's O slot: every config the launch may pick
+    (masks, softcap, narrow and long causal key tiles) fits an SM at d <= 128 and with a
+    128-wide V at d = 192; d = 192 / 256 with their own V width and 128-key tiles do not, and
+    support.fp8_unsupported sends those to the portable kernel with a reason. The 16-bit
+    outputs of the shipped configs fit by the same count (fp8_smem_bytes)."""
+    import torch
+
+    from flashattn.params import AttnParams, Fp8Scales
+    from flashattn.sm90 import support
+    from flashattn.sm90.config import FP8_CONFIGS, fp8_fwd_config, fp8_smem_bytes
+
+    for d in FP8_CONFIGS:
+        assert fp8_smem_bytes(fp8_fwd_config(d), d, d, 2) <= SMEM_LIMIT
+    table = torch.empty((1, 2, 8), device="meta")
+    for (d, d_v), fits in (((64, 64), True), ((96, 96), True), ((128, 128), True),
+                           ((192, 128), True), ((192, 192), False), ((256, 256), False)):
+        q = torch.empty((1, 8192, 2, d), dtype=torch.float8_e4m3fn, device="meta")
+        v = torch.empty((1, 8192, 2, d_v), dtype=torch.float8_e4m3fn, device="meta")
+        for causal in (False, True):
+            for softcap in (0.0, 20.0):
+                for shift in (6, 7, 31):
+                    params = AttnParams(d ** -0.5, causal, -1, 0 if causal else -1, softcap,
+                                        None, 0.0, 0)
+                    scales = Fp8Scales(table, table, table, 7, shift)
+                    assert support.fp8_unsupported(q, q, v, params, scales) is None
+                    why = support.fp8_unsupported(q, q, v, params, scales, torch.float32)
+                    cfg = fp8_fwd_config(d, d_v, softcap > 0, causal, kv_block_keys=1 << shift,
+                                         long_causal=causal)
+                    if fits:
+                        assert why is None, (d, d_v, causal, softcap, shift, why)
+                    elif softcap == 0.0 and shift >= 7:  # the 128-key tiles: refused
+                        assert "out_dtype float32" in why, (d, causal, shift, why)
+                    # (64-key tiles, softcap's or narrow descales', fit at d = 192)
+                    assert (why is None) == (fp8_smem_bytes(cfg, d, d_v, 4) <= SMEM_LIMIT)

@@ -181,6 +181,16 @@ def fp8_fwd_config(head_dim: int, head_dim_v: Optional[int] = None, softcap: boo
     return cfg
 
 
+def fp8_smem_bytes(cfg: FwdConfig, head_dim: int, head_dim_v: int, out_bytes: int) -> int:
+    """Shared memory of the FP8 forward with ``cfg``: e4m3 Q and K / V^T tiles (head dims
+    padded to powers of two), O's slot of ``out_bytes`` per element (2 for bf16 / fp16, 4 for
+    out_dtype=float32), the row-sum GEMM's ones, barriers and the tile slot."""
+    d, d_v = _box_width(head_dim), _box_width(head_dim_v)
+    ones = cfg.consumers * 8 * cfg.block_n if cfg.rowsum_mma else 0
+    return (cfg.block_m * d + cfg.num_stages * cfg.block_n * (d + d_v)
+            + cfg.block_m * d_v * out_bytes + ones + 1024)
+
+
 def fp8_long_causal(window_left: int, window_right: int, seqlen_k: int) -> bool:
     """Whether an FP8 call is FP8_LONG_CAUSAL's case: a causal mask (a right bound, no left
     one) over at least FP8_LONG_CAUSAL_MIN_KEYS keys."""

@@ -13,7 +13,8 @@ from flashattn.runtime.grid import next_pow2
 
 LOG2E = 1.4426950408889634
 _GL_DTYPE = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16,
-             torch.float8_e4m3fn: gl.float8e4nv}
+             torch.float8_e4m3fn: gl.float8e4nv,
+             torch.float32: gl.float32}  # (the FP8 forward's O, out_dtype=float32)
 # bytes of the tiles that the CTAs running at the same time share should stay in L2 (50 MB on
 # H100): the forward's K / V, the backward's Q / dO
 _L2_SHARED_BUDGET = 24 * 2**20

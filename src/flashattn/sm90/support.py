@@ -155,12 +155,15 @@ def call_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 def fp8_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: Any,
-                    scales: Any) -> Optional[str]:
+                    scales: Any, out_dtype: Optional[torch.dtype] = None) -> Optional[str]:
     """Why this FP8 forward is not covered by the Gluon FP8 kernel (None when it is): e4m3
     q / k / v, head dims of HEAD_DIMS, TMA-aligned q / k, and scale blocks no smaller than the
     kernel's tiles (one Q descale per consumer warpgroup's rows, one K / V descale per key
-    block). ``params``: AttnParams; ``scales``: params.Fp8Scales."""
-    from flashattn.sm90.config import fp8_fwd_config  # (data only)
+    block), and O's slot of ``out_dtype`` (None: 16-bit) within an SM's shared memory (a
+    float32 O doubles it: d = 192 / 256 do not fit). ``params``: AttnParams; ``scales``:
+    params.Fp8Scales."""
+    from flashattn.sm90.config import (SMEM_LIMIT, fp8_fwd_config, fp8_long_causal,  # (data)
+                                       fp8_smem_bytes)
 
     fp8 = torch.float8_e4m3fn
     if q.dtype != fp8 or k.dtype != fp8 or v.dtype != fp8:
@@ -175,6 +178,14 @@ def fp8_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: A
     # (key blocks shrink to shorter K / V descale blocks, down to FP8_MIN_BLOCK_N)
     cfg = fp8_fwd_config(d, d_v, params.softcap > 0.0,
                          kv_block_keys=1 << scales.kv_block_shift)
+    if out_dtype == torch.float32:  # (the config the launch picks: sm90/fwd.py)
+        wl, wr = params.window_left, params.window_right
+        launched = fp8_fwd_config(d, d_v, params.softcap > 0.0, wl >= 0 or wr >= 0,
+                                  kv_block_keys=1 << scales.kv_block_shift,
+                                  long_causal=fp8_long_causal(wl, wr, k.shape[1]))
+        smem = fp8_smem_bytes(launched, d, d_v, 4)
+        if smem > SMEM_LIMIT:
+            return f"out_dtype float32 at head dims {d}/{d_v} ({smem} bytes of shared memory)"
     if scales.q_block_shift < (cfg.block_m // cfg.consumers).bit_length() - 1:
         return f"q scale blocks of {1 << scales.q_block_shift} rows < {cfg.block_m // cfg.consumers}"
     if scales.kv_block_shift < cfg.block_n.bit_length() - 1:

@@ -10,6 +10,17 @@ where ``torch_lowprec`` is the same naive attention computed in the inputs' dtyp
 compared through the keep mask that ``return_attn_probs`` reports, and checked for bitwise
 reproducibility under ``torch.manual_seed``; ``deterministic=True`` for bitwise-equal grads.
 
+dtype ``fp8``: the FP8 forward through its three entry points (FA3's descale API on
+``flash_attn_func``, ``fp8.attention`` over ``fp8.quantize``, ``fp8.flash_attn_fp8_func``)
+against :func:`flashattn.reference.attention_fp8_ref` over the same e4m3 values, with FA3's
+numerics as the rule (the GPU tests' criterion)::
+
+    rmse(ours - exact) <= 2 * rmse(p_e4m3 - exact) + 2 * rmse(round_out(exact) - exact) + 1e-6
+
+``exact``: float64 attention of the dequantized values; ``p_e4m3``: the same with P rounded
+to e4m3 as FA3 does (x 2^8); ``round_out``: the output dtype's rounding. Its LSE: -inf
+exactly on rows that see no key, within 0.05 of the dequantized values' elsewhere.
+
 CPU demo: exactness on a few shapes, then peak memory of one forward + backward of our path
 beside naive attention (the s x s score matrix materialised) as the sequence grows.
 """
@@ -25,7 +36,8 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32,
+          "fp8": torch.float8_e4m3fn}
 _ULP_AT_03 = {torch.float16: 2.0 ** -12, torch.bfloat16: 2.0 ** -9, torch.float32: 2.0 ** -25}
 
 
@@ -55,6 +67,11 @@ class Case:
     softmax_scale: Optional[float] = None
     strided: bool = False
     kind: str = "ref"
+    # fp8 cases: the entry point ('fa3' | 'quantized' | 'e2e'), the output dtype name (None:
+    # the entry's default, bf16), keys per K / V scale ('quantized' and 'e2e')
+    entry: str = "fa3"
+    out_dtype: Optional[str] = None
+    block_n: int = 128
 
     def shape(self) -> str:
         dv = f"/{self.d_v}" if self.d_v is not None and self.d_v != self.d else ""
@@ -92,6 +109,37 @@ def feature_cases(device: str, quick: bool = False) -> List[Case]:
         cases += [replace(base, name="d_v != d_qk (40/72)", d=40, d_v=72, causal=True),
                   replace(base, name="all features", h=8, h_k=2, causal=True, window=(40, 0),
                           softcap=5.0, alibi="h", dropout_p=0.1)]
+    return cases
+
+
+def fp8_cases(device: str, quick: bool = False) -> List[Case]:
+    """The FP8 forward's per-feature cases (dtype ``fp8``); odd sizes on purpose."""
+    s = 97 if device == "cpu" else 333
+    base = Case("fp8 basic", s_q=s, s_k=s, d=128, kind="fp8")
+    cases = [
+        base,
+        replace(base, name="fp8 causal", causal=True),
+        replace(base, name="fp8 causal s_q<s_k", s_q=s // 2, causal=True),
+        replace(base, name="fp8 causal s_q>s_k (empty rows)", s_k=s // 2, causal=True),
+        replace(base, name="fp8 window (24, 8)", window=(24, 8)),
+        replace(base, name="fp8 softcap 2.0", softcap=2.0),
+        replace(base, name="fp8 GQA 8/2", h=8, h_k=2),
+        replace(base, name="fp8 MQA 4/1 causal", h_k=1, causal=True),
+        replace(base, name="fp8 softmax_scale 0.3", softmax_scale=0.3),
+        replace(base, name="fp8 out float32", out_dtype="fp32", causal=True),
+        replace(base, name="fp8 out float16", out_dtype="fp16"),
+        replace(base, name="fp8 quantized (block scales)", entry="quantized", causal=True),
+        replace(base, name="fp8 quantized, 64-key scales, strided", entry="quantized",
+                block_n=64, strided=True, h=8, h_k=2),
+        replace(base, name="fp8 flash_attn_fp8_func", entry="e2e", causal=True, h=8, h_k=2),
+        replace(base, name="fp8 flash_attn_fp8_func float32", entry="e2e", out_dtype="fp32",
+                window=(40, 0), softcap=5.0),
+    ]
+    head_dims = (64, 96, 192, 256, 80) if not quick else (64, 256)
+    cases += [replace(base, name=f"fp8 head dim {d}", d=d, h=2, h_k=2, causal=True)
+              for d in head_dims]
+    if not quick:
+        cases.append(replace(base, name="fp8 d_v != d_qk (192/128)", d=192, d_v=128))
     return cases
 
 
@@ -267,12 +315,86 @@ def _check_deterministic(case: Case, dtype: torch.dtype, device: str) -> Result:
                   note="grads bitwise equal" if same else "grads differ between runs")
 
 
+def _rmse(a: torch.Tensor, b: torch.Tensor) -> float:
+    if a.numel() == 0:
+        return 0.0
+    return float((a.double() - b.double()).pow(2).mean().sqrt())
+
+
+def _dequant(x8: torch.Tensor, descale: torch.Tensor, block: int) -> torch.Tensor:
+    """float64 values of e4m3 ``x8`` (b, s, h, d) with block descales (b, h, n_blocks): row i
+    of head h takes descale[:, h, min(i // block, n_blocks - 1)]."""
+    idx = torch.clamp(torch.arange(x8.shape[1]) // block, max=descale.shape[2] - 1)
+    return x8.double() * descale.double()[:, :, idx].transpose(1, 2).unsqueeze(-1)
+
+
+def _check_fp8(case: Case, dtype: torch.dtype, device: str) -> Result:
+    """One FP8 case (module doc, dtype ``fp8``): bf16 inputs (float32 for an 'e2e' case with
+    out_dtype fp32) quantized by ``fp8.quantize`` (seed 0), or, for FA3's API, random e4m3
+    values with random (batch, nheads_k) descales."""
+    from flashattn import fp8
+    from flashattn.api import fp8_attention
+    from flashattn.reference import attention_fp8_ref, attention_probs_ref
+
+    out_dtype = DTYPES[case.out_dtype] if case.out_dtype else None
+    src = torch.float32 if case.entry == "e2e" and out_dtype == torch.float32 else torch.bfloat16
+    q, k, v, _, _ = _inputs(case, src, device)
+    q, k, v = (x.detach() for x in (q, k, v))
+    kw = dict(softmax_scale=case.softmax_scale, causal=case.causal, window_size=case.window,
+              softcap=case.softcap)
+    if case.entry == "fa3":
+        gen = torch.Generator(device="cpu").manual_seed(7)
+        q8, k8, v8 = ((x * 4).to(torch.float8_e4m3fn) for x in (q, k, v))
+        qd, kd, vd = ((torch.rand(case.b, case.h_k, generator=gen) * 0.2 + 0.05).to(device)
+                      for _ in range(3))
+        # (the function flash_attn_func hands e4m3 inputs to, asked for the LSE too)
+        out, lse = fp8_attention.dense(q8, k8, v8, dropout_p=0.0, alibi_slopes=None,
+                                       return_attn_probs=False, q_descale=qd, k_descale=kd,
+                                       v_descale=vd, out_dtype=out_dtype, return_lse=True, **kw)
+        group = case.h // case.h_k
+        oracle = (q8, k8, v8, qd.repeat_interleave(group, 1)[..., None], kd[..., None],
+                  vd[..., None], max(case.s_q, 1), max(case.s_k, 1))
+    else:
+        r = fp8.quantize(q, k, v, seed=0, block_n=case.block_n)
+        if case.entry == "quantized":
+            out, lse = fp8.attention(r, **kw, out_dtype=out_dtype, return_lse=True)
+        else:
+            out, lse = fp8.flash_attn_fp8_func(q, k, v, **kw, seed=0, block_n=case.block_n,
+                                               return_lse=True)
+        oracle = (r.q, r.k, r.v, r.q_descale, r.k_descale, r.v_descale, r.block_m, r.block_n)
+    want_dtype = out_dtype or (src if case.entry == "e2e" else torch.bfloat16)
+    if out.dtype != want_dtype:
+        return Result(case, "", "FAIL", note=f"out dtype {out.dtype}, expected {want_dtype}")
+    cpu = tuple(x.cpu() if isinstance(x, torch.Tensor) else x for x in oracle)
+    exact = attention_fp8_ref(*cpu, **kw, p_scale=None)
+    p_rounded = attention_fp8_ref(*cpu, **kw)
+    out_err = _rmse(out.cpu(), exact)
+    out_tol = 2 * _rmse(p_rounded, exact) + 2 * _rmse(exact.to(want_dtype), exact) + 1e-6
+    ok = out_err <= out_tol and bool(torch.isfinite(out).all())
+    notes = []
+    # the LSE of the dequantized scores (P's e4m3 rounding moves it by far less than 0.05)
+    deq = (_dequant(cpu[0], cpu[3], cpu[6]), _dequant(cpu[1], cpu[4], cpu[7]))
+    lse64 = attention_probs_ref(*deq, **kw)[1]
+    inf_ref = torch.isinf(lse64)
+    lse = lse.cpu()
+    if not torch.equal(torch.isinf(lse), inf_ref) or torch.isnan(lse).any():
+        ok = False
+        notes.append("lse -inf/NaN pattern differs")
+    elif (~inf_ref).any():
+        lse_err = float((lse.double() - lse64)[~inf_ref].abs().max())
+        if lse_err > 0.05:
+            ok = False
+            notes.append(f"lse err {lse_err:.2e}")
+    notes.append(f"{case.entry}, out {str(want_dtype).split('.')[-1]}, rmse")
+    return Result(case, "", "PASS" if ok else "FAIL", out_err, out_tol, note="; ".join(notes))
+
+
 def run_case(case: Case, dtype_name: str, device: str) -> Result:
     dtype = DTYPES[dtype_name]
     t0 = time.perf_counter()
     try:
         fn = {"ref": _check_ref, "dropout-repro": _check_dropout_repro,
-              "deterministic": _check_deterministic}[case.kind]
+              "deterministic": _check_deterministic, "fp8": _check_fp8}[case.kind]
         result = fn(case, dtype, device)
     except Exception as exc:  # reported as a row, the other cases still run
         msg = str(exc).strip().splitlines()
@@ -285,14 +407,15 @@ def run_case(case: Case, dtype_name: str, device: str) -> Result:
 def run_check(device: str, dtypes: Sequence[str], quick: bool = False,
               time_budget_s: Optional[float] = None, only: Optional[str] = None,
               progress: Any = None) -> List[Result]:
-    """Every feature case for every dtype; cases past the time budget are SKIP rows."""
-    cases = feature_cases(device, quick)
-    if only:
-        cases = [c for c in cases if only.lower() in c.name.lower()]
+    """Every feature case for every dtype (``fp8``: the FP8 cases); cases past the time
+    budget are SKIP rows."""
     results: List[Result] = []
     t0 = time.monotonic()
     torch.manual_seed(0)
     for dtype_name in dtypes:
+        cases = fp8_cases(device, quick) if dtype_name == "fp8" else feature_cases(device, quick)
+        if only:
+            cases = [c for c in cases if only.lower() in c.name.lower()]
         for case in cases:
             if time_budget_s is not None and time.monotonic() - t0 > time_budget_s:
                 results.append(Result(case, dtype_name, "SKIP", note="time budget"))

@@ -61,9 +61,10 @@ def _seqlen(text: str) -> int:
 
 def _dtype_name(text: str) -> str:
     aliases = {"fp16": "fp16", "float16": "fp16", "half": "fp16", "bf16": "bf16",
-               "bfloat16": "bf16", "fp32": "fp32", "float32": "fp32", "float": "fp32"}
+               "bfloat16": "bf16", "fp32": "fp32", "float32": "fp32", "float": "fp32",
+               "fp8": "fp8", "e4m3": "fp8", "float8_e4m3fn": "fp8"}
     if text.lower() not in aliases:
-        raise ValueError(f"unknown dtype {text!r}; allowed: fp16, bf16, fp32")
+        raise ValueError(f"unknown dtype {text!r}; allowed: fp16, bf16, fp32, fp8")
     return aliases[text.lower()]
 
 
@@ -133,11 +134,13 @@ def build_parser() -> argparse.ArgumentParser:
         "check", help="per-feature correctness self-test against the float64 reference",
         description="Each feature (causal, windows, softcap, ALiBi, GQA/MQA, dropout, dtypes, odd "
                     "head dims, d_v != d_qk, strided inputs), forward and backward, against the "
-                    "float64 reference with flash-attn's accuracy rule. Exit status 1 on failure.")
+                    "float64 reference with flash-attn's accuracy rule; fp8: the FP8 forward's "
+                    "entry points against the FP8 oracle with FA3's numerics. Exit status 1 on "
+                    "failure.")
     c.add_argument("--device", choices=("cuda", "cpu"), default=None,
                    help="default: cuda if available, else cpu")
     c.add_argument("--dtype", type=_csv(_dtype_name), default=None, metavar="T[,T]",
-                   help="fp16,bf16,fp32 (default all; --quick: bf16)")
+                   help="fp16,bf16,fp32,fp8 (default all; --quick: bf16)")
     c.add_argument("--backend", choices=("auto", "portable", "cpu", "hopper"), default=None,
                    help="force FLASHATTN_BACKEND for the check")
     c.add_argument("--quick", action="store_true", help="fewer head dims, bf16 only")
@@ -271,7 +274,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     if device == "cuda" and not torch.cuda.is_available():
         _say("check: --device cuda but no CUDA device is visible")
         return 2
-    dtypes = args.dtype or (["bf16"] if args.quick else ["fp16", "bf16", "fp32"])
+    dtypes = args.dtype or (["bf16"] if args.quick else ["fp16", "bf16", "fp32", "fp8"])
     with sc.forced_backend(args.backend):
         from flashattn import dispatch
 

@@ -221,7 +221,7 @@ def test_cli_bench_defaults():
 
 
 @pytest.mark.parametrize("argv", [["bench", "--mode", "fwd,train"], ["bench", "--seqlens", "2x"],
-                                  ["bench", "--d", "a"], ["check", "--dtype", "fp8"], ["nope"], []])
+                                  ["bench", "--d", "a"], ["check", "--dtype", "int8"], ["nope"], []])
 def test_cli_rejects_bad_arguments(argv, capsys):
     with pytest.raises(SystemExit) as exc:
         cli.build_parser().parse_args(argv)
@@ -274,6 +274,32 @@ def test_check_catches_a_wrong_answer(monkeypatch, dtype, factor):
         assert sc.run_case(case, dtype, "cpu").status == "PASS"
         monkeypatch.setattr(flashattn, "flash_attn_func", off_by_a_bit)
         assert sc.run_case(case, dtype, "cpu").status == "FAIL"
+
+
+@pytest.mark.parametrize("entry,target", [("fa3", "dense"), ("quantized", "attention"),
+                                          ("e2e", "flash_attn_fp8_func")])
+def test_fp8_check_catches_a_wrong_answer(monkeypatch, entry, target):
+    """The FP8 cases pass on the exact CPU path and fail when an entry point's output is 10 %
+    off (FA3's rule allows twice what rounding P to e4m3 costs the oracle: a few % at 40
+    keys) or when its LSE moves by 0.1."""
+    from flashattn import check as sc
+    from flashattn import fp8
+    from flashattn.api import fp8_attention
+
+    module = fp8_attention if entry == "fa3" else fp8
+    real = getattr(module, target)
+    case = sc.Case("fp8", b=1, s_q=40, s_k=40, h=4, h_k=2, d=32, causal=True, kind="fp8",
+                   entry=entry)
+    with sc.forced_backend("cpu"):
+        assert sc.run_case(case, "fp8", "cpu").status == "PASS"
+        for scale, shift in ((1.1, 0.0), (1.0, 0.1)):
+            def off(*args, scale=scale, shift=shift, **kwargs):
+                out, lse = real(*args, **kwargs)
+                return out * scale, lse + shift
+
+            monkeypatch.setattr(module, target, off)
+            assert sc.run_case(case, "fp8", "cpu").status == "FAIL", (scale, shift)
+            monkeypatch.setattr(module, target, real)
 
 
 def test_memory_meter_sees_naive_scores():

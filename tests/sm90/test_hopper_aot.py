@@ -200,9 +200,9 @@ def test_fwd_variant_compiles_without_spills(variant, reports, capsys):
     from flashattn.sm90.config import fp8_fwd_config, fwd_config
 
     d, d_v = variant[0] if isinstance(variant[0], tuple) else (variant[0], variant[0])
-    # sink, seqlen and long_causal: variant switches, no config fields
+    # sink, seqlen, long_causal and out_f32: variant switches, no config fields
     fields = {k: x for k, x in (variant[5] or {}).items()
-              if k not in ("sink", "seqlen", "long_causal")}
+              if k not in ("sink", "seqlen", "long_causal", "out_f32")}
     if variant[1] == "float8_e4m3fn":
         cfg = fp8_fwd_config(d, d_v, variant[4] > 0.0,
                              masked=variant[2] or max(variant[3]) >= 0, **fields)

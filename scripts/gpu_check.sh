@@ -26,6 +26,8 @@
 #   BIGMEM=1|0|only  with the tests: the bigmem step after the parallel one | skip it | only it
 #   BUDGET=530        seconds for the whole script (the device call limit is 600)
 #   TEST_TIMEOUT=240  CHECK_TIMEOUT=60   per-step caps, in seconds
+#   CHECK_DTYPES=bf16 the self-check's dtypes (bf16,fp8 adds the FP8 entry points: ~2 min more
+#                     on the H100, mostly compiles: 36 cases took 174 s, session 21)
 #   PYTEST_WORKERS=4  pytest-xdist workers (0: none; Triton compiles in parallel across workers)
 #   PYTEST_ARGS, BENCH_ARGS   extra arguments for those commands
 #   TEST_PATHS=tests          what pytest collects (paths, space-separated)
@@ -42,6 +44,7 @@ GRID="${GRID:-full}"; MODES="${MODES:-fwd,bwd,decode,mem}"
 IMPLS="${IMPLS:-flashattn,sdpa-flash,sdpa-cudnn,flex}"
 TESTS="${TESTS:-1}"; CHECK="${CHECK:-1}"; BENCH="${BENCH:-1}"; BIGMEM="${BIGMEM:-1}"
 BUDGET="${BUDGET:-530}"; TEST_TIMEOUT="${TEST_TIMEOUT:-240}"; CHECK_TIMEOUT="${CHECK_TIMEOUT:-60}"
+CHECK_DTYPES="${CHECK_DTYPES:-bf16}"
 PYTEST_WORKERS="${PYTEST_WORKERS:-4}"; WARMUP_MS="${WARMUP_MS:-10}"; REP_MS="${REP_MS:-40}"
 
 PY=python3
@@ -121,9 +124,10 @@ fi
 
 # ---- 3. self-check -------------------------------------------------------------------------
 if [ "$CHECK" = 1 ]; then
-    echo "== python -m flashattn check --quick (cap ${CHECK_TIMEOUT}s)"
+    echo "== python -m flashattn check --quick --dtype $CHECK_DTYPES (cap ${CHECK_TIMEOUT}s)"
+    # (-v: each case as it finishes, so a capped run still shows how far it got)
     FLASHATTN_AUTOTUNE=0 TRITON_CACHE_DIR="$TEST_TRITON_CACHE" timeout -s INT -k 10 "$CHECK_TIMEOUT" "$PY" -m flashattn check --quick \
-        --time-budget $(( CHECK_TIMEOUT - 20 )) 2>&1 | tee "$OUT/check.log"
+        --dtype "$CHECK_DTYPES" -v --time-budget $(( CHECK_TIMEOUT - 20 )) 2>&1 | tee "$OUT/check.log"
     rc=${PIPESTATUS[0]}
     line="$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$OUT/check.log" | tail -1)"
     case $rc in

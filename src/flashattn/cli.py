@@ -284,6 +284,9 @@ def cmd_check(args: argparse.Namespace) -> int:
             _say(f"check: backend refused on {device}: {exc}")
             return 2
         name = torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu"
+        family = dispatch.family_for(torch.device(device))
+        if family != backend:  # (sm90: the Gluon kernels where they cover a call, else portable)
+            backend = f"{backend} ({family} kernels where they cover the call)"
         print(f"flashattn check on {device} ({name}), backend {backend}, dtypes {','.join(dtypes)}")
 
         def progress(r: Any) -> None:

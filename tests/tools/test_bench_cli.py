@@ -256,6 +256,23 @@ def test_check_passes_on_cpu_path(capsys):
     assert "PASS" in out and "0 failed" in out
 
 
+def test_check_header_names_the_kernel_family(monkeypatch, capsys):
+    """On a device whose dense calls start from another kernel family than its backend (sm90:
+    the Gluon kernels, portable for the rest) the header says both; stand-in: the family of
+    the device (not of the tensors the cases make) reported as 'hopper' on the CPU."""
+    import torch
+
+    from flashattn import dispatch
+
+    real = dispatch.family_for
+    monkeypatch.setattr(dispatch, "family_for",
+                        lambda x: "hopper" if isinstance(x, torch.device) else real(x))
+    assert cli.main(["check", "--device", "cpu", "--backend", "cpu", "--dtype", "fp32",
+                     "-k", "basic"]) == 0
+    head = capsys.readouterr().out.splitlines()[0]
+    assert "backend cpu (hopper kernels where they cover the call)" in head
+
+
 @pytest.mark.parametrize("dtype,factor", [("fp32", 1.001), ("bf16", 1.1)])
 def test_check_catches_a_wrong_answer(monkeypatch, dtype, factor):
     import flashattn

@@ -321,20 +321,14 @@ def _rmse(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).pow(2).mean().sqrt())
 
 
-def _dequant(x8: torch.Tensor, descale: torch.Tensor, block: int) -> torch.Tensor:
-    """float64 values of e4m3 ``x8`` (b, s, h, d) with block descales (b, h, n_blocks): row i
-    of head h takes descale[:, h, min(i // block, n_blocks - 1)]."""
-    idx = torch.clamp(torch.arange(x8.shape[1]) // block, max=descale.shape[2] - 1)
-    return x8.double() * descale.double()[:, :, idx].transpose(1, 2).unsqueeze(-1)
-
-
 def _check_fp8(case: Case, dtype: torch.dtype, device: str) -> Result:
     """One FP8 case (module doc, dtype ``fp8``): bf16 inputs (float32 for an 'e2e' case with
     out_dtype fp32) quantized by ``fp8.quantize`` (seed 0), or, for FA3's API, random e4m3
     values with random (batch, nheads_k) descales."""
     from flashattn import fp8
     from flashattn.api import fp8_attention
-    from flashattn.reference import attention_fp8_ref, attention_probs_ref
+    from flashattn.reference import (attention_fp8_ref, attention_probs_ref,
+                                     dequantize_fp8_ref)
 
     out_dtype = DTYPES[case.out_dtype] if case.out_dtype else None
     src = torch.float32 if case.entry == "e2e" and out_dtype == torch.float32 else torch.bfloat16
@@ -373,7 +367,8 @@ def _check_fp8(case: Case, dtype: torch.dtype, device: str) -> Result:
     ok = out_err <= out_tol and bool(torch.isfinite(out).all())
     notes = []
     # the LSE of the dequantized scores (P's e4m3 rounding moves it by far less than 0.05)
-    deq = (_dequant(cpu[0], cpu[3], cpu[6]), _dequant(cpu[1], cpu[4], cpu[7]))
+    deq = (dequantize_fp8_ref(cpu[0], cpu[3], cpu[6]),
+           dequantize_fp8_ref(cpu[1], cpu[4], cpu[7]))
     lse64 = attention_probs_ref(*deq, **kw)[1]
     inf_ref = torch.isinf(lse64)
     lse = lse.cpu()

@@ -273,6 +273,15 @@ def kvcache_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     return out, lse, k_after, v_after
 
 
+def dequantize_fp8_ref(x8: torch.Tensor, descale: torch.Tensor, block: int) -> torch.Tensor:
+    """float64 values of e4m3 ``x8`` (b, s, h, d) with block descales (b, h, n_blocks): row i
+    of head h is scaled by descale[:, h, min(i // block, n_blocks - 1)]."""
+    s = x8.shape[1]
+    idx = torch.clamp(torch.arange(s) // block, max=descale.shape[2] - 1)
+    per_row = descale.double().cpu()[:, :, idx].to(x8.device)
+    return x8.double() * per_row.transpose(1, 2).unsqueeze(-1)
+
+
 def attention_fp8_ref(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
                       q_descale: torch.Tensor, k_descale: torch.Tensor,
                       v_descale: torch.Tensor, block_m: int, block_n: int, *,
@@ -291,15 +300,9 @@ def attention_fp8_ref(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
     no key give 0. (A kernel with an online softmax rounds P against its running max, not the
     final one: the two agree to within the e4m3 rounding of P.)
     """
-    def real(x8: torch.Tensor, descale: torch.Tensor, block: int) -> torch.Tensor:
-        s = x8.shape[1]
-        idx = torch.clamp(torch.arange(s) // block, max=descale.shape[2] - 1)
-        per_row = descale.double().cpu()[:, :, idx].to(x8.device)
-        return x8.double() * per_row.transpose(1, 2).unsqueeze(-1)
-
-    q = real(q8, q_descale, block_m)
-    k = real(k8, k_descale, block_n)
-    v = real(v8, v_descale, block_n)
+    q = dequantize_fp8_ref(q8, q_descale, block_m)
+    k = dequantize_fp8_ref(k8, k_descale, block_n)
+    v = dequantize_fp8_ref(v8, v_descale, block_n)
     # softmax(S) = exp(S - lse): P relative to the row max is exp(S - lse) * rowsum / exp(max)
     probs, _ = attention_probs_ref(q, k, softmax_scale=softmax_scale, causal=causal,
                                    window_size=window_size, softcap=softcap)

@@ -856,6 +856,10 @@ class Fp8Call(_WorkspaceCall):
     fast launches off, a profiler listening) launches through tensor views of the workspace
     and records the plans."""
 
+    # the workspace's regions: the pass's six outputs (fp8_format.quantized_empty's order),
+    # the LSE when the caller drops it, the tile-queue counter
+    _REGIONS = ("q8", "k8", "v8", "q_descale", "k_descale", "v_descale", "lse", "counter")
+
     def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: AttnParams,
                  signs: Optional[torch.Tensor], block_m: int, block_n: int,
                  need_lse: bool) -> None:
@@ -865,11 +869,11 @@ class Fp8Call(_WorkspaceCall):
         # covers all of its storage), then the LSE and the counter: (name, meta tensor)
         metas = fp8_format.quantized_empty(q.shape, k.shape, v.shape, block_m, block_n, True,
                                            torch.device("meta"))
-        names = ("q8", "k8", "v8", "q_descale", "k_descale", "v_descale", "lse", "counter")
-        self._setup("fp8-call", list(zip(names, metas + (_meta((b, h, s_q), torch.float32),
-                                                         _meta((1,), torch.int32)))),
+        self._setup("fp8-call", list(zip(self._REGIONS,
+                                         metas + (_meta((b, h, s_q), torch.float32),
+                                                  _meta((1,), torch.int32)))),
                     (b, s_q, h, d_v), q.dtype, (b, h, s_q), q.device, need_lse)
-        self._offsets = tuple(self._ws.offset(name) for name in names)
+        self._offsets = tuple(self._ws.offset(name) for name in self._REGIONS)
         self._shifts = (int(block_m).bit_length() - 1, int(block_n).bit_length() - 1)
         self._quantize = backend("portable").fp8_quantize_call(signs, block_m, block_n)
         self._fwd = backend("hopper").fp8_fwd_call(d, d_v, params, q.dtype)
@@ -890,9 +894,7 @@ class Fp8Call(_WorkspaceCall):
                 return out, lse
             # (a replay that cannot run now launches through the views below; the pass may
             # then run twice, which writes the same values)
-        views = {name: self._ws.view(ws, name) for name in ("q8", "k8", "v8", "q_descale",
-                                                             "k_descale", "v_descale", "lse",
-                                                             "counter")}
+        views = {name: self._ws.view(ws, name) for name in self._REGIONS}
         q8, k8, v8 = views["q8"], views["k8"], views["v8"]
         self._quantize.record(q, k, v, (q8, k8, v8, views["q_descale"], views["k_descale"],
                                         views["v_descale"]))

@@ -142,6 +142,7 @@ def block_index(positions: torch.Tensor, block_shift: int, n_blocks: int) -> tor
     return torch.clamp(positions >> min(block_shift, 62), max=max(n_blocks - 1, 0))
 
 
-__all__ = ["E4M3_MAX", "FP8_DTYPE", "PASS_MAX_BLOCK", "P_SCALE", "P_SCALE_LOG2", "WGMMA_KEY_GROUP", "block_index",
+__all__ = ["E4M3_MAX", "FP8_DTYPE", "PASS_MAX_BLOCK", "P_SCALE", "P_SCALE_LOG2", "WGMMA_KEY_GROUP",
+           "block_index",
            "from_wgmma_order", "hadamard", "hadamard_block", "keys_contiguous_empty",
            "quantized_empty", "to_wgmma_order", "wgmma_key_position", "wgmma_padded_keys", "wgmma_vt_empty"]

@@ -408,5 +408,6 @@ def quantize_record(key: Hashable, q: Tensor, k: Tensor, v: Tensor, signs: Optio
 
 
 __all__ = ["DENSE", "FA3_FP8", "FP8", "FP8_FULL_PATH", "FP8_QUANTIZED", "KVCACHE", "QUANTIZE",
-           "CallCache", "dense_key", "dense_runner", "fa3_fp8_key", "fa3_fp8_record", "fp8_key", "fp8_record", "kvcache_args", "kvcache_entry",
-           "kvcache_key", "quantize_key", "quantize_record", "quantized_key", "quantized_record"]
+           "CallCache", "dense_key", "dense_runner", "fa3_fp8_key", "fa3_fp8_record", "fp8_key",
+           "fp8_record", "kvcache_args", "kvcache_entry", "kvcache_key", "quantize_key",
+           "quantize_record", "quantized_key", "quantized_record"]

@@ -206,8 +206,9 @@ class Fp8FwdCall:
     """:func:`flash_fwd_hopper_fp8` over V in wgmma key order for one call signature, with its
     inputs, LSE and tile-queue counter in memory the caller places (the recorded FP8 calls,
     ``dispatch.Fp8Call`` and ``dispatch.Fp8DescaleCall``: the quantize pass's outputs, or V^T,
-    live in a reused per-stream workspace). :meth:`record` launches on tensor views and keeps the launch plan;
-    :meth:`replay` relaunches with addresses (no descriptor validation, no binder).
+    live in a reused per-stream workspace). :meth:`record` launches on tensor views and keeps
+    the launch plan; :meth:`replay` relaunches with addresses (no descriptor validation, no
+    binder).
 
     Contract (the caller's key): a replayed call has inputs of the recorded shapes, strides
     and dtypes at 16-byte-aligned addresses, the same params, and a zeroed counter when

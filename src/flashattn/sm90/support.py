@@ -175,15 +175,15 @@ def fp8_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: A
         return "a dimension >= 2**31"
     if not (tma_ok(q) and tma_ok(k)):
         return "strides or base not 16-byte aligned (TMA)"
-    # (key blocks shrink to shorter K / V descale blocks, down to FP8_MIN_BLOCK_N)
-    cfg = fp8_fwd_config(d, d_v, params.softcap > 0.0,
-                         kv_block_keys=1 << scales.kv_block_shift)
-    if out_dtype == torch.float32:  # (the config the launch picks: sm90/fwd.py)
-        wl, wr = params.window_left, params.window_right
-        launched = fp8_fwd_config(d, d_v, params.softcap > 0.0, wl >= 0 or wr >= 0,
-                                  kv_block_keys=1 << scales.kv_block_shift,
-                                  long_causal=fp8_long_causal(wl, wr, k.shape[1]))
-        smem = fp8_smem_bytes(launched, d, d_v, 4)
+    # the config the launch picks (sm90/fwd.py): key blocks shrink to shorter K / V descale
+    # blocks (down to FP8_MIN_BLOCK_N), and grow to long causal ones only where the descales
+    # cover them, so the block checks below hold for it as for the table's config
+    wl, wr = params.window_left, params.window_right
+    cfg = fp8_fwd_config(d, d_v, params.softcap > 0.0, wl >= 0 or wr >= 0,
+                         kv_block_keys=1 << scales.kv_block_shift,
+                         long_causal=fp8_long_causal(wl, wr, k.shape[1]))
+    if out_dtype == torch.float32:
+        smem = fp8_smem_bytes(cfg, d, d_v, 4)
         if smem > SMEM_LIMIT:
             return f"out_dtype float32 at head dims {d}/{d_v} ({smem} bytes of shared memory)"
     if scales.q_block_shift < (cfg.block_m // cfg.consumers).bit_length() - 1:

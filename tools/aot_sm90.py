@@ -117,6 +117,10 @@ def compile_fwd_variant(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, c
     out_f32 = bool((overrides or {}).get("out_f32"))
     if overrides and "out_f32" in overrides:
         overrides = {k: v for k, v in overrides.items() if k != "out_f32"} or None
+    # packed sequences (the kernel's VARLEN mode), a variant switch too
+    varlen = bool((overrides or {}).get("varlen"))
+    if overrides and "varlen" in overrides:
+        overrides = {k: v for k, v in overrides.items() if k != "varlen"} or None
     lse = torch.empty((b, h, s), dtype=torch.float32)
     if dtype == torch.float8_e4m3fn:  # FP8: V keys contiguous, bf16 O, descale tables
         from flashattn.fp8_format import keys_contiguous_empty
@@ -141,10 +145,18 @@ def compile_fwd_variant(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, c
     window_left, window_right = window
     if causal:
         window_right = 0
+    layout = None
+    if varlen:  # (1, total, h, d) views, (h, total) LSE, b + 1 offsets
+        from flashattn.sm90.fwd import VarlenLayout
+
+        q, v, out = (t.reshape(1, b * s, h, -1) for t in (q, v, out))
+        lse = lse.reshape(h, b * s)
+        cu = torch.zeros(b + 1, dtype=torch.int32)
+        layout = VarlenLayout(cu, cu, out[0])
     args, constexprs, options, _ = launch_args(
         q, q, v, out, lse, cfg, softmax_scale=d ** -0.5, window_left=window_left,
         window_right=window_right, softcap=softcap, num_sms=132, scales=scales,
-        sink=torch.empty(h, dtype=torch.float32) if sink else None)
+        sink=torch.empty(h, dtype=torch.float32) if sink else None, varlen=layout)
     return _compile(attn_fwd_kernel, args, constexprs, options,
                     _variant_key(head_dim, dtype, causal, window, softcap, tag_overrides)
                     + ("-sink" if sink and not tag_overrides else ""))

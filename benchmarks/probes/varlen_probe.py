@@ -7,6 +7,9 @@ work: sum over sequences of 4 * s_i^2 * h * d (x0.5 causal; x2.5 for the backwar
 the dense call with as many sequences of equal length (16k / count) runs as ``flashattn-dense``.
 
     python benchmarks/probes/varlen_probe.py --out $OUT/varlen.json [--means 1024,4096] [--budget 200]
+
+``flashattn`` is the auto dispatch; ``flashattn-portable`` / ``flashattn-hopper`` force one
+kernel family (the Hopper forward's varlen mode; the backward of a packed call is portable).
 """
 from __future__ import annotations
 
@@ -52,6 +55,14 @@ def build(impl: str, lengths: List[int], causal: bool, q, k, v) -> Callable[[], 
     if impl == "flashattn":
         cu, m = _cu(lengths, "cuda"), max(lengths)
         return lambda: flashattn.flash_attn_varlen_func(q, k, v, cu, cu, m, m, causal=causal)
+    if impl in ("flashattn-portable", "flashattn-hopper"):  # one family forced
+        cu, m = _cu(lengths, "cuda"), max(lengths)
+        name = impl.split("-")[1]
+
+        def forced():
+            with flashattn.use_backend(name):
+                return flashattn.flash_attn_varlen_func(q, k, v, cu, cu, m, m, causal=causal)
+        return forced
     if impl == "flashattn-dense":  # equal lengths at the mean: what varlen should approach
         n = TOKENS // len(lengths)
         qd, kd, vd = (x[: n * len(lengths)].view(len(lengths), n, H, D) for x in (q, k, v))
@@ -106,11 +117,14 @@ def main() -> int:
     ap.add_argument("--modes", default="fwd,bwd")
     ap.add_argument("--out", default=None)
     ap.add_argument("--budget", type=float, default=200.0)
+    ap.add_argument("--equal", action="store_true",
+                    help="every sequence at the mean length (the varlen mode's own cost: "
+                         "compare with flashattn-dense, the same tiles)")
     args = ap.parse_args()
     start = time.time()
     rows: List[Dict[str, object]] = []
     for mean in (int(m) for m in args.means.split(",")):
-        lengths = ragged_lengths(mean)
+        lengths = [mean] * (TOKENS // mean) if args.equal else ragged_lengths(mean)
         for causal in (False, True):
             for mode in args.modes.split(","):
                 for impl in args.impls.split(","):
@@ -126,6 +140,7 @@ def main() -> int:
                     except Exception as exc:  # an anchor that cannot run this shape
                         ms, tf, err = None, None, f"{type(exc).__name__}: {str(exc)[:200]}"
                     row = dict(impl=impl, mode=mode, mean_s=mean, n_seqs=len(lengths),
+                               equal=args.equal,
                                causal=causal, h=H, d=D, ms=ms, tflops=tf, error=err)
                     rows.append(row)
                     print(f"mean {mean:5d} ({len(lengths):3d} seqs) causal={int(causal)} {mode} "

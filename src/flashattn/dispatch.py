@@ -199,6 +199,26 @@ def forward_family(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **params: 
     return family
 
 
+def varlen_forward_family(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_seqs: int,
+                          seqused_k: Optional[torch.Tensor], params: AttnParams,
+                          return_softmax: bool = False) -> str:
+    """The family whose packed forward runs this call (q (total_q, h, d), ``n_seqs``
+    sequences): 'hopper' when the device allows it and the Hopper kernel's varlen mode covers
+    the call (``flashattn.sm90.support.varlen_unsupported``), else the device backend."""
+    family = family_for(q)
+    if family == "hopper":
+        from flashattn.sm90.support import varlen_slower_than_portable, varlen_unsupported
+
+        kwargs = params.kernel_kwargs()
+        if varlen_unsupported(q, k, v, kwargs, seqused_k, return_softmax) is not None:
+            return "portable"
+        # auto: short sequences run faster on the portable kernels (mean key length)
+        if (requested_backend() == "auto"
+                and varlen_slower_than_portable(q, k, n_seqs, kwargs) is not None):
+            return "portable"
+    return family
+
+
 def backward_family(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **params: Any) -> str:
     """The family whose backward runs this call: 'hopper' when the device allows it and the
     Hopper backward covers the call (``flashattn.sm90.support.backward_unsupported``:
@@ -422,7 +442,11 @@ def varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
         out, lse = varlen_paged_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
                                         max_seqlen_q, max_seqlen_k, block_table, params)
         return out, lse, None
-    return backend(select("varlen_fwd", q)).varlen_fwd(
+    family = varlen_forward_family(q, k, v, cu_seqlens_q.shape[0] - 1, seqused_k, params,
+                                   return_softmax)
+    if family == "hopper":
+        return backend("hopper").varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, params)
+    return backend(family).varlen_fwd(
         q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, params,
         return_softmax)
 
@@ -1091,6 +1115,7 @@ __all__ = [
     "family_for",
     "forward",
     "forward_family",
+    "varlen_forward_family",
     "Fp8Call",
     "Fp8DescaleCall",
     "Fp8QuantizeCall",

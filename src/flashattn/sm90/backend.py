@@ -1,5 +1,5 @@
-"""The Hopper (Gluon, sm90) backend's interface: the dense forward (bf16 / fp16, and FP8) and
-backward, for the calls
+"""The Hopper (Gluon, sm90) backend's interface: the dense forward (bf16 / fp16, and FP8), the
+packed (varlen) bf16 / fp16 forward and the dense backward, for the calls
 ``support.call_unsupported`` / ``support.backward_unsupported`` accept (dispatch checks).
 Every other op runs on the portable backend."""
 from __future__ import annotations
@@ -24,6 +24,16 @@ def fwd(q: Tensor, k: Tensor, v: Tensor, p: AttnParams, return_softmax: bool,
     softmax in the kernel's epilogue."""
     return _fwd.flash_fwd_hopper(q, k, v, **p.kernel_kwargs(), return_softmax=return_softmax,
                                  sink=sink)
+
+
+def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+               p: AttnParams):
+    """Packed variable-length forward (the kernel's VARLEN mode): (out (total_q, h, d_v), lse
+    (h, total_q), None)."""
+    return _fwd.flash_fwd_hopper_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k,
+                                        softmax_scale=p.softmax_scale, causal=p.causal,
+                                        window_left=p.window_left, window_right=p.window_right,
+                                        softcap=p.softcap)
 
 
 def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, p: AttnParams):
@@ -58,4 +68,4 @@ def fp8_vt_call() -> "_v_layout.VtCall":
     return _v_layout.VtCall()
 
 
-__all__ = ["bwd", "fp8_fwd", "fp8_fwd_call", "fp8_vt_call", "fwd"]
+__all__ = ["bwd", "fp8_fwd", "fp8_fwd_call", "fp8_vt_call", "fwd", "varlen_fwd"]

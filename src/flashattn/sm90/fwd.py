@@ -6,7 +6,7 @@ no dropout / alibi / return_softmax, TMA-aligned strides, sm90).
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -19,29 +19,43 @@ from flashattn.runtime.device import sm_count
 from flashattn.runtime.grid import cdiv
 from flashattn.runtime.launch import LaunchPlans
 
-def _tile_counter(cfg: FwdConfig, window_right: int, lse: torch.Tensor) -> torch.Tensor:
+class VarlenLayout(NamedTuple):
+    """A packed call's sequences (the kernel's VARLEN mode): int32 (n_seqs + 1,) contiguous
+    offsets of each sequence's query rows and keys, and the output O (total_q, h, d_v)
+    contiguous (the rows a TMA store cannot take are stored through its pointer)."""
+    cu_seqlens_q: torch.Tensor
+    cu_seqlens_k: torch.Tensor
+    out: torch.Tensor
+
+
+def _tile_counter(cfg: FwdConfig, window_right: int, lse: torch.Tensor,
+                  varlen: bool = False) -> torch.Tensor:
     """The tile queue's int32 zero when the kernel uses one; else lse stands in (unused)."""
-    if uses_tile_queue(cfg, window_right):
+    if uses_tile_queue(cfg, window_right, varlen):
         return torch.zeros(1, dtype=torch.int32, device=lse.device)
     return lse
 
 
-def uses_tile_queue(cfg: FwdConfig, window_right: int) -> bool:
-    """Whether the persistent kernel takes tiles from a global counter (causal / masked calls:
-    tiles of unequal cost) instead of a static round robin. The queue's next index reaches the
-    consumers through the producer warp, hence the warp-specialised condition."""
-    return cfg.dynamic and window_right >= 0 and cfg.persistent and cfg.warp_specialized
+def uses_tile_queue(cfg: FwdConfig, window_right: int, varlen: bool = False) -> bool:
+    """Whether the persistent kernel takes tiles from a global counter (causal / masked calls,
+    and packed sequences of unequal lengths: tiles of unequal cost) instead of a static round
+    robin. The queue's next index reaches the consumers through the producer warp, hence the
+    warp-specialised condition."""
+    return (cfg.dynamic and (window_right >= 0 or varlen) and cfg.persistent
+            and cfg.warp_specialized)
 
 
 def launch_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                 lse: torch.Tensor, cfg: FwdConfig, *, softmax_scale: float, window_left: int,
                 window_right: int, softcap: float, num_sms: int,
                 counter: Optional[torch.Tensor] = None, scales: Optional[Fp8Scales] = None,
-                sink: Optional[torch.Tensor] = None
+                sink: Optional[torch.Tensor] = None, varlen: Optional[VarlenLayout] = None
                 ) -> Tuple[List[Any], Dict[str, Any], Dict[str, Any], int]:
     """(positional args, constexpr kwargs, launch options, grid size) of attn_fwd_kernel.
 
     ``counter``: the tile queue's int32 zero (made here when None and the queue is used).
+    ``varlen``: packed sequences; q, k, v, out are then (1, total, h, d) views and lse
+    (h, total_q) (the kernel's VARLEN mode).
 
     Shared by the launch and by the ahead-of-time compile (aot.py), so both build the same
     kernel variant.
@@ -49,21 +63,30 @@ def launch_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Te
     batch, seqlen_q, n_heads, head_dim = q.shape
     _, seqlen_k, n_heads_k, _ = k.shape
     half_m = cfg.block_m // cfg.consumers  # rows per consumer warpgroup
-    n_m_blocks = cdiv(seqlen_q, cfg.block_m)
-    n_bh = batch * n_heads
-    n_tiles = n_bh * n_m_blocks
+    if varlen is None:
+        n_m_blocks = cdiv(seqlen_q, cfg.block_m)
+        n_bh = batch * n_heads
+        n_tiles = n_bh * n_m_blocks
+        group = heads_per_group(n_bh, 2 * seqlen_k * head_dim * q.element_size())  # K and V
+    else:  # (the kernel's VARLEN scalars: n_bh the sequences, n_m_blocks the slots per head)
+        n_bh = varlen.cu_seqlens_q.shape[0] - 1
+        n_m_blocks = n_bh + seqlen_q // cfg.block_m
+        n_tiles = n_heads * n_m_blocks
+        # heads whose K / V the running tiles share, at the mean key length (the lengths
+        # themselves live on the device)
+        mean_k = seqlen_k // max(n_bh, 1)
+        group = heads_per_group(n_heads, 2 * mean_k * head_dim * q.element_size())
     has_softcap = softcap > 0.0
-    dynamic = uses_tile_queue(cfg, window_right)
+    dynamic = uses_tile_queue(cfg, window_right, varlen is not None)
     if counter is None:
-        counter = _tile_counter(cfg, window_right, lse)
+        counter = _tile_counter(cfg, window_right, lse, varlen is not None)
     fp8 = scales is not None
     v_desc = keys_major_desc(v, cfg.block_n) if fp8 else tensor_desc(v, cfg.block_n)
     args = [
         tensor_desc(q, half_m), tensor_desc(k, cfg.block_n), v_desc,
         tensor_desc(out, half_m), lse,
         counter,
-        seqlen_q, seqlen_k, n_heads, n_heads // n_heads_k, n_bh, n_m_blocks, n_tiles,
-        heads_per_group(n_bh, 2 * seqlen_k * head_dim * q.element_size()),  # K and V
+        seqlen_q, seqlen_k, n_heads, n_heads // n_heads_k, n_bh, n_m_blocks, n_tiles, group,
         int(window_left), int(window_right),
         float(softmax_scale * LOG2E),
         float(softmax_scale / softcap) if has_softcap else 0.0,
@@ -76,6 +99,11 @@ def launch_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Te
     else:
         args += [None] * 8
     args.append(sink)  # SINK_ARG: the learnable sinks (h,), or None
+    if varlen is None:
+        args += [None] * 5
+    else:  # VARLEN_ARGS: the offsets and O's pointer, then O's row stride and d_v
+        d_v = varlen.out.shape[-1]
+        args += [varlen.cu_seqlens_q, varlen.cu_seqlens_k, varlen.out, n_heads * d_v, d_v]
     constexprs = dict(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, NUM_STAGES=cfg.num_stages,
         HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, HAS_SOFTCAP=has_softcap,
@@ -87,8 +115,9 @@ def launch_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Te
         ROWSUM_MMA=bool(cfg.rowsum_mma),
         # (only when the shift is at least one warpgroup piece: other lengths keep the variant
         # without it, whose kernel is the one before BOTTOM_ALIGN existed)
-        BOTTOM_ALIGN=(bool(cfg.bottom_align) and window_right >= 0
+        BOTTOM_ALIGN=(bool(cfg.bottom_align) and window_right >= 0 and varlen is None
                       and n_m_blocks * cfg.block_m - seqlen_q >= half_m),
+        VARLEN=varlen is not None,
     )
     # without the producer warp the kernel has 8 warps: 240 registers each fit the file
     options = dict(num_warps=4, maxnreg=cfg.maxnreg if cfg.warp_specialized else 240)
@@ -140,6 +169,49 @@ def flash_fwd_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softm
         _PLANS.launch(key, (q, k, v, out, lse, counter), build)
     else:
         _SINK_PLANS.launch(key, (q, k, v, out, lse, counter, sink), build)
+    return out, lse, None
+
+
+def flash_fwd_hopper_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, *,
+                            softmax_scale: float, causal: bool, window_left: int,
+                            window_right: int, softcap: float,
+                            config_overrides: Optional[Dict[str, Any]] = None):
+    """Packed variable-length attention forward with the Gluon sm90 kernel (VARLEN mode).
+
+    q (total_q, h, d), k (total_k, h_k, d), v (total_k, h_k, d_v); fp16/bf16, TMA-aligned
+    strides; d, d_v in support.HEAD_DIMS; cu_seqlens_q / cu_seqlens_k int32 (b + 1,): sequence
+    i has query rows [cu_seqlens_q[i], cu_seqlens_q[i+1]) and keys [cu_seqlens_k[i],
+    cu_seqlens_k[i+1]); masks are local to the sequence (bottom-right aligned). No device value
+    is read on the host (the tile count follows from total_q and b; offsets are clamped to the
+    tensors in the kernel). Returns out (total_q, h, d_v) in q's dtype (0 on rows outside
+    every sequence), lse float32 (h, total_q) (-inf there and on rows that see no key), None:
+    the portable varlen forward's contract, so either backward serves it.
+    """
+    total_q, n_heads, _ = q.shape
+    head_dim, head_dim_v = q.shape[2], v.shape[2]
+    cfg = fwd_config(head_dim, softcap > 0.0,
+                     head_dim_v=head_dim_v if head_dim_v != head_dim else None,
+                     **(config_overrides or {}))
+    cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
+    # zeros / -inf: rows past cu_seqlens_q[-1] belong to no sequence and no tile writes them
+    out = torch.zeros((total_q, n_heads, head_dim_v), dtype=q.dtype, device=q.device)
+    lse = torch.full((n_heads, total_q), float("-inf"), dtype=torch.float32, device=q.device)
+    counter = _tile_counter(cfg, window_right, lse, varlen=True)
+    q4, k4, v4, out4 = (t.unsqueeze(0) for t in (q, k, v, out))
+    key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.device,
+           cu_seqlens_q.shape[0], softmax_scale, window_left, window_right, softcap,
+           tuple(sorted(config_overrides.items())) if config_overrides else None)
+
+    def build():
+        args, constexprs, options, grid = launch_args(
+            q4, k4, v4, out4, lse, cfg, softmax_scale=softmax_scale, window_left=window_left,
+            window_right=window_right, softcap=softcap, num_sms=sm_count(q.device),
+            counter=counter, varlen=VarlenLayout(cu_seqlens_q, cu_seqlens_k, out))
+        return attn_fwd_kernel, (grid,), args, {**constexprs, **options}
+
+    _VARLEN_PLANS.launch(key, (q4, k4, v4, out4, lse, counter, cu_seqlens_q, cu_seqlens_k, out),
+                         build)
     return out, lse, None
 
 
@@ -247,5 +319,8 @@ class Fp8FwdCall:
 _PLANS = LaunchPlans(slots=(0, 1, 2, 3, 4, 5))
 SINK_ARG = 27  # position of the sinks in launch_args' list
 _SINK_PLANS = LaunchPlans(slots=(0, 1, 2, 3, 4, 5, SINK_ARG))
+VARLEN_ARGS = SINK_ARG + 1  # cu_seqlens_q, cu_seqlens_k, O's pointer (launch_args)
+_VARLEN_PLANS = LaunchPlans(slots=(0, 1, 2, 3, 4, 5, VARLEN_ARGS, VARLEN_ARGS + 1,
+                                   VARLEN_ARGS + 2))
 # FP8: the same six, then the three descale tables (after the 13 other scalar arguments)
 _FP8_PLANS = LaunchPlans(slots=(0, 1, 2, 3, 4, 5, 19, 20, 21))

@@ -48,6 +48,15 @@ Scheduling knobs (constexpr, for the ablation table in benchmarks/NOTES.md):
                    the fewest keys under a causal mask, not the last, which sees them all.
                    A piece of rows < 0 loads rows from 0 (TMA takes no negative coordinate),
                    and its rows are neither stored nor written to the LSE.
+    VARLEN         packed variable-length sequences (flash_attn_varlen_func): the tensors are
+                   viewed as (1, total, h, d), a tile's rows and keys start at its sequence's
+                   offsets (cu_seqlens), and the masks use its lengths. The producer maps each
+                   tile to its sequence (_varlen_tile), skips the tiles past a sequence's end
+                   and hands the geometry to the consumers with the tile. Keys past the end
+                   (the next sequence's) are masked; query rows past it are computed but not
+                   stored: O pieces that cross the end are stored from registers (_store_rows),
+                   since a TMA store would overwrite the next sequence's rows. bf16 / fp16
+                   only (FP8's V^T key order is counted from the tensor's start).
 
 Every Gluon ``mbarrier.arrive`` from a consumer is a warpgroup ``bar.sync`` followed by a
 one-thread arrive (Triton's lowering): each K or V release costs one warpgroup barrier, which
@@ -77,8 +86,22 @@ from flashattn.sm90.tiles import block_needs_mask, key_block_range, tile_coords
 def _producer(descs, smem, bars, problem, window, tile_counter, BLOCK_M: gl.constexpr,
               HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
               LONGEST_FIRST: gl.constexpr, PINGPONG: gl.constexpr, INTRA_OVERLAP: gl.constexpr,
-              SEPARATE_O: gl.constexpr, DYNAMIC: gl.constexpr, BOTTOM_ALIGN: gl.constexpr):
+              SEPARATE_O: gl.constexpr, DYNAMIC: gl.constexpr, BOTTOM_ALIGN: gl.constexpr,
+              varlen, VARLEN: gl.constexpr):
     """Issue every TMA load of this CTA's tiles, in the order the consumers use them."""
+    if VARLEN:
+        _producer_varlen(descs, smem, bars, problem, window, tile_counter, varlen, BLOCK_M,
+                         HAS_LEFT, HAS_RIGHT, LONGEST_FIRST, DYNAMIC)
+    else:
+        _producer_dense(descs, smem, bars, problem, window, tile_counter, BLOCK_M, HAS_LEFT,
+                        HAS_RIGHT, LONGEST_FIRST, DYNAMIC, BOTTOM_ALIGN)
+
+
+@gluon.jit
+def _producer_dense(descs, smem, bars, problem, window, tile_counter, BLOCK_M: gl.constexpr,
+                    HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, LONGEST_FIRST: gl.constexpr,
+                    DYNAMIC: gl.constexpr, BOTTOM_ALIGN: gl.constexpr):
+    """The producer over (batch, head, m block) tiles of padded (b, s, h, d) tensors."""
     q_desc, k_desc, v_desc, o_desc = descs
     q_smem, k_smem, v_smem, o_smem, tile_slot, ones_smem = smem
     q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn = bars
@@ -116,6 +139,138 @@ def _producer(descs, smem, bars, problem, window, tile_counter, BLOCK_M: gl.cons
     mbarrier.wait(q_empty, (tile_iter & 1) ^ 1)
     _publish_tile(tile_slot, tile)
     mbarrier.arrive(q_ready)
+
+
+@gluon.jit
+def _producer_varlen(descs, smem, bars, problem, window, tile_counter, varlen,
+                     BLOCK_M: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+                     LONGEST_FIRST: gl.constexpr, DYNAMIC: gl.constexpr):
+    """The producer over packed sequences (module doc, VARLEN): tiles that lie past their
+    sequence's end (at most two per sequence and head, _varlen_tile) are skipped without a
+    load or a hand-off, so the consumers only ever see real tiles."""
+    q_desc, k_desc, v_desc, o_desc = descs
+    q_smem, k_smem, v_smem, o_smem, tile_slot, ones_smem = smem
+    q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn = bars
+    total_q, total_k, n_heads, group_size, n_seqs, n_g, n_tiles, heads_per_group = problem
+    window_left, window_right = window
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
+
+    kv_count = 0
+    tile_iter = 0
+    tile = gl.program_id(0)
+    while tile < n_tiles:
+        h, m_block, q_off, len_q, k_off, len_k = _varlen_tile(
+            tile, varlen, n_seqs, n_g, n_heads, heads_per_group, total_q, total_k, BLOCK_M,
+            LONGEST_FIRST)
+        if DYNAMIC:
+            next_tile = gl.num_programs(0) + gl.atomic_add(tile_counter, 1)
+        else:
+            next_tile = tile + gl.num_programs(0)
+        if m_block * BLOCK_M < len_q:
+            m_start = m_block * BLOCK_M
+            h_k = h // group_size
+            lo_blk, n_blocks = key_block_range(m_start, len_q, len_k, window_left,
+                                               window_right, BLOCK_M, BLOCK_N, HAS_LEFT,
+                                               HAS_RIGHT)
+            mbarrier.wait(q_empty, (tile_iter & 1) ^ 1)
+            _publish_varlen_tile(tile_slot, tile, h, m_block, q_off, len_q, k_off, len_k)
+            # rows past the sequence's end load the next sequence's queries (or TMA's zeros
+            # past the tensor): computed, never stored
+            _load_q(q_desc, q_smem, q_ready, 0, h, q_off + m_start)
+            for j in range(n_blocks):
+                # keys past the sequence's end are the next sequence's: the key mask hides them
+                kv_count = _load_kv(descs, smem, bars, kv_count, 0,
+                                    k_off + (lo_blk + j) * BLOCK_N, h_k)
+            tile_iter += 1
+        tile = next_tile
+    mbarrier.wait(q_empty, (tile_iter & 1) ^ 1)
+    _publish_varlen_tile(tile_slot, tile, 0, 0, 0, 0, 0, 0)
+    mbarrier.arrive(q_ready)
+
+
+@gluon.jit
+def _clamped_load(ptr, i, upper):
+    """ptr[i] clamped to [0, upper]: an offset read from a device tensor never addresses
+    memory outside the tensor it indexes, whatever the tensor holds."""
+    return gl.minimum(gl.maximum(gl.load(ptr + i), 0), upper)
+
+
+@gluon.jit
+def _varlen_tile(tile, varlen, n_seqs, n_g, n_heads, heads_per_group, total_q, total_k,
+                 BLOCK_M: gl.constexpr, LONGEST_FIRST: gl.constexpr):
+    """(head, m block, q offset, q length, k offset, k length) of varlen tile ``tile``; an m
+    block at or past the q length marks a slot to skip.
+
+    A head has n_g tile slots g. Sequence b owns the slots [start(b), start(b + 1)) with
+    start(b) = b + cu_seqlens_q[b] // BLOCK_M: no scan of the lengths is needed (the host
+    knows n_g = n_seqs + total_q // BLOCK_M without reading the device tensor), and a
+    sequence gets at least cdiv(len, BLOCK_M) slots, at most two more, which are skipped.
+    b is found by binary search over cu_seqlens_q (start is non-decreasing in b).
+    The (head, slot) order is tile_coords' over one batch of n_g "m blocks": heads_per_group
+    heads advance together (their K / V shared in L2), and LONGEST_FIRST (causal) walks the
+    slots last to first, so every sequence's bottom tiles, which see the most keys, start
+    before any sequence's top ones and the schedule ends on short tiles.
+    """
+    cu_q_ptr, cu_k_ptr, o_ptr, o_row_stride, head_dim_v = varlen
+    _, h, g = tile_coords(tile, n_g, n_heads, n_heads, heads_per_group, LONGEST_FIRST)
+    lo = gl.to_tensor(0)
+    hi = gl.to_tensor(n_seqs - 1)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if mid + _clamped_load(cu_q_ptr, mid, total_q) // BLOCK_M <= g:
+            lo = mid
+        else:
+            hi = mid - 1
+    q_off = _clamped_load(cu_q_ptr, lo, total_q)
+    len_q = gl.maximum(_clamped_load(cu_q_ptr, lo + 1, total_q) - q_off, 0)
+    k_off = _clamped_load(cu_k_ptr, lo, total_k)
+    len_k = gl.maximum(_clamped_load(cu_k_ptr, lo + 1, total_k) - k_off, 0)
+    m_block = g - (lo + q_off // BLOCK_M)
+    return h, m_block, q_off, len_q, k_off, len_k
+
+
+# varlen hand-off slot: [tile, head, m block, q offset, q length, k offset, k length, -]
+VARLEN_SLOT = gl.constexpr(8)
+
+
+@gluon.jit
+def _publish_varlen_tile(tile_slot, tile, h, m_block, q_off, len_q, k_off, len_k):
+    """Producer -> consumers (VARLEN): the next tile and its sequence's geometry, found once
+    by the producer (its binary search runs ahead of the consumers)."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    idx = gl.arange(0, VARLEN_SLOT, layout)
+    zero = gl.zeros([VARLEN_SLOT], gl.int32, layout)
+    vals = gl.where(idx == 0, zero + tile, zero)
+    vals = gl.where(idx == 1, zero + h, vals)
+    vals = gl.where(idx == 2, zero + m_block, vals)
+    vals = gl.where(idx == 3, zero + q_off, vals)
+    vals = gl.where(idx == 4, zero + len_q, vals)
+    vals = gl.where(idx == 5, zero + k_off, vals)
+    vals = gl.where(idx == 6, zero + len_k, vals)
+    tile_slot.store(vals)
+
+
+@gluon.jit
+def _slot_entry(vals, idx, i: gl.constexpr):
+    """Entry i of the hand-off slot's values (each >= 0)."""
+    return gl.max(gl.where(idx == i, vals, -1), axis=0)
+
+
+# every thread of a consumer warpgroup reads the whole slot: the entries are then picked out
+# of its own registers (no shuffle, no cross-warp step)
+SLOT_READ = gl.constexpr(gl.BlockedLayout([8], [32], [4], [0]))
+
+
+@gluon.jit
+def _read_varlen_tile(tile_slot):
+    """Consumer side of _publish_varlen_tile (after q_ready's wait): (tile, head, m block,
+    q offset, q length, k offset, k length)."""
+    layout: gl.constexpr = SLOT_READ
+    vals = tile_slot.load(layout)
+    idx = gl.arange(0, VARLEN_SLOT, layout)
+    return (_slot_entry(vals, idx, 0), _slot_entry(vals, idx, 1), _slot_entry(vals, idx, 2),
+            _slot_entry(vals, idx, 3), _slot_entry(vals, idx, 4), _slot_entry(vals, idx, 5),
+            _slot_entry(vals, idx, 6))
 
 
 @gluon.jit
@@ -175,9 +330,14 @@ def _publish_tile(tile_slot, tile):
 
 @gluon.jit
 def _read_tile(tile_slot):
-    """Consumer side of _publish_tile, after q_ready's wait (acquire)."""
+    """Consumer side of _publish_tile (or the tile of _publish_varlen_tile), after q_ready's
+    wait (acquire)."""
     layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    return gl.max(tile_slot.load(layout), axis=0)
+    if tile_slot.shape[0] == 1:
+        tile = gl.max(tile_slot.load(layout), axis=0)
+    else:
+        tile = _slot_entry(tile_slot.load(SLOT_READ), gl.arange(0, VARLEN_SLOT, SLOT_READ), 0)
+    return tile
 
 
 # The row-sum GEMM's N: wgmma's smallest (l is any one of its equal columns)
@@ -297,7 +457,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
               LONGEST_FIRST: gl.constexpr, PINGPONG: gl.constexpr, INTRA_OVERLAP: gl.constexpr,
               SEPARATE_O: gl.constexpr, DYNAMIC: gl.constexpr, NO_WS: gl.constexpr,
               THREAD_RELEASE: gl.constexpr, ROWSUM_MMA: gl.constexpr,
-              BOTTOM_ALIGN: gl.constexpr):
+              BOTTOM_ALIGN: gl.constexpr, varlen, VARLEN: gl.constexpr):
     """One consumer warpgroup: rows [WG * HALF_M, (WG + 1) * HALF_M) of every tile
     (HALF_M = BLOCK_M // CONSUMERS: the name is from the two-consumer layout).
 
@@ -371,10 +531,17 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
         mbarrier.wait(q_ready, 0)
         tile = _read_tile(tile_slot)
     while tile < n_tiles:
-        b, h, m_block = tile_coords(tile, n_m_blocks, n_heads, n_bh, heads_per_group, LONGEST_FIRST)
+        if VARLEN:  # (this tile's sequence: its rows start at q_off, its keys at k_off)
+            _, h, m_block, q_off, len_q, k_off, len_k = _read_varlen_tile(tile_slot)
+            b = 0
+        else:
+            b, h, m_block = tile_coords(tile, n_m_blocks, n_heads, n_bh, heads_per_group,
+                                        LONGEST_FIRST)
+            len_q = seqlen_q
+            len_k = seqlen_k
         m_start = m_block * BLOCK_M - m_shift
         row0 = m_start + WG * HALF_M
-        lo_blk, n_blocks = key_block_range(m_start, seqlen_q, seqlen_k, window_left, window_right,
+        lo_blk, n_blocks = key_block_range(m_start, len_q, len_k, window_left, window_right,
                                            BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
         h_k = h // group_size
         if NO_WS:
@@ -414,9 +581,9 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
                     s = apply_softcap(s, softcap_inv_j, softcap_log2)
                 else:
                     s = apply_softcap(s, softcap_inv, softcap_log2)
-            if block_needs_mask(n_start, m_start, seqlen_q, seqlen_k, window_left, window_right,
+            if block_needs_mask(n_start, m_start, len_q, len_k, window_left, window_right,
                                 BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT):
-                s = mask_scores(s, row0, n_start, seqlen_q, seqlen_k, window_left, window_right,
+                s = mask_scores(s, row0, n_start, len_q, len_k, window_left, window_right,
                                 S_LAYOUT, HALF_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
             if FP8:
                 p, m_i, l_i, alpha = online_softmax(s, m_i, l_i, s_unit_j, P_SCALE_LOG2,
@@ -474,9 +641,9 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
                         s = apply_softcap(s, softcap_inv_j, softcap_log2)
                     else:
                         s = apply_softcap(s, softcap_inv, softcap_log2)
-                if block_needs_mask(n_start, m_start, seqlen_q, seqlen_k, window_left,
+                if block_needs_mask(n_start, m_start, len_q, len_k, window_left,
                                     window_right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT):
-                    s = mask_scores(s, row0, n_start, seqlen_q, seqlen_k, window_left,
+                    s = mask_scores(s, row0, n_start, len_q, len_k, window_left,
                                     window_right, S_LAYOUT, HALF_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
                 if FP8:
                     p, m_i, l_i, alpha = online_softmax(s, m_i, l_i, s_unit_j, P_SCALE_LOG2,
@@ -549,24 +716,40 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
             inv_l = gl.where(l_o > 0.0, 1.0 / l_o, 0.0)
         out = (acc * gl.expand_dims(inv_l, 1)).to(o_desc.dtype)
         tma.store_wait(0)  # the previous tile's store has left o_smem
-        o_view.store(out)
-        fence_async_shared()
-        if BOTTOM_ALIGN:  # (rows < 0: this warpgroup's piece of the first tile holds no row)
-            if row0 >= 0:
-                tma_store(o_desc, [b, row0, h, 0], o_smem.index(WG))
+        if VARLEN:
+            # a TMA store would also write the rows past the sequence's end, which belong to
+            # the next sequence (another CTA's tile): a piece that ends past it stores its
+            # rows from registers instead (one piece per sequence and warpgroup at most)
+            if row0 + HALF_M <= len_q:
+                o_view.store(out)
+                fence_async_shared()
+                tma_store(o_desc, [0, q_off + row0, h, 0], o_smem.index(WG))
+            else:
+                _store_rows(out, varlen, q_off + row0, len_q - row0, h, O_LAYOUT, HALF_M,
+                            HEAD_DIM_V)
         else:
-            tma_store(o_desc, [b, row0, h, 0], o_smem.index(WG))
+            o_view.store(out)
+            fence_async_shared()
+            if BOTTOM_ALIGN:  # (rows < 0: this warpgroup's piece of the first tile holds no row)
+                if row0 >= 0:
+                    tma_store(o_desc, [b, row0, h, 0], o_smem.index(WG))
+            else:
+                tma_store(o_desc, [b, row0, h, 0], o_smem.index(WG))
 
         rows = row0 + gl.arange(0, HALF_M, layout=ROW_S)
         if FP8:
             lse = gl.where(l_i > 0.0, (m_i + gl.log2(l_i) - P_SCALE_LOG2) * LN2, float("-inf"))
         else:
             lse = gl.where(l_i > 0.0, (m_i + gl.log2(l_i)) * LN2, float("-inf"))
-        lse_off = (b * n_heads + h).to(gl.int64) * seqlen_q + rows
-        if BOTTOM_ALIGN:  # (the first tile's rows < 0 are not rows)
-            gl.store(lse_ptr + lse_off, lse, mask=(rows < seqlen_q) & (rows >= 0))
+        if VARLEN:  # LSE (h, total_q): seqlen_q is total_q here
+            lse_off = h.to(gl.int64) * seqlen_q + q_off + rows
+            gl.store(lse_ptr + lse_off, lse, mask=rows < len_q)
         else:
-            gl.store(lse_ptr + lse_off, lse, mask=rows < seqlen_q)
+            lse_off = (b * n_heads + h).to(gl.int64) * seqlen_q + rows
+            if BOTTOM_ALIGN:  # (the first tile's rows < 0 are not rows)
+                gl.store(lse_ptr + lse_off, lse, mask=(rows < seqlen_q) & (rows >= 0))
+            else:
+                gl.store(lse_ptr + lse_off, lse, mask=rows < seqlen_q)
         if not SEPARATE_O:
             tma.store_wait(0)
             mbarrier.arrive(q_empty)  # O went out through Q's slot
@@ -578,6 +761,20 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
             tile = _read_tile(tile_slot)
     _turn_end(WG, PINGPONG)
     tma.store_wait(0)
+
+
+@gluon.jit
+def _store_rows(out, varlen, first_row, n_rows, h, O_LAYOUT: gl.constexpr, HALF_M: gl.constexpr,
+                HEAD_DIM_V: gl.constexpr):
+    """VARLEN: store rows [0, n_rows) of one warpgroup's O piece (HALF_M, HEAD_DIM_V) at packed
+    row ``first_row`` of head h, straight from the wgmma layout (O (total_q, h, d_v)
+    contiguous; columns past d_v are the padding of d = 96 / 192)."""
+    cu_q_ptr, cu_k_ptr, o_ptr, o_row_stride, head_dim_v = varlen
+    r = gl.arange(0, HALF_M, layout=gl.SliceLayout(1, O_LAYOUT))
+    c = gl.arange(0, HEAD_DIM_V, layout=gl.SliceLayout(0, O_LAYOUT))
+    row_ptr = o_ptr + ((first_row + r).to(gl.int64) * o_row_stride + h * head_dim_v)
+    mask = gl.expand_dims(r < n_rows, 1) & gl.expand_dims(c < head_dim_v, 0)
+    gl.store(gl.expand_dims(row_ptr, 1) + gl.expand_dims(c, 0), out, mask=mask)
 
 
 @gluon.jit
@@ -668,13 +865,15 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
                     heads_per_group, window_left, window_right,
                     qk_scale, softcap_inv, softcap_log2,
                     qd_ptr, kd_ptr, vd_ptr, n_q_blocks, n_kv_blocks, q_shift, kv_shift, n_heads_k,
-                    sink_ptr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+                    sink_ptr, cu_q_ptr, cu_k_ptr, o_ptr, o_row_stride, head_dim_v,
+                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
                     LONGEST_FIRST: gl.constexpr, PINGPONG: gl.constexpr,
                     INTRA_OVERLAP: gl.constexpr, SEPARATE_O: gl.constexpr, DYNAMIC: gl.constexpr,
                     NO_WS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
                     CONSUMERS: gl.constexpr = 2, THREAD_RELEASE: gl.constexpr = False,
-                    ROWSUM_MMA: gl.constexpr = False, BOTTOM_ALIGN: gl.constexpr = False):
+                    ROWSUM_MMA: gl.constexpr = False, BOTTOM_ALIGN: gl.constexpr = False,
+                    VARLEN: gl.constexpr = False):
     """Persistent warp-specialised attention forward (see module docstring).
 
     Descriptors are rank 4 over (batch, seq, head, dim) with boxes [1, rows, 1, dim_pad] (dim_pad
@@ -688,6 +887,12 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
     n_heads_k the kv heads; all None (constexpr) otherwise.
     sink_ptr: None, or the learnable sinks (h,) (any float dtype): one more logit per head in
     every row's softmax denominator, folded into l and the LSE in the epilogue.
+    VARLEN (module doc): packed sequences. The descriptors are over (1, total, h, d) views,
+    cu_q_ptr / cu_k_ptr the int32 (n_seqs + 1,) offsets, o_ptr the contiguous O
+    (total_q, h, d_v) with o_row_stride = h * d_v and head_dim_v = d_v (the rows a TMA store
+    cannot take: _store_rows); the problem scalars change meaning: seqlen_q / seqlen_k are
+    total_q / total_k, n_bh the number of sequences, n_m_blocks the tile slots per head
+    (n_seqs + total_q // BLOCK_M, _varlen_tile), lse_ptr (h, total_q). All None otherwise.
     lse_ptr: float32 (b, h, s_q) contiguous. tile_counter: int32 zero (DYNAMIC: the global
     tile queue, CTA i starts with tile i, then takes num_programs + atomic_add(counter, 1)).
     Launch with num_warps=4 (the default partition is consumer 0) and
@@ -708,7 +913,13 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
         gl.static_assert(o_desc.block_type.shape[3] == q_desc.block_type.shape[3])  # O in Q's slot
         o_smem = q_smem
 
-    tile_slot = gl.allocate_shared_memory(gl.int32, [1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    gl.static_assert(not VARLEN or (q_desc.dtype != gl.float8e4nv and not NO_WS
+                                     and not BOTTOM_ALIGN))
+    if VARLEN:  # the tile and its sequence's geometry (_publish_varlen_tile)
+        tile_slot = gl.allocate_shared_memory(gl.int32, [VARLEN_SLOT],
+                                              gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    else:
+        tile_slot = gl.allocate_shared_memory(gl.int32, [1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     if ROWSUM_MMA:  # the B operand of the row-sum GEMM, one per consumer (_fill_ones)
         ones_smem = gl.allocate_shared_memory(
             q_desc.dtype, [CONSUMERS, ROWSUM_N, BLOCK_N],
@@ -746,6 +957,10 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
                       n_heads_k)
     else:
         fp8_scales = scales  # (unread)
+    if VARLEN:
+        varlen = (cu_q_ptr, cu_k_ptr, o_ptr, o_row_stride, head_dim_v)
+    else:
+        varlen = scales  # (unread)
     # constexpr flags go one by one: packed in a tuple they would reach the worker partitions
     # as i1 values, not constants. (The partition lists are written out twice: a function
     # cannot be bound to a variable inside a Gluon kernel.)
@@ -754,41 +969,41 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
             (_consumer, (0, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
-                         ROWSUM_MMA, BOTTOM_ALIGN)),
+                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN)),
             (_consumer, (1, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
-                         ROWSUM_MMA, BOTTOM_ALIGN)),
+                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN)),
         ], [4], [CONSUMER_REGS])
     elif CONSUMERS == 2:
         gl.warp_specialize([
             (_consumer, (0, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
-                         ROWSUM_MMA, BOTTOM_ALIGN)),
+                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN)),
             (_consumer, (1, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
-                         ROWSUM_MMA, BOTTOM_ALIGN)),
+                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN)),
             (_producer, (descs, smem, bars, problem, window, tile_counter, BLOCK_M, HAS_LEFT,
                          HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG, INTRA_OVERLAP,
-                         SEPARATE_O, DYNAMIC, BOTTOM_ALIGN)),
+                         SEPARATE_O, DYNAMIC, BOTTOM_ALIGN, varlen, VARLEN)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:  # three consumer warpgroups (small head dims: more rows per K/V block loaded)
         gl.warp_specialize([
             (_consumer, (0, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
-                         ROWSUM_MMA, BOTTOM_ALIGN)),
+                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN)),
             (_consumer, (1, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
-                         ROWSUM_MMA, BOTTOM_ALIGN)),
+                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN)),
             (_consumer, (2, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
-                         ROWSUM_MMA, BOTTOM_ALIGN)),
+                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN)),
             (_producer, (descs, smem, bars, problem, window, tile_counter, BLOCK_M, HAS_LEFT,
                          HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG, INTRA_OVERLAP,
-                         SEPARATE_O, DYNAMIC, BOTTOM_ALIGN)),
+                         SEPARATE_O, DYNAMIC, BOTTOM_ALIGN, varlen, VARLEN)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])

@@ -216,7 +216,18 @@ def slower_than_portable(q: torch.Tensor, k: torch.Tensor, params: Mapping[str, 
     """Why ``dispatch`` in auto mode keeps this covered call (forward, or ``backward``) on the
     portable kernels (measured to be faster there), or None. FLASHATTN_BACKEND=hopper ignores
     this rule."""
-    seqlen_k = k.shape[1]
+    return _short_keys(k.shape[1], q, params, backward)
+
+
+def varlen_slower_than_portable(q: torch.Tensor, k: torch.Tensor, n_seqs: int,
+                                params: Mapping[str, Any]) -> Optional[str]:
+    """:func:`slower_than_portable` for a packed forward (q (total_q, h, d), k (total_k, h_k,
+    d)), at its mean key length total_k / n_seqs (the lengths themselves live on the device)."""
+    return _short_keys(k.shape[0] // max(n_seqs, 1), q, params, False)
+
+
+def _short_keys(seqlen_k: int, q: torch.Tensor, params: Mapping[str, Any],
+                backward: bool) -> Optional[str]:
     masked = int(params.get("window_left", -1)) >= 0 or int(params.get("window_right", -1)) >= 0
     if backward and q.shape[-1] > 128:
         need = MIN_SEQLEN_K_BWD_MASKED_LARGE_D if masked else MIN_SEQLEN_K_BWD_DENSE_LARGE_D
@@ -230,6 +241,19 @@ def slower_than_portable(q: torch.Tensor, k: torch.Tensor, params: Mapping[str, 
         return (f"seqlen_k {seqlen_k} < {need} ({'backward, ' if backward else ''}"
                 f"{'masked' if masked else 'dense'}): portable is faster there")
     return None
+
+
+def varlen_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       params: Mapping[str, Any], seqused_k: Optional[torch.Tensor],
+                       return_softmax: bool) -> Optional[str]:
+    """Why this packed forward (q (total_q, h, d), k / v (total_k, h_k, d)) is not covered by
+    the Hopper kernel's varlen mode (None when it is): the dense rules over the (1, total, h,
+    d) views, and no seqused_k (its lengths are not wired into the kernel)."""
+    if seqused_k is not None:
+        return "seqused_k"
+    if return_softmax:
+        return "return_softmax"
+    return call_unsupported(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), params)
 
 
 def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -1,0 +1,142 @@
+"""The Hopper forward's varlen mode (packed sequences, sm90/fwd_kernel.py VARLEN) on the GPU.
+
+Same oracle and rule as tests/api/test_varlen.py (per-sequence ``attention_ref`` in float64,
+error <= 2x PyTorch's own low-precision error), with ``FLASHATTN_BACKEND=hopper`` and a spy
+that fails the test if the Hopper varlen kernel did not run. On top: equal lengths packed give
+the dense Hopper call's output bit for bit (same tiles, same order of operations), rows past
+the last sequence stay 0 / -inf, the tile map survives lengths of 0 and 1 and tiles that cross
+a sequence's end, and a CUDA graph replays with new lengths (no device value read on the host).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flashattn import dispatch, flash_attn_func, flash_attn_varlen_func
+from flashattn.sm90 import fwd as sm90_fwd
+from tests.api.test_varlen import VCase, check_varlen, cu_seqlens
+from tests.settings import set_env
+
+pytestmark = pytest.mark.gpu
+
+
+def _sm90_reason():
+    if not torch.cuda.is_available():
+        return "needs CUDA"
+    from flashattn.sm90.support import device_unavailable
+
+    return device_unavailable(torch.device("cuda"))
+
+
+_SKIP = _sm90_reason()
+if _SKIP:
+    pytestmark = [pytest.mark.gpu, pytest.mark.skip(reason=f"Hopper path unavailable: {_SKIP}")]
+
+
+@pytest.fixture
+def hopper_varlen_calls(monkeypatch):
+    """Force the Hopper family and count the varlen kernel's launches."""
+    set_env(monkeypatch, FLASHATTN_BACKEND="hopper")
+    calls = []
+    real = sm90_fwd.flash_fwd_hopper_varlen
+
+    def spy(*args, **kwargs):
+        calls.append(args[0].shape)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sm90_fwd, "flash_fwd_hopper_varlen", spy)
+    return calls
+
+
+# lengths: 0, 1, shorter than a warpgroup's rows, tile multiples, pieces that cross the end
+LENS = (1000, 1, 0, 1537, 128, 17, 2048, 777)
+LENS_K = (900, 1537, 10, 4096, 3000, 1, 513, 2047)  # cross: s_q > s_k and s_q < s_k
+CASES = [
+    VCase(LENS, LENS, d=128, dtype=torch.bfloat16, h=8, h_k=2),
+    VCase(LENS, LENS, d=128, dtype=torch.bfloat16, h=8, h_k=2, causal=True),
+    VCase(LENS, LENS_K, d=128, dtype=torch.bfloat16, h=4, h_k=4, causal=True),
+    VCase(LENS, LENS_K, d=64, dtype=torch.bfloat16, h=6, h_k=3),
+    VCase(LENS, LENS, d=64, dtype=torch.float16, h=4, h_k=1, causal=True),
+    VCase(LENS, LENS_K, d=96, dtype=torch.bfloat16, h=4, h_k=2, window=(256, 64)),
+    VCase(LENS, LENS, d=128, dtype=torch.bfloat16, h=4, h_k=2, softcap=30.0, causal=True),
+    VCase((1000, 1, 2047, 333), (1000, 77, 2047, 900), d=192, d_v=128, dtype=torch.bfloat16,
+          h=4, h_k=4, causal=True),
+    VCase((700, 1, 1100, 0), (700, 50, 1100, 3), d=256, dtype=torch.bfloat16, h=2, h_k=1),
+    VCase((700, 1, 1100, 0), (700, 50, 1100, 3), d=256, dtype=torch.float16, h=2, h_k=2,
+          window=(100, 0)),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_hopper_varlen_matches_oracle(case, hopper_varlen_calls, monkeypatch):
+    check_varlen(case, device="cuda", monkeypatch=monkeypatch)
+    assert hopper_varlen_calls, "the Hopper varlen kernel did not run"
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_equal_lengths_equal_dense_bitwise(causal, d, hopper_varlen_calls):
+    """Equal lengths (a multiple of every tile height): the same tiles as the dense Hopper call,
+    so the same bits."""
+    b, s, h, h_k = 3, 1536, 4, 2
+    q = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(b, s, h_k, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    out_d, lse_d, _ = flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+    cu = cu_seqlens([s] * b).cuda()
+    out_v, lse_v, _ = flash_attn_varlen_func(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1),
+                                             cu, cu, s, s, causal=causal,
+                                             return_attn_probs=True)
+    assert hopper_varlen_calls
+    assert torch.equal(out_v.view(b, s, h, d), out_d)
+    assert torch.equal(lse_v.view(h, b, s).transpose(0, 1), lse_d)
+
+
+def test_rows_past_the_last_sequence(hopper_varlen_calls):
+    """q holds more rows than cu_seqlens_q covers: those rows are 0 with lse -inf (the
+    portable varlen contract), even over memory that held NaN."""
+    junk = torch.full((1 << 24,), float("nan"), device="cuda")
+    del junk
+    lens = (300, 129)
+    total = sum(lens) + 200
+    q = torch.randn(total, 4, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(sum(lens), 4, 128, device="cuda", dtype=torch.bfloat16)
+    cu = cu_seqlens(lens).cuda()
+    out, lse, _ = flash_attn_varlen_func(q, k, k, cu, cu, max(lens), max(lens), causal=True,
+                                         return_attn_probs=True)
+    assert hopper_varlen_calls
+    assert (out[sum(lens):] == 0).all() and torch.isneginf(lse[:, sum(lens):]).all()
+    assert torch.isfinite(out[:sum(lens)]).all() and torch.isfinite(lse[:, :sum(lens)]).all()
+
+
+def test_cuda_graph_replays_new_lengths(hopper_varlen_calls):
+    """Captured once, replayed after cu_seqlens changed in place: the result follows the new
+    lengths (the tile map reads them on the device)."""
+    h, d, total = 4, 128, 4096
+    q, k, v = (torch.randn(total, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    cu = cu_seqlens((1000, 3096)).cuda()
+    flash_attn_varlen_func(q, k, v, cu, cu, 4096, 4096, causal=True)  # compile outside
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = flash_attn_varlen_func(q, k, v, cu, cu, 4096, 4096, causal=True)
+    for lens in ((4000, 96), (1, 4095), (2048, 2048)):
+        cu.copy_(cu_seqlens(lens).cuda())
+        graph.replay()
+        want = flash_attn_varlen_func(q, k, v, cu, cu, 4096, 4096, causal=True)
+        assert torch.equal(out, want), lens
+    assert hopper_varlen_calls
+
+
+def test_auto_dispatch_takes_hopper_for_long_sequences(monkeypatch):
+    """auto: packed calls with a long mean key length start from the Hopper kernel; seqused_k
+    and short sequences stay portable."""
+    set_env(monkeypatch, FLASHATTN_BACKEND="auto")
+    q = torch.empty(8192, 8, 128, device="cuda", dtype=torch.bfloat16)
+    from flashattn.params import AttnParams
+
+    p = AttnParams(softmax_scale=128 ** -0.5, causal=False, window_left=-1, window_right=-1,
+                   softcap=0.0, alibi_slopes=None, dropout_p=0.0, philox_seed=0,
+                   deterministic=False)
+    assert dispatch.varlen_forward_family(q, q, q, 2, None, p) == "hopper"
+    assert dispatch.varlen_forward_family(q, q, q, 64, None, p) == "portable"  # mean 128
+    used = torch.zeros(2, dtype=torch.int32, device="cuda")
+    assert dispatch.varlen_forward_family(q, q, q, 2, used, p) == "portable"

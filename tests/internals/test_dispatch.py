@@ -411,3 +411,69 @@ def test_auto_backward_keeps_short_keys_on_portable(env, monkeypatch, backend, c
     params = _params(causal=causal, window_right=0 if causal else -1, deterministic=False)
     del params["return_softmax"]
     assert dispatch.backward_family(q, k, v, **params) == expected
+
+
+# Packed (varlen) forwards: the Hopper kernel's varlen mode where it covers the call
+def _attn_params(**kw):
+    from flashattn.params import AttnParams
+
+    p = dict(softmax_scale=0.125, causal=False, window_left=-1, window_right=-1, softcap=0.0,
+             alibi_slopes=None, dropout_p=0.0, philox_seed=0, deterministic=False)
+    p.update(kw)
+    return AttnParams(**p)
+
+
+@pytest.mark.parametrize("backend,n_seqs,kw,used,expected", [
+    ("auto", 4, {}, False, "hopper"),             # mean 1024 keys
+    ("auto", 8, {}, False, "hopper"),             # mean 512: the measured crossover
+    ("auto", 16, {}, False, "portable"),          # mean 256
+    ("hopper", 16, {}, False, "hopper"),          # forcing ignores the speed rule
+    ("auto", 4, dict(causal=True, window_right=0), False, "hopper"),
+    ("auto", 4, dict(softcap=30.0, window_left=64), False, "hopper"),
+    ("auto", 4, {}, True, "portable"),            # seqused_k: not wired into the kernel
+    ("hopper", 4, dict(dropout_p=0.1), False, "portable"),
+    ("hopper", 4, dict(alibi_slopes=torch.ones(8)), False, "portable"),
+    ("portable", 4, {}, False, "portable"),
+])
+def test_varlen_forward_family(env, monkeypatch, backend, n_seqs, kw, used, expected):
+    env(backend, None)
+    monkeypatch.setattr(dispatch, "family_for",
+                        lambda t: "portable" if backend == "portable" else "hopper")
+    q = _meta((4096, 8, 128))
+    k = v = _meta((4096, 2, 128))
+    seqused = _meta((n_seqs,), torch.int32) if used else None
+    assert dispatch.varlen_forward_family(q, k, v, n_seqs, seqused, _attn_params(**kw)) \
+        == expected
+    # return_softmax (dropout's S_dmask) is never covered
+    assert dispatch.varlen_forward_family(q, k, v, n_seqs, None, _attn_params(**kw),
+                                          return_softmax=True) == "portable"
+
+
+def test_varlen_forward_reaches_the_hopper_backend(env, monkeypatch, fake_backends):
+    """flash_attn_varlen_func on a (fake) sm90 device: the forward runs the Hopper backend's
+    varlen_fwd with the offsets as given; the backward stays on the portable one."""
+    calls = fake_backends
+
+    def varlen_fwd(q, k, v, cu_q, cu_k, p):
+        calls.append(("hopper.varlen_fwd", cu_q.tolist(), cu_k.tolist(), p.window_right))
+        return (torch.zeros(q.shape[0], q.shape[1], v.shape[-1], dtype=q.dtype),
+                torch.zeros(q.shape[1], q.shape[0]), None)
+
+    def varlen_bwd(dout, q, k, v, out, lse, *rest):
+        calls.append(("portable.varlen_bwd",))
+        return tuple(torch.zeros_like(x) for x in (q, k, v))
+
+    monkeypatch.setitem(dispatch._LOADED, "hopper", types.SimpleNamespace(varlen_fwd=varlen_fwd))
+    monkeypatch.setitem(dispatch._LOADED, "portable", types.SimpleNamespace(varlen_bwd=varlen_bwd))
+    env("hopper", None)
+    monkeypatch.setattr(dispatch, "family_for", lambda t: "hopper")
+    monkeypatch.setattr(dispatch, "backend_for", lambda t: "portable")
+    from flashattn import flash_attn_varlen_func
+
+    q = torch.randn(10, 2, 64, dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(12, 1, 64, dtype=torch.bfloat16, requires_grad=True)
+    cu_q = torch.tensor([0, 4, 10], dtype=torch.int32)
+    cu_k = torch.tensor([0, 5, 12], dtype=torch.int32)
+    out = flash_attn_varlen_func(q, k, k, cu_q, cu_k, 6, 7, causal=True)
+    out.float().sum().backward()
+    assert calls == [("hopper.varlen_fwd", [0, 4, 10], [0, 5, 12], 0), ("portable.varlen_bwd",)]

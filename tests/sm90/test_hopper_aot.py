@@ -53,6 +53,11 @@ VARIANTS = (
        # 192-row tiles shift by a whole warpgroup piece; 960 shifts 128-row tiles by 64)
        (128, "bfloat16", True, (-1, -1), 0.0, {"seqlen": 960}),
        (256, "bfloat16", True, (-1, -1), 0.0, {"seqlen": 960})]
+    # packed sequences (VARLEN: tile map from cu_seqlens, O pieces crossing a sequence's end
+    # stored from registers; d = 96 / 192 x 128 store only the real columns)
+    + [(d, "bfloat16", c, (-1, -1), 0.0, {"varlen": True})
+       for d, c in ((128, False), (128, True), (64, True), (96, False), (256, True),
+                    ((192, 128), True))]
     # FP8 (e4m3 Q, K, V^T; bf16 O): every head dim, masks, softcap, d != d_v
     + [(d, "float8_e4m3fn", c, (-1, -1), 0.0, None) for d in (64, 96, 128, 192, 256)
        for c in (False, True)]
@@ -145,6 +150,7 @@ def _key(v):
 # d = 128's long causal config (256-key blocks without the overlap: 24 bytes, +2-12 % at 4k-16k).
 SPILL_ALLOWANCE = {"fwd_d192_bfloat16_causal": 8, "fwd_d256_bfloat16_causal": 8,
                    "fwd_d64_bfloat16": 8, "fwd_d64_bfloat16_sink1": 16, "fwd_d64_float16": 8,
+                   "fwd_d256_bfloat16_causal_varlen1": 8,  # (as the dense variant's)
                    "fwd_d64_float8_e4m3fn": 112, "fwd_d64_float8_e4m3fn_causal": 16,
                    "fwd_d96_float8_e4m3fn": 40, "fwd_d128_float8_e4m3fn": 40,
                    "fwd_d128_float8_e4m3fn_win256_0": 16, "fwd_d192_float8_e4m3fn": 184,
@@ -200,9 +206,9 @@ def test_fwd_variant_compiles_without_spills(variant, reports, capsys):
     from flashattn.sm90.config import fp8_fwd_config, fwd_config
 
     d, d_v = variant[0] if isinstance(variant[0], tuple) else (variant[0], variant[0])
-    # sink, seqlen, long_causal and out_f32: variant switches, no config fields
+    # sink, seqlen, long_causal, out_f32 and varlen: variant switches, no config fields
     fields = {k: x for k, x in (variant[5] or {}).items()
-              if k not in ("sink", "seqlen", "long_causal", "out_f32")}
+              if k not in ("sink", "seqlen", "long_causal", "out_f32", "varlen")}
     if variant[1] == "float8_e4m3fn":
         cfg = fp8_fwd_config(d, d_v, variant[4] > 0.0,
                              masked=variant[2] or max(variant[3]) >= 0, **fields)

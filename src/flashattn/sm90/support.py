@@ -216,18 +216,7 @@ def slower_than_portable(q: torch.Tensor, k: torch.Tensor, params: Mapping[str, 
     """Why ``dispatch`` in auto mode keeps this covered call (forward, or ``backward``) on the
     portable kernels (measured to be faster there), or None. FLASHATTN_BACKEND=hopper ignores
     this rule."""
-    return _short_keys(k.shape[1], q, params, backward)
-
-
-def varlen_slower_than_portable(q: torch.Tensor, k: torch.Tensor, n_seqs: int,
-                                params: Mapping[str, Any]) -> Optional[str]:
-    """:func:`slower_than_portable` for a packed forward (q (total_q, h, d), k (total_k, h_k,
-    d)), at its mean key length total_k / n_seqs (the lengths themselves live on the device)."""
-    return _short_keys(k.shape[0] // max(n_seqs, 1), q, params, False)
-
-
-def _short_keys(seqlen_k: int, q: torch.Tensor, params: Mapping[str, Any],
-                backward: bool) -> Optional[str]:
+    seqlen_k = k.shape[1]
     masked = int(params.get("window_left", -1)) >= 0 or int(params.get("window_right", -1)) >= 0
     if backward and q.shape[-1] > 128:
         need = MIN_SEQLEN_K_BWD_MASKED_LARGE_D if masked else MIN_SEQLEN_K_BWD_DENSE_LARGE_D
@@ -240,6 +229,26 @@ def _short_keys(seqlen_k: int, q: torch.Tensor, params: Mapping[str, Any],
     if seqlen_k < need:
         return (f"seqlen_k {seqlen_k} < {need} ({'backward, ' if backward else ''}"
                 f"{'masked' if masked else 'dense'}): portable is faster there")
+    return None
+
+
+# Packed (varlen) forward, Hopper varlen mode / portable, H100, 16k tokens of ragged lengths
+# (benchmarks/probes/varlen_probe.py, d = 128, h = 16, session 22): mean 4k 1.64x dense /
+# 1.24x causal, 2k 1.64x / 1.21x, 1k 1.71x / 1.37x, 512 1.59x / 1.58x, 256 1.02x / 0.88x,
+# 128 1.35x / 1.35x. One launch serves every sequence, so the dense rule's fixed costs per
+# call do not scale with the number of sequences; below 512 the points disagree.
+MIN_MEAN_SEQLEN_K_VARLEN = 512
+
+
+def varlen_slower_than_portable(q: torch.Tensor, k: torch.Tensor, n_seqs: int,
+                                params: Mapping[str, Any]) -> Optional[str]:
+    """Why ``dispatch`` in auto mode keeps this covered packed forward (q (total_q, h, d), k
+    (total_k, h_k, d)) on the portable kernels, or None: a mean key length total_k / n_seqs
+    below MIN_MEAN_SEQLEN_K_VARLEN (the lengths themselves live on the device)."""
+    mean_k = k.shape[0] // max(n_seqs, 1)
+    if mean_k < MIN_MEAN_SEQLEN_K_VARLEN:
+        return (f"mean seqlen_k {mean_k} < {MIN_MEAN_SEQLEN_K_VARLEN} (varlen): portable is "
+                "not slower there")
     return None
 
 

@@ -149,10 +149,23 @@ def compile_fwd_variant(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, c
     if varlen:  # (1, total, h, d) views, (h, total) LSE, b + 1 offsets
         from flashattn.sm90.fwd import VarlenLayout
 
-        q, v, out = (t.reshape(1, b * s, h, -1) for t in (q, v, out))
+        q, out = (t.reshape(1, b * s, h, -1) for t in (q, out))
         lse = lse.reshape(h, b * s)
         cu = torch.zeros(b + 1, dtype=torch.int32)
         layout = VarlenLayout(cu, cu, out[0])
+        if dtype == torch.float8_e4m3fn:  # packed V^T, one descale per (sequence, head)
+            from flashattn.params import ONE_BLOCK_SHIFT
+            from flashattn.sm90.v_layout import varlen_vt_positions
+
+            cfg = fp8_fwd_config(d, d_v, softcap > 0.0,
+                                 masked=causal or window[0] >= 0 or window[1] >= 0,
+                                 kv_block_keys=1 << ONE_BLOCK_SHIFT, **(overrides or {}))
+            v = torch.empty((1, h, d_v, varlen_vt_positions(b, b * s)),
+                            dtype=dtype).permute(0, 3, 1, 2)
+            table = torch.empty((b, h, 1), dtype=torch.float32)
+            scales = Fp8Scales(table, table, table, ONE_BLOCK_SHIFT, ONE_BLOCK_SHIFT)
+        else:
+            v = v.reshape(1, b * s, h, -1)
     args, constexprs, options, _ = launch_args(
         q, q, v, out, lse, cfg, softmax_scale=d ** -0.5, window_left=window_left,
         window_right=window_right, softcap=softcap, num_sms=132, scales=scales,

@@ -1097,7 +1097,15 @@ def fp8_varlen_forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
                        scales: Fp8Scales, params: AttnParams, out_dtype: torch.dtype
                        ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Packed varlen FP8 forward: (out (total_q, h, d_v), lse (h, total_q)); one descale per
-    (sequence, head)."""
+    (sequence, head). The Hopper FP8 kernel's varlen mode takes the calls it covers (no
+    seqused_k; the dense FP8 rules over the (1, total, h, d) views)."""
+    if seqused_k is None and family_for(q8) == "hopper":
+        from flashattn.sm90.support import fp8_unsupported
+
+        views = (q8.unsqueeze(0), k8.unsqueeze(0), v8.unsqueeze(0))
+        if fp8_unsupported(*views, params, scales, out_dtype, varlen=True) is None:
+            return backend("hopper").fp8_varlen_fwd(q8, k8, v8, cu_seqlens_q, cu_seqlens_k,
+                                                    max_seqlen_k, scales, params, out_dtype)
     name = select("fp8_varlen_fwd", q8)
     return backend(name).fp8_varlen_fwd(q8, k8, v8, cu_seqlens_q, cu_seqlens_k, seqused_k,
                                         max_seqlen_q, max_seqlen_k, scales, params, out_dtype)

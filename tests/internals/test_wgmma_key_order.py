@@ -38,3 +38,40 @@ def test_triton_pass_matches_torch(shape):
         assert torch.equal(got[:, pos].float(), v.float())
         rest = sorted(set(range(got.shape[1])) - set(pos.tolist()))
         assert (got[:, rest].float() == 0).all()
+
+
+@pytest.mark.parametrize("lens,block_n", [((37, 0, 1, 64, 100), 64), ((130,), 128),
+                                          ((5, 33, 31), 128)])
+def test_varlen_pass_starts_every_sequence_on_a_key_group(lens, block_n):
+    """The packed V^T (v_layout.wgmma_ordered_vt_varlen): sequence b's keys in wgmma order from
+    position 32 (b + cu_k[b] // 32), every other position up to where the forward's key
+    blocks read (block_n past each end) zero, whatever the memory held before."""
+    pytest.importorskip("triton")
+    from flashattn.sm90 import v_layout
+
+    torch.manual_seed(0)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    total, h, d = int(cu[-1]), 2, 24
+    v = torch.randn(total, h, d).to(torch.float8_e4m3fn)
+    junk = torch.full((1 << 16,), 255, dtype=torch.uint8)  # NaN bytes in the allocator's pool
+    del junk
+    got = v_layout.wgmma_ordered_vt_varlen(v, cu, max(lens), block_n)
+    s_total = v_layout.varlen_vt_positions(len(lens), total)
+    assert got.shape == (1, s_total, h, d)
+    assert got.permute(0, 2, 3, 1).is_contiguous()
+    filled = torch.zeros(s_total, dtype=torch.bool)
+    for b, n in enumerate(lens):
+        k0 = int(cu[b])
+        start = 32 * (b + k0 // 32)
+        pos = start + F.wgmma_key_position(torch.arange(n))
+        assert torch.equal(got[0, pos].float(), v[k0:k0 + n].float()), b
+        filled[pos] = True
+        # what this sequence's key blocks may read past its keys: zeros or the next one's keys
+        reach = min(s_total, start + -(-max(n, 1) // block_n) * block_n)
+        rest = [p for p in range(start, reach) if not filled[p]]
+        later = set()
+        for b2 in range(b + 1, len(lens)):
+            s2 = 32 * (b2 + int(cu[b2]) // 32)
+            later |= set((s2 + F.wgmma_key_position(torch.arange(lens[b2]))).tolist())
+        rest = [p for p in rest if p not in later]
+        assert (got[0, rest].float() == 0).all(), b

@@ -140,3 +140,64 @@ def test_auto_dispatch_takes_hopper_for_long_sequences(monkeypatch):
     assert dispatch.varlen_forward_family(q, q, q, 64, None, p) == "portable"  # mean 128 < 512
     used = torch.zeros(2, dtype=torch.int32, device="cuda")
     assert dispatch.varlen_forward_family(q, q, q, 2, used, p) == "portable"
+
+
+# FP8 (e4m3 Q, K, V; one descale per sequence and KV head, FA3's varlen API): the packed V^T
+# puts every sequence on a whole wgmma key group, so lengths off a multiple of 32 matter here
+FP8_LENS = (300, 0, 1000, 17, 1, 129)
+FP8_LENS_K = (333, 5, 900, 64, 40, 129)
+FP8_CASES = [  # (d, d_v, lens_k, causal, window, softcap, out_dtype)
+    (64, 64, FP8_LENS, True, (-1, -1), 0.0, torch.bfloat16),
+    (128, 128, FP8_LENS, False, (-1, -1), 0.0, torch.bfloat16),
+    (128, 128, FP8_LENS_K, True, (-1, -1), 0.0, torch.float32),
+    (128, 128, FP8_LENS_K, False, (100, 20), 30.0, torch.bfloat16),
+    (256, 256, FP8_LENS, True, (-1, -1), 0.0, torch.bfloat16),
+    (192, 128, FP8_LENS_K, True, (-1, -1), 0.0, torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize("d,d_v,lens_k,causal,window,softcap,out_dtype", FP8_CASES)
+def test_hopper_varlen_fp8(d, d_v, lens_k, causal, window, softcap, out_dtype, monkeypatch):
+    from flashattn.reference import attention_fp8_ref
+
+    set_env(monkeypatch, FLASHATTN_BACKEND="hopper")
+    calls = []
+    real = sm90_fwd.flash_fwd_hopper_fp8_varlen
+    monkeypatch.setattr(sm90_fwd, "flash_fwd_hopper_fp8_varlen",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    torch.manual_seed(3)
+    h, h_k = 4, 2
+    cu_q, cu_k = cu_seqlens(FP8_LENS).cuda(), cu_seqlens(lens_k).cuda()
+    tq, tk = sum(FP8_LENS), sum(lens_k)
+    q8 = (torch.randn(tq, h, d, device="cuda") * 3).to(torch.float8_e4m3fn)
+    k8 = (torch.randn(tk, h_k, d, device="cuda") * 3).to(torch.float8_e4m3fn)
+    v8 = (torch.randn(tk, h_k, d_v, device="cuda") * 3).to(torch.float8_e4m3fn)
+    b = len(FP8_LENS)
+    qd, kd, vd = (torch.rand(b, h_k, device="cuda") + 0.1 for _ in range(3))
+    out = flash_attn_varlen_func(q8, k8, v8, cu_q, cu_k, max(FP8_LENS), max(lens_k),
+                                 causal=causal, window_size=window, softcap=softcap,
+                                 q_descale=qd, k_descale=kd, v_descale=vd, out_dtype=out_dtype)
+    assert calls, "the Hopper FP8 varlen kernel did not run"
+    assert out.dtype == out_dtype and out.shape == (tq, h, d_v)
+    kw = dict(causal=causal, window_size=window, softcap=softcap)
+    for i, (n, m) in enumerate(zip(FP8_LENS, lens_k)):
+        if n == 0:
+            continue
+        sq = slice(int(cu_q[i]), int(cu_q[i + 1]))
+        sk = slice(int(cu_k[i]), int(cu_k[i + 1]))
+        if m == 0:
+            assert (out[sq] == 0).all()
+            continue
+        tables = (qd[i:i + 1].repeat_interleave(h // h_k, 1)[..., None].cpu(),
+                  kd[i:i + 1, :, None].cpu(), vd[i:i + 1, :, None].cpu())
+        args = (q8[sq][None].cpu(), k8[sk][None].cpu(), v8[sk][None].cpu(), *tables, n, m)
+        exact = attention_fp8_ref(*args, **kw, p_scale=None)[0]
+        rounded = attention_fp8_ref(*args, **kw)[0]
+        allowed = (2 * _rmse(rounded, exact) + 2 * _rmse(exact.to(out_dtype).double(), exact)
+                   + 1e-6)
+        err = _rmse(out[sq].cpu(), exact)
+        assert err <= allowed, (i, err, allowed)
+
+
+def _rmse(a, b) -> float:
+    return (a.double() - b.double()).pow(2).mean().sqrt().item()

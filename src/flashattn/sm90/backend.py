@@ -52,6 +52,19 @@ def fp8_fwd(q8: Tensor, k8: Tensor, v8: Tensor, scales: Fp8Scales, p: AttnParams
                                      v_in_wgmma_order=v_wgmma)
 
 
+def fp8_varlen_fwd(q8: Tensor, k8: Tensor, v8: Tensor, cu_seqlens_q: Tensor,
+                   cu_seqlens_k: Tensor, max_seqlen_k: int, scales: Fp8Scales, p: AttnParams,
+                   out_dtype: torch.dtype):
+    """Packed varlen FP8 forward (Gluon, e4m3 wgmma, VARLEN mode): (out (total_q, h, d_v),
+    lse (h, total_q)); one descale per (sequence, head)."""
+    return _fwd.flash_fwd_hopper_fp8_varlen(q8, k8, v8, cu_seqlens_q, cu_seqlens_k,
+                                            max_seqlen_k, scales,
+                                            softmax_scale=p.softmax_scale,
+                                            window_left=p.window_left,
+                                            window_right=p.window_right, softcap=p.softcap,
+                                            out_dtype=out_dtype)
+
+
 def fp8_fwd_call(head_dim: int, head_dim_v: int, p: AttnParams, out_dtype: torch.dtype
                  ) -> "_fwd.Fp8FwdCall":
     """The FP8 forward over V in wgmma key order for one call signature, its launch replayed
@@ -68,4 +81,5 @@ def fp8_vt_call() -> "_v_layout.VtCall":
     return _v_layout.VtCall()
 
 
-__all__ = ["bwd", "fp8_fwd", "fp8_fwd_call", "fp8_vt_call", "fwd", "varlen_fwd"]
+__all__ = ["bwd", "fp8_fwd", "fp8_fwd_call", "fp8_varlen_fwd", "fp8_vt_call", "fwd",
+           "varlen_fwd"]

@@ -10,7 +10,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
-from flashattn.sm90.v_layout import wgmma_ordered_vt
+from flashattn.sm90.v_layout import wgmma_ordered_vt, wgmma_ordered_vt_varlen
 from flashattn.sm90.config import FwdConfig, fp8_fwd_config, fp8_long_causal, fwd_config
 from flashattn.params import Fp8Scales
 from flashattn.sm90.descriptors import LOG2E, heads_per_group, keys_major_desc, tensor_desc
@@ -274,6 +274,53 @@ def flash_fwd_hopper_fp8(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
     return out, lse
 
 
+def flash_fwd_hopper_fp8_varlen(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
+                                cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                                max_seqlen_k: int, scales: Fp8Scales, *, softmax_scale: float,
+                                window_left: int, window_right: int, softcap: float,
+                                out_dtype: torch.dtype,
+                                config_overrides: Optional[Dict[str, Any]] = None):
+    """Packed variable-length FP8 forward with the Gluon sm90 kernel (VARLEN mode, e4m3 wgmma).
+
+    q8 (total_q, h, d), k8 (total_k, h_k, d) float8_e4m3fn, TMA-aligned; v8 (total_k, h_k,
+    d_v) float8_e4m3fn in any layout (copied into a packed V^T whose sequences start on whole
+    wgmma key groups: v_layout.wgmma_ordered_vt_varlen, one pass); cu_seqlens as in
+    :func:`flash_fwd_hopper_varlen`; ``scales`` with (b, h, 1) / (b, h_k, 1) descales, one per
+    sequence and head (FA3's varlen convention, ops.fp8_varlen_fwd). Returns out (total_q, h,
+    d_v) in ``out_dtype`` (0 on rows outside every sequence), lse float32 (h, total_q).
+    """
+    total_q, n_heads, head_dim = q8.shape
+    head_dim_v = v8.shape[2]
+    cfg = fp8_fwd_config(head_dim, head_dim_v, softcap > 0.0,
+                         masked=window_left >= 0 or window_right >= 0,
+                         kv_block_keys=1 << scales.kv_block_shift, long_causal=False,
+                         **(config_overrides or {}))
+    cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
+    vt = wgmma_ordered_vt_varlen(v8, cu_seqlens_k, max_seqlen_k, cfg.block_n)
+    out = torch.zeros((total_q, n_heads, head_dim_v), dtype=out_dtype, device=q8.device)
+    lse = torch.full((n_heads, total_q), float("-inf"), dtype=torch.float32, device=q8.device)
+    counter = _tile_counter(cfg, window_right, lse, varlen=True)
+    q4, k4, out4 = (t.unsqueeze(0) for t in (q8, k8, out))
+    key = (q8.shape, k8.shape, vt.shape, q8.stride(), k8.stride(), out_dtype, q8.device,
+           cu_seqlens_q.shape[0], softmax_scale, window_left, window_right, softcap,
+           scales.q_descale.shape, scales.k_descale.shape, scales.q_block_shift,
+           scales.kv_block_shift,
+           tuple(sorted(config_overrides.items())) if config_overrides else None)
+
+    def build():
+        args, constexprs, options, grid = launch_args(
+            q4, k4, vt, out4, lse, cfg, softmax_scale=softmax_scale, window_left=window_left,
+            window_right=window_right, softcap=softcap, num_sms=sm_count(q8.device),
+            counter=counter, scales=scales,
+            varlen=VarlenLayout(cu_seqlens_q, cu_seqlens_k, out))
+        return attn_fwd_kernel, (grid,), args, {**constexprs, **options}
+
+    _FP8_VARLEN_PLANS.launch(key, (q4, k4, vt, out4, lse, counter, scales.q_descale,
+                                   scales.k_descale, scales.v_descale, cu_seqlens_q,
+                                   cu_seqlens_k, out), build)
+    return out, lse
+
+
 class Fp8FwdCall:
     """:func:`flash_fwd_hopper_fp8` over V in wgmma key order for one call signature, with its
     inputs, LSE and tile-queue counter in memory the caller places (the recorded FP8 calls,
@@ -324,3 +371,5 @@ _VARLEN_PLANS = LaunchPlans(slots=(0, 1, 2, 3, 4, 5, VARLEN_ARGS, VARLEN_ARGS + 
                                    VARLEN_ARGS + 2))
 # FP8: the same six, then the three descale tables (after the 13 other scalar arguments)
 _FP8_PLANS = LaunchPlans(slots=(0, 1, 2, 3, 4, 5, 19, 20, 21))
+_FP8_VARLEN_PLANS = LaunchPlans(slots=(0, 1, 2, 3, 4, 5, 19, 20, 21, VARLEN_ARGS,
+                                       VARLEN_ARGS + 1, VARLEN_ARGS + 2))

@@ -55,8 +55,9 @@ Scheduling knobs (constexpr, for the ablation table in benchmarks/NOTES.md):
                    and hands the geometry to the consumers with the tile. Keys past the end
                    (the next sequence's) are masked; query rows past it are computed but not
                    stored: O pieces that cross the end are stored from registers (_store_rows),
-                   since a TMA store would overwrite the next sequence's rows. bf16 / fp16
-                   only (FP8's V^T key order is counted from the tensor's start).
+                   since a TMA store would overwrite the next sequence's rows. FP8: V^T
+                   holds each sequence from a whole wgmma key group (32 positions,
+                   v_layout.wgmma_ordered_vt_varlen), and the descales are per sequence.
 
 Every Gluon ``mbarrier.arrive`` from a consumer is a warpgroup ``bar.sync`` followed by a
 one-thread arrive (Triton's lowering): each K or V release costs one warpgroup barrier, which
@@ -132,7 +133,8 @@ def _producer_dense(descs, smem, bars, problem, window, tile_counter, BLOCK_M: g
         else:
             next_tile = tile + gl.num_programs(0)
         for j in range(n_blocks):
-            kv_count = _load_kv(descs, smem, bars, kv_count, b, (lo_blk + j) * BLOCK_N, h_k)
+            n_start = (lo_blk + j) * BLOCK_N
+            kv_count = _load_kv(descs, smem, bars, kv_count, b, n_start, h_k, n_start)
         tile_iter += 1
         tile = next_tile
     # no more tiles: tell the consumers (an index >= n_tiles, published like the others)
@@ -159,7 +161,7 @@ def _producer_varlen(descs, smem, bars, problem, window, tile_counter, varlen,
     tile_iter = 0
     tile = gl.program_id(0)
     while tile < n_tiles:
-        h, m_block, q_off, len_q, k_off, len_k = _varlen_tile(
+        seq, h, m_block, q_off, len_q, k_off, len_k = _varlen_tile(
             tile, varlen, n_seqs, n_g, n_heads, heads_per_group, total_q, total_k, BLOCK_M,
             LONGEST_FIRST)
         if DYNAMIC:
@@ -173,18 +175,22 @@ def _producer_varlen(descs, smem, bars, problem, window, tile_counter, varlen,
                                                window_right, BLOCK_M, BLOCK_N, HAS_LEFT,
                                                HAS_RIGHT)
             mbarrier.wait(q_empty, (tile_iter & 1) ^ 1)
-            _publish_varlen_tile(tile_slot, tile, h, m_block, q_off, len_q, k_off, len_k)
+            _publish_varlen_tile(tile_slot, tile, h, m_block, q_off, len_q, k_off, len_k, seq)
             # rows past the sequence's end load the next sequence's queries (or TMA's zeros
             # past the tensor): computed, never stored
             _load_q(q_desc, q_smem, q_ready, 0, h, q_off + m_start)
+            # FP8: V^T (v_layout.wgmma_ordered_vt_varlen) holds sequence b from position
+            # 32 * (b + k_off // 32), a whole wgmma key group, with zeros up to the next one
+            vt_off = 32 * (seq + k_off // 32)
             for j in range(n_blocks):
                 # keys past the sequence's end are the next sequence's: the key mask hides them
-                kv_count = _load_kv(descs, smem, bars, kv_count, 0,
-                                    k_off + (lo_blk + j) * BLOCK_N, h_k)
+                n_start = (lo_blk + j) * BLOCK_N
+                kv_count = _load_kv(descs, smem, bars, kv_count, 0, k_off + n_start, h_k,
+                                    vt_off + n_start)
             tile_iter += 1
         tile = next_tile
     mbarrier.wait(q_empty, (tile_iter & 1) ^ 1)
-    _publish_varlen_tile(tile_slot, tile, 0, 0, 0, 0, 0, 0)
+    _publish_varlen_tile(tile_slot, tile, 0, 0, 0, 0, 0, 0, 0)
     mbarrier.arrive(q_ready)
 
 
@@ -198,8 +204,8 @@ def _clamped_load(ptr, i, upper):
 @gluon.jit
 def _varlen_tile(tile, varlen, n_seqs, n_g, n_heads, heads_per_group, total_q, total_k,
                  BLOCK_M: gl.constexpr, LONGEST_FIRST: gl.constexpr):
-    """(head, m block, q offset, q length, k offset, k length) of varlen tile ``tile``; an m
-    block at or past the q length marks a slot to skip.
+    """(sequence, head, m block, q offset, q length, k offset, k length) of varlen tile
+    ``tile``; an m block at or past the q length marks a slot to skip.
 
     A head has n_g tile slots g. Sequence b owns the slots [start(b), start(b + 1)) with
     start(b) = b + cu_seqlens_q[b] // BLOCK_M: no scan of the lengths is needed (the host
@@ -226,15 +232,15 @@ def _varlen_tile(tile, varlen, n_seqs, n_g, n_heads, heads_per_group, total_q, t
     k_off = _clamped_load(cu_k_ptr, lo, total_k)
     len_k = gl.maximum(_clamped_load(cu_k_ptr, lo + 1, total_k) - k_off, 0)
     m_block = g - (lo + q_off // BLOCK_M)
-    return h, m_block, q_off, len_q, k_off, len_k
+    return lo, h, m_block, q_off, len_q, k_off, len_k
 
 
-# varlen hand-off slot: [tile, head, m block, q offset, q length, k offset, k length, -]
+# varlen hand-off slot: [tile, head, m block, q offset, q length, k offset, k length, sequence]
 VARLEN_SLOT = gl.constexpr(8)
 
 
 @gluon.jit
-def _publish_varlen_tile(tile_slot, tile, h, m_block, q_off, len_q, k_off, len_k):
+def _publish_varlen_tile(tile_slot, tile, h, m_block, q_off, len_q, k_off, len_k, seq):
     """Producer -> consumers (VARLEN): the next tile and its sequence's geometry, found once
     by the producer (its binary search runs ahead of the consumers)."""
     layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
@@ -247,6 +253,7 @@ def _publish_varlen_tile(tile_slot, tile, h, m_block, q_off, len_q, k_off, len_k
     vals = gl.where(idx == 4, zero + len_q, vals)
     vals = gl.where(idx == 5, zero + k_off, vals)
     vals = gl.where(idx == 6, zero + len_k, vals)
+    vals = gl.where(idx == 7, zero + seq, vals)
     tile_slot.store(vals)
 
 
@@ -264,13 +271,13 @@ SLOT_READ = gl.constexpr(gl.BlockedLayout([8], [32], [4], [0]))
 @gluon.jit
 def _read_varlen_tile(tile_slot):
     """Consumer side of _publish_varlen_tile (after q_ready's wait): (tile, head, m block,
-    q offset, q length, k offset, k length)."""
+    q offset, q length, k offset, k length, sequence)."""
     layout: gl.constexpr = SLOT_READ
     vals = tile_slot.load(layout)
     idx = gl.arange(0, VARLEN_SLOT, layout)
     return (_slot_entry(vals, idx, 0), _slot_entry(vals, idx, 1), _slot_entry(vals, idx, 2),
             _slot_entry(vals, idx, 3), _slot_entry(vals, idx, 4), _slot_entry(vals, idx, 5),
-            _slot_entry(vals, idx, 6))
+            _slot_entry(vals, idx, 6), _slot_entry(vals, idx, 7))
 
 
 @gluon.jit
@@ -304,9 +311,10 @@ def _load_q(q_desc, q_smem, q_ready, b, h, m_start):
 
 
 @gluon.jit
-def _load_kv(descs, smem, bars, kv_count, b, n_start, h_k):
-    """TMA loads of key block ``n_start`` (K, then V) into ring slot ``kv_count % NUM_STAGES``,
-    each once every consumer has released the slot. Returns ``kv_count + 1``."""
+def _load_kv(descs, smem, bars, kv_count, b, n_start, h_k, v_start):
+    """TMA loads of key block ``n_start`` (K, then V from key ``v_start``: the same key, whose
+    position differs in a varlen FP8 V^T) into ring slot ``kv_count % NUM_STAGES``, each once
+    every consumer has released the slot. Returns ``kv_count + 1``."""
     q_desc, k_desc, v_desc, o_desc = descs
     q_smem, k_smem, v_smem, o_smem, tile_slot, ones_smem = smem
     q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn = bars
@@ -315,9 +323,9 @@ def _load_kv(descs, smem, bars, kv_count, b, n_start, h_k):
     phase = (kv_count // NUM_STAGES) & 1
     ring_load(k_desc, [b, n_start, h_k, 0], k_smem, k_ready, k_empty, stage, phase)
     if v_desc.dtype == gl.float8e4nv:  # FP8: V^T, (b, h_k, d_v, s_k) keys contiguous
-        ring_load(v_desc, [b, h_k, 0, n_start], v_smem, v_ready, v_empty, stage, phase)
+        ring_load(v_desc, [b, h_k, 0, v_start], v_smem, v_ready, v_empty, stage, phase)
     else:
-        ring_load(v_desc, [b, n_start, h_k, 0], v_smem, v_ready, v_empty, stage, phase)
+        ring_load(v_desc, [b, v_start, h_k, 0], v_smem, v_ready, v_empty, stage, phase)
     return kv_count + 1
 
 
@@ -531,9 +539,8 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
         mbarrier.wait(q_ready, 0)
         tile = _read_tile(tile_slot)
     while tile < n_tiles:
-        if VARLEN:  # (this tile's sequence: its rows start at q_off, its keys at k_off)
-            _, h, m_block, q_off, len_q, k_off, len_k = _read_varlen_tile(tile_slot)
-            b = 0
+        if VARLEN:  # (this tile's sequence b: its rows start at q_off, its keys at k_off)
+            _, h, m_block, q_off, len_q, k_off, len_k, b = _read_varlen_tile(tile_slot)
         else:
             b, h, m_block = tile_coords(tile, n_m_blocks, n_heads, n_bh, heads_per_group,
                                         LONGEST_FIRST)
@@ -549,8 +556,9 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
                 mbarrier.wait(q_empty, (tile_iter & 1) ^ 1)
                 _load_q(q_desc, q_smem, q_ready, b, h, m_start)
                 for i in range(gl.minimum(n_blocks, NUM_STAGES)):
-                    load_count = _load_kv(descs, smem, bars, load_count, b,
-                                          (lo_blk + i) * BLOCK_N, h_k)
+                    n_load = (lo_blk + i) * BLOCK_N
+                    load_count = _load_kv(descs, smem, bars, load_count, b, n_load, h_k,
+                                          n_load)
             mbarrier.wait(q_ready, tile_iter & 1)
         m_i = gl.full([HALF_M], float("-inf"), gl.float32, ROW_S)
         l_i = gl.zeros([HALF_M], gl.float32, ROW_S)
@@ -665,8 +673,9 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
                 if NO_WS:
                     if WG == 0:  # block j - 1's slot is free once the other warpgroup agrees
                         if j - 1 + NUM_STAGES < n_blocks:
-                            load_count = _load_kv(descs, smem, bars, load_count, b,
-                                                  (lo_blk + j - 1 + NUM_STAGES) * BLOCK_N, h_k)
+                            n_load = (lo_blk + j - 1 + NUM_STAGES) * BLOCK_N
+                            load_count = _load_kv(descs, smem, bars, load_count, b, n_load,
+                                                  h_k, n_load)
                 if INTRA_OVERLAP == 2:
                     alpha_o = gl.convert_layout(alpha, ROW_O)  # applied before PV_j's issue
                 else:
@@ -913,8 +922,7 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
         gl.static_assert(o_desc.block_type.shape[3] == q_desc.block_type.shape[3])  # O in Q's slot
         o_smem = q_smem
 
-    gl.static_assert(not VARLEN or (q_desc.dtype != gl.float8e4nv and not NO_WS
-                                     and not BOTTOM_ALIGN))
+    gl.static_assert(not VARLEN or (not NO_WS and not BOTTOM_ALIGN))
     if VARLEN:  # the tile and its sequence's geometry (_publish_varlen_tile)
         tile_slot = gl.allocate_shared_memory(gl.int32, [VARLEN_SLOT],
                                               gl.SwizzledSharedLayout(1, 1, 1, [0]))

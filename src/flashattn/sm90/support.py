@@ -155,13 +155,15 @@ def call_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 def fp8_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: Any,
-                    scales: Any, out_dtype: Optional[torch.dtype] = None) -> Optional[str]:
+                    scales: Any, out_dtype: Optional[torch.dtype] = None,
+                    varlen: bool = False) -> Optional[str]:
     """Why this FP8 forward is not covered by the Gluon FP8 kernel (None when it is): e4m3
     q / k / v, head dims of HEAD_DIMS, TMA-aligned q / k, and scale blocks no smaller than the
     kernel's tiles (one Q descale per consumer warpgroup's rows, one K / V descale per key
     block), and O's slot of ``out_dtype`` (None: 16-bit) within an SM's shared memory (a
     float32 O doubles it: d = 192 / 256 do not fit). ``params``: AttnParams; ``scales``:
-    params.Fp8Scales."""
+    params.Fp8Scales. ``varlen``: q / k / v are the (1, total, h, d) views of a packed call
+    (whose config never takes the long-causal tiles: sm90/fwd.flash_fwd_hopper_fp8_varlen)."""
     from flashattn.sm90.config import (SMEM_LIMIT, fp8_fwd_config, fp8_long_causal,  # (data)
                                        fp8_smem_bytes)
 
@@ -181,7 +183,7 @@ def fp8_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: A
     wl, wr = params.window_left, params.window_right
     cfg = fp8_fwd_config(d, d_v, params.softcap > 0.0, wl >= 0 or wr >= 0,
                          kv_block_keys=1 << scales.kv_block_shift,
-                         long_causal=fp8_long_causal(wl, wr, k.shape[1]))
+                         long_causal=not varlen and fp8_long_causal(wl, wr, k.shape[1]))
     if out_dtype == torch.float32:
         smem = fp8_smem_bytes(cfg, d, d_v, 4)
         if smem > SMEM_LIMIT:

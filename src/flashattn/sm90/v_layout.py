@@ -45,6 +45,71 @@ def _wgmma_vt_kernel(V, Out, s_k, s_pad, n_heads, stride_vb, stride_vs, stride_v
     tl.store(dst, tile, mask=(pos[:, None] < s_pad) & (dims[None, :] < HEAD_DIM))
 
 
+@triton.jit
+def _wgmma_vt_varlen_kernel(V, Out, cu_k, n_seqs, total_k, s_total, n_heads, stride_vs,
+                            stride_vh, stride_vd, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                            BLOCK_S: tl.constexpr):
+    """One (sequence, head, BLOCK_S positions) tile of the packed V^T: sequence b's keys from
+    position start(b) = 32 (b + cu_k[b] // 32) in wgmma order, zeros from its end up to
+    start(b + 1) (s_total for the last one)."""
+    pid_bh = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    b = pid_bh // n_heads
+    off_h = pid_bh % n_heads
+    # (offsets clamped to the tensor: whatever cu_k holds, nothing outside V or Out is touched)
+    k0 = tl.minimum(tl.maximum(tl.load(cu_k + b), 0), total_k)
+    k1 = tl.minimum(tl.maximum(tl.load(cu_k + b + 1), 0), total_k)
+    seq_len = tl.maximum(k1 - k0, 0)
+    start = 32 * (b + k0 // 32)
+    end = tl.where(b + 1 < n_seqs, 32 * (b + 1 + k1 // 32), s_total)
+    local = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
+    keys = ((local >> 5) << 5) | (((local >> 4) & 1) << 4) | (((local >> 1) & 1) << 3) \
+        | (((local >> 2) & 3) << 1) | (local & 1)
+    dims = tl.arange(0, BLOCK_D)
+    src = V + off_h.to(tl.int64) * stride_vh + (k0 + keys).to(tl.int64)[:, None] * stride_vs \
+        + dims.to(tl.int64)[None, :] * stride_vd
+    tile = tl.load(src, mask=(keys[:, None] < seq_len) & (dims[None, :] < HEAD_DIM), other=0)
+    pos = start + local
+    dst = Out + (off_h.to(tl.int64) * HEAD_DIM + dims.to(tl.int64)[None, :]) * s_total \
+        + pos.to(tl.int64)[:, None]
+    keep = (pos < tl.minimum(end, s_total)) & (pos >= 0)
+    tl.store(dst, tile, mask=keep[:, None] & (dims[None, :] < HEAD_DIM))
+
+
+def varlen_vt_positions(n_seqs: int, total_k: int) -> int:
+    """Key positions of a packed V^T (wgmma_ordered_vt_varlen): sequence b starts at
+    32 (b + cu_k[b] // 32) <= 32 (n_seqs - 1) + cu_k[b], so 32 (n_seqs + total_k // 32) covers
+    every sequence's keys (a multiple of 32: TMA's 16-byte row stride holds)."""
+    return 32 * (n_seqs + total_k // 32)
+
+
+def wgmma_ordered_vt_varlen(v8: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_k: int,
+                            block_n: int) -> torch.Tensor:
+    """Packed V (total_k, h_k, d_v) float8_e4m3fn, any strides, and its int32 (b + 1,)
+    offsets -> a (1, s_total, h_k, d_v) view of a (1, h_k, d_v, s_total) V^T in which sequence
+    b's keys start at position 32 (b + cu_seqlens_k[b] // 32) in wgmma key order (module doc),
+    so every key block of a sequence starts on a whole key group, as the FP8 forward's P·V
+    needs. Positions between one sequence's keys and the next one's are zeros (the forward's
+    key blocks read up to ``block_n`` positions past a sequence's end; P is 0 there, and
+    0 x NaN would be NaN). s_total = varlen_vt_positions(b, total_k); the lengths stay on the
+    device (``max_seqlen_k``, the caller's bound, sizes the grid)."""
+    total_k, h, d = v8.shape
+    n_seqs = cu_seqlens_k.shape[0] - 1
+    s_total = varlen_vt_positions(n_seqs, total_k)
+    out = torch.empty((1, h, d, s_total), dtype=torch.uint8, device=v8.device)
+    if out.numel() and n_seqs > 0:
+        src = v8.view(torch.uint8)
+        block_s = 64
+        # a sequence's region is at most its length + 63 positions; its key blocks read up to
+        # block_n past its end
+        span = max_seqlen_k + 64 + block_n
+        launch_jit(_wgmma_vt_varlen_kernel, (n_seqs * h, triton.cdiv(span, block_s)),
+                   (src, out, cu_seqlens_k, n_seqs, total_k, s_total, h, *src.stride()),
+                   dict(HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), BLOCK_S=block_s,
+                        num_warps=4))
+    return out.view(FP8_DTYPE).permute(0, 3, 1, 2)
+
+
 def wgmma_ordered_vt(v8: torch.Tensor, into: Optional[torch.Tensor] = None,
                      plan_out: Optional[list] = None) -> torch.Tensor:
     """V (b, s_k, h_k, d_v) float8_e4m3fn, any strides -> a (b, s_pad, h_k, d_v) view of a
@@ -95,4 +160,4 @@ class VtCall:
         return self.plan is not None and self.plan.replay((v_address, into_address))
 
 
-__all__ = ["VtCall", "wgmma_ordered_vt"]
+__all__ = ["VtCall", "varlen_vt_positions", "wgmma_ordered_vt", "wgmma_ordered_vt_varlen"]

@@ -10,6 +10,8 @@ the dense call with as many sequences of equal length (16k / count) runs as ``fl
 
 ``flashattn`` is the auto dispatch; ``flashattn-portable`` / ``flashattn-hopper`` force one
 kernel family (the Hopper forward's varlen mode; the backward of a packed call is portable).
+``fp8`` / ``fp8-portable`` / ``fp8-dense``: the same batches cast to e4m3 through FA3's FP8 API
+(unit descales; forward only), auto / portable kernels / equal lengths dense.
 """
 from __future__ import annotations
 
@@ -63,6 +65,24 @@ def build(impl: str, lengths: List[int], causal: bool, q, k, v) -> Callable[[], 
             with flashattn.use_backend(name):
                 return flashattn.flash_attn_varlen_func(q, k, v, cu, cu, m, m, causal=causal)
         return forced
+    if impl.startswith("fp8"):  # FA3's FP8 API: e4m3 q / k / v, one descale per (seq, head)
+        f8 = torch.float8_e4m3fn
+        q8, k8, v8 = (x.detach().to(f8) for x in (q, k, v))
+        n = len(lengths)
+        if impl == "fp8-dense":  # equal lengths at the mean
+            s = TOKENS // n
+            q8, k8, v8 = (x[: s * n].view(n, s, H, D) for x in (q8, k8, v8))
+        ones = torch.ones(n, H, device="cuda")
+        kw = dict(causal=causal, q_descale=ones, k_descale=ones, v_descale=ones)
+        if impl == "fp8-dense":
+            return lambda: flashattn.flash_attn_func(q8, k8, v8, **kw)
+        cu, m = _cu(lengths, "cuda"), max(lengths)
+        name = "portable" if impl == "fp8-portable" else "auto"
+
+        def fp8_varlen():
+            with flashattn.use_backend(name):
+                return flashattn.flash_attn_varlen_func(q8, k8, v8, cu, cu, m, m, **kw)
+        return fp8_varlen
     if impl == "flashattn-dense":  # equal lengths at the mean: what varlen should approach
         n = TOKENS // len(lengths)
         qd, kd, vd = (x[: n * len(lengths)].view(len(lengths), n, H, D) for x in (q, k, v))
@@ -134,7 +154,7 @@ def main() -> int:
                     try:
                         ms = measure(impl, lengths, causal, mode)
                         work = ([TOKENS // len(lengths)] * len(lengths)
-                                if impl == "flashattn-dense" else lengths)
+                                if impl in ("flashattn-dense", "fp8-dense") else lengths)
                         tf = useful_flops(work, causal, mode) / ms * 1e-9
                         err = None
                     except Exception as exc:  # an anchor that cannot run this shape

@@ -75,3 +75,22 @@ def test_varlen_pass_starts_every_sequence_on_a_key_group(lens, block_n):
             later |= set((s2 + F.wgmma_key_position(torch.arange(lens[b2]))).tolist())
         rest = [p for p in rest if p not in later]
         assert (got[0, rest].float() == 0).all(), b
+
+
+@pytest.mark.parametrize("cu,total", [([0, 5, 9], 20), ([3, 5, 9], 9), ([0, 9], 9), ([4], 70),
+                                      ([0, 100, 1000], 50)])
+def test_clear_uncovered_rows(cu, total):
+    """sm90/varlen_rows.py (interpreter): rows outside [cu[0], cu[-1]) become 0 / -inf, the
+    others keep what the forward wrote; offsets past total_q are clamped."""
+    pytest.importorskip("triton")
+    from flashattn.sm90.varlen_rows import clear_uncovered_rows
+
+    h, d = 3, 40
+    out = torch.full((total, h, d), 7.0, dtype=torch.bfloat16)
+    lse = torch.full((h, total), 5.0)
+    clear_uncovered_rows(out, lse, torch.tensor(cu, dtype=torch.int32))
+    first, last = min(cu[0], total), min(cu[-1], total)
+    covered = torch.zeros(total, dtype=torch.bool)
+    covered[first:last] = True
+    assert (out[covered] == 7).all() and (out[~covered] == 0).all()
+    assert (lse[:, covered] == 5).all() and torch.isneginf(lse[:, ~covered]).all()

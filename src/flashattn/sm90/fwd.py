@@ -11,6 +11,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 import torch
 
 from flashattn.sm90.v_layout import wgmma_ordered_vt, wgmma_ordered_vt_varlen
+from flashattn.sm90.varlen_rows import clear_uncovered_rows
 from flashattn.sm90.config import FwdConfig, fp8_fwd_config, fp8_long_causal, fwd_config
 from flashattn.params import Fp8Scales
 from flashattn.sm90.descriptors import LOG2E, heads_per_group, keys_major_desc, tensor_desc
@@ -194,9 +195,10 @@ def flash_fwd_hopper_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      head_dim_v=head_dim_v if head_dim_v != head_dim else None,
                      **(config_overrides or {}))
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
-    # zeros / -inf: rows past cu_seqlens_q[-1] belong to no sequence and no tile writes them
-    out = torch.zeros((total_q, n_heads, head_dim_v), dtype=q.dtype, device=q.device)
-    lse = torch.full((n_heads, total_q), float("-inf"), dtype=torch.float32, device=q.device)
+    out = torch.empty((total_q, n_heads, head_dim_v), dtype=q.dtype, device=q.device)
+    lse = torch.empty((n_heads, total_q), dtype=torch.float32, device=q.device)
+    # rows of no sequence (past cu_seqlens_q[-1]): 0 / -inf; no tile writes them
+    clear_uncovered_rows(out, lse, cu_seqlens_q)
     counter = _tile_counter(cfg, window_right, lse, varlen=True)
     q4, k4, v4, out4 = (t.unsqueeze(0) for t in (q, k, v, out))
     key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.device,
@@ -297,8 +299,9 @@ def flash_fwd_hopper_fp8_varlen(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Te
                          **(config_overrides or {}))
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     vt = wgmma_ordered_vt_varlen(v8, cu_seqlens_k, max_seqlen_k, cfg.block_n)
-    out = torch.zeros((total_q, n_heads, head_dim_v), dtype=out_dtype, device=q8.device)
-    lse = torch.full((n_heads, total_q), float("-inf"), dtype=torch.float32, device=q8.device)
+    out = torch.empty((total_q, n_heads, head_dim_v), dtype=out_dtype, device=q8.device)
+    lse = torch.empty((n_heads, total_q), dtype=torch.float32, device=q8.device)
+    clear_uncovered_rows(out, lse, cu_seqlens_q)  # (rows of no sequence: 0 / -inf)
     counter = _tile_counter(cfg, window_right, lse, varlen=True)
     q4, k4, out4 = (t.unsqueeze(0) for t in (q8, k8, out))
     key = (q8.shape, k8.shape, vt.shape, q8.stride(), k8.stride(), out_dtype, q8.device,

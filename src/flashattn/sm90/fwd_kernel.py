@@ -180,13 +180,17 @@ def _producer_varlen(descs, smem, bars, problem, window, tile_counter, varlen,
             # past the tensor): computed, never stored
             _load_q(q_desc, q_smem, q_ready, 0, h, q_off + m_start)
             # FP8: V^T (v_layout.wgmma_ordered_vt_varlen) holds sequence b from position
-            # 32 * (b + k_off // 32), a whole wgmma key group, with zeros up to the next one
-            vt_off = 32 * (seq + k_off // 32)
+            # 32 * (b + k_off // 32), a whole wgmma key group, with zeros up to the next one;
+            # a 16-bit V's keys sit where K's do
+            if v_desc.dtype == gl.float8e4nv:
+                v_off = 32 * (seq + k_off // 32)
+            else:
+                v_off = k_off
             for j in range(n_blocks):
                 # keys past the sequence's end are the next sequence's: the key mask hides them
                 n_start = (lo_blk + j) * BLOCK_N
                 kv_count = _load_kv(descs, smem, bars, kv_count, 0, k_off + n_start, h_k,
-                                    vt_off + n_start)
+                                    v_off + n_start)
             tile_iter += 1
         tile = next_tile
     mbarrier.wait(q_empty, (tile_iter & 1) ^ 1)

@@ -1,0 +1,71 @@
+"""Where an FP8 varlen call's time goes (H100): eager do_bench, the same call replayed in a
+CUDA graph (GPU time alone), host time per call (launches queued without a sync), and a
+cProfile of the host path's top functions.
+
+    python benchmarks/probes/varlen_fp8_host.py [--mean 1024] [--causal] [--bf16]
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import sys
+import time
+
+import torch
+import triton
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
+sys.path.insert(0, os.path.dirname(__file__))
+import flashattn  # noqa: E402
+from varlen_probe import D, H, _cu, ragged_lengths  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mean", type=int, default=1024)
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--bf16", action="store_true")
+    args = ap.parse_args()
+    lengths = ragged_lengths(args.mean)
+    cu, m, total = _cu(lengths, "cuda"), max(lengths), sum(lengths)
+    x = [torch.randn(total, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+    kw = dict(causal=args.causal)
+    if not args.bf16:
+        x = [t.to(torch.float8_e4m3fn) for t in x]
+        ones = torch.ones(len(lengths), H, device="cuda")
+        kw.update(q_descale=ones, k_descale=ones, v_descale=ones)
+    fn = lambda: flashattn.flash_attn_varlen_func(*x, cu, cu, m, m, **kw)  # noqa: E731
+    fn()
+    eager = triton.testing.do_bench(fn, warmup=10, rep=60)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    gpu = triton.testing.do_bench(graph.replay, warmup=10, rep=60)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(50):
+        fn()
+    host = (time.perf_counter() - t0) / 50 * 1e3
+    torch.cuda.synchronize()
+    print(f"{'bf16' if args.bf16 else 'fp8'} mean {args.mean} causal={int(args.causal)} "
+          f"({len(lengths)} seqs): eager {eager:.3f} ms, graph replay {gpu:.3f} ms, "
+          f"host {host:.3f} ms/call")
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(20):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(14)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -119,8 +119,10 @@ def compile_fwd_variant(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, c
         overrides = {k: v for k, v in overrides.items() if k != "out_f32"} or None
     # packed sequences (the kernel's VARLEN mode), a variant switch too
     varlen = bool((overrides or {}).get("varlen"))
-    if overrides and "varlen" in overrides:
-        overrides = {k: v for k, v in overrides.items() if k != "varlen"} or None
+    seqused = bool((overrides or {}).get("seqused"))  # varlen with seqused_k
+    if overrides and ("varlen" in overrides or "seqused" in overrides):
+        overrides = {k: v for k, v in overrides.items()
+                     if k not in ("varlen", "seqused")} or None
     lse = torch.empty((b, h, s), dtype=torch.float32)
     if dtype == torch.float8_e4m3fn:  # FP8: V keys contiguous, bf16 O, descale tables
         from flashattn.fp8_format import keys_contiguous_empty
@@ -152,7 +154,8 @@ def compile_fwd_variant(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, c
         q, out = (t.reshape(1, b * s, h, -1) for t in (q, out))
         lse = lse.reshape(h, b * s)
         cu = torch.zeros(b + 1, dtype=torch.int32)
-        layout = VarlenLayout(cu, cu, out[0])
+        layout = VarlenLayout(cu, cu, out[0],
+                              torch.zeros(b, dtype=torch.int32) if seqused else None)
         if dtype == torch.float8_e4m3fn:  # packed V^T, one descale per (sequence, head)
             from flashattn.params import ONE_BLOCK_SHIFT
             from flashattn.sm90.v_layout import varlen_vt_positions

@@ -445,7 +445,8 @@ def varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
     family = varlen_forward_family(q, k, v, cu_seqlens_q.shape[0] - 1, seqused_k, params,
                                    return_softmax)
     if family == "hopper":
-        return backend("hopper").varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, params)
+        return backend("hopper").varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                                            params)
     return backend(family).varlen_fwd(
         q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, params,
         return_softmax)
@@ -1097,15 +1098,16 @@ def fp8_varlen_forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
                        scales: Fp8Scales, params: AttnParams, out_dtype: torch.dtype
                        ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Packed varlen FP8 forward: (out (total_q, h, d_v), lse (h, total_q)); one descale per
-    (sequence, head). The Hopper FP8 kernel's varlen mode takes the calls it covers (no
-    seqused_k; the dense FP8 rules over the (1, total, h, d) views)."""
-    if seqused_k is None and family_for(q8) == "hopper":
+    (sequence, head). The Hopper FP8 kernel's varlen mode takes the calls it covers (the
+    dense FP8 rules over the (1, total, h, d) views; seqused_k included)."""
+    if family_for(q8) == "hopper":
         from flashattn.sm90.support import fp8_unsupported
 
         views = (q8.unsqueeze(0), k8.unsqueeze(0), v8.unsqueeze(0))
         if fp8_unsupported(*views, params, scales, out_dtype, varlen=True) is None:
             return backend("hopper").fp8_varlen_fwd(q8, k8, v8, cu_seqlens_q, cu_seqlens_k,
-                                                    max_seqlen_k, scales, params, out_dtype)
+                                                    seqused_k, max_seqlen_k, scales, params,
+                                                    out_dtype)
     name = select("fp8_varlen_fwd", q8)
     return backend(name).fp8_varlen_fwd(q8, k8, v8, cu_seqlens_q, cu_seqlens_k, seqused_k,
                                         max_seqlen_q, max_seqlen_k, scales, params, out_dtype)

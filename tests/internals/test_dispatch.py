@@ -430,7 +430,7 @@ def _attn_params(**kw):
     ("hopper", 16, {}, False, "hopper"),          # forcing ignores the speed rule
     ("auto", 4, dict(causal=True, window_right=0), False, "hopper"),
     ("auto", 4, dict(softcap=30.0, window_left=64), False, "hopper"),
-    ("auto", 4, {}, True, "portable"),            # seqused_k: not wired into the kernel
+    ("auto", 4, {}, True, "hopper"),              # seqused_k: read by the producer warp
     ("hopper", 4, dict(dropout_p=0.1), False, "portable"),
     ("hopper", 4, dict(alibi_slopes=torch.ones(8)), False, "portable"),
     ("portable", 4, {}, False, "portable"),
@@ -454,8 +454,9 @@ def test_varlen_forward_reaches_the_hopper_backend(env, monkeypatch, fake_backen
     varlen_fwd with the offsets as given; the backward stays on the portable one."""
     calls = fake_backends
 
-    def varlen_fwd(q, k, v, cu_q, cu_k, p):
-        calls.append(("hopper.varlen_fwd", cu_q.tolist(), cu_k.tolist(), p.window_right))
+    def varlen_fwd(q, k, v, cu_q, cu_k, seqused_k, p):
+        calls.append(("hopper.varlen_fwd", cu_q.tolist(), cu_k.tolist(), p.window_right,
+                      seqused_k))
         return (torch.zeros(q.shape[0], q.shape[1], v.shape[-1], dtype=q.dtype),
                 torch.zeros(q.shape[1], q.shape[0]), None)
 
@@ -476,4 +477,5 @@ def test_varlen_forward_reaches_the_hopper_backend(env, monkeypatch, fake_backen
     cu_k = torch.tensor([0, 5, 12], dtype=torch.int32)
     out = flash_attn_varlen_func(q, k, k, cu_q, cu_k, 6, 7, causal=True)
     out.float().sum().backward()
-    assert calls == [("hopper.varlen_fwd", [0, 4, 10], [0, 5, 12], 0), ("portable.varlen_bwd",)]
+    assert calls == [("hopper.varlen_fwd", [0, 4, 10], [0, 5, 12], 0, None),
+                     ("portable.varlen_bwd",)]

@@ -58,6 +58,7 @@ VARIANTS = (
     + [(d, "bfloat16", c, (-1, -1), 0.0, {"varlen": True})
        for d, c in ((128, False), (128, True), (64, True), (96, False), (256, True),
                     ((192, 128), True))]
+    + [(128, "bfloat16", True, (-1, -1), 0.0, {"varlen": True, "seqused": True})]
     # FP8 (e4m3 Q, K, V^T; bf16 O): every head dim, masks, softcap, d != d_v
     + [(d, "float8_e4m3fn", c, (-1, -1), 0.0, None) for d in (64, 96, 128, 192, 256)
        for c in (False, True)]
@@ -217,9 +218,9 @@ def test_fwd_variant_compiles_without_spills(variant, reports, capsys):
     from flashattn.sm90.config import fp8_fwd_config, fwd_config
 
     d, d_v = variant[0] if isinstance(variant[0], tuple) else (variant[0], variant[0])
-    # sink, seqlen, long_causal, out_f32 and varlen: variant switches, no config fields
+    # sink, seqlen, long_causal, out_f32, varlen, seqused: variant switches, no config fields
     fields = {k: x for k, x in (variant[5] or {}).items()
-              if k not in ("sink", "seqlen", "long_causal", "out_f32", "varlen")}
+              if k not in ("sink", "seqlen", "long_causal", "out_f32", "varlen", "seqused")}
     if variant[1] == "float8_e4m3fn":
         cfg = fp8_fwd_config(d, d_v, variant[4] > 0.0,
                              masked=variant[2] or max(variant[3]) >= 0, **fields)

@@ -64,6 +64,11 @@ CASES = [
     VCase((700, 1, 1100, 0), (700, 50, 1100, 3), d=256, dtype=torch.bfloat16, h=2, h_k=1),
     VCase((700, 1, 1100, 0), (700, 50, 1100, 3), d=256, dtype=torch.float16, h=2, h_k=2,
           window=(100, 0)),
+    # seqused_k (FA3's varlen): only the first seqused_k[b] keys of each slot, 0 and 1 too
+    VCase((2048, 100, 0, 1500, 77), (3000, 1000, 64, 1500, 90), d=128, dtype=torch.bfloat16,
+          h=8, h_k=2, causal=True, seqused_k=(2500, 1, 0, 1200, 0)),
+    VCase((2048, 100, 1500), (3000, 1000, 1500), d=64, dtype=torch.bfloat16, h=4, h_k=4,
+          seqused_k=(3000, 999, 33)),
 ]
 
 
@@ -127,8 +132,8 @@ def test_cuda_graph_replays_new_lengths(hopper_varlen_calls):
 
 
 def test_auto_dispatch_takes_hopper_for_long_sequences(monkeypatch):
-    """auto: packed calls with a long mean key length start from the Hopper kernel; seqused_k
-    and short sequences stay portable."""
+    """auto: packed calls with a long mean key length start from the Hopper kernel (with
+    seqused_k too); short sequences stay portable."""
     set_env(monkeypatch, FLASHATTN_BACKEND="auto")
     q = torch.empty(8192, 8, 128, device="cuda", dtype=torch.bfloat16)
     from flashattn.params import AttnParams
@@ -139,27 +144,30 @@ def test_auto_dispatch_takes_hopper_for_long_sequences(monkeypatch):
     assert dispatch.varlen_forward_family(q, q, q, 2, None, p) == "hopper"
     assert dispatch.varlen_forward_family(q, q, q, 64, None, p) == "portable"  # mean 128 < 512
     used = torch.zeros(2, dtype=torch.int32, device="cuda")
-    assert dispatch.varlen_forward_family(q, q, q, 2, used, p) == "portable"
+    assert dispatch.varlen_forward_family(q, q, q, 2, used, p) == "hopper"
 
 
 # FP8 (e4m3 Q, K, V; one descale per sequence and KV head, FA3's varlen API): the packed V^T
 # puts every sequence on a whole wgmma key group, so lengths off a multiple of 32 matter here
 FP8_LENS = (300, 0, 1000, 17, 1, 129)
 FP8_LENS_K = (333, 5, 900, 64, 40, 129)
-FP8_CASES = [  # (d, d_v, lens_k, causal, window, softcap, out_dtype)
+FP8_CASES = [  # (d, d_v, lens_k, causal, window, softcap, out_dtype[, seqused_k])
     (64, 64, FP8_LENS, True, (-1, -1), 0.0, torch.bfloat16),
     (128, 128, FP8_LENS, False, (-1, -1), 0.0, torch.bfloat16),
     (128, 128, FP8_LENS_K, True, (-1, -1), 0.0, torch.float32),
     (128, 128, FP8_LENS_K, False, (100, 20), 30.0, torch.bfloat16),
     (256, 256, FP8_LENS, True, (-1, -1), 0.0, torch.bfloat16),
     (192, 128, FP8_LENS_K, True, (-1, -1), 0.0, torch.bfloat16),
+    (128, 128, FP8_LENS_K, True, (-1, -1), 0.0, torch.bfloat16, (300, 1, 899, 0, 40, 64)),
 ]
 
 
-@pytest.mark.parametrize("d,d_v,lens_k,causal,window,softcap,out_dtype", FP8_CASES)
-def test_hopper_varlen_fp8(d, d_v, lens_k, causal, window, softcap, out_dtype, monkeypatch):
+@pytest.mark.parametrize("case", FP8_CASES)
+def test_hopper_varlen_fp8(case, monkeypatch):
     from flashattn.reference import attention_fp8_ref
 
+    d, d_v, lens_k, causal, window, softcap, out_dtype = case[:7]
+    used = case[7] if len(case) > 7 else lens_k
     set_env(monkeypatch, FLASHATTN_BACKEND="hopper")
     calls = []
     real = sm90_fwd.flash_fwd_hopper_fp8_varlen
@@ -174,17 +182,20 @@ def test_hopper_varlen_fp8(d, d_v, lens_k, causal, window, softcap, out_dtype, m
     v8 = (torch.randn(tk, h_k, d_v, device="cuda") * 3).to(torch.float8_e4m3fn)
     b = len(FP8_LENS)
     qd, kd, vd = (torch.rand(b, h_k, device="cuda") + 0.1 for _ in range(3))
-    out = flash_attn_varlen_func(q8, k8, v8, cu_q, cu_k, max(FP8_LENS), max(lens_k),
+    seqused = (None if len(case) == 7
+               else torch.tensor(used, dtype=torch.int32, device="cuda"))
+    out = flash_attn_varlen_func(q8, k8, v8, cu_q, cu_k, max(FP8_LENS), max(used),
                                  causal=causal, window_size=window, softcap=softcap,
-                                 q_descale=qd, k_descale=kd, v_descale=vd, out_dtype=out_dtype)
+                                 q_descale=qd, k_descale=kd, v_descale=vd, out_dtype=out_dtype,
+                                 seqused_k=seqused)
     assert calls, "the Hopper FP8 varlen kernel did not run"
     assert out.dtype == out_dtype and out.shape == (tq, h, d_v)
     kw = dict(causal=causal, window_size=window, softcap=softcap)
-    for i, (n, m) in enumerate(zip(FP8_LENS, lens_k)):
+    for i, (n, m) in enumerate(zip(FP8_LENS, used)):
         if n == 0:
             continue
         sq = slice(int(cu_q[i]), int(cu_q[i + 1]))
-        sk = slice(int(cu_k[i]), int(cu_k[i + 1]))
+        sk = slice(int(cu_k[i]), int(cu_k[i]) + m)
         if m == 0:
             assert (out[sq] == 0).all()
             continue

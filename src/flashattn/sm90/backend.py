@@ -27,13 +27,13 @@ def fwd(q: Tensor, k: Tensor, v: Tensor, p: AttnParams, return_softmax: bool,
 
 
 def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
-               p: AttnParams):
+               seqused_k: Optional[Tensor], p: AttnParams):
     """Packed variable-length forward (the kernel's VARLEN mode): (out (total_q, h, d_v), lse
     (h, total_q), None)."""
     return _fwd.flash_fwd_hopper_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k,
                                         softmax_scale=p.softmax_scale, causal=p.causal,
                                         window_left=p.window_left, window_right=p.window_right,
-                                        softcap=p.softcap)
+                                        softcap=p.softcap, seqused_k=seqused_k)
 
 
 def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, p: AttnParams):
@@ -53,8 +53,8 @@ def fp8_fwd(q8: Tensor, k8: Tensor, v8: Tensor, scales: Fp8Scales, p: AttnParams
 
 
 def fp8_varlen_fwd(q8: Tensor, k8: Tensor, v8: Tensor, cu_seqlens_q: Tensor,
-                   cu_seqlens_k: Tensor, max_seqlen_k: int, scales: Fp8Scales, p: AttnParams,
-                   out_dtype: torch.dtype):
+                   cu_seqlens_k: Tensor, seqused_k: Optional[Tensor], max_seqlen_k: int,
+                   scales: Fp8Scales, p: AttnParams, out_dtype: torch.dtype):
     """Packed varlen FP8 forward (Gluon, e4m3 wgmma, VARLEN mode): (out (total_q, h, d_v),
     lse (h, total_q)); one descale per (sequence, head)."""
     return _fwd.flash_fwd_hopper_fp8_varlen(q8, k8, v8, cu_seqlens_q, cu_seqlens_k,
@@ -62,7 +62,7 @@ def fp8_varlen_fwd(q8: Tensor, k8: Tensor, v8: Tensor, cu_seqlens_q: Tensor,
                                             softmax_scale=p.softmax_scale,
                                             window_left=p.window_left,
                                             window_right=p.window_right, softcap=p.softcap,
-                                            out_dtype=out_dtype)
+                                            out_dtype=out_dtype, seqused_k=seqused_k)
 
 
 def fp8_fwd_call(head_dim: int, head_dim_v: int, p: AttnParams, out_dtype: torch.dtype

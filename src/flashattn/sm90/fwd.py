@@ -23,10 +23,12 @@ from flashattn.runtime.launch import LaunchPlans
 class VarlenLayout(NamedTuple):
     """A packed call's sequences (the kernel's VARLEN mode): int32 (n_seqs + 1,) contiguous
     offsets of each sequence's query rows and keys, and the output O (total_q, h, d_v)
-    contiguous (the rows a TMA store cannot take are stored through its pointer)."""
+    contiguous (the rows a TMA store cannot take are stored through its pointer), and
+    optionally the keys each sequence uses (FA3's ``seqused_k``)."""
     cu_seqlens_q: torch.Tensor
     cu_seqlens_k: torch.Tensor
     out: torch.Tensor
+    seqused_k: Optional[torch.Tensor] = None  # int32 (n_seqs,): keys used per sequence
 
 
 def _tile_counter(cfg: FwdConfig, window_right: int, lse: torch.Tensor,
@@ -101,10 +103,11 @@ def launch_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Te
         args += [None] * 8
     args.append(sink)  # SINK_ARG: the learnable sinks (h,), or None
     if varlen is None:
-        args += [None] * 5
-    else:  # VARLEN_ARGS: the offsets and O's pointer, then O's row stride and d_v
+        args += [None] * 6
+    else:  # VARLEN_ARGS: the offsets and O's pointer, O's row stride and d_v, seqused_k
         d_v = varlen.out.shape[-1]
-        args += [varlen.cu_seqlens_q, varlen.cu_seqlens_k, varlen.out, n_heads * d_v, d_v]
+        args += [varlen.cu_seqlens_q, varlen.cu_seqlens_k, varlen.out, n_heads * d_v, d_v,
+                 varlen.seqused_k]
     constexprs = dict(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, NUM_STAGES=cfg.num_stages,
         HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, HAS_SOFTCAP=has_softcap,
@@ -177,13 +180,15 @@ def flash_fwd_hopper_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, *,
                             softmax_scale: float, causal: bool, window_left: int,
                             window_right: int, softcap: float,
+                            seqused_k: Optional[torch.Tensor] = None,
                             config_overrides: Optional[Dict[str, Any]] = None):
     """Packed variable-length attention forward with the Gluon sm90 kernel (VARLEN mode).
 
     q (total_q, h, d), k (total_k, h_k, d), v (total_k, h_k, d_v); fp16/bf16, TMA-aligned
     strides; d, d_v in support.HEAD_DIMS; cu_seqlens_q / cu_seqlens_k int32 (b + 1,): sequence
     i has query rows [cu_seqlens_q[i], cu_seqlens_q[i+1]) and keys [cu_seqlens_k[i],
-    cu_seqlens_k[i+1]); masks are local to the sequence (bottom-right aligned). No device value
+    cu_seqlens_k[i+1]) (its first ``seqused_k[i]``, int32 (b,), when given); masks are local
+    to the sequence (bottom-right aligned to the keys it uses). No device value
     is read on the host (the tile count follows from total_q and b; offsets are clamped to the
     tensors in the kernel). Returns out (total_q, h, d_v) in q's dtype (0 on rows outside
     every sequence), lse float32 (h, total_q) (-inf there and on rows that see no key), None:
@@ -201,6 +206,8 @@ def flash_fwd_hopper_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     clear_uncovered_rows(out, lse, cu_seqlens_q)
     counter = _tile_counter(cfg, window_right, lse, varlen=True)
     q4, k4, v4, out4 = (t.unsqueeze(0) for t in (q, k, v, out))
+    if seqused_k is not None:
+        seqused_k = seqused_k.contiguous()
     key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.device,
            cu_seqlens_q.shape[0], softmax_scale, window_left, window_right, softcap,
            tuple(sorted(config_overrides.items())) if config_overrides else None)
@@ -209,11 +216,14 @@ def flash_fwd_hopper_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         args, constexprs, options, grid = launch_args(
             q4, k4, v4, out4, lse, cfg, softmax_scale=softmax_scale, window_left=window_left,
             window_right=window_right, softcap=softcap, num_sms=sm_count(q.device),
-            counter=counter, varlen=VarlenLayout(cu_seqlens_q, cu_seqlens_k, out))
+            counter=counter, varlen=VarlenLayout(cu_seqlens_q, cu_seqlens_k, out, seqused_k))
         return attn_fwd_kernel, (grid,), args, {**constexprs, **options}
 
-    _VARLEN_PLANS.launch(key, (q4, k4, v4, out4, lse, counter, cu_seqlens_q, cu_seqlens_k, out),
-                         build)
+    tensors = (q4, k4, v4, out4, lse, counter, cu_seqlens_q, cu_seqlens_k, out)
+    if seqused_k is None:
+        _VARLEN_PLANS.launch(key, tensors, build)
+    else:
+        _VARLEN_SEQUSED_PLANS.launch(key, tensors + (seqused_k,), build)
     return out, lse, None
 
 
@@ -281,13 +291,14 @@ def flash_fwd_hopper_fp8_varlen(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Te
                                 max_seqlen_k: int, scales: Fp8Scales, *, softmax_scale: float,
                                 window_left: int, window_right: int, softcap: float,
                                 out_dtype: torch.dtype,
+                                seqused_k: Optional[torch.Tensor] = None,
                                 config_overrides: Optional[Dict[str, Any]] = None):
     """Packed variable-length FP8 forward with the Gluon sm90 kernel (VARLEN mode, e4m3 wgmma).
 
     q8 (total_q, h, d), k8 (total_k, h_k, d) float8_e4m3fn, TMA-aligned; v8 (total_k, h_k,
     d_v) float8_e4m3fn in any layout (copied into a packed V^T whose sequences start on whole
     wgmma key groups: v_layout.wgmma_ordered_vt_varlen, one pass); cu_seqlens as in
-    :func:`flash_fwd_hopper_varlen`; ``scales`` with (b, h, 1) / (b, h_k, 1) descales, one per
+    :func:`flash_fwd_hopper_varlen` (``seqused_k`` too); ``scales`` with (b, h, 1) / (b, h_k, 1) descales, one per
     sequence and head (FA3's varlen convention, ops.fp8_varlen_fwd). Returns out (total_q, h,
     d_v) in ``out_dtype`` (0 on rows outside every sequence), lse float32 (h, total_q).
     """
@@ -304,6 +315,8 @@ def flash_fwd_hopper_fp8_varlen(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Te
     clear_uncovered_rows(out, lse, cu_seqlens_q)  # (rows of no sequence: 0 / -inf)
     counter = _tile_counter(cfg, window_right, lse, varlen=True)
     q4, k4, out4 = (t.unsqueeze(0) for t in (q8, k8, out))
+    if seqused_k is not None:
+        seqused_k = seqused_k.contiguous()
     key = (q8.shape, k8.shape, vt.shape, q8.stride(), k8.stride(), out_dtype, q8.device,
            cu_seqlens_q.shape[0], softmax_scale, window_left, window_right, softcap,
            scales.q_descale.shape, scales.k_descale.shape, scales.q_block_shift,
@@ -315,12 +328,15 @@ def flash_fwd_hopper_fp8_varlen(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Te
             q4, k4, vt, out4, lse, cfg, softmax_scale=softmax_scale, window_left=window_left,
             window_right=window_right, softcap=softcap, num_sms=sm_count(q8.device),
             counter=counter, scales=scales,
-            varlen=VarlenLayout(cu_seqlens_q, cu_seqlens_k, out))
+            varlen=VarlenLayout(cu_seqlens_q, cu_seqlens_k, out, seqused_k))
         return attn_fwd_kernel, (grid,), args, {**constexprs, **options}
 
-    _FP8_VARLEN_PLANS.launch(key, (q4, k4, vt, out4, lse, counter, scales.q_descale,
-                                   scales.k_descale, scales.v_descale, cu_seqlens_q,
-                                   cu_seqlens_k, out), build)
+    tensors = (q4, k4, vt, out4, lse, counter, scales.q_descale, scales.k_descale,
+               scales.v_descale, cu_seqlens_q, cu_seqlens_k, out)
+    if seqused_k is None:
+        _FP8_VARLEN_PLANS.launch(key, tensors, build)
+    else:
+        _FP8_VARLEN_SEQUSED_PLANS.launch(key, tensors + (seqused_k,), build)
     return out, lse
 
 
@@ -372,7 +388,10 @@ _SINK_PLANS = LaunchPlans(slots=(0, 1, 2, 3, 4, 5, SINK_ARG))
 VARLEN_ARGS = SINK_ARG + 1  # cu_seqlens_q, cu_seqlens_k, O's pointer (launch_args)
 _VARLEN_PLANS = LaunchPlans(slots=(0, 1, 2, 3, 4, 5, VARLEN_ARGS, VARLEN_ARGS + 1,
                                    VARLEN_ARGS + 2))
+SEQUSED_ARG = VARLEN_ARGS + 5  # seqused_k (after O's row stride and d_v)
+_VARLEN_SEQUSED_PLANS = LaunchPlans(slots=_VARLEN_PLANS.slots + (SEQUSED_ARG,))
 # FP8: the same six, then the three descale tables (after the 13 other scalar arguments)
 _FP8_PLANS = LaunchPlans(slots=(0, 1, 2, 3, 4, 5, 19, 20, 21))
 _FP8_VARLEN_PLANS = LaunchPlans(slots=(0, 1, 2, 3, 4, 5, 19, 20, 21, VARLEN_ARGS,
                                        VARLEN_ARGS + 1, VARLEN_ARGS + 2))
+_FP8_VARLEN_SEQUSED_PLANS = LaunchPlans(slots=_FP8_VARLEN_PLANS.slots + (SEQUSED_ARG,))

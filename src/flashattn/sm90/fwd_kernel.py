@@ -88,11 +88,11 @@ def _producer(descs, smem, bars, problem, window, tile_counter, BLOCK_M: gl.cons
               HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
               LONGEST_FIRST: gl.constexpr, PINGPONG: gl.constexpr, INTRA_OVERLAP: gl.constexpr,
               SEPARATE_O: gl.constexpr, DYNAMIC: gl.constexpr, BOTTOM_ALIGN: gl.constexpr,
-              varlen, VARLEN: gl.constexpr):
+              varlen, VARLEN: gl.constexpr, seqused_ptr):
     """Issue every TMA load of this CTA's tiles, in the order the consumers use them."""
     if VARLEN:
-        _producer_varlen(descs, smem, bars, problem, window, tile_counter, varlen, BLOCK_M,
-                         HAS_LEFT, HAS_RIGHT, LONGEST_FIRST, DYNAMIC)
+        _producer_varlen(descs, smem, bars, problem, window, tile_counter, varlen, seqused_ptr,
+                         BLOCK_M, HAS_LEFT, HAS_RIGHT, LONGEST_FIRST, DYNAMIC)
     else:
         _producer_dense(descs, smem, bars, problem, window, tile_counter, BLOCK_M, HAS_LEFT,
                         HAS_RIGHT, LONGEST_FIRST, DYNAMIC, BOTTOM_ALIGN)
@@ -144,12 +144,13 @@ def _producer_dense(descs, smem, bars, problem, window, tile_counter, BLOCK_M: g
 
 
 @gluon.jit
-def _producer_varlen(descs, smem, bars, problem, window, tile_counter, varlen,
+def _producer_varlen(descs, smem, bars, problem, window, tile_counter, varlen, seqused_ptr,
                      BLOCK_M: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                      LONGEST_FIRST: gl.constexpr, DYNAMIC: gl.constexpr):
     """The producer over packed sequences (module doc, VARLEN): tiles that lie past their
     sequence's end (at most two per sequence and head, _varlen_tile) are skipped without a
-    load or a hand-off, so the consumers only ever see real tiles."""
+    load or a hand-off, so the consumers only ever see real tiles. ``seqused_ptr``: None, or
+    int32 (n_seqs,): sequence b sees only its first seqused[b] keys (clamped to its slot)."""
     q_desc, k_desc, v_desc, o_desc = descs
     q_smem, k_smem, v_smem, o_smem, tile_slot, ones_smem = smem
     q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn = bars
@@ -164,6 +165,8 @@ def _producer_varlen(descs, smem, bars, problem, window, tile_counter, varlen,
         seq, h, m_block, q_off, len_q, k_off, len_k = _varlen_tile(
             tile, varlen, n_seqs, n_g, n_heads, heads_per_group, total_q, total_k, BLOCK_M,
             LONGEST_FIRST)
+        if seqused_ptr is not None:  # (masks and key ranges follow it: the consumers get it)
+            len_k = gl.minimum(gl.maximum(gl.load(seqused_ptr + seq), 0), len_k)
         if DYNAMIC:
             next_tile = gl.num_programs(0) + gl.atomic_add(tile_counter, 1)
         else:
@@ -878,7 +881,7 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
                     heads_per_group, window_left, window_right,
                     qk_scale, softcap_inv, softcap_log2,
                     qd_ptr, kd_ptr, vd_ptr, n_q_blocks, n_kv_blocks, q_shift, kv_shift, n_heads_k,
-                    sink_ptr, cu_q_ptr, cu_k_ptr, o_ptr, o_row_stride, head_dim_v,
+                    sink_ptr, cu_q_ptr, cu_k_ptr, o_ptr, o_row_stride, head_dim_v, seqused_ptr,
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
                     LONGEST_FIRST: gl.constexpr, PINGPONG: gl.constexpr,
@@ -905,7 +908,8 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
     (total_q, h, d_v) with o_row_stride = h * d_v and head_dim_v = d_v (the rows a TMA store
     cannot take: _store_rows); the problem scalars change meaning: seqlen_q / seqlen_k are
     total_q / total_k, n_bh the number of sequences, n_m_blocks the tile slots per head
-    (n_seqs + total_q // BLOCK_M, _varlen_tile), lse_ptr (h, total_q). All None otherwise.
+    (n_seqs + total_q // BLOCK_M, _varlen_tile), lse_ptr (h, total_q); seqused_ptr None or
+    int32 (n_seqs,) keys used per sequence. All None otherwise.
     lse_ptr: float32 (b, h, s_q) contiguous. tile_counter: int32 zero (DYNAMIC: the global
     tile queue, CTA i starts with tile i, then takes num_programs + atomic_add(counter, 1)).
     Launch with num_warps=4 (the default partition is consumer 0) and
@@ -999,7 +1003,7 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
                          ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN)),
             (_producer, (descs, smem, bars, problem, window, tile_counter, BLOCK_M, HAS_LEFT,
                          HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG, INTRA_OVERLAP,
-                         SEPARATE_O, DYNAMIC, BOTTOM_ALIGN, varlen, VARLEN)),
+                         SEPARATE_O, DYNAMIC, BOTTOM_ALIGN, varlen, VARLEN, seqused_ptr)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:  # three consumer warpgroups (small head dims: more rows per K/V block loaded)
         gl.warp_specialize([
@@ -1017,5 +1021,5 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
                          ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN)),
             (_producer, (descs, smem, bars, problem, window, tile_counter, BLOCK_M, HAS_LEFT,
                          HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG, INTRA_OVERLAP,
-                         SEPARATE_O, DYNAMIC, BOTTOM_ALIGN, varlen, VARLEN)),
+                         SEPARATE_O, DYNAMIC, BOTTOM_ALIGN, varlen, VARLEN, seqused_ptr)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])

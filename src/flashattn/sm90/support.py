@@ -259,9 +259,7 @@ def varlen_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        return_softmax: bool) -> Optional[str]:
     """Why this packed forward (q (total_q, h, d), k / v (total_k, h_k, d)) is not covered by
     the Hopper kernel's varlen mode (None when it is): the dense rules over the (1, total, h,
-    d) views, and no seqused_k (its lengths are not wired into the kernel)."""
-    if seqused_k is not None:
-        return "seqused_k"
+    d) views (``seqused_k``, any or None, is covered: the producer reads it)."""
     if return_softmax:
         return "return_softmax"
     return call_unsupported(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), params)

@@ -27,6 +27,8 @@ def main() -> int:
     ap.add_argument("--mean", type=int, default=1024)
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--bf16", action="store_true")
+    ap.add_argument("--sort", default="tottime", help="pstats order (tottime, cumulative)")
+    ap.add_argument("--top", type=int, default=14)
     args = ap.parse_args()
     lengths = ragged_lengths(args.mean)
     cu, m, total = _cu(lengths, "cuda"), max(lengths), sum(lengths)
@@ -63,7 +65,7 @@ def main() -> int:
         fn()
     prof.disable()
     torch.cuda.synchronize()
-    pstats.Stats(prof).sort_stats("tottime").print_stats(14)
+    pstats.Stats(prof).sort_stats(args.sort).print_stats(args.top)
     return 0
 
 

@@ -209,6 +209,8 @@ def varlen_forward_family(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_s
     if family == "hopper":
         from flashattn.sm90.support import varlen_slower_than_portable, varlen_unsupported
 
+        if n_seqs < 1:
+            return "portable"
         kwargs = params.kernel_kwargs()
         if varlen_unsupported(q, k, v, kwargs, seqused_k, return_softmax) is not None:
             return "portable"
@@ -1100,7 +1102,8 @@ def fp8_varlen_forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
     """Packed varlen FP8 forward: (out (total_q, h, d_v), lse (h, total_q)); one descale per
     (sequence, head). The Hopper FP8 kernel's varlen mode takes the calls it covers (the
     dense FP8 rules over the (1, total, h, d) views; seqused_k included)."""
-    if family_for(q8) == "hopper":
+    if (family_for(q8) == "hopper" and cu_seqlens_q.shape[0] > 1 and q8.shape[0] > 0
+            and k8.shape[0] > 0):
         from flashattn.sm90.support import fp8_unsupported
 
         views = (q8.unsqueeze(0), k8.unsqueeze(0), v8.unsqueeze(0))

@@ -88,7 +88,9 @@ def test_clear_uncovered_rows(cu, total):
     h, d = 3, 40
     out = torch.full((total, h, d), 7.0, dtype=torch.bfloat16)
     lse = torch.full((h, total), 5.0)
-    clear_uncovered_rows(out, lse, torch.tensor(cu, dtype=torch.int32))
+    counter = torch.full((1,), 123, dtype=torch.int32)
+    clear_uncovered_rows(out, lse, torch.tensor(cu, dtype=torch.int32), counter)
+    assert counter.item() == 0
     first, last = min(cu[0], total), min(cu[-1], total)
     covered = torch.zeros(total, dtype=torch.bool)
     covered[first:last] = True

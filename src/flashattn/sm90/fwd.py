@@ -39,6 +39,20 @@ def _tile_counter(cfg: FwdConfig, window_right: int, lse: torch.Tensor,
     return lse
 
 
+def _varlen_outputs(total_q: int, n_heads: int, head_dim_v: int, dtype: torch.dtype,
+                    cfg: FwdConfig, window_right: int, cu_seqlens_q: torch.Tensor
+                    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out (total_q, h, d_v), lse (h, total_q), tile-queue counter) of a varlen launch: rows of
+    no sequence already 0 / -inf and the counter zeroed, by one small pass (varlen_rows.py)."""
+    device = cu_seqlens_q.device
+    out = torch.empty((total_q, n_heads, head_dim_v), dtype=dtype, device=device)
+    lse = torch.empty((n_heads, total_q), dtype=torch.float32, device=device)
+    queue = uses_tile_queue(cfg, window_right, True)
+    counter = torch.empty(1, dtype=torch.int32, device=device) if queue else lse
+    clear_uncovered_rows(out, lse, cu_seqlens_q, counter if queue else None)
+    return out, lse, counter
+
+
 def uses_tile_queue(cfg: FwdConfig, window_right: int, varlen: bool = False) -> bool:
     """Whether the persistent kernel takes tiles from a global counter (causal / masked calls,
     and packed sequences of unequal lengths: tiles of unequal cost) instead of a static round
@@ -200,11 +214,9 @@ def flash_fwd_hopper_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      head_dim_v=head_dim_v if head_dim_v != head_dim else None,
                      **(config_overrides or {}))
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
-    out = torch.empty((total_q, n_heads, head_dim_v), dtype=q.dtype, device=q.device)
-    lse = torch.empty((n_heads, total_q), dtype=torch.float32, device=q.device)
-    # rows of no sequence (past cu_seqlens_q[-1]): 0 / -inf; no tile writes them
-    clear_uncovered_rows(out, lse, cu_seqlens_q)
-    counter = _tile_counter(cfg, window_right, lse, varlen=True)
+    # (rows of no sequence, past cu_seqlens_q[-1], are 0 / -inf: no tile writes them)
+    out, lse, counter = _varlen_outputs(total_q, n_heads, head_dim_v, q.dtype, cfg,
+                                        window_right, cu_seqlens_q)
     q4, k4, v4, out4 = (t.unsqueeze(0) for t in (q, k, v, out))
     if seqused_k is not None:
         seqused_k = seqused_k.contiguous()
@@ -310,10 +322,8 @@ def flash_fwd_hopper_fp8_varlen(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Te
                          **(config_overrides or {}))
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     vt = wgmma_ordered_vt_varlen(v8, cu_seqlens_k, max_seqlen_k, cfg.block_n)
-    out = torch.empty((total_q, n_heads, head_dim_v), dtype=out_dtype, device=q8.device)
-    lse = torch.empty((n_heads, total_q), dtype=torch.float32, device=q8.device)
-    clear_uncovered_rows(out, lse, cu_seqlens_q)  # (rows of no sequence: 0 / -inf)
-    counter = _tile_counter(cfg, window_right, lse, varlen=True)
+    out, lse, counter = _varlen_outputs(total_q, n_heads, head_dim_v, out_dtype, cfg,
+                                        window_right, cu_seqlens_q)
     q4, k4, out4 = (t.unsqueeze(0) for t in (q8, k8, out))
     if seqused_k is not None:
         seqused_k = seqused_k.contiguous()

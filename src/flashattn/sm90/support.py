@@ -259,7 +259,10 @@ def varlen_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        return_softmax: bool) -> Optional[str]:
     """Why this packed forward (q (total_q, h, d), k / v (total_k, h_k, d)) is not covered by
     the Hopper kernel's varlen mode (None when it is): the dense rules over the (1, total, h,
-    d) views (``seqused_k``, any or None, is covered: the producer reads it)."""
+    d) views (``seqused_k``, any or None, is covered: the producer reads it), at least one
+    sequence, query row and key (empty calls take the portable path's early exit)."""
+    if q.shape[0] == 0 or k.shape[0] == 0:
+        return "no query row or no key"
     if return_softmax:
         return "return_softmax"
     return call_unsupported(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), params)

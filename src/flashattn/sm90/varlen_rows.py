@@ -6,9 +6,12 @@ the first offset or from the last one to total_q (q holding more rows than the s
 belong to no sequence: the varlen contract says out 0 and lse -inf there. Where they are is
 only known on the device, so instead of clearing all of O first (a memset of the whole output:
 ~25 us for 16k tokens x 2048 values in bf16 on the H100, 2-10 % of the forward), one program
-per block of rows reads the two offsets and exits, or clears its uncovered rows.
+per block of rows reads the two offsets and exits, or clears its uncovered rows. The same
+launch zeroes the forward's tile-queue counter (one launch fewer per call than torch.zeros).
 """
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 import triton
@@ -20,8 +23,11 @@ _BLOCK_ROWS = 64
 
 
 @triton.jit
-def _clear_uncovered_rows_kernel(Out, Lse, cu_q, n_seqs, total_q, n_heads, row_elems,
+def _clear_uncovered_rows_kernel(Out, Lse, cu_q, counter, n_seqs, total_q, n_heads, row_elems,
                                  BLOCK_R: tl.constexpr, BLOCK_E: tl.constexpr):
+    if counter is not None:
+        if tl.program_id(0) == 0:
+            tl.store(counter, 0)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     first = tl.minimum(tl.maximum(tl.load(cu_q), 0), total_q)
     last = tl.minimum(tl.maximum(tl.load(cu_q + n_seqs), first), total_q)
@@ -40,17 +46,16 @@ def _clear_uncovered_rows_kernel(Out, Lse, cu_q, n_seqs, total_q, n_heads, row_e
             lse_ptr += total_q
 
 
-def clear_uncovered_rows(out: torch.Tensor, lse: torch.Tensor,
-                         cu_seqlens_q: torch.Tensor) -> None:
+def clear_uncovered_rows(out: torch.Tensor, lse: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                         counter: Optional[torch.Tensor] = None) -> None:
     """out (total_q, h, d_v) contiguous, lse float32 (h, total_q) contiguous, cu_seqlens_q
     int32 (b + 1,) contiguous: rows outside [cu_seqlens_q[0], cu_seqlens_q[b]) become 0 / -inf
-    (offsets clamped to [0, total_q]); every other row is left as it is."""
+    (offsets clamped to [0, total_q]); every other row is left as it is. ``counter``: an int32
+    (1,) tensor set to 0 as well (the tile queue's), or None."""
     total_q, n_heads, d_v = out.shape
-    if total_q == 0:
-        return
     row_elems = n_heads * d_v
-    launch_jit(_clear_uncovered_rows_kernel, (triton.cdiv(total_q, _BLOCK_ROWS),),
-               (out, lse, cu_seqlens_q, cu_seqlens_q.shape[0] - 1, total_q, n_heads,
+    launch_jit(_clear_uncovered_rows_kernel, (max(1, triton.cdiv(total_q, _BLOCK_ROWS)),),
+               (out, lse, cu_seqlens_q, counter, cu_seqlens_q.shape[0] - 1, total_q, n_heads,
                 row_elems),
                dict(BLOCK_R=_BLOCK_ROWS, BLOCK_E=min(256, triton.next_power_of_2(row_elems)),
                     num_warps=4))

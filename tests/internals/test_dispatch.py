@@ -434,6 +434,7 @@ def _attn_params(**kw):
     ("hopper", 4, dict(dropout_p=0.1), False, "portable"),
     ("hopper", 4, dict(alibi_slopes=torch.ones(8)), False, "portable"),
     ("portable", 4, {}, False, "portable"),
+    ("hopper", 0, {}, False, "portable"),         # no sequence: the portable early exit
 ])
 def test_varlen_forward_family(env, monkeypatch, backend, n_seqs, kw, used, expected):
     env(backend, None)

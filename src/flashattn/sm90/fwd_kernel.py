@@ -80,7 +80,8 @@ from flashattn.sm90.ptx import per_thread_ptx
 from flashattn.sm90.ring import ring_load
 from flashattn.sm90.softmax import (LN2, LOG2E, P_SCALE_LOG2, apply_softcap, mask_scores,
                                     online_softmax)
-from flashattn.sm90.tiles import block_needs_mask, key_block_range, tile_coords
+from flashattn.sm90.tiles import (block_needs_mask, key_block_range, tile_coords, varlen_slot,
+                                  varlen_span)
 
 
 @gluon.jit
@@ -202,13 +203,6 @@ def _producer_varlen(descs, smem, bars, problem, window, tile_counter, varlen, s
 
 
 @gluon.jit
-def _clamped_load(ptr, i, upper):
-    """ptr[i] clamped to [0, upper]: an offset read from a device tensor never addresses
-    memory outside the tensor it indexes, whatever the tensor holds."""
-    return gl.minimum(gl.maximum(gl.load(ptr + i), 0), upper)
-
-
-@gluon.jit
 def _varlen_tile(tile, varlen, n_seqs, n_g, n_heads, heads_per_group, total_q, total_k,
                  BLOCK_M: gl.constexpr, LONGEST_FIRST: gl.constexpr):
     """(sequence, head, m block, q offset, q length, k offset, k length) of varlen tile
@@ -226,20 +220,10 @@ def _varlen_tile(tile, varlen, n_seqs, n_g, n_heads, heads_per_group, total_q, t
     """
     cu_q_ptr, cu_k_ptr, o_ptr, o_row_stride, head_dim_v = varlen
     _, h, g = tile_coords(tile, n_g, n_heads, n_heads, heads_per_group, LONGEST_FIRST)
-    lo = gl.to_tensor(0)
-    hi = gl.to_tensor(n_seqs - 1)
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if mid + _clamped_load(cu_q_ptr, mid, total_q) // BLOCK_M <= g:
-            lo = mid
-        else:
-            hi = mid - 1
-    q_off = _clamped_load(cu_q_ptr, lo, total_q)
-    len_q = gl.maximum(_clamped_load(cu_q_ptr, lo + 1, total_q) - q_off, 0)
-    k_off = _clamped_load(cu_k_ptr, lo, total_k)
-    len_k = gl.maximum(_clamped_load(cu_k_ptr, lo + 1, total_k) - k_off, 0)
-    m_block = g - (lo + q_off // BLOCK_M)
-    return lo, h, m_block, q_off, len_q, k_off, len_k
+    seq, m_block = varlen_slot(g, cu_q_ptr, n_seqs, total_q, BLOCK_M)
+    q_off, len_q = varlen_span(cu_q_ptr, seq, total_q)
+    k_off, len_k = varlen_span(cu_k_ptr, seq, total_k)
+    return seq, h, m_block, q_off, len_q, k_off, len_k
 
 
 # varlen hand-off slot: [tile, head, m block, q offset, q length, k offset, k length, sequence]

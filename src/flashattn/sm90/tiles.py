@@ -78,6 +78,40 @@ def tile_coords(tile, n_m_blocks, n_heads, n_bh, heads_per_group, LONGEST_FIRST:
 
 
 @gluon.jit
+def clamped_load(ptr, i, upper):
+    """ptr[i] clamped to [0, upper]: an offset read from a device tensor never addresses
+    memory outside the tensor it indexes, whatever the tensor holds."""
+    return gl.minimum(gl.maximum(gl.load(ptr + i), 0), upper)
+
+
+@gluon.jit
+def varlen_span(cu_ptr, seq, total):
+    """(offset, length) of packed sequence ``seq`` from its int32 cu_seqlens (clamped to
+    [0, total]; a length is never negative)."""
+    start = clamped_load(cu_ptr, seq, total)
+    return start, gl.maximum(clamped_load(cu_ptr, seq + 1, total) - start, 0)
+
+
+@gluon.jit
+def varlen_slot(slot, cu_ptr, n_seqs, total, BLOCK: gl.constexpr):
+    """(sequence, block index inside it) of tile slot ``slot`` over packed sequences cut in
+    blocks of BLOCK rows. Sequence b owns the slots from b + cu[b] // BLOCK up to the next
+    sequence's first: at least cdiv(len, BLOCK) of them, at most two more (their block index
+    lies past the sequence's end: the caller skips them). The host then knows the number of
+    slots, n_seqs + total // BLOCK, without reading the device tensor; b is found by binary
+    search over cu (the slot starts are non-decreasing in b)."""
+    lo = gl.to_tensor(0)
+    hi = gl.to_tensor(n_seqs - 1)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if mid + clamped_load(cu_ptr, mid, total) // BLOCK <= slot:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo, slot - (lo + clamped_load(cu_ptr, lo, total) // BLOCK)
+
+
+@gluon.jit
 def key_block_coords(tile, key_grid, n_heads_k, LONGEST_FIRST: gl.constexpr,
                      DESCENDING: gl.constexpr = 0):
     """(batch, KV head, key block) of backward tile ``tile`` (a program id, or a persistent CTA's
@@ -145,13 +179,17 @@ def query_block_range(n_start, seqlen_q, seqlen_k, window_left, window_right,
 @gluon.jit
 def block_needs_mask_t(n_start, m_start, seqlen_q, seqlen_k, window_left, window_right,
                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                       HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr):
+                       HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+                       Q_BOUND: gl.constexpr = False):
     """True when some (key, query) pair of the BLOCK_N x BLOCK_M tile is invisible (keys past
-    s_k included; queries past s_q need no mask: their lse2 is +inf, so P = 0)."""
+    s_k included; queries past s_q need no mask: their lse2 is +inf, so P = 0; with Q_BOUND,
+    packed sequences, they are the next sequence's rows and need the mask)."""
     diag = seqlen_k - seqlen_q
     m_last = m_start + BLOCK_M - 1
     n_last = n_start + BLOCK_N - 1
     need = n_last >= seqlen_k
+    if Q_BOUND:
+        need = need | (m_last >= seqlen_q)
     if HAS_RIGHT:
         need = need | (n_last > m_start + diag + window_right)
     if HAS_LEFT:
@@ -162,15 +200,18 @@ def block_needs_mask_t(n_start, m_start, seqlen_q, seqlen_k, window_left, window
 @gluon.jit
 def visible_t(key0, m_start, seqlen_q, seqlen_k, window_left, window_right,
               LAYOUT: gl.constexpr, HALF_N: gl.constexpr, BLOCK_M: gl.constexpr,
-              HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr):
+              HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, Q_BOUND: gl.constexpr = False):
     """Visibility of the transposed tile: rows = keys key0 + [0, HALF_N), columns = queries
-    m_start + [0, BLOCK_M); bool (HALF_N, BLOCK_M) in LAYOUT."""
+    m_start + [0, BLOCK_M); bool (HALF_N, BLOCK_M) in LAYOUT. Q_BOUND: queries past s_q are
+    invisible too (packed sequences: see block_needs_mask_t)."""
     keys = key0 + gl.arange(0, HALF_N, layout=gl.SliceLayout(1, LAYOUT))
     # query rows shifted onto the key axis (bottom-right alignment)
     qpos = m_start + (seqlen_k - seqlen_q) + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, LAYOUT))
     k2 = gl.expand_dims(keys, 1)
     q2 = gl.expand_dims(qpos, 0)
     vis = k2 < seqlen_k
+    if Q_BOUND:
+        vis = vis & (q2 < seqlen_k)  # (q2 is shifted by s_k - s_q: query < s_q)
     if HAS_RIGHT:
         vis = vis & (k2 <= q2 + window_right)
     if HAS_LEFT:

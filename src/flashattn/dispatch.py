@@ -221,6 +221,25 @@ def varlen_forward_family(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_s
     return family
 
 
+def varlen_backward_family(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_seqs: int,
+                           seqused_k: Optional[torch.Tensor], params: AttnParams) -> str:
+    """The family whose packed backward runs this call: 'hopper' when the device allows it
+    and bwd_kernel.py's varlen mode covers it
+    (``flashattn.sm90.support.varlen_backward_unsupported``), else the device backend."""
+    family = family_for(q)
+    if family == "hopper":
+        from flashattn.sm90.support import (varlen_backward_unsupported,
+                                            varlen_slower_than_portable)
+
+        kwargs = {**params.kernel_kwargs(), "deterministic": params.deterministic}
+        if n_seqs < 1 or varlen_backward_unsupported(q, k, v, kwargs, seqused_k) is not None:
+            return backend_for(q)
+        if (requested_backend() == "auto"
+                and varlen_slower_than_portable(q, k, n_seqs, kwargs) is not None):
+            return backend_for(q)
+    return family
+
+
 def backward_family(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **params: Any) -> str:
     """The family whose backward runs this call: 'hopper' when the device allows it and the
     Hopper backward covers the call (``flashattn.sm90.support.backward_unsupported``:
@@ -464,7 +483,11 @@ def varlen_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: tor
     if max_seqlen_q == 0 or max_seqlen_k == 0:  # no row saw a key: no gradient anywhere
         return tuple(  # type: ignore[return-value]
             torch.zeros(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
-    return backend(select("varlen_bwd", q)).varlen_bwd(
+    family = varlen_backward_family(q, k, v, cu_seqlens_q.shape[0] - 1, seqused_k, params)
+    if family == "hopper":
+        return backend("hopper").varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                                            params)
+    return backend(family).varlen_bwd(
         dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
         max_seqlen_k, params)
 
@@ -1128,6 +1151,7 @@ __all__ = [
     "family_for",
     "forward",
     "forward_family",
+    "varlen_backward_family",
     "varlen_forward_family",
     "Fp8Call",
     "Fp8DescaleCall",

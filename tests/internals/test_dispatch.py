@@ -450,9 +450,14 @@ def test_varlen_forward_family(env, monkeypatch, backend, n_seqs, kw, used, expe
                                           return_softmax=True) == "portable"
 
 
-def test_varlen_forward_reaches_the_hopper_backend(env, monkeypatch, fake_backends):
+@pytest.mark.parametrize("kw,expected_bwd", [
+    ({}, "hopper.varlen_bwd"),
+    (dict(deterministic=True), "portable.varlen_bwd"),  # no ordered dQ in the varlen kernel
+])
+def test_varlen_reaches_the_hopper_backend(env, monkeypatch, fake_backends, kw, expected_bwd):
     """flash_attn_varlen_func on a (fake) sm90 device: the forward runs the Hopper backend's
-    varlen_fwd with the offsets as given; the backward stays on the portable one."""
+    varlen_fwd with the offsets as given; the backward its varlen_bwd where covered, else the
+    portable one."""
     calls = fake_backends
 
     def varlen_fwd(q, k, v, cu_q, cu_k, seqused_k, p):
@@ -461,12 +466,16 @@ def test_varlen_forward_reaches_the_hopper_backend(env, monkeypatch, fake_backen
         return (torch.zeros(q.shape[0], q.shape[1], v.shape[-1], dtype=q.dtype),
                 torch.zeros(q.shape[1], q.shape[0]), None)
 
-    def varlen_bwd(dout, q, k, v, out, lse, *rest):
-        calls.append(("portable.varlen_bwd",))
-        return tuple(torch.zeros_like(x) for x in (q, k, v))
+    def recorder(tag):
+        def varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, *rest):
+            calls.append((tag, cu_q.tolist(), cu_k.tolist()))
+            return tuple(torch.zeros_like(x) for x in (q, k, v))
+        return varlen_bwd
 
-    monkeypatch.setitem(dispatch._LOADED, "hopper", types.SimpleNamespace(varlen_fwd=varlen_fwd))
-    monkeypatch.setitem(dispatch._LOADED, "portable", types.SimpleNamespace(varlen_bwd=varlen_bwd))
+    monkeypatch.setitem(dispatch._LOADED, "hopper", types.SimpleNamespace(
+        varlen_fwd=varlen_fwd, varlen_bwd=recorder("hopper.varlen_bwd")))
+    monkeypatch.setitem(dispatch._LOADED, "portable", types.SimpleNamespace(
+        varlen_bwd=recorder("portable.varlen_bwd")))
     env("hopper", None)
     monkeypatch.setattr(dispatch, "family_for", lambda t: "hopper")
     monkeypatch.setattr(dispatch, "backend_for", lambda t: "portable")
@@ -476,7 +485,27 @@ def test_varlen_forward_reaches_the_hopper_backend(env, monkeypatch, fake_backen
     k = torch.randn(12, 1, 64, dtype=torch.bfloat16, requires_grad=True)
     cu_q = torch.tensor([0, 4, 10], dtype=torch.int32)
     cu_k = torch.tensor([0, 5, 12], dtype=torch.int32)
-    out = flash_attn_varlen_func(q, k, k, cu_q, cu_k, 6, 7, causal=True)
+    out = flash_attn_varlen_func(q, k, k, cu_q, cu_k, 6, 7, causal=True, **kw)
     out.float().sum().backward()
     assert calls == [("hopper.varlen_fwd", [0, 4, 10], [0, 5, 12], 0, None),
-                     ("portable.varlen_bwd",)]
+                     (expected_bwd, [0, 4, 10], [0, 5, 12])]
+
+
+@pytest.mark.parametrize("d,kw,used,expected", [
+    (128, {}, False, None),
+    (64, dict(causal=True, window_right=0), False, None),
+    (192, {}, False, "head dim 192"),
+    (128, dict(deterministic=True), False, "deterministic"),
+    (128, {}, True, "seqused_k"),
+    (128, dict(dropout_p=0.1), False, "dropout"),
+])
+def test_varlen_backward_coverage(d, kw, used, expected):
+    from flashattn.sm90.support import varlen_backward_unsupported
+
+    q = _meta((300, 8, d))
+    k = _meta((500, 2, d))
+    p = _params(causal=False, window_right=-1, deterministic=False)
+    del p["return_softmax"]
+    p.update(kw)
+    why = varlen_backward_unsupported(q, k, k, p, _meta((3,), torch.int32) if used else None)
+    assert (why is None) if expected is None else (expected in why), why

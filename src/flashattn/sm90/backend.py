@@ -1,5 +1,5 @@
-"""The Hopper (Gluon, sm90) backend's interface: the dense forward (bf16 / fp16, and FP8), the
-packed (varlen) bf16 / fp16 forward and the dense backward, for the calls
+"""The Hopper (Gluon, sm90) backend's interface: the dense and packed (varlen) forward (bf16 /
+fp16, and FP8) and backward (16-bit), for the calls
 ``support.call_unsupported`` / ``support.backward_unsupported`` accept (dispatch checks).
 Every other op runs on the portable backend."""
 from __future__ import annotations
@@ -34,6 +34,15 @@ def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens
                                         softmax_scale=p.softmax_scale, causal=p.causal,
                                         window_left=p.window_left, window_right=p.window_right,
                                         softcap=p.softcap, seqused_k=seqused_k)
+
+
+def varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+               cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, p: AttnParams):
+    """Packed variable-length backward (bwd_kernel.py's VARLEN mode): (dq, dk, dv)."""
+    return _bwd.flash_bwd_hopper_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                                        softmax_scale=p.softmax_scale, causal=p.causal,
+                                        window_left=p.window_left, window_right=p.window_right,
+                                        softcap=p.softcap)
 
 
 def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, p: AttnParams):
@@ -82,4 +91,4 @@ def fp8_vt_call() -> "_v_layout.VtCall":
 
 
 __all__ = ["bwd", "fp8_fwd", "fp8_fwd_call", "fp8_varlen_fwd", "fp8_vt_call", "fwd",
-           "varlen_fwd"]
+           "varlen_bwd", "varlen_fwd"]

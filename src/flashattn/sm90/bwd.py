@@ -126,23 +126,36 @@ def _tile_counter(cfg: BwdConfig, lse2: torch.Tensor, k: torch.Tensor, seqlen_q:
 def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 lse2: torch.Tensor, delta: torch.Tensor, dq_acc: torch.Tensor, dk: torch.Tensor,
                 dv: torch.Tensor, cfg: BwdConfig, *, softmax_scale: float, window_left: int,
-                window_right: int, softcap: float, counter: Optional[torch.Tensor] = None
+                window_right: int, softcap: float, counter: Optional[torch.Tensor] = None,
+                cu_seqlens: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
                 ) -> Tuple[List[Any], Dict[str, Any], Dict[str, Any], Tuple[int, int]]:
     """(positional args, constexpr kwargs, launch options, grid) of bwd_kernel_for(d).
 
     Shared by the launch and by the ahead-of-time compile (aot.py). lse2 / delta float32
     (b, h, s_q_pad) (bwd_preprocess.row_stats); dq_acc: dq_workspace, zeroed by row_stats;
     dk, dv (b, s_k, h_k, d) contiguous; counter: _tile_counter(cfg, lse2, k, s_q,
-    window_right) (made here if None).
+    window_right) (made here if None). ``cu_seqlens``: (cu_seqlens_q, cu_seqlens_k) int32 of
+    a packed call (the kernel's VARLEN mode, d <= 128, one CTA per key-block slot): q, k, v,
+    dout, dk, dv are then (1, total, h, d) views.
     """
     batch, seqlen_q, n_heads, head_dim = q.shape
     _, seqlen_k, n_heads_k, _ = k.shape
     has_softcap = softcap > 0.0
     wide = is_wide(head_dim)
-    n_key_blocks = cdiv(seqlen_k, cfg.block_n)
-    n_bh_k = batch * n_heads_k
     group_size = n_heads // n_heads_k
-    grid = (_grid_size(cfg, k),)
+    if cu_seqlens is None:
+        n_key_blocks = cdiv(seqlen_k, cfg.block_n)
+        n_bh_k = batch * n_heads_k
+        grid = (_grid_size(cfg, k),)
+        l2_seqlen_q = seqlen_q
+        varlen_args = [None, None, 0]
+    else:  # key-block slots per KV head (tiles.varlen_slot), one CTA each
+        n_seqs = cu_seqlens[0].shape[0] - 1
+        n_key_blocks = n_seqs + seqlen_k // cfg.block_n
+        n_bh_k = n_heads_k
+        grid = (n_key_blocks * n_heads_k,)
+        l2_seqlen_q = seqlen_q // max(n_seqs, 1)  # (the mean sequence's Q / dO)
+        varlen_args = [cu_seqlens[0], cu_seqlens[1], n_seqs]
     if counter is None:
         counter = _tile_counter(cfg, lse2, k, seqlen_q, window_right)
     args = [
@@ -153,13 +166,13 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
         n_key_blocks, n_bh_k,
         # the longest-first order walks KV heads whose Q and dO (all query heads of the
         # GQA group) fit L2 together
-        heads_per_group(n_bh_k, 2 * seqlen_q * padded_head_dim(head_dim) * q.element_size()
+        heads_per_group(n_bh_k, 2 * l2_seqlen_q * padded_head_dim(head_dim) * q.element_size()
                         * group_size),
         int(window_left), int(window_right),
         float(softmax_scale * LOG2E), float(softmax_scale),
         float(softmax_scale / softcap) if has_softcap else 0.0,
         float(softcap * LOG2E) if has_softcap else 0.0,
-    ]
+    ] + varlen_args
     constexprs = dict(
         BLOCK_M=cfg.block_m, NUM_STAGES=cfg.num_stages, HEAD_DIM=head_dim,
         HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, HAS_SOFTCAP=has_softcap,
@@ -187,7 +200,10 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
                           DQ_ASYNC=cfg.dq_tma and cfg.dq_async, PERSISTENT=cfg.persistent,
                           DYNAMIC=cfg.dynamic,
                           DETERMINISTIC=cfg.det_order if cfg.deterministic else 0,
-                          DQ_RELEASE_LATE=cfg.det_release_late)
+                          DQ_RELEASE_LATE=cfg.det_release_late, VARLEN=cu_seqlens is not None)
+    if cu_seqlens is not None and (wide or cfg.persistent or cfg.deterministic or cfg.pipeline):
+        raise ValueError("the varlen backward runs bwd_kernel (d <= 128) with one CTA per tile "
+                         "(persistent, deterministic and pipeline off)")
     options = dict(num_warps=4, maxnreg=cfg.maxnreg)
     return args, constexprs, options, grid
 
@@ -244,6 +260,59 @@ def flash_bwd_hopper(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     return dq, dk, dv
 
 
+def flash_bwd_hopper_varlen(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                            v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                            cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, *,
+                            softmax_scale: float, causal: bool, window_left: int,
+                            window_right: int, softcap: float,
+                            config_overrides: Optional[Dict[str, Any]] = None):
+    """Packed variable-length backward with the Gluon sm90 kernel (bwd_kernel.py's VARLEN
+    mode; d <= 128, fp16/bf16, TMA-aligned q/k/v).
+
+    dout/out (total_q, h, d), q (total_q, h, d), k/v (total_k, h_k, d); lse float32
+    (h, total_q); cu_seqlens as in fwd.flash_fwd_hopper_varlen. One CTA per (KV head, key-block
+    slot) of tiles.varlen_slot; no device value read on the host. Returns dq, dk, dv shaped
+    like q, k, v: 0 on rows and keys of no sequence (the portable varlen backward's contract).
+    """
+    from flashattn.sm90.bwd_postprocess import dq_from_workspace
+    from flashattn.sm90.bwd_preprocess import row_stats
+
+    total_q, n_heads, head_dim = q.shape
+    # one CTA per key tile (the masked configs): slots of unequal cost need no queue then
+    cfg = bwd_config(head_dim, masked=True, **(config_overrides or {}))
+    dout = _tma_ready(dout)
+    if out.stride(-1) != 1:
+        out = out.contiguous()
+    cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
+    # a query block of the last sequence reads up to BLOCK_M statistics rows past total_q
+    seqlen_q_pad = cdiv(total_q, cfg.block_m) * cfg.block_m + cfg.block_m
+    q4, k4, v4, dout4, out4 = (t.unsqueeze(0) for t in (q, k, v, dout, out))
+    dq_acc = dq_workspace(q4, seqlen_q_pad)
+    lse2, delta = row_stats(out4, dout4, lse.contiguous().unsqueeze(0), seqlen_q_pad, dq_acc,
+                            transposed=False)
+    # (keys of no sequence get no tile: their gradients stay 0)
+    dk = torch.zeros(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
+    dk4, dv4 = dk.unsqueeze(0), dv.unsqueeze(0)
+    key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), dout.stride(), q.dtype,
+           q.device, cu_seqlens_q.shape[0], softmax_scale, window_left, window_right, softcap,
+           tuple(sorted(config_overrides.items())) if config_overrides else None)
+
+    def build():
+        args, constexprs, options, grid = launch_args(
+            dout4, q4, k4, v4, lse2, delta, dq_acc, dk4, dv4, cfg, softmax_scale=softmax_scale,
+            window_left=window_left, window_right=window_right, softcap=softcap, counter=lse2,
+            cu_seqlens=(cu_seqlens_q, cu_seqlens_k))
+        return bwd_kernel_for(head_dim), grid, args, {**constexprs, **options}
+
+    _VARLEN_PLANS.launch(key, (q4, k4, v4, dout4, dq_acc, lse2, delta, dq_acc, dk4, dv4, lse2,
+                               cu_seqlens_q, cu_seqlens_k), build)
+    dq = dq_from_workspace(dq_acc, q4, transposed=False)[0]
+    return dq, dk, dv
+
+
 # Launch plans of earlier calls (kernels/launch.py; see hopper/fwd.py). Slots: the q, k, v,
 # dout and dQ-workspace descriptors, lse2, delta, the workspace, dk, dv, the tile counter.
 _PLANS = LaunchPlans(slots=tuple(range(11)))
+VARLEN_ARGS = 26  # cu_seqlens_q, cu_seqlens_k (after the 15 scalars; launch_args)
+_VARLEN_PLANS = LaunchPlans(slots=tuple(range(11)) + (VARLEN_ARGS, VARLEN_ARGS + 1))

@@ -66,7 +66,8 @@ from flashattn.sm90.bwd_epilogue import store_kv_grads
 from flashattn.sm90.bwd_producer import alloc_query_streams, producer, read_tile
 from flashattn.sm90.ptx import per_thread_ptx
 from flashattn.sm90.softmax import ds_t, probs_t
-from flashattn.sm90.tiles import block_needs_mask_t, key_block_coords, query_block_range, visible_t
+from flashattn.sm90.tiles import (block_needs_mask_t, key_block_coords, query_block_range,
+                                  varlen_key_tile, visible_t)
 
 
 @gluon.jit
@@ -241,7 +242,8 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
               HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, DQ_TMA: gl.constexpr,
               PIPELINE: gl.constexpr, DQ_ASYNC: gl.constexpr, LONGEST_FIRST: gl.constexpr,
               PERSISTENT: gl.constexpr, DYNAMIC: gl.constexpr,
-              DETERMINISTIC: gl.constexpr = False, handoff=None):
+              DETERMINISTIC: gl.constexpr = False, handoff=None, varlen=None,
+              VARLEN: gl.constexpr = False):
     """One consumer warpgroup: keys [WG * HALF_N, (WG + 1) * HALF_N) of each key block (tile)
     it processes (one; with PERSISTENT every num_programs-th, or with DYNAMIC those the
     producer publishes). DETERMINISTIC: dQ goes to the writer warp through ``handoff``, and
@@ -303,7 +305,8 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
     else:  # one tile per CTA: no loop around the body (it costs ptxas registers)
         _key_tile(WG, gl.program_id(0), 0, gl.to_tensor(0), descs, smem, bars, problem, window,
                   scales, ptrs, schedule, consts, BLOCK_M, HEAD_DIM, HAS_LEFT, HAS_RIGHT,
-                  HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC, LONGEST_FIRST, PERSISTENT)
+                  HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC, LONGEST_FIRST, PERSISTENT,
+                  None, False, varlen, VARLEN)
     if DETERMINISTIC:
         _end_dq_writer(handoff, it_base, WG)
     elif DQ_ASYNC:
@@ -316,9 +319,10 @@ def _key_tile(WG: gl.constexpr, tile, tile_iter, it_base, descs, smem, bars, pro
               HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
               DQ_TMA: gl.constexpr, PIPELINE: gl.constexpr, DQ_ASYNC: gl.constexpr,
               LONGEST_FIRST: gl.constexpr, PERSISTENT: gl.constexpr, handoff=None,
-              DETERMINISTIC: gl.constexpr = False):
+              DETERMINISTIC: gl.constexpr = False, varlen=None, VARLEN: gl.constexpr = False):
     """One consumer's work on key tile ``tile`` (the ``tile_iter``-th of this CTA): dK / dV over
-    its query blocks, then stored. Returns the query-block count to continue from."""
+    its query blocks, then stored. Returns the query-block count to continue from. VARLEN:
+    the tile's sequence from tiles.varlen_key_tile (packed (1, total, h, d) tensors)."""
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
     kv_ready = bars[0]
     seqlen_q, seqlen_k, n_heads, n_heads_k, group_size, seqlen_q_pad = problem
@@ -333,11 +337,21 @@ def _key_tile(WG: gl.constexpr, tile, tile_iter, it_base, descs, smem, bars, pro
     D_PAD: gl.constexpr = q_desc.block_type.shape[3]
     KV_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, D_PAD, 16])
-    b, h_k, n_block = key_block_coords(tile, (n_key_blocks, n_bh_k, heads_per_group), n_heads_k,
-                                       LONGEST_FIRST, DETERMINISTIC)
+    if VARLEN:
+        h_k, n_block, q_off, len_q, k_off, len_k = varlen_key_tile(
+            tile, varlen, (n_key_blocks, n_bh_k, heads_per_group), n_heads_k, seqlen_q,
+            seqlen_k, BLOCK_N, LONGEST_FIRST)
+        b = h_k * 0
+    else:
+        b, h_k, n_block = key_block_coords(tile, (n_key_blocks, n_bh_k, heads_per_group),
+                                           n_heads_k, LONGEST_FIRST, DETERMINISTIC)
+        q_off = 0
+        k_off = 0
+        len_q = seqlen_q
+        len_k = seqlen_k
     n_start = n_block * BLOCK_N
     key0 = n_start + WG * HALF_N
-    lo_blk, n_blocks = query_block_range(n_start, seqlen_q, seqlen_k, window_left, window_right,
+    lo_blk, n_blocks = query_block_range(n_start, len_q, len_k, window_left, window_right,
                                          BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
     dk = gl.zeros([HALF_N, D_PAD], gl.float32, KV_LAYOUT)
     dv = gl.zeros([HALF_N, D_PAD], gl.float32, KV_LAYOUT)
@@ -347,12 +361,13 @@ def _key_tile(WG: gl.constexpr, tile, tile_iter, it_base, descs, smem, bars, pro
         WG, descs, smem, bars, problem, scales, ptrs, b, h_k, n_start, key0, lo_blk, n_blocks,
         total, it_base, dk, dv, k_mine, v_mine, k_cols, s_zero, dq_zero, dq_offs, window,
         BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC, n_block,
-        handoff, DETERMINISTIC)
+        handoff, DETERMINISTIC, (q_off, len_q, len_k), VARLEN)
     if PERSISTENT:
         mbarrier.arrive(kv_empty)  # every GEMM reading this K / V has completed
     # ---- epilogue: dK (times softmax_scale) and dV of this consumer's keys
-    store_kv_grads(dk, dv, dk_ptr, dv_ptr, key0, 0, seqlen_k, b, h_k, n_heads_k, sm_scale,
-                   HEAD_DIM)
+    # (VARLEN: keys past the sequence's end are the next sequence's: not stored)
+    store_kv_grads(dk, dv, dk_ptr, dv_ptr, k_off + key0, 0, k_off + len_k, b, h_k, n_heads_k,
+                   sm_scale, HEAD_DIM)
     return it_base
 
 
@@ -363,12 +378,15 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
                       HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                       HAS_SOFTCAP: gl.constexpr, DQ_TMA: gl.constexpr, PIPELINE: gl.constexpr,
                       DQ_ASYNC: gl.constexpr, n_block=0, handoff=None,
-                      DETERMINISTIC: gl.constexpr = False):
+                      DETERMINISTIC: gl.constexpr = False, span=None,
+                      VARLEN: gl.constexpr = False):
     """The ``total`` query blocks of one key tile for one consumer: dK / dV accumulated in
     registers (returned), dQ added to the workspace. Ring slots and dS slots continue from
     ``it_base``; returns (it_base + total, dk, dv). DETERMINISTIC: dQ goes to the writer warp
     (_dq_writer) through ``handoff`` = (dq_full, dq_empty, meta_smem) with this tile's turn,
-    ``-n_block``."""
+    ``-n_block``. ``span`` (VARLEN): (q offset, q length, k length) of the tile's sequence:
+    masks by its lengths, queries past its end included (they are the next sequence's rows,
+    with finite lse), dQ rows from its offset."""
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
     k_smem, v_smem, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem = smem
     kv_ready, q_ready, q_empty, do_ready, do_empty, ds_ready, ds_free, stats_ready = bars
@@ -388,6 +406,12 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
     COL_S: gl.constexpr = gl.SliceLayout(0, S_LAYOUT)
     if DETERMINISTIC:
         gl.static_assert(DQ_ASYNC and not PIPELINE and not HAS_LEFT)
+    if VARLEN:
+        q_off, len_q, len_k = span
+    else:
+        q_off = 0
+        len_q = seqlen_q
+        len_k = seqlen_k
 
     if PIPELINE:
         # S^T / dP^T of the first block; later ones are issued before the previous block's dQ
@@ -403,7 +427,7 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
         g = j // n_blocks
         h = h_k * group_size + g
         # dQ workspace (b, h, s_q_pad, D_PAD) fp32, seen as (b * h * s_q_pad, D_PAD) rows
-        dq_row0 = (b * n_heads + h) * seqlen_q_pad
+        dq_row0 = (b * n_heads + h) * seqlen_q_pad + q_off
         stage = it % NUM_STAGES
         phase = (it // NUM_STAGES) & 1
         m_start = (lo_blk + j - g * n_blocks) * BLOCK_M
@@ -423,10 +447,10 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
         mbarrier.wait(stats_ready.index(stage), phase)
         lse2 = lse_smem.index(stage).load(COL_S)
         p, t = probs_t(s, lse2, qk_scale, softcap_inv, softcap_log2, HAS_SOFTCAP)
-        if block_needs_mask_t(n_start, m_start, seqlen_q, seqlen_k, window_left, window_right,
-                              BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT):
-            vis = visible_t(key0, m_start, seqlen_q, seqlen_k, window_left, window_right,
-                            S_LAYOUT, HALF_N, BLOCK_M, HAS_LEFT, HAS_RIGHT)
+        if block_needs_mask_t(n_start, m_start, len_q, len_k, window_left, window_right,
+                              BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, VARLEN):
+            vis = visible_t(key0, m_start, len_q, len_k, window_left, window_right,
+                            S_LAYOUT, HALF_N, BLOCK_M, HAS_LEFT, HAS_RIGHT, VARLEN)
             p = gl.where(vis, p, 0.0)
         if not PIPELINE:
             dp = warpgroup_mma_wait(0, deps=(dp_tok,))
@@ -483,13 +507,15 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
                     dv_ptr, tile_counter, seqlen_q, seqlen_k, n_heads, n_heads_k, group_size, seqlen_q_pad,
                     n_key_blocks, n_bh_k, heads_per_group,
                     window_left, window_right, qk_scale, sm_scale, softcap_inv, softcap_log2,
+                    cu_q_ptr, cu_k_ptr, n_seqs,
                     BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, HEAD_DIM: gl.constexpr,
                     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
                     DQ_TMA: gl.constexpr, PIPELINE: gl.constexpr, DQ_ASYNC: gl.constexpr,
                     CONSUMER_REGS: gl.constexpr,
                     PRODUCER_REGS: gl.constexpr, LONGEST_FIRST: gl.constexpr = False,
                     PERSISTENT: gl.constexpr = False, DYNAMIC: gl.constexpr = False,
-                    DETERMINISTIC: gl.constexpr = False, DQ_RELEASE_LATE: gl.constexpr = False):
+                    DETERMINISTIC: gl.constexpr = False, DQ_RELEASE_LATE: gl.constexpr = False,
+                    VARLEN: gl.constexpr = False):
     """Warp-specialised attention backward (see module docstring).
 
     Descriptors are rank 4 over (batch, seq, head, dim): q/do boxes [1, BLOCK_M, 1, D_PAD],
@@ -510,6 +536,13 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
     ascending; DETERMINISTIC: key-block major, descending), or with PERSISTENT fewer CTAs (e.g. one per SM) that take tiles program id,
     + num_programs, ... (DYNAMIC: program id, then tickets from tile_counter, in the same
     order); num_warps = 4 (the default partition is consumer 0).
+    VARLEN (one CTA per tile, not deterministic): packed sequences; descriptors over
+    (1, total, h, d) views, seqlen_q / seqlen_k = total_q / total_k, n_bh_k = h_k,
+    n_key_blocks = the key-block slots per KV head (n_seqs + total_k // BLOCK_N,
+    tiles.varlen_slot), s_q_pad >= total_q + BLOCK_M (lse2 / delta (h, s_q_pad): a query block
+    of the last sequence may read BLOCK_M rows past total_q), cu_q_ptr / cu_k_ptr int32
+    (n_seqs + 1,); dk / dv (1, total_k, h_k, d) zeroed by the host (keys of no sequence).
+    cu_q_ptr / cu_k_ptr None and n_seqs 0 otherwise.
     """
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
     k_smem = gl.allocate_shared_memory(k_desc.dtype, k_desc.block_type.shape, k_desc.layout)
@@ -541,6 +574,11 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
     scales = (qk_scale, sm_scale, softcap_inv, softcap_log2)
     ptrs = (lse2_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr)
     schedule = (n_key_blocks, n_bh_k, heads_per_group, kv_empty, tile_counter)
+    gl.static_assert(not VARLEN or not (PERSISTENT or DETERMINISTIC or PIPELINE))
+    if VARLEN:
+        varlen = (cu_q_ptr, cu_k_ptr, n_seqs)
+    else:
+        varlen = scales  # (unread)
     if DETERMINISTIC:
         # the consumers -> dQ writer handoff: both staging tiles of a query block (dq_full,
         # one arrive per consumer), released once the copy engine has read them (dq_empty),
@@ -569,10 +607,11 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
             # constexpr flags one by one (in a tuple they would reach the workers as i1 values)
             (_consumer, (0, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
                          HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
-                         LONGEST_FIRST, PERSISTENT, DYNAMIC)),
+                         LONGEST_FIRST, PERSISTENT, DYNAMIC, False, None, varlen, VARLEN)),
             (_consumer, (1, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
                          HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
-                         LONGEST_FIRST, PERSISTENT, DYNAMIC)),
+                         LONGEST_FIRST, PERSISTENT, DYNAMIC, False, None, varlen, VARLEN)),
             (producer, (descs, smem, bars, problem, window, ptrs, schedule, BLOCK_M, HAS_LEFT,
-                         HAS_RIGHT, LONGEST_FIRST, PERSISTENT, DYNAMIC)),
+                         HAS_RIGHT, LONGEST_FIRST, PERSISTENT, DYNAMIC, False, varlen,
+                         VARLEN)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

@@ -15,14 +15,14 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from flashattn.runtime.gluon_api import cta_barrier, tma_load, tma_store  # noqa: F401 (version names)
 
 from flashattn.sm90.ring import ring_load
-from flashattn.sm90.tiles import key_block_coords, query_block_range
+from flashattn.sm90.tiles import key_block_coords, query_block_range, varlen_key_tile
 
 
 @gluon.jit
 def producer(descs, smem, bars, problem, window, ptrs, schedule, BLOCK_M: gl.constexpr,
               HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, LONGEST_FIRST: gl.constexpr,
               PERSISTENT: gl.constexpr, DYNAMIC: gl.constexpr,
-              DETERMINISTIC: gl.constexpr = False):
+              DETERMINISTIC: gl.constexpr = False, varlen=None, VARLEN: gl.constexpr = False):
     """Per key tile: K_j, V_j once, then Q_i, dO_i and the row statistics (lse2_i, delta_i) of
     every query block of every head of the group. PERSISTENT: tile after tile, the next K_j /
     V_j loaded once both consumers have released the previous ones (kv_empty), while they
@@ -30,7 +30,9 @@ def producer(descs, smem, bars, problem, window, ptrs, schedule, BLOCK_M: gl.con
     DYNAMIC program id, then num_programs + an atomic ticket each (a global queue: tiles of
     unequal cost, as under a causal mask, keep every CTA busy and the CTAs running together
     close in tile order, so they share Q / dO in L2). DYNAMIC publishes each tile's index for
-    the consumers (publish_tile), and an index >= n_tiles when the queue is empty."""
+    the consumers (publish_tile), and an index >= n_tiles when the queue is empty.
+    VARLEN (one CTA per tile): packed sequences, varlen = (cu_seqlens_q, cu_seqlens_k,
+    n_seqs) (tiles.varlen_key_tile)."""
     n_key_blocks, n_bh_k, heads_per_group, kv_empty, tile_counter = schedule
     kv_ready = bars[0]
     if PERSISTENT:
@@ -60,7 +62,7 @@ def producer(descs, smem, bars, problem, window, ptrs, schedule, BLOCK_M: gl.con
     else:
         _produce_key_tile(gl.program_id(0), gl.to_tensor(0), descs, smem, bars, problem,
                           window, ptrs, schedule, BLOCK_M, HAS_LEFT, HAS_RIGHT, LONGEST_FIRST,
-                          DETERMINISTIC)
+                          DETERMINISTIC, varlen, VARLEN)
 
 
 @gluon.jit
@@ -83,9 +85,12 @@ def read_tile(tile_counter):
 @gluon.jit
 def _produce_key_tile(tile, it, descs, smem, bars, problem, window, ptrs, schedule,
                       BLOCK_M: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
-                      LONGEST_FIRST: gl.constexpr, DETERMINISTIC: gl.constexpr = False):
+                      LONGEST_FIRST: gl.constexpr, DETERMINISTIC: gl.constexpr = False,
+                      varlen=None, VARLEN: gl.constexpr = False):
     """The loads of key tile ``tile``: K_j, V_j, then the Q / dO blocks and row statistics of
-    every query head of the group, ring slots continuing from ``it``; returns the next ``it``."""
+    every query head of the group, ring slots continuing from ``it``; returns the next ``it``.
+    VARLEN: the tile's sequence starts at q_off / k_off of the (1, total, h, d) tensors and
+    of the (h, s_q_pad) statistics."""
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
     k_smem, v_smem, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem = smem
     kv_ready, q_ready, q_empty, do_ready, do_empty, ds_ready, ds_free, stats_ready = bars
@@ -98,17 +103,27 @@ def _produce_key_tile(tile, it, descs, smem, bars, problem, window, ptrs, schedu
     # one warp moves the 2 x BLOCK_M row statistics (lse2, delta) of a query block
     STAT_LAYOUT: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
 
-    b, h_k, n_block = key_block_coords(tile, (n_key_blocks, n_bh_k, heads_per_group), n_heads_k,
-                                       LONGEST_FIRST, DETERMINISTIC)
+    if VARLEN:
+        h_k, n_block, q_off, len_q, k_off, len_k = varlen_key_tile(
+            tile, varlen, (n_key_blocks, n_bh_k, heads_per_group), n_heads_k, seqlen_q,
+            seqlen_k, BLOCK_N, LONGEST_FIRST)
+        b = 0
+    else:
+        b, h_k, n_block = key_block_coords(tile, (n_key_blocks, n_bh_k, heads_per_group),
+                                           n_heads_k, LONGEST_FIRST, DETERMINISTIC)
+        q_off = 0
+        k_off = 0
+        len_q = seqlen_q
+        len_k = seqlen_k
     n_start = n_block * BLOCK_N
     mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-    tma_load(k_desc, [b, n_start, h_k, 0], kv_ready, k_smem)
-    tma_load(v_desc, [b, n_start, h_k, 0], kv_ready, v_smem)
-    lo_blk, n_blocks = query_block_range(n_start, seqlen_q, seqlen_k, window_left, window_right,
+    tma_load(k_desc, [b, k_off + n_start, h_k, 0], kv_ready, k_smem)
+    tma_load(v_desc, [b, k_off + n_start, h_k, 0], kv_ready, v_smem)
+    lo_blk, n_blocks = query_block_range(n_start, len_q, len_k, window_left, window_right,
                                          BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
     for g in range(group_size):
         h = h_k * group_size + g
-        stats_base = (b * n_heads + h).to(gl.int64) * seqlen_q_pad
+        stats_base = (b * n_heads + h).to(gl.int64) * seqlen_q_pad + q_off
         for i in range(n_blocks):
             stage = it % NUM_STAGES
             phase = (it // NUM_STAGES) & 1
@@ -117,8 +132,9 @@ def _produce_key_tile(tile, it, descs, smem, bars, problem, window, ptrs, schedu
             rows = m_start + gl.arange(0, BLOCK_M, layout=STAT_LAYOUT)
             lse2 = gl.load(lse2_ptr + stats_base + rows)
             delta = gl.load(delta_ptr + stats_base + rows)
-            ring_load(q_desc, [b, m_start, h, 0], q_smem, q_ready, q_empty, stage, phase)
-            ring_load(do_desc, [b, m_start, h, 0], do_smem, do_ready, do_empty, stage, phase)
+            ring_load(q_desc, [b, q_off + m_start, h, 0], q_smem, q_ready, q_empty, stage, phase)
+            ring_load(do_desc, [b, q_off + m_start, h, 0], do_smem, do_ready, do_empty, stage,
+                      phase)
             # the slot's previous statistics were read before both consumers released Q and dO
             lse_smem.index(stage).store(lse2)
             delta_smem.index(stage).store(delta)

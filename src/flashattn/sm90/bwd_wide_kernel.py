@@ -242,6 +242,7 @@ def attn_bwd_wide_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, del
                          dk_ptr, dv_ptr, tile_counter, seqlen_q, seqlen_k, n_heads, n_heads_k, group_size,
                          seqlen_q_pad, n_key_blocks, n_bh_k, heads_per_group, window_left,
                          window_right, qk_scale, sm_scale, softcap_inv, softcap_log2,
+                         cu_q_ptr, cu_k_ptr, n_seqs,
                          BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr,
                          HEAD_DIM: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                          HAS_SOFTCAP: gl.constexpr, PIPELINE: gl.constexpr,
@@ -257,7 +258,8 @@ def attn_bwd_wide_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, del
     dk_ptr / dv_ptr: (b, s_k, h_k, HEAD_DIM) contiguous, q's dtype; tile_counter unused (one tile
     per CTA: the shared producer's queue argument). Grid and program order as
     bwd_kernel.attn_bwd_kernel (1-D, tiles.key_block_coords), num_warps = 4 (the default
-    partition is consumer 0).
+    partition is consumer 0). cu_q_ptr / cu_k_ptr / n_seqs: attn_bwd_kernel's varlen
+    arguments, unused here (packed calls at d = 192 / 256 run the portable backward).
     """
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
     HALF_M: gl.constexpr = BLOCK_M // 2

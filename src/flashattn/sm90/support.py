@@ -317,3 +317,21 @@ def backward_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         if why is not None:
             return f"deterministic=True with {why}"
     return None
+
+
+def varlen_backward_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                params: Mapping[str, Any],
+                                seqused_k: Optional[torch.Tensor]) -> Optional[str]:
+    """Why this packed backward (q (total_q, h, d), k / v (total_k, h_k, d)) is not covered by
+    bwd_kernel.py's varlen mode (None when it is): the dense backward's rules over the
+    (1, total, h, d) views, head dims up to 128 (d = 192 / 256 run bwd_wide_kernel.py, which
+    has no varlen mode), deterministic=False, no seqused_k, at least one row and key."""
+    if q.shape[0] == 0 or k.shape[0] == 0:
+        return "no query row or no key"
+    if seqused_k is not None:
+        return "seqused_k (the varlen backward kernel does not read it)"
+    if params.get("deterministic", False):
+        return "deterministic=True (no ordered dQ in the varlen backward)"
+    if q.shape[-1] > 128:
+        return f"head dim {q.shape[-1]} (varlen backward: d <= 128)"
+    return backward_unsupported(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), params)

@@ -152,6 +152,24 @@ def key_block_coords(tile, key_grid, n_heads_k, LONGEST_FIRST: gl.constexpr,
     return b, h_k, n_block
 
 
+@gluon.jit
+def varlen_key_tile(tile, varlen, key_grid, n_heads_k, total_q, total_k,
+                    BLOCK_N: gl.constexpr, LONGEST_FIRST: gl.constexpr):
+    """Backward over packed sequences: (KV head, key block inside the sequence, q offset,
+    q length, k offset, k length) of tile ``tile``, key_grid = (slots per KV head, n_heads_k,
+    heads_per_group) in key_block_coords' order, varlen = (cu_seqlens_q, cu_seqlens_k,
+    n_seqs). A slot past its sequence's keys (varlen_slot) gets q length 0: no query block,
+    nothing stored."""
+    cu_q_ptr, cu_k_ptr, n_seqs = varlen
+    _, h_k, slot = key_block_coords(tile, key_grid, n_heads_k, LONGEST_FIRST)
+    seq, n_block = varlen_slot(slot, cu_k_ptr, n_seqs, total_k, BLOCK_N)
+    k_off, len_k = varlen_span(cu_k_ptr, seq, total_k)
+    q_off, len_q = varlen_span(cu_q_ptr, seq, total_q)
+    if n_block * BLOCK_N >= len_k:
+        len_q = len_q * 0
+    return h_k, n_block, q_off, len_q, k_off, len_k
+
+
 # Backward geometry (transposed tiles: rows are keys, columns queries)
 @gluon.jit
 def query_block_range(n_start, seqlen_q, seqlen_k, window_left, window_right,

@@ -125,9 +125,13 @@ def measure(impl: str, lengths: List[int], causal: bool, mode: str) -> float:
     inputs = [x for x in (q, k, v)]
     if impl == "flex":
         inputs = None  # grads land on flex's own copies
-    return triton.testing.do_bench(
-        lambda: out.backward(dout, retain_graph=True), warmup=10, rep=40,
-        grad_to_none=inputs)
+    # a forced family holds for the backward too (autograd runs it outside build's block)
+    name = impl.split("-")[1] if impl in ("flashattn-portable", "flashattn-hopper") else "auto"
+
+    def backward():
+        with flashattn.use_backend(name):
+            out.backward(dout, retain_graph=True)
+    return triton.testing.do_bench(backward, warmup=10, rep=40, grad_to_none=inputs)
 
 
 def main() -> int:

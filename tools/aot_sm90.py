@@ -192,15 +192,27 @@ def compile_bwd_variant(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, c
     window_left, window_right = window
     if causal:
         window_right = 0
-    cfg = bwd_config(head_dim, masked=window_left >= 0 or window_right >= 0, **(overrides or {}))
+    # packed sequences (bwd_kernel's VARLEN mode, one CTA per tile: the masked config), a
+    # variant switch rather than a BwdConfig field
+    varlen = bool((overrides or {}).get("varlen"))
+    fields = {k: v for k, v in (overrides or {}).items() if k != "varlen"}
+    cfg = bwd_config(head_dim, masked=varlen or window_left >= 0 or window_right >= 0,
+                     **fields)
     b, s, h = 2, 1000, 4
     q = torch.empty((b, s, h, head_dim), dtype=dtype)
     s_pad = -(-s // cfg.block_m) * cfg.block_m
+    cu_seqlens = None
+    if varlen:  # (1, total, h, d) views, BLOCK_M statistics rows past total_q, b + 1 offsets
+        q = q.reshape(1, b * s, h, head_dim)
+        s_pad = -(-b * s // cfg.block_m) * cfg.block_m + cfg.block_m
+        cu = torch.zeros(b + 1, dtype=torch.int32)
+        cu_seqlens = (cu, cu)
     dq_acc = dq_workspace(q, s_pad)
-    lse = torch.empty((b, h, s_pad), dtype=torch.float32)
+    lse = torch.empty((q.shape[0], h, s_pad), dtype=torch.float32)
     args, constexprs, options, _ = launch_args(
         q, q, q, q, lse, lse, dq_acc, q, q, cfg, softmax_scale=head_dim ** -0.5,
-        window_left=window_left, window_right=window_right, softcap=softcap)
+        window_left=window_left, window_right=window_right, softcap=softcap,
+        cu_seqlens=cu_seqlens)
     return _compile(bwd_kernel_for(head_dim), args, constexprs, options,
                     _bwd_variant_key(head_dim, dtype, causal, window, softcap, overrides))
 

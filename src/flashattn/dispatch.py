@@ -235,7 +235,7 @@ def varlen_backward_family(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_
         if n_seqs < 1 or varlen_backward_unsupported(q, k, v, kwargs, seqused_k) is not None:
             return backend_for(q)
         if (requested_backend() == "auto"
-                and varlen_slower_than_portable(q, k, n_seqs, kwargs) is not None):
+                and varlen_slower_than_portable(q, k, n_seqs, kwargs, backward=True) is not None):
             return backend_for(q)
     return family
 

@@ -509,3 +509,18 @@ def test_varlen_backward_coverage(d, kw, used, expected):
     p.update(kw)
     why = varlen_backward_unsupported(q, k, k, p, _meta((3,), torch.int32) if used else None)
     assert (why is None) if expected is None else (expected in why), why
+
+
+@pytest.mark.parametrize("backend,n_seqs,expected", [
+    ("auto", 8, "hopper"),       # mean 512
+    ("auto", 16, "hopper"),      # mean 256: the backward's measured crossover
+    ("auto", 32, "portable"),    # mean 128: not measured
+    ("hopper", 32, "hopper"),    # forcing ignores the speed rule
+])
+def test_varlen_backward_family(env, monkeypatch, backend, n_seqs, expected):
+    env(backend, None)
+    monkeypatch.setattr(dispatch, "family_for", lambda t: "hopper")
+    monkeypatch.setattr(dispatch, "backend_for", lambda t: "portable")
+    q = _meta((4096, 8, 128))
+    k = v = _meta((4096, 2, 128))
+    assert dispatch.varlen_backward_family(q, k, v, n_seqs, None, _attn_params()) == expected

@@ -113,6 +113,10 @@ BWD_VARIANTS = (
        ("bwd", 128, "bfloat16", False, (-1, -1), 0.0, {"deterministic": True}),
        ("bwd", 64, "float16", True, (-1, -1), 0.0, {"deterministic": True}),
        ("bwd", 128, "bfloat16", False, (-1, 64), 0.0, {"deterministic": True})]
+    # packed sequences (VARLEN, one CTA per key-block slot, d <= 128)
+    + [("bwd", d, dt, c, (-1, -1), 0.0, {"varlen": True})
+       for d, dt, c in ((128, "bfloat16", False), (128, "bfloat16", True),
+                        (64, "float16", True), (96, "bfloat16", False))]
 )
 
 

@@ -240,17 +240,24 @@ def slower_than_portable(q: torch.Tensor, k: torch.Tensor, params: Mapping[str, 
 # 128 1.35x / 1.35x. One launch serves every sequence, so the dense rule's fixed costs per
 # call do not scale with the number of sequences; below 512 the points disagree.
 MIN_MEAN_SEQLEN_K_VARLEN = 512
+# Packed backward, bwd_kernel.py's varlen mode / portable, same probe (session 22, backward
+# forced too, three runs at 1k / 4k): 4k 1.59-1.67x dense / 1.42-1.46x causal, 1k 1.58x /
+# 1.35x, 512 1.40x / 1.25x, 256 1.26x / 1.17x; not measured below.
+MIN_MEAN_SEQLEN_K_VARLEN_BWD = 256
 
 
 def varlen_slower_than_portable(q: torch.Tensor, k: torch.Tensor, n_seqs: int,
-                                params: Mapping[str, Any]) -> Optional[str]:
-    """Why ``dispatch`` in auto mode keeps this covered packed forward (q (total_q, h, d), k
-    (total_k, h_k, d)) on the portable kernels, or None: a mean key length total_k / n_seqs
-    below MIN_MEAN_SEQLEN_K_VARLEN (the lengths themselves live on the device)."""
+                                params: Mapping[str, Any],
+                                backward: bool = False) -> Optional[str]:
+    """Why ``dispatch`` in auto mode keeps this covered packed forward (or ``backward``) (q
+    (total_q, h, d), k (total_k, h_k, d)) on the portable kernels, or None: a mean key length
+    total_k / n_seqs below MIN_MEAN_SEQLEN_K_VARLEN(_BWD) (the lengths themselves live on the
+    device)."""
     mean_k = k.shape[0] // max(n_seqs, 1)
-    if mean_k < MIN_MEAN_SEQLEN_K_VARLEN:
-        return (f"mean seqlen_k {mean_k} < {MIN_MEAN_SEQLEN_K_VARLEN} (varlen): portable is "
-                "not slower there")
+    need = MIN_MEAN_SEQLEN_K_VARLEN_BWD if backward else MIN_MEAN_SEQLEN_K_VARLEN
+    if mean_k < need:
+        return (f"mean seqlen_k {mean_k} < {need} (varlen{' backward' if backward else ''}): "
+                "portable is not slower there")
     return None
 
 

@@ -272,11 +272,20 @@ def backend(name: str) -> Any:
 def select(op: str, q: torch.Tensor, k: Optional[torch.Tensor] = None,
            v: Optional[torch.Tensor] = None, params: Optional[AttnParams] = None,
            return_softmax: bool = False, scales: Optional[Fp8Scales] = None,
-           out_dtype: Optional[torch.dtype] = None) -> str:
+           out_dtype: Optional[torch.dtype] = None, n_seqs: Optional[int] = None,
+           seqused_k: Optional[torch.Tensor] = None) -> str:
     """The backend ('hopper' | 'portable' | 'cpu') that runs ``op`` (one of :data:`OPS`) for
-    these inputs: the dense forward / backward may take the Hopper kernels (per-call checks
-    need k, v and the params; the FP8 forward also its scales and ``out_dtype``, None: a
-    16-bit one); every other op runs on the device backend."""
+    these inputs: the dense and packed forward / backward may take the Hopper kernels
+    (per-call checks need k, v and the params, packed calls also ``n_seqs`` and
+    ``seqused_k``; the FP8 forwards also the scales and ``out_dtype``, None: a 16-bit one);
+    every other op runs on the device backend."""
+    if op in ("varlen_fwd", "varlen_bwd") and params is not None and n_seqs is not None:
+        if op == "varlen_fwd":
+            return varlen_forward_family(q, k, v, n_seqs, seqused_k, params, return_softmax)
+        return varlen_backward_family(q, k, v, n_seqs, seqused_k, params)
+    if (op == "fp8_varlen_fwd" and scales is not None and n_seqs is not None
+            and _fp8_varlen_on_hopper(q, k, v, n_seqs, params, scales, out_dtype)):
+        return "hopper"
     if op == "fwd":
         return forward_family(q, k, v, **params.kernel_kwargs(), return_softmax=return_softmax)
     if op == "bwd":
@@ -300,6 +309,20 @@ def _fp8_on_hopper(x: torch.Tensor, q8: torch.Tensor, k8: torch.Tensor, v8: torc
     from flashattn.sm90.support import fp8_unsupported
 
     return fp8_unsupported(q8, k8, v8, params, scales, out_dtype) is None
+
+
+def _fp8_varlen_on_hopper(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, n_seqs: int,
+                          params: AttnParams, scales: Fp8Scales,
+                          out_dtype: Optional[torch.dtype]) -> bool:
+    """Whether the Hopper FP8 kernel's varlen mode runs this packed FP8 forward: the dense FP8
+    rules over the (1, total, h, d) views (seqused_k included), at least one sequence, row
+    and key."""
+    if family_for(q8) != "hopper" or n_seqs < 1 or q8.shape[0] == 0 or k8.shape[0] == 0:
+        return False
+    from flashattn.sm90.support import fp8_unsupported
+
+    views = (q8.unsqueeze(0), k8.unsqueeze(0), v8.unsqueeze(0))
+    return fp8_unsupported(*views, params, scales, out_dtype, varlen=True) is None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1125,16 +1148,12 @@ def fp8_varlen_forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
     """Packed varlen FP8 forward: (out (total_q, h, d_v), lse (h, total_q)); one descale per
     (sequence, head). The Hopper FP8 kernel's varlen mode takes the calls it covers (the
     dense FP8 rules over the (1, total, h, d) views; seqused_k included)."""
-    if (family_for(q8) == "hopper" and cu_seqlens_q.shape[0] > 1 and q8.shape[0] > 0
-            and k8.shape[0] > 0):
-        from flashattn.sm90.support import fp8_unsupported
-
-        views = (q8.unsqueeze(0), k8.unsqueeze(0), v8.unsqueeze(0))
-        if fp8_unsupported(*views, params, scales, out_dtype, varlen=True) is None:
-            return backend("hopper").fp8_varlen_fwd(q8, k8, v8, cu_seqlens_q, cu_seqlens_k,
-                                                    seqused_k, max_seqlen_k, scales, params,
-                                                    out_dtype)
-    name = select("fp8_varlen_fwd", q8)
+    name = select("fp8_varlen_fwd", q8, k8, v8, params, scales=scales, out_dtype=out_dtype,
+                  n_seqs=cu_seqlens_q.shape[0] - 1)
+    if name == "hopper":
+        return backend("hopper").fp8_varlen_fwd(q8, k8, v8, cu_seqlens_q, cu_seqlens_k,
+                                                seqused_k, max_seqlen_k, scales, params,
+                                                out_dtype)
     return backend(name).fp8_varlen_fwd(q8, k8, v8, cu_seqlens_q, cu_seqlens_k, seqused_k,
                                         max_seqlen_q, max_seqlen_k, scales, params, out_dtype)
 

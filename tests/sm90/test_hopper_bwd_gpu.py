@@ -14,21 +14,9 @@ from tests.accuracy import assert_attention_close, assert_close_rule
 from flashattn import dispatch, flash_attn_func
 from flashattn.reference import attention_ref
 from tests.settings import set_env
+from tests.sm90.hopper_marks import hopper_gpu_marks
 
-pytestmark = pytest.mark.gpu
-
-
-def _sm90_reason():
-    if not torch.cuda.is_available():
-        return "needs CUDA"
-    from flashattn.sm90.support import device_unavailable
-
-    return device_unavailable(torch.device("cuda"))
-
-
-_SKIP = _sm90_reason()
-if _SKIP:
-    pytestmark = [pytest.mark.gpu, pytest.mark.skip(reason=f"Hopper path unavailable: {_SKIP}")]
+pytestmark = hopper_gpu_marks()
 
 
 def _poison_allocator(nbytes: int) -> None:

@@ -17,21 +17,9 @@ from flashattn.sm90 import bwd as sm90_bwd
 from flashattn.sm90 import fwd as sm90_fwd
 from tests.api.test_varlen import VCase, check_varlen, cu_seqlens
 from tests.settings import set_env
+from tests.sm90.hopper_marks import hopper_gpu_marks
 
-pytestmark = pytest.mark.gpu
-
-
-def _sm90_reason():
-    if not torch.cuda.is_available():
-        return "needs CUDA"
-    from flashattn.sm90.support import device_unavailable
-
-    return device_unavailable(torch.device("cuda"))
-
-
-_SKIP = _sm90_reason()
-if _SKIP:
-    pytestmark = [pytest.mark.gpu, pytest.mark.skip(reason=f"Hopper path unavailable: {_SKIP}")]
+pytestmark = hopper_gpu_marks()
 
 
 @pytest.fixture

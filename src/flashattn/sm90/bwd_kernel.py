@@ -66,8 +66,8 @@ from flashattn.sm90.bwd_epilogue import store_kv_grads
 from flashattn.sm90.bwd_producer import alloc_query_streams, producer, read_tile
 from flashattn.sm90.ptx import per_thread_ptx
 from flashattn.sm90.softmax import ds_t, probs_t
-from flashattn.sm90.tiles import (block_needs_mask_t, key_block_coords, query_block_range,
-                                  varlen_key_tile, visible_t)
+from flashattn.sm90.tiles import (block_needs_mask_t, key_tile_geometry, query_block_range,
+                                  visible_t)
 
 
 @gluon.jit
@@ -337,18 +337,9 @@ def _key_tile(WG: gl.constexpr, tile, tile_iter, it_base, descs, smem, bars, pro
     D_PAD: gl.constexpr = q_desc.block_type.shape[3]
     KV_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, D_PAD, 16])
-    if VARLEN:
-        h_k, n_block, q_off, len_q, k_off, len_k = varlen_key_tile(
-            tile, varlen, (n_key_blocks, n_bh_k, heads_per_group), n_heads_k, seqlen_q,
-            seqlen_k, BLOCK_N, LONGEST_FIRST)
-        b = h_k * 0
-    else:
-        b, h_k, n_block = key_block_coords(tile, (n_key_blocks, n_bh_k, heads_per_group),
-                                           n_heads_k, LONGEST_FIRST, DETERMINISTIC)
-        q_off = 0
-        k_off = 0
-        len_q = seqlen_q
-        len_k = seqlen_k
+    b, h_k, n_block, q_off, len_q, k_off, len_k = key_tile_geometry(
+        tile, varlen, (n_key_blocks, n_bh_k, heads_per_group), n_heads_k, seqlen_q, seqlen_k,
+        BLOCK_N, LONGEST_FIRST, DETERMINISTIC, VARLEN)
     n_start = n_block * BLOCK_N
     key0 = n_start + WG * HALF_N
     lo_blk, n_blocks = query_block_range(n_start, len_q, len_k, window_left, window_right,

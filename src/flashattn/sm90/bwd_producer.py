@@ -15,7 +15,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from flashattn.runtime.gluon_api import cta_barrier, tma_load, tma_store  # noqa: F401 (version names)
 
 from flashattn.sm90.ring import ring_load
-from flashattn.sm90.tiles import key_block_coords, query_block_range, varlen_key_tile
+from flashattn.sm90.tiles import key_tile_geometry, query_block_range
 
 
 @gluon.jit
@@ -103,18 +103,9 @@ def _produce_key_tile(tile, it, descs, smem, bars, problem, window, ptrs, schedu
     # one warp moves the 2 x BLOCK_M row statistics (lse2, delta) of a query block
     STAT_LAYOUT: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
 
-    if VARLEN:
-        h_k, n_block, q_off, len_q, k_off, len_k = varlen_key_tile(
-            tile, varlen, (n_key_blocks, n_bh_k, heads_per_group), n_heads_k, seqlen_q,
-            seqlen_k, BLOCK_N, LONGEST_FIRST)
-        b = 0
-    else:
-        b, h_k, n_block = key_block_coords(tile, (n_key_blocks, n_bh_k, heads_per_group),
-                                           n_heads_k, LONGEST_FIRST, DETERMINISTIC)
-        q_off = 0
-        k_off = 0
-        len_q = seqlen_q
-        len_k = seqlen_k
+    b, h_k, n_block, q_off, len_q, k_off, len_k = key_tile_geometry(
+        tile, varlen, (n_key_blocks, n_bh_k, heads_per_group), n_heads_k, seqlen_q, seqlen_k,
+        BLOCK_N, LONGEST_FIRST, DETERMINISTIC, VARLEN)
     n_start = n_block * BLOCK_N
     mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     tma_load(k_desc, [b, k_off + n_start, h_k, 0], kv_ready, k_smem)

@@ -170,6 +170,28 @@ def varlen_key_tile(tile, varlen, key_grid, n_heads_k, total_q, total_k,
     return h_k, n_block, q_off, len_q, k_off, len_k
 
 
+@gluon.jit
+def key_tile_geometry(tile, varlen, key_grid, n_heads_k, seqlen_q, seqlen_k,
+                      BLOCK_N: gl.constexpr, LONGEST_FIRST: gl.constexpr,
+                      DETERMINISTIC: gl.constexpr, VARLEN: gl.constexpr):
+    """(batch, KV head, key block, q offset, q length, k offset, k length) of backward tile
+    ``tile``, the same in the producer and the consumers: key_block_coords' over (b, s, h, d)
+    tensors (offsets 0, the call's lengths), or with VARLEN varlen_key_tile's over packed
+    sequences (batch 0; seqlen_q / seqlen_k are then total_q / total_k)."""
+    if VARLEN:
+        h_k, n_block, q_off, len_q, k_off, len_k = varlen_key_tile(
+            tile, varlen, key_grid, n_heads_k, seqlen_q, seqlen_k, BLOCK_N, LONGEST_FIRST)
+        b = h_k * 0
+    else:
+        b, h_k, n_block = key_block_coords(tile, key_grid, n_heads_k, LONGEST_FIRST,
+                                           DETERMINISTIC)
+        q_off = 0
+        k_off = 0
+        len_q = seqlen_q
+        len_k = seqlen_k
+    return b, h_k, n_block, q_off, len_q, k_off, len_k
+
+
 # Backward geometry (transposed tiles: rows are keys, columns queries)
 @gluon.jit
 def query_block_range(n_start, seqlen_q, seqlen_k, window_left, window_right,

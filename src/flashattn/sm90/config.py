@@ -10,6 +10,7 @@ for block j and j+1 under intra-warpgroup overlap) + P, within CONSUMER_REGS.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from typing import Any, Dict, Optional
 
@@ -151,10 +152,14 @@ FP8_NARROW_STAGES = 3
 FP8_UNMASKED_OVERRIDES: Dict[int, Dict[str, Any]] = {256: dict(intra_overlap=False)}
 
 
+@functools.lru_cache(maxsize=256)
 def fp8_fwd_config(head_dim: int, head_dim_v: Optional[int] = None, softcap: bool = False,
                    masked: bool = False, *, kv_block_keys: Optional[int] = None,
                    long_causal: bool = False, **overrides) -> FwdConfig:
     """The FP8 forward's config, with overrides.
+
+    Cached (FwdConfig is frozen): a packed FP8 call asks for it twice, in the coverage check
+    and in the launch, and each answer costs up to three dataclass ``replace`` calls.
 
     FP8_CONFIGS by the larger head dim; softcap's tanh needs the registers of a 64-key block,
     as in bf16. ``masked``: a causal mask or a window, else FP8_UNMASKED_OVERRIDES apply (the

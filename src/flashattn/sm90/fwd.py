@@ -217,26 +217,43 @@ def flash_fwd_hopper_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     # (rows of no sequence, past cu_seqlens_q[-1], are 0 / -inf: no tile writes them)
     out, lse, counter = _varlen_outputs(total_q, n_heads, head_dim_v, q.dtype, cfg,
                                         window_right, cu_seqlens_q)
-    q4, k4, v4, out4 = (t.unsqueeze(0) for t in (q, k, v, out))
-    if seqused_k is not None:
-        seqused_k = seqused_k.contiguous()
     key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.device,
            cu_seqlens_q.shape[0], softmax_scale, window_left, window_right, softcap,
            tuple(sorted(config_overrides.items())) if config_overrides else None)
+    _launch_packed(key, q, k, v, out, lse, counter, cfg,
+                   VarlenLayout(cu_seqlens_q, cu_seqlens_k, out, seqused_k), None,
+                   softmax_scale=softmax_scale, window_left=window_left,
+                   window_right=window_right, softcap=softcap)
+    return out, lse, None
+
+
+def _launch_packed(key: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   out: torch.Tensor, lse: torch.Tensor, counter: torch.Tensor, cfg: FwdConfig,
+                   layout: VarlenLayout, scales: Optional[Fp8Scales], **params: Any) -> None:
+    """The launch of a packed forward (16-bit, or FP8 with ``scales``) through its launch
+    plans: q (total_q, h, d), k (total_k, h_k, d), v (total_k, h_k, d_v) or the FP8 V^T
+    view (1, s_total, h_k, d_v), out / lse / counter from _varlen_outputs; ``key`` holds
+    everything else the arguments are made of. ``params``: softmax_scale, window_left,
+    window_right, softcap."""
+    if layout.seqused_k is not None:
+        layout = layout._replace(seqused_k=layout.seqused_k.contiguous())
+    q4, k4, out4 = (t.unsqueeze(0) for t in (q, k, out))
+    v4 = v if v.dim() == 4 else v.unsqueeze(0)
 
     def build():
         args, constexprs, options, grid = launch_args(
-            q4, k4, v4, out4, lse, cfg, softmax_scale=softmax_scale, window_left=window_left,
-            window_right=window_right, softcap=softcap, num_sms=sm_count(q.device),
-            counter=counter, varlen=VarlenLayout(cu_seqlens_q, cu_seqlens_k, out, seqused_k))
+            q4, k4, v4, out4, lse, cfg, num_sms=sm_count(q.device), counter=counter,
+            scales=scales, varlen=layout, **params)
         return attn_fwd_kernel, (grid,), args, {**constexprs, **options}
 
-    tensors = (q4, k4, v4, out4, lse, counter, cu_seqlens_q, cu_seqlens_k, out)
-    if seqused_k is None:
-        _VARLEN_PLANS.launch(key, tensors, build)
-    else:
-        _VARLEN_SEQUSED_PLANS.launch(key, tensors + (seqused_k,), build)
-    return out, lse, None
+    tensors = (q4, k4, v4, out4, lse, counter)
+    if scales is not None:
+        tensors += (scales.q_descale, scales.k_descale, scales.v_descale)
+    tensors += (layout.cu_seqlens_q, layout.cu_seqlens_k, out)
+    if layout.seqused_k is not None:
+        tensors += (layout.seqused_k,)
+    plans = _PACKED_PLANS[(scales is not None, layout.seqused_k is not None)]
+    plans.launch(key, tensors, build)
 
 
 def flash_fwd_hopper_fp8(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
@@ -324,29 +341,15 @@ def flash_fwd_hopper_fp8_varlen(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Te
     vt = wgmma_ordered_vt_varlen(v8, cu_seqlens_k, max_seqlen_k, cfg.block_n)
     out, lse, counter = _varlen_outputs(total_q, n_heads, head_dim_v, out_dtype, cfg,
                                         window_right, cu_seqlens_q)
-    q4, k4, out4 = (t.unsqueeze(0) for t in (q8, k8, out))
-    if seqused_k is not None:
-        seqused_k = seqused_k.contiguous()
     key = (q8.shape, k8.shape, vt.shape, q8.stride(), k8.stride(), out_dtype, q8.device,
            cu_seqlens_q.shape[0], softmax_scale, window_left, window_right, softcap,
            scales.q_descale.shape, scales.k_descale.shape, scales.q_block_shift,
            scales.kv_block_shift,
            tuple(sorted(config_overrides.items())) if config_overrides else None)
-
-    def build():
-        args, constexprs, options, grid = launch_args(
-            q4, k4, vt, out4, lse, cfg, softmax_scale=softmax_scale, window_left=window_left,
-            window_right=window_right, softcap=softcap, num_sms=sm_count(q8.device),
-            counter=counter, scales=scales,
-            varlen=VarlenLayout(cu_seqlens_q, cu_seqlens_k, out, seqused_k))
-        return attn_fwd_kernel, (grid,), args, {**constexprs, **options}
-
-    tensors = (q4, k4, vt, out4, lse, counter, scales.q_descale, scales.k_descale,
-               scales.v_descale, cu_seqlens_q, cu_seqlens_k, out)
-    if seqused_k is None:
-        _FP8_VARLEN_PLANS.launch(key, tensors, build)
-    else:
-        _FP8_VARLEN_SEQUSED_PLANS.launch(key, tensors + (seqused_k,), build)
+    _launch_packed(key, q8, k8, vt, out, lse, counter, cfg,
+                   VarlenLayout(cu_seqlens_q, cu_seqlens_k, out, seqused_k), scales,
+                   softmax_scale=softmax_scale, window_left=window_left,
+                   window_right=window_right, softcap=softcap)
     return out, lse
 
 
@@ -395,13 +398,14 @@ class Fp8FwdCall:
 _PLANS = LaunchPlans(slots=(0, 1, 2, 3, 4, 5))
 SINK_ARG = 27  # position of the sinks in launch_args' list
 _SINK_PLANS = LaunchPlans(slots=(0, 1, 2, 3, 4, 5, SINK_ARG))
-VARLEN_ARGS = SINK_ARG + 1  # cu_seqlens_q, cu_seqlens_k, O's pointer (launch_args)
-_VARLEN_PLANS = LaunchPlans(slots=(0, 1, 2, 3, 4, 5, VARLEN_ARGS, VARLEN_ARGS + 1,
-                                   VARLEN_ARGS + 2))
-SEQUSED_ARG = VARLEN_ARGS + 5  # seqused_k (after O's row stride and d_v)
-_VARLEN_SEQUSED_PLANS = LaunchPlans(slots=_VARLEN_PLANS.slots + (SEQUSED_ARG,))
 # FP8: the same six, then the three descale tables (after the 13 other scalar arguments)
 _FP8_PLANS = LaunchPlans(slots=(0, 1, 2, 3, 4, 5, 19, 20, 21))
-_FP8_VARLEN_PLANS = LaunchPlans(slots=(0, 1, 2, 3, 4, 5, 19, 20, 21, VARLEN_ARGS,
-                                       VARLEN_ARGS + 1, VARLEN_ARGS + 2))
-_FP8_VARLEN_SEQUSED_PLANS = LaunchPlans(slots=_FP8_VARLEN_PLANS.slots + (SEQUSED_ARG,))
+# packed calls (_launch_packed), by (FP8, seqused_k): the six, the descale tables (FP8), the
+# offsets and O's pointer, seqused_k (after O's row stride and d_v)
+VARLEN_ARGS = SINK_ARG + 1
+SEQUSED_ARG = VARLEN_ARGS + 5
+_PACKED_PLANS = {
+    (fp8, used): LaunchPlans(slots=(0, 1, 2, 3, 4, 5) + ((19, 20, 21) if fp8 else ())
+                             + (VARLEN_ARGS, VARLEN_ARGS + 1, VARLEN_ARGS + 2)
+                             + ((SEQUSED_ARG,) if used else ()))
+    for fp8 in (False, True) for used in (False, True)}

@@ -488,9 +488,6 @@ def varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
         return out, lse, None
     family = varlen_forward_family(q, k, v, cu_seqlens_q.shape[0] - 1, seqused_k, params,
                                    return_softmax)
-    if family == "hopper":
-        return backend("hopper").varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                                            params)
     return backend(family).varlen_fwd(
         q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, params,
         return_softmax)
@@ -507,9 +504,6 @@ def varlen_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: tor
         return tuple(  # type: ignore[return-value]
             torch.zeros(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
     family = varlen_backward_family(q, k, v, cu_seqlens_q.shape[0] - 1, seqused_k, params)
-    if family == "hopper":
-        return backend("hopper").varlen_bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
-                                            params)
     return backend(family).varlen_bwd(
         dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
         max_seqlen_k, params)
@@ -1150,10 +1144,6 @@ def fp8_varlen_forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
     dense FP8 rules over the (1, total, h, d) views; seqused_k included)."""
     name = select("fp8_varlen_fwd", q8, k8, v8, params, scales=scales, out_dtype=out_dtype,
                   n_seqs=cu_seqlens_q.shape[0] - 1)
-    if name == "hopper":
-        return backend("hopper").fp8_varlen_fwd(q8, k8, v8, cu_seqlens_q, cu_seqlens_k,
-                                                seqused_k, max_seqlen_k, scales, params,
-                                                out_dtype)
     return backend(name).fp8_varlen_fwd(q8, k8, v8, cu_seqlens_q, cu_seqlens_k, seqused_k,
                                         max_seqlen_q, max_seqlen_k, scales, params, out_dtype)
 

@@ -460,7 +460,7 @@ def test_varlen_reaches_the_hopper_backend(env, monkeypatch, fake_backends, kw, 
     portable one."""
     calls = fake_backends
 
-    def varlen_fwd(q, k, v, cu_q, cu_k, seqused_k, p):
+    def varlen_fwd(q, k, v, cu_q, cu_k, seqused_k, max_q, max_k, p, return_softmax):
         calls.append(("hopper.varlen_fwd", cu_q.tolist(), cu_k.tolist(), p.window_right,
                       seqused_k))
         return (torch.zeros(q.shape[0], q.shape[1], v.shape[-1], dtype=q.dtype),

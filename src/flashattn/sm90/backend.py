@@ -27,9 +27,11 @@ def fwd(q: Tensor, k: Tensor, v: Tensor, p: AttnParams, return_softmax: bool,
 
 
 def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
-               seqused_k: Optional[Tensor], p: AttnParams):
+               seqused_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
+               p: AttnParams, return_softmax: bool):
     """Packed variable-length forward (the kernel's VARLEN mode): (out (total_q, h, d_v), lse
-    (h, total_q), None)."""
+    (h, total_q), None). The portable backend's signature; the maxima are not needed (the
+    kernel reads the lengths) and return_softmax is never covered (support.varlen_unsupported)."""
     return _fwd.flash_fwd_hopper_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k,
                                         softmax_scale=p.softmax_scale, causal=p.causal,
                                         window_left=p.window_left, window_right=p.window_right,
@@ -37,8 +39,11 @@ def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens
 
 
 def varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-               cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, p: AttnParams):
-    """Packed variable-length backward (bwd_kernel.py's VARLEN mode): (dq, dk, dv)."""
+               cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, seqused_k: Optional[Tensor],
+               max_seqlen_q: int, max_seqlen_k: int, p: AttnParams):
+    """Packed variable-length backward (bwd_kernel.py's VARLEN mode): (dq, dk, dv). The
+    portable backend's signature (seqused_k is never covered:
+    support.varlen_backward_unsupported; the maxima are not needed)."""
     return _bwd.flash_bwd_hopper_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                                         softmax_scale=p.softmax_scale, causal=p.causal,
                                         window_left=p.window_left, window_right=p.window_right,
@@ -62,8 +67,9 @@ def fp8_fwd(q8: Tensor, k8: Tensor, v8: Tensor, scales: Fp8Scales, p: AttnParams
 
 
 def fp8_varlen_fwd(q8: Tensor, k8: Tensor, v8: Tensor, cu_seqlens_q: Tensor,
-                   cu_seqlens_k: Tensor, seqused_k: Optional[Tensor], max_seqlen_k: int,
-                   scales: Fp8Scales, p: AttnParams, out_dtype: torch.dtype):
+                   cu_seqlens_k: Tensor, seqused_k: Optional[Tensor], max_seqlen_q: int,
+                   max_seqlen_k: int, scales: Fp8Scales, p: AttnParams,
+                   out_dtype: torch.dtype):
     """Packed varlen FP8 forward (Gluon, e4m3 wgmma, VARLEN mode): (out (total_q, h, d_v),
     lse (h, total_q)); one descale per (sequence, head)."""
     return _fwd.flash_fwd_hopper_fp8_varlen(q8, k8, v8, cu_seqlens_q, cu_seqlens_k,

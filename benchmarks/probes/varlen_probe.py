@@ -2,14 +2,14 @@
 take packed sequences (FlexAttention with a document mask; SDPA on a jagged nested tensor).
 
 Each batch packs sequences whose lengths are drawn (seeded) around a mean length and sum to
-16k tokens; bf16, h=16, d=128 (h*d = 2048 as in the dense grid). TFLOP/s count only the useful
+16k tokens; bf16, h=16, d=128 (h*d = 2048 as in the dense grid; ``--headdim`` changes d). TFLOP/s count only the useful
 work: sum over sequences of 4 * s_i^2 * h * d (x0.5 causal; x2.5 for the backward). For scale,
 the dense call with as many sequences of equal length (16k / count) runs as ``flashattn-dense``.
 
     python benchmarks/probes/varlen_probe.py --out $OUT/varlen.json [--means 1024,4096] [--budget 200]
 
 ``flashattn`` is the auto dispatch; ``flashattn-portable`` / ``flashattn-hopper`` force one
-kernel family (the Hopper forward's varlen mode; the backward of a packed call is portable).
+kernel family (the Hopper kernels' varlen modes, forward and backward).
 ``fp8`` / ``fp8-portable`` / ``fp8-dense``: the same batches cast to e4m3 through FA3's FP8 API
 (unit descales; forward only), auto / portable kernels / equal lengths dense.
 """
@@ -141,10 +141,14 @@ def main() -> int:
     ap.add_argument("--modes", default="fwd,bwd")
     ap.add_argument("--out", default=None)
     ap.add_argument("--budget", type=float, default=200.0)
+    ap.add_argument("--headdim", type=int, default=128,
+                    help="head dim d; nheads = 2048 / d (hidden 2048, as the dense grid)")
     ap.add_argument("--equal", action="store_true",
                     help="every sequence at the mean length (the varlen mode's own cost: "
                          "compare with flashattn-dense, the same tiles)")
     args = ap.parse_args()
+    global H, D  # (read by useful_flops / build / measure at call time)
+    D, H = args.headdim, 2048 // args.headdim
     start = time.time()
     rows: List[Dict[str, object]] = []
     for mean in (int(m) for m in args.means.split(",")):

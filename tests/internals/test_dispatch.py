@@ -494,7 +494,9 @@ def test_varlen_reaches_the_hopper_backend(env, monkeypatch, fake_backends, kw, 
 @pytest.mark.parametrize("d,kw,used,expected", [
     (128, {}, False, None),
     (64, dict(causal=True, window_right=0), False, None),
-    (192, {}, False, "head dim 192"),
+    (192, {}, False, None),  # bwd_wide_kernel's varlen mode
+    (256, dict(causal=True, window_right=0), False, None),
+    (80, {}, False, "head dims 80/80"),
     (128, dict(deterministic=True), False, "deterministic"),
     (128, {}, True, "seqused_k"),
     (128, dict(dropout_p=0.1), False, "dropout"),
@@ -511,16 +513,18 @@ def test_varlen_backward_coverage(d, kw, used, expected):
     assert (why is None) if expected is None else (expected in why), why
 
 
-@pytest.mark.parametrize("backend,n_seqs,expected", [
-    ("auto", 8, "hopper"),       # mean 512
-    ("auto", 16, "hopper"),      # mean 256: the backward's measured crossover
-    ("auto", 32, "portable"),    # mean 128: not measured
-    ("hopper", 32, "hopper"),    # forcing ignores the speed rule
+@pytest.mark.parametrize("backend,n_seqs,d,expected", [
+    ("auto", 8, 128, "hopper"),       # mean 512
+    ("auto", 16, 128, "hopper"),      # mean 256: the backward's measured crossover
+    ("auto", 32, 128, "portable"),    # mean 128: not measured
+    ("hopper", 32, 128, "hopper"),    # forcing ignores the speed rule
+    ("auto", 32, 256, "hopper"),      # mean 128 at d = 256 (bwd_wide_kernel): 2.2x measured
+    ("auto", 64, 192, "portable"),    # mean 64: below the lowest wide point measured
 ])
-def test_varlen_backward_family(env, monkeypatch, backend, n_seqs, expected):
+def test_varlen_backward_family(env, monkeypatch, backend, n_seqs, d, expected):
     env(backend, None)
     monkeypatch.setattr(dispatch, "family_for", lambda t: "hopper")
     monkeypatch.setattr(dispatch, "backend_for", lambda t: "portable")
-    q = _meta((4096, 8, 128))
-    k = v = _meta((4096, 2, 128))
+    q = _meta((4096, 8, d))
+    k = v = _meta((4096, 2, d))
     assert dispatch.varlen_backward_family(q, k, v, n_seqs, None, _attn_params()) == expected

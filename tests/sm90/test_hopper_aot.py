@@ -113,10 +113,12 @@ BWD_VARIANTS = (
        ("bwd", 128, "bfloat16", False, (-1, -1), 0.0, {"deterministic": True}),
        ("bwd", 64, "float16", True, (-1, -1), 0.0, {"deterministic": True}),
        ("bwd", 128, "bfloat16", False, (-1, 64), 0.0, {"deterministic": True})]
-    # packed sequences (VARLEN, one CTA per key-block slot, d <= 128)
+    # packed sequences (VARLEN, one CTA per key-block slot; d = 192 / 256 bwd_wide_kernel)
     + [("bwd", d, dt, c, (-1, -1), 0.0, {"varlen": True})
        for d, dt, c in ((128, "bfloat16", False), (128, "bfloat16", True),
-                        (64, "float16", True), (96, "bfloat16", False))]
+                        (64, "float16", True), (96, "bfloat16", False),
+                        (256, "bfloat16", False), (256, "bfloat16", True),
+                        (192, "float16", True))]
 )
 
 
@@ -167,6 +169,9 @@ SPILL_ALLOWANCE = {"fwd_d192_bfloat16_causal": 8, "fwd_d256_bfloat16_causal": 8,
                    "fwd_d64_float8_e4m3fn_causal_varlen1": 8,
                    "fwd_d128_float8_e4m3fn_causal_varlen1": 8,
                    "fwd_d256_float8_e4m3fn_causal_varlen1": 112,
+                   # the wide backward over packed sequences (session 23): 8 bytes at d = 256
+                   # non-causal (the causal variant and d = 192 have none)
+                   "bwd_d256_bfloat16_varlen1": 8,
                    "fwd_d64_float8_e4m3fn": 112, "fwd_d64_float8_e4m3fn_causal": 16,
                    "fwd_d96_float8_e4m3fn": 40, "fwd_d128_float8_e4m3fn": 40,
                    "fwd_d128_float8_e4m3fn_win256_0": 16, "fwd_d192_float8_e4m3fn": 184,

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flashattn.sm90.bwd_postprocess import dq_from_workspace
+from flashattn.sm90.bwd_postprocess import (DQT_SEQ_ALIGN, dq_from_packed_workspace,
+                                            dq_from_workspace, packed_dq_t_columns)
 from flashattn.sm90.bwd_preprocess import row_stats
 
 
@@ -27,6 +28,36 @@ def test_dq_from_workspace(transposed, b, s, h, d, dtype):
     # differently from torch's round-to-nearest-even (the GPU's cvt.rn matches torch)
     ulp = 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -10
     torch.testing.assert_close(dq, want, rtol=ulp, atol=1e-6)
+
+
+@pytest.mark.parametrize("lens,lead,tail", [
+    ((5, 0, 1, 37, 3, 0, 2, 70), 0, 0),  # empty and 1-row sequences, starts off the boundary
+    ((3,), 2, 9),                         # rows before the first and after the last sequence
+    ((64, 64, 1), 0, 0),
+])
+def test_dq_from_packed_workspace(lens, lead, tail):
+    """The wide backward's packed dQ^T workspace: sequence i's token t at column
+    DQT_SEQ_ALIGN * (i + cu[i] // DQT_SEQ_ALIGN) + t - cu[i], every start 16-byte aligned and
+    past the previous sequence's end; dq rows of no sequence are 0."""
+    h, d, block_m = 3, 192, 64
+    cu = torch.tensor([lead] + [lead + sum(lens[:i + 1]) for i in range(len(lens))],
+                      dtype=torch.int32)
+    total = lead + sum(lens) + tail
+    cols = packed_dq_t_columns(total, len(lens), block_m)
+    acc = torch.randn((1, h, 256, cols), dtype=torch.float32)
+    q = torch.empty((total, h, d), dtype=torch.float32)
+    dq = dq_from_packed_workspace(acc, q, cu)
+    want = torch.zeros(total, h, d)
+    prev_end = 0
+    for i, n in enumerate(lens):
+        start = DQT_SEQ_ALIGN * (i + int(cu[i]) // DQT_SEQ_ALIGN)
+        assert start % DQT_SEQ_ALIGN == 0 and start >= prev_end
+        # (a query block of the sequence may run one block past its end)
+        assert start + n + block_m <= cols
+        prev_end = start + n
+        want[int(cu[i]):int(cu[i + 1])] = acc[0, :, :d, start:start + n].permute(2, 0, 1)
+    assert dq.shape == q.shape and dq.is_contiguous()
+    torch.testing.assert_close(dq, want, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("d,transposed", [(64, False), (96, False), (192, True)])

@@ -55,6 +55,10 @@ CASES = [
     VCase((700, 1, 1100, 0), (700, 50, 1100, 3), d=256, dtype=torch.bfloat16, h=2, h_k=1),
     VCase((700, 1, 1100, 0), (700, 50, 1100, 3), d=256, dtype=torch.float16, h=2, h_k=2,
           window=(100, 0)),
+    # the wide backward (d = 192 / 256): pieces crossing the end, lengths 0 / 1, GQA, masks
+    VCase(LENS, LENS, d=256, dtype=torch.bfloat16, h=4, h_k=2, causal=True),
+    VCase(LENS, LENS_K, d=192, dtype=torch.bfloat16, h=4, h_k=1),
+    VCase(LENS, LENS_K, d=256, dtype=torch.float16, h=2, h_k=2, causal=True, softcap=20.0),
     # seqused_k (FA3's varlen): only the first seqused_k[b] keys of each slot, 0 and 1 too
     VCase((2048, 100, 0, 1500, 77), (3000, 1000, 64, 1500, 90), d=128, dtype=torch.bfloat16,
           h=8, h_k=2, causal=True, seqused_k=(2500, 1, 0, 1200, 0)),
@@ -65,11 +69,12 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_hopper_varlen_matches_oracle(case, hopper_varlen_calls, monkeypatch):
-    """Forward and backward (check_varlen takes the gradients too): the backward runs
-    bwd_kernel.py's varlen mode at d <= 128 with d_v = d and no seqused_k."""
+    """Forward and backward (check_varlen takes the gradients too): the backward runs the
+    varlen mode (bwd_kernel.py, bwd_wide_kernel.py at d = 192 / 256) with d_v = d and no
+    seqused_k."""
     check_varlen(case, device="cuda", monkeypatch=monkeypatch)
     assert "fwd" in hopper_varlen_calls, "the Hopper varlen forward did not run"
-    covered = case.d <= 128 and case.d_v in (None, case.d) and case.seqused_k is None
+    covered = case.d_v in (None, case.d) and case.seqused_k is None
     assert ("bwd" in hopper_varlen_calls) == covered, hopper_varlen_calls
 
 
@@ -210,7 +215,7 @@ def _rmse(a, b) -> float:
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 def test_equal_lengths_backward_matches_dense(causal, d, hopper_varlen_calls):
     """Equal lengths packed: the varlen backward's gradients equal the dense Hopper backward's
     up to the order of dQ's fp32 additions (one CTA per key tile against the dense call's

@@ -135,8 +135,8 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     (b, h, s_q_pad) (bwd_preprocess.row_stats); dq_acc: dq_workspace, zeroed by row_stats;
     dk, dv (b, s_k, h_k, d) contiguous; counter: _tile_counter(cfg, lse2, k, s_q,
     window_right) (made here if None). ``cu_seqlens``: (cu_seqlens_q, cu_seqlens_k) int32 of
-    a packed call (the kernel's VARLEN mode, d <= 128, one CTA per key-block slot): q, k, v,
-    dout, dk, dv are then (1, total, h, d) views.
+    a packed call (the kernels' VARLEN mode, one CTA per key-block slot): q, k, v, dout, dk,
+    dv are then (1, total, h, d) views.
     """
     batch, seqlen_q, n_heads, head_dim = q.shape
     _, seqlen_k, n_heads_k, _ = k.shape
@@ -192,7 +192,10 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
             raise ValueError("bwd_wide_kernel has no persistent schedule (persistent=False)")
         if not (cfg.dq_tma and cfg.dq_async):
             raise ValueError("bwd_wide_kernel adds dQ one way: dq_tma=True, dq_async=True")
-        constexprs.update(PIPELINE=cfg.pipeline)
+        from flashattn.sm90.bwd_postprocess import DQT_SEQ_ALIGN
+
+        constexprs.update(PIPELINE=cfg.pipeline, VARLEN=cu_seqlens is not None,
+                          DQ_SEQ_ALIGN=DQT_SEQ_ALIGN)
     else:
         if cfg.persistent and cfg.pipeline:
             raise ValueError("BwdConfig: persistent=True needs pipeline=False")
@@ -201,9 +204,12 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
                           DYNAMIC=cfg.dynamic,
                           DETERMINISTIC=cfg.det_order if cfg.deterministic else 0,
                           DQ_RELEASE_LATE=cfg.det_release_late, VARLEN=cu_seqlens is not None)
-    if cu_seqlens is not None and (wide or cfg.persistent or cfg.deterministic or cfg.pipeline):
-        raise ValueError("the varlen backward runs bwd_kernel (d <= 128) with one CTA per tile "
-                         "(persistent, deterministic and pipeline off)")
+    # (bwd_wide_kernel's pipeline guards an empty tile; bwd_kernel's issues its first block
+    # unconditionally)
+    if cu_seqlens is not None and (cfg.persistent or cfg.deterministic
+                                   or (cfg.pipeline and not wide)):
+        raise ValueError("the varlen backward runs one CTA per tile (persistent and "
+                         "deterministic off; pipeline off at d <= 128)")
     options = dict(num_warps=4, maxnreg=cfg.maxnreg)
     return args, constexprs, options, grid
 
@@ -266,30 +272,36 @@ def flash_bwd_hopper_varlen(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
                             softmax_scale: float, causal: bool, window_left: int,
                             window_right: int, softcap: float,
                             config_overrides: Optional[Dict[str, Any]] = None):
-    """Packed variable-length backward with the Gluon sm90 kernel (bwd_kernel.py's VARLEN
-    mode; d <= 128, fp16/bf16, TMA-aligned q/k/v).
+    """Packed variable-length backward with the Gluon sm90 kernels' VARLEN mode (bwd_kernel.py,
+    or bwd_wide_kernel.py at d = 192 / 256; fp16/bf16, TMA-aligned q/k/v).
 
     dout/out (total_q, h, d), q (total_q, h, d), k/v (total_k, h_k, d); lse float32
     (h, total_q); cu_seqlens as in fwd.flash_fwd_hopper_varlen. One CTA per (KV head, key-block
     slot) of tiles.varlen_slot; no device value read on the host. Returns dq, dk, dv shaped
     like q, k, v: 0 on rows and keys of no sequence (the portable varlen backward's contract).
     """
-    from flashattn.sm90.bwd_postprocess import dq_from_workspace
+    from flashattn.sm90.bwd_postprocess import (dq_from_packed_workspace, dq_from_workspace,
+                                                packed_dq_t_columns)
     from flashattn.sm90.bwd_preprocess import row_stats
 
     total_q, n_heads, head_dim = q.shape
+    wide = is_wide(head_dim)
     # one CTA per key tile (the masked configs): slots of unequal cost need no queue then
     cfg = bwd_config(head_dim, masked=True, **(config_overrides or {}))
     dout = _tma_ready(dout)
     if out.stride(-1) != 1:
         out = out.contiguous()
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
-    # a query block of the last sequence reads up to BLOCK_M statistics rows past total_q
-    seqlen_q_pad = cdiv(total_q, cfg.block_m) * cfg.block_m + cfg.block_m
+    # a query block of the last sequence reads up to BLOCK_M statistics rows past total_q; the
+    # wide kernel's dQ^T columns start each sequence on a 16-byte boundary (bwd_postprocess)
+    if wide:
+        seqlen_q_pad = packed_dq_t_columns(total_q, cu_seqlens_q.shape[0] - 1, cfg.block_m)
+    else:
+        seqlen_q_pad = cdiv(total_q, cfg.block_m) * cfg.block_m + cfg.block_m
     q4, k4, v4, dout4, out4 = (t.unsqueeze(0) for t in (q, k, v, dout, out))
     dq_acc = dq_workspace(q4, seqlen_q_pad)
     lse2, delta = row_stats(out4, dout4, lse.contiguous().unsqueeze(0), seqlen_q_pad, dq_acc,
-                            transposed=False)
+                            transposed=wide)
     # (keys of no sequence get no tile: their gradients stay 0)
     dk = torch.zeros(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
@@ -307,7 +319,10 @@ def flash_bwd_hopper_varlen(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
 
     _VARLEN_PLANS.launch(key, (q4, k4, v4, dout4, dq_acc, lse2, delta, dq_acc, dk4, dv4, lse2,
                                cu_seqlens_q, cu_seqlens_k), build)
-    dq = dq_from_workspace(dq_acc, q4, transposed=False)[0]
+    if wide:
+        dq = dq_from_packed_workspace(dq_acc, q, cu_seqlens_q)
+    else:
+        dq = dq_from_workspace(dq_acc, q4, transposed=False)[0]
     return dq, dk, dv
 
 

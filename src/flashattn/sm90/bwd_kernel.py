@@ -337,7 +337,7 @@ def _key_tile(WG: gl.constexpr, tile, tile_iter, it_base, descs, smem, bars, pro
     D_PAD: gl.constexpr = q_desc.block_type.shape[3]
     KV_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, D_PAD, 16])
-    b, h_k, n_block, q_off, len_q, k_off, len_k = key_tile_geometry(
+    b, h_k, n_block, q_off, len_q, k_off, len_k, _ = key_tile_geometry(
         tile, varlen, (n_key_blocks, n_bh_k, heads_per_group), n_heads_k, seqlen_q, seqlen_k,
         BLOCK_N, LONGEST_FIRST, DETERMINISTIC, VARLEN)
     n_start = n_block * BLOCK_N

@@ -103,7 +103,7 @@ def _produce_key_tile(tile, it, descs, smem, bars, problem, window, ptrs, schedu
     # one warp moves the 2 x BLOCK_M row statistics (lse2, delta) of a query block
     STAT_LAYOUT: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
 
-    b, h_k, n_block, q_off, len_q, k_off, len_k = key_tile_geometry(
+    b, h_k, n_block, q_off, len_q, k_off, len_k, _ = key_tile_geometry(
         tile, varlen, (n_key_blocks, n_bh_k, heads_per_group), n_heads_k, seqlen_q, seqlen_k,
         BLOCK_N, LONGEST_FIRST, DETERMINISTIC, VARLEN)
     n_start = n_block * BLOCK_N

@@ -51,7 +51,7 @@ from flashattn.runtime.gluon_builtins import tma_reduce_add_from_shared
 from flashattn.sm90.bwd_epilogue import store_kv_grads
 from flashattn.sm90.bwd_producer import alloc_query_streams, producer
 from flashattn.sm90.softmax import ds_t, probs_t
-from flashattn.sm90.tiles import block_needs_mask_t, key_block_coords, query_block_range, visible_t
+from flashattn.sm90.tiles import block_needs_mask_t, key_tile_geometry, query_block_range, visible_t
 
 
 @gluon.jit
@@ -92,9 +92,16 @@ def _issue_s_dp(k_all, v_all, q_smem, do_smem, q_ready, do_ready, s_zero, it,
 def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs, schedule,
               BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, HAS_LEFT: gl.constexpr,
               HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, PIPELINE: gl.constexpr,
-              LONGEST_FIRST: gl.constexpr):
+              LONGEST_FIRST: gl.constexpr, varlen, VARLEN: gl.constexpr,
+              DQ_SEQ_ALIGN: gl.constexpr):
     """One consumer warpgroup: head-dim columns [WG * HALF_D, (WG + 1) * HALF_D) of dK / dV,
-    queries [WG * HALF_M, (WG + 1) * HALF_M) of each block for S^T / dP^T."""
+    queries [WG * HALF_M, (WG + 1) * HALF_M) of each block for S^T / dP^T. VARLEN: the tile's
+    sequence from tiles.varlen_key_tile (packed (1, total, h, d) tensors): masks by its
+    lengths, queries past its end masked too (they are the next sequence's rows, with finite
+    lse), dK / dV rows from its offset, dQ^T columns from DQ_SEQ_ALIGN * (sequence + q offset
+    // DQ_SEQ_ALIGN): the TMA reduce's innermost coordinate must be 16-byte aligned (an
+    illegal instruction otherwise, measured), and this start is, for every sequence, past the
+    previous sequence's end (bwd_postprocess.dq_from_packed_workspace reads it back)."""
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
     k_smem, v_smem, q_smem, do_smem, pds_smem, lse_smem, delta_smem, dq_smem = smem
     kv_ready, q_ready, q_empty, do_ready, do_empty, p_ready, p_free, stats_ready = bars
@@ -119,13 +126,18 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
     COL_S: gl.constexpr = gl.SliceLayout(0, S_LAYOUT)
 
     n_key_blocks, n_bh_k, heads_per_group = schedule[0], schedule[1], schedule[2]
-    b, h_k, n_block = key_block_coords(gl.program_id(0), (n_key_blocks, n_bh_k, heads_per_group),
-                                       n_heads_k, LONGEST_FIRST)
+    b, h_k, n_block, q_off, len_q, k_off, len_k, seq = key_tile_geometry(
+        gl.program_id(0), varlen, (n_key_blocks, n_bh_k, heads_per_group), n_heads_k, seqlen_q,
+        seqlen_k, BLOCK_N, LONGEST_FIRST, False, VARLEN)
     n_start = n_block * BLOCK_N
+    if VARLEN:
+        q_col = DQ_SEQ_ALIGN * (seq + q_off // DQ_SEQ_ALIGN)
+    else:
+        q_col = q_off
 
     dq_buf = dq_smem.index(WG)
 
-    lo_blk, n_blocks = query_block_range(n_start, seqlen_q, seqlen_k, window_left, window_right,
+    lo_blk, n_blocks = query_block_range(n_start, len_q, len_k, window_left, window_right,
                                          BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
     dk = gl.zeros([BLOCK_N, HALF_D], gl.float32, KV_LAYOUT)
     dv = gl.zeros([BLOCK_N, HALF_D], gl.float32, KV_LAYOUT)
@@ -170,10 +182,11 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
         mbarrier.wait(stats_ready.index(stage), phase)
         lse2 = lse_smem.index(stage).slice(WG * HALF_M, HALF_M).load(COL_S)
         p, t = probs_t(s, lse2, qk_scale, softcap_inv, softcap_log2, HAS_SOFTCAP)
-        if block_needs_mask_t(n_start, m_start, seqlen_q, seqlen_k, window_left, window_right,
-                              BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT):
-            vis = visible_t(n_start, m_start + WG * HALF_M, seqlen_q, seqlen_k, window_left,
-                            window_right, S_LAYOUT, BLOCK_N, HALF_M, HAS_LEFT, HAS_RIGHT)
+        if block_needs_mask_t(n_start, m_start, len_q, len_k, window_left, window_right,
+                              BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, VARLEN):
+            vis = visible_t(n_start, m_start + WG * HALF_M, len_q, len_k, window_left,
+                            window_right, S_LAYOUT, BLOCK_N, HALF_M, HAS_LEFT, HAS_RIGHT,
+                            VARLEN)
             p = gl.where(vis, p, 0.0)
         if not PIPELINE:
             dp = warpgroup_mma_wait(0, deps=(dp_tok,))
@@ -211,30 +224,32 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
         dq3 = warpgroup_mma(k_t1, pds_smem.index(3), dq_zero, use_acc=False, is_async=True)
         # dQ^T workspace (b, h, D_PAD, s_q_pad) fp32, seen as (b * h * D_PAD, s_q_pad)
         row0 = (b * n_heads + h) * D_PAD + WG * HALF_D
-        _add_dq_piece(dq_desc, row0, m_start, dq0 * sm_scale, dq_buf)
-        _add_dq_piece(dq_desc, row0, m_start + HALF_M, dq1 * sm_scale, dq_buf)
+        col0 = q_col + m_start
+        _add_dq_piece(dq_desc, row0, col0, dq0 * sm_scale, dq_buf)
+        _add_dq_piece(dq_desc, row0, col0 + HALF_M, dq1 * sm_scale, dq_buf)
         dq2, dq3 = warpgroup_mma_wait(0, deps=(dq2, dq3))
         mbarrier.arrive(p_free)  # this consumer is done reading P^T / dS^T
         if PIPELINE:
             if it + 1 < total:
                 s_tok, dp_tok = _issue_s_dp(k_all, v_all, q_smem, do_smem, q_ready, do_ready,
                                             s_zero, it + 1, WG, BLOCK_M, D_PAD)
-                _add_dq_piece(dq_desc, row0 + DQ_ROWS, m_start, dq2 * sm_scale, dq_buf)
-                _add_dq_piece(dq_desc, row0 + DQ_ROWS, m_start + HALF_M, dq3 * sm_scale, dq_buf)
+                _add_dq_piece(dq_desc, row0 + DQ_ROWS, col0, dq2 * sm_scale, dq_buf)
+                _add_dq_piece(dq_desc, row0 + DQ_ROWS, col0 + HALF_M, dq3 * sm_scale, dq_buf)
                 s, dp = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
             else:
-                _add_dq_piece(dq_desc, row0 + DQ_ROWS, m_start, dq2 * sm_scale, dq_buf)
-                _add_dq_piece(dq_desc, row0 + DQ_ROWS, m_start + HALF_M, dq3 * sm_scale, dq_buf)
+                _add_dq_piece(dq_desc, row0 + DQ_ROWS, col0, dq2 * sm_scale, dq_buf)
+                _add_dq_piece(dq_desc, row0 + DQ_ROWS, col0 + HALF_M, dq3 * sm_scale, dq_buf)
                 s = s_zero
                 dp = s_zero
         else:
-            _add_dq_piece(dq_desc, row0 + DQ_ROWS, m_start, dq2 * sm_scale, dq_buf)
-            _add_dq_piece(dq_desc, row0 + DQ_ROWS, m_start + HALF_M, dq3 * sm_scale, dq_buf)
+            _add_dq_piece(dq_desc, row0 + DQ_ROWS, col0, dq2 * sm_scale, dq_buf)
+            _add_dq_piece(dq_desc, row0 + DQ_ROWS, col0 + HALF_M, dq3 * sm_scale, dq_buf)
 
     tma.store_wait(0)  # the last dQ reduce has read the staging tile
     # ---- epilogue: dK (times softmax_scale) and dV, this consumer's columns of the key block
-    store_kv_grads(dk, dv, dk_ptr, dv_ptr, n_start, WG * HALF_D, seqlen_k, b, h_k, n_heads_k,
-                   sm_scale, HEAD_DIM)
+    # (VARLEN: keys past the sequence's end are the next sequence's: not stored)
+    store_kv_grads(dk, dv, dk_ptr, dv_ptr, k_off + n_start, WG * HALF_D, k_off + len_k, b, h_k,
+                   n_heads_k, sm_scale, HEAD_DIM)
 
 
 @gluon.jit
@@ -247,7 +262,8 @@ def attn_bwd_wide_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, del
                          HEAD_DIM: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                          HAS_SOFTCAP: gl.constexpr, PIPELINE: gl.constexpr,
                          CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-                         LONGEST_FIRST: gl.constexpr = False):
+                         LONGEST_FIRST: gl.constexpr = False, VARLEN: gl.constexpr = False,
+                         DQ_SEQ_ALIGN: gl.constexpr = 4):
     """Warp-specialised attention backward for D_PAD = 256 (see module docstring).
 
     Descriptors are rank 4 over (batch, seq, head, dim): q/do boxes [1, BLOCK_M, 1, D_PAD],
@@ -258,8 +274,14 @@ def attn_bwd_wide_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, del
     dk_ptr / dv_ptr: (b, s_k, h_k, HEAD_DIM) contiguous, q's dtype; tile_counter unused (one tile
     per CTA: the shared producer's queue argument). Grid and program order as
     bwd_kernel.attn_bwd_kernel (1-D, tiles.key_block_coords), num_warps = 4 (the default
-    partition is consumer 0). cu_q_ptr / cu_k_ptr / n_seqs: attn_bwd_kernel's varlen
-    arguments, unused here (packed calls at d = 192 / 256 run the portable backward).
+    partition is consumer 0).
+
+    VARLEN: packed sequences, attn_bwd_kernel's varlen mode (one CTA per (KV head, key-block
+    slot) of tiles.varlen_slot over cu_k_ptr, n_seqs sequences; descriptors over (1, total, h,
+    d) views; s_q_pad >= total_q + BLOCK_M; dk / dv zeroed by the caller: keys of no sequence
+    get no tile); sequence i's dQ^T columns start at DQ_SEQ_ALIGN * (i + cu_q[i] //
+    DQ_SEQ_ALIGN), so the workspace needs s_q_pad >= total_q + DQ_SEQ_ALIGN * n_seqs + BLOCK_M.
+    Else cu_q_ptr / cu_k_ptr / n_seqs are unread.
     """
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
     HALF_M: gl.constexpr = BLOCK_M // 2
@@ -293,14 +315,20 @@ def attn_bwd_wide_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, del
     window = (window_left, window_right)
     scales = (qk_scale, sm_scale, softcap_inv, softcap_log2)
     ptrs = (lse2_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr)
+    if VARLEN:
+        varlen = (cu_q_ptr, cu_k_ptr, n_seqs)
+    else:
+        varlen = scales  # (unread)
     # one tile per CTA here: no tile queue (the producer's counter is unused)
     schedule = (n_key_blocks, n_bh_k, heads_per_group, kv_empty, tile_counter)
     gl.warp_specialize([
         # constexpr flags one by one (in a tuple they would reach the workers as i1 values)
         (_consumer, (0, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
-                     HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, PIPELINE, LONGEST_FIRST)),
+                     HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, PIPELINE, LONGEST_FIRST,
+                     varlen, VARLEN, DQ_SEQ_ALIGN)),
         (_consumer, (1, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
-                     HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, PIPELINE, LONGEST_FIRST)),
+                     HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, PIPELINE, LONGEST_FIRST,
+                     varlen, VARLEN, DQ_SEQ_ALIGN)),
         (producer, (descs, smem_producer, bars, problem, window, ptrs, schedule, BLOCK_M,
-                     HAS_LEFT, HAS_RIGHT, LONGEST_FIRST, False, False)),
+                     HAS_LEFT, HAS_RIGHT, LONGEST_FIRST, False, False, False, varlen, VARLEN)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

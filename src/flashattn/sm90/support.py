@@ -244,6 +244,10 @@ MIN_MEAN_SEQLEN_K_VARLEN = 512
 # forced too, three runs at 1k / 4k): 4k 1.59-1.67x dense / 1.42-1.46x causal, 1k 1.58x /
 # 1.35x, 512 1.40x / 1.25x, 256 1.26x / 1.17x; not measured below.
 MIN_MEAN_SEQLEN_K_VARLEN_BWD = 256
+# d = 192 / 256 (bwd_wide_kernel.py's varlen mode; the portable backward is slow at those head
+# dims): d = 256, same probe (session 23), 4k 4.5x / 4.5x, 1k 4.3x / 3.8x, 512 3.8x / 3.1x,
+# 256 3.1x / 2.4x, 128 2.3x / 2.2x (the lowest mean measured)
+MIN_MEAN_SEQLEN_K_VARLEN_BWD_WIDE = 128
 
 
 def varlen_slower_than_portable(q: torch.Tensor, k: torch.Tensor, n_seqs: int,
@@ -251,10 +255,15 @@ def varlen_slower_than_portable(q: torch.Tensor, k: torch.Tensor, n_seqs: int,
                                 backward: bool = False) -> Optional[str]:
     """Why ``dispatch`` in auto mode keeps this covered packed forward (or ``backward``) (q
     (total_q, h, d), k (total_k, h_k, d)) on the portable kernels, or None: a mean key length
-    total_k / n_seqs below MIN_MEAN_SEQLEN_K_VARLEN(_BWD) (the lengths themselves live on the
-    device)."""
+    total_k / n_seqs below MIN_MEAN_SEQLEN_K_VARLEN(_BWD, _BWD_WIDE at d > 128) (the lengths
+    themselves live on the device)."""
     mean_k = k.shape[0] // max(n_seqs, 1)
-    need = MIN_MEAN_SEQLEN_K_VARLEN_BWD if backward else MIN_MEAN_SEQLEN_K_VARLEN
+    if not backward:
+        need = MIN_MEAN_SEQLEN_K_VARLEN
+    elif q.shape[-1] > 128:
+        need = MIN_MEAN_SEQLEN_K_VARLEN_BWD_WIDE
+    else:
+        need = MIN_MEAN_SEQLEN_K_VARLEN_BWD
     if mean_k < need:
         return (f"mean seqlen_k {mean_k} < {need} (varlen{' backward' if backward else ''}): "
                 "portable is not slower there")
@@ -330,15 +339,13 @@ def varlen_backward_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
                                 params: Mapping[str, Any],
                                 seqused_k: Optional[torch.Tensor]) -> Optional[str]:
     """Why this packed backward (q (total_q, h, d), k / v (total_k, h_k, d)) is not covered by
-    bwd_kernel.py's varlen mode (None when it is): the dense backward's rules over the
-    (1, total, h, d) views, head dims up to 128 (d = 192 / 256 run bwd_wide_kernel.py, which
-    has no varlen mode), deterministic=False, no seqused_k, at least one row and key."""
+    the backward kernels' varlen mode (bwd_kernel.py, bwd_wide_kernel.py at d = 192 / 256;
+    None when it is): the dense backward's rules over the (1, total, h, d) views,
+    deterministic=False, no seqused_k, at least one row and key."""
     if q.shape[0] == 0 or k.shape[0] == 0:
         return "no query row or no key"
     if seqused_k is not None:
         return "seqused_k (the varlen backward kernel does not read it)"
     if params.get("deterministic", False):
         return "deterministic=True (no ordered dQ in the varlen backward)"
-    if q.shape[-1] > 128:
-        return f"head dim {q.shape[-1]} (varlen backward: d <= 128)"
     return backward_unsupported(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), params)

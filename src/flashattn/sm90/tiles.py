@@ -156,9 +156,9 @@ def key_block_coords(tile, key_grid, n_heads_k, LONGEST_FIRST: gl.constexpr,
 def varlen_key_tile(tile, varlen, key_grid, n_heads_k, total_q, total_k,
                     BLOCK_N: gl.constexpr, LONGEST_FIRST: gl.constexpr):
     """Backward over packed sequences: (KV head, key block inside the sequence, q offset,
-    q length, k offset, k length) of tile ``tile``, key_grid = (slots per KV head, n_heads_k,
-    heads_per_group) in key_block_coords' order, varlen = (cu_seqlens_q, cu_seqlens_k,
-    n_seqs). A slot past its sequence's keys (varlen_slot) gets q length 0: no query block,
+    q length, k offset, k length, sequence) of tile ``tile``, key_grid = (slots per KV head,
+    n_heads_k, heads_per_group) in key_block_coords' order, varlen = (cu_seqlens_q,
+    cu_seqlens_k, n_seqs). A slot past its sequence's keys (varlen_slot) gets q length 0: no query block,
     nothing stored."""
     cu_q_ptr, cu_k_ptr, n_seqs = varlen
     _, h_k, slot = key_block_coords(tile, key_grid, n_heads_k, LONGEST_FIRST)
@@ -167,29 +167,31 @@ def varlen_key_tile(tile, varlen, key_grid, n_heads_k, total_q, total_k,
     q_off, len_q = varlen_span(cu_q_ptr, seq, total_q)
     if n_block * BLOCK_N >= len_k:
         len_q = len_q * 0
-    return h_k, n_block, q_off, len_q, k_off, len_k
+    return h_k, n_block, q_off, len_q, k_off, len_k, seq
 
 
 @gluon.jit
 def key_tile_geometry(tile, varlen, key_grid, n_heads_k, seqlen_q, seqlen_k,
                       BLOCK_N: gl.constexpr, LONGEST_FIRST: gl.constexpr,
                       DETERMINISTIC: gl.constexpr, VARLEN: gl.constexpr):
-    """(batch, KV head, key block, q offset, q length, k offset, k length) of backward tile
-    ``tile``, the same in the producer and the consumers: key_block_coords' over (b, s, h, d)
-    tensors (offsets 0, the call's lengths), or with VARLEN varlen_key_tile's over packed
-    sequences (batch 0; seqlen_q / seqlen_k are then total_q / total_k)."""
+    """(batch, KV head, key block, q offset, q length, k offset, k length, sequence) of
+    backward tile ``tile``, the same in the producer and the consumers: key_block_coords' over
+    (b, s, h, d) tensors (offsets 0, the call's lengths, sequence = batch), or with VARLEN
+    varlen_key_tile's over packed sequences (batch 0; seqlen_q / seqlen_k are then total_q /
+    total_k)."""
     if VARLEN:
-        h_k, n_block, q_off, len_q, k_off, len_k = varlen_key_tile(
+        h_k, n_block, q_off, len_q, k_off, len_k, seq = varlen_key_tile(
             tile, varlen, key_grid, n_heads_k, seqlen_q, seqlen_k, BLOCK_N, LONGEST_FIRST)
         b = h_k * 0
     else:
         b, h_k, n_block = key_block_coords(tile, key_grid, n_heads_k, LONGEST_FIRST,
                                            DETERMINISTIC)
+        seq = b
         q_off = 0
         k_off = 0
         len_q = seqlen_q
         len_k = seqlen_k
-    return b, h_k, n_block, q_off, len_q, k_off, len_k
+    return b, h_k, n_block, q_off, len_q, k_off, len_k, seq
 
 
 # Backward geometry (transposed tiles: rows are keys, columns queries)

@@ -77,6 +77,29 @@ def test_varlen_pass_starts_every_sequence_on_a_key_group(lens, block_n):
         assert (got[0, rest].float() == 0).all(), b
 
 
+def test_varlen_pass_copies_only_the_used_keys():
+    """With seqused_k, keys past seqused_k[b] (unused cache slots, here NaN bytes) are not
+    copied: those positions are zeros like the gaps (the FP8 forward's masked P is 0 there,
+    and 0 x NaN would be NaN)."""
+    pytest.importorskip("triton")
+    from flashattn.sm90 import v_layout
+
+    lens, used = (40, 70, 5), (33, 0, 5)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    total, h, d = int(cu[-1]), 2, 16
+    v = torch.randn(total, h, d).to(torch.float8_e4m3fn)
+    bits = v.view(torch.uint8)
+    for b, (n, u) in enumerate(zip(lens, used)):
+        bits[int(cu[b]) + u:int(cu[b]) + n] = 0x7F  # e4m3 NaN in the unused keys
+    got = v_layout.wgmma_ordered_vt_varlen(v, cu, max(lens), 64,
+                                           torch.tensor(used, dtype=torch.int32))
+    assert not torch.isnan(got.float()).any()
+    for b, u in enumerate(used):
+        start = 32 * (b + int(cu[b]) // 32)
+        pos = start + F.wgmma_key_position(torch.arange(u))
+        assert torch.equal(got[0, pos].float(), v[int(cu[b]):int(cu[b]) + u].float()), b
+
+
 @pytest.mark.parametrize("cu,total", [([0, 5, 9], 20), ([3, 5, 9], 9), ([0, 9], 9), ([4], 70),
                                       ([0, 100, 1000], 50)])
 def test_clear_uncovered_rows(cu, total):

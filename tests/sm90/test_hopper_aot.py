@@ -169,9 +169,6 @@ SPILL_ALLOWANCE = {"fwd_d192_bfloat16_causal": 8, "fwd_d256_bfloat16_causal": 8,
                    "fwd_d64_float8_e4m3fn_causal_varlen1": 8,
                    "fwd_d128_float8_e4m3fn_causal_varlen1": 8,
                    "fwd_d256_float8_e4m3fn_causal_varlen1": 112,
-                   # the wide backward over packed sequences (session 23): 8 bytes at d = 256
-                   # non-causal (the causal variant and d = 192 have none)
-                   "bwd_d256_bfloat16_varlen1": 8,
                    "fwd_d64_float8_e4m3fn": 112, "fwd_d64_float8_e4m3fn_causal": 16,
                    "fwd_d96_float8_e4m3fn": 40, "fwd_d128_float8_e4m3fn": 40,
                    "fwd_d128_float8_e4m3fn_win256_0": 16, "fwd_d192_float8_e4m3fn": 184,
@@ -244,13 +241,18 @@ def test_fwd_variant_compiles_without_spills(variant, reports, capsys):
 
 # Backward: ptxas keeps a few loop scalars in local memory on the d = 96 / 128 variants (the
 # consumers hold fp32 dK + dV, 128 registers, for the whole key block); bounded so growth fails.
+# (The packed variants, with two copies of the block loop since session 23: 128-144 bytes.)
 BWD_SPILL_ALLOWANCE = 160
 # deterministic=True: the dQ writer warp's handoff (session 10) leaves consumer 0 more 64-bit
 # values in local memory (d = 128: 272 bytes causal, 256 dense; d = 64: 64); measured as is
 DET_SPILL_ALLOWANCE = 288
 # bwd_wide_kernel.py: none, except one 8-byte kernel-entry value ptxas parks on the stack and
 # the producer warp reloads once (d = 192 non-causal, as for the forward's d = 192 / 256 causal).
-BWD_WIDE_SPILL_ALLOWANCE = {"bwd_d192_bfloat16": 8}
+# Packed sequences (session 23): 32 bytes, the kernel's two copies of the consumer (with and
+# without the padding guard of the last sequence, row_guard.py; 0 / 8 without the guard).
+BWD_WIDE_SPILL_ALLOWANCE = {"bwd_d192_bfloat16": 8, "bwd_d256_bfloat16_varlen1": 32,
+                            "bwd_d256_bfloat16_causal_varlen1": 32,
+                            "bwd_d192_float16_causal_varlen1": 32}
 
 
 @pytest.mark.parametrize("variant", BWD_VARIANTS, ids=[_key(v) for v in BWD_VARIANTS])

@@ -63,19 +63,22 @@ def test_dq_from_packed_workspace(lens, lead, tail):
 @pytest.mark.parametrize("d,transposed", [(64, False), (96, False), (192, True)])
 def test_row_stats(d, transposed):
     """lse2 = lse * log2(e) (+inf where lse = -inf and on padding rows), delta = rowsum(dO * O)
-    (0 on padding rows), and the dQ workspace zeroed in either layout."""
+    (0 where lse = -inf, even over a NaN dO row: a packed call's padding rows, and on padding
+    rows), and the dQ workspace zeroed in either layout."""
     b, s, h, s_pad = 2, 70, 3, 128
     d_pad = 1 << (d - 1).bit_length()
     out = torch.randn(b, s, h, d, dtype=torch.bfloat16)
     dout = torch.randn(b, s, h, d, dtype=torch.bfloat16)
     lse = torch.randn(b, h, s, dtype=torch.float32)
     lse[0, 1, 5] = float("-inf")
+    dout[0, 5, 1] = float("nan")
     shape = (b, h, d_pad, s_pad) if transposed else (b, h, s_pad, d_pad)
     dq_acc = torch.full(shape, float("nan"))
     lse2, delta = row_stats(out, dout, lse, s_pad, dq_acc, transposed)
     assert lse2.shape == delta.shape == (b, h, s_pad)
     assert lse2.is_contiguous() and delta.is_contiguous()
     want_delta = (out.float() * dout.float()).sum(-1).transpose(1, 2)
+    want_delta[0, 1, 5] = 0.0
     torch.testing.assert_close(delta[:, :, :s], want_delta, rtol=1e-5, atol=1e-4)
     assert torch.all(delta[:, :, s:] == 0)
     want_lse2 = lse * 1.4426950408889634

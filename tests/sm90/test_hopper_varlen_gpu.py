@@ -234,3 +234,80 @@ def test_equal_lengths_backward_matches_dense(causal, d, hopper_varlen_calls):
     for name, got, want in zip("qkv", grads, dense):
         err = (got.float() - want.flatten(0, 1).float()).abs().max().item()
         assert err <= 2e-2 * want.float().abs().max().item() + 1e-3, (name, err)
+
+
+def _poison(x: torch.Tensor, rows, value: float) -> torch.Tensor:
+    """x with ``rows`` (a slice or index tensor of its first dim) set to ``value``."""
+    x = x.clone()
+    x[rows] = value
+    return x
+
+
+@pytest.mark.parametrize("d,causal", [(128, False), (128, True), (64, True), (256, True),
+                                      (192, False)])
+def test_padding_rows_do_not_reach_the_sequences(d, causal, hopper_varlen_calls):
+    """Packed tensors padded past the last sequence (static shapes: flash-attn issue 1228)
+    with NaN / Inf rows: every tile that crosses a sequence's end reads them, yet outputs
+    and gradients are the bits of the same call with zero padding (row_guard.py), and the
+    gradients of the padding rows are 0."""
+    torch.manual_seed(5)
+    lens = (700, 1, 1100, 333)
+    used, pad = sum(lens), 77
+    total, h, h_k = used + pad, 4, 2
+    cu = cu_seqlens(lens).cuda()
+    clean = [torch.randn(total, n, d, device="cuda", dtype=torch.bfloat16)
+             for n in (h, h_k, h_k)]
+    for x in clean:
+        x[used:] = 0
+    g = torch.randn(total, h, d, device="cuda", dtype=torch.bfloat16)
+    g[used:] = 0
+    dirty = [_poison(clean[0], slice(used, None), float("nan")),
+             _poison(clean[1], slice(used, None), float("inf")),
+             _poison(clean[2], slice(used, None), float("nan"))]
+    g_dirty = _poison(g, slice(used, None), float("nan"))
+    results = []
+    for inputs, grad in ((clean, g), (dirty, g_dirty)):
+        xs = [x.detach().requires_grad_() for x in inputs]
+        out = flash_attn_varlen_func(*xs, cu, cu, max(lens), max(lens), causal=causal)
+        results.append((out, *torch.autograd.grad(out, xs, grad)))
+    assert hopper_varlen_calls.count("fwd") == 2 and hopper_varlen_calls.count("bwd") == 2
+    for name, want, got in zip(("out", "dq", "dk", "dv"), *results):
+        assert torch.isfinite(got[:used]).all(), name
+        if name == "dq":  # (added by TMA reduce in no fixed order: not bitwise repeatable)
+            err = (got[:used].float() - want[:used].float()).abs().max().item()
+            assert err <= 1e-2 * want[:used].float().abs().max().item(), (name, err)
+        else:
+            assert torch.equal(got[:used], want[:used]), name
+    for name, got in zip(("dq", "dk", "dv"), results[1][1:]):
+        assert (got[used:] == 0).all(), name
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_unused_keys_do_not_reach_the_sequences(fp8, monkeypatch):
+    """seqused_k (FA3's varlen: cache slots of which only the first seqused_k[b] keys are
+    filled): NaN in the unused keys changes nothing, 16-bit (row_guard.py) and FP8 (the packed
+    V^T copies only the used keys)."""
+    set_env(monkeypatch, FLASHATTN_BACKEND="hopper")
+    torch.manual_seed(6)
+    slots, used, lens_q = (1024, 512, 700), (1000, 129, 1), (300, 128, 1)
+    h, h_k, d = 4, 2, 128
+    cu_q, cu_k = cu_seqlens(lens_q).cuda(), cu_seqlens(slots).cuda()
+    seqused = torch.tensor(used, dtype=torch.int32, device="cuda")
+    q = torch.randn(sum(lens_q), h, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(sum(slots), h_k, d, device="cuda", dtype=torch.bfloat16)
+            for _ in range(2))
+    gaps = torch.cat([torch.arange(int(cu_k[b]) + u, int(cu_k[b + 1]), device="cuda")
+                      for b, u in enumerate(used)])
+    kw = dict(causal=True, seqused_k=seqused)
+    k0, v0 = _poison(k, gaps, 0.0), _poison(v, gaps, 0.0)
+    if fp8:  # (poisoned through the bytes: 0x7F is e4m3's NaN)
+        q, k0, v0 = (x.to(torch.float8_e4m3fn) for x in (q, k0, v0))
+        k1, v1 = k0.clone(), v0.clone()
+        k1.view(torch.uint8)[gaps] = 0x7F
+        v1.view(torch.uint8)[gaps] = 0x7F
+    else:
+        k1, v1 = _poison(k0, gaps, float("inf")), _poison(v0, gaps, float("nan"))
+    want = flash_attn_varlen_func(q, k0, v0, cu_q, cu_k, max(lens_q), max(slots), **kw)
+    got = flash_attn_varlen_func(q, k1, v1, cu_q, cu_k, max(lens_q), max(slots), **kw)
+    assert torch.isfinite(got.float()).all()
+    assert torch.equal(got, want)

@@ -65,6 +65,7 @@ from flashattn.runtime.gluon_builtins import tma_reduce_add, tma_reduce_add_from
 from flashattn.sm90.bwd_epilogue import store_kv_grads
 from flashattn.sm90.bwd_producer import alloc_query_streams, producer, read_tile
 from flashattn.sm90.ptx import per_thread_ptx
+from flashattn.sm90.row_guard import padding_follows, zero_rows_from
 from flashattn.sm90.softmax import ds_t, probs_t
 from flashattn.sm90.tiles import (block_needs_mask_t, key_tile_geometry, query_block_range,
                                   visible_t)
@@ -348,11 +349,32 @@ def _key_tile(WG: gl.constexpr, tile, tile_iter, it_base, descs, smem, bars, pro
     dv = gl.zeros([HALF_N, D_PAD], gl.float32, KV_LAYOUT)
     mbarrier.wait(kv_ready, tile_iter & 1)
     total = group_size * n_blocks  # (query head of the group, query block) pairs, in order
-    it_base, dk, dv = _consume_key_tile(
-        WG, descs, smem, bars, problem, scales, ptrs, b, h_k, n_start, key0, lo_blk, n_blocks,
-        total, it_base, dk, dv, k_mine, v_mine, k_cols, s_zero, dq_zero, dq_offs, window,
-        BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC, n_block,
-        handoff, DETERMINISTIC, (q_off, len_q, len_k), VARLEN)
+    if VARLEN:
+        # the last sequence's rows are followed by rows of no sequence (padding, which may hold
+        # Inf / NaN): its tiles zero those rows in shared memory (row_guard.py) through a copy
+        # of the block loop with the guard; the other sequences' tiles read the next
+        # sequence's rows, masked, through the loop without it (no cost on the common path)
+        if padding_follows(varlen, q_off + len_q, k_off + len_k, seqlen_q, seqlen_k):
+            if n_start + BLOCK_N > len_k:  # dQ = dS K reads every row of K, dP^T = V dO^T
+                zero_rows_from(smem[0].reshape([BLOCK_N, D_PAD]), len_k - n_start)
+                zero_rows_from(smem[1].reshape([BLOCK_N, D_PAD]), len_k - n_start)
+            it_base, dk, dv = _consume_key_tile(
+                WG, descs, smem, bars, problem, scales, ptrs, b, h_k, n_start, key0, lo_blk,
+                n_blocks, total, it_base, dk, dv, k_mine, v_mine, k_cols, s_zero, dq_zero,
+                dq_offs, window, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE,
+                DQ_ASYNC, n_block, handoff, DETERMINISTIC, (q_off, len_q, len_k), VARLEN, True)
+        else:
+            it_base, dk, dv = _consume_key_tile(
+                WG, descs, smem, bars, problem, scales, ptrs, b, h_k, n_start, key0, lo_blk,
+                n_blocks, total, it_base, dk, dv, k_mine, v_mine, k_cols, s_zero, dq_zero,
+                dq_offs, window, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE,
+                DQ_ASYNC, n_block, handoff, DETERMINISTIC, (q_off, len_q, len_k), VARLEN, False)
+    else:
+        it_base, dk, dv = _consume_key_tile(
+            WG, descs, smem, bars, problem, scales, ptrs, b, h_k, n_start, key0, lo_blk,
+            n_blocks, total, it_base, dk, dv, k_mine, v_mine, k_cols, s_zero, dq_zero, dq_offs,
+            window, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
+            n_block, handoff, DETERMINISTIC)
     if PERSISTENT:
         mbarrier.arrive(kv_empty)  # every GEMM reading this K / V has completed
     # ---- epilogue: dK (times softmax_scale) and dV of this consumer's keys
@@ -370,14 +392,15 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
                       HAS_SOFTCAP: gl.constexpr, DQ_TMA: gl.constexpr, PIPELINE: gl.constexpr,
                       DQ_ASYNC: gl.constexpr, n_block=0, handoff=None,
                       DETERMINISTIC: gl.constexpr = False, span=None,
-                      VARLEN: gl.constexpr = False):
+                      VARLEN: gl.constexpr = False, GUARD: gl.constexpr = False):
     """The ``total`` query blocks of one key tile for one consumer: dK / dV accumulated in
     registers (returned), dQ added to the workspace. Ring slots and dS slots continue from
     ``it_base``; returns (it_base + total, dk, dv). DETERMINISTIC: dQ goes to the writer warp
     (_dq_writer) through ``handoff`` = (dq_full, dq_empty, meta_smem) with this tile's turn,
     ``-n_block``. ``span`` (VARLEN): (q offset, q length, k length) of the tile's sequence:
     masks by its lengths, queries past its end included (they are the next sequence's rows,
-    with finite lse), dQ rows from its offset."""
+    with finite lse), dQ rows from its offset. GUARD (the last sequence: padding may follow):
+    the rows of a query block past the sequence's end are zeroed in Q and dO first."""
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
     k_smem, v_smem, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem = smem
     kv_ready, q_ready, q_empty, do_ready, do_empty, ds_ready, ds_free, stats_ready = bars
@@ -428,9 +451,15 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
         if not PIPELINE:
             # ---- S^T and dP^T (both async)
             mbarrier.wait(q_ready.index(stage), phase)
+            if GUARD:  # the query rows past the sequence's end (row_guard.py)
+                if m_start + BLOCK_M > len_q:
+                    zero_rows_from(q_view, len_q - m_start)
             s_tok = warpgroup_mma(k_mine, q_view.permute((1, 0)), s_zero, use_acc=False,
                                   is_async=True)
             mbarrier.wait(do_ready.index(stage), phase)
+            if GUARD:
+                if m_start + BLOCK_M > len_q:
+                    zero_rows_from(do_view, len_q - m_start)
             dp_tok = warpgroup_mma(v_mine, do_view.permute((1, 0)), s_zero, use_acc=False,
                                    is_async=True)
             s = warpgroup_mma_wait(1, deps=(s_tok,))

@@ -4,7 +4,7 @@ For every (batch, head, query row) of a padded (b, h, s_q_pad) layout (s_q_pad =
 up to the backward's BLOCK_M, so the kernel's loads of a query block need no mask):
 
     lse2  = lse * log2(e)           +inf where lse = -inf (the row sees no key) and on padding
-    delta = rowsum(dO * O)  (fp32)   0 on padding rows
+    delta = rowsum(dO * O)  (fp32)   0 where lse = -inf and on padding rows
 
 With lse2 = +inf the backward's P = exp2(S * scale - lse2) is exactly 0: such rows add
 nothing to dK / dV / dQ and produce no NaN.
@@ -46,6 +46,9 @@ def _row_stats_kernel(Out, DO, Lse, Lse2, Delta, DQAcc, stride_ob, stride_om, st
     lse = tl.load(Lse + bh.to(tl.int64) * seqlen_q + rows, mask=rows < seqlen_q,
                   other=float("-inf"))
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+    # a row that sees no key has P = 0 everywhere, so its delta is never needed; 0 keeps
+    # dS = P (dP - delta) at 0 when its dO holds Inf / NaN (padding rows of a packed call)
+    delta = tl.where(lse == float("-inf"), 0.0, delta)
     base = bh.to(tl.int64) * seqlen_q_pad
     tl.store(Lse2 + base + rows, lse2, mask=rows < seqlen_q_pad)
     tl.store(Delta + base + rows, delta, mask=rows < seqlen_q_pad)

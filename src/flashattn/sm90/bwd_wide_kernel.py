@@ -50,6 +50,7 @@ from flashattn.runtime.gluon_api import cta_barrier, tma_load, tma_store  # noqa
 from flashattn.runtime.gluon_builtins import tma_reduce_add_from_shared
 from flashattn.sm90.bwd_epilogue import store_kv_grads
 from flashattn.sm90.bwd_producer import alloc_query_streams, producer
+from flashattn.sm90.row_guard import padding_follows, zero_rows_from
 from flashattn.sm90.softmax import ds_t, probs_t
 from flashattn.sm90.tiles import block_needs_mask_t, key_tile_geometry, query_block_range, visible_t
 
@@ -94,14 +95,45 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
               HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, PIPELINE: gl.constexpr,
               LONGEST_FIRST: gl.constexpr, varlen, VARLEN: gl.constexpr,
               DQ_SEQ_ALIGN: gl.constexpr):
-    """One consumer warpgroup: head-dim columns [WG * HALF_D, (WG + 1) * HALF_D) of dK / dV,
+    """One consumer warpgroup (_consumer_tile). VARLEN: the last sequence's tiles (rows of no
+    sequence may follow it: row_guard.padding_follows) run the copy with the guard, the
+    others the copy without it (no cost on the common path)."""
+    if VARLEN:
+        BLOCK_N: gl.constexpr = descs[1].block_type.shape[1]
+        _, _, _, q_off, len_q, k_off, len_k, _ = key_tile_geometry(
+            gl.program_id(0), varlen, (schedule[0], schedule[1], schedule[2]), problem[3],
+            problem[0], problem[1], BLOCK_N, LONGEST_FIRST, False, VARLEN)
+        if padding_follows(varlen, q_off + len_q, k_off + len_k, problem[0], problem[1]):
+            _consumer_tile(WG, descs, smem, bars, problem, window, scales, ptrs, schedule,
+                           BLOCK_M, HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, PIPELINE,
+                           LONGEST_FIRST, varlen, VARLEN, DQ_SEQ_ALIGN, True)
+        else:
+            _consumer_tile(WG, descs, smem, bars, problem, window, scales, ptrs, schedule,
+                           BLOCK_M, HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, PIPELINE,
+                           LONGEST_FIRST, varlen, VARLEN, DQ_SEQ_ALIGN, False)
+    else:
+        _consumer_tile(WG, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
+                       HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, PIPELINE, LONGEST_FIRST,
+                       varlen, VARLEN, DQ_SEQ_ALIGN, False)
+
+
+@gluon.jit
+def _consumer_tile(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs,
+                   schedule, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr,
+                   HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
+                   PIPELINE: gl.constexpr, LONGEST_FIRST: gl.constexpr, varlen,
+                   VARLEN: gl.constexpr, DQ_SEQ_ALIGN: gl.constexpr, GUARD: gl.constexpr):
+    """One consumer warpgroup's key tile: head-dim columns [WG * HALF_D, (WG + 1) * HALF_D) of dK / dV,
     queries [WG * HALF_M, (WG + 1) * HALF_M) of each block for S^T / dP^T. VARLEN: the tile's
     sequence from tiles.varlen_key_tile (packed (1, total, h, d) tensors): masks by its
     lengths, queries past its end masked too (they are the next sequence's rows, with finite
     lse), dK / dV rows from its offset, dQ^T columns from DQ_SEQ_ALIGN * (sequence + q offset
     // DQ_SEQ_ALIGN): the TMA reduce's innermost coordinate must be 16-byte aligned (an
     illegal instruction otherwise, measured), and this start is, for every sequence, past the
-    previous sequence's end (bwd_postprocess.dq_from_packed_workspace reads it back)."""
+    previous sequence's end (bwd_postprocess.dq_from_packed_workspace reads it back).
+    GUARD (the last sequence of a packed call): the rows past its end, keys and queries, are
+    zeroed in shared memory before the GEMMs read them (row_guard.py), and dS is 0 where P
+    is (S^T / dP^T of a block may have read its rows before they were zeroed)."""
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
     k_smem, v_smem, q_smem, do_smem, pds_smem, lse_smem, delta_smem, dq_smem = smem
     kv_ready, q_ready, q_empty, do_ready, do_empty, p_ready, p_free, stats_ready = bars
@@ -145,6 +177,11 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
     dq_zero = gl.zeros([DQ_ROWS, HALF_M], gl.float32, S_LAYOUT)
 
     mbarrier.wait(kv_ready, 0)
+    if GUARD:
+        # keys past the sequence's end zeroed: S^T, dP^T and dQ^T read every row of K and V
+        if n_start + BLOCK_N > len_k:
+            zero_rows_from(k_smem.index(0).reshape([BLOCK_N, D_PAD]), len_k - n_start)
+            zero_rows_from(v_smem.index(0).reshape([BLOCK_N, D_PAD]), len_k - n_start)
     total = group_size * n_blocks  # (query head of the group, query block) pairs, in order
     if PIPELINE:
         # S^T / dP^T of the first block; each later one is issued at the end of the previous
@@ -178,12 +215,19 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
             s_tok, dp_tok = _issue_s_dp(k_all, v_all, q_smem, do_smem, q_ready, do_ready,
                                         s_zero, it, WG, BLOCK_M, D_PAD)
             s = warpgroup_mma_wait(1, deps=(s_tok,))
+        if GUARD:
+            # query rows past the sequence's end zeroed before dV / dK read Q and dO; S^T /
+            # dP^T may have read them: P and dS are set to 0 there below
+            if m_start + BLOCK_M > len_q:
+                zero_rows_from(q_view, len_q - m_start)
+                zero_rows_from(do_view, len_q - m_start)
         # lse2 = lse * log2(e), +inf for rows with no visible key and rows past s_q (P = 0)
         mbarrier.wait(stats_ready.index(stage), phase)
         lse2 = lse_smem.index(stage).slice(WG * HALF_M, HALF_M).load(COL_S)
         p, t = probs_t(s, lse2, qk_scale, softcap_inv, softcap_log2, HAS_SOFTCAP)
-        if block_needs_mask_t(n_start, m_start, len_q, len_k, window_left, window_right,
-                              BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, VARLEN):
+        masked = block_needs_mask_t(n_start, m_start, len_q, len_k, window_left, window_right,
+                                    BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, VARLEN)
+        if masked:
             vis = visible_t(n_start, m_start + WG * HALF_M, len_q, len_k, window_left,
                             window_right, S_LAYOUT, BLOCK_N, HALF_M, HAS_LEFT, HAS_RIGHT,
                             VARLEN)
@@ -192,6 +236,9 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
             dp = warpgroup_mma_wait(0, deps=(dp_tok,))
         delta = delta_smem.index(stage).slice(WG * HALF_M, HALF_M).load(COL_S)
         ds = ds_t(p, dp, delta, t, HAS_SOFTCAP)
+        if GUARD:  # (0 x NaN from rows past a sequence's end: dS is 0 where P is)
+            if masked:
+                ds = gl.where(p > 0.0, ds, 0.0)
 
         # ---- P^T_w, dS^T_w into shared memory; wait for the other consumer's halves
         p_phase = it & 1

@@ -338,7 +338,9 @@ def flash_fwd_hopper_fp8_varlen(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Te
                          kv_block_keys=1 << scales.kv_block_shift, long_causal=False,
                          **(config_overrides or {}))
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
-    vt = wgmma_ordered_vt_varlen(v8, cu_seqlens_k, max_seqlen_k, cfg.block_n)
+    if seqused_k is not None:
+        seqused_k = seqused_k.contiguous()
+    vt = wgmma_ordered_vt_varlen(v8, cu_seqlens_k, max_seqlen_k, cfg.block_n, seqused_k)
     out, lse, counter = _varlen_outputs(total_q, n_heads, head_dim_v, out_dtype, cfg,
                                         window_right, cu_seqlens_q)
     key = (q8.shape, k8.shape, vt.shape, q8.stride(), k8.stride(), out_dtype, q8.device,

@@ -78,6 +78,7 @@ from flashattn.runtime.gluon_api import cta_barrier, tma_load, tma_store  # noqa
 
 from flashattn.sm90.ptx import per_thread_ptx
 from flashattn.sm90.ring import ring_load
+from flashattn.sm90.row_guard import zero_rows_from
 from flashattn.sm90.softmax import (LN2, LOG2E, P_SCALE_LOG2, apply_softcap, mask_scores,
                                     online_softmax)
 from flashattn.sm90.tiles import (block_needs_mask, key_block_range, tile_coords, varlen_slot,
@@ -186,15 +187,24 @@ def _producer_varlen(descs, smem, bars, problem, window, tile_counter, varlen, s
             # FP8: V^T (v_layout.wgmma_ordered_vt_varlen) holds sequence b from position
             # 32 * (b + k_off // 32), a whole wgmma key group, with zeros up to the next one;
             # a 16-bit V's keys sit where K's do
-            if v_desc.dtype == gl.float8e4nv:
+            fp8 = v_desc.dtype == gl.float8e4nv
+            if fp8:
                 v_off = 32 * (seq + k_off // 32)
             else:
                 v_off = k_off
             for j in range(n_blocks):
-                # keys past the sequence's end are the next sequence's: the key mask hides them
                 n_start = (lo_blk + j) * BLOCK_N
-                kv_count = _load_kv(descs, smem, bars, kv_count, 0, k_off + n_start, h_k,
-                                    v_off + n_start)
+                # 16-bit: a block that would cross the sequence's end is loaded ending at its
+                # last key (_last_block_start; the consumers mask the keys before n_start):
+                # the rows after the end (the next sequence's, padding) are never read, and
+                # P = 0 never meets an Inf / NaN there. (With seqused_k the rows before a
+                # short sequence are the previous slot's unused keys: the consumers zero the
+                # rows past the end instead.)
+                n_load = n_start
+                if not fp8 and seqused_ptr is None:
+                    n_load = _last_block_start(n_start, len_k, BLOCK_N)
+                kv_count = _load_kv(descs, smem, bars, kv_count, 0, k_off + n_load, h_k,
+                                    v_off + n_load)
             tile_iter += 1
         tile = next_tile
     mbarrier.wait(q_empty, (tile_iter & 1) ^ 1)
@@ -224,6 +234,33 @@ def _varlen_tile(tile, varlen, n_seqs, n_g, n_heads, heads_per_group, total_q, t
     q_off, len_q = varlen_span(cu_q_ptr, seq, total_q)
     k_off, len_k = varlen_span(cu_k_ptr, seq, total_k)
     return seq, h, m_block, q_off, len_q, k_off, len_k
+
+
+@gluon.jit
+def _last_block_start(n_start, len_k, BLOCK_N: gl.constexpr):
+    """Where a VARLEN 16-bit key block's loads start: n_start, or for the block that crosses
+    the sequence's end, len_k - BLOCK_N (keys before n_start, the previous block's or, when the
+    sequence is shorter than a block, rows before it, come along masked; rows before the
+    tensor's start load as TMA zeros). FP8's packed V^T holds zeros past each sequence
+    instead (v_layout.py)."""
+    return gl.where(n_start + BLOCK_N > len_k, len_k - BLOCK_N, n_start)
+
+
+@gluon.jit
+def _mask_block(s, row0, n_start, len_q, len_k, window_left, window_right,
+                S_LAYOUT: gl.constexpr, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SHIFTED: gl.constexpr):
+    """softmax.mask_scores for key block n_start; SHIFTED (VARLEN 16-bit): the block that
+    crosses the sequence's end holds keys from _last_block_start, and those before n_start
+    are masked too."""
+    if SHIFTED:
+        n_load = _last_block_start(n_start, len_k, BLOCK_N)
+        s = mask_scores(s, row0, n_load, len_q, len_k, window_left, window_right, S_LAYOUT,
+                        HALF_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+        cols = n_load + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
+        return gl.where(gl.expand_dims(cols >= n_start, 0), s, float("-inf"))
+    return mask_scores(s, row0, n_start, len_q, len_k, window_left, window_right, S_LAYOUT,
+                       HALF_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
 
 
 # varlen hand-off slot: [tile, head, m block, q offset, q length, k offset, k length, sequence]
@@ -456,7 +493,8 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
               LONGEST_FIRST: gl.constexpr, PINGPONG: gl.constexpr, INTRA_OVERLAP: gl.constexpr,
               SEPARATE_O: gl.constexpr, DYNAMIC: gl.constexpr, NO_WS: gl.constexpr,
               THREAD_RELEASE: gl.constexpr, ROWSUM_MMA: gl.constexpr,
-              BOTTOM_ALIGN: gl.constexpr, varlen, VARLEN: gl.constexpr):
+              BOTTOM_ALIGN: gl.constexpr, varlen, VARLEN: gl.constexpr,
+              USED: gl.constexpr = False):
     """One consumer warpgroup: rows [WG * HALF_M, (WG + 1) * HALF_M) of every tile
     (HALF_M = BLOCK_M // CONSUMERS: the name is from the two-consumer layout).
 
@@ -582,8 +620,9 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
                     s = apply_softcap(s, softcap_inv, softcap_log2)
             if block_needs_mask(n_start, m_start, len_q, len_k, window_left, window_right,
                                 BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT):
-                s = mask_scores(s, row0, n_start, len_q, len_k, window_left, window_right,
-                                S_LAYOUT, HALF_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+                s = _mask_block(s, row0, n_start, len_q, len_k, window_left, window_right,
+                                S_LAYOUT, HALF_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
+                                VARLEN and not FP8 and not USED)
             if FP8:
                 p, m_i, l_i, alpha = online_softmax(s, m_i, l_i, s_unit_j, P_SCALE_LOG2,
                                                     not ROWSUM_MMA)
@@ -642,8 +681,9 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
                         s = apply_softcap(s, softcap_inv, softcap_log2)
                 if block_needs_mask(n_start, m_start, len_q, len_k, window_left,
                                     window_right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT):
-                    s = mask_scores(s, row0, n_start, len_q, len_k, window_left,
-                                    window_right, S_LAYOUT, HALF_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+                    s = _mask_block(s, row0, n_start, len_q, len_k, window_left,
+                                    window_right, S_LAYOUT, HALF_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
+                                    VARLEN and not FP8 and not USED)
                 if FP8:
                     p, m_i, l_i, alpha = online_softmax(s, m_i, l_i, s_unit_j, P_SCALE_LOG2,
                                                         not ROWSUM_MMA)
@@ -683,6 +723,14 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
             v_prev = _v_operand(v_smem, prev_stage, BLOCK_N, HEAD_DIM_V, FP8)
             p_in = _p_issue(p_op, dtype, P_LAYOUT, HALF_M, BLOCK_N, FP8)
             mbarrier.wait(v_ready.index(prev_stage), prev_phase)
+            if VARLEN and USED and not FP8:
+                # seqused_k: a short sequence's only block cannot end at its last used key
+                # without reaching the previous slot's unused keys, so the block is loaded
+                # where it starts and its V rows past the used keys (cache slots that may hold
+                # anything) are zeroed before P · V reads them (row_guard.py)
+                n_last = (lo_blk + n_blocks - 1) * BLOCK_N
+                if n_last + BLOCK_N > len_k:
+                    zero_rows_from(v_prev, len_k - n_last)
             turn_count = _turn_wait(turn, WG, turn_count, PINGPONG)
             if INTRA_OVERLAP == 2:
                 acc = acc * gl.expand_dims(alpha_o, 1)
@@ -961,6 +1009,7 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
         varlen = (cu_q_ptr, cu_k_ptr, o_ptr, o_row_stride, head_dim_v)
     else:
         varlen = scales  # (unread)
+    USED: gl.constexpr = seqused_ptr is not None  # (the consumers' guard of unused keys)
     # constexpr flags go one by one: packed in a tuple they would reach the worker partitions
     # as i1 values, not constants. (The partition lists are written out twice: a function
     # cannot be bound to a variable inside a Gluon kernel.)
@@ -969,22 +1018,22 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
             (_consumer, (0, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
-                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN)),
+                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED)),
             (_consumer, (1, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
-                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN)),
+                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED)),
         ], [4], [CONSUMER_REGS])
     elif CONSUMERS == 2:
         gl.warp_specialize([
             (_consumer, (0, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
-                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN)),
+                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED)),
             (_consumer, (1, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
-                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN)),
+                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED)),
             (_producer, (descs, smem, bars, problem, window, tile_counter, BLOCK_M, HAS_LEFT,
                          HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG, INTRA_OVERLAP,
                          SEPARATE_O, DYNAMIC, BOTTOM_ALIGN, varlen, VARLEN, seqused_ptr)),
@@ -994,15 +1043,15 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
             (_consumer, (0, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
-                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN)),
+                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED)),
             (_consumer, (1, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
-                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN)),
+                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED)),
             (_consumer, (2, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
-                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN)),
+                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED)),
             (_producer, (descs, smem, bars, problem, window, tile_counter, BLOCK_M, HAS_LEFT,
                          HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG, INTRA_OVERLAP,
                          SEPARATE_O, DYNAMIC, BOTTOM_ALIGN, varlen, VARLEN, seqused_ptr)),

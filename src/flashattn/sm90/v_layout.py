@@ -46,12 +46,13 @@ def _wgmma_vt_kernel(V, Out, s_k, s_pad, n_heads, stride_vb, stride_vs, stride_v
 
 
 @triton.jit
-def _wgmma_vt_varlen_kernel(V, Out, cu_k, n_seqs, total_k, s_total, n_heads, stride_vs,
+def _wgmma_vt_varlen_kernel(V, Out, cu_k, Used, n_seqs, total_k, s_total, n_heads, stride_vs,
                             stride_vh, stride_vd, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                            BLOCK_S: tl.constexpr):
+                            BLOCK_S: tl.constexpr, HAS_USED: tl.constexpr):
     """One (sequence, head, BLOCK_S positions) tile of the packed V^T: sequence b's keys from
-    position start(b) = 32 (b + cu_k[b] // 32) in wgmma order, zeros from its end up to
-    start(b + 1) (s_total for the last one)."""
+    position start(b) = 32 (b + cu_k[b] // 32) in wgmma order (its first Used[b] with
+    HAS_USED: keys past seqused_k are not read), zeros from its end up to start(b + 1)
+    (s_total for the last one)."""
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
     b = pid_bh // n_heads
@@ -60,6 +61,8 @@ def _wgmma_vt_varlen_kernel(V, Out, cu_k, n_seqs, total_k, s_total, n_heads, str
     k0 = tl.minimum(tl.maximum(tl.load(cu_k + b), 0), total_k)
     k1 = tl.minimum(tl.maximum(tl.load(cu_k + b + 1), 0), total_k)
     seq_len = tl.maximum(k1 - k0, 0)
+    if HAS_USED:
+        seq_len = tl.minimum(seq_len, tl.maximum(tl.load(Used + b), 0))
     start = 32 * (b + k0 // 32)
     end = tl.where(b + 1 < n_seqs, 32 * (b + 1 + k1 // 32), s_total)
     local = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
@@ -84,15 +87,18 @@ def varlen_vt_positions(n_seqs: int, total_k: int) -> int:
 
 
 def wgmma_ordered_vt_varlen(v8: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_k: int,
-                            block_n: int) -> torch.Tensor:
+                            block_n: int, seqused_k: Optional[torch.Tensor] = None
+                            ) -> torch.Tensor:
     """Packed V (total_k, h_k, d_v) float8_e4m3fn, any strides, and its int32 (b + 1,)
     offsets -> a (1, s_total, h_k, d_v) view of a (1, h_k, d_v, s_total) V^T in which sequence
     b's keys start at position 32 (b + cu_seqlens_k[b] // 32) in wgmma key order (module doc),
     so every key block of a sequence starts on a whole key group, as the FP8 forward's P·V
     needs. Positions between one sequence's keys and the next one's are zeros (the forward's
     key blocks read up to ``block_n`` positions past a sequence's end; P is 0 there, and
-    0 x NaN would be NaN). s_total = varlen_vt_positions(b, total_k); the lengths stay on the
-    device (``max_seqlen_k``, the caller's bound, sizes the grid)."""
+    0 x NaN would be NaN); with ``seqused_k`` (int32 (b,), contiguous) only the first
+    seqused_k[b] keys are copied and the unused ones are zeros too (unused cache slots may hold
+    anything). s_total = varlen_vt_positions(b, total_k); the lengths stay on the device
+    (``max_seqlen_k``, the caller's bound, sizes the grid)."""
     total_k, h, d = v8.shape
     n_seqs = cu_seqlens_k.shape[0] - 1
     s_total = varlen_vt_positions(n_seqs, total_k)
@@ -104,9 +110,10 @@ def wgmma_ordered_vt_varlen(v8: torch.Tensor, cu_seqlens_k: torch.Tensor, max_se
         # block_n past its end
         span = max_seqlen_k + 64 + block_n
         launch_jit(_wgmma_vt_varlen_kernel, (n_seqs * h, triton.cdiv(span, block_s)),
-                   (src, out, cu_seqlens_k, n_seqs, total_k, s_total, h, *src.stride()),
+                   (src, out, cu_seqlens_k, seqused_k, n_seqs, total_k, s_total, h,
+                    *src.stride()),
                    dict(HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), BLOCK_S=block_s,
-                        num_warps=4))
+                        HAS_USED=seqused_k is not None, num_warps=4))
     return out.view(FP8_DTYPE).permute(0, 3, 1, 2)
 
 

@@ -195,7 +195,8 @@ def compile_bwd_variant(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, c
     # packed sequences (bwd_kernel's VARLEN mode, one CTA per tile: the masked config), a
     # variant switch rather than a BwdConfig field
     varlen = bool((overrides or {}).get("varlen"))
-    fields = {k: v for k, v in (overrides or {}).items() if k != "varlen"}
+    seqused = bool((overrides or {}).get("seqused"))  # varlen with seqused_k
+    fields = {k: v for k, v in (overrides or {}).items() if k not in ("varlen", "seqused")}
     cfg = bwd_config(head_dim, masked=varlen or window_left >= 0 or window_right >= 0,
                      **fields)
     b, s, h = 2, 1000, 4
@@ -206,7 +207,7 @@ def compile_bwd_variant(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, c
         q = q.reshape(1, b * s, h, head_dim)
         s_pad = -(-b * s // cfg.block_m) * cfg.block_m + cfg.block_m
         cu = torch.zeros(b + 1, dtype=torch.int32)
-        cu_seqlens = (cu, cu)
+        cu_seqlens = (cu, cu, torch.zeros(b, dtype=torch.int32)) if seqused else (cu, cu)
     dq_acc = dq_workspace(q, s_pad)
     lse = torch.empty((q.shape[0], h, s_pad), dtype=torch.float32)
     args, constexprs, options, _ = launch_args(

@@ -119,6 +119,9 @@ BWD_VARIANTS = (
                         (64, "float16", True), (96, "bfloat16", False),
                         (256, "bfloat16", False), (256, "bfloat16", True),
                         (192, "float16", True))]
+    # with seqused_k (the producer and consumers read it; K / V rows past it zeroed)
+    + [("bwd", d, "bfloat16", c, (-1, -1), 0.0, {"varlen": True, "seqused": True})
+       for d, c in ((128, True), (256, False))]
 )
 
 
@@ -252,7 +255,8 @@ DET_SPILL_ALLOWANCE = 288
 # without the padding guard of the last sequence, row_guard.py; 0 / 8 without the guard).
 BWD_WIDE_SPILL_ALLOWANCE = {"bwd_d192_bfloat16": 8, "bwd_d256_bfloat16_varlen1": 32,
                             "bwd_d256_bfloat16_causal_varlen1": 32,
-                            "bwd_d192_float16_causal_varlen1": 32}
+                            "bwd_d192_float16_causal_varlen1": 32,
+                            "bwd_d256_bfloat16_varlen1_seqused1": 32}
 
 
 @pytest.mark.parametrize("variant", BWD_VARIANTS, ids=[_key(v) for v in BWD_VARIANTS])

@@ -64,17 +64,18 @@ CASES = [
           h=8, h_k=2, causal=True, seqused_k=(2500, 1, 0, 1200, 0)),
     VCase((2048, 100, 1500), (3000, 1000, 1500), d=64, dtype=torch.bfloat16, h=4, h_k=4,
           seqused_k=(3000, 999, 33)),
+    VCase((700, 1, 1100, 5), (1000, 64, 1100, 300), d=256, dtype=torch.bfloat16, h=4, h_k=2,
+          causal=True, seqused_k=(900, 0, 1100, 129)),
 ]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_hopper_varlen_matches_oracle(case, hopper_varlen_calls, monkeypatch):
     """Forward and backward (check_varlen takes the gradients too): the backward runs the
-    varlen mode (bwd_kernel.py, bwd_wide_kernel.py at d = 192 / 256) with d_v = d and no
-    seqused_k."""
+    varlen mode (bwd_kernel.py, bwd_wide_kernel.py at d = 192 / 256) with d_v = d."""
     check_varlen(case, device="cuda", monkeypatch=monkeypatch)
     assert "fwd" in hopper_varlen_calls, "the Hopper varlen forward did not run"
-    covered = case.d_v in (None, case.d) and case.seqused_k is None
+    covered = case.d_v in (None, case.d)
     assert ("bwd" in hopper_varlen_calls) == covered, hopper_varlen_calls
 
 

@@ -41,13 +41,12 @@ def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens
 def varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, seqused_k: Optional[Tensor],
                max_seqlen_q: int, max_seqlen_k: int, p: AttnParams):
-    """Packed variable-length backward (bwd_kernel.py's VARLEN mode): (dq, dk, dv). The
-    portable backend's signature (seqused_k is never covered:
-    support.varlen_backward_unsupported; the maxima are not needed)."""
+    """Packed variable-length backward (the backward kernels' VARLEN mode): (dq, dk, dv). The
+    portable backend's signature (the maxima are not needed)."""
     return _bwd.flash_bwd_hopper_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                                         softmax_scale=p.softmax_scale, causal=p.causal,
                                         window_left=p.window_left, window_right=p.window_right,
-                                        softcap=p.softcap)
+                                        softcap=p.softcap, seqused_k=seqused_k)
 
 
 def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, p: AttnParams):

@@ -127,16 +127,16 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
                 lse2: torch.Tensor, delta: torch.Tensor, dq_acc: torch.Tensor, dk: torch.Tensor,
                 dv: torch.Tensor, cfg: BwdConfig, *, softmax_scale: float, window_left: int,
                 window_right: int, softcap: float, counter: Optional[torch.Tensor] = None,
-                cu_seqlens: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+                cu_seqlens: Optional[Tuple[torch.Tensor, ...]] = None
                 ) -> Tuple[List[Any], Dict[str, Any], Dict[str, Any], Tuple[int, int]]:
     """(positional args, constexpr kwargs, launch options, grid) of bwd_kernel_for(d).
 
     Shared by the launch and by the ahead-of-time compile (aot.py). lse2 / delta float32
     (b, h, s_q_pad) (bwd_preprocess.row_stats); dq_acc: dq_workspace, zeroed by row_stats;
     dk, dv (b, s_k, h_k, d) contiguous; counter: _tile_counter(cfg, lse2, k, s_q,
-    window_right) (made here if None). ``cu_seqlens``: (cu_seqlens_q, cu_seqlens_k) int32 of
-    a packed call (the kernels' VARLEN mode, one CTA per key-block slot): q, k, v, dout, dk,
-    dv are then (1, total, h, d) views.
+    window_right) (made here if None). ``cu_seqlens``: (cu_seqlens_q, cu_seqlens_k[,
+    seqused_k]) int32 of a packed call (the kernels' VARLEN mode, one CTA per key-block slot):
+    q, k, v, dout, dk, dv are then (1, total, h, d) views.
     """
     batch, seqlen_q, n_heads, head_dim = q.shape
     _, seqlen_k, n_heads_k, _ = k.shape
@@ -148,14 +148,15 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
         n_bh_k = batch * n_heads_k
         grid = (_grid_size(cfg, k),)
         l2_seqlen_q = seqlen_q
-        varlen_args = [None, None, 0]
+        varlen_args = [None, None, 0, None]
     else:  # key-block slots per KV head (tiles.varlen_slot), one CTA each
         n_seqs = cu_seqlens[0].shape[0] - 1
         n_key_blocks = n_seqs + seqlen_k // cfg.block_n
         n_bh_k = n_heads_k
         grid = (n_key_blocks * n_heads_k,)
         l2_seqlen_q = seqlen_q // max(n_seqs, 1)  # (the mean sequence's Q / dO)
-        varlen_args = [cu_seqlens[0], cu_seqlens[1], n_seqs]
+        varlen_args = [cu_seqlens[0], cu_seqlens[1], n_seqs,
+                       cu_seqlens[2] if len(cu_seqlens) > 2 else None]
     if counter is None:
         counter = _tile_counter(cfg, lse2, k, seqlen_q, window_right)
     args = [
@@ -271,9 +272,11 @@ def flash_bwd_hopper_varlen(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
                             cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, *,
                             softmax_scale: float, causal: bool, window_left: int,
                             window_right: int, softcap: float,
+                            seqused_k: Optional[torch.Tensor] = None,
                             config_overrides: Optional[Dict[str, Any]] = None):
     """Packed variable-length backward with the Gluon sm90 kernels' VARLEN mode (bwd_kernel.py,
-    or bwd_wide_kernel.py at d = 192 / 256; fp16/bf16, TMA-aligned q/k/v).
+    or bwd_wide_kernel.py at d = 192 / 256; fp16/bf16, TMA-aligned q/k/v). ``seqused_k``:
+    int32 (b,), as in fwd.flash_fwd_hopper_varlen (dk / dv of the keys past it are 0).
 
     dout/out (total_q, h, d), q (total_q, h, d), k/v (total_k, h_k, d); lse float32
     (h, total_q); cu_seqlens as in fwd.flash_fwd_hopper_varlen. One CTA per (KV head, key-block
@@ -309,16 +312,19 @@ def flash_bwd_hopper_varlen(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), dout.stride(), q.dtype,
            q.device, cu_seqlens_q.shape[0], softmax_scale, window_left, window_right, softcap,
            tuple(sorted(config_overrides.items())) if config_overrides else None)
+    offsets = (cu_seqlens_q, cu_seqlens_k)
+    if seqused_k is not None:
+        offsets += (seqused_k.contiguous(),)
 
     def build():
         args, constexprs, options, grid = launch_args(
             dout4, q4, k4, v4, lse2, delta, dq_acc, dk4, dv4, cfg, softmax_scale=softmax_scale,
             window_left=window_left, window_right=window_right, softcap=softcap, counter=lse2,
-            cu_seqlens=(cu_seqlens_q, cu_seqlens_k))
+            cu_seqlens=offsets)
         return bwd_kernel_for(head_dim), grid, args, {**constexprs, **options}
 
-    _VARLEN_PLANS.launch(key, (q4, k4, v4, dout4, dq_acc, lse2, delta, dq_acc, dk4, dv4, lse2,
-                               cu_seqlens_q, cu_seqlens_k), build)
+    _VARLEN_PLANS[seqused_k is not None].launch(
+        key, (q4, k4, v4, dout4, dq_acc, lse2, delta, dq_acc, dk4, dv4, lse2) + offsets, build)
     if wide:
         dq = dq_from_packed_workspace(dq_acc, q, cu_seqlens_q)
     else:
@@ -329,5 +335,8 @@ def flash_bwd_hopper_varlen(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
 # Launch plans of earlier calls (kernels/launch.py; see hopper/fwd.py). Slots: the q, k, v,
 # dout and dQ-workspace descriptors, lse2, delta, the workspace, dk, dv, the tile counter.
 _PLANS = LaunchPlans(slots=tuple(range(11)))
-VARLEN_ARGS = 26  # cu_seqlens_q, cu_seqlens_k (after the 15 scalars; launch_args)
-_VARLEN_PLANS = LaunchPlans(slots=tuple(range(11)) + (VARLEN_ARGS, VARLEN_ARGS + 1))
+VARLEN_ARGS = 26  # cu_seqlens_q, cu_seqlens_k, n_seqs, seqused_k (after the 15 scalars)
+# by whether seqused_k is given (its slot follows n_seqs)
+_VARLEN_PLANS = {used: LaunchPlans(slots=tuple(range(11)) + (VARLEN_ARGS, VARLEN_ARGS + 1)
+                                   + ((VARLEN_ARGS + 3,) if used else ()))
+                 for used in (False, True)}

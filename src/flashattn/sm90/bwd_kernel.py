@@ -364,6 +364,10 @@ def _key_tile(WG: gl.constexpr, tile, tile_iter, it_base, descs, smem, bars, pro
                 dq_offs, window, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE,
                 DQ_ASYNC, n_block, handoff, DETERMINISTIC, (q_off, len_q, len_k), VARLEN, True)
         else:
+            if varlen[3] is not None:  # seqused_k: keys past it are unused cache slots
+                if n_start + BLOCK_N > len_k:
+                    zero_rows_from(smem[0].reshape([BLOCK_N, D_PAD]), len_k - n_start)
+                    zero_rows_from(smem[1].reshape([BLOCK_N, D_PAD]), len_k - n_start)
             it_base, dk, dv = _consume_key_tile(
                 WG, descs, smem, bars, problem, scales, ptrs, b, h_k, n_start, key0, lo_blk,
                 n_blocks, total, it_base, dk, dv, k_mine, v_mine, k_cols, s_zero, dq_zero,
@@ -527,7 +531,7 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
                     dv_ptr, tile_counter, seqlen_q, seqlen_k, n_heads, n_heads_k, group_size, seqlen_q_pad,
                     n_key_blocks, n_bh_k, heads_per_group,
                     window_left, window_right, qk_scale, sm_scale, softcap_inv, softcap_log2,
-                    cu_q_ptr, cu_k_ptr, n_seqs,
+                    cu_q_ptr, cu_k_ptr, n_seqs, seqused_ptr,
                     BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, HEAD_DIM: gl.constexpr,
                     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
                     DQ_TMA: gl.constexpr, PIPELINE: gl.constexpr, DQ_ASYNC: gl.constexpr,
@@ -561,8 +565,10 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
     n_key_blocks = the key-block slots per KV head (n_seqs + total_k // BLOCK_N,
     tiles.varlen_slot), s_q_pad >= total_q + BLOCK_M (lse2 / delta (h, s_q_pad): a query block
     of the last sequence may read BLOCK_M rows past total_q), cu_q_ptr / cu_k_ptr int32
-    (n_seqs + 1,); dk / dv (1, total_k, h_k, d) zeroed by the host (keys of no sequence).
-    cu_q_ptr / cu_k_ptr None and n_seqs 0 otherwise.
+    (n_seqs + 1,); dk / dv (1, total_k, h_k, d) zeroed by the host (keys of no sequence);
+    seqused_ptr None or int32 (n_seqs,) seqused_k (keys past it take no part: zeroed in shared
+    memory, their dk / dv left 0). cu_q_ptr / cu_k_ptr / seqused_ptr None and n_seqs 0
+    otherwise.
     """
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
     k_smem = gl.allocate_shared_memory(k_desc.dtype, k_desc.block_type.shape, k_desc.layout)
@@ -596,7 +602,7 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
     schedule = (n_key_blocks, n_bh_k, heads_per_group, kv_empty, tile_counter)
     gl.static_assert(not VARLEN or not (PERSISTENT or DETERMINISTIC or PIPELINE))
     if VARLEN:
-        varlen = (cu_q_ptr, cu_k_ptr, n_seqs)
+        varlen = (cu_q_ptr, cu_k_ptr, n_seqs, seqused_ptr)
     else:
         varlen = scales  # (unread)
     if DETERMINISTIC:

@@ -177,8 +177,9 @@ def _consumer_tile(WG: gl.constexpr, descs, smem, bars, problem, window, scales,
     dq_zero = gl.zeros([DQ_ROWS, HALF_M], gl.float32, S_LAYOUT)
 
     mbarrier.wait(kv_ready, 0)
-    if GUARD:
+    if GUARD or (VARLEN and varlen[3] is not None):
         # keys past the sequence's end zeroed: S^T, dP^T and dQ^T read every row of K and V
+        # (the last sequence, or any with seqused_k: keys past it are unused cache slots)
         if n_start + BLOCK_N > len_k:
             zero_rows_from(k_smem.index(0).reshape([BLOCK_N, D_PAD]), len_k - n_start)
             zero_rows_from(v_smem.index(0).reshape([BLOCK_N, D_PAD]), len_k - n_start)
@@ -304,7 +305,7 @@ def attn_bwd_wide_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, del
                          dk_ptr, dv_ptr, tile_counter, seqlen_q, seqlen_k, n_heads, n_heads_k, group_size,
                          seqlen_q_pad, n_key_blocks, n_bh_k, heads_per_group, window_left,
                          window_right, qk_scale, sm_scale, softcap_inv, softcap_log2,
-                         cu_q_ptr, cu_k_ptr, n_seqs,
+                         cu_q_ptr, cu_k_ptr, n_seqs, seqused_ptr,
                          BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr,
                          HEAD_DIM: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                          HAS_SOFTCAP: gl.constexpr, PIPELINE: gl.constexpr,
@@ -328,7 +329,9 @@ def attn_bwd_wide_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, del
     d) views; s_q_pad >= total_q + BLOCK_M; dk / dv zeroed by the caller: keys of no sequence
     get no tile); sequence i's dQ^T columns start at DQ_SEQ_ALIGN * (i + cu_q[i] //
     DQ_SEQ_ALIGN), so the workspace needs s_q_pad >= total_q + DQ_SEQ_ALIGN * n_seqs + BLOCK_M.
-    Else cu_q_ptr / cu_k_ptr / n_seqs are unread.
+    seqused_ptr: None, or int32 (n_seqs,) seqused_k (keys past it take no part; its K / V
+    rows are zeroed in shared memory). Else cu_q_ptr / cu_k_ptr / n_seqs / seqused_ptr are
+    unread.
     """
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
     HALF_M: gl.constexpr = BLOCK_M // 2
@@ -363,7 +366,7 @@ def attn_bwd_wide_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, del
     scales = (qk_scale, sm_scale, softcap_inv, softcap_log2)
     ptrs = (lse2_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr)
     if VARLEN:
-        varlen = (cu_q_ptr, cu_k_ptr, n_seqs)
+        varlen = (cu_q_ptr, cu_k_ptr, n_seqs, seqused_ptr)
     else:
         varlen = scales  # (unread)
     # one tile per CTA here: no tile queue (the producer's counter is unused)

@@ -62,9 +62,10 @@ def zero_rows_from(tile, first_bad):
 def padding_follows(varlen, q_end, k_end, total_q, total_k):
     """Whether rows of no sequence may follow a sequence whose query rows end at ``q_end``
     and keys at ``k_end``: it is the last one of its packed tensor (varlen = (cu_seqlens_q,
-    cu_seqlens_k, n_seqs)). Any other sequence is followed by the next one's rows: real
-    values, which the masks hide. (Rows before cu_seqlens[0] are not guarded: a sequence's
-    blocks never reach before its own start.)"""
-    cu_q_ptr, cu_k_ptr, n_seqs = varlen
+    cu_seqlens_k, n_seqs, seqused_k or None)). Any other sequence is followed by the next
+    one's rows: real values, which the masks hide; keys past seqused_k are unused slots
+    (``seqused_k`` callers guard them in every tile). (Rows before cu_seqlens[0] are not
+    guarded: a sequence's blocks never reach before its own start.)"""
+    cu_q_ptr, cu_k_ptr, n_seqs, _ = varlen
     return ((q_end >= clamped_load(cu_q_ptr, n_seqs, total_q))
             | (k_end >= clamped_load(cu_k_ptr, n_seqs, total_k)))

@@ -341,11 +341,9 @@ def varlen_backward_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     """Why this packed backward (q (total_q, h, d), k / v (total_k, h_k, d)) is not covered by
     the backward kernels' varlen mode (bwd_kernel.py, bwd_wide_kernel.py at d = 192 / 256;
     None when it is): the dense backward's rules over the (1, total, h, d) views,
-    deterministic=False, no seqused_k, at least one row and key."""
+    deterministic=False, at least one row and key (``seqused_k``, any or None, is covered)."""
     if q.shape[0] == 0 or k.shape[0] == 0:
         return "no query row or no key"
-    if seqused_k is not None:
-        return "seqused_k (the varlen backward kernel does not read it)"
     if params.get("deterministic", False):
         return "deterministic=True (no ordered dQ in the varlen backward)"
     return backward_unsupported(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), params)

@@ -158,12 +158,15 @@ def varlen_key_tile(tile, varlen, key_grid, n_heads_k, total_q, total_k,
     """Backward over packed sequences: (KV head, key block inside the sequence, q offset,
     q length, k offset, k length, sequence) of tile ``tile``, key_grid = (slots per KV head,
     n_heads_k, heads_per_group) in key_block_coords' order, varlen = (cu_seqlens_q,
-    cu_seqlens_k, n_seqs). A slot past its sequence's keys (varlen_slot) gets q length 0: no query block,
-    nothing stored."""
-    cu_q_ptr, cu_k_ptr, n_seqs = varlen
+    cu_seqlens_k, n_seqs, seqused_k or None). With seqused_k the sequence's key length is
+    min(seqused_k[seq], its slot). A slot past its sequence's keys (varlen_slot) gets q length
+    0: no query block, nothing stored."""
+    cu_q_ptr, cu_k_ptr, n_seqs, used_ptr = varlen
     _, h_k, slot = key_block_coords(tile, key_grid, n_heads_k, LONGEST_FIRST)
     seq, n_block = varlen_slot(slot, cu_k_ptr, n_seqs, total_k, BLOCK_N)
     k_off, len_k = varlen_span(cu_k_ptr, seq, total_k)
+    if used_ptr is not None:
+        len_k = gl.minimum(gl.maximum(gl.load(used_ptr + seq), 0), len_k)
     q_off, len_q = varlen_span(cu_q_ptr, seq, total_q)
     if n_block * BLOCK_N >= len_k:
         len_q = len_q * 0

@@ -347,14 +347,16 @@ def _key_tile(WG: gl.constexpr, tile, tile_iter, it_base, descs, smem, bars, pro
                                          BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
     dk = gl.zeros([HALF_N, D_PAD], gl.float32, KV_LAYOUT)
     dv = gl.zeros([HALF_N, D_PAD], gl.float32, KV_LAYOUT)
+    if VARLEN:  # (its loads' latency hides behind the K / V wait)
+        guard = padding_follows(varlen, q_off + len_q, k_off + len_k, seqlen_q, seqlen_k)
     mbarrier.wait(kv_ready, tile_iter & 1)
     total = group_size * n_blocks  # (query head of the group, query block) pairs, in order
     if VARLEN:
         # the last sequence's rows are followed by rows of no sequence (padding, which may hold
         # Inf / NaN): its tiles zero those rows in shared memory (row_guard.py) through a copy
         # of the block loop with the guard; the other sequences' tiles read the next
-        # sequence's rows, masked, through the loop without it (no cost on the common path)
-        if padding_follows(varlen, q_off + len_q, k_off + len_k, seqlen_q, seqlen_k):
+        # sequence's rows, masked, through the loop without it
+        if guard:
             if n_start + BLOCK_N > len_k:  # dQ = dS K reads every row of K, dP^T = V dO^T
                 zero_rows_from(smem[0].reshape([BLOCK_N, D_PAD]), len_k - n_start)
                 zero_rows_from(smem[1].reshape([BLOCK_N, D_PAD]), len_k - n_start)

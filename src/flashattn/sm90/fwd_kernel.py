@@ -53,11 +53,15 @@ Scheduling knobs (constexpr, for the ablation table in benchmarks/NOTES.md):
                    offsets (cu_seqlens), and the masks use its lengths. The producer maps each
                    tile to its sequence (_varlen_tile), skips the tiles past a sequence's end
                    and hands the geometry to the consumers with the tile. Keys past the end
-                   (the next sequence's) are masked; query rows past it are computed but not
+                   are never read: the key block that crosses it is loaded ending at the
+                   sequence's last key, the keys before its start masked (_last_block_start;
+                   with seqused_k the consumers zero its V rows past the end instead:
+                   row_guard.py); query rows past it are computed but not
                    stored: O pieces that cross the end are stored from registers (_store_rows),
                    since a TMA store would overwrite the next sequence's rows. FP8: V^T
-                   holds each sequence from a whole wgmma key group (32 positions,
-                   v_layout.wgmma_ordered_vt_varlen), and the descales are per sequence.
+                   holds each sequence's used keys from a whole wgmma key group (32 positions,
+                   v_layout.wgmma_ordered_vt_varlen), zeros after them, and the descales are
+                   per sequence.
 
 Every Gluon ``mbarrier.arrive`` from a consumer is a warpgroup ``bar.sync`` followed by a
 one-thread arrive (Triton's lowering): each K or V release costs one warpgroup barrier, which

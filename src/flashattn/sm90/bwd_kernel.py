@@ -65,7 +65,7 @@ from flashattn.runtime.gluon_builtins import tma_reduce_add, tma_reduce_add_from
 from flashattn.sm90.bwd_epilogue import store_kv_grads
 from flashattn.sm90.bwd_producer import alloc_query_streams, producer, read_tile
 from flashattn.sm90.ptx import per_thread_ptx
-from flashattn.sm90.row_guard import padding_follows, zero_rows_from
+from flashattn.sm90.row_guard import padding_follows, zero_keys_past, zero_rows_from
 from flashattn.sm90.softmax import ds_t, probs_t
 from flashattn.sm90.tiles import (block_needs_mask_t, key_tile_geometry, query_block_range,
                                   visible_t)
@@ -357,9 +357,9 @@ def _key_tile(WG: gl.constexpr, tile, tile_iter, it_base, descs, smem, bars, pro
         # of the block loop with the guard; the other sequences' tiles read the next
         # sequence's rows, masked, through the loop without it
         if guard:
-            if n_start + BLOCK_N > len_k:  # dQ = dS K reads every row of K, dP^T = V dO^T
-                zero_rows_from(smem[0].reshape([BLOCK_N, D_PAD]), len_k - n_start)
-                zero_rows_from(smem[1].reshape([BLOCK_N, D_PAD]), len_k - n_start)
+            # (dQ = dS K reads every row of K, dP^T = V dO^T this consumer's rows of V)
+            zero_keys_past(smem[0].reshape([BLOCK_N, D_PAD]), smem[1].reshape([BLOCK_N, D_PAD]),
+                           n_start, len_k)
             it_base, dk, dv = _consume_key_tile(
                 WG, descs, smem, bars, problem, scales, ptrs, b, h_k, n_start, key0, lo_blk,
                 n_blocks, total, it_base, dk, dv, k_mine, v_mine, k_cols, s_zero, dq_zero,
@@ -367,9 +367,8 @@ def _key_tile(WG: gl.constexpr, tile, tile_iter, it_base, descs, smem, bars, pro
                 DQ_ASYNC, n_block, handoff, DETERMINISTIC, (q_off, len_q, len_k), VARLEN, True)
         else:
             if varlen[3] is not None:  # seqused_k: keys past it are unused cache slots
-                if n_start + BLOCK_N > len_k:
-                    zero_rows_from(smem[0].reshape([BLOCK_N, D_PAD]), len_k - n_start)
-                    zero_rows_from(smem[1].reshape([BLOCK_N, D_PAD]), len_k - n_start)
+                zero_keys_past(smem[0].reshape([BLOCK_N, D_PAD]),
+                               smem[1].reshape([BLOCK_N, D_PAD]), n_start, len_k)
             it_base, dk, dv = _consume_key_tile(
                 WG, descs, smem, bars, problem, scales, ptrs, b, h_k, n_start, key0, lo_blk,
                 n_blocks, total, it_base, dk, dv, k_mine, v_mine, k_cols, s_zero, dq_zero,

@@ -50,7 +50,7 @@ from flashattn.runtime.gluon_api import cta_barrier, tma_load, tma_store  # noqa
 from flashattn.runtime.gluon_builtins import tma_reduce_add_from_shared
 from flashattn.sm90.bwd_epilogue import store_kv_grads
 from flashattn.sm90.bwd_producer import alloc_query_streams, producer
-from flashattn.sm90.row_guard import padding_follows, zero_rows_from
+from flashattn.sm90.row_guard import padding_follows, zero_keys_past, zero_rows_from
 from flashattn.sm90.softmax import ds_t, probs_t
 from flashattn.sm90.tiles import block_needs_mask_t, key_tile_geometry, query_block_range, visible_t
 
@@ -95,36 +95,39 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
               HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, PIPELINE: gl.constexpr,
               LONGEST_FIRST: gl.constexpr, varlen, VARLEN: gl.constexpr,
               DQ_SEQ_ALIGN: gl.constexpr):
-    """One consumer warpgroup (_consumer_tile). VARLEN: the last sequence's tiles (rows of no
-    sequence may follow it: row_guard.padding_follows) run the copy with the guard, the
+    """One consumer warpgroup (_consumer_tile) on this CTA's key tile, whose geometry
+    (tiles.key_tile_geometry) is found once here. VARLEN: the last sequence's tiles (rows of
+    no sequence may follow it: row_guard.padding_follows) run the copy with the guard, the
     others the copy without it (no cost on the common path)."""
+    BLOCK_N: gl.constexpr = descs[1].block_type.shape[1]
+    geom = key_tile_geometry(gl.program_id(0), varlen, (schedule[0], schedule[1], schedule[2]),
+                             problem[3], problem[0], problem[1], BLOCK_N, LONGEST_FIRST, False,
+                             VARLEN)
     if VARLEN:
-        BLOCK_N: gl.constexpr = descs[1].block_type.shape[1]
-        _, _, _, q_off, len_q, k_off, len_k, _ = key_tile_geometry(
-            gl.program_id(0), varlen, (schedule[0], schedule[1], schedule[2]), problem[3],
-            problem[0], problem[1], BLOCK_N, LONGEST_FIRST, False, VARLEN)
+        _, _, _, q_off, len_q, k_off, len_k, _ = geom
         if padding_follows(varlen, q_off + len_q, k_off + len_k, problem[0], problem[1]):
             _consumer_tile(WG, descs, smem, bars, problem, window, scales, ptrs, schedule,
-                           BLOCK_M, HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, PIPELINE,
-                           LONGEST_FIRST, varlen, VARLEN, DQ_SEQ_ALIGN, True)
+                           geom, BLOCK_M, HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+                           PIPELINE, varlen, VARLEN, DQ_SEQ_ALIGN, True)
         else:
             _consumer_tile(WG, descs, smem, bars, problem, window, scales, ptrs, schedule,
-                           BLOCK_M, HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, PIPELINE,
-                           LONGEST_FIRST, varlen, VARLEN, DQ_SEQ_ALIGN, False)
+                           geom, BLOCK_M, HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+                           PIPELINE, varlen, VARLEN, DQ_SEQ_ALIGN, False)
     else:
-        _consumer_tile(WG, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
-                       HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, PIPELINE, LONGEST_FIRST,
-                       varlen, VARLEN, DQ_SEQ_ALIGN, False)
+        _consumer_tile(WG, descs, smem, bars, problem, window, scales, ptrs, schedule, geom,
+                       BLOCK_M, HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, PIPELINE, varlen,
+                       VARLEN, DQ_SEQ_ALIGN, False)
 
 
 @gluon.jit
 def _consumer_tile(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs,
-                   schedule, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr,
+                   schedule, geom, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr,
                    HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
-                   PIPELINE: gl.constexpr, LONGEST_FIRST: gl.constexpr, varlen,
-                   VARLEN: gl.constexpr, DQ_SEQ_ALIGN: gl.constexpr, GUARD: gl.constexpr):
-    """One consumer warpgroup's key tile: head-dim columns [WG * HALF_D, (WG + 1) * HALF_D) of dK / dV,
-    queries [WG * HALF_M, (WG + 1) * HALF_M) of each block for S^T / dP^T. VARLEN: the tile's
+                   PIPELINE: gl.constexpr, varlen, VARLEN: gl.constexpr,
+                   DQ_SEQ_ALIGN: gl.constexpr, GUARD: gl.constexpr):
+    """One consumer warpgroup's key tile ``geom`` (tiles.key_tile_geometry's tuple): head-dim
+    columns [WG * HALF_D, (WG + 1) * HALF_D) of dK / dV, queries [WG * HALF_M, (WG + 1) *
+    HALF_M) of each block for S^T / dP^T. VARLEN: the tile's
     sequence from tiles.varlen_key_tile (packed (1, total, h, d) tensors): masks by its
     lengths, queries past its end masked too (they are the next sequence's rows, with finite
     lse), dK / dV rows from its offset, dQ^T columns from DQ_SEQ_ALIGN * (sequence + q offset
@@ -157,10 +160,7 @@ def _consumer_tile(WG: gl.constexpr, descs, smem, bars, problem, window, scales,
                                                         instr_shape=[16, HALF_D, 16])
     COL_S: gl.constexpr = gl.SliceLayout(0, S_LAYOUT)
 
-    n_key_blocks, n_bh_k, heads_per_group = schedule[0], schedule[1], schedule[2]
-    b, h_k, n_block, q_off, len_q, k_off, len_k, seq = key_tile_geometry(
-        gl.program_id(0), varlen, (n_key_blocks, n_bh_k, heads_per_group), n_heads_k, seqlen_q,
-        seqlen_k, BLOCK_N, LONGEST_FIRST, False, VARLEN)
+    b, h_k, n_block, q_off, len_q, k_off, len_k, seq = geom
     n_start = n_block * BLOCK_N
     if VARLEN:
         q_col = DQ_SEQ_ALIGN * (seq + q_off // DQ_SEQ_ALIGN)
@@ -180,9 +180,8 @@ def _consumer_tile(WG: gl.constexpr, descs, smem, bars, problem, window, scales,
     if GUARD or (VARLEN and varlen[3] is not None):
         # keys past the sequence's end zeroed: S^T, dP^T and dQ^T read every row of K and V
         # (the last sequence, or any with seqused_k: keys past it are unused cache slots)
-        if n_start + BLOCK_N > len_k:
-            zero_rows_from(k_smem.index(0).reshape([BLOCK_N, D_PAD]), len_k - n_start)
-            zero_rows_from(v_smem.index(0).reshape([BLOCK_N, D_PAD]), len_k - n_start)
+        zero_keys_past(k_smem.index(0).reshape([BLOCK_N, D_PAD]),
+                       v_smem.index(0).reshape([BLOCK_N, D_PAD]), n_start, len_k)
     total = group_size * n_blocks  # (query head of the group, query block) pairs, in order
     if PIPELINE:
         # S^T / dP^T of the first block; each later one is issued at the end of the previous

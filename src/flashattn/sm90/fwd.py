@@ -327,8 +327,9 @@ def flash_fwd_hopper_fp8_varlen(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Te
     q8 (total_q, h, d), k8 (total_k, h_k, d) float8_e4m3fn, TMA-aligned; v8 (total_k, h_k,
     d_v) float8_e4m3fn in any layout (copied into a packed V^T whose sequences start on whole
     wgmma key groups: v_layout.wgmma_ordered_vt_varlen, one pass); cu_seqlens as in
-    :func:`flash_fwd_hopper_varlen` (``seqused_k`` too); ``scales`` with (b, h, 1) / (b, h_k, 1) descales, one per
-    sequence and head (FA3's varlen convention, ops.fp8_varlen_fwd). Returns out (total_q, h,
+    :func:`flash_fwd_hopper_varlen` (``seqused_k`` too: the V^T pass copies only the used
+    keys); ``scales`` with (b, h, 1) / (b, h_k, 1) descales, one per sequence and head (FA3's
+    varlen convention, ops.fp8_varlen_fwd). Returns out (total_q, h,
     d_v) in ``out_dtype`` (0 on rows outside every sequence), lse float32 (h, total_q).
     """
     total_q, n_heads, head_dim = q8.shape

@@ -85,8 +85,8 @@ from flashattn.sm90.ring import ring_load
 from flashattn.sm90.row_guard import zero_rows_from
 from flashattn.sm90.softmax import (LN2, LOG2E, P_SCALE_LOG2, apply_softcap, mask_scores,
                                     online_softmax)
-from flashattn.sm90.tiles import (block_needs_mask, key_block_range, tile_coords, varlen_slot,
-                                  varlen_span)
+from flashattn.sm90.tiles import (block_needs_mask, key_block_range, tile_coords, used_keys,
+                                  varlen_slot, varlen_span)
 
 
 @gluon.jit
@@ -172,7 +172,7 @@ def _producer_varlen(descs, smem, bars, problem, window, tile_counter, varlen, s
             tile, varlen, n_seqs, n_g, n_heads, heads_per_group, total_q, total_k, BLOCK_M,
             LONGEST_FIRST)
         if seqused_ptr is not None:  # (masks and key ranges follow it: the consumers get it)
-            len_k = gl.minimum(gl.maximum(gl.load(seqused_ptr + seq), 0), len_k)
+            len_k = used_keys(seqused_ptr, seq, len_k)
         if DYNAMIC:
             next_tile = gl.num_programs(0) + gl.atomic_add(tile_counter, 1)
         else:

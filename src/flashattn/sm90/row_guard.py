@@ -59,6 +59,16 @@ def zero_rows_from(tile, first_bad):
 
 
 @gluon.jit
+def zero_keys_past(k_tile, v_tile, n_start, len_k):
+    """The backward's resident key block (keys n_start + [0, ROWS) of shared [ROWS, D] K and
+    V tiles): its rows past the sequence's ``len_k`` keys zeroed, when it crosses that end."""
+    ROWS: gl.constexpr = k_tile.shape[0]
+    if n_start + ROWS > len_k:
+        zero_rows_from(k_tile, len_k - n_start)
+        zero_rows_from(v_tile, len_k - n_start)
+
+
+@gluon.jit
 def padding_follows(varlen, q_end, k_end, total_q, total_k):
     """Whether rows of no sequence may follow a sequence whose query rows end at ``q_end``
     and keys at ``k_end``: it is the last one of its packed tensor (varlen = (cu_seqlens_q,

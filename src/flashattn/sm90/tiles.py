@@ -93,6 +93,13 @@ def varlen_span(cu_ptr, seq, total):
 
 
 @gluon.jit
+def used_keys(used_ptr, seq, len_k):
+    """Sequence ``seq``'s key length under seqused_k (int32 (n_seqs,) at ``used_ptr``):
+    seqused_k[seq] clamped to [0, len_k], its slot's length."""
+    return gl.minimum(gl.maximum(gl.load(used_ptr + seq), 0), len_k)
+
+
+@gluon.jit
 def varlen_slot(slot, cu_ptr, n_seqs, total, BLOCK: gl.constexpr):
     """(sequence, block index inside it) of tile slot ``slot`` over packed sequences cut in
     blocks of BLOCK rows. Sequence b owns the slots from b + cu[b] // BLOCK up to the next
@@ -166,7 +173,7 @@ def varlen_key_tile(tile, varlen, key_grid, n_heads_k, total_q, total_k,
     seq, n_block = varlen_slot(slot, cu_k_ptr, n_seqs, total_k, BLOCK_N)
     k_off, len_k = varlen_span(cu_k_ptr, seq, total_k)
     if used_ptr is not None:
-        len_k = gl.minimum(gl.maximum(gl.load(used_ptr + seq), 0), len_k)
+        len_k = used_keys(used_ptr, seq, len_k)
     q_off, len_q = varlen_span(cu_q_ptr, seq, total_q)
     if n_block * BLOCK_N >= len_k:
         len_q = len_q * 0

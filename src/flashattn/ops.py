@@ -454,6 +454,38 @@ def varlen_attention(
     return out, lse, (s_dmask if return_softmax else None)
 
 
+class _RecordedVarlen(torch.autograd.Function):
+    """A recorded packed signature's forward and backward (``dispatch.VarlenRunner``: the
+    api's fast path for a repeated ``flash_attn_varlen_func`` signature), differentiable in q,
+    k, v; lse is not. The same bodies as ``varlen_fwd`` / ``varlen_bwd`` for plain eager
+    tensors (the api checks :func:`_eager_call`'s conditions before it keys a call)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, runner):
+        out, lse = runner.forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
+        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k)
+        ctx.runner = runner
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k = ctx.saved_tensors
+        dq, dk, dv = ctx.runner.backward(_unit_last_stride(dout), q, k, v, out, lse,
+                                         cu_seqlens_q, cu_seqlens_k, seqused_k)
+        return dq, dk, dv, None, None, None, None
+
+
+def varlen_recorded(runner, q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
+                    cu_seqlens_k: Tensor, seqused_k: Optional[Tensor]
+                    ) -> Tuple[Tensor, Tensor]:
+    """(out, lse) of a recorded packed signature (``runner``: its dispatch.VarlenRunner),
+    through autograd when a gradient is to be recorded."""
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _RecordedVarlen.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, runner)
+    return runner.forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
+
+
 # ---------------------------------------------------------------------------------------------
 # KV cache (flash_attn_with_kvcache) and the split combine (flash_attn_combine): forward-only
 # ops, so a compiled decode step traces through.
@@ -847,6 +879,7 @@ __all__ = [
     "attention_with_sink",
     "sink_apply",
     "varlen_attention_with_sink",
+    "varlen_recorded",
     "fp8_attention",
     "fp8_fwd",
     "fp8_varlen_attention",

@@ -24,18 +24,19 @@ pytestmark = hopper_gpu_marks()
 
 @pytest.fixture
 def hopper_varlen_calls(monkeypatch):
-    """Force the Hopper family and record the varlen kernels' launches ("fwd", "bwd")."""
+    """Force the Hopper family and record the varlen kernels' launches ("fwd", "bwd"): the
+    packed calls' __call__, which the full path (flash_fwd_hopper_varlen / ..._bwd_...) and a
+    repeated signature's recorded call (dispatch.VarlenRunner) both run."""
     set_env(monkeypatch, FLASHATTN_BACKEND="hopper")
     calls = []
-    for module, name, tag in ((sm90_fwd, "flash_fwd_hopper_varlen", "fwd"),
-                              (sm90_bwd, "flash_bwd_hopper_varlen", "bwd")):
-        real = getattr(module, name)
+    for cls, tag in ((sm90_fwd.PackedFwdCall, "fwd"), (sm90_bwd.PackedBwdCall, "bwd")):
+        real = cls.__call__
 
-        def spy(*args, _real=real, _tag=tag, **kwargs):
+        def spy(self, *args, _real=real, _tag=tag, **kwargs):
             calls.append(_tag)
-            return _real(*args, **kwargs)
+            return _real(self, *args, **kwargs)
 
-        monkeypatch.setattr(module, name, spy)
+        monkeypatch.setattr(cls, "__call__", spy)
     return calls
 
 
@@ -312,3 +313,62 @@ def test_unused_keys_do_not_reach_the_sequences(fp8, monkeypatch):
     got = flash_attn_varlen_func(q, k1, v1, cu_q, cu_k, max(lens_q), max(slots), **kw)
     assert torch.isfinite(got.float()).all()
     assert torch.equal(got, want)
+
+
+def _dout(kind: str, like: torch.Tensor) -> torch.Tensor:
+    """A backward's dout of a given layout: contiguous; autograd's expanded ones (out.sum():
+    every stride 0); a column slice (unit last stride, other strides: TMA reads it as it is);
+    a contiguous view 2 bytes off 16-byte alignment (TMA cannot read it: copied)."""
+    if kind == "contiguous":
+        return torch.randn_like(like)
+    if kind == "expanded":
+        return torch.ones((), dtype=like.dtype, device=like.device).expand(like.shape)
+    if kind == "sliced":
+        wide = torch.randn(*like.shape[:-1], 2 * like.shape[-1], dtype=like.dtype,
+                           device=like.device)
+        return wide[..., :like.shape[-1]]
+    flat = torch.randn(like.numel() + 8, dtype=like.dtype, device=like.device)
+    return flat[1:1 + like.numel()].view(like.shape)
+
+
+@pytest.mark.parametrize("d,causal,used", [(128, False, False), (128, True, True),
+                                           (64, True, False), (256, True, False),
+                                           (256, False, True)])
+def test_recorded_call_matches_the_full_path(d, causal, used, monkeypatch):
+    """A repeated packed signature (api/fastpath.VARLEN: dispatch.VarlenRunner's recorded
+    PackedFwdCall / PackedBwdCall, their launch plans replayed) gives the full path's out,
+    lse, dk and dv bit for bit and dq within its reduce-order noise, for dout of every layout
+    autograd or a caller hands the backward (a misaligned one is copied first)."""
+    from flashattn.api import fastpath
+
+    set_env(monkeypatch, FLASHATTN_BACKEND="hopper")
+    torch.manual_seed(7)
+    lens, h, h_k = (1000, 1, 0, 1537, 128), 4, 2
+    cu = cu_seqlens(lens).cuda()
+    m = max(lens)
+    seqused = torch.tensor((900, 1, 0, 1537, 64), dtype=torch.int32, device="cuda") if used \
+        else None
+    q = torch.randn(sum(lens), h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(sum(lens), h_k, d, device="cuda", dtype=torch.bfloat16,
+                        requires_grad=True) for _ in range(2))
+
+    def run(kind):
+        torch.manual_seed(8)
+        out, lse, _ = flash_attn_varlen_func(q, k, v, cu, cu, m, m, causal=causal,
+                                             seqused_k=seqused, return_attn_probs=True)
+        return (out, lse) + torch.autograd.grad(out, (q, k, v), _dout(kind, out))
+
+    for kind in ("contiguous", "expanded", "sliced", "misaligned"):
+        fastpath.VARLEN.clear()
+        full = run(kind)
+        (runner,) = (entry[1] for entry in fastpath.VARLEN._entries.values())
+        fast = run(kind)
+        assert isinstance(runner._fwd_call, sm90_fwd.PackedFwdCall), kind
+        assert isinstance(runner._bwd_call, sm90_bwd.PackedBwdCall), kind
+        for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), fast, full):
+            assert name == "lse" or torch.isfinite(a).all(), (kind, name)  # (lse: -inf rows)
+            if name == "dq":
+                err = (a.float() - b.float()).abs().max().item()
+                assert err <= 1e-2 * b.float().abs().max().item(), (kind, name, err)
+            else:
+                assert torch.equal(a, b), (kind, name)

@@ -16,14 +16,17 @@ What the key holds, so that no check whose outcome could differ is skipped:
   Hopper kernels' TMA condition; Triton specialises on it);
 - the runtime settings object (``FLASHATTN_BACKEND``, ``use_backend``, ``checks``, ...),
   by identity: every change of them makes a new object;
-- no gradient is recorded (grad mode off, or no input requires grad) and no tracer or
-  dispatch mode is active (``ops._eager_call``'s test).
+- no gradient is recorded (grad mode off, or no input requires grad; packed calls excepted,
+  below) and no tracer or dispatch mode is active (``ops._eager_call``'s test).
 
 Values read from tensors are never in a key: they are checked where they always were, in the
 ops' bodies (``dispatch.kvcache``'s value checks of CPU metadata and the checked mode run on
-every call, fast or not).
+every call, fast or not; ``flash_attn_varlen_func`` runs its value checks of cu_seqlens /
+seqused_k on every call where they run on the full path).
 
-Calls with dropout, ALiBi, sinks, chunking, packed lengths or ``out=`` take the full path.
+Calls with dropout, ALiBi, sinks, chunking, paged KV or ``out=`` take the full path. Packed
+calls (``flash_attn_varlen_func``) are eligible with inputs that require grad too: their
+recorded call has its own autograd function.
 FP8 calls have their own keys: ``flash_attn_fp8_func``, ``fp8.quantize`` and ``flash_attn_func``
 on float8_e4m3fn inputs (FlashAttention-3's descale API).
 """
@@ -128,6 +131,60 @@ def dense_runner(q: Tensor, k: Tensor, v: Tensor, params: AttnParams, need_lse: 
         # (the op's contract; no-ops normally)
         return out.contiguous(), (None if lse is None else lse.contiguous())
     return call
+
+
+# ---------------------------------------------------------------------------------------------
+# flash_attn_varlen_func
+# ---------------------------------------------------------------------------------------------
+VARLEN = CallCache()
+
+
+def varlen_key(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: Any,
+               max_seqlen_k: Any, dropout_p: Any, softmax_scale: Any, causal: Any,
+               window_size: Any, softcap: Any, deterministic: Any, return_attn_probs: Any,
+               seqused_k: Any) -> Optional[tuple]:
+    """The call signature of an eligible ``flash_attn_varlen_func`` call (no dropout, ALiBi,
+    block_table, sink, seqused_q, chunk or FP8: the caller checks those are absent), or None
+    (full path). As :func:`dense_key`, with the offsets (and seqused_k) keyed as tensors (their
+    values are read by the kernels, or checked on every call where they are checkable) and
+    the maxima as ints. Inputs that require grad are eligible: the recorded call runs through
+    ``ops.varlen_recorded``'s autograd function (a packed training step's every layer repeats
+    one signature)."""
+    if not (type(q) is Tensor and type(k) is Tensor and type(v) is Tensor
+            and type(cu_seqlens_q) is Tensor and type(cu_seqlens_k) is Tensor):
+        return None
+    # ops._eager_call's test, as the op path takes it (plain tensors, no tracing, no dispatch
+    # mode): the recorded call runs the op's bodies without its dispatch
+    if not _ops._eager_call(seqused_k) or q.dtype not in _DTYPES:
+        return None
+    if type(max_seqlen_q) is not int or type(max_seqlen_k) is not int:
+        return None
+    if type(dropout_p) not in (float, int) or dropout_p != 0:
+        return None
+    if type(window_size) is not tuple or len(window_size) != 2:
+        return None
+    left, right = window_size
+    if not (type(softmax_scale) in _SCALARS and type(causal) in _SCALARS
+            and type(softcap) in _SCALARS and type(deterministic) in _SCALARS
+            and type(return_attn_probs) in _SCALARS and type(left) in _SCALARS
+            and type(right) in _SCALARS):
+        return None
+    return (_tensor_key(q), _tensor_key(k), _tensor_key(v), _tensor_key(cu_seqlens_q),
+            _tensor_key(cu_seqlens_k), None if seqused_k is None else _tensor_key(seqused_k),
+            max_seqlen_q, max_seqlen_k, type(softmax_scale), softmax_scale, type(causal), causal,
+            type(left), left, type(right), right, type(softcap), softcap, type(deterministic),
+            deterministic, type(return_attn_probs), return_attn_probs)
+
+
+def varlen_record(key: Hashable, q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
+                  seqused_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
+                  params: AttnParams) -> None:
+    """Keep what the full path decided for this signature (arguments checked and normalised
+    into ``params``) under ``key``: dispatch's :class:`~flashattn.dispatch.VarlenRunner`.
+    Nothing is kept during CUDA-graph capture (as :func:`_record`)."""
+    if not capturing():
+        VARLEN.put(key, dispatch.VarlenRunner(q, k, v, cu_seqlens_q, seqused_k, max_seqlen_q,
+                                              max_seqlen_k, params))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -408,6 +465,7 @@ def quantize_record(key: Hashable, q: Tensor, k: Tensor, v: Tensor, signs: Optio
 
 
 __all__ = ["DENSE", "FA3_FP8", "FP8", "FP8_FULL_PATH", "FP8_QUANTIZED", "KVCACHE", "QUANTIZE",
-           "CallCache", "dense_key", "dense_runner", "fa3_fp8_key", "fa3_fp8_record", "fp8_key",
+           "VARLEN", "CallCache", "dense_key", "dense_runner", "fa3_fp8_key", "fa3_fp8_record", "fp8_key",
            "fp8_record", "kvcache_args", "kvcache_entry", "kvcache_key", "quantize_key",
-           "quantize_record", "quantized_key", "quantized_record"]
+           "quantize_record", "quantized_key", "quantized_record", "varlen_key",
+           "varlen_record"]

@@ -22,6 +22,8 @@ import torch
 
 from flashattn import metadata
 from flashattn import ops as _ops
+from flashattn.params import AttnParams
+from flashattn.api import fastpath as _fast
 from flashattn.api import out as _out
 from flashattn.api import chunked as _chunked
 from flashattn.api import params as _p
@@ -35,6 +37,18 @@ AttnOutput = Union[Tensor, Tuple[Tensor, Tensor, Optional[Tensor]]]
 # ---------------------------------------------------------------------------------------------
 # Validation and normalisation
 # ---------------------------------------------------------------------------------------------
+def check_values(cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, seqused_k: Optional[Tensor],
+                 max_seqlen_q: int, max_seqlen_k: int, total_q: int,
+                 total_k: Optional[int]) -> None:
+    """The value checks of the lengths where they sit in host memory (free), or on a device in
+    the checked mode (flashattn.checks(): one sync); never during graph capture or compile
+    tracing. ``total_k`` None: paged keys (no packed key rows to bound)."""
+    if metadata.values_checkable(cu_seqlens_q, cu_seqlens_k, seqused_k):
+        host_q, host_k, host_used = metadata.to_host(cu_seqlens_q, cu_seqlens_k, seqused_k)
+        _v.check_varlen_values(host_q, host_k, host_used, max_seqlen_q, max_seqlen_k, total_q,
+                               total_k)
+
+
 def _varlen_attention(
     q: Tensor,
     k: Tensor,
@@ -61,8 +75,11 @@ def _varlen_attention(
     learnable_sink: Optional[Tensor] = None,
     seqused_q: Optional[Tensor] = None,
     attention_chunk: int = 0,
+    record: Optional[list] = None,
 ) -> AttnOutput:
-    """Validate, normalise (flash-attn 2 semantics), run. q, k, v may be views of packed inputs."""
+    """Validate, normalise (flash-attn 2 semantics), run. q, k, v may be views of packed inputs.
+    ``record``: a list that receives the normalised :class:`AttnParams` of a plain call (no
+    dropout, ALiBi, block_table, sink or segments: the fast path's entry for its signature)."""
     fp8 = _fp8.is_fp8(q, k, v)
     attention_chunk = _v.check_attention_chunk(attention_chunk)
     segmented = seqused_q is not None or attention_chunk > 0
@@ -98,12 +115,8 @@ def _varlen_attention(
     return_attn_probs = _v.check_bool(return_attn_probs, "return_attn_probs")
     h, d_qk = q.shape[1], q.shape[2]
     _v.check_alibi_slopes(alibi_slopes, batch, h, q.device)
-    # Value checks where the lengths sit in host memory (free), or on a device in the checked
-    # mode (flashattn.checks(): one sync); never during graph capture or compile tracing.
-    if metadata.values_checkable(cu_seqlens_q, cu_seqlens_k, seqused_k):
-        host_q, host_k, host_used = metadata.to_host(cu_seqlens_q, cu_seqlens_k, seqused_k)
-        _v.check_varlen_values(host_q, host_k, host_used, max_seqlen_q, max_seqlen_k,
-                               q.shape[0], None if block_table is not None else k.shape[0])
+    check_values(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, q.shape[0],
+                 None if block_table is not None else k.shape[0])
     if seqused_q is not None and metadata.values_checkable(cu_seqlens_q, seqused_q):
         host_q, host_used = metadata.to_host(cu_seqlens_q, seqused_q)
         rows = [e - s for s, e in zip(host_q.tolist(), host_q.tolist()[1:])]
@@ -151,6 +164,10 @@ def _varlen_attention(
             max_seqlen_q, max_seqlen_k, scale, causal, window_left, window_right, softcap,
             deterministic)
         return (out, lse, None) if return_attn_probs else out
+    if (record is not None and block_table is None and alibi_slopes is None
+            and learnable_sink is None and dropout_p == 0.0):
+        record.append(AttnParams(scale, causal, window_left, window_right, softcap, None, 0.0,
+                                 0, deterministic))
     out, lse, s_dmask = _ops.varlen_attention(
         q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
         max_seqlen_q, max_seqlen_k, scale, causal, window_left, window_right, softcap,
@@ -231,6 +248,32 @@ def flash_attn_varlen_func(
     seqused_q: Optional[Tensor] = None,
     attention_chunk: int = 0,
 ) -> AttnOutput:
+    if (block_table is None and alibi_slopes is None and learnable_sink is None
+            and seqused_q is None and type(attention_chunk) is int and attention_chunk == 0
+            and q_descale is None and k_descale is None and v_descale is None
+            and out_dtype is None):
+        # a repeated call signature skips the checks and dispatch (api/fastpath.py): every
+        # layer of a packed training step, or of a serving loop's step, repeats one
+        key = _fast.varlen_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                               dropout_p, softmax_scale, causal, window_size, softcap,
+                               deterministic, return_attn_probs, seqused_k)
+        if key is not None:
+            runner = _fast.VARLEN.get(key)
+            if runner is None:
+                record: list = []
+                res = _varlen_attention(
+                    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                    softmax_scale, causal, window_size, softcap, None, deterministic,
+                    return_attn_probs, None, seqused_k, ("q", "k", "v"), record=record)
+                if record:
+                    _fast.varlen_record(key, q, k, v, cu_seqlens_q, seqused_k, max_seqlen_q,
+                                        max_seqlen_k, record[0])
+                return res
+            check_values(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                         q.shape[0], k.shape[0])
+            out, lse = _ops.varlen_recorded(runner, q, k, v, cu_seqlens_q, cu_seqlens_k,
+                                            seqused_k)
+            return (out, lse, None) if return_attn_probs else out
     return _varlen_attention(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
         softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,

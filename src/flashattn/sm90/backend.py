@@ -49,6 +49,26 @@ def varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: 
                                         softcap=p.softcap, seqused_k=seqused_k)
 
 
+def varlen_fwd_call(q: Tensor, k: Tensor, v: Tensor, n_seqs: int, seqused: bool,
+                    p: AttnParams) -> "_fwd.PackedFwdCall":
+    """:func:`varlen_fwd` for one call signature (``n_seqs`` sequences, ``seqused``: whether
+    seqused_k is passed), made once: ``call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
+    -> (out, lse)`` for later tensors of the same shapes, strides and dtypes."""
+    return _fwd.PackedFwdCall(q, k, v, n_seqs, seqused, softmax_scale=p.softmax_scale,
+                              window_left=p.window_left, window_right=p.window_right,
+                              softcap=p.softcap)
+
+
+def varlen_bwd_call(q: Tensor, k: Tensor, v: Tensor, dout: Tensor, n_seqs: int, seqused: bool,
+                    p: AttnParams) -> "_bwd.PackedBwdCall":
+    """:func:`varlen_bwd` for one call signature, made once: ``call(dout, q, k, v, out, lse,
+    cu_seqlens_q, cu_seqlens_k, seqused_k) -> (dq, dk, dv)`` for later tensors of the same
+    shapes, strides and dtypes."""
+    return _bwd.PackedBwdCall(q, k, v, dout, n_seqs, seqused, softmax_scale=p.softmax_scale,
+                              window_left=p.window_left, window_right=p.window_right,
+                              softcap=p.softcap)
+
+
 def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, p: AttnParams):
     """Dense backward: (dq, dk, dv)."""
     return _bwd.flash_bwd_hopper(dout, q, k, v, out, lse, **p.kernel_kwargs(),
@@ -96,4 +116,4 @@ def fp8_vt_call() -> "_v_layout.VtCall":
 
 
 __all__ = ["bwd", "fp8_fwd", "fp8_fwd_call", "fp8_varlen_fwd", "fp8_vt_call", "fwd",
-           "varlen_bwd", "varlen_fwd"]
+           "varlen_bwd", "varlen_bwd_call", "varlen_fwd", "varlen_fwd_call"]

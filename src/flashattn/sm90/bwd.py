@@ -31,8 +31,20 @@ from flashattn.runtime.launch import LaunchPlans
 
 def _tma_ready(t: torch.Tensor) -> torch.Tensor:
     """t itself when TMA can read it (16-byte aligned base and strides, unit last stride),
-    else a contiguous copy (dout from autograd can be an expanded, stride-0 view)."""
-    return t if tma_ok(t) else t.contiguous()
+    else a contiguous copy (dout from autograd can be an expanded, stride-0 view; a fresh
+    copy, not ``contiguous()``, which returns a contiguous but misaligned view as it is)."""
+    return t if tma_ok(t) else t.clone(memory_format=torch.contiguous_format)
+
+
+def _tma_ready_strides(t: torch.Tensor) -> Tuple[int, ...]:
+    """The strides of ``_tma_ready(t)``, without copying: t's own, or a contiguous tensor's."""
+    if tma_ok(t):
+        return t.stride()
+    strides, step = [], 1
+    for n in reversed(t.shape):
+        strides.append(step)
+        step *= n
+    return tuple(reversed(strides))
 
 
 def is_wide(head_dim: int) -> bool:
@@ -283,53 +295,105 @@ def flash_bwd_hopper_varlen(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     slot) of tiles.varlen_slot; no device value read on the host. Returns dq, dk, dv shaped
     like q, k, v: 0 on rows and keys of no sequence (the portable varlen backward's contract).
     """
-    from flashattn.sm90.bwd_postprocess import (dq_from_packed_workspace, dq_from_workspace,
-                                                packed_dq_t_columns)
-    from flashattn.sm90.bwd_preprocess import row_stats
+    call = PackedBwdCall(q, k, v, dout, cu_seqlens_q.shape[0] - 1,
+                         seqused_k is not None, softmax_scale=softmax_scale,
+                         window_left=window_left, window_right=window_right, softcap=softcap,
+                         config_overrides=config_overrides)
+    return call(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k)
 
-    total_q, n_heads, head_dim = q.shape
-    wide = is_wide(head_dim)
-    # one CTA per key tile (the masked configs): slots of unequal cost need no queue then
-    cfg = bwd_config(head_dim, masked=True, **(config_overrides or {}))
-    dout = _tma_ready(dout)
-    if out.stride(-1) != 1:
-        out = out.contiguous()
-    cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
-    # a query block of the last sequence reads up to BLOCK_M statistics rows past total_q; the
-    # wide kernel's dQ^T columns start each sequence on a 16-byte boundary (bwd_postprocess)
-    if wide:
-        seqlen_q_pad = packed_dq_t_columns(total_q, cu_seqlens_q.shape[0] - 1, cfg.block_m)
-    else:
-        seqlen_q_pad = cdiv(total_q, cfg.block_m) * cfg.block_m + cfg.block_m
-    q4, k4, v4, dout4, out4 = (t.unsqueeze(0) for t in (q, k, v, dout, out))
-    dq_acc = dq_workspace(q4, seqlen_q_pad)
-    lse2, delta = row_stats(out4, dout4, lse.contiguous().unsqueeze(0), seqlen_q_pad, dq_acc,
-                            transposed=wide)
-    # (keys of no sequence get no tile: their gradients stay 0)
-    dk = torch.zeros(k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
-    dk4, dv4 = dk.unsqueeze(0), dv.unsqueeze(0)
-    key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), dout.stride(), q.dtype,
-           q.device, cu_seqlens_q.shape[0], softmax_scale, window_left, window_right, softcap,
-           tuple(sorted(config_overrides.items())) if config_overrides else None)
-    offsets = (cu_seqlens_q, cu_seqlens_k)
-    if seqused_k is not None:
-        offsets += (seqused_k.contiguous(),)
 
-    def build():
-        args, constexprs, options, grid = launch_args(
-            dout4, q4, k4, v4, lse2, delta, dq_acc, dk4, dv4, cfg, softmax_scale=softmax_scale,
-            window_left=window_left, window_right=window_right, softcap=softcap, counter=lse2,
-            cu_seqlens=offsets)
-        return bwd_kernel_for(head_dim), grid, args, {**constexprs, **options}
+class PackedBwdCall:
+    """:func:`flash_bwd_hopper_varlen` for one call signature: config, workspace geometry and
+    the launch plan's key found once (see fwd.PackedFwdCall: dispatch.VarlenRunner keeps one
+    per signature). Built from a call's q, k, v, dout, its number of sequences and
+    whether it passes ``seqused_k``; called with tensors of the same shapes, strides and
+    dtypes. A dout of other strides (autograd may hand an expanded view) runs through a call
+    object of its own."""
 
-    _VARLEN_PLANS[seqused_k is not None].launch(
-        key, (q4, k4, v4, dout4, dq_acc, lse2, delta, dq_acc, dk4, dv4, lse2) + offsets, build)
-    if wide:
-        dq = dq_from_packed_workspace(dq_acc, q, cu_seqlens_q)
-    else:
-        dq = dq_from_workspace(dq_acc, q4, transposed=False)[0]
-    return dq, dk, dv
+    def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor,
+                 n_seqs: int, seqused: bool, *, softmax_scale: float, window_left: int,
+                 window_right: int, softcap: float,
+                 config_overrides: Optional[Dict[str, Any]] = None) -> None:
+        total_q, _, head_dim = q.shape
+        self.wide = is_wide(head_dim)
+        # one CTA per key tile (the masked configs): slots of unequal cost need no queue then
+        self.cfg = bwd_config(head_dim, masked=True, **(config_overrides or {}))
+        block_m = self.cfg.block_m
+        # a query block of the last sequence reads up to BLOCK_M statistics rows past total_q;
+        # the wide kernel's dQ^T columns start each sequence on a 16-byte boundary
+        # (bwd_postprocess)
+        if self.wide:
+            from flashattn.sm90.bwd_postprocess import packed_dq_t_columns
+
+            self.seqlen_q_pad = packed_dq_t_columns(total_q, n_seqs, block_m)
+        else:
+            self.seqlen_q_pad = cdiv(total_q, block_m) * block_m + block_m
+        self.head_dim = head_dim
+        self.dout_stride = _tma_ready_strides(dout)
+        self.params = dict(softmax_scale=softmax_scale, window_left=window_left,
+                           window_right=window_right, softcap=softcap)
+        self.n_seqs, self.seqused, self.overrides = n_seqs, seqused, config_overrides
+        self.key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), self.dout_stride,
+                    q.dtype, q.device, n_seqs + 1, softmax_scale, window_left, window_right,
+                    softcap,
+                    tuple(sorted(config_overrides.items())) if config_overrides else None)
+        self.plans = _VARLEN_PLANS[seqused]
+        self.plan = None  # the recorded launch, replayed directly on later calls
+
+    def __call__(self, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 out: torch.Tensor, lse: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                 cu_seqlens_k: torch.Tensor, seqused_k: Optional[torch.Tensor] = None
+                 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(dq, dk, dv) of this call."""
+        dout = _tma_ready(dout)
+        call = self
+        if dout.stride() != self.dout_stride:  # (the key and the plan hold dout's strides)
+            call = PackedBwdCall(q, k, v, dout, self.n_seqs, self.seqused, **self.params,
+                                 config_overrides=self.overrides)
+        return call._run(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k)
+
+    def _run(self, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             out: torch.Tensor, lse: torch.Tensor, cu_seqlens_q: torch.Tensor,
+             cu_seqlens_k: torch.Tensor, seqused_k: Optional[torch.Tensor]
+             ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`__call__` with dout TMA-ready, of this call object's strides."""
+        from flashattn.sm90.bwd_postprocess import dq_from_packed_workspace, dq_from_workspace
+        from flashattn.sm90.bwd_preprocess import row_stats
+
+        if out.stride(-1) != 1:
+            out = out.contiguous()
+        cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
+        q4, dout4 = q.unsqueeze(0), dout.unsqueeze(0)
+        dq_acc = dq_workspace(q4, self.seqlen_q_pad)
+        lse2, delta = row_stats(out.unsqueeze(0), dout4, lse.contiguous().unsqueeze(0),
+                                self.seqlen_q_pad, dq_acc, transposed=self.wide)
+        # (keys of no sequence get no tile: their gradients stay 0)
+        dk = torch.zeros(k.shape, dtype=k.dtype, device=k.device)
+        dv = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
+        offsets = (cu_seqlens_q, cu_seqlens_k)
+        if seqused_k is not None:
+            offsets += (seqused_k.contiguous(),)
+        # descriptor slots take the tensor they cover (only its address is read on a replay)
+        tensors = (q, k, v, dout, dq_acc, lse2, delta, dq_acc, dk, dv, lse2) + offsets
+        if self.plan is None or not self.plan.launch(*tensors):
+            self.plan = self._launch(q4, k, v, dout4, dq_acc, lse2, delta, dk, dv, offsets,
+                                     tensors)
+        if self.wide:
+            return dq_from_packed_workspace(dq_acc, q, cu_seqlens_q), dk, dv
+        return dq_from_workspace(dq_acc, q4, transposed=False)[0], dk, dv
+
+    def _launch(self, q4, k, v, dout4, dq_acc, lse2, delta, dk, dv, offsets, tensors):
+        """The first launch of this signature (or one that cannot replay): through the
+        plans, recording one. Returns the plan (None: Triton's own launch path ran)."""
+        k4, v4, dk4, dv4 = (t.unsqueeze(0) for t in (k, v, dk, dv))
+
+        def build():
+            args, constexprs, options, grid = launch_args(
+                dout4, q4, k4, v4, lse2, delta, dq_acc, dk4, dv4, self.cfg, counter=lse2,
+                cu_seqlens=offsets, **self.params)
+            return bwd_kernel_for(self.head_dim), grid, args, {**constexprs, **options}
+
+        return self.plans.launch(self.key, tensors, build)
 
 
 # Launch plans of earlier calls (kernels/launch.py; see hopper/fwd.py). Slots: the q, k, v,

@@ -208,35 +208,81 @@ def flash_fwd_hopper_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     every sequence), lse float32 (h, total_q) (-inf there and on rows that see no key), None:
     the portable varlen forward's contract, so either backward serves it.
     """
-    total_q, n_heads, _ = q.shape
-    head_dim, head_dim_v = q.shape[2], v.shape[2]
-    cfg = fwd_config(head_dim, softcap > 0.0,
-                     head_dim_v=head_dim_v if head_dim_v != head_dim else None,
-                     **(config_overrides or {}))
-    cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
-    # (rows of no sequence, past cu_seqlens_q[-1], are 0 / -inf: no tile writes them)
-    out, lse, counter = _varlen_outputs(total_q, n_heads, head_dim_v, q.dtype, cfg,
-                                        window_right, cu_seqlens_q)
-    key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.device,
-           cu_seqlens_q.shape[0], softmax_scale, window_left, window_right, softcap,
-           tuple(sorted(config_overrides.items())) if config_overrides else None)
-    _launch_packed(key, q, k, v, out, lse, counter, cfg,
-                   VarlenLayout(cu_seqlens_q, cu_seqlens_k, out, seqused_k), None,
-                   softmax_scale=softmax_scale, window_left=window_left,
-                   window_right=window_right, softcap=softcap)
+    call = PackedFwdCall(q, k, v, cu_seqlens_q.shape[0] - 1, seqused_k is not None,
+                         softmax_scale=softmax_scale, window_left=window_left,
+                         window_right=window_right, softcap=softcap,
+                         config_overrides=config_overrides)
+    out, lse = call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
     return out, lse, None
 
 
-def _launch_packed(key: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   out: torch.Tensor, lse: torch.Tensor, counter: torch.Tensor, cfg: FwdConfig,
-                   layout: VarlenLayout, scales: Optional[Fp8Scales], **params: Any) -> None:
-    """The launch of a packed forward (16-bit, or FP8 with ``scales``) through its launch
-    plans: q (total_q, h, d), k (total_k, h_k, d), v (total_k, h_k, d_v) or the FP8 V^T
-    view (1, s_total, h_k, d_v), out / lse / counter from _varlen_outputs; ``key`` holds
-    everything else the arguments are made of. ``params``: softmax_scale, window_left,
-    window_right, softcap."""
-    if layout.seqused_k is not None:
-        layout = layout._replace(seqused_k=layout.seqused_k.contiguous())
+class PackedFwdCall:
+    """:func:`flash_fwd_hopper_varlen` for one call signature: what its launch is made of
+    apart from the tensors (config, output shapes, the launch plan's key) found once, so a
+    repeated signature (every layer of a packed training step, or a serving loop's, has the
+    same one) costs two allocations (three with the tile queue), the clearing pass and one
+    replayed launch (dispatch.VarlenRunner keeps one per signature).
+
+    Built from a call's q (total_q, h, d), k, v, its number of sequences and whether it passes
+    ``seqused_k``; called with tensors of the same shapes, strides and dtypes (the plan checks
+    the 16-byte alignment of the plain tensors itself)."""
+
+    def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_seqs: int,
+                 seqused: bool, *, softmax_scale: float, window_left: int, window_right: int,
+                 softcap: float, config_overrides: Optional[Dict[str, Any]] = None) -> None:
+        total_q, n_heads, head_dim = q.shape
+        head_dim_v = v.shape[2]
+        self.cfg = fwd_config(head_dim, softcap > 0.0,
+                              head_dim_v=head_dim_v if head_dim_v != head_dim else None,
+                              **(config_overrides or {}))
+        self.out_shape = (total_q, n_heads, head_dim_v)
+        self.lse_shape = (n_heads, total_q)
+        self.dtype, self.device = q.dtype, q.device
+        self.queue = uses_tile_queue(self.cfg, window_right, True)
+        self.params = dict(softmax_scale=softmax_scale, window_left=window_left,
+                           window_right=window_right, softcap=softcap)
+        self.key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype,
+                    q.device, n_seqs + 1, softmax_scale, window_left, window_right, softcap,
+                    tuple(sorted(config_overrides.items())) if config_overrides else None)
+        self.plans = _PACKED_PLANS[(False, seqused)]
+        self.plan = None  # the recorded launch, replayed directly on later calls
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                 seqused_k: Optional[torch.Tensor] = None
+                 ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(out (total_q, h, d_v), lse float32 (h, total_q)) of this call."""
+        device = self.device
+        cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
+        out = torch.empty(self.out_shape, dtype=self.dtype, device=device)
+        lse = torch.empty(self.lse_shape, dtype=torch.float32, device=device)
+        counter = torch.empty(1, dtype=torch.int32, device=device) if self.queue else None
+        # (rows of no sequence, past cu_seqlens_q[-1], are 0 / -inf: no tile writes them)
+        clear_uncovered_rows(out, lse, cu_seqlens_q, counter)
+        if counter is None:
+            counter = lse  # (stands in: the kernel never reads it)
+        # descriptor slots take the tensor they cover (only its address is read on a replay)
+        tensors = (q, k, v, out, lse, counter, cu_seqlens_q, cu_seqlens_k, out)
+        if seqused_k is not None:
+            seqused_k = seqused_k.contiguous()
+            tensors += (seqused_k,)
+        if self.plan is None or not self.plan.launch(*tensors):
+            layout = VarlenLayout(cu_seqlens_q, cu_seqlens_k, out, seqused_k)
+            self.plan = _launch_packed(self.plans, self.key, q, k, v, out, lse, counter,
+                                       self.cfg, layout, None, tensors, **self.params)
+        return out, lse
+
+
+def _launch_packed(plans: LaunchPlans, key: Any, q: torch.Tensor, k: torch.Tensor,
+                   v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, counter: torch.Tensor,
+                   cfg: FwdConfig, layout: VarlenLayout, scales: Optional[Fp8Scales],
+                   tensors: Tuple[torch.Tensor, ...], **params: Any):
+    """The launch of a packed forward (16-bit, or FP8 with ``scales``) through ``plans``
+    (_PACKED_PLANS[(FP8, seqused_k given)]): q (total_q, h, d), k (total_k, h_k, d), v
+    (total_k, h_k, d_v) or the FP8 V^T view (1, s_total, h_k, d_v), out / lse / counter from
+    _varlen_outputs; ``key`` holds everything else the arguments are made of; ``tensors``
+    the plans' slot tensors. ``params``: softmax_scale, window_left, window_right, softcap.
+    Returns the launch plan (None: Triton's own launch path ran)."""
     q4, k4, out4 = (t.unsqueeze(0) for t in (q, k, out))
     v4 = v if v.dim() == 4 else v.unsqueeze(0)
 
@@ -246,14 +292,7 @@ def _launch_packed(key: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             scales=scales, varlen=layout, **params)
         return attn_fwd_kernel, (grid,), args, {**constexprs, **options}
 
-    tensors = (q4, k4, v4, out4, lse, counter)
-    if scales is not None:
-        tensors += (scales.q_descale, scales.k_descale, scales.v_descale)
-    tensors += (layout.cu_seqlens_q, layout.cu_seqlens_k, out)
-    if layout.seqused_k is not None:
-        tensors += (layout.seqused_k,)
-    plans = _PACKED_PLANS[(scales is not None, layout.seqused_k is not None)]
-    plans.launch(key, tensors, build)
+    return plans.launch(key, tensors, build)
 
 
 def flash_fwd_hopper_fp8(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
@@ -349,9 +388,13 @@ def flash_fwd_hopper_fp8_varlen(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Te
            scales.q_descale.shape, scales.k_descale.shape, scales.q_block_shift,
            scales.kv_block_shift,
            tuple(sorted(config_overrides.items())) if config_overrides else None)
-    _launch_packed(key, q8, k8, vt, out, lse, counter, cfg,
-                   VarlenLayout(cu_seqlens_q, cu_seqlens_k, out, seqused_k), scales,
-                   softmax_scale=softmax_scale, window_left=window_left,
+    tensors = (q8, k8, vt, out, lse, counter, scales.q_descale, scales.k_descale,
+               scales.v_descale, cu_seqlens_q, cu_seqlens_k, out)
+    if seqused_k is not None:
+        tensors += (seqused_k,)
+    _launch_packed(_PACKED_PLANS[(True, seqused_k is not None)], key, q8, k8, vt, out, lse,
+                   counter, cfg, VarlenLayout(cu_seqlens_q, cu_seqlens_k, out, seqused_k),
+                   scales, tensors, softmax_scale=softmax_scale, window_left=window_left,
                    window_right=window_right, softcap=softcap)
     return out, lse
 

@@ -1201,6 +1201,64 @@ class Fp8DescaleCall(_WorkspaceCall):
         return out, lse
 
 
+def fp8_varlen_runner(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
+                      cu_seqlens_q: torch.Tensor, seqused_k: Optional[torch.Tensor],
+                      max_seqlen_k: int, descales: Tuple[Optional[torch.Tensor], ...],
+                      params: AttnParams, out_dtype: torch.dtype
+                      ) -> Optional["Fp8VarlenCall"]:
+    """``flash_attn_varlen_func``'s FP8 decisions (FA3's descale API) for these validated
+    inputs, made once: an :class:`Fp8VarlenCall` where the Hopper FP8 kernel's varlen mode runs
+    them, None elsewhere (the full path on every call)."""
+    n_seqs = cu_seqlens_q.shape[0] - 1
+    call = Fp8VarlenCall(q8, k8, n_seqs, descales)
+    if not _fp8_varlen_on_hopper(q8, k8, v8, n_seqs, params, call.scales(*descales),
+                                 out_dtype):
+        return None
+    call.packed = backend("hopper").fp8_varlen_call(
+        q8, k8, v8, n_seqs, seqused_k is not None, max_seqlen_k, call.scales(*descales), params,
+        out_dtype)
+    return call
+
+
+class Fp8VarlenCall:
+    """A packed FP8 signature (FA3's descale API on ``flash_attn_varlen_func``) on the Hopper
+    kernel: FA3's (b, h_k) descales (or None: ones made once) as the kernel's (b, h, 1) /
+    (b, h_k, 1) tables, then the backend's recorded packed call (sm90 PackedFwdCall: the V^T
+    pass, the clearing pass and the forward from their launch plans). The full path's checks,
+    dispatch and plan keys measured 250-570 µs of host per call on the H100 host (session 24,
+    benchmarks/NOTES.md); the api's fast path (api/fastpath.FA3_FP8_VARLEN) keeps one per
+    signature."""
+
+    def __init__(self, q8: torch.Tensor, k8: torch.Tensor, n_seqs: int,
+                 descales: Tuple[Optional[torch.Tensor], ...]) -> None:
+        self.group = q8.shape[1] // k8.shape[1]
+        heads = (q8.shape[1], k8.shape[1], k8.shape[1])
+        # (a descale left out is 1: its table is made once and only read)
+        self._ones = [torch.ones((n_seqs, n, 1), dtype=torch.float32, device=q8.device)
+                      if x is None else None for x, n in zip(descales, heads)]
+        self.packed = None
+
+    def scales(self, q_descale: Optional[torch.Tensor], k_descale: Optional[torch.Tensor],
+               v_descale: Optional[torch.Tensor]) -> Fp8Scales:
+        """The kernel's tables for FA3's descales: q's repeated for each query head of its
+        group, every table (b, heads, 1) contiguous, one block per sequence."""
+        qd, kd, vd = (ones if x is None else x.unsqueeze(-1).contiguous()
+                      for ones, x in zip(self._ones, (q_descale, k_descale, v_descale)))
+        if q_descale is not None and self.group > 1:
+            qd = q_descale.repeat_interleave(self.group, dim=1).unsqueeze(-1)
+        return Fp8Scales(qd, kd, vd, ONE_BLOCK_SHIFT, ONE_BLOCK_SHIFT)
+
+    def __call__(self, q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
+                 cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                 seqused_k: Optional[torch.Tensor], q_descale: Optional[torch.Tensor],
+                 k_descale: Optional[torch.Tensor], v_descale: Optional[torch.Tensor]
+                 ) -> torch.Tensor:
+        """out (total_q, h, d_v) in the signature's out_dtype."""
+        out, _ = self.packed(q8, k8, v8, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                             self.scales(q_descale, k_descale, v_descale))
+        return out
+
+
 def fp8_varlen_forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
                        cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
                        seqused_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int,
@@ -1240,6 +1298,8 @@ __all__ = [
     "fp8_v_wgmma",
     "quantize_backend",
     "fp8_varlen_forward",
+    "fp8_varlen_runner",
+    "Fp8VarlenCall",
     "hopper_reason",
     "interpreting",
     "kvcache",

@@ -18,8 +18,10 @@ from flashattn.api import fastpath
 @pytest.fixture(autouse=True)
 def _empty_cache():
     fastpath.VARLEN.clear()
+    fastpath.FA3_FP8_VARLEN.clear()
     yield
     fastpath.VARLEN.clear()
+    fastpath.FA3_FP8_VARLEN.clear()
 
 
 LENS = [5, 17, 0, 30, 9]
@@ -214,3 +216,43 @@ def test_empty_sequences_signature():
     out, lse, dq, dk, dv = results[1]
     assert not out.any() and torch.isneginf(lse).all()
     assert not dq.any() and not dk.any() and not dv.any()
+
+
+def test_fp8_signature_rules():
+    """FP8 packed calls (FA3's descale API) have their own signatures: descales keyed by
+    presence and layout, no dropout / ALiBi / return_attn_probs / grad."""
+    q, k, v, cu, m = _packed()
+    q8, k8, v8 = (t.to(torch.float8_e4m3fn) for t in (q, k, v))
+    d = torch.ones(5, 2)
+
+    def key(q8=q8, k8=k8, v8=v8, dropout_p=0.0, alibi=None, probs=False, qd=None, kd=None,
+            vd=None, out_dtype=None, used=None, max_k=m):
+        return fastpath.fa3_fp8_varlen_key(q8, k8, v8, cu, cu, m, max_k, dropout_p, None, True,
+                                           (-1, -1), 0.0, alibi, probs, qd, kd, vd, out_dtype,
+                                           used)
+
+    k0 = key()
+    assert k0 is not None and key() == k0
+    assert key(qd=d) != k0 and key(qd=d) != key(kd=d)
+    assert key(out_dtype=torch.float16) != k0 and key(max_k=m + 1) != k0
+    assert key(used=torch.zeros(5, dtype=torch.int32)) != k0
+    assert key(dropout_p=0.1) is None and key(probs=True) is None
+    assert key(alibi=torch.ones(4)) is None and key(qd=[1.0]) is None
+    assert key(q8=q) is None  # (16-bit inputs: varlen_key's)
+    assert key(q8=q8.clone().requires_grad_(False), max_k=np.int64(m)) is None
+
+
+def test_fp8_cpu_calls_keep_taking_the_full_path():
+    """No recorded FP8 call covers CPU tensors (the exact dequantized path): the signature's
+    entry says so, and every call is checked and computed by the full path."""
+    q, k, v, cu, m = _packed()
+    q8, k8, v8 = (t.to(torch.float8_e4m3fn) for t in (q, k, v))
+    kd = torch.full((5, 2), 0.5)
+    outs = [flashattn.flash_attn_varlen_func(q8, k8, v8, cu, cu, m, m, causal=True,
+                                             k_descale=kd) for _ in range(3)]
+    (entry,) = fastpath.FA3_FP8_VARLEN._entries.values()
+    assert entry[1] is fastpath.FP8_FULL_PATH
+    assert torch.equal(outs[0], outs[2])
+    with pytest.raises(ValueError, match="k_descale"):
+        flashattn.flash_attn_varlen_func(q8, k8, v8, cu, cu, m, m, causal=True,
+                                         k_descale=-kd)

@@ -372,3 +372,45 @@ def test_recorded_call_matches_the_full_path(d, causal, used, monkeypatch):
                 assert err <= 1e-2 * b.float().abs().max().item(), (kind, name, err)
             else:
                 assert torch.equal(a, b), (kind, name)
+
+
+@pytest.mark.parametrize("h,h_k,given,used", [(4, 2, True, False), (4, 4, False, True),
+                                              (8, 2, True, True)])
+def test_fp8_recorded_call_matches_the_full_path(h, h_k, given, used, monkeypatch):
+    """A repeated FP8 packed signature (FA3's descale API; api/fastpath.FA3_FP8_VARLEN:
+    dispatch.Fp8VarlenCall over the sm90 PackedFwdCall, V^T pass and forward replayed) gives
+    the full path's output bit for bit, and reads the descales of each call (new values,
+    same tensors, follow)."""
+    from flashattn.api import fastpath
+
+    set_env(monkeypatch, FLASHATTN_BACKEND="hopper")
+    torch.manual_seed(9)
+    d = 128
+    cu_q, cu_k = cu_seqlens(FP8_LENS).cuda(), cu_seqlens(FP8_LENS_K).cuda()
+    b, tq, tk = len(FP8_LENS), sum(FP8_LENS), sum(FP8_LENS_K)
+    q8 = (torch.randn(tq, h, d, device="cuda") * 3).to(torch.float8_e4m3fn)
+    k8, v8 = ((torch.randn(tk, h_k, d, device="cuda") * 3).to(torch.float8_e4m3fn)
+              for _ in range(2))
+    descales = ([torch.rand(b, h_k, device="cuda") + 0.1 for _ in range(3)] if given
+                else [None, None, None])
+    seqused = (torch.tensor((300, 0, 899, 64, 1, 100), dtype=torch.int32, device="cuda")
+               if used else None)
+
+    def call():
+        return flash_attn_varlen_func(q8, k8, v8, cu_q, cu_k, max(FP8_LENS), max(FP8_LENS_K),
+                                      causal=True, q_descale=descales[0],
+                                      k_descale=descales[1], v_descale=descales[2],
+                                      seqused_k=seqused)
+
+    fastpath.FA3_FP8_VARLEN.clear()
+    full = call()
+    (entry,) = fastpath.FA3_FP8_VARLEN._entries.values()
+    assert isinstance(entry[1], dispatch.Fp8VarlenCall)
+    fast = call()
+    assert torch.isfinite(fast.float()).all() and torch.equal(fast, full)
+    if given:  # new descale values in the same tensors
+        for x in descales:
+            x.mul_(1.5)
+        fast = call()
+        fastpath.FA3_FP8_VARLEN.clear()
+        assert torch.equal(fast, call()) and not torch.equal(fast, full)

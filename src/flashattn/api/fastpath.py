@@ -27,8 +27,8 @@ seqused_k on every call where they run on the full path).
 Calls with dropout, ALiBi, sinks, chunking, paged KV or ``out=`` take the full path. Packed
 calls (``flash_attn_varlen_func``) are eligible with inputs that require grad too: their
 recorded call has its own autograd function.
-FP8 calls have their own keys: ``flash_attn_fp8_func``, ``fp8.quantize`` and ``flash_attn_func``
-on float8_e4m3fn inputs (FlashAttention-3's descale API).
+FP8 calls have their own keys: ``flash_attn_fp8_func``, ``fp8.quantize``, and ``flash_attn_func``
+and ``flash_attn_varlen_func`` on float8_e4m3fn inputs (FlashAttention-3's descale API).
 """
 from __future__ import annotations
 
@@ -398,6 +398,54 @@ def fa3_fp8_record(key: Hashable, q: Tensor, k: Tensor, v: Tensor,
 
 
 # ---------------------------------------------------------------------------------------------
+# flash_attn_varlen_func on FP8 inputs (FlashAttention-3's descale API)
+# ---------------------------------------------------------------------------------------------
+FA3_FP8_VARLEN = CallCache()
+
+
+def fa3_fp8_varlen_key(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
+                       max_seqlen_q: Any, max_seqlen_k: Any, dropout_p: Any, softmax_scale: Any,
+                       causal: Any, window_size: Any, softcap: Any, alibi_slopes: Any,
+                       return_attn_probs: Any, q_descale: Any, k_descale: Any, v_descale: Any,
+                       out_dtype: Any, seqused_k: Any) -> Optional[tuple]:
+    """The call signature of a ``flash_attn_varlen_func`` call on float8_e4m3fn q, k, v (no
+    block_table, sink, seqused_q or chunk: the caller checks), or None (full path): as
+    :func:`fa3_fp8_key`, with the offsets, seqused_k and the maxima keyed as in
+    :func:`varlen_key`."""
+    if not _plain_fp8_qkv(q, k, v) or alibi_slopes is not None:
+        return None
+    if type(cu_seqlens_q) is not Tensor or type(cu_seqlens_k) is not Tensor:
+        return None
+    if not _ops._eager_call(seqused_k):
+        return None
+    if type(max_seqlen_q) is not int or type(max_seqlen_k) is not int:
+        return None
+    if type(dropout_p) not in (float, int) or dropout_p != 0 or return_attn_probs is not False:
+        return None
+    descales = (_descale_key(q_descale), _descale_key(k_descale), _descale_key(v_descale))
+    if False in descales:
+        return None
+    scalars = _fp8_scalars(softmax_scale, causal, window_size, softcap, out_dtype, False)
+    if scalars is None:
+        return None
+    return (_tensor_key(q), _tensor_key(k), _tensor_key(v), _tensor_key(cu_seqlens_q),
+            _tensor_key(cu_seqlens_k), None if seqused_k is None else _tensor_key(seqused_k),
+            max_seqlen_q, max_seqlen_k, descales, scalars)
+
+
+def fa3_fp8_varlen_record(key: Hashable, q: Tensor, k: Tensor, v: Tensor,
+                          cu_seqlens_q: Tensor, seqused_k: Optional[Tensor], max_seqlen_k: int,
+                          descales: Tuple[Optional[Tensor], ...], params: AttnParams,
+                          out_dtype: torch.dtype) -> Any:
+    """What the FP8 ``flash_attn_varlen_func``'s full path decided for this signature
+    (arguments checked and normalised), kept under ``key``: a call ``run(q, k, v,
+    cu_seqlens_q, cu_seqlens_k, seqused_k, q_descale, k_descale, v_descale) -> out``
+    (dispatch.Fp8VarlenCall), :data:`FP8_FULL_PATH`, or None (:func:`_record`)."""
+    return _record(FA3_FP8_VARLEN, key, lambda: dispatch.fp8_varlen_runner(
+        q, k, v, cu_seqlens_q, seqused_k, max_seqlen_k, descales, params, out_dtype))
+
+
+# ---------------------------------------------------------------------------------------------
 # fp8.attention on fp8.quantize's output (block descales)
 # ---------------------------------------------------------------------------------------------
 FP8_QUANTIZED = CallCache()
@@ -464,8 +512,9 @@ def quantize_record(key: Hashable, q: Tensor, k: Tensor, v: Tensor, signs: Optio
                                                                        block_n))
 
 
-__all__ = ["DENSE", "FA3_FP8", "FP8", "FP8_FULL_PATH", "FP8_QUANTIZED", "KVCACHE", "QUANTIZE",
-           "VARLEN", "CallCache", "dense_key", "dense_runner", "fa3_fp8_key", "fa3_fp8_record", "fp8_key",
+__all__ = ["DENSE", "FA3_FP8", "FA3_FP8_VARLEN", "FP8", "FP8_FULL_PATH", "FP8_QUANTIZED", "KVCACHE", "QUANTIZE",
+           "VARLEN", "CallCache", "dense_key", "dense_runner", "fa3_fp8_key", "fa3_fp8_record",
+           "fa3_fp8_varlen_key", "fa3_fp8_varlen_record", "fp8_key",
            "fp8_record", "kvcache_args", "kvcache_entry", "kvcache_key", "quantize_key",
            "quantize_record", "quantized_key", "quantized_record", "varlen_key",
            "varlen_record"]

@@ -195,11 +195,13 @@ def varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: 
            dropout_p: float, softmax_scale: Optional[float], causal: bool,
            window_size: Sequence[int], softcap: float, alibi_slopes: Optional[Tensor],
            return_attn_probs: bool, q_descale: Optional[Tensor], k_descale: Optional[Tensor],
-           v_descale: Optional[Tensor], out_dtype: Optional[torch.dtype]) -> Tensor:
+           v_descale: Optional[Tensor], out_dtype: Optional[torch.dtype],
+           record: Optional[list] = None) -> Tensor:
     """``flash_attn_varlen_func`` with FP8 inputs: descales (batch, nheads_k), batch = the
     number of sequences. q / k / v (check_fp8_qkv), cu_seqlens and max_seqlen already validated
     by the caller (api/varlen.py). Returns out
-    (total_q, h, d_v) in ``out_dtype``."""
+    (total_q, h, d_v) in ``out_dtype``. ``record``: a list that receives the normalised
+    (:class:`AttnParams`, out_dtype) once every check passed (the fast path's entry)."""
     _check_unsupported(dropout_p, alibi_slopes, return_attn_probs)
     out_dtype = _check_out_dtype(out_dtype)
     batch = cu_seqlens_q.shape[0] - 1
@@ -211,6 +213,9 @@ def varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: 
     # a window side >= the longest key sequence is unbounded for every sequence
     scale, causal, left, right, softcap = _common(softmax_scale, causal, window_size, softcap,
                                                   d, max(int(max_seqlen_k), 1))
+    if record is not None:
+        record.append((AttnParams(scale, causal, left, right, softcap, None, 0.0, 0),
+                       out_dtype))
     qd = qd.repeat_interleave(h // h_k, dim=1).unsqueeze(-1).contiguous()
     out, _ = _ops.fp8_varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
                                        int(max_seqlen_q), int(max_seqlen_k), qd,

@@ -130,7 +130,8 @@ def _varlen_attention(
                            causal=causal, window_size=(window_left, window_right),
                            softcap=softcap, alibi_slopes=alibi_slopes,
                            return_attn_probs=return_attn_probs, q_descale=descales[0],
-                           k_descale=descales[1], v_descale=descales[2], out_dtype=out_dtype)
+                           k_descale=descales[1], v_descale=descales[2], out_dtype=out_dtype,
+                           record=record)
     if block_table is not None and dropout_p > 0.0:
         raise ValueError(
             f"dropout_p must be 0.0 with block_table (the paged KV path is inference only), "
@@ -274,6 +275,34 @@ def flash_attn_varlen_func(
             out, lse = _ops.varlen_recorded(runner, q, k, v, cu_seqlens_q, cu_seqlens_k,
                                             seqused_k)
             return (out, lse, None) if return_attn_probs else out
+    if (block_table is None and learnable_sink is None and seqused_q is None
+            and type(attention_chunk) is int and attention_chunk == 0):
+        # FP8 inputs (FA3's descale API): the same, through dispatch.Fp8VarlenCall
+        key = _fast.fa3_fp8_varlen_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                       max_seqlen_k, dropout_p, softmax_scale, causal,
+                                       window_size, softcap, alibi_slopes, return_attn_probs,
+                                       q_descale, k_descale, v_descale, out_dtype, seqused_k)
+        if key is not None:
+            run = _fast.FA3_FP8_VARLEN.get(key)
+            if run:
+                check_values(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+                             max_seqlen_k, q.shape[0], k.shape[0])
+                return run(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, q_descale,
+                           k_descale, v_descale)
+            if run is None:  # (FP8_FULL_PATH: a signature no recorded call covers)
+                record = []
+                res = _varlen_attention(
+                    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                    softmax_scale, causal, window_size, softcap, None, deterministic,
+                    return_attn_probs, None, seqused_k, ("q", "k", "v"),
+                    descales=(q_descale, k_descale, v_descale), out_dtype=out_dtype,
+                    record=record)
+                if record:
+                    params, out_dtype_ = record[0]
+                    _fast.fa3_fp8_varlen_record(key, q, k, v, cu_seqlens_q, seqused_k,
+                                                max_seqlen_k, (q_descale, k_descale, v_descale),
+                                                params, out_dtype_)
+                return res
     return _varlen_attention(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
         softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,

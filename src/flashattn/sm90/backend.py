@@ -69,6 +69,20 @@ def varlen_bwd_call(q: Tensor, k: Tensor, v: Tensor, dout: Tensor, n_seqs: int, 
                               softcap=p.softcap)
 
 
+def fp8_varlen_call(q8: Tensor, k8: Tensor, v8: Tensor, n_seqs: int, seqused: bool,
+                    max_seqlen_k: int, scales: Fp8Scales, p: AttnParams,
+                    out_dtype: torch.dtype) -> "_fwd.PackedFwdCall":
+    """:func:`fp8_varlen_fwd` for one call signature, made once: ``call(q8, k8, v8,
+    cu_seqlens_q, cu_seqlens_k, seqused_k, scales) -> (out, lse)`` for later tensors of the
+    same shapes, strides and dtypes, and descale tables shaped as ``scales``'."""
+    fp8 = _fwd.PackedFp8(out_dtype, max_seqlen_k, tuple(scales.q_descale.shape),
+                         tuple(scales.k_descale.shape), scales.q_block_shift,
+                         scales.kv_block_shift)
+    return _fwd.PackedFwdCall(q8, k8, v8, n_seqs, seqused, softmax_scale=p.softmax_scale,
+                              window_left=p.window_left, window_right=p.window_right,
+                              softcap=p.softcap, fp8=fp8)
+
+
 def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, p: AttnParams):
     """Dense backward: (dq, dk, dv)."""
     return _bwd.flash_bwd_hopper(dout, q, k, v, out, lse, **p.kernel_kwargs(),
@@ -115,5 +129,5 @@ def fp8_vt_call() -> "_v_layout.VtCall":
     return _v_layout.VtCall()
 
 
-__all__ = ["bwd", "fp8_fwd", "fp8_fwd_call", "fp8_varlen_fwd", "fp8_vt_call", "fwd",
+__all__ = ["bwd", "fp8_fwd", "fp8_fwd_call", "fp8_varlen_call", "fp8_varlen_fwd", "fp8_vt_call", "fwd",
            "varlen_bwd", "varlen_bwd_call", "varlen_fwd", "varlen_fwd_call"]

@@ -10,7 +10,8 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
-from flashattn.sm90.v_layout import wgmma_ordered_vt, wgmma_ordered_vt_varlen
+from flashattn.sm90.v_layout import (varlen_vt_positions, wgmma_ordered_vt,
+                                     wgmma_ordered_vt_varlen)
 from flashattn.sm90.varlen_rows import clear_uncovered_rows
 from flashattn.sm90.config import FwdConfig, fp8_fwd_config, fp8_long_causal, fwd_config
 from flashattn.params import Fp8Scales
@@ -37,20 +38,6 @@ def _tile_counter(cfg: FwdConfig, window_right: int, lse: torch.Tensor,
     if uses_tile_queue(cfg, window_right, varlen):
         return torch.zeros(1, dtype=torch.int32, device=lse.device)
     return lse
-
-
-def _varlen_outputs(total_q: int, n_heads: int, head_dim_v: int, dtype: torch.dtype,
-                    cfg: FwdConfig, window_right: int, cu_seqlens_q: torch.Tensor
-                    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(out (total_q, h, d_v), lse (h, total_q), tile-queue counter) of a varlen launch: rows of
-    no sequence already 0 / -inf and the counter zeroed, by one small pass (varlen_rows.py)."""
-    device = cu_seqlens_q.device
-    out = torch.empty((total_q, n_heads, head_dim_v), dtype=dtype, device=device)
-    lse = torch.empty((n_heads, total_q), dtype=torch.float32, device=device)
-    queue = uses_tile_queue(cfg, window_right, True)
-    counter = torch.empty(1, dtype=torch.int32, device=device) if queue else lse
-    clear_uncovered_rows(out, lse, cu_seqlens_q, counter if queue else None)
-    return out, lse, counter
 
 
 def uses_tile_queue(cfg: FwdConfig, window_right: int, varlen: bool = False) -> bool:
@@ -216,45 +203,83 @@ def flash_fwd_hopper_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return out, lse, None
 
 
+class PackedFp8(NamedTuple):
+    """What an FP8 packed signature adds to :class:`PackedFwdCall`: the output dtype, the
+    caller's bound on the key lengths (it sizes the V^T pass's grid), and the descale tables'
+    shapes and block shifts (Fp8Scales)."""
+    out_dtype: torch.dtype
+    max_seqlen_k: int
+    q_descale_shape: Tuple[int, ...]
+    k_descale_shape: Tuple[int, ...]
+    q_block_shift: int
+    kv_block_shift: int
+
+
 class PackedFwdCall:
-    """:func:`flash_fwd_hopper_varlen` for one call signature: what its launch is made of
+    """A packed forward (:func:`flash_fwd_hopper_varlen`, or with ``fp8``
+    :func:`flash_fwd_hopper_fp8_varlen`) for one call signature: what its launch is made of
     apart from the tensors (config, output shapes, the launch plan's key) found once, so a
     repeated signature (every layer of a packed training step, or a serving loop's, has the
-    same one) costs two allocations (three with the tile queue), the clearing pass and one
-    replayed launch (dispatch.VarlenRunner keeps one per signature).
+    same one) costs the allocations, the clearing pass (and FP8's V^T pass) and one replayed
+    launch (dispatch.VarlenRunner keeps one per signature).
 
     Built from a call's q (total_q, h, d), k, v, its number of sequences and whether it passes
-    ``seqused_k``; called with tensors of the same shapes, strides and dtypes (the plan checks
-    the 16-byte alignment of the plain tensors itself)."""
+    ``seqused_k``; called with tensors of the same shapes, strides and dtypes (and, FP8,
+    descale tables of the recorded shapes; the plan checks the 16-byte alignment of the plain
+    tensors itself)."""
 
     def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_seqs: int,
                  seqused: bool, *, softmax_scale: float, window_left: int, window_right: int,
-                 softcap: float, config_overrides: Optional[Dict[str, Any]] = None) -> None:
+                 softcap: float, config_overrides: Optional[Dict[str, Any]] = None,
+                 fp8: Optional[PackedFp8] = None) -> None:
         total_q, n_heads, head_dim = q.shape
         head_dim_v = v.shape[2]
-        self.cfg = fwd_config(head_dim, softcap > 0.0,
-                              head_dim_v=head_dim_v if head_dim_v != head_dim else None,
-                              **(config_overrides or {}))
+        overrides = tuple(sorted(config_overrides.items())) if config_overrides else None
+        if fp8 is None:
+            self.cfg = fwd_config(head_dim, softcap > 0.0,
+                                  head_dim_v=head_dim_v if head_dim_v != head_dim else None,
+                                  **(config_overrides or {}))
+            self.out_dtype = q.dtype
+            self.key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype,
+                        q.device, n_seqs + 1, softmax_scale, window_left, window_right,
+                        softcap, overrides)
+        else:
+            self.cfg = fp8_fwd_config(head_dim, head_dim_v, softcap > 0.0,
+                                      masked=window_left >= 0 or window_right >= 0,
+                                      kv_block_keys=1 << fp8.kv_block_shift, long_causal=False,
+                                      **(config_overrides or {}))
+            self.out_dtype = fp8.out_dtype
+            # (V^T's shape: v_layout.wgmma_ordered_vt_varlen's view, fresh and contiguous)
+            vt_shape = torch.Size((1, varlen_vt_positions(n_seqs, k.shape[0]), k.shape[1],
+                                   head_dim_v))
+            self.key = (q.shape, k.shape, vt_shape, q.stride(), k.stride(), fp8.out_dtype,
+                        q.device, n_seqs + 1, softmax_scale, window_left, window_right,
+                        softcap, fp8.q_descale_shape, fp8.k_descale_shape, fp8.q_block_shift,
+                        fp8.kv_block_shift, overrides)
+        self.fp8 = fp8
         self.out_shape = (total_q, n_heads, head_dim_v)
         self.lse_shape = (n_heads, total_q)
-        self.dtype, self.device = q.dtype, q.device
+        self.device = q.device
         self.queue = uses_tile_queue(self.cfg, window_right, True)
         self.params = dict(softmax_scale=softmax_scale, window_left=window_left,
                            window_right=window_right, softcap=softcap)
-        self.key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype,
-                    q.device, n_seqs + 1, softmax_scale, window_left, window_right, softcap,
-                    tuple(sorted(config_overrides.items())) if config_overrides else None)
-        self.plans = _PACKED_PLANS[(False, seqused)]
+        self.plans = _PACKED_PLANS[(fp8 is not None, seqused)]
         self.plan = None  # the recorded launch, replayed directly on later calls
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
-                 seqused_k: Optional[torch.Tensor] = None
-                 ) -> Tuple[torch.Tensor, torch.Tensor]:
-        """(out (total_q, h, d_v), lse float32 (h, total_q)) of this call."""
+                 seqused_k: Optional[torch.Tensor] = None,
+                 scales: Optional[Fp8Scales] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(out (total_q, h, d_v), lse float32 (h, total_q)) of this call; ``scales``: the
+        FP8 signature's descale tables (contiguous, of the recorded shapes)."""
         device = self.device
         cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
-        out = torch.empty(self.out_shape, dtype=self.dtype, device=device)
+        if seqused_k is not None:
+            seqused_k = seqused_k.contiguous()
+        if self.fp8 is not None:  # (FP8 wgmma reads V^T: one pass, only the used keys)
+            v = wgmma_ordered_vt_varlen(v, cu_seqlens_k, self.fp8.max_seqlen_k,
+                                        self.cfg.block_n, seqused_k)
+        out = torch.empty(self.out_shape, dtype=self.out_dtype, device=device)
         lse = torch.empty(self.lse_shape, dtype=torch.float32, device=device)
         counter = torch.empty(1, dtype=torch.int32, device=device) if self.queue else None
         # (rows of no sequence, past cu_seqlens_q[-1], are 0 / -inf: no tile writes them)
@@ -262,14 +287,16 @@ class PackedFwdCall:
         if counter is None:
             counter = lse  # (stands in: the kernel never reads it)
         # descriptor slots take the tensor they cover (only its address is read on a replay)
-        tensors = (q, k, v, out, lse, counter, cu_seqlens_q, cu_seqlens_k, out)
+        tensors = (q, k, v, out, lse, counter)
+        if scales is not None:
+            tensors += (scales.q_descale, scales.k_descale, scales.v_descale)
+        tensors += (cu_seqlens_q, cu_seqlens_k, out)
         if seqused_k is not None:
-            seqused_k = seqused_k.contiguous()
             tensors += (seqused_k,)
         if self.plan is None or not self.plan.launch(*tensors):
             layout = VarlenLayout(cu_seqlens_q, cu_seqlens_k, out, seqused_k)
             self.plan = _launch_packed(self.plans, self.key, q, k, v, out, lse, counter,
-                                       self.cfg, layout, None, tensors, **self.params)
+                                       self.cfg, layout, scales, tensors, **self.params)
         return out, lse
 
 
@@ -279,8 +306,8 @@ def _launch_packed(plans: LaunchPlans, key: Any, q: torch.Tensor, k: torch.Tenso
                    tensors: Tuple[torch.Tensor, ...], **params: Any):
     """The launch of a packed forward (16-bit, or FP8 with ``scales``) through ``plans``
     (_PACKED_PLANS[(FP8, seqused_k given)]): q (total_q, h, d), k (total_k, h_k, d), v
-    (total_k, h_k, d_v) or the FP8 V^T view (1, s_total, h_k, d_v), out / lse / counter from
-    _varlen_outputs; ``key`` holds everything else the arguments are made of; ``tensors``
+    (total_k, h_k, d_v) or the FP8 V^T view (1, s_total, h_k, d_v), out / lse / counter as
+    PackedFwdCall makes them; ``key`` holds everything else the arguments are made of; ``tensors``
     the plans' slot tensors. ``params``: softmax_scale, window_left, window_right, softcap.
     Returns the launch plan (None: Triton's own launch path ran)."""
     q4, k4, out4 = (t.unsqueeze(0) for t in (q, k, out))
@@ -371,32 +398,13 @@ def flash_fwd_hopper_fp8_varlen(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Te
     varlen convention, ops.fp8_varlen_fwd). Returns out (total_q, h,
     d_v) in ``out_dtype`` (0 on rows outside every sequence), lse float32 (h, total_q).
     """
-    total_q, n_heads, head_dim = q8.shape
-    head_dim_v = v8.shape[2]
-    cfg = fp8_fwd_config(head_dim, head_dim_v, softcap > 0.0,
-                         masked=window_left >= 0 or window_right >= 0,
-                         kv_block_keys=1 << scales.kv_block_shift, long_causal=False,
-                         **(config_overrides or {}))
-    cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
-    if seqused_k is not None:
-        seqused_k = seqused_k.contiguous()
-    vt = wgmma_ordered_vt_varlen(v8, cu_seqlens_k, max_seqlen_k, cfg.block_n, seqused_k)
-    out, lse, counter = _varlen_outputs(total_q, n_heads, head_dim_v, out_dtype, cfg,
-                                        window_right, cu_seqlens_q)
-    key = (q8.shape, k8.shape, vt.shape, q8.stride(), k8.stride(), out_dtype, q8.device,
-           cu_seqlens_q.shape[0], softmax_scale, window_left, window_right, softcap,
-           scales.q_descale.shape, scales.k_descale.shape, scales.q_block_shift,
-           scales.kv_block_shift,
-           tuple(sorted(config_overrides.items())) if config_overrides else None)
-    tensors = (q8, k8, vt, out, lse, counter, scales.q_descale, scales.k_descale,
-               scales.v_descale, cu_seqlens_q, cu_seqlens_k, out)
-    if seqused_k is not None:
-        tensors += (seqused_k,)
-    _launch_packed(_PACKED_PLANS[(True, seqused_k is not None)], key, q8, k8, vt, out, lse,
-                   counter, cfg, VarlenLayout(cu_seqlens_q, cu_seqlens_k, out, seqused_k),
-                   scales, tensors, softmax_scale=softmax_scale, window_left=window_left,
-                   window_right=window_right, softcap=softcap)
-    return out, lse
+    fp8 = PackedFp8(out_dtype, max_seqlen_k, tuple(scales.q_descale.shape),
+                    tuple(scales.k_descale.shape), scales.q_block_shift, scales.kv_block_shift)
+    call = PackedFwdCall(q8, k8, v8, cu_seqlens_q.shape[0] - 1, seqused_k is not None,
+                         softmax_scale=softmax_scale, window_left=window_left,
+                         window_right=window_right, softcap=softcap,
+                         config_overrides=config_overrides, fp8=fp8)
+    return call(q8, k8, v8, cu_seqlens_q, cu_seqlens_k, seqused_k, scales)
 
 
 class Fp8FwdCall:

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from flashattn.fp8_format import FP8_DTYPE, wgmma_padded_keys
-from flashattn.runtime.launch import launch_jit
+from flashattn.runtime.launch import LaunchPlans, launch_jit
 
 
 @triton.jit
@@ -109,12 +109,20 @@ def wgmma_ordered_vt_varlen(v8: torch.Tensor, cu_seqlens_k: torch.Tensor, max_se
         # a sequence's region is at most its length + 63 positions; its key blocks read up to
         # block_n past its end
         span = max_seqlen_k + 64 + block_n
-        launch_jit(_wgmma_vt_varlen_kernel, (n_seqs * h, triton.cdiv(span, block_s)),
-                   (src, out, cu_seqlens_k, seqused_k, n_seqs, total_k, s_total, h,
-                    *src.stride()),
-                   dict(HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), BLOCK_S=block_s,
-                        HAS_USED=seqused_k is not None, num_warps=4))
+        # a repeated shape replays its launch plan (no binder per call)
+        key = (v8.shape, src.stride(), v8.device, n_seqs, max_seqlen_k, block_n)
+        tensors = (src, out, cu_seqlens_k) + (() if seqused_k is None else (seqused_k,))
+        _VARLEN_PLANS[seqused_k is not None].launch(key, tensors, lambda: (
+            _wgmma_vt_varlen_kernel, (n_seqs * h, triton.cdiv(span, block_s)),
+            (src, out, cu_seqlens_k, seqused_k, n_seqs, total_k, s_total, h, *src.stride()),
+            dict(HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), BLOCK_S=block_s,
+                 HAS_USED=seqused_k is not None, num_warps=4)))
     return out.view(FP8_DTYPE).permute(0, 3, 1, 2)
+
+
+# wgmma_ordered_vt_varlen's launch plans by whether seqused_k is given; slots: V's bytes, the
+# output, the offsets (and seqused_k)
+_VARLEN_PLANS = {False: LaunchPlans(slots=(0, 1, 2)), True: LaunchPlans(slots=(0, 1, 2, 3))}
 
 
 def wgmma_ordered_vt(v8: torch.Tensor, into: Optional[torch.Tensor] = None,

@@ -15,7 +15,9 @@ the tree has one: what a repeated signature runs below the public function); ops
 training: public forward with grad recorded; backward through autograd (retain_graph, one
 forward); the recorded backward; ops body (``_varlen_bwd_impl``); dispatch.varlen_backward;
 the sm90 host function.
-FP8 (FA3's API, descales (b, h_k)): public; the sm90 host function.
+The dense call's training step on the same tokens (b = seqs), and the autograd floor (a step
+around a Function that launches nothing). FP8 (FA3's API, descales (b, h_k)): public; the sm90
+host function.
 Also the GPU time of the forward and of the backward (CUDA graph replay), and every
 synchronising call one training step makes (``torch.cuda.set_sync_debug_mode``).
 
@@ -138,6 +140,31 @@ def main() -> int:
         syncs = [str(w.message).splitlines()[0] for w in caught
                  if "synchroniz" in str(w.message)]
         print(f"synchronising calls in one training step: {len(syncs)} {syncs[:4]}")
+
+        # the dense call's training step on the same tokens (b = seqs, s = len), and the floor:
+        # autograd around a Function that does nothing on the GPU
+        qd, kd, vd = (t.detach().view(n, L, h, d).clone().requires_grad_(True)
+                      for t in (q, k, v))
+        row("dense: public fwd (grad recorded)", lambda: flashattn.flash_attn_func(qd, kd, vd))
+
+        def dense_step():
+            o_ = flashattn.flash_attn_func(qd, kd, vd)
+            torch.autograd.grad(o_, (qd, kd, vd), dout.view(n, L, h, d))
+        row("dense: fwd + bwd step", dense_step)
+
+        class Nothing(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, a, b, c):
+                return a.view_as(a)
+
+            @staticmethod
+            def backward(ctx, g):
+                return g, None, None
+
+        def floor_step():
+            o_ = Nothing.apply(qg, kg, vg)
+            torch.autograd.grad(o_, (qg, kg, vg), dout, allow_unused=True)
+        row("floor: autograd step around a no-op Function", floor_step)
 
         q8, k8, v8 = (t.to(torch.float8_e4m3fn) for t in (q, k, v))
         ones = torch.ones(n, h, device="cuda")

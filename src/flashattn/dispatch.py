@@ -433,12 +433,23 @@ def forward_runner(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: At
         # (its shape-only parts made once)
         return _small_query_runner(q, k, v, params, need_lse)
     name = select("fwd", q, k, v, params, False)
-    if name == "portable":
-        call = backend(name).fwd_call(q, k, v, params, need_lse)  # (replays its launch)
+    make = getattr(backend(name), "fwd_call", None) if name == "portable" else None
+    if make is not None:
+        call = make(q, k, v, params, need_lse)  # (replays its launch)
         if call is not None:
             return call
     fwd = backend(name).fwd
     return lambda q, k, v: fwd(q, k, v, params, False)[:2]
+
+
+def backward_runner(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: AttnParams):
+    """:func:`backward`'s decisions for these inputs, made once: a call ``run(dout, q, k, v,
+    out, lse) -> (dq, dk, dv)`` for later tensors of the same signature (the api's recorded
+    dense calls with a gradient to record: ops._RecordedDense)."""
+    if _is_degenerate(q, k):
+        return lambda dout, q, k, v, out, lse: backward(dout, q, k, v, out, lse, params)
+    bwd = backend(select("bwd", q, k, v, params)).bwd
+    return lambda dout, q, k, v, out, lse: bwd(dout, q, k, v, out, lse, params)
 
 
 def forward_with_sink(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: AttnParams,
@@ -1279,6 +1290,7 @@ __all__ = [
     "backend",
     "backend_for",
     "backward",
+    "backward_runner",
     "backward_family",
     "combine",
     "decode_splits",

@@ -454,6 +454,33 @@ def varlen_attention(
     return out, lse, (s_dmask if return_softmax else None)
 
 
+class _RecordedDense(torch.autograd.Function):
+    """A recorded dense signature's forward and backward (api/fastpath.DENSE's entries for
+    calls with a gradient to record, :class:`~flashattn.api.fastpath.DenseTrainEntry`):
+    differentiable in q, k, v; lse is not. The bodies of ``fwd`` / ``bwd`` for plain eager
+    tensors, with dispatch's decisions made once per signature."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, entry):
+        out, lse = entry.forward(q, k, v)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.entry = entry
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = ctx.entry.backward(_unit_last_stride(dout), q, k, v, out, lse)
+        return dq.contiguous(), dk.contiguous(), dv.contiguous(), None
+
+
+def dense_recorded(entry, q: Tensor, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor]:
+    """(out, lse) of a recorded dense signature with a gradient to record (``entry``: its
+    forward and backward runners), through autograd."""
+    return _RecordedDense.apply(q, k, v, entry)
+
+
 class _RecordedVarlen(torch.autograd.Function):
     """A recorded packed signature's forward and backward (``dispatch.VarlenRunner``: the
     api's fast path for a repeated ``flash_attn_varlen_func`` signature), differentiable in q,
@@ -880,6 +907,7 @@ __all__ = [
     "sink_apply",
     "varlen_attention_with_sink",
     "varlen_recorded",
+    "dense_recorded",
     "fp8_attention",
     "fp8_fwd",
     "fp8_varlen_attention",

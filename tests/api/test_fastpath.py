@@ -106,12 +106,61 @@ def test_settings_alignment_and_gradients_change_the_path(monkeypatch):
     n = len(fastpath.DENSE._entries)
     flashattn.flash_attn_func(odd, odd, odd)
     assert len(fastpath.DENSE._entries) == n + 1
-    # inputs that require grad take the full path and get gradients
+    # inputs that require grad are another signature (recorded with its autograd function)
     x = torch.randn(1, 8, 2, 16, requires_grad=True)
+    n = len(fastpath.DENSE._entries)
     flashattn.flash_attn_func(x, x, x).sum().backward()
-    assert x.grad is not None
-    with torch.no_grad():  # (and without grad mode they may take the fast path)
-        flashattn.flash_attn_func(x, x, x)
+    assert x.grad is not None and len(fastpath.DENSE._entries) == n + 1
+    with torch.no_grad():  # (without grad mode: the first signature of the test again)
+        out = flashattn.flash_attn_func(x, x, x)
+    assert len(fastpath.DENSE._entries) == n + 1 and out.grad_fn is None
+
+
+DENSE_GRAD_CASES = [
+    dict(),
+    dict(causal=True),
+    dict(window_size=(3, 1), softcap=4.0),
+    dict(deterministic=True, softmax_scale=0.2),
+    dict(return_attn_probs=True, causal=True),
+]
+
+
+@pytest.mark.parametrize("kw", DENSE_GRAD_CASES, ids=lambda kw: ",".join(kw) or "plain")
+@pytest.mark.parametrize("shape", [(2, 9, 11), (2, 1, 12), (1, 6, 0)],
+                         ids=["prefill", "one_query", "no_keys"])
+def test_dense_grad_signature_matches_the_full_path(monkeypatch, kw, shape):
+    """A repeated dense signature that records a gradient (a training step's layers) runs its
+    recorded forward and backward (fastpath.DenseTrainEntry through ops.dense_recorded): the
+    full path's outputs, lse and q / k / v gradients, bit for bit on the CPU; GQA, one query
+    row (the decode kernel's forward), no keys."""
+    b, s_q, s_k = shape
+    gen = torch.Generator().manual_seed(2)
+    q = torch.randn(b, s_q, 4, 16, generator=gen, requires_grad=True)
+    k, v = (torch.randn(b, s_k, 2, 16, generator=gen, requires_grad=True) for _ in range(2))
+    dout = torch.randn(b, s_q, 4, 16, generator=gen)
+    backwards = []
+    real = fastpath.DenseTrainEntry.backward
+    monkeypatch.setattr(fastpath.DenseTrainEntry, "backward",
+                        lambda self, *a: backwards.append(1) or real(self, *a))
+
+    def call():
+        res = flashattn.flash_attn_func(q, k, v, **kw)
+        out = res[0] if isinstance(res, tuple) else res
+        return res, torch.autograd.grad(out, (q, k, v), dout, allow_unused=True)
+
+    full, full_grads = call()
+    (entry,) = (e[1] for e in fastpath.DENSE._entries.values())
+    assert isinstance(entry, fastpath.DenseTrainEntry) and not backwards
+    fast, fast_grads = call()
+    assert backwards == [1]
+    if kw.get("return_attn_probs"):
+        torch.testing.assert_close(fast[1], full[1], rtol=0, atol=0)
+        assert fast[2] is None
+        fast, full = fast[0], full[0]
+    assert "RecordedDense" in type(fast.grad_fn).__name__
+    torch.testing.assert_close(fast, full, rtol=0, atol=0)
+    for a, b_ in zip(fast_grads, full_grads):
+        torch.testing.assert_close(a, b_, rtol=0, atol=0)
 
 
 def test_kvcache_values_are_still_checked_on_every_call():

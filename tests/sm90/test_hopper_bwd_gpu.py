@@ -340,3 +340,39 @@ def test_uncovered_backward_falls_back(monkeypatch, what):
         kw["window_size"] = (300, 0)
     _end_to_end(monkeypatch, d=256 if what.endswith("d256") else 128, **kw)
     assert calls == []
+
+
+@pytest.mark.parametrize("d,causal", [(128, False), (128, True), (64, True), (256, False)])
+def test_dense_grad_recorded_call_matches_the_full_path(d, causal, monkeypatch):
+    """A repeated dense signature that records a gradient (api/fastpath.DenseTrainEntry: the
+    forward runner and a backward runner decided once, ops.dense_recorded) gives the full
+    path's out, lse, dk and dv bit for bit and dq within its reduce-order noise, with
+    autograd's expanded dout (out.sum()) and a plain one."""
+    from flashattn.api import fastpath
+
+    set_env(monkeypatch, FLASHATTN_BACKEND="hopper")
+    torch.manual_seed(11)
+    q, k, v = (x.requires_grad_(True)
+               for x in _inputs(2, 1000, 1300, 4, 2, d, torch.bfloat16))
+
+    def run(expanded):
+        out, lse, _ = flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+        dout = (torch.ones((), dtype=out.dtype, device="cuda").expand(out.shape) if expanded
+                else torch.randn_like(out))
+        return (out, lse) + torch.autograd.grad(out, (q, k, v), dout)
+
+    for expanded in (False, True):
+        fastpath.DENSE.clear()
+        torch.manual_seed(12)
+        full = run(expanded)
+        (entry,) = (e[1] for e in fastpath.DENSE._entries.values())
+        assert isinstance(entry, fastpath.DenseTrainEntry)
+        torch.manual_seed(12)
+        fast = run(expanded)
+        assert entry._backward is not None
+        for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), fast, full):
+            if name == "dq":
+                err = (a.float() - b.float()).abs().max().item()
+                assert err <= 1e-2 * b.float().abs().max().item(), (expanded, name, err)
+            else:
+                assert torch.equal(a, b), (expanded, name)

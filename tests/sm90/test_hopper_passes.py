@@ -60,11 +60,13 @@ def test_dq_from_packed_workspace(lens, lead, tail):
     torch.testing.assert_close(dq, want, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("d,transposed", [(64, False), (96, False), (192, True)])
-def test_row_stats(d, transposed):
+@pytest.mark.parametrize("d,transposed,keys", [(64, False, None), (96, False, 37),
+                                               (192, True, 1000)])
+def test_row_stats(d, transposed, keys):
     """lse2 = lse * log2(e) (+inf where lse = -inf and on padding rows), delta = rowsum(dO * O)
     (0 where lse = -inf, even over a NaN dO row: a packed call's padding rows, and on padding
-    rows), and the dQ workspace zeroed in either layout."""
+    rows), and the dQ workspace zeroed in either layout; with ``zero`` (the packed backward)
+    dK and dV zeroed too, whatever their size against the programs' shares."""
     b, s, h, s_pad = 2, 70, 3, 128
     d_pad = 1 << (d - 1).bit_length()
     out = torch.randn(b, s, h, d, dtype=torch.bfloat16)
@@ -74,7 +76,11 @@ def test_row_stats(d, transposed):
     dout[0, 5, 1] = float("nan")
     shape = (b, h, d_pad, s_pad) if transposed else (b, h, s_pad, d_pad)
     dq_acc = torch.full(shape, float("nan"))
-    lse2, delta = row_stats(out, dout, lse, s_pad, dq_acc, transposed)
+    zero = None if keys is None else tuple(torch.full((keys, 2, d), float("nan"),
+                                                      dtype=torch.bfloat16) for _ in range(2))
+    lse2, delta = row_stats(out, dout, lse, s_pad, dq_acc, transposed, zero=zero)
+    if zero is not None:
+        assert all(torch.all(t == 0) for t in zero)
     assert lse2.shape == delta.shape == (b, h, s_pad)
     assert lse2.is_contiguous() and delta.is_contiguous()
     want_delta = (out.float() * dout.float()).sum(-1).transpose(1, 2)

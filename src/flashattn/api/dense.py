@@ -190,8 +190,8 @@ def flash_attn_func(
                                  None, deterministic, return_attn_probs, ("q", "k", "v"),
                                  record=record)
                 if record:
-                    _fast.DENSE.put(key, _fast.dense_runner(q, k, v, record[0],
-                                                            bool(return_attn_probs)))
+                    _fast.DENSE.put(key, _fast.dense_entry(q, k, v, record[0],
+                                                           bool(return_attn_probs)))
                 return res
             out, lse = run(q, k, v)
             return (out, lse, None) if return_attn_probs else out

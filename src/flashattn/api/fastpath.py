@@ -16,17 +16,16 @@ What the key holds, so that no check whose outcome could differ is skipped:
   Hopper kernels' TMA condition; Triton specialises on it);
 - the runtime settings object (``FLASHATTN_BACKEND``, ``use_backend``, ``checks``, ...),
   by identity: every change of them makes a new object;
-- no gradient is recorded (grad mode off, or no input requires grad; packed calls excepted,
-  below) and no tracer or dispatch mode is active (``ops._eager_call``'s test).
+- whether a gradient is recorded (grad mode on and an input requires grad: the entry then
+  runs its own autograd function; FP8 calls, which have no backward, take the full path), and
+  that no tracer or dispatch mode is active (``ops._eager_call``'s test).
 
 Values read from tensors are never in a key: they are checked where they always were, in the
 ops' bodies (``dispatch.kvcache``'s value checks of CPU metadata and the checked mode run on
 every call, fast or not; ``flash_attn_varlen_func`` runs its value checks of cu_seqlens /
 seqused_k on every call where they run on the full path).
 
-Calls with dropout, ALiBi, sinks, chunking, paged KV or ``out=`` take the full path. Packed
-calls (``flash_attn_varlen_func``) are eligible with inputs that require grad too: their
-recorded call has its own autograd function.
+Calls with dropout, ALiBi, sinks, chunking, paged KV or ``out=`` take the full path.
 FP8 calls have their own keys: ``flash_attn_fp8_func``, ``fp8.quantize``, and ``flash_attn_func``
 and ``flash_attn_varlen_func`` on float8_e4m3fn inputs (FlashAttention-3's descale API).
 """
@@ -85,15 +84,23 @@ class CallCache:
 DENSE = CallCache()
 
 
-def _plain_qkv(q: Any, k: Any, v: Any, window_size: Any) -> bool:
+def _records_grad(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """Whether a call on q, k, v records a gradient."""
+    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+
+
+def _plain_qkv(q: Any, k: Any, v: Any, window_size: Any, grad_ok: bool = False) -> bool:
     """The tests every dense signature starts with: plain 16/32-bit tensors (FP8 and invalid
     dtypes take their own path), ops._eager_call's test (no tracing, no dispatch mode), no
-    gradient to record, and a window_size tuple of two (its items' types are keyed)."""
+    gradient to record (unless ``grad_ok``: the signature then keys it), and a window_size
+    tuple of two (its items' types are keyed)."""
     if not (type(q) is Tensor and type(k) is Tensor and type(v) is Tensor):
         return False
-    if q.dtype not in _DTYPES or _ops._tracing():
+    # (the types are checked above: _eager_call() without tensors is its tracing test, and
+    # the op path's own condition, which the recorded calls stand in for)
+    if q.dtype not in _DTYPES or not _ops._eager_call():
         return False
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    if not grad_ok and _records_grad(q, k, v):
         return False
     return type(window_size) is tuple and len(window_size) == 2
 
@@ -103,8 +110,10 @@ def dense_key(q: Any, k: Any, v: Any, dropout_p: Any, softmax_scale: Any, causal
               return_attn_probs: Any) -> Optional[tuple]:
     """The call signature of an eligible ``flash_attn_func`` call (no dropout / ALiBi / FP8 /
     sink / chunk: the caller checks those are absent), or None (full path). Every test is
-    written out (no generator, one helper): this is a decoding step's host path."""
-    if not _plain_qkv(q, k, v, window_size):
+    written out (no generator, one helper): this is a decoding step's host path. Whether the
+    call records a gradient is part of it (such a signature's entry is a
+    :class:`DenseTrainEntry`)."""
+    if not _plain_qkv(q, k, v, window_size, grad_ok=True):
         return None
     if type(dropout_p) not in (float, int) or dropout_p != 0:
         return None
@@ -116,7 +125,38 @@ def dense_key(q: Any, k: Any, v: Any, dropout_p: Any, softmax_scale: Any, causal
         return None
     return (_tensor_key(q), _tensor_key(k), _tensor_key(v), type(softmax_scale), softmax_scale,
             type(causal), causal, type(left), left, type(right), right, type(softcap), softcap,
-            type(deterministic), deterministic, type(return_attn_probs), return_attn_probs)
+            type(deterministic), deterministic, type(return_attn_probs), return_attn_probs,
+            _records_grad(q, k, v))
+
+
+class DenseTrainEntry:
+    """A dense signature that records a gradient: dispatch's forward runner (with the LSE the
+    backward needs) and, from the signature's first backward on, its backward runner; a call
+    runs both through ``ops.dense_recorded``'s autograd function (a training step's every
+    layer repeats one signature, and the full path's checks and dispatch cost it ~100-200 µs
+    of host per call on the H100 host, session 24)."""
+
+    def __init__(self, q: Tensor, k: Tensor, v: Tensor, params: AttnParams) -> None:
+        self.params = params
+        self.forward = dense_runner(q, k, v, params, True)
+        self._backward = None
+
+    def backward(self, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
+                 lse: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        if self._backward is None:
+            self._backward = dispatch.backward_runner(q, k, v, self.params)
+        return self._backward(dout, q, k, v, out, lse)
+
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor]:
+        return _ops.dense_recorded(self, q, k, v)
+
+
+def dense_entry(q: Tensor, k: Tensor, v: Tensor, params: AttnParams, need_lse: bool):
+    """The entry of a dense signature: :func:`dense_runner`'s call, or for a call that records
+    a gradient a :class:`DenseTrainEntry`."""
+    if _records_grad(q, k, v):
+        return DenseTrainEntry(q, k, v, params)
+    return dense_runner(q, k, v, params, need_lse)
 
 
 def dense_runner(q: Tensor, k: Tensor, v: Tensor, params: AttnParams, need_lse: bool = True
@@ -513,7 +553,8 @@ def quantize_record(key: Hashable, q: Tensor, k: Tensor, v: Tensor, signs: Optio
 
 
 __all__ = ["DENSE", "FA3_FP8", "FA3_FP8_VARLEN", "FP8", "FP8_FULL_PATH", "FP8_QUANTIZED", "KVCACHE", "QUANTIZE",
-           "VARLEN", "CallCache", "dense_key", "dense_runner", "fa3_fp8_key", "fa3_fp8_record",
+           "VARLEN", "CallCache", "DenseTrainEntry", "dense_entry", "dense_key", "dense_runner",
+           "fa3_fp8_key", "fa3_fp8_record",
            "fa3_fp8_varlen_key", "fa3_fp8_varlen_record", "fp8_key",
            "fp8_record", "kvcache_args", "kvcache_entry", "kvcache_key", "quantize_key",
            "quantize_record", "quantized_key", "quantized_record", "varlen_key",

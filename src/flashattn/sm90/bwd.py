@@ -365,11 +365,12 @@ class PackedBwdCall:
         cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
         q4, dout4 = q.unsqueeze(0), dout.unsqueeze(0)
         dq_acc = dq_workspace(q4, self.seqlen_q_pad)
+        # (keys of no sequence get no tile: their gradients stay 0, set by the same pass)
+        dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+        dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
         lse2, delta = row_stats(out.unsqueeze(0), dout4, lse.contiguous().unsqueeze(0),
-                                self.seqlen_q_pad, dq_acc, transposed=self.wide)
-        # (keys of no sequence get no tile: their gradients stay 0)
-        dk = torch.zeros(k.shape, dtype=k.dtype, device=k.device)
-        dv = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
+                                self.seqlen_q_pad, dq_acc, transposed=self.wide,
+                                zero=(dk, dv))
         offsets = (cu_seqlens_q, cu_seqlens_k)
         if seqused_k is not None:
             offsets += (seqused_k.contiguous(),)

@@ -54,17 +54,7 @@ def main() -> int:
     eager = triton.testing.do_bench(fn, warmup=10, rep=60)
     if args.train:
         x[0].grad = x[1].grad = x[2].grad = None
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(50):
-            fwd()
-        fwd_host = (time.perf_counter() - t0) / 50 * 1e3
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(50):
-            fn()
-        host = (time.perf_counter() - t0) / 50 * 1e3
-        torch.cuda.synchronize()
+        fwd_host, host = _host_ms(fwd), _host_ms(fn)
         print(f"train mean {args.mean} causal={int(args.causal)} ({len(lengths)} seqs): eager "
               f"fwd+bwd {eager:.3f} ms, host: fwd (grad recorded) {fwd_host:.3f} ms/call, "
               f"fwd+bwd {host:.3f} ms/step")
@@ -79,17 +69,23 @@ def main() -> int:
     with torch.cuda.graph(graph):
         fn()
     gpu = triton.testing.do_bench(graph.replay, warmup=10, rep=60)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(50):
-        fn()
-    host = (time.perf_counter() - t0) / 50 * 1e3
-    torch.cuda.synchronize()
+    host = _host_ms(fn)
     print(f"{'bf16' if args.bf16 else 'fp8'} mean {args.mean} causal={int(args.causal)} "
           f"({len(lengths)} seqs): eager {eager:.3f} ms, graph replay {gpu:.3f} ms, "
           f"host {host:.3f} ms/call")
     _profile(fn, args)
     return 0
+
+
+def _host_ms(fn, calls: int = 50) -> float:
+    """Host time per call, ms: ``calls`` calls enqueued with no synchronise between them."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = (time.perf_counter() - t0) / calls * 1e3
+    torch.cuda.synchronize()
+    return host
 
 
 def _profile(fn, args) -> None:

@@ -190,30 +190,26 @@ def varlen_key(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max
     the maxima as ints. Inputs that require grad are eligible: the recorded call runs through
     ``ops.varlen_recorded``'s autograd function (a packed training step's every layer repeats
     one signature)."""
-    if not (type(q) is Tensor and type(k) is Tensor and type(v) is Tensor
-            and type(cu_seqlens_q) is Tensor and type(cu_seqlens_k) is Tensor):
+    dense = dense_key(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                      deterministic, return_attn_probs)
+    packed = _packed_key(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k)
+    return None if dense is None or packed is None else dense + packed
+
+
+def _packed_key(cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: Any, max_seqlen_k: Any,
+                seqused_k: Any) -> Optional[tuple]:
+    """The packed part of a varlen signature: the offsets and seqused_k keyed as tensors (their
+    values are read by the kernels, or checked on every call where they are checkable), the
+    maxima as ints; None (full path) for other types, or a tensor subclass (ops._eager_call's
+    test)."""
+    if type(cu_seqlens_q) is not Tensor or type(cu_seqlens_k) is not Tensor:
         return None
-    # ops._eager_call's test, as the op path takes it (plain tensors, no tracing, no dispatch
-    # mode): the recorded call runs the op's bodies without its dispatch
-    if not _ops._eager_call(seqused_k) or q.dtype not in _DTYPES:
+    if not _ops._eager_call(seqused_k):
         return None
     if type(max_seqlen_q) is not int or type(max_seqlen_k) is not int:
         return None
-    if type(dropout_p) not in (float, int) or dropout_p != 0:
-        return None
-    if type(window_size) is not tuple or len(window_size) != 2:
-        return None
-    left, right = window_size
-    if not (type(softmax_scale) in _SCALARS and type(causal) in _SCALARS
-            and type(softcap) in _SCALARS and type(deterministic) in _SCALARS
-            and type(return_attn_probs) in _SCALARS and type(left) in _SCALARS
-            and type(right) in _SCALARS):
-        return None
-    return (_tensor_key(q), _tensor_key(k), _tensor_key(v), _tensor_key(cu_seqlens_q),
-            _tensor_key(cu_seqlens_k), None if seqused_k is None else _tensor_key(seqused_k),
-            max_seqlen_q, max_seqlen_k, type(softmax_scale), softmax_scale, type(causal), causal,
-            type(left), left, type(right), right, type(softcap), softcap, type(deterministic),
-            deterministic, type(return_attn_probs), return_attn_probs)
+    return (_tensor_key(cu_seqlens_q), _tensor_key(cu_seqlens_k),
+            None if seqused_k is None else _tensor_key(seqused_k), max_seqlen_q, max_seqlen_k)
 
 
 def varlen_record(key: Hashable, q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
@@ -452,25 +448,11 @@ def fa3_fp8_varlen_key(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: 
     block_table, sink, seqused_q or chunk: the caller checks), or None (full path): as
     :func:`fa3_fp8_key`, with the offsets, seqused_k and the maxima keyed as in
     :func:`varlen_key`."""
-    if not _plain_fp8_qkv(q, k, v) or alibi_slopes is not None:
-        return None
-    if type(cu_seqlens_q) is not Tensor or type(cu_seqlens_k) is not Tensor:
-        return None
-    if not _ops._eager_call(seqused_k):
-        return None
-    if type(max_seqlen_q) is not int or type(max_seqlen_k) is not int:
-        return None
-    if type(dropout_p) not in (float, int) or dropout_p != 0 or return_attn_probs is not False:
-        return None
-    descales = (_descale_key(q_descale), _descale_key(k_descale), _descale_key(v_descale))
-    if False in descales:
-        return None
-    scalars = _fp8_scalars(softmax_scale, causal, window_size, softcap, out_dtype, False)
-    if scalars is None:
-        return None
-    return (_tensor_key(q), _tensor_key(k), _tensor_key(v), _tensor_key(cu_seqlens_q),
-            _tensor_key(cu_seqlens_k), None if seqused_k is None else _tensor_key(seqused_k),
-            max_seqlen_q, max_seqlen_k, descales, scalars)
+    dense = fa3_fp8_key(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                        alibi_slopes, return_attn_probs, q_descale, k_descale, v_descale,
+                        out_dtype, False)
+    packed = _packed_key(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k)
+    return None if dense is None or packed is None else dense + packed
 
 
 def fa3_fp8_varlen_record(key: Hashable, q: Tensor, k: Tensor, v: Tensor,

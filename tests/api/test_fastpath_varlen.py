@@ -258,3 +258,22 @@ def test_fp8_cpu_calls_keep_taking_the_full_path():
     with pytest.raises(ValueError, match="k_descale"):
         flashattn.flash_attn_varlen_func(q8, k8, v8, cu, cu, m, m, causal=True,
                                          k_descale=-kd)
+
+
+def test_packed_qkv_variants_are_recorded_too():
+    """flash_attn_varlen_qkvpacked_func / _kvpacked_func: views of one tensor, recorded like
+    the plain call; the packed gradient equals the full path's."""
+    q, k, v, cu, m = _packed(h=4, h_k=4)
+    qkv = torch.stack([q, k, v], dim=1).requires_grad_(True)
+    kv = torch.stack([k, v], dim=1).requires_grad_(True)
+    qg = q.clone().requires_grad_(True)
+    results = []
+    for _ in range(2):
+        out1 = flashattn.flash_attn_varlen_qkvpacked_func(qkv, cu, m, causal=True)
+        out2 = flashattn.flash_attn_varlen_kvpacked_func(qg, kv, cu, cu, m, m, softcap=3.0)
+        grads = torch.autograd.grad(out1.sum() + (out2 * out2).sum(), (qkv, qg, kv))
+        results.append((out1, out2) + grads)
+    assert len(fastpath.VARLEN._entries) == 2
+    assert "RecordedVarlen" in type(results[1][0].grad_fn).__name__
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

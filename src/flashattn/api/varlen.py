@@ -181,6 +181,43 @@ def _varlen_attention(
     return out
 
 
+_NO_SIGNATURE = object()
+
+
+def _recorded(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+              max_seqlen_q: int, max_seqlen_k: int, dropout_p: float,
+              softmax_scale: Optional[float], causal: bool, window_size: Sequence[int],
+              softcap: float, deterministic: bool, return_attn_probs: bool,
+              seqused_k: Optional[Tensor], names: Tuple[str, str, str],
+              cu_names: Tuple[str, str] = ("cu_seqlens_q", "cu_seqlens_k"),
+              max_names: Tuple[str, str] = ("max_seqlen_q", "max_seqlen_k")) -> AttnOutput:
+    """A packed call without ALiBi, block_table, sink, seqused_q, chunk or descales (the caller
+    checks): a repeated call signature skips the checks and dispatch (api/fastpath.VARLEN;
+    every layer of a packed training step, or of a serving loop's step, repeats one), its
+    first call runs the full path and records it. :data:`_NO_SIGNATURE` for a call that has
+    none (dropout, FP8, other types: the caller takes the full path)."""
+    key = _fast.varlen_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           dropout_p, softmax_scale, causal, window_size, softcap,
+                           deterministic, return_attn_probs, seqused_k)
+    if key is None:
+        return _NO_SIGNATURE
+    runner = _fast.VARLEN.get(key)
+    if runner is None:
+        record: list = []
+        res = _varlen_attention(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+            softmax_scale, causal, window_size, softcap, None, deterministic, return_attn_probs,
+            None, seqused_k, names, cu_names, max_names, record=record)
+        if record:
+            _fast.varlen_record(key, q, k, v, cu_seqlens_q, seqused_k, max_seqlen_q,
+                                max_seqlen_k, record[0])
+        return res
+    check_values(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, q.shape[0],
+                 k.shape[0])
+    out, lse = _ops.varlen_recorded(runner, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
+    return (out, lse, None) if return_attn_probs else out
+
+
 # ---------------------------------------------------------------------------------------------
 # Public API
 # ---------------------------------------------------------------------------------------------
@@ -253,28 +290,11 @@ def flash_attn_varlen_func(
             and seqused_q is None and type(attention_chunk) is int and attention_chunk == 0
             and q_descale is None and k_descale is None and v_descale is None
             and out_dtype is None):
-        # a repeated call signature skips the checks and dispatch (api/fastpath.py): every
-        # layer of a packed training step, or of a serving loop's step, repeats one
-        key = _fast.varlen_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                               dropout_p, softmax_scale, causal, window_size, softcap,
-                               deterministic, return_attn_probs, seqused_k)
-        if key is not None:
-            runner = _fast.VARLEN.get(key)
-            if runner is None:
-                record: list = []
-                res = _varlen_attention(
-                    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
-                    softmax_scale, causal, window_size, softcap, None, deterministic,
-                    return_attn_probs, None, seqused_k, ("q", "k", "v"), record=record)
-                if record:
-                    _fast.varlen_record(key, q, k, v, cu_seqlens_q, seqused_k, max_seqlen_q,
-                                        max_seqlen_k, record[0])
-                return res
-            check_values(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-                         q.shape[0], k.shape[0])
-            out, lse = _ops.varlen_recorded(runner, q, k, v, cu_seqlens_q, cu_seqlens_k,
-                                            seqused_k)
-            return (out, lse, None) if return_attn_probs else out
+        res = _recorded(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                        dropout_p, softmax_scale, causal, window_size, softcap, deterministic,
+                        return_attn_probs, seqused_k, ("q", "k", "v"))
+        if res is not _NO_SIGNATURE:
+            return res
     if (block_table is None and learnable_sink is None and seqused_q is None
             and type(attention_chunk) is int and attention_chunk == 0):
         # FP8 inputs (FA3's descale API): the same, through dispatch.Fp8VarlenCall
@@ -374,6 +394,14 @@ def flash_attn_varlen_qkvpacked_func(
             f"qkv must have shape (total, 3, nheads, headdim) with size 3 in dim 1, got shape "
             f"{tuple(qkv.shape)}")
     q, k, v = qkv.unbind(dim=1)  # views: autograd assembles dqkv
+    names = ("qkv[:, 0]", "qkv[:, 1]", "qkv[:, 2]")
+    if alibi_slopes is None:
+        res = _recorded(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p,
+                        softmax_scale, causal, window_size, softcap, deterministic,
+                        return_attn_probs, None, names, ("cu_seqlens", "cu_seqlens"),
+                        ("max_seqlen", "max_seqlen"))
+        if res is not _NO_SIGNATURE:
+            return res
     return _varlen_attention(
         q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, softmax_scale,
         causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs, None,
@@ -418,6 +446,12 @@ def flash_attn_varlen_kvpacked_func(
             f"kv must have shape (total_k, 2, nheads_k, headdim) with size 2 in dim 1, got "
             f"shape {tuple(kv.shape)}")
     k, v = kv.unbind(dim=1)
+    if alibi_slopes is None:
+        res = _recorded(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                        dropout_p, softmax_scale, causal, window_size, softcap, deterministic,
+                        return_attn_probs, None, ("q", "kv[:, 0]", "kv[:, 1]"))
+        if res is not _NO_SIGNATURE:
+            return res
     return _varlen_attention(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
         softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,

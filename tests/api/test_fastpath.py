@@ -641,3 +641,23 @@ def test_block_table_recorded_call_reads_the_tables_in_place(monkeypatch):
     (addrs,), = fwd.replayed
     assert addrs[6:8] == (qd.data_ptr(), kd.data_ptr())
     assert addrs[8] == scales.v_descale.data_ptr() and torch.equal(scales.v_descale, vd2)
+
+
+def test_dense_packed_variants_are_recorded_too():
+    """flash_attn_qkvpacked_func / flash_attn_kvpacked_func: views of one tensor, recorded like
+    flash_attn_func (with a gradient to record too); the packed gradient equals the full
+    path's."""
+    gen = torch.Generator().manual_seed(4)
+    qkv = torch.randn(2, 9, 3, 4, 16, generator=gen, requires_grad=True)
+    q = torch.randn(2, 7, 4, 16, generator=gen, requires_grad=True)
+    kv = torch.randn(2, 9, 2, 2, 16, generator=gen, requires_grad=True)
+    results = []
+    for _ in range(2):
+        out1 = flashattn.flash_attn_qkvpacked_func(qkv, causal=True)
+        out2 = flashattn.flash_attn_kvpacked_func(q, kv, window_size=(2, 1))
+        grads = torch.autograd.grad(out1.sum() + (out2 * out2).sum(), (qkv, q, kv))
+        results.append((out1, out2) + grads)
+    assert len(fastpath.DENSE._entries) == 2
+    assert "RecordedDense" in type(results[1][0].grad_fn).__name__
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -106,6 +106,33 @@ def _attention(
 # ---------------------------------------------------------------------------------------------
 # Public API
 # ---------------------------------------------------------------------------------------------
+_NO_SIGNATURE = object()
+
+
+def _recorded(q: Tensor, k: Tensor, v: Tensor, dropout_p: float, softmax_scale: Optional[float],
+              causal: bool, window_size: Sequence[int], softcap: float, deterministic: bool,
+              return_attn_probs: bool, names: Tuple[str, str, str]) -> AttnOutput:
+    """A dense call without ALiBi, sink, chunk or descales (the caller checks): a repeated call
+    signature skips the checks and dispatch (api/fastpath.py; with a gradient to record too:
+    fastpath.DenseTrainEntry), its first call runs the full path and records it.
+    :data:`_NO_SIGNATURE` for a call that has none (dropout, FP8, other types: the caller
+    takes the full path)."""
+    key = _fast.dense_key(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                          deterministic, return_attn_probs)
+    if key is None:
+        return _NO_SIGNATURE
+    run = _fast.DENSE.get(key)
+    if run is None:
+        record: list = []
+        res = _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, None,
+                         deterministic, return_attn_probs, names, record=record)
+        if record:
+            _fast.DENSE.put(key, _fast.dense_entry(q, k, v, record[0], bool(return_attn_probs)))
+        return res
+    out, lse = run(q, k, v)
+    return (out, lse, None) if return_attn_probs else out
+
+
 @_out.writes_out(_out.like_q("q", "v", 4, 4, "out_dtype"))
 def flash_attn_func(
     q: Tensor,
@@ -179,22 +206,10 @@ def flash_attn_func(
             and attention_chunk == 0
             and q_descale is None and k_descale is None and v_descale is None
             and out_dtype is None):
-        # a repeated call signature skips the checks and dispatch (api/fastpath.py)
-        key = _fast.dense_key(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
-                              deterministic, return_attn_probs)
-        if key is not None:
-            run = _fast.DENSE.get(key)
-            if run is None:
-                record: list = []
-                res = _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
-                                 None, deterministic, return_attn_probs, ("q", "k", "v"),
-                                 record=record)
-                if record:
-                    _fast.DENSE.put(key, _fast.dense_entry(q, k, v, record[0],
-                                                           bool(return_attn_probs)))
-                return res
-            out, lse = run(q, k, v)
-            return (out, lse, None) if return_attn_probs else out
+        res = _recorded(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                        deterministic, return_attn_probs, ("q", "k", "v"))
+        if res is not _NO_SIGNATURE:
+            return res
     fp8 = _fp8.is_fp8(q, k, v)
     _fp8.check_descales_need_fp8(fp8, (q_descale, k_descale, v_descale), out_dtype)
     if fp8 and learnable_sink is not None:
@@ -258,9 +273,15 @@ def flash_attn_qkvpacked_func(
     """
     _v.check_qkvpacked(qkv)
     q, k, v = qkv.unbind(dim=2)  # views: autograd assembles dqkv
+    names = ("qkv[:, :, 0]", "qkv[:, :, 1]", "qkv[:, :, 2]")
+    if alibi_slopes is None:
+        res = _recorded(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                        deterministic, return_attn_probs, names)
+        if res is not _NO_SIGNATURE:
+            return res
     return _attention(
         q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-        deterministic, return_attn_probs, ("qkv[:, :, 0]", "qkv[:, :, 1]", "qkv[:, :, 2]"),
+        deterministic, return_attn_probs, names,
     )
 
 
@@ -312,9 +333,15 @@ def flash_attn_kvpacked_func(
     _v.check_tensor(q, "q", 4, "(batch, seqlen_q, nheads, headdim)")
     _v.check_kvpacked(kv)
     k, v = kv.unbind(dim=2)
+    names = ("q", "kv[:, :, 0]", "kv[:, :, 1]")
+    if alibi_slopes is None:
+        res = _recorded(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                        deterministic, return_attn_probs, names)
+        if res is not _NO_SIGNATURE:
+            return res
     return _attention(
         q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-        deterministic, return_attn_probs, ("q", "kv[:, :, 0]", "kv[:, :, 1]"),
+        deterministic, return_attn_probs, names,
     )
 
 

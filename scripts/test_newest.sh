@@ -2,7 +2,8 @@
 # CI: a slice of the CPU suite on the newest stack: torch 2.13 (the venv's, CPU) with the newest
 # Triton release and the numpy it brings forward (2.4), laid over the venv with PYTHONPATH.
 # The slice touches every feature once (dense / varlen / KV cache / FP8 / combine / compile /
-# the ops layer / the CPU path) through the interpreted kernels; the full suite runs on the
+# the ops layer / the recorded calls' autograd functions / the Hopper path's Triton passes /
+# the CPU path) through the interpreted kernels; the full suite runs on the
 # pinned stack (scripts/test.sh). Triton comes from .aot-triton/<version> (installed by
 # tools/aot_versions.py, or here).
 #   bash scripts/test_newest.sh [pytest args]
@@ -21,4 +22,5 @@ export TRITON_INTERPRET=1
 "$PY" -m pytest -n "${PYTEST_WORKERS:-2}" -q -m "not gpu" -p no:cacheprovider \
     tests/api/test_api.py tests/api/test_attention.py tests/api/test_varlen.py \
     tests/api/test_kvcache.py tests/api/test_combine.py tests/api/test_fp8_attention.py \
-    tests/api/test_compile.py tests/internals/test_ops.py tests/cpu "$@"
+    tests/api/test_compile.py tests/internals/test_ops.py tests/api/test_fastpath_varlen.py \
+    tests/sm90/test_hopper_passes.py tests/cpu "$@"

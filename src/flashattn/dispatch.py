@@ -1222,12 +1222,11 @@ def fp8_varlen_runner(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
     them, None elsewhere (the full path on every call)."""
     n_seqs = cu_seqlens_q.shape[0] - 1
     call = Fp8VarlenCall(q8, k8, n_seqs, descales)
-    if not _fp8_varlen_on_hopper(q8, k8, v8, n_seqs, params, call.scales(*descales),
-                                 out_dtype):
+    scales = call.scales(*descales)
+    if not _fp8_varlen_on_hopper(q8, k8, v8, n_seqs, params, scales, out_dtype):
         return None
     call.packed = backend("hopper").fp8_varlen_call(
-        q8, k8, v8, n_seqs, seqused_k is not None, max_seqlen_k, call.scales(*descales), params,
-        out_dtype)
+        q8, k8, v8, n_seqs, seqused_k is not None, max_seqlen_k, scales, params, out_dtype)
     return call
 
 
@@ -1253,10 +1252,14 @@ class Fp8VarlenCall:
                v_descale: Optional[torch.Tensor]) -> Fp8Scales:
         """The kernel's tables for FA3's descales: q's repeated for each query head of its
         group, every table (b, heads, 1) contiguous, one block per sequence."""
-        qd, kd, vd = (ones if x is None else x.unsqueeze(-1).contiguous()
-                      for ones, x in zip(self._ones, (q_descale, k_descale, v_descale)))
-        if q_descale is not None and self.group > 1:
+        if q_descale is None:
+            qd = self._ones[0]
+        elif self.group > 1:
             qd = q_descale.repeat_interleave(self.group, dim=1).unsqueeze(-1)
+        else:
+            qd = q_descale.unsqueeze(-1).contiguous()
+        kd, vd = (ones if x is None else x.unsqueeze(-1).contiguous()
+                  for ones, x in zip(self._ones[1:], (k_descale, v_descale)))
         return Fp8Scales(qd, kd, vd, ONE_BLOCK_SHIFT, ONE_BLOCK_SHIFT)
 
     def __call__(self, q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,

@@ -228,6 +228,21 @@ def flash_attn_func(
     )
 
 
+def _packed_variant(q: Tensor, k: Tensor, v: Tensor, dropout_p: float,
+                    softmax_scale: Optional[float], causal: bool, window_size: Sequence[int],
+                    softcap: float, alibi_slopes: Optional[Tensor], deterministic: bool,
+                    return_attn_probs: bool, names: Tuple[str, str, str]) -> AttnOutput:
+    """The qkv- / kv-packed functions' call on their views: the recorded call of a repeated
+    signature (:func:`_recorded`), else the full path."""
+    if alibi_slopes is None:
+        res = _recorded(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                        deterministic, return_attn_probs, names)
+        if res is not _NO_SIGNATURE:
+            return res
+    return _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                      alibi_slopes, deterministic, return_attn_probs, names)
+
+
 @_out.writes_out(_out.packed_qkv("qkv", 2))
 def flash_attn_qkvpacked_func(
     qkv: Tensor,
@@ -273,16 +288,8 @@ def flash_attn_qkvpacked_func(
     """
     _v.check_qkvpacked(qkv)
     q, k, v = qkv.unbind(dim=2)  # views: autograd assembles dqkv
-    names = ("qkv[:, :, 0]", "qkv[:, :, 1]", "qkv[:, :, 2]")
-    if alibi_slopes is None:
-        res = _recorded(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
-                        deterministic, return_attn_probs, names)
-        if res is not _NO_SIGNATURE:
-            return res
-    return _attention(
-        q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-        deterministic, return_attn_probs, names,
-    )
+    return _packed_variant(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                           alibi_slopes, deterministic, return_attn_probs, ("qkv[:, :, 0]", "qkv[:, :, 1]", "qkv[:, :, 2]"))
 
 
 @_out.writes_out(_out.like_q("q", "kv", 5, 4))
@@ -333,16 +340,8 @@ def flash_attn_kvpacked_func(
     _v.check_tensor(q, "q", 4, "(batch, seqlen_q, nheads, headdim)")
     _v.check_kvpacked(kv)
     k, v = kv.unbind(dim=2)
-    names = ("q", "kv[:, :, 0]", "kv[:, :, 1]")
-    if alibi_slopes is None:
-        res = _recorded(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
-                        deterministic, return_attn_probs, names)
-        if res is not _NO_SIGNATURE:
-            return res
-    return _attention(
-        q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-        deterministic, return_attn_probs, names,
-    )
+    return _packed_variant(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                           alibi_slopes, deterministic, return_attn_probs, ("q", "kv[:, :, 0]", "kv[:, :, 1]"))
 
 
 __all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func"]

@@ -218,6 +218,29 @@ def _recorded(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_
     return (out, lse, None) if return_attn_probs else out
 
 
+def _packed_variant(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
+                    cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                    dropout_p: float, softmax_scale: Optional[float], causal: bool,
+                    window_size: Sequence[int], softcap: float,
+                    alibi_slopes: Optional[Tensor], deterministic: bool,
+                    return_attn_probs: bool, names: Tuple[str, str, str],
+                    cu_names: Tuple[str, str] = ("cu_seqlens_q", "cu_seqlens_k"),
+                    max_names: Tuple[str, str] = ("max_seqlen_q", "max_seqlen_k")
+                    ) -> AttnOutput:
+    """The qkv- / kv-packed varlen functions' call on their views: the recorded call of a
+    repeated signature (:func:`_recorded`), else the full path."""
+    if alibi_slopes is None:
+        res = _recorded(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                        dropout_p, softmax_scale, causal, window_size, softcap, deterministic,
+                        return_attn_probs, None, names, cu_names, max_names)
+        if res is not _NO_SIGNATURE:
+            return res
+    return _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                             dropout_p, softmax_scale, causal, window_size, softcap,
+                             alibi_slopes, deterministic, return_attn_probs, None, None, names,
+                             cu_names, max_names)
+
+
 # ---------------------------------------------------------------------------------------------
 # Public API
 # ---------------------------------------------------------------------------------------------
@@ -394,20 +417,11 @@ def flash_attn_varlen_qkvpacked_func(
             f"qkv must have shape (total, 3, nheads, headdim) with size 3 in dim 1, got shape "
             f"{tuple(qkv.shape)}")
     q, k, v = qkv.unbind(dim=1)  # views: autograd assembles dqkv
-    names = ("qkv[:, 0]", "qkv[:, 1]", "qkv[:, 2]")
-    if alibi_slopes is None:
-        res = _recorded(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p,
-                        softmax_scale, causal, window_size, softcap, deterministic,
-                        return_attn_probs, None, names, ("cu_seqlens", "cu_seqlens"),
-                        ("max_seqlen", "max_seqlen"))
-        if res is not _NO_SIGNATURE:
-            return res
-    return _varlen_attention(
-        q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, softmax_scale,
-        causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs, None,
-        None, ("qkv[:, 0]", "qkv[:, 1]", "qkv[:, 2]"), ("cu_seqlens", "cu_seqlens"),
-        ("max_seqlen", "max_seqlen"),
-    )
+    return _packed_variant(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p,
+                           softmax_scale, causal, window_size, softcap, alibi_slopes,
+                           deterministic, return_attn_probs,
+                           ("qkv[:, 0]", "qkv[:, 1]", "qkv[:, 2]"),
+                           ("cu_seqlens", "cu_seqlens"), ("max_seqlen", "max_seqlen"))
 
 
 flash_attn_varlen_qkvpacked_func.__doc__ = """Packed self-attention over variable-length sequences.
@@ -446,17 +460,9 @@ def flash_attn_varlen_kvpacked_func(
             f"kv must have shape (total_k, 2, nheads_k, headdim) with size 2 in dim 1, got "
             f"shape {tuple(kv.shape)}")
     k, v = kv.unbind(dim=1)
-    if alibi_slopes is None:
-        res = _recorded(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                        dropout_p, softmax_scale, causal, window_size, softcap, deterministic,
-                        return_attn_probs, None, ("q", "kv[:, 0]", "kv[:, 1]"))
-        if res is not _NO_SIGNATURE:
-            return res
-    return _varlen_attention(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
-        softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-        return_attn_probs, None, None, ("q", "kv[:, 0]", "kv[:, 1]"),
-    )
+    return _packed_variant(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                           deterministic, return_attn_probs, ("q", "kv[:, 0]", "kv[:, 1]"))
 
 
 flash_attn_varlen_kvpacked_func.__doc__ = """Variable-length attention, k and v packed in one tensor.

@@ -75,12 +75,10 @@ def fp8_varlen_call(q8: Tensor, k8: Tensor, v8: Tensor, n_seqs: int, seqused: bo
     """:func:`fp8_varlen_fwd` for one call signature, made once: ``call(q8, k8, v8,
     cu_seqlens_q, cu_seqlens_k, seqused_k, scales) -> (out, lse)`` for later tensors of the
     same shapes, strides and dtypes, and descale tables shaped as ``scales``'."""
-    fp8 = _fwd.PackedFp8(out_dtype, max_seqlen_k, tuple(scales.q_descale.shape),
-                         tuple(scales.k_descale.shape), scales.q_block_shift,
-                         scales.kv_block_shift)
-    return _fwd.PackedFwdCall(q8, k8, v8, n_seqs, seqused, softmax_scale=p.softmax_scale,
-                              window_left=p.window_left, window_right=p.window_right,
-                              softcap=p.softcap, fp8=fp8)
+    return _fwd.PackedFwdCall.fp8_call(q8, k8, v8, n_seqs, seqused, max_seqlen_k, scales,
+                                       out_dtype, softmax_scale=p.softmax_scale,
+                                       window_left=p.window_left,
+                                       window_right=p.window_right, softcap=p.softcap)
 
 
 def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, p: AttnParams):

@@ -15,6 +15,9 @@ import torch
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from flashattn.sm90.bwd_postprocess import (DQT_SEQ_ALIGN, dq_from_packed_workspace,
+                                            dq_from_workspace, packed_dq_t_columns)
+from flashattn.sm90.bwd_preprocess import row_stats
 from flashattn.sm90.config import BwdConfig, bwd_config, ordered_dq_unsupported
 from flashattn.sm90.descriptors import (LOG2E, heads_per_group, nvmma_layout, padded_head_dim,
                                        tensor_desc)
@@ -205,8 +208,6 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
             raise ValueError("bwd_wide_kernel has no persistent schedule (persistent=False)")
         if not (cfg.dq_tma and cfg.dq_async):
             raise ValueError("bwd_wide_kernel adds dQ one way: dq_tma=True, dq_async=True")
-        from flashattn.sm90.bwd_postprocess import DQT_SEQ_ALIGN
-
         constexprs.update(PIPELINE=cfg.pipeline, VARLEN=cu_seqlens is not None,
                           DQ_SEQ_ALIGN=DQT_SEQ_ALIGN)
     else:
@@ -244,9 +245,6 @@ def flash_bwd_hopper(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     if alibi_slopes is not None or dropout_p:
         raise ValueError("flash_bwd_hopper: alibi and dropout are not covered; dispatch sends "
                          "those calls to the portable kernels")
-    from flashattn.sm90.bwd_postprocess import dq_from_workspace
-    from flashattn.sm90.bwd_preprocess import row_stats
-
     batch, seqlen_q, n_heads, head_dim = q.shape
     overrides = dict(config_overrides or {})
     deterministic = bool(overrides.pop("deterministic", False)) or deterministic
@@ -323,8 +321,6 @@ class PackedBwdCall:
         # the wide kernel's dQ^T columns start each sequence on a 16-byte boundary
         # (bwd_postprocess)
         if self.wide:
-            from flashattn.sm90.bwd_postprocess import packed_dq_t_columns
-
             self.seqlen_q_pad = packed_dq_t_columns(total_q, n_seqs, block_m)
         else:
             self.seqlen_q_pad = cdiv(total_q, block_m) * block_m + block_m
@@ -357,9 +353,6 @@ class PackedBwdCall:
              cu_seqlens_k: torch.Tensor, seqused_k: Optional[torch.Tensor]
              ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """:meth:`__call__` with dout TMA-ready, of this call object's strides."""
-        from flashattn.sm90.bwd_postprocess import dq_from_packed_workspace, dq_from_workspace
-        from flashattn.sm90.bwd_preprocess import row_stats
-
         if out.stride(-1) != 1:
             out = out.contiguous()
         cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()

@@ -266,6 +266,18 @@ class PackedFwdCall:
         self.plans = _PACKED_PLANS[(fp8 is not None, seqused)]
         self.plan = None  # the recorded launch, replayed directly on later calls
 
+    @classmethod
+    def fp8_call(cls, q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, n_seqs: int,
+                 seqused: bool, max_seqlen_k: int, scales: Fp8Scales, out_dtype: torch.dtype,
+                 **params: Any) -> "PackedFwdCall":
+        """The FP8 signature's call (:func:`flash_fwd_hopper_fp8_varlen`), descale tables
+        shaped as ``scales``'; ``params``: softmax_scale, window_left, window_right, softcap
+        (config_overrides)."""
+        fp8 = PackedFp8(out_dtype, max_seqlen_k, tuple(scales.q_descale.shape),
+                        tuple(scales.k_descale.shape), scales.q_block_shift,
+                        scales.kv_block_shift)
+        return cls(q8, k8, v8, n_seqs, seqused, fp8=fp8, **params)
+
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
                  seqused_k: Optional[torch.Tensor] = None,
@@ -398,12 +410,10 @@ def flash_fwd_hopper_fp8_varlen(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Te
     varlen convention, ops.fp8_varlen_fwd). Returns out (total_q, h,
     d_v) in ``out_dtype`` (0 on rows outside every sequence), lse float32 (h, total_q).
     """
-    fp8 = PackedFp8(out_dtype, max_seqlen_k, tuple(scales.q_descale.shape),
-                    tuple(scales.k_descale.shape), scales.q_block_shift, scales.kv_block_shift)
-    call = PackedFwdCall(q8, k8, v8, cu_seqlens_q.shape[0] - 1, seqused_k is not None,
-                         softmax_scale=softmax_scale, window_left=window_left,
-                         window_right=window_right, softcap=softcap,
-                         config_overrides=config_overrides, fp8=fp8)
+    call = PackedFwdCall.fp8_call(q8, k8, v8, cu_seqlens_q.shape[0] - 1, seqused_k is not None,
+                                  max_seqlen_k, scales, out_dtype, softmax_scale=softmax_scale,
+                                  window_left=window_left, window_right=window_right,
+                                  softcap=softcap, config_overrides=config_overrides)
     return call(q8, k8, v8, cu_seqlens_q, cu_seqlens_k, seqused_k, scales)
 
 

@@ -355,15 +355,21 @@ def _degenerate_fwd(
 SMALL_QUERY_MAX = 16
 
 
-def _small_query(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: AttnParams,
-                 return_softmax: bool) -> bool:
-    """Whether this dense forward runs the decode kernel (same out / lse contract, so either
-    backward serves it): few query rows, no dropout / S_dmask, on the Triton device backend,
-    not forced to the Hopper kernels."""
-    if (q.shape[1] > SMALL_QUERY_MAX or return_softmax or params.dropout_p > 0.0
+def _small_query_allowed(q: torch.Tensor, rows: int, params: AttnParams,
+                         return_softmax: bool) -> bool:
+    """Whether a forward with at most ``rows`` query rows per sequence runs the decode kernel
+    (same out / lse contract, so either backward serves it): few query rows, no dropout /
+    S_dmask, on the Triton device backend, not forced to the Hopper kernels."""
+    if (rows > SMALL_QUERY_MAX or return_softmax or params.dropout_p > 0.0
             or not env.settings().small_query):
         return False
     return requested_backend() in ("auto", "portable") and backend_for(q) == "portable"
+
+
+def _small_query(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: AttnParams,
+                 return_softmax: bool) -> bool:
+    """Whether this dense forward runs the decode kernel (:func:`_small_query_allowed`)."""
+    return _small_query_allowed(q, q.shape[1], params, return_softmax)
 
 
 def _one_row_right_edge(params: AttnParams, s_q: int) -> AttnParams:
@@ -407,6 +413,61 @@ def _small_query_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """The dense forward through the decode kernel (see _small_query_runner)."""
     out, lse = _small_query_runner(q, k, v, params)(q, k, v)
     return out, lse, None
+
+
+def _small_query_varlen(q: torch.Tensor, n_seqs: int, max_seqlen_q: int, params: AttnParams,
+                        return_softmax: bool = False) -> bool:
+    """Whether this packed forward runs the decode kernel: at most SMALL_QUERY_MAX query rows
+    per sequence (a decoding step of a packed batch, speculative verification), under the dense
+    rule (:func:`_small_query_allowed`), and at least one sequence."""
+    return n_seqs >= 1 and _small_query_allowed(q, max_seqlen_q, params, return_softmax)
+
+
+def _packed_keys_as_cache(k: torch.Tensor, v: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                          seqused_k: Optional[torch.Tensor]):
+    """Packed keys (total_k, h_k, d) as the decode kernel's cache: ``(k_cache, v_cache,
+    starts, ends)``, one cache row (total_k, h_k, d) that every sequence shares (batch stride
+    0, nothing copied), sequence b's keys at cache positions ``[starts[b], ends[b])``: its
+    ``cu_seqlens_k`` slot, ``seqused_k[b]`` of them when given. The kernel takes the start as
+    its left pad (``cache_leftpad``), so masks and ALiBi count from the sequence's first key,
+    and clamps both bounds to the rows of k (no value reads outside it)."""
+    n_seqs = cu_seqlens_k.shape[0] - 1
+    # (the decode kernel reads its length vectors with unit stride)
+    cu_seqlens_k = _unit_stride(cu_seqlens_k)
+    k_cache = k.unsqueeze(0).expand(n_seqs, -1, -1, -1)
+    v_cache = v.unsqueeze(0).expand(n_seqs, -1, -1, -1)
+    starts = cu_seqlens_k[:-1]
+    ends = cu_seqlens_k[1:] if seqused_k is None else starts + seqused_k
+    return k_cache, v_cache, starts, ends
+
+
+def _unit_stride(lengths: torch.Tensor) -> torch.Tensor:
+    """A (n,) length vector as the decode kernel reads it: unit stride (a copy otherwise)."""
+    return lengths if lengths.stride(0) == 1 else lengths.contiguous()
+
+
+def _small_query_varlen_runner(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                               cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                               seqused_k: Optional[torch.Tensor], max_seqlen_q: int,
+                               max_seqlen_k: int, params: AttnParams):
+    """The packed forward through the decode kernel (split-KV, the GQA group packed into the
+    query rows), as a call ``run(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k) -> (out
+    (total_q, h, d_v), lse float32 (h, total_q))`` for tensors of these shapes; rows outside
+    every sequence get out 0 / lse -inf, as from the prefill kernels. The split count follows
+    from ``max_seqlen_k`` (the host's bound: no value is read on the host)."""
+    row_params = _one_row_right_edge(params, max_seqlen_q)
+    k_cache, v_cache, starts, ends = _packed_keys_as_cache(k, v, cu_seqlens_k, seqused_k)
+    call = backend("portable").kvcache_call(
+        q, k_cache, v_cache, ends, 0, p=row_params, leftpad=starts, batch_idx=None,
+        block_table=None, num_splits=0, capacity=max(1, max_seqlen_k),
+        cu_seqlens_q=_unit_stride(cu_seqlens_q), max_seqlen_q=max_seqlen_q)
+
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+            cu_seqlens_k: torch.Tensor, seqused_k: Optional[torch.Tensor]):
+        k_cache, v_cache, starts, ends = _packed_keys_as_cache(k, v, cu_seqlens_k, seqused_k)
+        return call(q, k_cache, v_cache, ends, starts, None, None, row_params.alibi_slopes,
+                    _unit_stride(cu_seqlens_q))
+    return run
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: AttnParams,
@@ -497,6 +558,11 @@ def varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
         out, lse = varlen_paged_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
                                         max_seqlen_q, max_seqlen_k, block_table, params)
         return out, lse, None
+    if _small_query_varlen(q, cu_seqlens_q.shape[0] - 1, max_seqlen_q, params, return_softmax):
+        out, lse = _small_query_varlen_runner(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+            params)(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
+        return out, lse, None
     family = varlen_forward_family(q, k, v, cu_seqlens_q.shape[0] - 1, seqused_k, params,
                                    return_softmax)
     return backend(family).varlen_fwd(
@@ -525,7 +591,7 @@ class VarlenRunner:
     signature, made once (no block_table, dropout, S_dmask, ALiBi or sink): the families, and
     the backend's recorded calls where it has them (the Hopper backend's
     ``varlen_fwd_call`` / ``varlen_bwd_call``: output shapes, config and launch plans found
-    once). The api's fast path (api/fastpath.VARLEN) keeps one per signature, keyed on
+    once; the decode kernel's call for few query rows per sequence). The api's fast path (api/fastpath.VARLEN) keeps one per signature, keyed on
     everything these decisions read: shapes, strides, dtypes, device, alignment, the number
     of sequences, whether seqused_k is given, the maxima, the params and the settings.
 
@@ -533,8 +599,9 @@ class VarlenRunner:
     ``backward`` take later calls' tensors."""
 
     def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 cu_seqlens_q: torch.Tensor, seqused_k: Optional[torch.Tensor],
-                 max_seqlen_q: int, max_seqlen_k: int, params: AttnParams) -> None:
+                 cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                 seqused_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int,
+                 params: AttnParams) -> None:
         self.params, self.max_seqlen_q, self.max_seqlen_k = params, max_seqlen_q, max_seqlen_k
         self.n_seqs = cu_seqlens_q.shape[0] - 1
         # every query or every key sequence empty: varlen_forward's early exit on each call
@@ -542,6 +609,11 @@ class VarlenRunner:
         self._fwd = self._fwd_call = None
         self._bwd = self._bwd_call = None  # (decided by the signature's first backward)
         if self.empty:
+            return
+        if _small_query_varlen(q, self.n_seqs, max_seqlen_q, params):
+            self._fwd_call = _small_query_varlen_runner(q, k, v, cu_seqlens_q, cu_seqlens_k,
+                                                        seqused_k, max_seqlen_q, max_seqlen_k,
+                                                        params)
             return
         impl = backend(varlen_forward_family(q, k, v, self.n_seqs, seqused_k, params))
         make = getattr(impl, "varlen_fwd_call", None)

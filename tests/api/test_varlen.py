@@ -373,6 +373,115 @@ def test_rows_outside_sequences(backend):
     torch.testing.assert_close(out[10:24].double(), ref[0], rtol=1e-5, atol=1e-5)
 
 
+# ---------------------------------------------------------------------------------------------
+# Few query rows per sequence (decode steps of a packed batch, speculative verification): the
+# split-KV decode kernel over the packed keys (dispatch._small_query_varlen)
+# ---------------------------------------------------------------------------------------------
+SMALL_Q_CASES = [
+    # GQA, a sequence without queries, one without keys, s_q > s_k under causal (rows with no
+    # key), 16 rows (the limit)
+    VCase((1, 16, 0, 5, 3), (40, 23, 5, 3, 0), d=32, h=4, h_k=2, causal=True),
+    # one row per sequence (the kernel drops the right edge of 0: it hides nothing there)
+    VCase((1, 1, 1), (37, 1, 64), d=64, dtype=torch.bfloat16, h=8, h_k=2, causal=True),
+    VCase((2, 7), (30, 45), d=40, d_v=24, dtype=torch.float32, h=3, h_k=1, window=(6, 2),
+          softcap=4.0, alibi="bh"),
+    VCase((4, 9, 1), (30, 25, 10), d=16, h=2, h_k=1, seqused_k=(12, 25, 0), causal=True,
+          alibi="h"),
+]
+
+
+def _count_decode_calls(monkeypatch) -> list:
+    """Count the decode kernel's calls (triton/decode.DecodeCall) from here on."""
+    from flashattn.triton import decode
+
+    calls = []
+    original = decode.DecodeCall.__call__
+
+    def counted(self, *args, **kwargs):
+        calls.append(self.varlen)
+        return original(self, *args, **kwargs)
+    monkeypatch.setattr(decode.DecodeCall, "__call__", counted)
+    return calls
+
+
+@pytest.mark.parametrize("case", SMALL_Q_CASES, ids=lambda c: c.id)
+def test_small_query_rows_take_the_decode_kernel(case, monkeypatch):
+    """max_seqlen_q <= 16 on the Triton backend: the forward runs the decode kernel over the
+    packed keys (cache positions [cu_seqlens_k[b], + s_k), the start as its left pad), judged
+    against the per-sequence float64 reference; gradients come from the varlen backward on the
+    decode kernel's (out, lse)."""
+    set_env(monkeypatch, FLASHATTN_BACKEND="portable", FLASHATTN_SMALL_QUERY="1")
+    calls = _count_decode_calls(monkeypatch)
+    check_varlen(case, monkeypatch=monkeypatch)
+    assert calls == [True]
+
+
+def test_small_query_route_and_recorded_call(monkeypatch):
+    """The route's conditions (as the dense one: <= 16 rows, no dropout, on unless
+    FLASHATTN_SMALL_QUERY=0), and a repeated signature (the fast path's VarlenRunner) takes it
+    too, giving the first call's outputs and gradients; the prefill kernels agree."""
+    from flashattn.api import fastpath
+
+    set_env(monkeypatch, FLASHATTN_BACKEND="portable", FLASHATTN_SMALL_QUERY="1")
+    calls = _count_decode_calls(monkeypatch)
+    lens_q, lens_k = (3, 1, 16), (20, 0, 33)
+    q = torch.randn(sum(lens_q), 4, 16, dtype=torch.float16, requires_grad=True)
+    k = torch.randn(sum(lens_k), 2, 16, dtype=torch.float16, requires_grad=True)
+    v = torch.randn(sum(lens_k), 2, 16, dtype=torch.float16, requires_grad=True)
+    g = torch.randn(sum(lens_q), 4, 16, dtype=torch.float16)
+    cu_q, cu_k = cu_seqlens(lens_q), cu_seqlens(lens_k)
+
+    def step(max_q=16, **kw):
+        out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, 33, causal=True, **kw)
+        return (out, *torch.autograd.grad(out, (q, k, v), g))
+
+    fastpath.VARLEN.clear()
+    first = step()
+    second = step()  # recorded
+    assert calls == [True, True] and len(fastpath.VARLEN._entries) == 1
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+    step(max_q=17)  # more rows than the route takes
+    step(dropout_p=0.1)
+    set_env(monkeypatch, FLASHATTN_SMALL_QUERY="0")
+    prefill = step()
+    assert calls == [True, True]
+    for name, a, b in zip(("out", "dq", "dk", "dv"), first, prefill):
+        torch.testing.assert_close(a, b, rtol=2e-3, atol=2e-3, msg=name)
+
+
+def test_small_query_rows_outside_sequences_written_by_the_kernel(monkeypatch):
+    """The decode kernel writes out 0 / lse -inf on the packed rows before the first and after
+    the last sequence itself (no fill pass before it): its outputs and split workspace are
+    poisoned with NaN here, and those rows still read 0 / -inf, with and without key splits."""
+    import types
+
+    from flashattn.triton import decode
+
+    poisoned = types.SimpleNamespace(**{n: getattr(torch, n) for n in dir(torch)
+                                        if not n.startswith("__")})
+    poisoned.empty = lambda *a, **kw: torch.full(a[0] if len(a) == 1 else a, float("nan"),
+                                                 **kw)
+    monkeypatch.setattr(decode, "torch", poisoned)
+    set_env(monkeypatch, FLASHATTN_BACKEND="portable", FLASHATTN_SMALL_QUERY="1")
+    q = torch.randn(11, 4, 16)
+    k, v = torch.randn(60, 2, 16), torch.randn(60, 2, 16)
+    cu_q = torch.tensor([3, 4, 7], dtype=torch.int32)
+    cu_k = torch.tensor([2, 40, 57], dtype=torch.int32)
+    for splits in (1, 3):
+        monkeypatch.setattr(decode, "num_splits_heuristic", lambda *a, **kw: splits)
+        decode._launch_plan.cache_clear()
+        out, lse, _ = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 3, 38, causal=True,
+                                             return_attn_probs=True)
+        for rows in (slice(0, 3), slice(7, 11)):
+            assert (out[rows] == 0).all() and torch.isneginf(lse[:, rows]).all(), splits
+        for i, (q0, q1, k0, k1) in enumerate(((3, 4, 2, 40), (4, 7, 40, 57))):
+            ref, _ = attention_ref(q[q0:q1][None].double(), k[k0:k1][None].double(),
+                                   v[k0:k1][None].double(), causal=True)
+            torch.testing.assert_close(out[q0:q1].double(), ref[0], rtol=1e-5, atol=1e-5)
+    decode._launch_plan.cache_clear()
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_qkvpacked_matches_unpacked(backend, dtype):
     lens = (13, 1, 0, 22)

@@ -229,3 +229,159 @@ def test_cuda_graph_replay_follows_new_lengths_gpu():
         want = run()
         n = sum(lens)
         torch.testing.assert_close(out_graph[:n], want[:n], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_packed_variants_recorded_call_matches_the_full_path(causal, monkeypatch):
+    """The qkv- / kv-packed functions, dense and varlen, on a repeated signature take the
+    recorded call (api/fastpath: DenseTrainEntry / VarlenRunner) on their strided views. The
+    second call gives the first (full path) call's outputs, and the packed gradients, bit for
+    bit, except the dq slices, which may differ by the dQ reduction's order."""
+    import flashattn
+    from flashattn.api import fastpath
+
+    set_env(monkeypatch, FLASHATTN_BACKEND="hopper")
+    torch.manual_seed(21)
+    lens, h, h_k, d = (1000, 1, 0, 1537, 128), 8, 2, 128
+    cu = cu_seqlens(lens).cuda()
+    m, total = max(lens), sum(lens)
+    bf = dict(device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    qkv_p = torch.randn(total, 3, h, d, **bf)
+    q_p, kv_p = torch.randn(total, h, d, **bf), torch.randn(total, 2, h_k, d, **bf)
+    qkv_d = torch.randn(2, 700, 3, h, d, **bf)
+    q_d, kv_d = torch.randn(2, 700, h, d, **bf), torch.randn(2, 900, 2, h_k, d, **bf)
+    leaves = (qkv_p, q_p, kv_p, qkv_d, q_d, kv_d)
+
+    def step():
+        outs = (flashattn.flash_attn_varlen_qkvpacked_func(qkv_p, cu, m, causal=causal),
+                flashattn.flash_attn_varlen_kvpacked_func(q_p, kv_p, cu, cu, m, m,
+                                                          causal=causal),
+                flashattn.flash_attn_qkvpacked_func(qkv_d, causal=causal),
+                flashattn.flash_attn_kvpacked_func(q_d, kv_d, causal=causal))
+        torch.manual_seed(22)
+        douts = [torch.randn_like(o) for o in outs]
+        return outs + torch.autograd.grad(outs, leaves, douts)
+
+    fastpath.VARLEN.clear()
+    fastpath.DENSE.clear()
+    full = step()
+    assert len(fastpath.VARLEN._entries) == 2 and len(fastpath.DENSE._entries) == 2
+    fast = step()
+    assert "Recorded" in type(fast[0].grad_fn).__name__
+    assert "Recorded" in type(fast[2].grad_fn).__name__
+    names = ("out varlen qkv", "out varlen kv", "out qkv", "out kv", "dqkv varlen", "dq varlen",
+             "dkv varlen", "dqkv", "dq", "dkv")
+    for name, a, b in zip(names, fast, full):
+        assert torch.isfinite(a).all(), name
+        if name.startswith("out") or name.startswith("dkv"):
+            assert torch.equal(a, b), name
+        elif name.startswith("dqkv"):  # k, v slices exact; the q slice within dQ's noise
+            assert torch.equal(a[..., 1:, :, :], b[..., 1:, :, :]), name
+            err = (a[..., 0, :, :].float() - b[..., 0, :, :].float()).abs().max().item()
+            assert err <= 1e-2 * b[..., 0, :, :].float().abs().max().item(), (name, err)
+        else:
+            err = (a.float() - b.float()).abs().max().item()
+            assert err <= 1e-2 * b.float().abs().max().item(), (name, err)
+
+
+SMALL_Q_GPU_CASES = [
+    # decode steps of a packed batch: one query row per sequence, GQA 32 / 8, long and ragged
+    # keys (split-KV), an empty key sequence
+    VCase((1,) * 6, (16384, 1, 4097, 0, 777, 9000), d=128, dtype=torch.bfloat16, h=32, h_k=8,
+          causal=True),
+    # speculative verification: up to 16 rows per sequence, seqused_k
+    VCase((16, 5, 1, 11), (3000, 6000, 128, 2048), d=128, dtype=torch.bfloat16, h=16, h_k=2,
+          causal=True, seqused_k=(2900, 6000, 1, 2000)),
+    VCase((4, 16), (5000, 700), d=64, dtype=torch.float16, h=8, h_k=8, window=(512, 0),
+          softcap=30.0, alibi="bh"),
+    VCase((3, 8), (2500, 1024), d=256, dtype=torch.bfloat16, h=4, h_k=1, causal=True),
+]
+
+
+@pytest.mark.parametrize("case", SMALL_Q_GPU_CASES, ids=lambda c: c.id)
+def test_small_query_varlen_gpu(case, monkeypatch):
+    """max_seqlen_q <= 16: the decode kernel over the packed keys (dispatch._small_query_varlen,
+    on by default), against the per-sequence float64 reference; gradients through the varlen
+    backward on its (out, lse)."""
+    set_env(monkeypatch, FLASHATTN_SMALL_QUERY="1")
+    check_varlen(case, device="cuda", monkeypatch=monkeypatch)
+
+
+def test_small_query_varlen_cuda_graph_follows_new_lengths_gpu():
+    """A decode step of a packed batch captures in a CUDA graph and its replay honours new
+    query and key lengths written into the captured cu_seqlens / seqused_k."""
+    h, h_k, d, max_k = 32, 8, 128, 8192
+    lens_q, lens_k = (1, 1, 1, 1), (8192, 100, 3000, 5000)
+    q = torch.randn(4, h, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(sum(lens_k), h_k, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(sum(lens_k), h_k, d, device="cuda", dtype=torch.bfloat16)
+    cu_q, cu_k = cu_seqlens(lens_q).cuda(), cu_seqlens(lens_k).cuda()
+    used = torch.tensor(lens_k, dtype=torch.int32, device="cuda")
+
+    def run():
+        return flash_attn_varlen_func(q, k, v, cu_q, cu_k, 1, max_k, causal=True,
+                                      seqused_k=used)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            run()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out_graph = run()
+    for new_q, new_used in (((1, 1, 1, 1), (8192, 100, 3000, 5000)),
+                            ((1, 0, 1, 1), (1, 100, 2999, 4000)),
+                            ((1, 1, 1, 0), (7000, 50, 3000, 5000))):
+        cu_q.copy_(cu_seqlens(new_q))
+        used.copy_(torch.tensor(new_used, dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = run()
+        n = sum(new_q)
+        torch.testing.assert_close(out_graph[:n], want[:n], rtol=0, atol=0)
+        for i, (k0, s_k) in enumerate(zip(cu_k.tolist(), new_used)):
+            row = cu_seqlens(new_q)[i].item()
+            if new_q[i] == 0:
+                continue
+            ref, _ = attention_ref(q[row:row + 1][None].double(),
+                                   k[k0:k0 + s_k][None].double(), v[k0:k0 + s_k][None].double())
+            torch.testing.assert_close(out_graph[row].double(), ref[0, 0], rtol=2e-2, atol=2e-2)
+
+
+def test_small_query_varlen_repeated_call_writes_rows_outside_sequences_gpu():
+    """A repeated signature replays the decode (and combine) launches into fresh, unfilled
+    outputs: the kernel itself writes out 0 / lse -inf on rows before the first and after the
+    last sequence. The allocator's blocks are poisoned with NaN first; the replayed call
+    equals the first bit for bit, and the rows inside match the reference."""
+    h, h_k, d = 32, 8, 128
+    q = torch.randn(12, h, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(20000, h_k, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(20000, h_k, d, device="cuda", dtype=torch.bfloat16)
+    cu_q = torch.tensor([2, 3, 4, 9], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([100, 16484, 16500, 19900], dtype=torch.int32, device="cuda")
+
+    def run():
+        return flash_attn_varlen_func(q, k, v, cu_q, cu_k, 5, 16384, causal=True,
+                                      return_attn_probs=True)
+
+    results = []
+    for _ in range(3):
+        # freed blocks of many sizes (small and large pools) hold NaN for the next allocations
+        poison = [torch.full((1 << n,), float("nan"), device="cuda") for n in range(12, 24)
+                  for _ in range(3)]
+        del poison
+        out, lse, _ = run()
+        torch.cuda.synchronize()
+        results.append((out.clone(), lse.clone()))
+    for out, lse in results:
+        for rows in (slice(0, 2), slice(9, 12)):
+            assert (out[rows] == 0).all() and torch.isneginf(lse[:, rows]).all()
+        torch.testing.assert_close(out, results[0][0], rtol=0, atol=0)
+        torch.testing.assert_close(lse, results[0][1], rtol=0, atol=0)
+    out = results[-1][0]
+    for q0, q1, k0, k1 in ((2, 3, 100, 16484), (3, 4, 16484, 16500), (4, 9, 16500, 19900)):
+        ref, _ = attention_ref(q[q0:q1][None].double(), k[k0:k1][None].double(),
+                               v[k0:k1][None].double(), causal=True)
+        torch.testing.assert_close(out[q0:q1].double(), ref[0], rtol=2e-2, atol=2e-2)

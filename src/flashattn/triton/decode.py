@@ -44,6 +44,29 @@ from flashattn.triton.mask import (LN2, LOG2E, chunk_start, key_range, score_mod
 
 
 @triton.jit
+def _write_empty_rows(Out, Lse, row_lo, row_hi, off_hk, pid_m, m_programs, pid_s,
+                      stride_os, stride_om, stride_oh, stride_ls, stride_lh, stride_lm,
+                      offs_dv, G: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """out 0 and lse -inf for packed query rows [row_lo, row_hi) of the KV head's G query
+    heads (rows that belong to no sequence), split over the ``m_programs`` programs of one
+    (sequence, KV head): program ``pid_m`` takes every m_programs-th tile of BLOCK_M (row,
+    head) pairs."""
+    n = (row_hi - row_lo) * G
+    zeros = tl.zeros([BLOCK_M, BLOCK_DV], dtype=Out.dtype.element_ty)
+    for first in tl.range(pid_m * BLOCK_M, n, m_programs * BLOCK_M):
+        pair = first + tl.arange(0, BLOCK_M)
+        ok = pair < n
+        row = (row_lo + pair // G).to(tl.int64)
+        head = (off_hk * G + pair % G).to(tl.int64)
+        o_row = pid_s.to(tl.int64) * stride_os + row * stride_om + head * stride_oh
+        tl.store(Out + o_row[:, None] + offs_dv[None, :], zeros,
+                 mask=ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V))
+        l_row = pid_s.to(tl.int64) * stride_ls + head * stride_lh + row * stride_lm
+        tl.store(Lse + l_row, tl.full([BLOCK_M], float("-inf"), dtype=tl.float32), mask=ok)
+
+
+@triton.jit
 def _decode_kernel(
     Q, K, V, Out, Lse, SeqlensK, LeftPad, BatchIdx, BlockTable, Alibi, CuSeqQ,
     stride_qb, stride_qm, stride_qh,
@@ -76,10 +99,24 @@ def _decode_kernel(
     # access for any value; a bad value gives a wrong answer that flashattn.checks() reports):
     # query rows to [0, total_q), key counts to the cache's capacity, cache rows and pages to
     # the cache.
+    offs_dv = tl.arange(0, BLOCK_DV)
     if VARLEN_Q:
         q_start = tl.minimum(tl.maximum(tl.load(CuSeqQ + off_b), 0), total_q)
         q_end = tl.minimum(tl.maximum(tl.load(CuSeqQ + off_b + 1), q_start), total_q)
         s_q = (q_end - q_start).to(tl.int32)
+        # Rows before the first sequence and after the last belong to none: out 0, lse -inf,
+        # written here by the first / last sequence's programs (in every split: the combine
+        # pass then gives 0 / -inf), so the caller runs no fill pass before the kernel.
+        n_seqs = n_bh // nheads_k
+        if off_b == 0:
+            _write_empty_rows(Out, Lse, 0, q_start, off_hk, pid_m, tl.num_programs(0) // n_bh,
+                              pid_s, stride_os, stride_om, stride_oh, stride_ls, stride_lh,
+                              stride_lm, offs_dv, G, HEAD_DIM_V, BLOCK_M, BLOCK_DV)
+        if off_b == n_seqs - 1:
+            _write_empty_rows(Out, Lse, q_end, total_q, off_hk, pid_m,
+                              tl.num_programs(0) // n_bh, pid_s, stride_os, stride_om,
+                              stride_oh, stride_ls, stride_lh, stride_lm, offs_dv, G,
+                              HEAD_DIM_V, BLOCK_M, BLOCK_DV)
         q_start = q_start.to(tl.int64)
     else:
         q_start = tl.zeros([], dtype=tl.int64)
@@ -94,7 +131,6 @@ def _decode_kernel(
     off_h = off_hk * G + rows % G
     row_ok = offs_i < s_q
     offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
 
     total_k = tl.minimum(tl.maximum(tl.load(SeqlensK + off_b) + seqlen_k_add, 0), cache_cap)
     start_k = 0
@@ -502,23 +538,15 @@ class DecodeCall:
         if buffers is not None and not self.varlen and buffers.get("call") is self:
             return buffers["outputs"]
         device = self.device
-        # Packed rows outside every sequence are written by no program: they start as out 0 /
-        # lse -inf (and as empty splits for the combine pass).
+        # (packed rows outside every sequence: the kernel writes them, _write_empty_rows)
         ws = torch.empty((self.ws_numel,), dtype=torch.float32, device=device)
         lse = ws[:self.lse_numel].view(self.lse_shape)
-        if self.varlen:
-            lse.fill_(float("-inf"))
-            out = torch.zeros(self.out_shape, dtype=self.dtype, device=device)
-            lse4 = lse.unsqueeze(0)
-        else:
-            out = torch.empty(self.out_shape, dtype=self.dtype, device=device)
-            lse4 = lse
+        out = torch.empty(self.out_shape, dtype=self.dtype, device=device)
+        lse4 = lse.unsqueeze(0) if self.varlen else lse
         if self.num_splits > 1:
             (o0, l0), (po, pl) = self.offsets, self.part_shapes
             out_k = ws[o0:o0 + math.prod(po)].view(po)
             lse_k = ws[l0:l0 + math.prod(pl)].view(pl)
-            if self.varlen:
-                lse_k.fill_(float("-inf"))
         else:
             out_k, lse_k = out, lse4
         outputs = (out, lse, lse4, out_k, lse_k, ws)
@@ -537,10 +565,10 @@ class DecodeCall:
         ``need_lse`` False: the caller drops the LSE, so a replayed call may return None for
         it and keep the LSE and the split partials in the stream's reused workspace
         (``runtime.buffers``) instead of allocating one."""
-        if (self._decode is not None and (self._combine is not None or self.num_splits == 1)
-                and not self.varlen):
+        if self._decode is not None and (self._combine is not None or self.num_splits == 1):
             replayed = self._replay(q, k_cache, v_cache, seqlens_k, leftpad, batch_idx,
-                                    block_table, alibi_slopes, buffers, need_lse)
+                                    block_table, alibi_slopes, buffers, need_lse,
+                                    cu_seqlens_q)
             if replayed is not None:
                 return replayed
         out, lse, lse4, out_k, lse_k, _ = self._outputs(buffers, q)
@@ -561,9 +589,9 @@ class DecodeCall:
         return (out[0] if self.varlen else out), lse
 
     def _replay(self, q, k_cache, v_cache, seqlens_k, leftpad, batch_idx, block_table,
-                alibi_slopes, buffers, need_lse=True
+                alibi_slopes, buffers, need_lse=True, cu_seqlens_q=None
                 ) -> Optional[Tuple[torch.Tensor, Optional[torch.Tensor]]]:
-        """A repeated dense call: two allocations (none with a plan's buffers, one without the
+        """A repeated call: two allocations (none with a plan's buffers, one without the
         LSE) and the recorded launches with the tensors' addresses. None (nothing launched)
         when a plan cannot replay now (fast launches off, a profiler listening, another
         current device)."""
@@ -589,14 +617,14 @@ class DecodeCall:
         if not self._decode.replay(_slots(
                 q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), o_k, l_k,
                 seqlens_k.data_ptr(), addr(leftpad), addr(batch_idx), addr(block_table),
-                addr(alibi_slopes), None, base)):
+                addr(alibi_slopes), addr(cu_seqlens_q), base)):
             return None
         if self.num_splits > 1 and not self._combine.replay((o_k, l_k, out.data_ptr(), base)):
             raise RuntimeError("flashattn: the split-KV combine launch could not be replayed "
                                "right after its decode launch")  # (same checks: cannot happen)
         if lse is None and need_lse:
             lse = ws[:self.lse_numel].view(self.lse_shape)
-        return out, lse
+        return (out[0] if self.varlen else out), lse
 
 
 def _fresh_strides(shape: Tuple[int, ...]) -> Tuple[int, ...]:

@@ -201,6 +201,21 @@ def test_over_2_31_elements_varlen_gpu():
                           name=f"dv {where}")
 
 
+def _capture(run):
+    """(graph, its output): ``run`` captured in a CUDA graph, after two calls on a side stream
+    (compiles and autotuning stay outside the capture)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            run()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run()
+    return graph, out
+
+
 def test_cuda_graph_replay_follows_new_lengths_gpu():
     """The forward captures in a CUDA graph (no host read of cu_seqlens: a read would fail
     the capture) and a replay honours lengths written into the same tensors afterwards."""
@@ -213,15 +228,7 @@ def test_cuda_graph_replay_follows_new_lengths_gpu():
     def run():
         return flash_attn_varlen_func(q, k, v, cu, cu, max_len, max_len, causal=True)
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):  # compile and autotune outside the capture
-            run()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out_graph = run()
+    graph, out_graph = _capture(run)
     for lens in ((1000, 2000), (1, 2048), (2048, 0), (700, 1500)):
         cu.copy_(cu_seqlens(lens))
         graph.replay()
@@ -322,15 +329,7 @@ def test_small_query_varlen_cuda_graph_follows_new_lengths_gpu():
         return flash_attn_varlen_func(q, k, v, cu_q, cu_k, 1, max_k, causal=True,
                                       seqused_k=used)
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            run()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out_graph = run()
+    graph, out_graph = _capture(run)
     for new_q, new_used in (((1, 1, 1, 1), (8192, 100, 3000, 5000)),
                             ((1, 0, 1, 1), (1, 100, 2999, 4000)),
                             ((1, 1, 1, 0), (7000, 50, 3000, 5000))):

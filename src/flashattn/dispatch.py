@@ -446,27 +446,28 @@ def _unit_stride(lengths: torch.Tensor) -> torch.Tensor:
     return lengths if lengths.stride(0) == 1 else lengths.contiguous()
 
 
-def _small_query_varlen_runner(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                               cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
-                               seqused_k: Optional[torch.Tensor], max_seqlen_q: int,
-                               max_seqlen_k: int, params: AttnParams):
+def _small_query_varlen_runner(max_seqlen_q: int, max_seqlen_k: int, params: AttnParams):
     """The packed forward through the decode kernel (split-KV, the GQA group packed into the
     query rows), as a call ``run(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k) -> (out
-    (total_q, h, d_v), lse float32 (h, total_q))`` for tensors of these shapes; rows outside
-    every sequence get out 0 / lse -inf, as from the prefill kernels. The split count follows
-    from ``max_seqlen_k`` (the host's bound: no value is read on the host)."""
+    (total_q, h, d_v), lse float32 (h, total_q))``; rows outside every sequence get out 0 /
+    lse -inf, as from the prefill kernels. Its first call makes the kernel's ``DecodeCall``
+    from that call's tensors, later calls of the same signature replay it. The split count
+    follows from ``max_seqlen_k`` (the host's bound: no value is read on the host)."""
     row_params = _one_row_right_edge(params, max_seqlen_q)
-    k_cache, v_cache, starts, ends = _packed_keys_as_cache(k, v, cu_seqlens_k, seqused_k)
-    call = backend("portable").kvcache_call(
-        q, k_cache, v_cache, ends, 0, p=row_params, leftpad=starts, batch_idx=None,
-        block_table=None, num_splits=0, capacity=max(1, max_seqlen_k),
-        cu_seqlens_q=_unit_stride(cu_seqlens_q), max_seqlen_q=max_seqlen_q)
+    call = None
 
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
             cu_seqlens_k: torch.Tensor, seqused_k: Optional[torch.Tensor]):
+        nonlocal call
         k_cache, v_cache, starts, ends = _packed_keys_as_cache(k, v, cu_seqlens_k, seqused_k)
+        cu_seqlens_q = _unit_stride(cu_seqlens_q)
+        if call is None:
+            call = backend("portable").kvcache_call(
+                q, k_cache, v_cache, ends, 0, p=row_params, leftpad=starts, batch_idx=None,
+                block_table=None, num_splits=0, capacity=max(1, max_seqlen_k),
+                cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q)
         return call(q, k_cache, v_cache, ends, starts, None, None, row_params.alibi_slopes,
-                    _unit_stride(cu_seqlens_q))
+                    cu_seqlens_q)
     return run
 
 
@@ -559,9 +560,8 @@ def varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
                                         max_seqlen_q, max_seqlen_k, block_table, params)
         return out, lse, None
     if _small_query_varlen(q, cu_seqlens_q.shape[0] - 1, max_seqlen_q, params, return_softmax):
-        out, lse = _small_query_varlen_runner(
-            q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-            params)(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
+        out, lse = _small_query_varlen_runner(max_seqlen_q, max_seqlen_k, params)(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
         return out, lse, None
     family = varlen_forward_family(q, k, v, cu_seqlens_q.shape[0] - 1, seqused_k, params,
                                    return_softmax)
@@ -591,17 +591,17 @@ class VarlenRunner:
     signature, made once (no block_table, dropout, S_dmask, ALiBi or sink): the families, and
     the backend's recorded calls where it has them (the Hopper backend's
     ``varlen_fwd_call`` / ``varlen_bwd_call``: output shapes, config and launch plans found
-    once; the decode kernel's call for few query rows per sequence). The api's fast path (api/fastpath.VARLEN) keeps one per signature, keyed on
-    everything these decisions read: shapes, strides, dtypes, device, alignment, the number
-    of sequences, whether seqused_k is given, the maxima, the params and the settings.
+    once; the decode kernel's call for few query rows per sequence). The api's fast path
+    (api/fastpath.VARLEN) keeps one per signature, keyed on everything these decisions read:
+    shapes, strides, dtypes, device, alignment, the number of sequences, whether seqused_k is
+    given, the maxima, the params and the settings.
 
     Built from the signature's first call (validated, normalised ``params``); ``forward`` and
     ``backward`` take later calls' tensors."""
 
     def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
-                 seqused_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int,
-                 params: AttnParams) -> None:
+                 cu_seqlens_q: torch.Tensor, seqused_k: Optional[torch.Tensor],
+                 max_seqlen_q: int, max_seqlen_k: int, params: AttnParams) -> None:
         self.params, self.max_seqlen_q, self.max_seqlen_k = params, max_seqlen_q, max_seqlen_k
         self.n_seqs = cu_seqlens_q.shape[0] - 1
         # every query or every key sequence empty: varlen_forward's early exit on each call
@@ -611,9 +611,7 @@ class VarlenRunner:
         if self.empty:
             return
         if _small_query_varlen(q, self.n_seqs, max_seqlen_q, params):
-            self._fwd_call = _small_query_varlen_runner(q, k, v, cu_seqlens_q, cu_seqlens_k,
-                                                        seqused_k, max_seqlen_q, max_seqlen_k,
-                                                        params)
+            self._fwd_call = _small_query_varlen_runner(max_seqlen_q, max_seqlen_k, params)
             return
         impl = backend(varlen_forward_family(q, k, v, self.n_seqs, seqused_k, params))
         make = getattr(impl, "varlen_fwd_call", None)

@@ -213,14 +213,14 @@ def _packed_key(cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: Any, max_seq
 
 
 def varlen_record(key: Hashable, q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
-                  cu_seqlens_k: Tensor, seqused_k: Optional[Tensor], max_seqlen_q: int,
-                  max_seqlen_k: int, params: AttnParams) -> None:
+                  seqused_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
+                  params: AttnParams) -> None:
     """Keep what the full path decided for this signature (arguments checked and normalised
     into ``params``) under ``key``: dispatch's :class:`~flashattn.dispatch.VarlenRunner`.
     Nothing is kept during CUDA-graph capture (as :func:`_record`)."""
     if not capturing():
-        VARLEN.put(key, dispatch.VarlenRunner(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                                              max_seqlen_q, max_seqlen_k, params))
+        VARLEN.put(key, dispatch.VarlenRunner(q, k, v, cu_seqlens_q, seqused_k, max_seqlen_q,
+                                              max_seqlen_k, params))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -209,8 +209,8 @@ def _recorded(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_
             softmax_scale, causal, window_size, softcap, None, deterministic, return_attn_probs,
             None, seqused_k, names, cu_names, max_names, record=record)
         if record:
-            _fast.varlen_record(key, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                                max_seqlen_q, max_seqlen_k, record[0])
+            _fast.varlen_record(key, q, k, v, cu_seqlens_q, seqused_k, max_seqlen_q,
+                                max_seqlen_k, record[0])
         return res
     check_values(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, q.shape[0],
                  k.shape[0])

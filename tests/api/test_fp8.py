@@ -128,6 +128,9 @@ def test_incoherent_processing_lowers_the_error_on_outliers():
     assert err[True] < 0.85 * err[False], err
 
 
+# (the seeded signs are cached per device: under dynamo the cache's maker is traced instead,
+# without dynamo's warning about tracing through an lru_cache)
+@pytest.mark.filterwarnings("error:Dynamo detected a call to a `functools.lru_cache`")
 def test_op_under_compile_and_opcheck():
     q, k, v = torch.randn(1, 40, 4, 64), torch.randn(1, 24, 2, 64), torch.randn(1, 24, 2, 32)
     signs = fp8.random_signs(64, 1, q.device)
@@ -140,7 +143,7 @@ def test_op_under_compile_and_opcheck():
     compiled = torch.compile(lambda a, b, c: fp8.quantize(a, b, c, seed=1, block_m=16,
                                                           block_n=16), fullgraph=True,
                              backend="aot_eager")(q, k, v)
-    for x, y in zip(eager[:6], compiled[:6]):
+    for x, y in zip(eager[:7], compiled[:7]):  # the six tensors of the pass and the signs
         assert torch.equal(x.float(), y.float())
 
 

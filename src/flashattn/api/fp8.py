@@ -53,7 +53,12 @@ def random_signs(head_dim: int, seed: Optional[int], device: torch.device) -> Te
     if seed is None:
         bits = torch.randint(0, 2, (head_dim,), dtype=torch.int64)
         return (bits * 2 - 1).to(device=device, dtype=torch.float32)
-    return _seeded_signs(int(seed) & (2**64 - 1), head_dim, torch.device(device))
+    seed, device = int(seed) & (2**64 - 1), torch.device(device)
+    if torch.compiler.is_compiling():
+        # dynamo traces through an lru_cache (and warns that it does): trace the maker itself,
+        # which computes the same signs, so a compiled graph holds them as its own ops
+        return _seeded_signs.__wrapped__(seed, head_dim, device)
+    return _seeded_signs(seed, head_dim, device)
 
 
 @functools.lru_cache(maxsize=64)

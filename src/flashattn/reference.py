@@ -212,8 +212,8 @@ def kvcache_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if causal or windowed, else at ``cache_seqlens[b]``; rounded to q's dtype) over each
     row's keys ``[cache_leftpad[b], cache_seqlens[b] + s_new)`` by :func:`attention_ref`
     (float64 if ``upcast`` else q's dtype). Shapes as the public function; cache_seqlens a
-    (b,) int tensor. Window sides >= the cache capacity count as unbounded (flash-attn 2: they
-    are clamped before the rotary positions of q are decided); the mask needs no clamping.
+    (b,) int tensor. Window sides >= the cache capacity count as unbounded (flash-attn 2 clamps
+    them first: for the mask, and before the rotary positions of q are decided).
     ``attention_chunk`` > 0 makes the call local too (FlashAttention-3: q rotated token by
     token), chunks counted from ``cache_leftpad[b]``, the first key.
     """
@@ -241,12 +241,14 @@ def kvcache_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             d0, d1 = cache_index(row, pos)
             k_after[d0, d1] = k_new[row].to(k_cache.dtype)
             v_after[d0, d1] = v[row].to(v_cache.dtype)
+    # flash-attn 2 (mha_fwd_kvcache): window sides >= the cache capacity become -1 before
+    # anything else, so they are unbounded for the mask too (which differs from the side
+    # itself when seqlen_q exceeds the row's keys), and then "local" (and so per-token q
+    # positions under rotary) is decided
+    capacity = block_table.shape[1] * page if paged else k_cache.shape[1]
+    clamped = tuple(-1 if w >= capacity else int(w) for w in window_size)
     q_in = q
     if rotary:
-        # flash-attn 2's order (mha_fwd_kvcache): window sides >= the cache capacity become
-        # -1 first, then "local" (and so per-token q positions) is decided
-        capacity = block_table.shape[1] * page if paged else k_cache.shape[1]
-        clamped = tuple(-1 if w >= capacity else w for w in window_size)
         step = 1 if (causal or clamped != (-1, -1) or attention_chunk > 0) else 0
         pos = (lens.view(-1, 1) + step * torch.arange(s_q)).to(q.device)
         q_in = rotary_ref(q, rotary_cos, rotary_sin, pos, rotary_interleaved).to(q.dtype)
@@ -265,7 +267,7 @@ def kvcache_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         if alibi_slopes is not None:
             slopes = alibi_slopes if alibi_slopes.dim() == 1 else alibi_slopes[row:row + 1]
         o, l = attention_ref(q_in[row:row + 1], k_row, v_row, softmax_scale=softmax_scale,
-                             causal=causal, window_size=window_size, softcap=softcap,
+                             causal=causal, window_size=clamped, softcap=softcap,
                              alibi_slopes=slopes, upcast=upcast,
                              attention_chunk=attention_chunk)
         out[row] = o[0]

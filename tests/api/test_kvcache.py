@@ -141,13 +141,18 @@ def run_case(c: KVCase, device: str) -> None:
         assert torch.equal(x["k_cache"].cpu(), k_after), "k_cache differs after the append"
     assert torch.equal(x["v_cache"].cpu(), v_after), "v_cache differs after the append"
 
-    atol = 1e-5
+    atol, lse_atol = 1e-5, 1e-4
     if c.dtype == torch.bfloat16 and device == "cpu":
-        atol += _ulp(c.dtype) * ref.abs().max().item()  # interpreter truncates fp32 -> bf16
+        # the interpreter truncates fp32 -> bf16 (1 ulp, not 0.5): in out, and under rotary in
+        # the rotated q and keys the scores are made of (|q| |k| scale per ulp of each)
+        atol += _ulp(c.dtype) * ref.abs().max().item()
+        if c.rotary:
+            norms = x["q"].double().norm(dim=-1).max() * k_after.double().norm(dim=-1).max()
+            lse_atol += 2 * _ulp(c.dtype) * c.d ** -0.5 * norms.item()
     assert out.shape == (c.b, c.s_q, c.h, c.d) and out.dtype == c.dtype
     assert lse.shape == (c.b, c.h, c.s_q) and lse.dtype == torch.float32
     assert_close_rule(out, ref, low, atol=atol, name="out")
-    assert_close_rule(lse, ref_lse, low_lse, atol=1e-4, name="lse")
+    assert_close_rule(lse, ref_lse, low_lse, atol=lse_atol, name="lse")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -169,6 +174,9 @@ CASES = [
     replace(BASE, s_q=4, s_new=4, causal=True, num_splits=3, h=6, h_k=2),
     replace(BASE, s_q=3, causal=True, window=(5, 0), num_splits=3),
     replace(BASE, s_q=2, window=(6, 2), alibi=True),
+    # a right side >= the capacity is unbounded (flash-attn 2 clamps it to -1), which differs
+    # from the side itself when the queries outnumber the row's keys (found by hypothesis)
+    replace(BASE, s_q=6, s_cache=4, window=(1, 4)),
     replace(BASE, softcap=2.0, num_splits=0, dtype=torch.bfloat16),
     replace(BASE, seqlens_int=True, s_new=1, h_k=4),
     replace(BASE, empty_row=True, num_splits=3, b=3),

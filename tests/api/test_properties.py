@@ -23,7 +23,7 @@ import torch
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from tests.api.test_attention import Case, check_attention
+from tests.api.test_attention import Case, check_attention, fa2_window
 from tests.api.test_kvcache import KVCase, run_case
 from tests.api.test_varlen import VCase, check_varlen
 from tests.conftest import use_backend
@@ -188,3 +188,170 @@ def test_kvcache_portable(portable_backend, drawn):
     case, data_seed = drawn
     torch.manual_seed(data_seed)
     run_case(case, "cpu")
+
+
+# ---------------------------------------------------------------------------------------------
+# FlashAttention-3's packed forms of the KV-cache call (cu_seqlens_q, cu_seqlens_k_new)
+# ---------------------------------------------------------------------------------------------
+@st.composite
+def packed_kvcache_calls(draw):
+    """(b, lens_q, lens_new, cache_seqlens, capacity, page or None, heads, causal, window,
+    packed new keys?) of a fa3.flash_attn_with_kvcache call with packed queries."""
+    b = draw(st.integers(1, 3))
+    lens_q = draw(st.lists(st.integers(0, 6), min_size=b, max_size=b))
+    packed_new = draw(st.booleans())
+    if packed_new:
+        lens_new = draw(st.lists(st.integers(0, 4), min_size=b, max_size=b))
+    else:  # dense new keys: one count for every sequence
+        lens_new = [draw(st.integers(0, 4))] * b
+    page = draw(st.one_of(st.none(), st.sampled_from([1, 3, 8])))
+    capacity = draw(st.integers(max(lens_new) + 1, 24))
+    if page is not None:
+        capacity = -(-capacity // page) * page
+    seqlens = [draw(st.integers(0, capacity - n)) for n in lens_new]
+    return dict(b=b, lens_q=lens_q, lens_new=lens_new, packed_new=packed_new, page=page,
+                capacity=capacity, seqlens=seqlens, heads=draw(_heads()),
+                causal=draw(st.booleans()), window=draw(_windows(capacity + 4)))
+
+
+def _check_packed_kvcache(call, data_seed):
+    """One packed-query KV-cache call against reference.kvcache_ref sequence by sequence
+    (float32, as tests/api/test_kvcache_varlen.py)."""
+    import itertools
+
+    import flashattn.fa3 as fa3
+    from flashattn import reference as R
+
+    def cu(lens):
+        return torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32)
+
+    g = torch.Generator().manual_seed(data_seed)
+    b, (h, h_k), d = call["b"], call["heads"], 16
+    lens_q, lens_new, page = call["lens_q"], call["lens_new"], call["page"]
+    k_cache = torch.randn(b, call["capacity"], h_k, d, generator=g)
+    v_cache = torch.randn(b, call["capacity"], h_k, d, generator=g)
+    table = None
+    if page is not None:  # the same rows as pages in a shuffled pool
+        perm = torch.randperm(b * call["capacity"] // page, generator=g)
+        k_cache = k_cache.view(-1, page, h_k, d)[perm.argsort()].contiguous()
+        v_cache = v_cache.view(-1, page, h_k, d)[perm.argsort()].contiguous()
+        table = perm.view(b, -1).to(torch.int32)
+    q = torch.randn(sum(lens_q), h, d, generator=g)
+    if call["packed_new"]:
+        k_new = torch.randn(sum(lens_new), h_k, d, generator=g)
+        v_new = torch.randn(sum(lens_new), h_k, d, generator=g)
+        cu_new = cu(lens_new)
+    else:
+        k_new = torch.randn(b, lens_new[0], h_k, d, generator=g)
+        v_new = torch.randn(b, lens_new[0], h_k, d, generator=g)
+        cu_new = None
+    if max(lens_new) == 0:
+        k_new = v_new = cu_new = None
+    seqlens = torch.tensor(call["seqlens"], dtype=torch.int32)
+    kc, vc = k_cache.clone(), v_cache.clone()
+    out, lse = fa3.flash_attn_with_kvcache(
+        q, kc, vc, k_new, v_new, cache_seqlens=seqlens, page_table=table,
+        cu_seqlens_q=cu(lens_q), cu_seqlens_k_new=cu_new, max_seqlen_q=max(max(lens_q), 1),
+        causal=call["causal"], window_size=call["window"], return_softmax_lse=True)
+    cu_q = cu(lens_q)
+    kr, vr = k_cache.clone(), v_cache.clone()
+    for i in range(b):
+        rows = slice(int(cu_q[i]), int(cu_q[i + 1]))
+        kn = vn = None
+        if lens_new[i]:
+            if call["packed_new"]:
+                keys = slice(int(cu_new[i]), int(cu_new[i + 1]))
+                kn, vn = k_new[keys][None], v_new[keys][None]
+            else:
+                kn, vn = k_new[i:i + 1], v_new[i:i + 1]
+        one = dict(cache_seqlens=seqlens[i:i + 1], causal=call["causal"],
+                   window_size=call["window"])
+        if table is not None:
+            one["block_table"] = table[i:i + 1]
+        else:
+            one["cache_batch_idx"] = torch.tensor([i], dtype=torch.int32)
+        ref_out, ref_lse, kr, vr = R.kvcache_ref(q[rows][None], kr, vr, kn, vn, **one)
+        torch.testing.assert_close(out[rows].double(), ref_out[0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(lse[:, rows].double(), ref_lse[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(kc, kr, atol=0, rtol=0)
+    torch.testing.assert_close(vc, vr, atol=0, rtol=0)
+
+
+@_examples(150)
+@_explore_seed
+@given(drawn=_seeded(packed_kvcache_calls()))
+def test_packed_kvcache_cpu(cpu_backend, drawn):
+    _check_packed_kvcache(*drawn)
+
+
+@_examples(30)
+@_explore_seed
+@given(drawn=_seeded(packed_kvcache_calls()))
+def test_packed_kvcache_portable(portable_backend, drawn):
+    _check_packed_kvcache(*drawn)
+
+
+# ---------------------------------------------------------------------------------------------
+# FP8: block quantization (+ incoherent processing) and attention over it
+# ---------------------------------------------------------------------------------------------
+@st.composite
+def fp8_calls(draw):
+    h, h_k = draw(_heads())
+    d = draw(st.sampled_from([16, 32, 48, 64]))
+    return dict(b=draw(st.integers(1, 2)), s_q=draw(st.integers(1, 48)),
+                s_k=draw(st.integers(1, 48)), h=h, h_k=h_k, d=d,
+                d_v=draw(st.sampled_from([d, 16, 32])),
+                block_m=draw(st.sampled_from([16, 32, 64, 128])),
+                block_n=draw(st.sampled_from([16, 32, 64, 128])),
+                incoherent=draw(st.booleans()), causal=draw(st.booleans()),
+                window=draw(_windows(52)), softcap=draw(st.sampled_from([0.0, 0.0, 2.0])))
+
+
+def _check_fp8(call, data_seed, backend):
+    """fp8.quantize on CPU, then fp8.attention: on the cpu backend exactly the attention of
+    the dequantized values (reference.attention_fp8_ref without P rounding); on the portable
+    kernel within 2x of what FA3's e4m3 rounding of P costs that oracle, with the cpu lse."""
+    import flashattn
+    from flashattn import fp8
+    from flashattn.reference import attention_fp8_ref
+
+    g = torch.Generator().manual_seed(data_seed)
+    c = call
+    q = torch.randn(c["b"], c["s_q"], c["h"], c["d"], generator=g)
+    k = torch.randn(c["b"], c["s_k"], c["h_k"], c["d"], generator=g)
+    v = torch.randn(c["b"], c["s_k"], c["h_k"], c["d_v"], generator=g)
+    kw = dict(causal=c["causal"], window_size=c["window"], softcap=c["softcap"])
+    # the oracle takes the mask as flash-attn 2 normalises it (a side >= seqlen_k: unbounded)
+    ref_kw = dict(kw, window_size=fa2_window(c["causal"], c["window"], c["s_k"]))
+    with flashattn.use_backend("cpu"):
+        r = fp8.quantize(q, k, v, incoherent=c["incoherent"], seed=data_seed,
+                         block_m=c["block_m"], block_n=c["block_n"])
+        out_cpu, lse_cpu = fp8.attention(r, **kw, out_dtype=torch.float32, return_lse=True)
+    args = (r.q, r.k, r.v, r.q_descale, r.k_descale, r.v_descale, r.block_m, r.block_n)
+    exact = attention_fp8_ref(*args, **ref_kw, p_scale=None)
+    if backend == "cpu":
+        torch.testing.assert_close(out_cpu.double(), exact, atol=2e-5, rtol=2e-5)
+        return
+    with flashattn.use_backend("portable"):
+        out, lse = fp8.attention(r, **kw, out_dtype=torch.float32, return_lse=True)
+    rmse = (out.double() - exact).pow(2).mean().sqrt().item()
+    p_cost = (attention_fp8_ref(*args, **ref_kw) - exact).pow(2).mean().sqrt().item()
+    assert rmse <= 2 * p_cost + 1e-6, (rmse, p_cost)
+    finite = torch.isfinite(lse_cpu)
+    assert torch.equal(finite, torch.isfinite(lse))
+    assert (out[~finite.transpose(1, 2)] == 0).all()
+    torch.testing.assert_close(lse[finite], lse_cpu[finite], atol=1e-4, rtol=1e-5)
+
+
+@_examples(100)
+@_explore_seed
+@given(drawn=_seeded(fp8_calls()))
+def test_fp8_cpu(cpu_backend, drawn):
+    _check_fp8(*drawn, "cpu")
+
+
+@_examples(30)
+@_explore_seed
+@given(drawn=_seeded(fp8_calls()))
+def test_fp8_portable(portable_backend, drawn):
+    _check_fp8(*drawn, "portable")

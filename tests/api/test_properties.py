@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 
-import pytest
 import torch
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
@@ -48,11 +47,6 @@ def _explore_seed(fn):
     if _EXPLORE:
         return seed(int(os.environ.get("FLASHATTN_TEST_SEED", "0")))(fn)
     return fn
-
-
-@pytest.fixture
-def portable_backend(monkeypatch: pytest.MonkeyPatch) -> str:
-    return use_backend(monkeypatch, "portable")
 
 
 def _windows(max_side: int):
@@ -133,61 +127,40 @@ def _seeded(strategy):
     return st.tuples(strategy, st.integers(0, 2**31 - 1))
 
 
-# ---------------------------------------------------------------------------------------------
-# One test per (function, backend): the interpreter's draws are smaller and fewer
-# ---------------------------------------------------------------------------------------------
-@_examples(200)
-@_explore_seed
-@given(drawn=_seeded(dense_cases(small=False)))
-def test_dense_cpu(cpu_backend, drawn):
-    case, data_seed = drawn
+def _backend_tests(check, strategies, examples):
+    """The (cpu, portable) pair of tests of ``check(case, data_seed, backend, monkeypatch)``:
+    ``strategies`` and ``examples`` per backend, the interpreter's smaller and fewer."""
+    def make(backend, strategy, n):
+        def test(monkeypatch, drawn):
+            use_backend(monkeypatch, backend)
+            check(*drawn, backend, monkeypatch)
+        # (named before hypothesis wraps it: its reports and derandomized draws key on it)
+        test.__name__ = test.__qualname__ = f"test{check.__name__}_{backend}"
+        return _examples(n)(_explore_seed(given(drawn=_seeded(strategy))(test)))
+    return tuple(make(b, st_, n) for b, st_, n in zip(("cpu", "portable"), strategies, examples))
+
+
+def _dense(case, data_seed, backend, monkeypatch):
     torch.manual_seed(data_seed)
     check_attention(case)
 
 
-@_examples(40)
-@_explore_seed
-@given(drawn=_seeded(dense_cases(small=True)))
-def test_dense_portable(portable_backend, drawn):
-    case, data_seed = drawn
-    torch.manual_seed(data_seed)
-    check_attention(case)
-
-
-@_examples(200)
-@_explore_seed
-@given(drawn=_seeded(varlen_cases(small=False)))
-def test_varlen_cpu(cpu_backend, monkeypatch, drawn):
-    case, data_seed = drawn
+def _varlen(case, data_seed, backend, monkeypatch):
     torch.manual_seed(data_seed)
     check_varlen(case, monkeypatch=monkeypatch)
 
 
-@_examples(40)
-@_explore_seed
-@given(drawn=_seeded(varlen_cases(small=True)))
-def test_varlen_portable(portable_backend, monkeypatch, drawn):
-    case, data_seed = drawn
-    torch.manual_seed(data_seed)
-    check_varlen(case, monkeypatch=monkeypatch)
-
-
-@_examples(200)
-@_explore_seed
-@given(drawn=_seeded(kvcache_cases(small=False)))
-def test_kvcache_cpu(cpu_backend, drawn):
-    case, data_seed = drawn
+def _kvcache(case, data_seed, backend, monkeypatch):
     torch.manual_seed(data_seed)
     run_case(case, "cpu")
 
 
-@_examples(40)
-@_explore_seed
-@given(drawn=_seeded(kvcache_cases(small=True)))
-def test_kvcache_portable(portable_backend, drawn):
-    case, data_seed = drawn
-    torch.manual_seed(data_seed)
-    run_case(case, "cpu")
+test_dense_cpu, test_dense_portable = _backend_tests(
+    _dense, (dense_cases(small=False), dense_cases(small=True)), (200, 40))
+test_varlen_cpu, test_varlen_portable = _backend_tests(
+    _varlen, (varlen_cases(small=False), varlen_cases(small=True)), (200, 40))
+test_kvcache_cpu, test_kvcache_portable = _backend_tests(
+    _kvcache, (kvcache_cases(small=False), kvcache_cases(small=True)), (200, 40))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -214,7 +187,7 @@ def packed_kvcache_calls(draw):
                 causal=draw(st.booleans()), window=draw(_windows(capacity + 4)))
 
 
-def _check_packed_kvcache(call, data_seed):
+def _check_packed_kvcache(call, data_seed, backend, monkeypatch):
     """One packed-query KV-cache call against reference.kvcache_ref sequence by sequence
     (float32, as tests/api/test_kvcache_varlen.py)."""
     import itertools
@@ -277,18 +250,8 @@ def _check_packed_kvcache(call, data_seed):
     torch.testing.assert_close(vc, vr, atol=0, rtol=0)
 
 
-@_examples(150)
-@_explore_seed
-@given(drawn=_seeded(packed_kvcache_calls()))
-def test_packed_kvcache_cpu(cpu_backend, drawn):
-    _check_packed_kvcache(*drawn)
-
-
-@_examples(30)
-@_explore_seed
-@given(drawn=_seeded(packed_kvcache_calls()))
-def test_packed_kvcache_portable(portable_backend, drawn):
-    _check_packed_kvcache(*drawn)
+test_packed_kvcache_cpu, test_packed_kvcache_portable = _backend_tests(
+    _check_packed_kvcache, (packed_kvcache_calls(),) * 2, (150, 30))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -307,7 +270,7 @@ def fp8_calls(draw):
                 window=draw(_windows(52)), softcap=draw(st.sampled_from([0.0, 0.0, 2.0])))
 
 
-def _check_fp8(call, data_seed, backend):
+def _check_fp8(call, data_seed, backend, monkeypatch):
     """fp8.quantize on CPU, then fp8.attention: on the cpu backend exactly the attention of
     the dequantized values (reference.attention_fp8_ref without P rounding); on the portable
     kernel within 2x of what FA3's e4m3 rounding of P costs that oracle, with the cpu lse."""
@@ -343,15 +306,4 @@ def _check_fp8(call, data_seed, backend):
     torch.testing.assert_close(lse[finite], lse_cpu[finite], atol=1e-4, rtol=1e-5)
 
 
-@_examples(100)
-@_explore_seed
-@given(drawn=_seeded(fp8_calls()))
-def test_fp8_cpu(cpu_backend, drawn):
-    _check_fp8(*drawn, "cpu")
-
-
-@_examples(30)
-@_explore_seed
-@given(drawn=_seeded(fp8_calls()))
-def test_fp8_portable(portable_backend, drawn):
-    _check_fp8(*drawn, "portable")
+test_fp8_cpu, test_fp8_portable = _backend_tests(_check_fp8, (fp8_calls(),) * 2, (100, 30))

@@ -139,3 +139,30 @@ def test_fp8_through_fa3_returns_out_and_lse():
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=1e-2)
     torch.testing.assert_close(lse.double(), ref_lse, atol=1e-4, rtol=1e-4)
+
+
+def test_window_sides_follow_fa3_or_raise(cpu_backend):
+    """FA3 masks with a window side as given; flash-attn 2 (the library's rule) counts a side
+    >= seqlen_k as unbounded. Where the two masks agree the call matches the oracle with the
+    side as given (attention_ref applies no clamp); where they differ (a right side in
+    [seqlen_k, seqlen_q - 1): more queries than keys) every entry point raises naming it."""
+    torch.manual_seed(0)
+    s_q, s_k, h, d = 10, 3, 2, 16
+    q, k, v = torch.randn(1, s_q, h, d), torch.randn(1, s_k, h, d), torch.randn(1, s_k, h, d)
+    for window in [(-1, 2), (-1, 9), (-1, 20), (1, 1), (5, -1), (2, 12)]:
+        out, lse = fa3.flash_attn_func(q, k, v, window_size=window, return_attn_probs=True)
+        ref, ref_lse = attention_ref(q.double(), k.double(), v.double(), window_size=window)
+        torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(lse.double(), ref_lse, atol=1e-5, rtol=1e-5)
+    cu_q = torch.tensor([0, s_q], dtype=torch.int32)
+    cu_k = torch.tensor([0, s_k], dtype=torch.int32)
+    for window in [(-1, 3), (-1, 8)]:
+        with pytest.raises(NotImplementedError, match=r"window_size\[1\]"):
+            fa3.flash_attn_func(q, k, v, window_size=window)
+        with pytest.raises(NotImplementedError, match=r"window_size\[1\].*max_seqlen_k"):
+            fa3.flash_attn_varlen_func(q[0], k[0], v[0], cu_q, cu_k, s_q, s_k,
+                                       window_size=window)
+        with pytest.raises(NotImplementedError, match=r"window_size\[1\].*cache capacity"):
+            fa3.flash_attn_with_kvcache(q, k, v, cache_seqlens=s_k, window_size=window)
+    # causal sets the right side to 0: any window with it is flash-attn 2's and FA3's mask
+    fa3.flash_attn_func(q, k, v, causal=True, window_size=(-1, 8))

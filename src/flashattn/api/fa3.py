@@ -8,6 +8,9 @@ Where FA3 and flash-attn 2 differ, this module follows FA3:
   ``qv``, the FP8 descales, ``attention_chunk``, ``num_splits``, ``pack_gqa``, ``sm_margin``,
   and return ``out``, or ``(out, softmax_lse)`` with ``return_attn_probs=True``.
 - ``flash_attn_with_kvcache`` names the paged cache's table ``page_table``.
+- Windows: FA3 masks with a side as given, flash-attn 2 counts a side >= seqlen_k as
+  unbounded; the masks differ only for a right side in [seqlen_k, seqlen_q - 1) (more
+  queries than keys), which raises ``NotImplementedError`` instead of using flash-attn 2's.
 - ``flash_attn_combine`` takes and returns the LSE as (…, seqlen, nheads) (flash-attn 2's
   layout, and ``flashattn.flash_attn_combine``'s, is (…, nheads, seqlen)).
 - ``get_scheduler_metadata`` returns the split decision (int32 CPU tensor, one entry: the
@@ -56,6 +59,32 @@ def _check_head_dims(q: Tensor, v: Tensor) -> None:
                                       f"supported (at most {_v.MAX_HEAD_DIM})")
 
 
+def _check_window_rule(window_size: object, causal: object, seqlen_q: object,
+                       seqlen_k: object, k_name: str) -> None:
+    """Refuse the windows on which FA3's and flash-attn 2's rules disagree.
+
+    FA3 masks with a window side as given: its clamps (left >= seqlen_k - 1 and
+    right >= seqlen_q - 1 become -1) change no mask. flashattn applies flash-attn 2's rule,
+    under which a side >= ``k_name`` (seqlen_k, max_seqlen_k, the cache capacity) is
+    unbounded. The two masks differ only for a right side in [seqlen_k, seqlen_q - 1), i.e.
+    when the queries outnumber the keys: there FA3 hides keys from the first rows that
+    flashattn would show, so such a call raises instead of computing the other mask. Values
+    that are not ints are left to the argument checks, which name them."""
+    if causal is True or not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
+        return
+    right = window_size[1]
+    if not all(isinstance(x, int) and not isinstance(x, bool)
+               for x in (right, seqlen_q, seqlen_k)):
+        return
+    if seqlen_k <= right < seqlen_q - 1:
+        raise NotImplementedError(
+            f"flashattn.fa3: window_size[1] = {right} with seqlen_q = {seqlen_q} and "
+            f"{k_name} = {seqlen_k} is not supported yet: FlashAttention-3 masks keys past "
+            f"i + seqlen_k - seqlen_q + {right} for query i (rows near the start see fewer "
+            f"keys), while flashattn applies flash-attn 2's rule, under which a side >= "
+            f"{k_name} is unbounded. window_size[1] = -1 asks for the unbounded mask.")
+
+
 def _fa3_common(qv, q, v) -> None:
     _unsupported("qv", qv)
     _check_head_dims(q, v)
@@ -75,6 +104,8 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional[flo
     (batch, nheads_k) float32 descales (forward only, bf16 output). Returns out, or (out,
     softmax_lse (batch, nheads, seqlen_q)) with return_attn_probs. Differentiable (16/32-bit)."""
     _fa3_common(qv, q, v)
+    if isinstance(q, Tensor) and isinstance(k, Tensor) and q.dim() == 4 and k.dim() == 4:
+        _check_window_rule(window_size, causal, q.shape[1], k.shape[1], "seqlen_k")
     kw = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
               softcap=softcap, deterministic=deterministic)
     if _fp8.is_fp8(q, k, v):
@@ -108,6 +139,7 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     nheads_k, headdim[_v]), int32 cu_seqlens (batch + 1,), seqused_k (batch,) or None.
     Returns out (total_q, nheads, headdim_v), or (out, softmax_lse (nheads, total_q))."""
     _fa3_common(qv, q, v)
+    _check_window_rule(window_size, causal, max_seqlen_q, max_seqlen_k, "max_seqlen_k")
     kw = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
               softcap=softcap, deterministic=deterministic, seqused_k=seqused_k,
               seqused_q=seqused_q, attention_chunk=attention_chunk)
@@ -154,6 +186,13 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor,
     nheads, seqlen_q)) with return_softmax_lse; with packed queries (``cu_seqlens_q``) out is
     (total_q, nheads, headdim_v) and softmax_lse (nheads, total_q)."""
     _fa3_common(qv, q, v_cache)
+    if isinstance(q, Tensor) and isinstance(k_cache, Tensor) and k_cache.dim() == 4:
+        capacity = k_cache.shape[1]
+        if isinstance(page_table, Tensor) and page_table.dim() == 2:
+            capacity *= page_table.shape[1]
+        rows = max_seqlen_q if cu_seqlens_q is not None else (
+            q.shape[1] if q.dim() == 4 else None)
+        _check_window_rule(window_size, causal, rows, capacity, "the cache capacity")
     for name, value in (("q_descale", q_descale), ("k_descale", k_descale),
                         ("v_descale", v_descale)):
         _unsupported(f"{name} (FP8 KV cache)", value)

@@ -317,3 +317,65 @@ def _check_fp8(call, data_seed, backend, monkeypatch):
 
 
 test_fp8_cpu, test_fp8_portable = _backend_tests(_check_fp8, (fp8_calls(),) * 2, (100, 30))
+
+
+# ---------------------------------------------------------------------------------------------
+# Chunked local attention (attention_chunk, Llama-4) and learnable sinks (gpt-oss), float32
+# ---------------------------------------------------------------------------------------------
+@st.composite
+def chunk_sink_calls(draw):
+    h, h_k = draw(_heads())
+    s_max = 40
+    return dict(b=draw(st.integers(1, 2)), s_q=draw(st.integers(1, s_max)),
+                s_k=draw(st.integers(1, s_max)), h=h, h_k=h_k,
+                d=draw(st.sampled_from([8, 16, 24])), chunk=draw(st.integers(0, 20)),
+                sink=draw(st.booleans()), causal=draw(st.booleans()),
+                window=draw(_windows(s_max + 4)), softcap=draw(st.sampled_from([0.0, 0.0, 2.0])),
+                alibi=draw(st.booleans()))
+
+
+def _check_chunk_sink(call, data_seed, backend, monkeypatch):
+    """flash_attn_func with attention_chunk and / or learnable_sink against the float64 oracle:
+    reference.attention_ref's chunked mask (flash-attn 2's window rule first), then the sink
+    as one more logit per head in each row's denominator (lse' = logaddexp(lse, sink),
+    out' = out * exp(lse - lse')); forward, lse and the gradients of q, k, v and the sink."""
+    import flashattn
+    from flashattn import reference as R
+
+    c = call
+    g = torch.Generator().manual_seed(data_seed)
+    q = torch.randn(c["b"], c["s_q"], c["h"], c["d"], generator=g).requires_grad_()
+    k = torch.randn(c["b"], c["s_k"], c["h_k"], c["d"], generator=g).requires_grad_()
+    v = torch.randn(c["b"], c["s_k"], c["h_k"], c["d"], generator=g).requires_grad_()
+    sink = torch.randn(c["h"], generator=g).requires_grad_() if c["sink"] else None
+    slopes = torch.rand(c["b"], c["h"], generator=g) * 0.5 if c["alibi"] else None
+    kw = dict(causal=c["causal"], softcap=c["softcap"], alibi_slopes=slopes)
+    out, lse, _ = flashattn.flash_attn_func(q, k, v, window_size=c["window"],
+                                            attention_chunk=c["chunk"], learnable_sink=sink,
+                                            return_attn_probs=True, **kw)
+    dout = torch.randn(out.shape, generator=g)
+    inputs = (q, k, v) + ((sink,) if sink is not None else ())
+    grads = torch.autograd.grad(out, inputs, dout)
+
+    x64 = [x.detach().double().requires_grad_() for x in inputs]
+    ref, ref_lse = R.attention_ref(*x64[:3], window_size=fa2_window(c["causal"], c["window"],
+                                                                   c["s_k"]),
+                                   attention_chunk=c["chunk"], **kw)
+    if sink is not None:
+        with_sink = torch.logaddexp(ref_lse, x64[3].view(1, -1, 1))
+        ref = ref * torch.exp(ref_lse - with_sink).transpose(1, 2).unsqueeze(-1)
+        ref_lse = with_sink
+    ref_grads = torch.autograd.grad(ref, x64, dout.double(), allow_unused=True)
+    torch.testing.assert_close(out.double(), ref.detach(), atol=1e-5, rtol=1e-5)
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(finite, torch.isfinite(lse)), "lse: rows without keys differ"
+    torch.testing.assert_close(lse.double()[finite], ref_lse.detach()[finite], atol=1e-5,
+                               rtol=1e-5)
+    for name, got, want in zip(("dq", "dk", "dv", "dsink"), grads, ref_grads):
+        want = torch.zeros_like(got, dtype=torch.float64) if want is None else want
+        torch.testing.assert_close(got.double(), want, atol=2e-4, rtol=2e-4,
+                                   msg=lambda m, name=name: f"{name}: {m}")
+
+
+test_chunk_sink_cpu, test_chunk_sink_portable = _backend_tests(
+    _check_chunk_sink, (chunk_sink_calls(),) * 2, (150, 20))

@@ -23,6 +23,8 @@ import torch
 from tests.accuracy import (assert_attention_close, assert_close_rule, delta_residual_atols,
                             fp32_sum_atol)
 from flashattn import dispatch, flash_attn_func
+from flashattn.cpu import aten_flash
+from flashattn.params import AttnParams
 from flashattn.reference import attention_probs_ref, attention_ref, visible_mask
 from tests.settings import set_env
 
@@ -167,14 +169,11 @@ def _aten_backward_rounds_twice(c: Case, q, k, v, window: Tuple[int, int]) -> bo
     fp16 / bf16, whose dK / dV carry up to one more rounding than a single-pass kernel's (it
     rounds per 32-row query block: 0.56-0.69 ulps of max|dV| at 33-200 rows with one key,
     against 0.33 at 32; benchmarks/NOTES.md, session 26): one ulp of allowance there."""
-    from flashattn.cpu import aten_flash
-    from flashattn.params import AttnParams
-
-    if c.dtype == torch.float32 or c.deterministic or dispatch.backend_for(q) != "cpu":
+    if (c.dtype == torch.float32 or c.deterministic or c.alibi is not None
+            or dispatch.backend_for(q) != "cpu"):
         return False
     scale = c.softmax_scale if c.softmax_scale is not None else c.d ** -0.5
-    params = AttnParams(scale, c.causal, window[0], window[1], c.softcap,
-                        None if c.alibi is None else torch.ones(1), c.dropout_p, 0)
+    params = AttnParams(scale, c.causal, window[0], window[1], c.softcap, None, c.dropout_p, 0)
     return aten_flash.covers(q, k, v, params)
 
 

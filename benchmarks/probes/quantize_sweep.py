@@ -9,7 +9,11 @@ registers a thread (8 warps): one CTA fits per SM.
         --tunings '[{"stages": 4}, {"stages": 5}]' --rounds 3
 
 ``--tunings``: only these overrides of the shipped launch parameters, each timed against the
-shipped ones in ``--rounds`` interleaved rounds (min per config), instead of the grid.
+shipped ones in ``--rounds`` interleaved rounds (min per config), instead of the grid
+(``{"only": "qk"}`` / ``{"only": "v"}`` time a part of the pass: its TB/s counts that part's
+bytes). ``--anchors`` adds two rows to those rounds that move the same bytes: torch's own
+bf16 -> e4m3 conversion of q, k and v (three elementwise kernels) and a device-to-device
+copy of half the bytes (read + written = the pass's).
 """
 from __future__ import annotations
 
@@ -32,6 +36,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="per_sm 1 / 2 and V stages only")
     ap.add_argument("--tunings", default="", help="JSON list of launch-parameter overrides")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--anchors", action="store_true",
+                    help="with --tunings: torch's e4m3 conversion and a copy, same bytes")
     args = ap.parse_args()
     rows = []
     s, block = 16384, 128
@@ -46,6 +52,11 @@ def main() -> int:
         moved = q.numel() * 3 * 3  # bytes: bf16 read + e4m3 write, three tensors
 
         def time_ms(tuning):  # (tuning None: the shipped launch parameters)
+            if tuning == "torch-e4m3":
+                fn = lambda: [x.to(torch.float8_e4m3fn) for x in (q, k, v)]  # noqa: E731
+                return do_bench(fn, warmup=5, rep=40)
+            if tuning == "copy":
+                return do_bench(lambda: dst.copy_(src), warmup=5, rep=40)
             fn = lambda: _launch(q, k, v, q8, k8, v8, *scales, signs, block, block, False,  # noqa: E731
                                  True, tuning)
             fn()
@@ -53,6 +64,10 @@ def main() -> int:
 
         if args.tunings:  # shipped vs the given overrides, interleaved rounds
             cands = [None] + json.loads(args.tunings)
+            if args.anchors:
+                cands += ["torch-e4m3", "copy"]
+                src = torch.empty(moved // 4, dtype=torch.bfloat16, device="cuda")
+                dst = torch.empty_like(src)
             times = [[] for _ in cands]
             for _ in range(args.rounds):
                 for i, tuning in enumerate(cands):
@@ -63,8 +78,10 @@ def main() -> int:
                         print(json.dumps(dict(d=d, tuning=tuning, error=str(exc)[:160])))
             for tuning, ts in zip(cands, times):
                 ms = min(ts)
+                part = {"qk": 2 / 3, "v": 1 / 3}.get(
+                    tuning.get("only") if isinstance(tuning, dict) else None, 1.0)
                 row = dict(d=d, tuning=tuning or "shipped", us=round(ms * 1e3, 1),
-                           tb_s=round(moved / (ms * 1e-3) / 1e12, 2),
+                           tb_s=round(part * moved / (ms * 1e-3) / 1e12, 2),
                            all_us=[round(x * 1e3, 1) for x in ts])
                 rows.append(row)
                 print(json.dumps(row), flush=True)

@@ -209,6 +209,33 @@ def test_quantize_fused_pass_matches_the_torch_semantics_interpreter(d):
     assert torch.equal(c.k_descale[1, :, 0], torch.ones(2))
 
 
+def test_quantize_pass_parts_write_what_the_whole_pass_writes_interpreter():
+    """probes/quantize_sweep.py times the pass's parts with ``tuning={"only": ...}``: the Q / K
+    part and the V part (interpreted) each write exactly their tensors of the whole pass, and
+    nothing else (the other outputs keep their NaN / poison fill)."""
+    from flashattn.fp8_format import wgmma_vt_empty
+    from flashattn.triton.fp8_quantize import _launch
+
+    torch.manual_seed(6)
+    q, k, v = (torch.randn(1, 80, 2, 64).bfloat16() for _ in range(3))
+    signs = fp8.random_signs(64, 0, q.device)
+    nan8 = torch.tensor(float("nan")).to(torch.float8_e4m3fn)
+
+    def run(tuning):
+        outs = [torch.full(x.shape, nan8.item(), dtype=torch.float8_e4m3fn) for x in (q, k)]
+        outs.append(wgmma_vt_empty(v.shape, v.device).fill_(nan8.item()))
+        outs += [torch.full((1, 2, 3), float("nan")) for _ in range(3)]
+        _launch(q, k, v, *outs, signs, 32, 32, True, True, tuning)
+        return [x.float() for x in outs]
+
+    whole, qk, v_part = run(None), run({"only": "qk"}), run({"only": "v"})
+    for i, x in enumerate(whole):
+        assert not x.isnan().any()
+        written, untouched = (qk, v_part) if i in (0, 1, 3, 4) else (v_part, qk)
+        assert torch.equal(written[i], x)
+        assert untouched[i].isnan().all()
+
+
 E5M2 = torch.float8_e5m2
 
 

@@ -401,7 +401,8 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q8: torch.Tensor,
     the one launch at 8 warps measured 144 us against 157 for the two at d = 256, 16k
     tokens, H100.) ``tuning`` (probes only): {"warps", "per_sm", "stages", "stages_v"}
     "maxnreg" overrides of :func:`launch_params`; {"chunks": 0} pads d = 3 W tiles to a
-    power of two and runs d = 256 as two 128-column halves, as before session 18 (A/B).
+    power of two and runs d = 256 as two 128-column halves, as before session 18 (A/B);
+    {"only": "qk" | "v"} launches only those tiles (the parts' times).
     ``plan_out``: gets (the launch plan or None, the ±1 matrix, the signs argument): what a
     :class:`QuantizeCall` replays."""
     b, s_q, h, d = q.shape
@@ -418,6 +419,12 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q8: torch.Tensor,
     sg = signs if rotate else q_descale  # (float32 (d,) on q's device: api/fp8.py)
     q_blocks, k_blocks = cdiv(s_q, block_m), cdiv(s_k, block_n)
     q_tiles, k_tiles = q_blocks * b * h, k_blocks * b * h_k
+    v_tiles = k_tiles
+    only = (tuning or {}).get("only")  # (probes: "qk" or "v", the other tiles not launched)
+    if only == "qk":
+        v_tiles = 0
+    elif only == "v":
+        q_tiles = k_tiles = 0
     params = launch_params(d, max(block_m, block_n), rotate, q.element_size())
     if tuning:
         params = tuple(tuning.get(name, x) for name, x in
@@ -431,7 +438,7 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q8: torch.Tensor,
         MIX=hadamard_block(d) > _HALF_MAX, DOT_PREC="ieee" if upcast else "tf32",
         UPCAST=upcast, EXACT_ROUND=interpret, V_WGMMA=v_wgmma, CHUNKS=n_chunks)
     inv_sqrt_block = float(hadamard_block(d)) ** -0.5
-    plan = _launch_tiles(tensors, strides, (q_tiles, k_tiles, k_tiles, inv_sqrt_block),
+    plan = _launch_tiles(tensors, strides, (q_tiles, k_tiles, v_tiles, inv_sqrt_block),
                          constexprs, params, interpret)
     if plan_out is not None:
         plan_out.append((plan, had, sg))

@@ -12,7 +12,8 @@ explore, set ``FLASHATTN_HYPOTHESIS_EXAMPLES=N``: N examples per test (per backe
 from the suite's base seed (``--seed`` / ``FLASHATTN_TEST_SEED`` replays a run).
 
 The 'portable' backend runs the Triton kernels in the interpreter, which is slow, so its
-draws are smaller and fewer.
+draws are smaller and fewer. The ``gpu`` tests run the compiled kernels on CUDA tensors, with
+the Hopper kernels forced for every call they cover.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import os
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
 from tests.api.test_attention import Case, check_attention, fa2_window
@@ -141,21 +142,26 @@ def _backend_tests(check, strategies, examples):
     return tuple(make(b, st_, n) for b, st_, n in zip(("cpu", "portable"), strategies, examples))
 
 
+def _device(backend: str) -> str:
+    return "cuda" if backend == "hopper" else "cpu"
+
+
 def _dense(case, data_seed, backend, monkeypatch):
     torch.manual_seed(data_seed)
     # the inputs' memory layout from the seed: contiguous, (b, h, s, d) viewed as (b, s, h, d),
     # or a window of a larger tensor (storage offset, padded strides)
-    check_attention(case, layout=("contiguous", "bhsd", "padded")[data_seed % 3])
+    check_attention(case, device=_device(backend),
+                    layout=("contiguous", "bhsd", "padded")[data_seed % 3])
 
 
 def _varlen(case, data_seed, backend, monkeypatch):
     torch.manual_seed(data_seed)
-    check_varlen(case, monkeypatch=monkeypatch)
+    check_varlen(case, device=_device(backend), monkeypatch=monkeypatch)
 
 
 def _kvcache(case, data_seed, backend, monkeypatch):
     torch.manual_seed(data_seed)
-    run_case(case, "cpu")
+    run_case(case, _device(backend))
 
 
 test_dense_cpu, test_dense_portable = _backend_tests(
@@ -164,6 +170,80 @@ test_varlen_cpu, test_varlen_portable = _backend_tests(
     _varlen, (varlen_cases(small=False), varlen_cases(small=True)), (200, 40))
 test_kvcache_cpu, test_kvcache_portable = _backend_tests(
     _kvcache, (kvcache_cases(small=False), kvcache_cases(small=True)), (200, 40))
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: the compiled kernels. FLASHATTN_BACKEND=hopper sends every call the Gluon kernels cover
+# to them whatever its size (auto sends calls under ~512 keys to the portable kernels), so
+# these small draws reach the Hopper forward and backward, tiles that cross a sequence's end
+# and shifted key blocks included; the calls they do not cover (float32, ALiBi, dropout, other
+# head dims, unaligned strides, deterministic masked backward) run the compiled portable
+# kernels, and KV-cache calls the decode kernels.
+# ---------------------------------------------------------------------------------------------
+_GPU_DIMS = [64, 96, 128, 192, 256, 40]
+_GPU_DTYPES = st.sampled_from([torch.bfloat16, torch.bfloat16, torch.float16, torch.float32])
+_GPU_EXTRAS = st.sampled_from(["none", "none", "none", "softcap", "alibi_h", "dropout"])
+
+
+@st.composite
+def gpu_dense_cases(draw) -> Case:
+    """A flash_attn_func call over 1-400 rows / keys (a few Hopper tiles)."""
+    s_max = 400
+    d = draw(st.sampled_from(_GPU_DIMS))
+    h, h_k = draw(_heads())
+    extra = draw(_GPU_EXTRAS)
+    return Case(
+        s_q=draw(st.integers(1, s_max)), s_k=draw(st.integers(1, s_max)), d=d,
+        # (192 / 128: the Hopper forward's headdim_v != headdim case)
+        d_v=draw(st.sampled_from([None, None, None, 128])) if d == 192 else None,
+        dtype=draw(_GPU_DTYPES), b=draw(st.integers(1, 2)), h=h, h_k=h_k,
+        causal=draw(st.booleans()), window=draw(_windows(s_max + 4)),
+        softcap=5.0 if extra == "softcap" else 0.0,
+        alibi="h" if extra == "alibi_h" else None,
+        dropout_p=0.17 if extra == "dropout" else 0.0, deterministic=draw(st.booleans()),
+        softmax_scale=draw(st.sampled_from([None, None, 0.3])))
+
+
+@st.composite
+def gpu_varlen_cases(draw) -> VCase:
+    """A flash_attn_varlen_func call: 1-4 sequences of 0-300 rows / keys."""
+    s_max = 300
+    n = draw(st.integers(1, 4))
+    lens_q = tuple(draw(st.lists(st.integers(0, s_max), min_size=n, max_size=n)))
+    lens_k = tuple(draw(st.lists(st.integers(0, s_max), min_size=n, max_size=n)))
+    used = None
+    if draw(st.booleans()):
+        used = tuple(draw(st.integers(0, lk)) for lk in lens_k)
+    h, h_k = draw(_heads())
+    d = draw(st.sampled_from(_GPU_DIMS))
+    extra = draw(_GPU_EXTRAS)
+    return VCase(
+        lens_q, lens_k, d=d,
+        d_v=draw(st.sampled_from([None, None, None, 128])) if d == 192 else None,
+        dtype=draw(_GPU_DTYPES), h=h, h_k=h_k, causal=draw(st.booleans()),
+        window=draw(_windows(s_max + 4)), softcap=5.0 if extra == "softcap" else 0.0,
+        alibi="h" if extra == "alibi_h" else None,
+        dropout_p=0.17 if extra == "dropout" else 0.0, deterministic=draw(st.booleans()),
+        seqused_k=used)
+
+
+def _gpu_test(check, strategy, examples):
+    """A ``gpu`` test of ``check`` on CUDA tensors with the Hopper family forced. Failures are
+    reported as drawn, not shrunk: shrinking compiles kernel variants the draw never needed,
+    and a device call's time is short."""
+    def test(monkeypatch, drawn):
+        use_backend(monkeypatch, "hopper")
+        check(*drawn, "hopper", monkeypatch)
+    test.__name__ = test.__qualname__ = f"test{check.__name__}_gpu"
+    no_shrink = settings(_examples(examples),
+                         phases=[Phase.explicit, Phase.reuse, Phase.generate])
+    return pytest.mark.gpu(no_shrink(_explore_seed(given(drawn=_seeded(strategy))(test))))
+
+
+# (20 draws each: most of a draw's time is compiling the kernel variants it needs)
+test_dense_gpu = _gpu_test(_dense, gpu_dense_cases(), 20)
+test_varlen_gpu = _gpu_test(_varlen, gpu_varlen_cases(), 20)
+test_kvcache_gpu = _gpu_test(_kvcache, kvcache_cases(small=False), 20)
 
 
 # ---------------------------------------------------------------------------------------------

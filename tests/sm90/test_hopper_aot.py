@@ -168,7 +168,12 @@ SPILL_ALLOWANCE = {"fwd_d192_bfloat16_causal": 8, "fwd_d256_bfloat16_causal": 8,
                    # d = 256 causal 24 bytes more (the per-tile sequence geometry), FP8 d = 64
                    # / 128 causal 8 (GPU-measured at 0.97-0.98x the dense bf16 call's speed
                    # for equal lengths; FP8 varlen speed: benchmarks/NOTES.md)
-                   "fwd_d256_bfloat16_causal_varlen1": 8,
+                   "fwd_d256_bfloat16_causal_varlen1": 16,
+                   # (session 27: V rows before a short sequence's first key zeroed in its one
+                   # block, 8 bytes more at d = 64 / 192 x 128 / 256 causal; the varlen forward
+                   # measured equal to the tree without it, within 2 %)
+                   "fwd_d64_bfloat16_causal_varlen1": 8,
+                   "fwd_d192x128_bfloat16_causal_varlen1": 8,
                    "fwd_d64_float8_e4m3fn_causal_varlen1": 8,
                    "fwd_d128_float8_e4m3fn_causal_varlen1": 8,
                    "fwd_d256_float8_e4m3fn_causal_varlen1": 112,

@@ -55,6 +55,7 @@ Scheduling knobs (constexpr, for the ablation table in benchmarks/NOTES.md):
                    and hands the geometry to the consumers with the tile. Keys past the end
                    are never read: the key block that crosses it is loaded ending at the
                    sequence's last key, the keys before its start masked (_last_block_start;
+                   a sequence shorter than a block has the V rows before its start zeroed;
                    with seqused_k the consumers zero its V rows past the end instead:
                    row_guard.py); query rows past it are computed but not
                    stored: O pieces that cross the end are stored from registers (_store_rows),
@@ -82,7 +83,7 @@ from flashattn.runtime.gluon_api import cta_barrier, tma_load, tma_store  # noqa
 
 from flashattn.sm90.ptx import per_thread_ptx
 from flashattn.sm90.ring import ring_load
-from flashattn.sm90.row_guard import zero_rows_from
+from flashattn.sm90.row_guard import zero_rows_before, zero_rows_from
 from flashattn.sm90.softmax import (LN2, LOG2E, P_SCALE_LOG2, apply_softcap, mask_scores,
                                     online_softmax)
 from flashattn.sm90.tiles import (block_needs_mask, key_block_range, tile_coords, used_keys,
@@ -735,6 +736,16 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
                 n_last = (lo_blk + n_blocks - 1) * BLOCK_N
                 if n_last + BLOCK_N > len_k:
                     zero_rows_from(v_prev, len_k - n_last)
+            if VARLEN and not USED and not FP8:
+                # a sequence shorter than a key block: its one block, loaded ending at its last
+                # key (_last_block_start), starts before its first key, in the previous
+                # sequence's rows or, for the first sequence, in rows before cu_seqlens_k[0]
+                # that belong to no sequence and may hold NaN / Inf. Their scores are masked,
+                # but P · V would multiply that 0 by the V rows: zeroed (row_guard.py). (AOT:
+                # 8 bytes of spills more at d = 64 / 192 x 128 / 256 causal, measured neutral;
+                # done at the tile's first block instead: 24-32 bytes)
+                if len_k < BLOCK_N:
+                    zero_rows_before(v_prev, BLOCK_N - len_k)
             turn_count = _turn_wait(turn, WG, turn_count, PINGPONG)
             if INTRA_OVERLAP == 2:
                 acc = acc * gl.expand_dims(alpha_o, 1)

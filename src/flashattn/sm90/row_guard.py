@@ -11,9 +11,13 @@ portable kernels never read those rows. What the Hopper kernels do instead:
 
 - forward, 16-bit: the key block that crosses a sequence's end is loaded ending at its last
   key (fwd_kernel._last_block_start; the keys before the block's start are masked), so no row
-  past the end is read at all; with ``seqused_k`` (a short sequence would then reach back into
-  the previous slot's unused keys) the block stays where it starts and the consumers zero its
-  V rows past the end here (:func:`zero_rows_from`). FP8: the packed V^T holds zeros past every
+  past the end is read at all. A sequence shorter than a block then reaches back before its
+  first key: into the previous sequence's rows, or for the first sequence into the rows
+  before cu_seqlens_k[0], which belong to no sequence (a packed tensor sliced out of a bigger
+  buffer) and may hold anything. The consumers zero those V rows (:func:`zero_rows_before`,
+  only in that block: K's rows are masked to -inf whatever they hold). With ``seqused_k``
+  (a short sequence would reach back into the previous slot's unused keys) the block stays
+  where it starts and the consumers zero its V rows past the end (:func:`zero_rows_from`). FP8: the packed V^T holds zeros past every
   sequence's used keys (v_layout.py), and the masked scores drop K's rows.
 - backward: only the last sequence can be followed by rows of no sequence
   (:func:`padding_follows`); its tiles run a copy of the block loop that zeroes the K / V rows
@@ -53,6 +57,28 @@ def zero_rows_from(tile, first_bad):
             x = piece.load(LAYOUT)
             rows = c * PIECE + gl.arange(0, PIECE, layout=gl.SliceLayout(1, LAYOUT))
             x = gl.where(gl.expand_dims(rows < first_bad, 1), x, gl.zeros_like(x))
+            piece.store(x)
+    fence_async_shared()
+    cta_barrier()
+
+
+@gluon.jit
+def zero_rows_before(tile, first_good):
+    """Rows [0, first_good) of the shared [ROWS, COLS] ``tile`` set to 0 by the calling
+    warpgroup: :func:`zero_rows_from`'s pieces, mirrored (pieces wholly at or past
+    ``first_good`` are not touched), with its fence and partition barrier."""
+    ROWS: gl.constexpr = tile.shape[0]
+    COLS: gl.constexpr = tile.shape[1]
+    PIECE: gl.constexpr = 2048 // COLS
+    VEC: gl.constexpr = 128 // tile.dtype.primitive_bitwidth  # 16-byte vectors
+    LAYOUT: gl.constexpr = gl.BlockedLayout([1, VEC], [32 * VEC // COLS, COLS // VEC], [4, 1],
+                                            [1, 0])
+    for c in gl.static_range(ROWS // PIECE):
+        if c * PIECE < first_good:
+            piece = tile.slice(c * PIECE, PIECE, dim=0)
+            x = piece.load(LAYOUT)
+            rows = c * PIECE + gl.arange(0, PIECE, layout=gl.SliceLayout(1, LAYOUT))
+            x = gl.where(gl.expand_dims(rows >= first_good, 1), x, gl.zeros_like(x))
             piece.store(x)
     fence_async_shared()
     cta_barrier()

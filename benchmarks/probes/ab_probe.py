@@ -13,6 +13,8 @@ Points (H100 defaults):
   microseconds per step, measured the same way.
 - ``--points fp8``: ``flash_attn_fp8_func`` end to end beside bf16 ``flash_attn_func`` at b1
   h16 d128, s 1k / 4k / 8k (:func:`fp8_rows`).
+- ``--points varlen``: the Hopper varlen forward (forced) on varlen_probe.py's ragged batches,
+  d 64 / 128 / 256, mean lengths 256 / 1024 (:func:`varlen_rows`).
 
     python benchmarks/probes/ab_probe.py --a /tmp/old/src --b src --rounds 3 --out ab.json
 """
@@ -74,6 +76,36 @@ def fp8_rows() -> Dict[str, float]:
     return rows
 
 
+def varlen_rows() -> Dict[str, float]:
+    """``flash_attn_varlen_func`` forward with the Hopper kernels forced (auto sends means
+    under 512 keys to the portable kernels), bf16, no grad: varlen_probe.py's ragged batches
+    (16k tokens, hidden 2048: h = 2048 / d), d 64 / 128 / 256 x mean length 256 / 1024 x
+    causal and not; do_bench medians in microseconds."""
+    import torch
+    from triton.testing import do_bench
+
+    import flashattn
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from varlen_probe import _cu, ragged_lengths
+
+    rows: Dict[str, float] = {}
+    with flashattn.use_backend("hopper"):
+        for d in (64, 128, 256):
+            for mean in (256, 1024):
+                lengths = ragged_lengths(mean)
+                cu, total, h = _cu(lengths, "cuda"), sum(lengths), 2048 // d
+                q, k, v = (torch.randn(total, h, d, device="cuda", dtype=torch.bfloat16)
+                           for _ in range(3))
+                for causal in (False, True):
+                    fn = lambda: flashattn.flash_attn_varlen_func(  # noqa: E731
+                        q, k, v, cu, cu, max(lengths), max(lengths), causal=causal)
+                    fn()
+                    key = f"varlen_d{d}_mean{mean}_{'causal' if causal else 'dense'}_us"
+                    rows[key] = do_bench(fn, warmup=10, rep=50) * 1e3
+    return rows
+
+
 def child(points: str) -> Dict[str, float]:
     """Measure the points with the flashattn on sys.path[0]; print one JSON line."""
     import torch
@@ -83,6 +115,8 @@ def child(points: str) -> Dict[str, float]:
 
     if points == "fp8":
         return fp8_rows()
+    if points == "varlen":
+        return varlen_rows()
     rows: Dict[str, float] = {}
     dt = torch.bfloat16
     b, s, h, d = 1, 16384, 16, 128
@@ -132,9 +166,10 @@ def main() -> int:
     ap.add_argument("--a", required=True, help="src dir of tree A (the baseline)")
     ap.add_argument("--b", required=True, help="src dir of tree B")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--points", choices=("all", "host", "fp8"), default="all",
-                    help="all points, the host-time ones only (tiny calls, decode), or "
-                         "flash_attn_fp8_func beside bf16 (fp8_rows)")
+    ap.add_argument("--points", choices=("all", "host", "fp8", "varlen"), default="all",
+                    help="all points, the host-time ones only (tiny calls, decode), "
+                         "flash_attn_fp8_func beside bf16 (fp8_rows), or the Hopper varlen "
+                         "forward (varlen_rows)")
     ap.add_argument("--out", default="")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -78,16 +78,22 @@ def dense_cases(draw, small: bool) -> Case:
         softmax_scale=draw(st.sampled_from([None, None, 0.3])))
 
 
-@st.composite
-def varlen_cases(draw, small: bool) -> VCase:
-    """A flash_attn_varlen_func call: 1-4 sequences, lengths from 0, s_q != s_k within one."""
-    s_max = 20 if small else 70
+def _sequences(draw, s_max: int):
+    """(lens_q, lens_k, seqused_k or None) of 1-4 sequences of 0-s_max rows / keys."""
     n = draw(st.integers(1, 4))
     lens_q = tuple(draw(st.lists(st.integers(0, s_max), min_size=n, max_size=n)))
     lens_k = tuple(draw(st.lists(st.integers(0, s_max), min_size=n, max_size=n)))
     used = None
     if draw(st.booleans()):
         used = tuple(draw(st.integers(0, lk)) for lk in lens_k)
+    return lens_q, lens_k, used
+
+
+@st.composite
+def varlen_cases(draw, small: bool) -> VCase:
+    """A flash_attn_varlen_func call: 1-4 sequences, lengths from 0, s_q != s_k within one."""
+    s_max = 20 if small else 70
+    lens_q, lens_k, used = _sequences(draw, s_max)
     h, h_k = draw(_heads())
     dims = [8, 16, 32, 40] if small else [8, 16, 32, 40, 64, 80]
     extra = draw(st.sampled_from(["none", "none", "softcap", "alibi_h", "alibi_bh", "dropout"]))
@@ -208,12 +214,7 @@ def gpu_dense_cases(draw) -> Case:
 def gpu_varlen_cases(draw) -> VCase:
     """A flash_attn_varlen_func call: 1-4 sequences of 0-300 rows / keys."""
     s_max = 300
-    n = draw(st.integers(1, 4))
-    lens_q = tuple(draw(st.lists(st.integers(0, s_max), min_size=n, max_size=n)))
-    lens_k = tuple(draw(st.lists(st.integers(0, s_max), min_size=n, max_size=n)))
-    used = None
-    if draw(st.booleans()):
-        used = tuple(draw(st.integers(0, lk)) for lk in lens_k)
+    lens_q, lens_k, used = _sequences(draw, s_max)
     h, h_k = draw(_heads())
     d = draw(st.sampled_from(_GPU_DIMS))
     extra = draw(_GPU_EXTRAS)

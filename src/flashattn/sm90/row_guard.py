@@ -39,12 +39,12 @@ from flashattn.sm90.tiles import clamped_load
 
 
 @gluon.jit
-def zero_rows_from(tile, first_bad):
-    """Rows [first_bad, ROWS) of the shared [ROWS, COLS] ``tile`` set to 0 by the calling
-    warpgroup (4 warps), in pieces of 2048 elements (16 values a thread: the callers have few
-    registers to spare; 8 rows at 256 columns, the swizzle period of the NVMMA tiles); pieces
-    wholly before ``first_bad`` are not touched. Ends with the async-proxy fence and a
-    partition barrier: a wgmma the caller issues next reads the zeros."""
+def _zero_rows(tile, bound, BEFORE: gl.constexpr):
+    """Rows [0, bound) (BEFORE) or [bound, ROWS) of the shared [ROWS, COLS] ``tile`` set to 0
+    by the calling warpgroup (4 warps), in pieces of 2048 elements (16 values a thread: the
+    callers have few registers to spare; 8 rows at 256 columns, the swizzle period of the
+    NVMMA tiles); pieces with no row to zero are not touched. Ends with the async-proxy fence
+    and a partition barrier: a wgmma the caller issues next reads the zeros."""
     ROWS: gl.constexpr = tile.shape[0]
     COLS: gl.constexpr = tile.shape[1]
     PIECE: gl.constexpr = 2048 // COLS
@@ -52,36 +52,34 @@ def zero_rows_from(tile, first_bad):
     LAYOUT: gl.constexpr = gl.BlockedLayout([1, VEC], [32 * VEC // COLS, COLS // VEC], [4, 1],
                                             [1, 0])
     for c in gl.static_range(ROWS // PIECE):
-        if (c + 1) * PIECE > first_bad:
+        if BEFORE:
+            touched = c * PIECE < bound
+        else:
+            touched = (c + 1) * PIECE > bound
+        if touched:
             piece = tile.slice(c * PIECE, PIECE, dim=0)
             x = piece.load(LAYOUT)
             rows = c * PIECE + gl.arange(0, PIECE, layout=gl.SliceLayout(1, LAYOUT))
-            x = gl.where(gl.expand_dims(rows < first_bad, 1), x, gl.zeros_like(x))
+            if BEFORE:
+                keep = rows >= bound
+            else:
+                keep = rows < bound
+            x = gl.where(gl.expand_dims(keep, 1), x, gl.zeros_like(x))
             piece.store(x)
     fence_async_shared()
     cta_barrier()
 
 
 @gluon.jit
+def zero_rows_from(tile, first_bad):
+    """Rows [first_bad, ROWS) of the shared [ROWS, COLS] ``tile`` set to 0 (:func:`_zero_rows`)."""
+    _zero_rows(tile, first_bad, False)
+
+
+@gluon.jit
 def zero_rows_before(tile, first_good):
-    """Rows [0, first_good) of the shared [ROWS, COLS] ``tile`` set to 0 by the calling
-    warpgroup: :func:`zero_rows_from`'s pieces, mirrored (pieces wholly at or past
-    ``first_good`` are not touched), with its fence and partition barrier."""
-    ROWS: gl.constexpr = tile.shape[0]
-    COLS: gl.constexpr = tile.shape[1]
-    PIECE: gl.constexpr = 2048 // COLS
-    VEC: gl.constexpr = 128 // tile.dtype.primitive_bitwidth  # 16-byte vectors
-    LAYOUT: gl.constexpr = gl.BlockedLayout([1, VEC], [32 * VEC // COLS, COLS // VEC], [4, 1],
-                                            [1, 0])
-    for c in gl.static_range(ROWS // PIECE):
-        if c * PIECE < first_good:
-            piece = tile.slice(c * PIECE, PIECE, dim=0)
-            x = piece.load(LAYOUT)
-            rows = c * PIECE + gl.arange(0, PIECE, layout=gl.SliceLayout(1, LAYOUT))
-            x = gl.where(gl.expand_dims(rows >= first_good, 1), x, gl.zeros_like(x))
-            piece.store(x)
-    fence_async_shared()
-    cta_barrier()
+    """Rows [0, first_good) of the shared [ROWS, COLS] ``tile`` set to 0 (:func:`_zero_rows`)."""
+    _zero_rows(tile, first_good, True)
 
 
 @gluon.jit

@@ -17,8 +17,9 @@ portable kernels never read those rows. What the Hopper kernels do instead:
   buffer) and may hold anything. The consumers zero those V rows (:func:`zero_rows_before`,
   only in that block: K's rows are masked to -inf whatever they hold). With ``seqused_k``
   (a short sequence would reach back into the previous slot's unused keys) the block stays
-  where it starts and the consumers zero its V rows past the end (:func:`zero_rows_from`). FP8: the packed V^T holds zeros past every
-  sequence's used keys (v_layout.py), and the masked scores drop K's rows.
+  where it starts and the consumers zero its V rows past the end (:func:`zero_rows_from`).
+  FP8: the packed V^T holds zeros past every sequence's used keys (v_layout.py), and the
+  masked scores drop K's rows.
 - backward: only the last sequence can be followed by rows of no sequence
   (:func:`padding_follows`); its tiles run a copy of the block loop that zeroes the K / V rows
   and the Q / dO rows past its end here, the other tiles the loop without it (measured: the
@@ -72,13 +73,13 @@ def _zero_rows(tile, bound, BEFORE: gl.constexpr):
 
 @gluon.jit
 def zero_rows_from(tile, first_bad):
-    """Rows [first_bad, ROWS) of the shared [ROWS, COLS] ``tile`` set to 0 (:func:`_zero_rows`)."""
+    """Rows [first_bad, ROWS) of the shared ``tile`` set to 0 (:func:`_zero_rows`)."""
     _zero_rows(tile, first_bad, False)
 
 
 @gluon.jit
 def zero_rows_before(tile, first_good):
-    """Rows [0, first_good) of the shared [ROWS, COLS] ``tile`` set to 0 (:func:`_zero_rows`)."""
+    """Rows [0, first_good) of the shared ``tile`` set to 0 (:func:`_zero_rows`)."""
     _zero_rows(tile, first_good, True)
 
 

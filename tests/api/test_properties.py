@@ -135,17 +135,29 @@ def _seeded(strategy):
     return st.tuples(strategy, st.integers(0, 2**31 - 1))
 
 
+def _property_test(check, backend, strategy, n):
+    """A test of ``check(case, data_seed, backend, monkeypatch)`` over ``n`` draws of
+    ``strategy`` with ``backend`` forced: "cpu", "portable", or "hopper" (CUDA tensors: a
+    ``gpu`` test, whose failures are reported as drawn, not shrunk: shrinking compiles kernel
+    variants the draw never needed, and a device call's time is short)."""
+    def test(monkeypatch, drawn):
+        use_backend(monkeypatch, backend)
+        check(*drawn, backend, monkeypatch)
+    gpu = backend == "hopper"
+    # (named before hypothesis wraps it: its reports and derandomized draws key on it)
+    test.__name__ = test.__qualname__ = f"test{check.__name__}_{'gpu' if gpu else backend}"
+    config = _examples(n)
+    if gpu:
+        config = settings(config, phases=[Phase.explicit, Phase.reuse, Phase.generate])
+    wrapped = config(_explore_seed(given(drawn=_seeded(strategy))(test)))
+    return pytest.mark.gpu(wrapped) if gpu else wrapped
+
+
 def _backend_tests(check, strategies, examples):
-    """The (cpu, portable) pair of tests of ``check(case, data_seed, backend, monkeypatch)``:
-    ``strategies`` and ``examples`` per backend, the interpreter's smaller and fewer."""
-    def make(backend, strategy, n):
-        def test(monkeypatch, drawn):
-            use_backend(monkeypatch, backend)
-            check(*drawn, backend, monkeypatch)
-        # (named before hypothesis wraps it: its reports and derandomized draws key on it)
-        test.__name__ = test.__qualname__ = f"test{check.__name__}_{backend}"
-        return _examples(n)(_explore_seed(given(drawn=_seeded(strategy))(test)))
-    return tuple(make(b, st_, n) for b, st_, n in zip(("cpu", "portable"), strategies, examples))
+    """The (cpu, portable) pair of tests of ``check``: ``strategies`` and ``examples`` per
+    backend, the interpreter's smaller and fewer."""
+    return tuple(_property_test(check, b, st_, n)
+                 for b, st_, n in zip(("cpu", "portable"), strategies, examples))
 
 
 def _device(backend: str) -> str:
@@ -228,23 +240,10 @@ def gpu_varlen_cases(draw) -> VCase:
         seqused_k=used)
 
 
-def _gpu_test(check, strategy, examples):
-    """A ``gpu`` test of ``check`` on CUDA tensors with the Hopper family forced. Failures are
-    reported as drawn, not shrunk: shrinking compiles kernel variants the draw never needed,
-    and a device call's time is short."""
-    def test(monkeypatch, drawn):
-        use_backend(monkeypatch, "hopper")
-        check(*drawn, "hopper", monkeypatch)
-    test.__name__ = test.__qualname__ = f"test{check.__name__}_gpu"
-    no_shrink = settings(_examples(examples),
-                         phases=[Phase.explicit, Phase.reuse, Phase.generate])
-    return pytest.mark.gpu(no_shrink(_explore_seed(given(drawn=_seeded(strategy))(test))))
-
-
 # (20 draws each: most of a draw's time is compiling the kernel variants it needs)
-test_dense_gpu = _gpu_test(_dense, gpu_dense_cases(), 20)
-test_varlen_gpu = _gpu_test(_varlen, gpu_varlen_cases(), 20)
-test_kvcache_gpu = _gpu_test(_kvcache, kvcache_cases(small=False), 20)
+test_dense_gpu = _property_test(_dense, "hopper", gpu_dense_cases(), 20)
+test_varlen_gpu = _property_test(_varlen, "hopper", gpu_varlen_cases(), 20)
+test_kvcache_gpu = _property_test(_kvcache, "hopper", kvcache_cases(small=False), 20)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -245,13 +245,15 @@ def _poison(x: torch.Tensor, rows, value: float) -> torch.Tensor:
     return x
 
 
-def _clean_and_poisoned_calls(d, causal, lens, bad, total):
-    """(out, dq, dk, dv) of one bf16 packed call over ``lens`` (``total`` rows, h 4 / h_k 2)
-    whose ``bad`` rows (no sequence's) are 0, then of the same call with them NaN in q, v and
-    dout and Inf in k. The sequences start right after ``bad`` when it leads the tensor, else
-    at row 0."""
-    first = bad.stop if bad.start in (None, 0) else 0
-    cu = (cu_seqlens(lens) + first).int().cuda()
+def _clean_and_poisoned_calls(d, causal, lens, lead=0, pad=0):
+    """(out, dq, dk, dv) of one bf16 packed call over ``lens`` (h 4 / h_k 2) with ``lead``
+    rows of no sequence before the first and ``pad`` after the last, those rows 0; then of
+    the same call with them NaN in q, v and dout and Inf in k."""
+    used = sum(lens)
+    total = lead + used + pad
+    cu = (cu_seqlens(lens) + lead).int().cuda()
+    bad = torch.ones(total, dtype=torch.bool, device="cuda")
+    bad[lead:lead + used] = False
     clean = [torch.randn(total, n, d, device="cuda", dtype=torch.bfloat16) for n in (4, 2, 2)]
     for x in clean:
         x[bad] = 0
@@ -289,7 +291,7 @@ def test_padding_rows_do_not_reach_the_sequences(d, causal, hopper_varlen_calls)
     torch.manual_seed(5)
     lens = (700, 1, 1100, 333)
     used = sum(lens)
-    results = _clean_and_poisoned_calls(d, causal, lens, slice(used, None), used + 77)
+    results = _clean_and_poisoned_calls(d, causal, lens, pad=77)
     assert hopper_varlen_calls.count("fwd") == 2 and hopper_varlen_calls.count("bwd") == 2
     _assert_rows_unchanged(results, slice(None, used))
     for name, got in zip(("dq", "dk", "dv"), results[1][1:]):
@@ -305,7 +307,7 @@ def test_rows_before_the_first_sequence_do_not_reach_it(d, causal, hopper_varlen
     on the cpu and portable backends."""
     torch.manual_seed(7)
     lead, lens = 50, (5, 700, 1, 333)
-    results = _clean_and_poisoned_calls(d, causal, lens, slice(None, lead), lead + sum(lens))
+    results = _clean_and_poisoned_calls(d, causal, lens, lead=lead)
     assert hopper_varlen_calls.count("fwd") == 2 and hopper_varlen_calls.count("bwd") == 2
     _assert_rows_unchanged(results, slice(lead, None))
     for name, got in zip(("out", "dq", "dk", "dv"), results[1]):

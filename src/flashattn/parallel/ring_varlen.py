@@ -1,0 +1,263 @@
+"""Ring attention over packed documents, each document zigzag-split across the ranks.
+
+Every rank holds, for every document of length n, its chunks ``rank`` and
+``2 * world - 1 - rank`` of ``2 * world`` (``n / (2 * world)`` tokens each): the local
+``cu_seqlens`` is the same on every rank and every rank has the same causal work whatever the
+mix of lengths. At ring step t the block in hand comes from rank ``src = (rank - t) % world``,
+and under a causal mask the three zigzag cases hold for every document at once, so one varlen
+kernel call per step covers every document:
+
+- t = 0: the local queries against the local keys, causal;
+- src < rank: every local query against the *early* chunk of each document's keys (the late
+  chunk lies after both query chunks);
+- src > rank: the *late* query chunk of each document against all its keys.
+
+The half-chunks are gathered into packed tensors (rows of O(n d), against the O(n^2 d) of the
+attention). Without a causal mask every step is one full varlen call.
+"""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple, Optional, Tuple
+
+import torch
+
+from flashattn import ops as _ops
+from flashattn.api import params as _p
+from flashattn.api import validation as _v
+from flashattn.parallel import checks as _checks
+from flashattn.parallel.groups import Group, check_device, resolve
+from flashattn.parallel.layout import zigzag_varlen_index
+from flashattn.parallel.merge import merge_varlen_into
+from flashattn.parallel.ring import Ring, run_backward, run_forward
+
+Tensor = torch.Tensor
+
+
+class VarlenLayout(NamedTuple):
+    """The local packed layout (the same on every rank)."""
+
+    cu_local: Tensor      # (n_docs + 1,) int32: each document's 2 local chunks
+    max_local: int
+    cu_half: Tensor       # (n_docs + 1,) int32: one chunk per document
+    max_half: int
+    early: Tensor         # (total_local / 2,) int64 local rows of the early chunks
+    late: Tensor          # (total_local / 2,) int64 local rows of the late chunks
+
+
+def _layout(cu_seqlens: Tensor, rank: int, world: int, device: torch.device) -> VarlenLayout:
+    _, cu_local, max_local = zigzag_varlen_index(cu_seqlens, rank, world)
+    bounds = cu_local.tolist()
+    early, late = [], []
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        half = (end - start) // 2
+        early.append(torch.arange(start, start + half))
+        late.append(torch.arange(start + half, end))
+    halves = [(e - s) // 2 for s, e in zip(bounds[:-1], bounds[1:])]
+    cu_half = torch.tensor([0] + halves, dtype=torch.int64).cumsum(0).to(torch.int32)
+    cat = (lambda xs: torch.cat(xs) if xs else torch.zeros(0, dtype=torch.int64))
+    return VarlenLayout(cu_local.to(device), max_local, cu_half.to(device), max(halves, default=0),
+                        cat(early).to(device), cat(late).to(device))
+
+
+class _Options(NamedTuple):
+    softmax_scale: float
+    causal: bool
+    softcap: float
+    deterministic: bool
+
+
+def _fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, opt: _Options):
+    out, lse, _ = _ops.varlen_fwd(q, k, v, cu_q, cu_k, None, None, None, None, max_q, max_k,
+                                  opt.softmax_scale, causal, -1, 0 if causal else -1,
+                                  opt.softcap, 0.0, opt.deterministic, False)
+    return out, lse
+
+
+def _bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, opt: _Options):
+    return _ops.varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, None, None, None, max_q, max_k,
+                           opt.softmax_scale, causal, -1, 0 if causal else -1, opt.softcap,
+                           0.0, opt.deterministic)
+
+
+def _case(step: int, ring: Ring, causal: bool) -> str:
+    """Which rows meet which keys at ``step``: "diagonal", "all", "early_keys", "late_queries"."""
+    if not causal:
+        return "all"
+    if step == 0:
+        return "diagonal"
+    src = (ring.rank - step) % ring.world
+    return "early_keys" if src < ring.rank else "late_queries"
+
+
+def varlen_forward(q: Tensor, k: Tensor, v: Tensor, lay: VarlenLayout, opt: _Options,
+                   ring: Ring) -> Tuple[Tensor, Tensor]:
+    total, h, _ = q.shape
+    out = torch.zeros(total, h, v.shape[-1], dtype=torch.float32, device=q.device)
+    lse = torch.full((h, total), float("-inf"), dtype=torch.float32, device=q.device)
+
+    def compute(step: int, k_blk: Tensor, v_blk: Tensor) -> None:
+        case = _case(step, ring, opt.causal)
+        if case == "late_queries":
+            o_b, lse_b = _fwd(q[lay.late], k_blk, v_blk, lay.cu_half, lay.cu_local,
+                              lay.max_half, lay.max_local, False, opt)
+            acc, acc_lse = out[lay.late], lse[:, lay.late]
+            merge_varlen_into(acc, acc_lse, o_b, lse_b)
+            out.index_copy_(0, lay.late, acc)
+            lse.index_copy_(1, lay.late, acc_lse)
+            return
+        if case == "early_keys":
+            o_b, lse_b = _fwd(q, k_blk[lay.early], v_blk[lay.early], lay.cu_local, lay.cu_half,
+                              lay.max_local, lay.max_half, False, opt)
+        else:
+            o_b, lse_b = _fwd(q, k_blk, v_blk, lay.cu_local, lay.cu_local, lay.max_local,
+                              lay.max_local, case == "diagonal", opt)
+        merge_varlen_into(out, lse, o_b, lse_b)
+
+    run_forward((k.contiguous(), v.contiguous()), ring.world, ring, compute)
+    return out.to(q.dtype), lse
+
+
+def varlen_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                    lay: VarlenLayout, opt: _Options, ring: Ring
+                    ) -> Tuple[Tensor, Tensor, Tensor]:
+    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+
+    def compute(step: int, k_blk: Tensor, v_blk: Tensor) -> Callable:
+        case = _case(step, ring, opt.causal)
+        if case == "late_queries":
+            late = lay.late
+            dq_b, dk_b, dv_b = _bwd(dout[late], q[late], k_blk, v_blk, out[late],
+                                    lse[:, late].contiguous(), lay.cu_half, lay.cu_local,
+                                    lay.max_half, lay.max_local, False, opt)
+
+            def add(dk_acc: Tensor, dv_acc: Tensor) -> None:
+                dq.index_add_(0, late, dq_b.float())
+                dk_acc.add_(dk_b)
+                dv_acc.add_(dv_b)
+            return add
+        if case == "early_keys":
+            early = lay.early
+            dq_b, dk_b, dv_b = _bwd(dout, q, k_blk[early], v_blk[early], out, lse,
+                                    lay.cu_local, lay.cu_half, lay.max_local, lay.max_half,
+                                    False, opt)
+
+            def add(dk_acc: Tensor, dv_acc: Tensor) -> None:
+                dq.add_(dq_b)
+                dk_acc.index_add_(0, early, dk_b.float())
+                dv_acc.index_add_(0, early, dv_b.float())
+            return add
+        dq_b, dk_b, dv_b = _bwd(dout, q, k_blk, v_blk, out, lse, lay.cu_local, lay.cu_local,
+                                lay.max_local, lay.max_local, case == "diagonal", opt)
+
+        def add(dk_acc: Tensor, dv_acc: Tensor) -> None:
+            dq.add_(dq_b)
+            dk_acc.add_(dk_b)
+            dv_acc.add_(dv_b)
+        return add
+
+    dkv = (torch.zeros(k.shape, dtype=torch.float32, device=k.device),
+           torch.zeros(v.shape, dtype=torch.float32, device=v.device))
+    dk, dv = run_backward((k.contiguous(), v.contiguous()), dkv, ring.world, ring, compute)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+class _RingVarlenAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, lay, opt, ring):
+        out, lse = varlen_forward(q, k, v, lay, opt, ring)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.args = (lay, opt, ring)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        if dout.stride(-1) != 1:
+            dout = dout.contiguous()
+        dq, dk, dv = varlen_backward(dout, q, k, v, out, lse, *ctx.args)
+        return dq, dk, dv, None, None, None
+
+
+def ring_flash_attn_varlen_func(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens: Tensor,
+    max_seqlen: int,
+    *,
+    group: Group = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Optional[Tensor] = None,
+    softmax_scale: Optional[float] = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+):
+    """Ring attention of packed documents, each zigzag-split over ``group`` (fwd and bwd).
+
+    Arguments:
+        q: (total / world, nheads, headdim): this rank's rows, as
+            :func:`zigzag_varlen_shard` lays them out (per document: its chunk ``rank``, then
+            its chunk ``2 * world - 1 - rank``).
+        k, v: (total / world, nheads_k, headdim / headdim_v), laid out like q.
+        cu_seqlens: (n_docs + 1,) int32 *global* cumulative document lengths, the same on
+            every rank; every document's length divisible by ``2 * world``.
+        max_seqlen: the longest global document (validated against cu_seqlens).
+        causal, softcap, softmax_scale, deterministic: flash-attn 2's meaning per document.
+        window_size, alibi_slopes: not supported by the varlen ring (NotImplementedError):
+            :func:`ulysses_flash_attn_varlen_func` supports both.
+        return_attn_probs: also return the local lse (nheads, total / world).
+
+    Returns:
+        out (total / world, nheads, headdim_v) in q's dtype, or ``(out, lse, None)``.
+    """
+    for x, name in ((q, "q"), (k, "k"), (v, "v")):
+        _v.check_tensor(x, name, 3, "(total_tokens, nheads, headdim)")
+    _v.check_qkv(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), ("q", "k", "v"))
+    ring = Ring(*resolve(group))
+    check_device(ring.group, q, "q")
+    scale = _v.check_softmax_scale(softmax_scale)
+    causal = _v.check_causal(causal)
+    window_left, window_right = _v.check_window_size(window_size)
+    softcap = _v.check_softcap(softcap)
+    deterministic = _v.check_bool(deterministic, "deterministic")
+    return_attn_probs = _v.check_bool(return_attn_probs, "return_attn_probs")
+    if window_left >= 0 or (window_right >= 0 and not causal):
+        raise NotImplementedError("window_size: the varlen ring supports causal or full "
+                                  "attention only; ulysses_flash_attn_varlen_func supports "
+                                  "windows")
+    if alibi_slopes is not None:
+        raise NotImplementedError("alibi_slopes: not supported by the varlen ring; "
+                                  "ulysses_flash_attn_varlen_func supports ALiBi")
+    if not isinstance(cu_seqlens, Tensor) or cu_seqlens.dim() != 1 or \
+            cu_seqlens.dtype != torch.int32:
+        raise ValueError("cu_seqlens: expected a 1-D int32 tensor of global document bounds")
+    if cu_seqlens.device != q.device:
+        raise ValueError(f"cu_seqlens: on {cu_seqlens.device}, q on {q.device}")
+    bounds = cu_seqlens.tolist()
+    if bounds[0] != 0 or any(b > a for a, b in zip(bounds[1:], bounds[:-1])):
+        raise ValueError("cu_seqlens: must start at 0 and never decrease")
+    if bounds[-1] != q.shape[0] * ring.world:
+        raise ValueError(f"cu_seqlens: its last entry {bounds[-1]} must equal the global token "
+                         f"count q.shape[0] * world = {q.shape[0]} * {ring.world}")
+    longest = max((b - a for a, b in zip(bounds[:-1], bounds[1:])), default=0)
+    if int(max_seqlen) < longest:
+        raise ValueError(f"max_seqlen: {max_seqlen} is shorter than the longest document "
+                         f"({longest})")
+    _checks.same_on_every_rank(ring.group, ring.world, q.device, [
+        ("q.shape[0] (local tokens)", q.shape[0]), ("q.shape[1]", q.shape[1]),
+        ("q.shape[2]", q.shape[2]), ("k.shape[1]", k.shape[1]), ("v.shape[2]", v.shape[2]),
+        ("q.dtype", _checks.dtype_code(q.dtype)), ("causal", int(causal)),
+        ("softcap", _checks.float_bits(softcap)), ("deterministic", int(deterministic)),
+        ("len(cu_seqlens)", len(bounds)), ("cu_seqlens[-1]", bounds[-1])],
+        "ring_flash_attn_varlen_func")
+    lay = _layout(cu_seqlens, ring.rank, ring.world, q.device)
+    opt = _Options(_p.softmax_scale_or_default(scale, q.shape[-1]), causal, softcap,
+                   deterministic)
+    out, lse = _RingVarlenAttention.apply(q, k, v, lay, opt, ring)
+    return (out, lse, None) if return_attn_probs else out
+
+
+__all__ = ["VarlenLayout", "ring_flash_attn_varlen_func", "varlen_backward", "varlen_forward"]

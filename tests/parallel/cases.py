@@ -1,0 +1,228 @@
+"""The multi-process cases of flashattn.parallel (run by tests/parallel/test_parallel.py on
+gloo / CPU, and test_parallel_gpu.py on NCCL / GPUs). Each runs on every rank of the default
+group with the same seed, builds the full inputs, shards them, runs the parallel call and
+checks this rank's shard against the float64 oracle on the whole sequence (flash-attn's
+rule: 2x PyTorch's own low-precision error for out and lse, 3x for the gradients)."""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+import flashattn.parallel as fp
+from flashattn.reference import attention_ref
+from tests.accuracy import assert_close_rule
+
+
+def _device() -> torch.device:
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _inputs(b, s, h, hk, d, dtype, dv=None):
+    dev = _device()
+    g = torch.Generator(device="cpu").manual_seed(torch.initial_seed())
+    mk = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float32).to(dev, dtype)
+    q, k, v = mk(b, s, h, d), mk(b, s, hk, d), mk(b, s, hk, dv or d)
+    dout = mk(b, s, h, dv or d)
+    return q, k, v, dout
+
+
+def _oracle(q, k, v, dout, **kw):
+    """(out, lse, grads) in float64 and in the inputs' precision (the rule's baseline)."""
+    x64 = [x.detach().double().requires_grad_() for x in (q, k, v)]
+    out, lse = attention_ref(*x64, **kw)
+    grads = torch.autograd.grad(out, x64, dout.double())
+    xlp = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    out_lp, lse_lp = attention_ref(*xlp, upcast=False, **kw)
+    grads_lp = torch.autograd.grad(out_lp, xlp, dout)
+    return (out, lse, grads), (out_lp, lse_lp, grads_lp)
+
+
+def _check(got, ref, lp, shard, names=("out", "lse", "dq", "dk", "dv"), lse_shard=None):
+    out, lse, grads = got
+    ref_out, ref_lse, ref_grads = ref
+    lp_out, lp_lse, lp_grads = lp
+    assert_close_rule(out, shard(ref_out), shard(lp_out), name=names[0])
+    if lse is not None:
+        ls = lse_shard or shard
+        assert_close_rule(lse, ls(ref_lse), ls(lp_lse), name=names[1])
+    for name, g, r, l in zip(names[2:], grads, ref_grads, lp_grads):
+        assert_close_rule(g, shard(r), shard(l), factor=3.0, name=name)
+
+
+def ring_dense(rank, world, *, b=2, s_per_rank=8, h=4, hk=2, d=16, dtype=torch.float32,
+               causal=True, window_size=(-1, -1), softcap=0.0, layout="zigzag",
+               alibi=False, deterministic=False):
+    s = s_per_rank * world
+    q, k, v, dout = _inputs(b, s, h, hk, d, dtype)
+    slopes = (torch.rand(h, generator=torch.Generator().manual_seed(1)) * 0.5).to(q.device) \
+        if alibi else None
+    kw = dict(causal=causal, window_size=window_size, softcap=softcap, alibi_slopes=slopes)
+    ref, lp = _oracle(q, k, v, dout, **kw)
+    shard_fn = fp.zigzag_shard if layout == "zigzag" else fp.contiguous_shard
+    shard = lambda x, dim=1: shard_fn(x.to(q.device), None, dim)
+    local = [shard(x).requires_grad_() for x in (q, k, v)]
+    out, lse, _ = fp.ring_flash_attn_func(*local, causal=causal, window_size=window_size,
+                                          softcap=softcap, alibi_slopes=slopes,
+                                          deterministic=deterministic, layout=layout,
+                                          return_attn_probs=True)
+    grads = torch.autograd.grad(out, local, shard(dout))
+    _check((out, lse, grads), ref, lp, shard, lse_shard=lambda x: shard(x, 2))
+    if deterministic:
+        local2 = [x.detach().clone().requires_grad_() for x in local]
+        out2 = fp.ring_flash_attn_func(*local2, causal=causal, window_size=window_size,
+                                       softcap=softcap, deterministic=True, layout=layout)
+        grads2 = torch.autograd.grad(out2, local2, shard(dout))
+        assert torch.equal(out, out2)
+        for g1, g2 in zip(grads, grads2):
+            assert torch.equal(g1, g2)
+    # the unshard helper gives back the whole tensor
+    unshard = fp.zigzag_unshard if layout == "zigzag" else fp.contiguous_unshard
+    assert torch.equal(unshard(local[0].detach(), None, 1), q)
+
+
+def ring_alibi_refused(rank, world):
+    q, k, v, _ = _inputs(1, 4 * world, 2, 2, 8, torch.float32)
+    slopes = torch.full((2,), 0.25, device=q.device)
+    local = [fp.zigzag_shard(x) for x in (q, k, v)]
+    try:
+        fp.ring_flash_attn_func(*local, causal=True, alibi_slopes=slopes)
+    except NotImplementedError as e:
+        assert "ulysses_flash_attn_func" in str(e)
+    else:
+        raise AssertionError("ring with ALiBi over several ranks did not refuse")
+
+
+def _varlen_inputs(lengths, h, hk, d, dtype):
+    cu = torch.tensor([0] + list(lengths), dtype=torch.int64).cumsum(0).to(torch.int32)
+    total = int(cu[-1])
+    q, k, v, dout = _inputs(1, total, h, hk, d, dtype)
+    return [x[0] for x in (q, k, v, dout)], cu
+
+
+def _varlen_oracle(q, k, v, dout, cu, **kw):
+    """Per-document oracle, packed back: ((out, lse, grads), (lowprec...))."""
+    bounds = cu.tolist()
+    res = []
+    for upcast in (True, False):
+        xs = [(x.detach().double() if upcast else x.detach().clone()).requires_grad_()
+              for x in (q, k, v)]
+        outs, lses = [], []
+        for a, e in zip(bounds[:-1], bounds[1:]):
+            o, l = attention_ref(*(x[a:e].unsqueeze(0) for x in xs), upcast=upcast, **kw)
+            outs.append(o[0])
+            lses.append(l[0])
+        out, lse = torch.cat(outs), torch.cat(lses, dim=1)
+        grads = torch.autograd.grad(out, xs, dout.double() if upcast else dout)
+        res.append((out, lse, grads))
+    return res
+
+
+def ring_varlen(rank, world, *, lengths=(8, 16, 24), h=4, hk=2, d=16, dtype=torch.float32,
+                causal=True, softcap=0.0):
+    lengths = [n * world for n in lengths]
+    (q, k, v, dout), cu = _varlen_inputs(lengths, h, hk, d, dtype)
+    ref, lp = _varlen_oracle(q, k, v, dout, cu, causal=causal, softcap=softcap)
+    cu_d = cu.to(q.device)
+    shard = lambda x, dim=0: (fp.zigzag_varlen_shard(x.to(q.device), cu_d) if dim == 0 else
+                              fp.zigzag_varlen_shard(x.transpose(0, 1).to(q.device),
+                                                     cu_d).transpose(0, 1))
+    local = [shard(x).requires_grad_() for x in (q, k, v)]
+    out, lse, _ = fp.ring_flash_attn_varlen_func(*local, cu_d, max(lengths), causal=causal,
+                                                 softcap=softcap, return_attn_probs=True)
+    grads = torch.autograd.grad(out, local, shard(dout))
+    _check((out, lse, grads), ref, lp, shard, lse_shard=lambda x: shard(x, 1))
+    assert torch.equal(fp.zigzag_varlen_unshard(local[0].detach(), cu_d), q)
+
+
+def ulysses_dense(rank, world, *, b=2, s_per_rank=6, hk=None, d=16, dtype=torch.float32,
+                  causal=True, window_size=(-1, -1), softcap=0.0, alibi=False):
+    """2 * world query heads; world KV heads unless ``hk`` (1: replicated to every rank)."""
+    s = s_per_rank * world
+    h, hk = 2 * world, hk or world
+    q, k, v, dout = _inputs(b, s, h, hk, d, dtype)
+    slopes = (torch.rand(h, generator=torch.Generator().manual_seed(1)) * 0.5).to(q.device) \
+        if alibi else None
+    kw = dict(causal=causal, window_size=window_size, softcap=softcap, alibi_slopes=slopes)
+    ref, lp = _oracle(q, k, v, dout, **kw)
+    shard = lambda x, dim=1: fp.contiguous_shard(x.to(q.device), None, dim)
+    local = [shard(x).requires_grad_() for x in (q, k, v)]
+    out, lse, _ = fp.ulysses_flash_attn_func(*local, causal=causal, window_size=window_size,
+                                             softcap=softcap, alibi_slopes=slopes,
+                                             return_attn_probs=True)
+    grads = torch.autograd.grad(out, local, shard(dout))
+    _check((out, lse, grads), ref, lp, shard, lse_shard=lambda x: shard(x, 2))
+
+
+def ulysses_varlen(rank, world, *, lengths=(5, 11, 8), hk=None, d=16, dtype=torch.float32,
+                   causal=True, window_size=(-1, -1)):
+    h, hk = 2 * world, hk or world
+    lengths = list(lengths)
+    lengths[-1] += (-sum(lengths)) % world
+    (q, k, v, dout), cu = _varlen_inputs(lengths, h, hk, d, dtype)
+    ref, lp = _varlen_oracle(q, k, v, dout, cu, causal=causal, window_size=window_size)
+    shard = lambda x, dim=0: fp.contiguous_shard(x.to(q.device), None, dim)
+    local = [shard(x).requires_grad_() for x in (q, k, v)]
+    out, lse, _ = fp.ulysses_flash_attn_varlen_func(*local, cu.to(q.device), max(lengths),
+                                                    causal=causal, window_size=window_size,
+                                                    return_attn_probs=True)
+    grads = torch.autograd.grad(out, local, shard(dout))
+    _check((out, lse, grads), ref, lp, shard, lse_shard=lambda x: shard(x, 1))
+
+
+def usp(rank, world, *, ulysses=2, b=1, s_per_rank=4, h=4, hk=2, d=16, dtype=torch.float32,
+        causal=True, window_size=(-1, -1)):
+    from torch.distributed.device_mesh import init_device_mesh
+    mesh = init_device_mesh(_device().type, (ulysses, world // ulysses),
+                            mesh_dim_names=("ulysses", "ring"))
+    s = s_per_rank * world
+    q, k, v, dout = _inputs(b, s, h, hk, d, dtype)
+    ref, lp = _oracle(q, k, v, dout, causal=causal, window_size=window_size)
+    shard = lambda x, dim=1: fp.usp_shard(x.to(q.device), mesh, dim)
+    local = [shard(x).requires_grad_() for x in (q, k, v)]
+    out, lse, _ = fp.usp_flash_attn_func(*local, mesh=mesh, causal=causal,
+                                         window_size=window_size, return_attn_probs=True)
+    grads = torch.autograd.grad(out, local, shard(dout))
+    _check((out, lse, grads), ref, lp, shard, lse_shard=lambda x: shard(x, 2))
+    assert torch.equal(fp.usp_unshard(local[0].detach(), mesh, 1), q)
+
+
+def _expect_value_error(fn, words):
+    try:
+        fn()
+    except ValueError as e:
+        for w in words:
+            assert w in str(e), f"{w!r} not in {e}"
+    else:
+        raise AssertionError(f"no ValueError (expected one naming {words})")
+
+
+def bad_inputs(rank, world):
+    q, k, v, _ = _inputs(1, 8 * world, 4, 2, 16, torch.float32)
+    local = [fp.zigzag_shard(x) for x in (q, k, v)]
+    if world > 1:  # a local length that differs on the last rank: every rank raises
+        cut = [x[:, :-2] if rank == world - 1 else x for x in local]
+        _expect_value_error(lambda: fp.ring_flash_attn_func(*cut, causal=True),
+                            ["local sequence length", "differs between ranks"])
+        heads = [x[:, :, :2] if rank == 0 else x for x in local[:1]] + local[1:]
+        _expect_value_error(lambda: fp.ring_flash_attn_func(*heads), ["differs between ranks"])
+    odd = [x[:, :-1] for x in local]
+    _expect_value_error(lambda: fp.ring_flash_attn_func(*odd, causal=True), ["q", "odd"])
+    _expect_value_error(lambda: fp.zigzag_shard(q[:, :-1]), ["x", "divisible"])
+    _expect_value_error(lambda: fp.ring_flash_attn_func(*local, layout="stripe"), ["layout"])
+    cu = torch.tensor([0, 8 * world], dtype=torch.int32)
+    flat = [x[0] for x in local]
+    bad_cu = torch.tensor([0, 8 * world + 2 * world], dtype=torch.int32)
+    _expect_value_error(lambda: fp.ring_flash_attn_varlen_func(*flat, bad_cu, 10 * world),
+                        ["cu_seqlens", "global token count"])
+    _expect_value_error(lambda: fp.zigzag_varlen_shard(q[0], torch.tensor(
+        [0, 2 * world + 1, 8 * world], dtype=torch.int32)), ["cu_seqlens", "divisible"])
+    fp.ring_flash_attn_varlen_func(*flat, cu, 8 * world, causal=True)  # the good call runs
+    if world > 1:
+        three = [local[0][:, :, :3], local[1][:, :, :1], local[2][:, :, :1]]
+        bad = lambda: fp.ulysses_flash_attn_func(*three)
+        if 3 % world:
+            _expect_value_error(bad, ["q", "nheads", "divisible"])

@@ -1,0 +1,55 @@
+"""Multi-process test harness: ``run(world, cases)`` spawns ``world`` CPU processes joined by a
+gloo group (torch.multiprocessing, a file rendezvous), runs every case in each of them and
+returns the failures that any rank reported, so one spawn serves many cases (process start
+and imports dominate the time of these tests).
+
+A case is a picklable ``(function, kwargs)``; the function runs on every rank as
+``function(rank, world, **kwargs)`` with the default group initialised and raises on failure.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import traceback
+from typing import Callable, Dict, List, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+Case = Tuple[str, Callable, Dict]
+
+
+def _worker(rank: int, world: int, init_file: str, cases: Sequence[Case], result_dir: str,
+            seed: int) -> None:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world)
+    failures: List[str] = []
+    try:
+        for name, fn, kwargs in cases:
+            torch.manual_seed(seed)  # the same full inputs on every rank
+            try:
+                fn(rank, world, **kwargs)
+            except Exception:  # noqa: BLE001 - reported per case
+                failures.append(f"[rank {rank}] {name}:\n{traceback.format_exc()}")
+            dist.barrier()
+    finally:
+        with open(os.path.join(result_dir, f"rank{rank}.txt"), "w") as f:
+            f.write("\n".join(failures))
+        dist.destroy_process_group()
+
+
+def run(world: int, cases: Sequence[Case], seed: int = 0) -> List[str]:
+    """Run ``cases`` on ``world`` gloo processes; the failures of every rank."""
+    with tempfile.TemporaryDirectory() as tmp:
+        init_file = os.path.join(tmp, "rendezvous")
+        mp.spawn(_worker, args=(world, init_file, list(cases), tmp, seed), nprocs=world,
+                 join=True)
+        out = []
+        for r in range(world):
+            text = open(os.path.join(tmp, f"rank{r}.txt")).read()
+            if text:
+                out.append(text)
+        return out

@@ -1,0 +1,123 @@
+"""flashattn.parallel on CPU processes joined by gloo: every call against the float64 oracle
+on the unsharded tensors (tests/parallel/cases.py), plus the block planner against a brute
+mask. Each world size spawns its processes once for all of its cases."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from flashattn.parallel import blocks
+from tests.parallel import cases as c
+from tests.parallel.harness import run
+
+F32, BF16 = torch.float32, torch.bfloat16
+
+
+# every case on 2 and 4 ranks; a subset on 1 and 3 (odd ring sizes, the one-rank ring)
+_SUBSET = {"ring causal fp32", "ring sliding window", "ring contiguous causal",
+           "varlen ring causal", "ulysses causal", "ring alibi one rank", "ring alibi refused",
+           "bad inputs"}
+
+
+def _cases(world):
+    out = [
+        ("ring causal fp32", c.ring_dense, dict()),
+        ("ring causal bf16", c.ring_dense, dict(dtype=BF16)),
+        ("ring full", c.ring_dense, dict(causal=False)),
+        ("ring sliding window", c.ring_dense, dict(window_size=(5, 0))),
+        ("ring two-sided window", c.ring_dense, dict(causal=False, window_size=(3, 6))),
+        ("ring MQA softcap", c.ring_dense, dict(hk=1, softcap=2.0)),
+        ("ring odd shapes", c.ring_dense, dict(b=1, s_per_rank=6, h=3, hk=3, d=24)),
+        ("ring contiguous causal", c.ring_dense, dict(layout="contiguous", s_per_rank=5)),
+        ("ring contiguous window", c.ring_dense, dict(layout="contiguous", window_size=(3, 0))),
+        ("ring deterministic", c.ring_dense, dict(deterministic=True, dtype=BF16)),
+        ("varlen ring causal", c.ring_varlen, dict()),
+        ("varlen ring full bf16", c.ring_varlen, dict(causal=False, dtype=BF16)),
+        ("varlen ring MQA softcap", c.ring_varlen, dict(hk=1, softcap=3.0, lengths=(2, 6))),
+        ("ulysses causal", c.ulysses_dense, dict()),
+        ("ulysses window alibi", c.ulysses_dense, dict(window_size=(4, 1), alibi=True)),
+        ("ulysses GQA bf16", c.ulysses_dense, dict(dtype=BF16, hk=2 if world % 2 == 0 else 1)),
+        ("ulysses MQA", c.ulysses_dense, dict(hk=1, causal=False, softcap=1.5)),
+        ("ulysses varlen", c.ulysses_varlen, dict()),
+        ("ulysses varlen window", c.ulysses_varlen, dict(window_size=(3, 0), hk=1)),
+        ("bad inputs", c.bad_inputs, dict()),
+    ]
+    if world == 1:
+        out.append(("ring alibi one rank", c.ring_dense, dict(alibi=True)))
+    else:
+        out.append(("ring alibi refused", c.ring_alibi_refused, dict()))
+    if world == 4:
+        out.append(("usp 2x2 causal", c.usp, dict()))
+        out.append(("usp 2x2 window", c.usp, dict(window_size=(6, 0), hk=1)))
+    if world in (1, 3):
+        out = [case for case in out if case[0] in _SUBSET]
+    return out
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_parallel_calls(world, request):
+    seed = hash(request.node.nodeid) % (2**31)
+    failures = run(world, _cases(world), seed=seed)
+    assert not failures, "\n".join(failures)
+
+
+def _brute(layout, world, s_local, left, right):
+    for r in range(world):
+        plan = blocks.ring_plan(layout, r, world, s_local, left, right)
+        segs = blocks.segments(layout, r, world, s_local)
+        gq = np.concatenate([np.arange(s.global_start, s.global_start + s.length) for s in segs])
+        for t in range(world):
+            kseg = blocks.segments(layout, (r - t) % world, world, s_local)
+            gk = np.concatenate([np.arange(s.global_start, s.global_start + s.length)
+                                 for s in kseg])
+            dist = gk[None, :] - gq[:, None]
+            want = np.ones_like(dist, bool)
+            if left is not None:
+                want &= dist >= -left
+            if right is not None:
+                want &= dist <= right
+            got = np.zeros(want.shape, int)
+            for call in (plan[t] if t < len(plan) else ()):
+                lq, lk = call.q1 - call.q0, call.k1 - call.k0
+                i, j = np.arange(lq)[:, None], np.arange(lk)[None, :]
+                m = np.ones((lq, lk), bool)
+                if call.window_left >= 0:
+                    m &= j - i >= lk - lq - call.window_left
+                if call.window_right >= 0:
+                    m &= j - i <= lk - lq + call.window_right
+                assert call.causal == (call.window_left == -1 and call.window_right == 0)
+                got[call.q0:call.q1, call.k0:call.k1] += m
+                if call.alibi_aligned:
+                    d = np.abs(gq[call.q0:call.q1, None] - gk[None, call.k0:call.k1])
+                    assert (np.abs(i + lk - lq - j)[m] == d[m]).all()
+            assert (got <= 1).all(), (r, t, plan)
+            assert ((got == 1) == want).all(), (r, t, plan)
+
+
+def test_block_plan_covers_the_global_mask_once():
+    """Every visible cell of every ring step is computed by exactly one call, no hidden one."""
+    for layout, world, s_local, left, right in itertools.product(
+            blocks.LAYOUTS, [1, 2, 3, 4, 8], [2, 6, 10, 16], [None, 0, 1, 3, 7, 20],
+            [None, 0, 2, 5, 40]):
+        _brute(layout, world, s_local, left, right)
+
+
+def test_zigzag_causal_plan_is_one_call_per_step():
+    """Zigzag's balance: under a causal mask every rank makes one call per step, over the
+    same number of (query, key) cells at every step after the first."""
+    world, s_local = 4, 8
+    for r in range(world):
+        plan = blocks.ring_plan("zigzag", r, world, s_local, None, 0)
+        assert len(plan) == world and all(len(calls) == 1 for calls in plan)
+        assert plan[0][0].causal
+        areas = {(c.q1 - c.q0) * (c.k1 - c.k0) for calls in plan[1:] for c in calls}
+        assert areas == {s_local * s_local // 2}
+
+
+def test_window_ends_the_ring_early():
+    """A window shorter than one rank's shard needs only the neighbour's block."""
+    plan = blocks.ring_plan("contiguous", 0, 4, 8, 3, 0)
+    assert len(plan) == 2

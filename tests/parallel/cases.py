@@ -213,9 +213,9 @@ def bad_inputs(rank, world):
     _expect_value_error(lambda: fp.ring_flash_attn_func(*odd, causal=True), ["q", "odd"])
     _expect_value_error(lambda: fp.zigzag_shard(q[:, :-1]), ["x", "divisible"])
     _expect_value_error(lambda: fp.ring_flash_attn_func(*local, layout="stripe"), ["layout"])
-    cu = torch.tensor([0, 8 * world], dtype=torch.int32)
+    cu = torch.tensor([0, 8 * world], dtype=torch.int32, device=q.device)
     flat = [x[0] for x in local]
-    bad_cu = torch.tensor([0, 8 * world + 2 * world], dtype=torch.int32)
+    bad_cu = torch.tensor([0, 8 * world + 2 * world], dtype=torch.int32, device=q.device)
     _expect_value_error(lambda: fp.ring_flash_attn_varlen_func(*flat, bad_cu, 10 * world),
                         ["cu_seqlens", "global token count"])
     _expect_value_error(lambda: fp.zigzag_varlen_shard(q[0], torch.tensor(

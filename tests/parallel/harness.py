@@ -1,5 +1,5 @@
-"""Multi-process test harness: ``run(world, cases)`` spawns ``world`` CPU processes joined by a
-gloo group (torch.multiprocessing, a file rendezvous), runs every case in each of them and
+"""Multi-process test harness: ``run(world, cases)`` spawns ``world`` processes joined by a
+gloo group on CPU (or NCCL, one GPU each) (torch.multiprocessing, a file rendezvous), runs every case in each of them and
 returns the failures that any rank reported, so one spawn serves many cases (process start
 and imports dominate the time of these tests).
 
@@ -21,10 +21,13 @@ Case = Tuple[str, Callable, Dict]
 
 
 def _worker(rank: int, world: int, init_file: str, cases: Sequence[Case], result_dir: str,
-            seed: int) -> None:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+            seed: int, backend: str) -> None:
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    else:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        torch.set_num_threads(1)
+    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank,
                             world_size=world)
     failures: List[str] = []
     try:
@@ -41,11 +44,12 @@ def _worker(rank: int, world: int, init_file: str, cases: Sequence[Case], result
         dist.destroy_process_group()
 
 
-def run(world: int, cases: Sequence[Case], seed: int = 0) -> List[str]:
-    """Run ``cases`` on ``world`` gloo processes; the failures of every rank."""
+def run(world: int, cases: Sequence[Case], seed: int = 0, backend: str = "gloo") -> List[str]:
+    """Run ``cases`` on ``world`` processes (gloo on CPU, or NCCL with one GPU each); the
+    failures of every rank."""
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "rendezvous")
-        mp.spawn(_worker, args=(world, init_file, list(cases), tmp, seed), nprocs=world,
+        mp.spawn(_worker, args=(world, init_file, list(cases), tmp, seed, backend), nprocs=world,
                  join=True)
         out = []
         for r in range(world):

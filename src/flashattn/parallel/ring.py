@@ -86,7 +86,9 @@ def run_backward(kv: Tuple[Tensor, ...], dkv: Tuple[Tensor, ...], steps: int, ri
     """The backward ring. ``compute(step, *kv)`` returns ``add(*dkv)``, which adds the step's
     dK / dV into the float32 accumulators of the block in hand (and dQ into the caller's).
     The accumulators travel with their block (one step behind, overlapping the next step's
-    compute) and are sent home after the last step; returns the home accumulators."""
+    compute) and are sent home after the last step, rounded to K / V's dtype first (home
+    rounds them to it anyway, so the result is the same and the one transfer that no compute
+    hides is half as long); returns dK / dV in K / V's dtype."""
     dkv_pending = None
     for step in range(steps):
         kv_pending = (_comm.exchange(kv, ring.group, ring.rank, ring.world)
@@ -98,6 +100,7 @@ def run_backward(kv: Tuple[Tensor, ...], dkv: Tuple[Tensor, ...], steps: int, ri
         if kv_pending is not None:
             dkv_pending = _comm.exchange(dkv, ring.group, ring.rank, ring.world)
             kv = tuple(kv_pending.wait())
+    dkv = tuple(acc.to(x.dtype) for acc, x in zip(dkv, kv))
     if steps > 1:  # the last block belongs to rank - (steps - 1): send its gradients home
         dkv = tuple(_comm.exchange(dkv, ring.group, ring.rank, ring.world,
                                    distance=-(steps - 1)).wait())
@@ -139,7 +142,7 @@ def ring_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
     dkv = (torch.zeros(k.shape, dtype=torch.float32, device=k.device),
            torch.zeros(v.shape, dtype=torch.float32, device=v.device))
     dk, dv = run_backward((k.contiguous(), v.contiguous()), dkv, len(plan), ring, compute)
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    return dq.to(q.dtype), dk, dv
 
 
 class _RingAttention(torch.autograd.Function):

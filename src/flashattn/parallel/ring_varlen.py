@@ -158,7 +158,7 @@ def varlen_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
     dkv = (torch.zeros(k.shape, dtype=torch.float32, device=k.device),
            torch.zeros(v.shape, dtype=torch.float32, device=v.device))
     dk, dv = run_backward((k.contiguous(), v.contiguous()), dkv, ring.world, ring, compute)
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    return dq.to(q.dtype), dk, dv
 
 
 class _RingVarlenAttention(torch.autograd.Function):

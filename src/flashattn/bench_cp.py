@@ -1,0 +1,303 @@
+"""Context-parallel benchmark: ``torchrun --nproc-per-node N -m flashattn.bench_cp``.
+
+bf16, b = 1, h = 32 (``--kv-heads``), d = 128, forward + backward, on every GPU of one host.
+Efficiency = (the one-GPU time of the whole sequence / N) / (the CP time), each with the
+same (our) kernels; the one-GPU call runs on every GPU at once, as PyTorch's own anchor
+(../shared/tools/cp/torch_cp_anchor.py) measures it, so both sides share the machine's state.
+FLOPs count the visible (query, key) pairs: ``4 b h d * pairs * 3.5`` for forward + backward.
+
+Modes (``--modes``, comma-separated):
+- ring: zigzag ring attention, causal, at each ``--per-gpu`` tokens per GPU;
+- ulysses: Ulysses, causal;
+- varlen: the varlen zigzag ring on packed documents of lengths drawn in [1k, 64k]
+  (``--varlen-per-gpu`` tokens per GPU), against the one-GPU varlen call;
+- scale: one long sequence (``--scale-per-gpu`` per GPU, GQA ``--kv-heads``): time, TFLOP/s
+  per GPU and peak memory, no one-GPU baseline (it would not fit);
+- nocomm: the ring with every exchange replaced by the block in hand (its kernels alone);
+- trace: a profiler trace of one ring step (rank 0): the share of the step where an NCCL
+  kernel runs with no compute kernel beside it (communication not hidden).
+Writes one JSON (``--out``, default ``$OUT/cp_bench.json``) from rank 0.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import time
+from typing import Callable, Dict, List
+
+import torch
+import torch.distributed as dist
+
+import flashattn
+from flashattn import parallel as fp
+
+
+def _timed(fn: Callable[[], None], iters: int) -> float:
+    fn()
+    torch.cuda.synchronize()
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    torch.cuda.synchronize()
+    dist.barrier()
+    return (time.perf_counter() - start) / iters
+
+
+def _causal_pairs(n: int) -> int:
+    return n * (n + 1) // 2
+
+
+def _step(attn: Callable, q, k, v, dout) -> Callable[[], None]:
+    def run() -> None:
+        qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
+        out = attn(qq, kk, vv)
+        out.backward(dout)
+    return run
+
+
+def _dense_row(mode: str, per_gpu: int, world: int, h: int, hk: int, d: int,
+               iters: int) -> Dict:
+    seq = per_gpu * world
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    mk = lambda heads: torch.randn(1, seq, heads, d, device="cuda", dtype=torch.bfloat16,
+                                   generator=gen)
+    q, k, v, dout = mk(h), mk(hk), mk(hk), mk(h)
+    row = dict(mode=mode, per_gpu=per_gpu, total=seq, h=h, hk=hk, d=d)
+    one = _step(lambda a, b, c: flashattn.flash_attn_func(a, b, c, causal=True), q, k, v, dout)
+    row["single_s"] = _timed(one, 1 if seq > 200_000 else iters)
+    if mode == "ring":
+        shard = fp.zigzag_shard
+        attn = lambda a, b, c: fp.ring_flash_attn_func(a, b, c, causal=True)
+    else:
+        shard = fp.contiguous_shard
+        attn = lambda a, b, c: fp.ulysses_flash_attn_func(a, b, c, causal=True)
+    local = [shard(t) for t in (q, k, v, dout)]
+    del q, k, v, dout
+    torch.cuda.empty_cache()
+    row["cp_s"] = _timed(_step(attn, *local), iters)
+    flops = 4 * h * d * _causal_pairs(seq) * 3.5
+    row["efficiency"] = row["single_s"] / world / row["cp_s"]
+    row["cp_tflops_per_gpu"] = flops / world / row["cp_s"] / 1e12
+    row["single_tflops"] = flops / row["single_s"] / 1e12
+    return row
+
+
+def _ring_without_comm(per_gpu: int, world: int, h: int, d: int, iters: int) -> Dict:
+    """The ring's kernels alone: every exchange returns the block in hand instead of sending
+    it (same calls, same shapes, no NCCL): the CP time a perfectly hidden transfer would give."""
+    from flashattn.parallel import comm as _comm
+
+    real = _comm.exchange
+    _comm.exchange = lambda tensors, *a, **k: _comm.Exchange([], list(tensors))
+    try:
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        local = [torch.randn(1, per_gpu, h, d, device="cuda", dtype=torch.bfloat16,
+                             generator=gen) for _ in range(4)]
+        attn = lambda a, b, c: fp.ring_flash_attn_func(a, b, c, causal=True)
+        t = _timed(_step(attn, *local), iters)
+    finally:
+        _comm.exchange = real
+    seq = per_gpu * world
+    return dict(mode="ring_no_comm", per_gpu=per_gpu, total=seq, cp_s=t,
+                cp_tflops_per_gpu=4 * h * d * _causal_pairs(seq) * 3.5 / world / t / 1e12)
+
+
+def _doc_lengths(total: int, world: int, seed: int = 0) -> List[int]:
+    """Document lengths drawn uniformly in [1k, 64k], multiples of 2 * world, summing to
+    ``total`` (the last one trimmed)."""
+    rng = random.Random(seed)
+    unit = 2 * world
+    out: List[int] = []
+    left = total
+    while left > 0:
+        n = min(left, rng.randint(1024, 65536) // unit * unit)
+        out.append(n)
+        left -= n
+    return out
+
+
+def _varlen_row(per_gpu: int, world: int, h: int, hk: int, d: int, iters: int) -> Dict:
+    lengths = _doc_lengths(per_gpu * world, world)
+    cu = torch.tensor([0] + lengths, device="cuda").cumsum(0).to(torch.int32)
+    total, longest = int(cu[-1]), max(lengths)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    mk = lambda heads: torch.randn(total, heads, d, device="cuda", dtype=torch.bfloat16,
+                                   generator=gen)
+    q, k, v, dout = mk(h), mk(hk), mk(hk), mk(h)
+    row = dict(mode="varlen", per_gpu=per_gpu, total=total, h=h, hk=hk, d=d,
+               n_docs=len(lengths), longest=longest)
+    one = _step(lambda a, b, c: flashattn.flash_attn_varlen_func(
+        a, b, c, cu, cu, longest, longest, causal=True), q, k, v, dout)
+    row["single_s"] = _timed(one, iters)
+    local = [fp.zigzag_varlen_shard(t, cu) for t in (q, k, v, dout)]
+    attn = lambda a, b, c: fp.ring_flash_attn_varlen_func(a, b, c, cu, longest, causal=True)
+    row["cp_s"] = _timed(_step(attn, *local), iters)
+    flops = 4 * h * d * sum(_causal_pairs(n) for n in lengths) * 3.5
+    row["efficiency"] = row["single_s"] / world / row["cp_s"]
+    row["cp_tflops_per_gpu"] = flops / world / row["cp_s"] / 1e12
+    return row
+
+
+def _scale_row(per_gpu: int, world: int, h: int, hk: int, d: int) -> Dict:
+    seq = per_gpu * world
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    mk = lambda heads: torch.randn(1, per_gpu, heads, d, device="cuda", dtype=torch.bfloat16,
+                                   generator=gen)
+    local = [mk(h), mk(hk), mk(hk), mk(h)]  # this rank's shards (random: no full tensor)
+    attn = lambda a, b, c: fp.ring_flash_attn_func(a, b, c, causal=True)
+    row = dict(mode="scale", per_gpu=per_gpu, total=seq, h=h, hk=hk, d=d)
+    row["cp_s"] = _timed(_step(attn, *local), 1)
+    flops = 4 * h * d * _causal_pairs(seq) * 3.5
+    row["cp_tflops_per_gpu"] = flops / world / row["cp_s"] / 1e12
+    row["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    row["peak_extra_gib"] = (torch.cuda.max_memory_allocated() - base) / 2**30
+    return row
+
+
+def _exposed_comm(per_gpu: int, world: int, h: int, d: int) -> Dict:
+    """Profile one ring fwd + bwd; the share of its span where NCCL runs alone."""
+    from torch.profiler import ProfilerActivity, profile
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    local = [torch.randn(1, per_gpu, h, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+             for _ in range(4)]
+    step = _step(lambda a, b, c: fp.ring_flash_attn_func(a, b, c, causal=True), *local)
+    step()
+    torch.cuda.synchronize()
+    dist.barrier()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    kernels = [(e.time_range.start, e.time_range.end, "nccl" in e.name.lower())
+               for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+               and e.time_range.end > e.time_range.start]
+    if not kernels:
+        return dict(mode="trace", per_gpu=per_gpu, error="no kernel events")
+    span0 = min(s for s, _, _ in kernels)
+    span1 = max(e for _, e, _ in kernels)
+
+    def union(iv):
+        merged: List[List[float]] = []
+        for s, e in sorted(iv):
+            if merged and s <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], e)
+            else:
+                merged.append([s, e])
+        return merged
+
+    by_name: Dict[str, List[float]] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            slot = by_name.setdefault(e.name[:80], [0.0, 0])
+            slot[0] += (e.time_range.end - e.time_range.start) / 1e3
+            slot[1] += 1
+    top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:12]
+    comm = union([(s, e) for s, e, nc in kernels if nc])
+    compute = union([(s, e) for s, e, nc in kernels if not nc])
+    exposed = 0.0
+    for s, e in comm:
+        covered = sum(max(0.0, min(e, ce) - max(s, cs)) for cs, ce in compute)
+        exposed += (e - s) - covered
+    return dict(mode="trace", per_gpu=per_gpu, span_ms=(span1 - span0) / 1e3,
+                nccl_ms=sum(e - s for s, e in comm) / 1e3, exposed_nccl_ms=exposed / 1e3,
+                exposed_fraction=exposed / (span1 - span0),
+                top_kernels_ms=[(n, round(t, 3), c) for n, (t, c) in top])
+
+
+def _block_rates(per_gpu: int, world: int, h: int, d: int) -> Dict:
+    """TFLOP/s of the one-GPU kernel on the block shapes of a zigzag causal ring (chunk
+    L = per_gpu / 2): the diagonal (2L x 2L causal), the early-key (2L x L) and late-query
+    (L x 2L) full blocks, and the whole sequence causal; forward and backward alone."""
+    from triton.testing import do_bench
+
+    half = per_gpu // 2
+    rows = {}
+    shapes = {"diag_causal": (2 * half, 2 * half, True), "q2L_kL": (2 * half, half, False),
+              "qL_k2L": (half, 2 * half, False), "whole_causal": (per_gpu * world,
+                                                               per_gpu * world, True)}
+    for name, (sq, sk, causal) in shapes.items():
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        q = torch.randn(1, sq, h, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+        k, v = (torch.randn(1, sk, h, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+                for _ in range(2))
+        pairs = (sq * (sq + 1) // 2 + sq * (sk - sq)) if causal else sq * sk
+        fwd_flops = 4 * h * d * pairs
+        qq, kk, vv = (t.requires_grad_() for t in (q, k, v))
+        out = flashattn.flash_attn_func(qq, kk, vv, causal=causal)
+        dout = torch.randn_like(out)
+        t_f = do_bench(lambda: flashattn.flash_attn_func(q, k, v, causal=causal), rep=300)
+        t_b = do_bench(lambda: torch.autograd.grad(out, (qq, kk, vv), dout, retain_graph=True),
+                       rep=300)
+        rows[name] = dict(fwd_tflops=fwd_flops / t_f / 1e9, bwd_tflops=2.5 * fwd_flops / t_b / 1e9,
+                          fwd_ms=t_f, bwd_ms=t_b)
+        del q, k, v, qq, kk, vv, out, dout
+        torch.cuda.empty_cache()
+    return dict(mode="blocks", per_gpu=per_gpu, **rows)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--modes", default="ring,ulysses,varlen,scale,trace")
+    ap.add_argument("--per-gpu", default="32768,131072")
+    ap.add_argument("--ulysses-per-gpu", default="32768")
+    ap.add_argument("--varlen-per-gpu", type=int, default=131072)
+    ap.add_argument("--scale-per-gpu", type=int, default=262144)
+    ap.add_argument("--trace-per-gpu", type=int, default=32768)
+    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--kv-heads", type=int, default=8, help="KV heads of the scale run")
+    ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "cp_bench.json"))
+    args = ap.parse_args()
+    dist.init_process_group("nccl")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    modes = args.modes.split(",")
+    h, d = args.heads, 128
+    res = dict(world=world, gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+               date=time.strftime("%Y-%m-%d"), rows=[],
+               nccl_env={k: v for k, v in os.environ.items() if k.startswith("NCCL_")})
+
+    def emit(row: Dict) -> None:
+        if rank == 0:
+            print(json.dumps(row), flush=True)
+            res["rows"].append(row)
+        torch.cuda.empty_cache()
+
+    def guarded(fn: Callable[[], Dict], what: Dict) -> None:
+        try:
+            emit(fn())
+        except Exception as e:  # noqa: BLE001 - an OOM or a failure is a row of its own
+            emit(dict(what, error=repr(e)[:300]))
+
+    for per in ([int(x) for x in args.per_gpu.split(",")] if "ring" in modes else []):
+        guarded(lambda: _dense_row("ring", per, world, h, h, d, args.iters),
+                dict(mode="ring", per_gpu=per))
+    for per in ([int(x) for x in args.ulysses_per_gpu.split(",")] if "ulysses" in modes else []):
+        guarded(lambda: _dense_row("ulysses", per, world, h, h, d, args.iters),
+                dict(mode="ulysses", per_gpu=per))
+    if "varlen" in modes:
+        guarded(lambda: _varlen_row(args.varlen_per_gpu, world, h, h, d, args.iters),
+                dict(mode="varlen", per_gpu=args.varlen_per_gpu))
+    if "scale" in modes:
+        guarded(lambda: _scale_row(args.scale_per_gpu, world, h, args.kv_heads, d),
+                dict(mode="scale", per_gpu=args.scale_per_gpu))
+    for per in ([int(x) for x in args.per_gpu.split(",")] if "nocomm" in modes else []):
+        guarded(lambda: _ring_without_comm(per, world, h, d, args.iters),
+                dict(mode="ring_no_comm", per_gpu=per))
+    if "trace" in modes:
+        guarded(lambda: _exposed_comm(args.trace_per_gpu, world, h, d), dict(mode="trace"))
+    for per in ([int(x) for x in args.per_gpu.split(",")] if "blocks" in modes else []):
+        guarded(lambda: _block_rates(per, world, h, d), dict(mode="blocks", per_gpu=per))
+    if rank == 0:
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

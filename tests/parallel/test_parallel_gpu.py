@@ -1,0 +1,43 @@
+"""flashattn.parallel on 2 GPUs with NCCL and the GPU kernels (Hopper's where they apply):
+the cases of tests/parallel/cases.py at GPU sizes against the float64 oracle, and a
+deterministic ring repeated bitwise. Needs 2 CUDA devices (the device tool's nvidia-h100-x2
+or larger)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.parallel import cases as c
+from tests.parallel.harness import run
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")]
+
+BF16 = torch.bfloat16
+BIG = dict(b=1, s_per_rank=512, h=8, hk=2, d=128, dtype=BF16)
+
+
+def test_parallel_calls_nccl():
+    cases = [
+        ("ring causal", c.ring_dense, dict(BIG)),
+        ("ring full d64", c.ring_dense, dict(BIG, causal=False, d=64, hk=8)),
+        ("ring sliding window", c.ring_dense, dict(BIG, window_size=(300, 0))),
+        ("ring two-sided window softcap", c.ring_dense,
+         dict(BIG, causal=False, window_size=(200, 100), softcap=20.0)),
+        ("ring contiguous causal", c.ring_dense, dict(BIG, layout="contiguous")),
+        ("ring deterministic repeated bitwise", c.ring_dense, dict(BIG, deterministic=True)),
+        ("ring fp16 d256 MQA", c.ring_dense, dict(BIG, d=256, hk=1, dtype=torch.float16)),
+        ("varlen ring causal", c.ring_varlen,
+         dict(lengths=(64, 256, 128, 512), h=8, hk=2, d=128, dtype=BF16)),
+        ("varlen ring full", c.ring_varlen,
+         dict(lengths=(96, 320), h=8, hk=8, d=128, dtype=BF16, causal=False)),
+        ("ulysses causal", c.ulysses_dense, dict(b=1, s_per_rank=512, d=128, dtype=BF16)),
+        ("ulysses window alibi MQA", c.ulysses_dense,
+         dict(b=1, s_per_rank=384, d=128, dtype=BF16, hk=1, window_size=(128, 0), alibi=True)),
+        ("ulysses varlen", c.ulysses_varlen,
+         dict(lengths=(300, 700, 1024), d=128, dtype=BF16)),
+        ("bad inputs", c.bad_inputs, dict()),
+        ("ring alibi refused", c.ring_alibi_refused, dict()),
+    ]
+    failures = run(2, cases, seed=1234, backend="nccl")
+    assert not failures, "\n".join(failures)

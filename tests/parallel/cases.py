@@ -226,3 +226,16 @@ def bad_inputs(rank, world):
         bad = lambda: fp.ulysses_flash_attn_func(*three)
         if 3 % world:
             _expect_value_error(bad, ["q", "nheads", "divisible"])
+
+
+def training_loop(rank, world, *, steps=3):
+    """A tiny Llama trained with its sequence split over the group (the example script):
+    loss and every parameter gradient equal the one-process run at every step."""
+    from examples.train_context_parallel import train
+
+    history = train(rank, world, steps=steps, seq_per_rank=16)
+    if rank == 0:
+        for row in history:
+            assert row["loss_diff"] <= 1e-5 * max(1.0, row["loss"]), row
+            assert row["grad_rel_diff"] <= 1e-4, row
+        assert history[-1]["loss"] < history[0]["loss"] + 1.0  # it trains, it does not blow up

@@ -49,6 +49,8 @@ def _cases(world):
         out.append(("ring alibi one rank", c.ring_dense, dict(alibi=True)))
     else:
         out.append(("ring alibi refused", c.ring_alibi_refused, dict()))
+    if world == 2:
+        out.append(("training loop (Hugging Face Llama)", c.training_loop, dict()))
     if world == 4:
         out.append(("usp 2x2 causal", c.usp, dict()))
         out.append(("usp 2x2 window", c.usp, dict(window_size=(6, 0), hk=1)))

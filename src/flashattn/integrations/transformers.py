@@ -34,6 +34,13 @@ What :func:`attention_forward` covers (the semantics of transformers' ``flash_at
 - fp32 as well as fp16 / bf16 (no down-cast: flashattn computes fp32 natively);
 - attention sinks (``s_aux``, gpt-oss) as flashattn's ``learnable_sink``, with gradients.
 
+Context parallelism: inside ``with context_parallel(group):`` every call of a model registered
+with this backend runs over ``group`` (:mod:`flashattn.parallel`): the model is fed its local
+shard of the sequence (``input_ids`` and the matching global ``position_ids``, laid out by
+:func:`flashattn.parallel.zigzag_shard` for the ring or ``contiguous_shard`` for Ulysses) and
+each attention layer computes attention over the whole sequence. No padding mask there
+(pack documents instead); the loss is the caller's (labels shifted before sharding).
+
 Not supported: ``output_attentions`` (the weights come back as ``None``, as with
 flash-attention 2), ``head_mask`` and
 custom 4D masks (ValueError: use ``sdpa`` or ``eager`` for those).
@@ -45,8 +52,9 @@ flash-attention 2 path does, which breaks the graph there.
 """
 from __future__ import annotations
 
+import contextlib
 import warnings
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Iterator, Optional, Tuple
 
 import torch
 
@@ -172,6 +180,58 @@ def _is_packed_row(position_ids: Optional[Tensor], batch: int) -> bool:
 _warned: set = set()
 
 
+_CP_STATE: dict = {}  # the active context_parallel(...) settings (empty: one process)
+
+
+@contextlib.contextmanager
+def context_parallel(group: Any = None, *, method: str = "ring", layout: str = "zigzag"
+                     ) -> Iterator[None]:
+    """Run the registered attention over ``group`` while the block is active.
+
+    Args:
+        group: a torch.distributed ProcessGroup or 1-D DeviceMesh (default: the default group).
+        method: "ring" (:func:`flashattn.parallel.ring_flash_attn_func`; windows, softcap,
+            GQA) or "ulysses" (:func:`flashattn.parallel.ulysses_flash_attn_func`; also dropout).
+        layout: the ring's sequence layout, "zigzag" (default) or "contiguous"; Ulysses takes
+            contiguous shards.
+    """
+    if method not in ("ring", "ulysses"):
+        raise ValueError(f"method: expected 'ring' or 'ulysses', got {method!r}")
+    previous = dict(_CP_STATE)
+    _CP_STATE.clear()
+    _CP_STATE.update(group=group, method=method, layout=layout)
+    try:
+        yield
+    finally:
+        _CP_STATE.clear()
+        _CP_STATE.update(previous)
+
+
+def _context_parallel_attention(q: Tensor, k: Tensor, v: Tensor, attention_mask, params: dict,
+                                sliding_window: Optional[int]) -> Tensor:
+    """The attention of the whole sharded sequence (inside :func:`context_parallel`)."""
+    import torch.distributed as dist
+
+    from flashattn import parallel
+
+    if attention_mask is not None:
+        raise ValueError("attention_mask: padding masks are not supported under "
+                         "context_parallel(); pack the documents without padding")
+    if params.pop("learnable_sink", None) is not None:
+        raise NotImplementedError("attention sinks (s_aux) under context_parallel()")
+    group, method = _CP_STATE["group"], _CP_STATE["method"]
+    world = dist.get_world_size(group.get_group() if hasattr(group, "get_group") else group)
+    if sliding_window is not None and k.shape[1] * world > sliding_window:
+        params["window_size"] = (sliding_window - 1, sliding_window - 1)
+    if method == "ulysses":
+        return parallel.ulysses_flash_attn_func(q, k, v, group=group, **params)
+    if params.pop("dropout_p") > 0.0:
+        raise NotImplementedError("attention dropout with context_parallel(method='ring'); "
+                                  "use method='ulysses' or dropout 0")
+    return parallel.ring_flash_attn_func(q, k, v, group=group, layout=_CP_STATE["layout"],
+                                         **params)
+
+
 def _warn_once(message: str) -> None:
     if message not in _warned:
         _warned.add(message)
@@ -238,6 +298,10 @@ def attention_forward(
                   deterministic=bool(deterministic))
     if kwargs.get("s_aux") is not None:  # attention sinks (gpt-oss): one logit per head
         params["learnable_sink"] = kwargs["s_aux"].to(device=q.device)
+    if _CP_STATE:
+        params["window_size"] = (-1, -1)  # the global length decides, below
+        return _context_parallel_attention(q, k, v, attention_mask, params,
+                                           sliding_window), None
 
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
@@ -303,4 +367,4 @@ def register(name: str = NAME) -> str:
     return name
 
 
-__all__ = ["LEGACY_NAME", "NAME", "attention_forward", "register"]
+__all__ = ["LEGACY_NAME", "NAME", "attention_forward", "context_parallel", "register"]

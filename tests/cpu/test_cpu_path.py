@@ -247,6 +247,8 @@ def test_aten_flash_routing_and_accuracy(monkeypatch, cpu_backend, kw, s_q, s_k,
     out = flash_attn_func(q, k, v, **kw)
     g = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v), g)
+    if routed is True and dtype == torch.float32:
+        routed = "fwd"  # aten's fp32 backward misses the rule: the chunked one runs
     assert calls == {True: ["fwd", "bwd"], False: [], "fwd": ["fwd"]}[routed]
     if kw.get("dropout_p"):
         return
@@ -260,6 +262,26 @@ def test_aten_flash_routing_and_accuracy(monkeypatch, cpu_backend, kw, s_q, s_k,
     assert_close_rule(out, ref, low, factor=2, name="out")
     for name, x, r, lo in zip("qkv", grads, ref_grads, low_grads):
         assert_close_rule(x, r, lo, factor=3, name=f"d{name}")
+
+
+def test_fp32_backward_meets_the_rule(cpu_backend):
+    """The shape on which ``python -m flashattn check`` failed through aten's fp32 backward
+    (dV 3.75x plain fp32's error): every gradient within 3x on each of 8 draws (aten's
+    backward broke the rule on 4 of 6 such draws)."""
+    from flashattn.reference import attention_ref
+
+    for _ in range(8):
+        x = [torch.randn(2, 97, 4, 64, requires_grad=True) for _ in range(3)]
+        out = flash_attn_func(*x, softmax_scale=0.3)
+        g = torch.randn_like(out)
+        grads = torch.autograd.grad(out, x, g)
+        x64 = [t.detach().double().requires_grad_() for t in x]
+        ref = attention_ref(*x64, softmax_scale=0.3)[0]
+        ref_grads = torch.autograd.grad(ref, x64, g.double())
+        low = attention_ref(*x, softmax_scale=0.3, upcast=False)[0]
+        low_grads = torch.autograd.grad(low, x, g)
+        for name, got, r, lo in zip("qkv", grads, ref_grads, low_grads):
+            assert_close_rule(got, r, lo, factor=3, atol=1e-6, name=f"d{name}")  # check's
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

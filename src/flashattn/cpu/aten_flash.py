@@ -13,6 +13,12 @@ Philox stream is ours to reproduce), no softcap, no ALiBi, and no mask other tha
 seqlen_q == seqlen_k (the kernel's causal mask is top-left aligned; flash-attn's bottom-right
 one coincides with it only there). Everything else runs the chunked path.
 
+Backward in fp32 (:func:`covers_backward`): not routed. Against the float64 oracle, aten's fp32
+backward errs 2-5.8x as much as plain fp32 attention does (dV worst; b 2, s 97, h 4, d 64,
+scale 0.3, six draws), past flash-attn's 3x rule (``python -m flashattn check`` failed on it);
+the chunked backward reads 0.9-1.9x on the same draws. Its fp32 forward passes the rule and
+stays (either forward's lse serves either backward).
+
 GQA backward in fp16 / bf16: the kernel adds each query head's dK / dV into the kv head's
 output in that dtype, one rounding per head, so the error grows with the group size (measured:
 2.1-2.4 ulps of max|dV| at 8 heads per kv head, against 0.4 for one rounding). :func:`bwd`
@@ -41,6 +47,11 @@ def covers(q: Tensor, k: Tensor, v: Tensor, p: AttnParams) -> bool:
     if p.window_left == -1 and p.window_right == -1:
         return True
     return p.window_left == -1 and p.window_right == 0 and q.shape[1] == k.shape[1]
+
+
+def covers_backward(q: Tensor, k: Tensor, v: Tensor, p: AttnParams) -> bool:
+    """Whether the aten backward serves this call: :func:`covers`, and not fp32 (module doc)."""
+    return q.dtype != torch.float32 and covers(q, k, v, p)
 
 
 def _causal(p: AttnParams) -> bool:
@@ -80,4 +91,4 @@ def _group_sum(t: Tensor, group: int) -> Tensor:
     return t.reshape(b, s, h // group, group, e).sum(3, dtype=torch.float32).to(t.dtype)
 
 
-__all__ = ["bwd", "covers", "fwd"]
+__all__ = ["bwd", "covers", "covers_backward", "fwd"]

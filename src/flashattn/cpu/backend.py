@@ -30,8 +30,9 @@ def fwd(q: Tensor, k: Tensor, v: Tensor, p: AttnParams, return_softmax: bool):
 
 def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, p: AttnParams):
     """Dense backward: (dq, dk, dv). Either forward's lse serves either backward (same
-    contract); deterministic=True stays on the chunked path (fixed reduction order)."""
-    if not p.deterministic and _aten.covers(q, k, v, p):
+    contract); deterministic=True stays on the chunked path (fixed reduction order), and so
+    does fp32 (aten's fp32 backward misses flash-attn's accuracy rule: cpu/aten_flash.py)."""
+    if not p.deterministic and _aten.covers_backward(q, k, v, p):
         return _aten.bwd(dout, q, k, v, out, lse, p)
     return _dense.chunked_bwd(dout, q, k, v, out, lse, **p.kernel_kwargs(),
                               deterministic=p.deterministic)

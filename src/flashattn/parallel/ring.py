@@ -81,14 +81,16 @@ def run_forward(kv: Tuple[Tensor, ...], steps: int, ring: Ring, compute: Callabl
             kv = tuple(pending.wait())
 
 
-def run_backward(kv: Tuple[Tensor, ...], dkv: Tuple[Tensor, ...], steps: int, ring: Ring,
-                 compute: Callable) -> Tuple[Tensor, ...]:
+def run_backward(k: Tensor, v: Tensor, steps: int, ring: Ring, compute: Callable
+                 ) -> Tuple[Tensor, ...]:
     """The backward ring. ``compute(step, *kv)`` returns ``add(*dkv)``, which adds the step's
     dK / dV into the float32 accumulators of the block in hand (and dQ into the caller's).
     The accumulators travel with their block (one step behind, overlapping the next step's
     compute) and are sent home after the last step, rounded to K / V's dtype first (home
     rounds them to it anyway, so the result is the same and the one transfer that no compute
     hides is half as long); returns dK / dV in K / V's dtype."""
+    kv = (k.contiguous(), v.contiguous())
+    dkv = tuple(torch.zeros(x.shape, dtype=torch.float32, device=x.device) for x in kv)
     dkv_pending = None
     for step in range(steps):
         kv_pending = (_comm.exchange(kv, ring.group, ring.rank, ring.world)
@@ -139,18 +141,20 @@ def ring_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
                 dv_acc[:, c.k0:c.k1].add_(dv_b)
         return add
 
-    dkv = (torch.zeros(k.shape, dtype=torch.float32, device=k.device),
-           torch.zeros(v.shape, dtype=torch.float32, device=v.device))
-    dk, dv = run_backward((k.contiguous(), v.contiguous()), dkv, len(plan), ring, compute)
+    dk, dv = run_backward(k, v, len(plan), ring, compute)
     return dq.to(q.dtype), dk, dv
 
 
-class _RingAttention(torch.autograd.Function):
+class RingFunction(torch.autograd.Function):
+    """A ring call as an autograd Function: ``forward_fn(q, k, v, *args) -> (out, lse)`` and
+    ``backward_fn(dout, q, k, v, out, lse, *args) -> (dq, dk, dv)``; lse is not
+    differentiable. Shared by the dense and the varlen rings."""
+
     @staticmethod
-    def forward(ctx, q, k, v, plan, opt, ring):
-        out, lse = ring_forward(q, k, v, plan, opt, ring)
+    def forward(ctx, q, k, v, forward_fn, backward_fn, args):
+        out, lse = forward_fn(q, k, v, *args)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.args = (plan, opt, ring)
+        ctx.backward_fn, ctx.args = backward_fn, args
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -159,14 +163,14 @@ class _RingAttention(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         if dout.stride(-1) != 1:
             dout = dout.contiguous()
-        dq, dk, dv = ring_backward(dout, q, k, v, out, lse, *ctx.args)
+        dq, dk, dv = ctx.backward_fn(dout, q, k, v, out, lse, *ctx.args)
         return dq, dk, dv, None, None, None
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, plan, opt: RingOptions, ring: Ring
            ) -> Tuple[Tensor, Tensor]:
     """The differentiable ring call on validated inputs: (out, lse), lse not differentiable."""
-    return _RingAttention.apply(q, k, v, plan, opt, ring)
+    return RingFunction.apply(q, k, v, ring_forward, ring_backward, (plan, opt, ring))
 
 
 def normalise(q: Tensor, k: Tensor, v: Tensor, group: Group, causal: bool,
@@ -272,9 +276,9 @@ def ring_flash_attn_func(
                                      softmax_scale, deterministic, layout,
                                      "ring_flash_attn_func")
     plan = plan_for(layout, ring.rank, ring.world, q.shape[1], opt)
-    out, lse = _RingAttention.apply(q, k, v, plan, opt, ring)
+    out, lse = attend(q, k, v, plan, opt, ring)
     return (out, lse, None) if return_attn_probs else out
 
 
-__all__ = ["LAYOUTS", "Ring", "attend", "RingOptions", "normalise", "plan_for", "ring_backward",
+__all__ = ["LAYOUTS", "Ring", "RingFunction", "attend", "RingOptions", "normalise", "plan_for", "ring_backward",
            "ring_flash_attn_func", "ring_forward", "run_backward", "run_forward"]

@@ -28,7 +28,7 @@ from flashattn.parallel import checks as _checks
 from flashattn.parallel.groups import Group, check_device, resolve
 from flashattn.parallel.layout import zigzag_varlen_index
 from flashattn.parallel.merge import merge_varlen_into
-from flashattn.parallel.ring import Ring, run_backward, run_forward
+from flashattn.parallel.ring import Ring, RingFunction, run_backward, run_forward
 
 Tensor = torch.Tensor
 
@@ -155,28 +155,8 @@ def varlen_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
             dv_acc.add_(dv_b)
         return add
 
-    dkv = (torch.zeros(k.shape, dtype=torch.float32, device=k.device),
-           torch.zeros(v.shape, dtype=torch.float32, device=v.device))
-    dk, dv = run_backward((k.contiguous(), v.contiguous()), dkv, ring.world, ring, compute)
+    dk, dv = run_backward(k, v, ring.world, ring, compute)
     return dq.to(q.dtype), dk, dv
-
-
-class _RingVarlenAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, lay, opt, ring):
-        out, lse = varlen_forward(q, k, v, lay, opt, ring)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.args = (lay, opt, ring)
-        ctx.mark_non_differentiable(lse)
-        return out, lse
-
-    @staticmethod
-    def backward(ctx, dout, _dlse):
-        q, k, v, out, lse = ctx.saved_tensors
-        if dout.stride(-1) != 1:
-            dout = dout.contiguous()
-        dq, dk, dv = varlen_backward(dout, q, k, v, out, lse, *ctx.args)
-        return dq, dk, dv, None, None, None
 
 
 def ring_flash_attn_varlen_func(
@@ -256,7 +236,7 @@ def ring_flash_attn_varlen_func(
     lay = _layout(cu_seqlens, ring.rank, ring.world, q.device)
     opt = _Options(_p.softmax_scale_or_default(scale, q.shape[-1]), causal, softcap,
                    deterministic)
-    out, lse = _RingVarlenAttention.apply(q, k, v, lay, opt, ring)
+    out, lse = RingFunction.apply(q, k, v, varlen_forward, varlen_backward, (lay, opt, ring))
     return (out, lse, None) if return_attn_probs else out
 
 

@@ -13,7 +13,7 @@ back through the replication): more bytes sent, never more than q's.
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -121,6 +121,20 @@ def _alibi_for_rank(alibi_slopes: Optional[Tensor], rank: int, world: int) -> Op
     return alibi_slopes[..., rank * h // world:(rank + 1) * h // world]
 
 
+def head_parallel(q: Tensor, k: Tensor, v: Tensor, group: Optional[dist.ProcessGroup],
+                  world: int, attend: Callable[[Tensor, Tensor, Tensor], Tuple[Tensor, Tensor]]
+                  ) -> Tuple[Tensor, Tensor]:
+    """Sequence shards (b, s_local, heads, d) -> head shards of the whole sequence ->
+    ``attend(q, k, v) -> (out, lse (b, heads / world, S))`` -> sequence shards again:
+    (out (b, s_local, nheads, d_v), lse (b, nheads, s_local)). Differentiable in q, k, v."""
+    h = q.shape[2]
+    qh = seq_to_heads(q, group, world)
+    kh = seq_to_heads(kv_heads_for_ranks(k, h, world, "k"), group, world)
+    vh = seq_to_heads(kv_heads_for_ranks(v, h, world, "v"), group, world)
+    out, lse = attend(qh, kh, vh)
+    return heads_to_seq(out, group, world), lse_heads_to_seq(lse, group, world)
+
+
 def _signature(q: Tensor, k: Tensor, v: Tensor, causal, window_size, dropout_p, softcap,
                alibi_slopes, deterministic):
     return [("q.shape[0]", q.shape[0]), ("q.shape[1] (local sequence length)", q.shape[-3]),
@@ -175,17 +189,11 @@ def ulysses_flash_attn_func(
     _checks.same_on_every_rank(pg, world, q.device, _signature(
         q, k, v, causal, window_size, dropout_p, softcap, alibi_slopes, deterministic),
         "ulysses_flash_attn_func")
-    h = q.shape[2]
-    qh = seq_to_heads(q, pg, world)
-    kh = seq_to_heads(kv_heads_for_ranks(k, h, world, "k"), pg, world)
-    vh = seq_to_heads(kv_heads_for_ranks(v, h, world, "v"), pg, world)
-    out, lse, _ = flash_attn_func(qh, kh, vh, dropout_p, softmax_scale, causal, window_size,
-                                  softcap, _alibi_for_rank(alibi_slopes, rank, world),
-                                  deterministic, return_attn_probs=True)
-    out = heads_to_seq(out, pg, world)
-    if return_attn_probs:
-        return out, lse_heads_to_seq(lse, pg, world), None
-    return out
+    alibi = _alibi_for_rank(alibi_slopes, rank, world)
+    out, lse = head_parallel(q, k, v, pg, world, lambda qh, kh, vh: flash_attn_func(
+        qh, kh, vh, dropout_p, softmax_scale, causal, window_size, softcap, alibi,
+        deterministic, return_attn_probs=True)[:2])
+    return (out, lse, None) if return_attn_probs else out
 
 
 def ulysses_flash_attn_varlen_func(
@@ -236,19 +244,18 @@ def ulysses_flash_attn_varlen_func(
     _checks.same_on_every_rank(pg, world, q.device, _signature(
         q.unsqueeze(0), k.unsqueeze(0), v, causal, window_size, dropout_p, softcap,
         alibi_slopes, deterministic), "ulysses_flash_attn_varlen_func")
-    h = q.shape[1]
-    qh = seq_to_heads(q.unsqueeze(0), pg, world)[0]
-    kh = seq_to_heads(kv_heads_for_ranks(k.unsqueeze(0), h, world, "k"), pg, world)[0]
-    vh = seq_to_heads(kv_heads_for_ranks(v.unsqueeze(0), h, world, "v"), pg, world)[0]
-    out, lse, _ = flash_attn_varlen_func(
-        qh, kh, vh, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, softmax_scale,
-        causal, window_size, softcap, _alibi_for_rank(alibi_slopes, rank, world), deterministic,
-        return_attn_probs=True)
-    out = heads_to_seq(out.unsqueeze(0), pg, world)[0]
-    if return_attn_probs:
-        return out, lse_heads_to_seq(lse.unsqueeze(0), pg, world)[0], None
-    return out
+    alibi = _alibi_for_rank(alibi_slopes, rank, world)
+
+    def attend(qh: Tensor, kh: Tensor, vh: Tensor) -> Tuple[Tensor, Tensor]:
+        out, lse, _ = flash_attn_varlen_func(
+            qh[0], kh[0], vh[0], cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p,
+            softmax_scale, causal, window_size, softcap, alibi, deterministic,
+            return_attn_probs=True)
+        return out.unsqueeze(0), lse.unsqueeze(0)
+
+    out, lse = head_parallel(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), pg, world, attend)
+    return (out[0], lse[0], None) if return_attn_probs else out[0]
 
 
-__all__ = ["check_heads", "heads_to_seq", "kv_heads_for_ranks", "lse_heads_to_seq", "seq_to_heads",
+__all__ = ["check_heads", "head_parallel", "heads_to_seq", "kv_heads_for_ranks", "lse_heads_to_seq", "seq_to_heads",
            "ulysses_flash_attn_func", "ulysses_flash_attn_varlen_func"]

@@ -19,8 +19,7 @@ from flashattn.parallel.groups import check_device
 from flashattn.parallel.layout import contiguous_shard, contiguous_unshard, zigzag_shard, \
     zigzag_unshard
 from flashattn.parallel.ring import attend, normalise, plan_for
-from flashattn.parallel.ulysses import kv_heads_for_ranks, check_heads, heads_to_seq, \
-    lse_heads_to_seq, seq_to_heads
+from flashattn.parallel.ulysses import check_heads, head_parallel
 
 Tensor = torch.Tensor
 DIMS = ("ulysses", "ring")
@@ -85,18 +84,15 @@ def usp_flash_attn_func(
     _checks.same_on_every_rank(u_group, u_world, q.device, [
         ("q.shape[1] (local sequence length)", q.shape[1]), ("q.shape[2]", q.shape[2])],
         "usp_flash_attn_func")
-    h = q.shape[2]
-    qh = seq_to_heads(q, u_group, u_world)
-    kh = seq_to_heads(kv_heads_for_ranks(k, h, u_world, "k"), u_group, u_world)
-    vh = seq_to_heads(kv_heads_for_ranks(v, h, u_world, "v"), u_group, u_world)
-    ring, opt = normalise(qh, kh, vh, ring_mesh, causal, window_size, softcap, None,
-                          softmax_scale, deterministic, "zigzag", "usp_flash_attn_func")
-    plan = plan_for("zigzag", ring.rank, ring.world, qh.shape[1], opt)
-    out, lse = attend(qh, kh, vh, plan, opt, ring)
-    out = heads_to_seq(out, u_group, u_world)
-    if return_attn_probs:
-        return out, lse_heads_to_seq(lse, u_group, u_world), None
-    return out
+
+    def ring_attention(qh: Tensor, kh: Tensor, vh: Tensor) -> Tuple[Tensor, Tensor]:
+        ring, opt = normalise(qh, kh, vh, ring_mesh, causal, window_size, softcap, None,
+                              softmax_scale, deterministic, "zigzag", "usp_flash_attn_func")
+        plan = plan_for("zigzag", ring.rank, ring.world, qh.shape[1], opt)
+        return attend(qh, kh, vh, plan, opt, ring)
+
+    out, lse = head_parallel(q, k, v, u_group, u_world, ring_attention)
+    return (out, lse, None) if return_attn_probs else out
 
 
 __all__ = ["DIMS", "usp_flash_attn_func", "usp_shard", "usp_unshard"]

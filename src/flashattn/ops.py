@@ -47,18 +47,18 @@ the fake kernel by tracing the Python body, so points 1 and 3 hold there too):
 
 1. ``triton_op`` builds its fake (meta) kernel by running the op's Python body on
    FakeTensors. Our launch code chooses the TMA path from data pointers
-   (``kernels.config.use_tma`` checks 16-byte alignment of ``data_ptr()``), and the Hopper
-   family checks the same in ``hopper.support.call_unsupported``: a ``triton_op`` around
-   ``kernels.fwd.flash_fwd`` fails under torch.compile with "Cannot access data pointer of
+   (``triton.config.use_tma`` checks 16-byte alignment of ``data_ptr()``), and the Hopper
+   family checks the same in ``sm90.support.call_unsupported``: a ``triton_op`` around
+   ``triton.fwd.flash_fwd`` fails under torch.compile with "Cannot access data pointer of
    Tensor (e.g. FakeTensor, FunctionalTensor)". The choice depends on the address at run
    time, which a trace cannot know.
 2. Under ``TRITON_INTERPRET=1`` (the CPU CI) ``wrap_triton`` hands back interpreted kernels
    unchanged (``torch/_library/triton.py``: an InterpretedFunction is not traceable), so the
    fake pass launches the kernel on FakeTensors and fails even with TMA forced off
-   (checked). The plain-torch CPU path (``cpu.py``) would be traced into the graph instead,
+   (checked). The plain-torch CPU path (``cpu/``) would be traced into the graph instead,
    so one op would mean different graphs per device.
-3. ``wrap_triton`` must wrap every launch site inside ``kernels/*.py`` and
-   ``hopper/*.py`` (autotuned kernels with ``early_config_prune``, ``reset_to_zero``,
+3. ``wrap_triton`` must wrap every launch site inside ``triton/*.py`` and
+   ``sm90/*.py`` (autotuned kernels with ``early_config_prune``, ``reset_to_zero``,
    ``cache_results`` and in-kernel TMA descriptors that need ``triton.set_allocator``);
    Inductor would re-launch them through its own launcher, a second code path to keep right.
 
@@ -70,7 +70,7 @@ which it could not do with hand-written Triton kernels either.
 Adding an op: write its body as a dispatch function (``dispatch.varlen_forward``), register it here in its own section with
 ``torch.library.custom_op`` (``mutates_args`` naming every tensor written in place), a fake
 that allocates the outputs with the real strides, and, if differentiable,
-``register_autograd``; check it with ``torch.library.opcheck`` (``tests/test_ops.py``).
+``register_autograd``; check it with ``torch.library.opcheck`` (``tests/internals/test_ops.py``).
 """
 from __future__ import annotations
 

@@ -49,6 +49,7 @@ from flashattn import fp8_format, metadata
 from flashattn.params import ONE_BLOCK_SHIFT, AttnParams, Fp8Scales
 from flashattn.runtime import env
 from flashattn.runtime.device import capturing
+from flashattn.dispatch import interface
 
 BACKENDS: Tuple[str, ...] = env.BACKENDS
 ENV_BACKEND = "FLASHATTN_BACKEND"
@@ -57,8 +58,6 @@ ENV_INTERPRET = "TRITON_INTERPRET"
 OPS: Tuple[str, ...] = ("fwd", "bwd", "varlen_fwd", "varlen_bwd", "kvcache", "varlen_paged_fwd",
                         "combine", "fp8_quantize", "fp8_fwd", "fp8_varlen_fwd", "sink_apply",
                         "sink_grad")
-_BACKEND_MODULES = {"hopper": "flashattn.sm90.backend", "portable": "flashattn.triton.backend",
-                    "cpu": "flashattn.cpu.backend"}
 _LOADED: Dict[str, Any] = {}
 
 
@@ -265,7 +264,7 @@ def backend(name: str) -> Any:
     'cpu'), imported on first use."""
     mod = _LOADED.get(name)
     if mod is None:
-        mod = _LOADED[name] = importlib.import_module(_BACKEND_MODULES[name])
+        mod = _LOADED[name] = importlib.import_module(interface.MODULES[name])
     return mod
 
 

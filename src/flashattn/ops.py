@@ -23,9 +23,10 @@ bodies directly (same functions, same autograd formula; torch.library's dispatch
 ~86 us per call on the H100 host); under torch.compile / export, a dispatch mode or a tensor
 subclass they call the registered ops.
 
-This module imports only :mod:`flashattn.dispatch` (and the parameter object): each op body
-builds one :class:`flashattn.params.AttnParams` from its flat arguments (op schemas have no
-structs) and calls the dispatch function of the same name.
+This module imports only :mod:`flashattn.dispatch`'s op-family modules (``dense``, ``varlen``,
+``kvcache``, ``fp8``, ``merge``) and the parameter object: each op body builds one
+:class:`flashattn.params.AttnParams` from its flat arguments (op schemas have no structs) and
+calls the dispatch function of the same name.
 
 Parameters are the normalised ones of ``docs/internals.md`` (the api layer has already
 validated and normalised them), with these differences forced by graph capture:
@@ -67,10 +68,11 @@ included); the compiler only needs the output shapes (``register_fake``) and the
 formula (``register_autograd``). The cost is that Inductor cannot fuse into our kernels,
 which it could not do with hand-written Triton kernels either.
 
-Adding an op: write its body as a dispatch function (``dispatch.varlen_forward``), register it here in its own section with
-``torch.library.custom_op`` (``mutates_args`` naming every tensor written in place), a fake
-that allocates the outputs with the real strides, and, if differentiable,
-``register_autograd``; check it with ``torch.library.opcheck`` (``tests/internals/test_ops.py``).
+Adding an op: write its body as a dispatch function (``dispatch/varlen.py``'s
+``varlen_forward``), register it here in its own section with ``torch.library.custom_op``
+(``mutates_args`` naming every tensor written in place), a fake that allocates the outputs
+with the real strides, and, if differentiable, ``register_autograd``; check it with
+``torch.library.opcheck`` (``tests/internals/test_ops.py``).
 """
 from __future__ import annotations
 
@@ -78,7 +80,11 @@ from typing import Any, Optional, Tuple, Union
 
 import torch
 
-from flashattn import dispatch
+from flashattn.dispatch import dense as _dense
+from flashattn.dispatch import fp8 as _fp8
+from flashattn.dispatch import kvcache as _kvcache
+from flashattn.dispatch import merge as _merge
+from flashattn.dispatch import varlen as _varlen
 from flashattn.fp8_format import quantized_empty
 from flashattn.params import ONE_BLOCK_SHIFT, AttnParams, Fp8Scales
 
@@ -101,9 +107,10 @@ def _fresh(*tensors: Tensor) -> Tuple[Tensor, ...]:
 def _eager_autograd(name: str, fwd_impl, setup_context, backward, bwd_impl):
     """An autograd.Function running an op's bodies and autograd formula without torch.library's
     dispatch: that layer measured 86 us per dense forward call on the H100 host
-    (benchmarks/probes/overhead_probe.py, ``ops.attention`` vs ``dispatch.forward``), more than a
-    small attention kernel runs. Used only for plain eager tensors (see :func:`_eager_call`);
-    torch.compile, export, dispatch modes and tensor subclasses always see the registered ops."""
+    (benchmarks/probes/overhead_probe.py, ``ops.attention`` vs ``dispatch.dense.forward``),
+    more than a small attention kernel runs. Used only for plain eager tensors (see
+    :func:`_eager_call`); torch.compile, export, dispatch modes and tensor subclasses always
+    see the registered ops."""
 
     def forward(ctx, *inputs):
         output = fwd_impl(*inputs)
@@ -165,7 +172,7 @@ def _fwd_impl(
     """
     params = AttnParams(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
                         dropout_p, _seed_value(philox_seed), deterministic)
-    out, lse, s_dmask = dispatch.forward(q, k, v, params, return_softmax)
+    out, lse, s_dmask = _dense.forward(q, k, v, params, return_softmax)
     if s_dmask is None:
         s_dmask = _empty_dmask(q)
     return _fresh(out, lse, s_dmask)  # type: ignore[return-value]
@@ -209,7 +216,7 @@ def _bwd_impl(
     """
     params = AttnParams(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
                         dropout_p, _seed_value(philox_seed), deterministic)
-    dq, dk, dv = dispatch.backward(dout, q, k, v, out, lse, params)
+    dq, dk, dv = _dense.backward(dout, q, k, v, out, lse, params)
     return _fresh(dq, dk, dv)  # type: ignore[return-value]
 
 
@@ -313,7 +320,7 @@ def _varlen_fwd_impl(
     """
     params = AttnParams(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
                         dropout_p, _seed_value(philox_seed), deterministic)
-    out, lse, s_dmask = dispatch.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
+    out, lse, s_dmask = _varlen.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
                                                 block_table, max_seqlen_q, max_seqlen_k, params,
                                                 return_softmax)
     if s_dmask is None:
@@ -363,7 +370,7 @@ def _varlen_bwd_impl(
     """Varlen backward: (dq, dk, dv), contiguous, shaped and typed like q, k, v."""
     params = AttnParams(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
                         dropout_p, _seed_value(philox_seed), deterministic)
-    dq, dk, dv = dispatch.varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+    dq, dk, dv = _varlen.varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                                           seqused_k, max_seqlen_q, max_seqlen_k, params)
     return _fresh(dq, dk, dv)  # type: ignore[return-value]
 
@@ -482,7 +489,7 @@ def dense_recorded(entry, q: Tensor, k: Tensor, v: Tensor) -> Tuple[Tensor, Tens
 
 
 class _RecordedVarlen(torch.autograd.Function):
-    """A recorded packed signature's forward and backward (``dispatch.VarlenRunner``: the
+    """A recorded packed signature's forward and backward (``replay.varlen.VarlenRunner``: the
     api's fast path for a repeated ``flash_attn_varlen_func`` signature), differentiable in q,
     k, v; lse is not. The same bodies as ``varlen_fwd`` / ``varlen_bwd`` for plain eager
     tensors (the api checks :func:`_eager_call`'s conditions before it keys a call)."""
@@ -506,7 +513,7 @@ class _RecordedVarlen(torch.autograd.Function):
 def varlen_recorded(runner, q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
                     cu_seqlens_k: Tensor, seqused_k: Optional[Tensor]
                     ) -> Tuple[Tensor, Tensor]:
-    """(out, lse) of a recorded packed signature (``runner``: its dispatch.VarlenRunner),
+    """(out, lse) of a recorded packed signature (``runner``: its replay.varlen.VarlenRunner),
     through autograd when a gradient is to be recorded."""
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _RecordedVarlen.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, runner)
@@ -552,7 +559,7 @@ def _fwd_kvcache_impl(
     cache_seqlens a (b,) int32 tensor or None)."""
     params = AttnParams(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
                         0.0, 0, False, attention_chunk)
-    out, lse = dispatch.kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+    out, lse = _kvcache.kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                                 cache_batch_idx, cache_leftpad, block_table, params,
                                 rotary_interleaved, num_splits, cu_seqlens_q, max_seqlen_q,
                                 cu_seqlens_k_new, rotary_seqlens)
@@ -591,7 +598,7 @@ def _combine_impl(out_partial: Tensor, lse_partial: Tensor,
     """``flash_attn_combine`` without ``out=``: out_partial (splits, b, s_q, h, d_v) and
     lse_partial (splits, b, h, s_q) float32 -> out (b, s_q, h, d_v) in ``out_dtype`` (default
     float32) and lse float32 (b, h, s_q), contiguous."""
-    out, lse = dispatch.combine(out_partial, lse_partial, None,
+    out, lse = _merge.combine(out_partial, lse_partial, None,
                                 out_dtype if out_dtype is not None else torch.float32)
     return _fresh(out, lse)  # type: ignore[return-value]
 
@@ -615,7 +622,7 @@ def combine_splits(out_partial: Tensor, lse_partial: Tensor, out: Optional[Tenso
     dtype = out_dtype if out_dtype is not None else (out.dtype if out is not None
                                                      else torch.float32)
     if _eager_call(out_partial, lse_partial, out):
-        return dispatch.combine(out_partial, lse_partial, out, dtype)
+        return _merge.combine(out_partial, lse_partial, out, dtype)
     res, lse = combine(out_partial, lse_partial, dtype)
     if out is not None:
         out.copy_(res)
@@ -633,7 +640,7 @@ def _fp8_quantize_impl(q: Tensor, k: Tensor, v: Tensor, signs: Optional[Tensor],
     block_m)), k_descale, v_descale (b, h_k, cdiv(s_k, block_n))) float32; all contiguous but
     v8, whose storage is (b, h_k, d_v, s_k padded to 16): keys contiguous. ``v_wgmma``: v8 in
     wgmma key order instead, (b, s_pad, h_k, d_v) (fp8_format.wgmma_vt_empty)."""
-    q8, k8, v8, qs, ks, vs = dispatch.fp8_quantize(q, k, v, signs, block_m, block_n, v_wgmma)
+    q8, k8, v8, qs, ks, vs = _fp8.fp8_quantize(q, k, v, signs, block_m, block_n, v_wgmma)
     # v8 keeps its keys-contiguous layout (fp8_format.keys_contiguous_empty): the FP8 kernels'
     return (*_fresh(q8, k8), v8, *_fresh(qs, ks, vs))  # type: ignore[return-value]
 
@@ -658,8 +665,8 @@ def quantize_fp8(q: Tensor, k: Tensor, v: Tensor, signs: Optional[Tensor], block
 def fp8_v_wgmma(q: Tensor, k: Tensor, v: Tensor, params: AttnParams, block_m: int,
                 block_n: int) -> bool:
     """Whether a quantize pass feeding FP8 attention should write V in the Hopper kernel's key
-    order (dispatch.fp8_v_wgmma: exactly when that kernel will run on its outputs)."""
-    return dispatch.fp8_v_wgmma(q, k, v, params, block_m, block_n)
+    order (dispatch.fp8.fp8_v_wgmma: exactly when that kernel will run on its outputs)."""
+    return _fp8.fp8_v_wgmma(q, k, v, params, block_m, block_n)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -674,7 +681,7 @@ def fp8_v_wgmma(q: Tensor, k: Tensor, v: Tensor, params: AttnParams, block_m: in
 # ---------------------------------------------------------------------------------------------
 def _sink_apply_impl(out: Tensor, lse: Tensor, sink: Tensor, packed: bool
                      ) -> Tuple[Tensor, Tensor]:
-    return _fresh(*dispatch.sink_apply(out, lse, sink, packed))  # type: ignore[return-value]
+    return _fresh(*_merge.sink_apply(out, lse, sink, packed))  # type: ignore[return-value]
 
 
 sink_apply_op = torch.library.custom_op("flashattn::sink_apply", _sink_apply_impl,
@@ -699,7 +706,7 @@ def sink_apply(out: Tensor, lse: Tensor, sink: Tensor, packed: bool) -> Tuple[Te
 
 def _sink_grad_impl(dout: Tensor, out: Tensor, lse: Tensor, sink: Tensor,
                     packed: bool) -> Tensor:
-    return dispatch.sink_grad(dout, out, lse, sink, packed)
+    return _merge.sink_grad(dout, out, lse, sink, packed)
 
 
 sink_grad_op = torch.library.custom_op("flashattn::sink_grad", _sink_grad_impl, mutates_args=())
@@ -725,7 +732,7 @@ def _fwd_sink_impl(q: Tensor, k: Tensor, v: Tensor, sink: Tensor,
                    ) -> Tuple[Tensor, Tensor]:
     params = AttnParams(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
                         0.0, 0, False)
-    return _fresh(*dispatch.forward_with_sink(q, k, v, params, sink))  # type: ignore
+    return _fresh(*_dense.forward_with_sink(q, k, v, params, sink))  # type: ignore
 
 
 fwd_sink = torch.library.custom_op("flashattn::fwd_sink", _fwd_sink_impl, mutates_args=())
@@ -841,7 +848,7 @@ def _fp8_fwd_impl(q8: Tensor, k8: Tensor, v8: Tensor, q_descale: Tensor, k_desca
     Returns out (b, s_q, h, d_v) in ``out_dtype`` and lse float32 (b, h, s_q), contiguous."""
     params = AttnParams(softmax_scale, causal, window_left, window_right, softcap, None, 0.0, 0)
     scales = Fp8Scales(q_descale, k_descale, v_descale, q_block_shift, kv_block_shift)
-    out, lse = dispatch.fp8_forward(q8, k8, v8, scales, params, out_dtype, v_wgmma)
+    out, lse = _fp8.fp8_forward(q8, k8, v8, scales, params, out_dtype, v_wgmma)
     return _fresh(out, lse)  # type: ignore[return-value]
 
 
@@ -868,7 +875,7 @@ def _fp8_varlen_fwd_impl(q8: Tensor, k8: Tensor, v8: Tensor, cu_seqlens_q: Tenso
     float32 (h, total_q), contiguous."""
     params = AttnParams(softmax_scale, causal, window_left, window_right, softcap, None, 0.0, 0)
     scales = Fp8Scales(q_descale, k_descale, v_descale, ONE_BLOCK_SHIFT, ONE_BLOCK_SHIFT)
-    out, lse = dispatch.fp8_varlen_forward(q8, k8, v8, cu_seqlens_q, cu_seqlens_k, seqused_k,
+    out, lse = _fp8.fp8_varlen_forward(q8, k8, v8, cu_seqlens_q, cu_seqlens_k, seqused_k,
                                            max_seqlen_q, max_seqlen_k, scales, params,
                                            out_dtype)
     return _fresh(out, lse)  # type: ignore[return-value]

@@ -320,7 +320,7 @@ def flash_attn_varlen_func(
             return res
     if (block_table is None and learnable_sink is None and seqused_q is None
             and type(attention_chunk) is int and attention_chunk == 0):
-        # FP8 inputs (FA3's descale API): the same, through dispatch.Fp8VarlenCall
+        # FP8 inputs (FA3's descale API): the same, through replay.fp8.Fp8VarlenCall
         key = _fast.fa3_fp8_varlen_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                        max_seqlen_k, dropout_p, softmax_scale, causal,
                                        window_size, softcap, alibi_slopes, return_attn_probs,

@@ -109,7 +109,7 @@ def _eager_autograd(name: str, fwd_impl, setup_context, backward, bwd_impl):
     dispatch: that layer measured 86 us per dense forward call on the H100 host
     (benchmarks/probes/overhead_probe.py, ``ops.attention`` vs ``dispatch.dense.forward``),
     more than a small attention kernel runs. Used only for plain eager tensors (see
-    :func:`_eager_call`); torch.compile, export, dispatch modes and tensor subclasses always
+    :func:`eager_call`); torch.compile, export, dispatch modes and tensor subclasses always
     see the registered ops."""
 
     def forward(ctx, *inputs):
@@ -124,22 +124,22 @@ def _eager_autograd(name: str, fwd_impl, setup_context, backward, bwd_impl):
                 {"forward": staticmethod(forward), "backward": staticmethod(backward_)})
 
 
-def _tracing() -> bool:
+def tracing() -> bool:
     """torch.compile / export tracing, or a Python dispatch mode, is active."""
     return torch.compiler.is_compiling() or bool(torch._C._len_torch_dispatch_stack())
 
 
-def _eager_call(*tensors: Optional[Tensor]) -> bool:
+def eager_call(*tensors: Optional[Tensor]) -> bool:
     """True for a plain eager call: not under torch.compile / export tracing, no tensor
     subclass (FakeTensor, FunctionalTensor, DTensor, nested), no Python dispatch mode."""
-    if _tracing():
+    if tracing():
         return False
     return all(t is None or type(t) is torch.Tensor for t in tensors)
 
 
 def _run(op, eager_fn, fwd_impl, inputs, tensors, differentiable):
     """``op(*inputs)``, or for plain eager tensors the same bodies without the dispatch."""
-    if not _eager_call(*tensors):
+    if not eager_call(*tensors):
         return op(*inputs)
     if torch.is_grad_enabled() and any(t.requires_grad for t in differentiable):
         return eager_fn.apply(*inputs)
@@ -443,7 +443,7 @@ def varlen_attention(
     """``varlen_fwd`` with flash-attn's return convention: S_dmask None unless
     ``return_softmax``. Plain eager tensors skip the op dispatch (:class:`_EagerVarlenAttention`).
 
-    ``philox_seed``: an int64 CPU tensor of one element (``api.params.draw_philox_seed``: a
+    ``philox_seed``: an int64 CPU tensor of one element (``api.normalise.draw_philox_seed``: a
     random op of a compiled graph, so every call of a compiled function draws a fresh seed), an
     int (wrapped in a CPU tensor), or None / ignored when ``dropout_p == 0``.
     """
@@ -492,7 +492,7 @@ class _RecordedVarlen(torch.autograd.Function):
     """A recorded packed signature's forward and backward (``replay.varlen.VarlenRunner``: the
     api's fast path for a repeated ``flash_attn_varlen_func`` signature), differentiable in q,
     k, v; lse is not. The same bodies as ``varlen_fwd`` / ``varlen_bwd`` for plain eager
-    tensors (the api checks :func:`_eager_call`'s conditions before it keys a call)."""
+    tensors (the api checks :func:`eager_call`'s conditions before it keys a call)."""
 
     @staticmethod
     def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, runner):
@@ -588,7 +588,7 @@ def _fwd_kvcache_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_s
 def kvcache_attention(*args: Any) -> Tuple[Tensor, Tensor]:
     """``fwd_kvcache(*args)`` (the op's argument order), or its body for plain eager tensors
     (the first 12 arguments and the packed-length ones after the scalars are the tensors)."""
-    if _eager_call(*args[:12], *(a for a in args[12:] if isinstance(a, Tensor))):
+    if eager_call(*args[:12], *(a for a in args[12:] if isinstance(a, Tensor))):
         return _fwd_kvcache_impl(*args)
     return fwd_kvcache(*args)
 
@@ -621,7 +621,7 @@ def combine_splits(out_partial: Tensor, lse_partial: Tensor, out: Optional[Tenso
     result is copied into ``out`` (a traced copy_: an op's output cannot alias its input)."""
     dtype = out_dtype if out_dtype is not None else (out.dtype if out is not None
                                                      else torch.float32)
-    if _eager_call(out_partial, lse_partial, out):
+    if eager_call(out_partial, lse_partial, out):
         return _merge.combine(out_partial, lse_partial, out, dtype)
     res, lse = combine(out_partial, lse_partial, dtype)
     if out is not None:
@@ -657,7 +657,7 @@ def _fp8_quantize_fake(q, k, v, signs, block_m, block_n, v_wgmma=False):
 def quantize_fp8(q: Tensor, k: Tensor, v: Tensor, signs: Optional[Tensor], block_m: int,
                  block_n: int, v_wgmma: bool = False) -> Tuple[Tensor, ...]:
     """``fp8_quantize``, or its body for plain eager tensors."""
-    if _eager_call(q, k, v, signs):
+    if eager_call(q, k, v, signs):
         return _fp8_quantize_impl(q, k, v, signs, block_m, block_n, v_wgmma)
     return fp8_quantize(q, k, v, signs, block_m, block_n, v_wgmma)
 
@@ -699,7 +699,7 @@ def sink_apply(out: Tensor, lse: Tensor, sink: Tensor, packed: bool) -> Tuple[Te
     fused pass on the Triton backend (no gradient here: the sink autograd functions below
     own the backward)."""
     sink = sink.detach()
-    if _eager_call(out, lse, sink):
+    if eager_call(out, lse, sink):
         return _sink_apply_impl(out, lse, sink, packed)
     return sink_apply_op(out, lse, sink, packed)
 
@@ -721,7 +721,7 @@ def _sink_grad(dout: Tensor, out: Tensor, lse: Tensor, sink: Tensor, packed: boo
     """d sink (h,): -sum over rows of exp(sink - lse) * rowsum(dout * out) (one fused pass on
     the Triton backend)."""
     sink = sink.detach()
-    if _eager_call(dout, out, lse, sink):
+    if eager_call(dout, out, lse, sink):
         return _sink_grad_impl(dout, out, lse, sink, packed)
     return sink_grad_op(dout, out, lse, sink, packed)
 
@@ -751,7 +751,7 @@ def _attention_sink_forward(q: Tensor, k: Tensor, v: Tensor, sink: Tensor, *rest
     """The dense forward with sinks (``fwd_sink``'s argument order after sink), or its body
     for plain eager tensors."""
     sink = sink.detach()
-    if _eager_call(q, k, v, sink, rest[0]):
+    if eager_call(q, k, v, sink, rest[0]):
         return _fwd_sink_impl(q, k, v, sink, *rest)
     return fwd_sink(q, k, v, sink, *rest)
 
@@ -774,7 +774,7 @@ class _SinkAttention(torch.autograd.Function):
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse, sink, alibi_slopes = ctx.saved_tensors
         dout = _unit_last_stride(dout)
-        run = _bwd_impl if _eager_call(dout, q, k, v, out, lse, alibi_slopes) else bwd
+        run = _bwd_impl if eager_call(dout, q, k, v, out, lse, alibi_slopes) else bwd
         dq, dk, dv = run(dout, q, k, v, out, lse, alibi_slopes, None, *ctx.params)
         dsink = _sink_grad(dout, out, lse, sink, False) if ctx.needs_input_grad[3] else None
         return (dq, dk, dv, dsink) + (None,) * 7
@@ -805,7 +805,7 @@ class _SinkVarlenAttention(torch.autograd.Function):
          alibi_slopes) = ctx.saved_tensors
         dout = _unit_last_stride(dout)
         tensors = (dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes)
-        run = _varlen_bwd_impl if _eager_call(*tensors) else varlen_bwd
+        run = _varlen_bwd_impl if eager_call(*tensors) else varlen_bwd
         dq, dk, dv = run(*tensors, None, *ctx.params)
         dsink = _sink_grad(dout, out, lse, sink, True) if ctx.needs_input_grad[3] else None
         return (dq, dk, dv, dsink) + (None,) * 12
@@ -896,20 +896,22 @@ def _fp8_varlen_fwd_fake(q8, k8, v8, cu_seqlens_q, cu_seqlens_k, seqused_k, max_
 
 def fp8_attention(*args: Any) -> Tuple[Tensor, Tensor]:
     """``fp8_fwd(*args)`` (the op's argument order), or its body for plain eager tensors."""
-    if _eager_call(*args[:6]):
+    if eager_call(*args[:6]):
         return _fp8_fwd_impl(*args)
     return fp8_fwd(*args)
 
 
 def fp8_varlen_attention(*args: Any) -> Tuple[Tensor, Tensor]:
     """``fp8_varlen_fwd(*args)``, or its body for plain eager tensors."""
-    if _eager_call(*args[:6], *args[8:11]):
+    if eager_call(*args[:6], *args[8:11]):
         return _fp8_varlen_fwd_impl(*args)
     return fp8_varlen_fwd(*args)
 
 
 __all__ = [
     "attention",
+    "eager_call",
+    "tracing",
     "attention_with_sink",
     "sink_apply",
     "varlen_attention_with_sink",

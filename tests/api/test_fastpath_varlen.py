@@ -180,7 +180,7 @@ def test_other_calls_take_the_full_path(monkeypatch):
     assert len(fastpath.VARLEN._entries) == 1  # (out= wraps the recorded call, copies into out)
     torch.testing.assert_close(out, flashattn.flash_attn_varlen_func(q, k, v, cu, cu, m, m))
     fastpath.VARLEN.clear()
-    monkeypatch.setattr(flashattn.ops, "_tracing", lambda: True)
+    monkeypatch.setattr(flashattn.ops, "tracing", lambda: True)
     assert fastpath.varlen_key(q, k, v, cu, cu, m, m, 0.0, None, False, (-1, -1), 0.0, False,
                                False, None) is None
 

@@ -73,7 +73,7 @@ def test_fp8_forward_matches_fa3_numerics(backend, dims, causal, window, softcap
     b, s_q, s_k, h, h_k = 2, 1000, 1100, 4, 2
     _, r = _quantized(b, s_q, s_k, h, h_k, d, d_v)
     expected = "hopper" if backend == "auto" and _hopper() else "portable"
-    from flashattn.api.params import window as norm_window
+    from flashattn.api.normalise import window as norm_window
     from flashattn.params import AttnParams, Fp8Scales
     left, right = norm_window(*window, causal, s_k)
     params = AttnParams(d ** -0.5, causal, left, right, softcap, None, 0.0, 0)
@@ -270,7 +270,7 @@ def test_row_sum_on_the_tensor_core_keeps_fa3_numerics(d, causal, window, softca
     """FwdConfig.rowsum_mma: l = P · ones by wgmma (the same e4m3 P that P·V multiplies)
     instead of the fp32 sum. Same criterion as the shipped kernel; causal with s_q > s_k
     leaves the first rows with no key: out 0 and lse -inf there."""
-    from flashattn.api.params import window as norm_window
+    from flashattn.api.normalise import window as norm_window
     from flashattn.params import Fp8Scales
     from flashattn.sm90.fwd import flash_fwd_hopper_fp8
 
@@ -545,7 +545,7 @@ def test_bottom_aligned_fp8_tiles_keep_fa3_numerics(d, s_q, causal, window):
     Both within the numerics rule. Between the two, the LSE is the same and out differs by
     bf16 rounding flips at most: blocks one tiling adds past a row's diagonal are fully
     masked, but each still carries V's descale ratio into the accumulator (fp32 rounding)."""
-    from flashattn.api.params import window as norm_window
+    from flashattn.api.normalise import window as norm_window
     from flashattn.params import Fp8Scales
     from flashattn.sm90.fwd import flash_fwd_hopper_fp8
     from flashattn.sm90.v_layout import wgmma_ordered_vt
@@ -579,7 +579,7 @@ def test_bottom_aligned_fp8_tiles_keep_fa3_numerics(d, s_q, causal, window):
 def test_fp8_key_tiles_follow_the_scale_blocks(d, s, block_n, causal, key_block):
     """The Hopper FP8 kernel's key tile is what config.fp8_fwd_config picks for the call's
     K / V descale blocks (never straddling one) and stays within the numerics rule."""
-    from flashattn.api.params import window as norm_window
+    from flashattn.api.normalise import window as norm_window
     from flashattn.params import AttnParams, Fp8Scales
     from flashattn.sm90.config import fp8_fwd_config, fp8_long_causal
 

@@ -25,7 +25,7 @@ from flashattn.dispatch import select as dispatch_select
 from flashattn.dispatch import varlen as dispatch_varlen
 from flashattn import (flash_attn_func, flash_attn_varlen_func,
                        flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func)
-from flashattn.api import params as api_params
+from flashattn.api import normalise as api_params
 from flashattn.api import varlen as varlen_mod
 from flashattn.philox import dropout_keep
 from flashattn.reference import attention_probs_ref, attention_ref, visible_mask

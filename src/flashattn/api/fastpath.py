@@ -18,7 +18,7 @@ What the key holds, so that no check whose outcome could differ is skipped:
   by identity: every change of them makes a new object;
 - whether a gradient is recorded (grad mode on and an input requires grad: the entry then
   runs its own autograd function; FP8 calls, which have no backward, take the full path), and
-  that no tracer or dispatch mode is active (``ops._eager_call``'s test).
+  that no tracer or dispatch mode is active (``ops.eager_call``'s test).
 
 Values read from tensors are never in a key: they are checked where they always were, in the
 ops' bodies (``dispatch.kvcache.kvcache``'s value checks of CPU metadata and the checked mode run on
@@ -94,14 +94,14 @@ def _records_grad(q: Tensor, k: Tensor, v: Tensor) -> bool:
 
 def _plain_qkv(q: Any, k: Any, v: Any, window_size: Any, grad_ok: bool = False) -> bool:
     """The tests every dense signature starts with: plain 16/32-bit tensors (FP8 and invalid
-    dtypes take their own path), ops._eager_call's test (no tracing, no dispatch mode), no
+    dtypes take their own path), ops.eager_call's test (no tracing, no dispatch mode), no
     gradient to record (unless ``grad_ok``: the signature then keys it), and a window_size
     tuple of two (its items' types are keyed)."""
     if not (type(q) is Tensor and type(k) is Tensor and type(v) is Tensor):
         return False
-    # (the types are checked above: _eager_call() without tensors is its tracing test, and
+    # (the types are checked above: eager_call() without tensors is its tracing test, and
     # the op path's own condition, which the recorded calls stand in for)
-    if q.dtype not in _DTYPES or not _ops._eager_call():
+    if q.dtype not in _DTYPES or not _ops.eager_call():
         return False
     if not grad_ok and _records_grad(q, k, v):
         return False
@@ -203,11 +203,11 @@ def _packed_key(cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: Any, max_seq
                 seqused_k: Any) -> Optional[tuple]:
     """The packed part of a varlen signature: the offsets and seqused_k keyed as tensors (their
     values are read by the kernels, or checked on every call where they are checkable), the
-    maxima as ints; None (full path) for other types, or a tensor subclass (ops._eager_call's
+    maxima as ints; None (full path) for other types, or a tensor subclass (ops.eager_call's
     test)."""
     if type(cu_seqlens_q) is not Tensor or type(cu_seqlens_k) is not Tensor:
         return None
-    if not _ops._eager_call(seqused_k):
+    if not _ops.eager_call(seqused_k):
         return None
     if type(max_seqlen_q) is not int or type(max_seqlen_k) is not int:
         return None
@@ -246,9 +246,9 @@ def kvcache_key(q: Any, k_cache: Any, v_cache: Any, k: Any, v: Any, rotary_cos: 
     2.6 µs here on the CPU box (the whole api layer: 6.5 against 3.9)."""
     if type(q) is not Tensor or type(k_cache) is not Tensor or type(v_cache) is not Tensor:
         return None
-    # ops._eager_call's test (plain tensors, checked here and below; no tracing, no dispatch
+    # ops.eager_call's test (plain tensors, checked here and below; no tracing, no dispatch
     # mode), first: nothing below may run under torch.compile (data_ptr() does not trace)
-    if _ops._tracing():
+    if _ops.tracing():
         return None
     if block_table is not None and cache_batch_idx is not None:
         return None  # (the call's block table is gathered per call: the full path)
@@ -400,7 +400,7 @@ def _plain_fp8_qkv(q: Any, k: Any, v: Any) -> bool:
     if not (type(q) is Tensor and type(k) is Tensor and type(v) is Tensor):
         return False
     e4m3 = torch.float8_e4m3fn
-    if q.dtype is not e4m3 or k.dtype is not e4m3 or v.dtype is not e4m3 or _ops._tracing():
+    if q.dtype is not e4m3 or k.dtype is not e4m3 or v.dtype is not e4m3 or _ops.tracing():
         return False
     return not (q.requires_grad or k.requires_grad or v.requires_grad)
 

@@ -22,7 +22,7 @@ import torch
 from flashattn import ops as _ops
 from flashattn.api import fastpath as _fast
 from flashattn.api import out as _out
-from flashattn.api import params as _p
+from flashattn.api import normalise as _p
 from flashattn.api import validation as _v
 from flashattn.api.fp8 import (QuantizedQKV, check_quantize_args, quantize_for_kernels,
                                random_signs)

@@ -39,7 +39,7 @@ from flashattn import ops as _ops
 from flashattn.api import out as _out
 from flashattn.api import fastpath as _fast
 from flashattn.api import kvcache_validation as _kv
-from flashattn.api import params as _p
+from flashattn.api import normalise as _p
 from flashattn.api import validation as _v
 
 Tensor = torch.Tensor

@@ -25,7 +25,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from flashattn.api import params as _p
+from flashattn.api import normalise as _p
 from flashattn.api import validation as _v
 from flashattn.params import AttnParams
 from flashattn.replay import kvcache as _replay_kvcache

@@ -26,7 +26,7 @@ from flashattn.params import AttnParams
 from flashattn.api import fastpath as _fast
 from flashattn.api import out as _out
 from flashattn.api import chunked as _chunked
-from flashattn.api import params as _p
+from flashattn.api import normalise as _p
 from flashattn.api import fp8_attention as _fp8
 from flashattn.api import segments as _segments
 from flashattn.api import validation as _v

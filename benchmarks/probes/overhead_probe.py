@@ -5,13 +5,13 @@ Layers timed (each ``--calls`` back-to-back calls, one synchronisation at the en
 ``--reps`` such loops):
     flash_attn_func      the public API: validation, normalisation, torch.library op, autograd
     ops.attention        the registered op alone (no validation / normalisation)
-    dispatch_dense.forward     the backend call without the op (what the op's body runs)
+    dispatch.dense.forward     the backend call without the op (what the op's body runs)
     forward_family       dispatch's choice of kernel family alone
     flash_fwd            the portable forward's host function (allocations + one launch)
     autotuner.run        the launch through Triton's autotuner (cached winner), args recorded
     jit.run              the same launch straight to the JIT function with the winner's config
     sdpa-flash           torch's SDPA flash backend, for scale
-and with a backward: the API, dispatch_dense.backward, the portable backward and SDPA. On sm90 also
+and with a backward: the API, dispatch.dense.backward, the portable backward and SDPA. On sm90 also
 the Gluon path's layers: flash_fwd_hopper, its launch_args (Python argument building), the
 launch alone with prebuilt arguments (binder, TMA descriptor encoding, launcher) and
 flash_bwd_hopper.
@@ -75,7 +75,7 @@ def main() -> int:
         "fwd flash_attn_func": lambda: flashattn.flash_attn_func(q, k, v, causal=True),
         "fwd ops.attention": lambda: ops.attention(q, k, v, None, None, scale, True, -1, 0, 0.0,
                                                    0.0, False, False),
-        "fwd dispatch_dense.forward": lambda: dispatch_dense.forward(q, k, v, **params),
+        "fwd dispatch.dense.forward": lambda: dispatch_dense.forward(q, k, v, **params),
         "fwd sdpa-flash": sdpa,
     }
     from flashattn.triton import fwd as kfwd
@@ -100,7 +100,8 @@ def main() -> int:
     out, lse, _ = dispatch_dense.forward(q, k, v, **params)
     dout = torch.randn_like(out)
     bparams = {**{n: params[n] for n in params if n != "return_softmax"}, "deterministic": False}
-    fns["bwd dispatch_dense.backward"] = lambda: dispatch_dense.backward(dout, q, k, v, out, lse, **bparams)
+    fns["bwd dispatch.dense.backward"] = lambda: dispatch_dense.backward(dout, q, k, v, out, lse,
+                                                                         **bparams)
     from flashattn.triton import bwd as kbwd
 
     fns["bwd flash_bwd (portable)"] = lambda: kbwd.flash_bwd(dout, q, k, v, out, lse, **bparams)

@@ -3,8 +3,9 @@ kernels. See :mod:`flashattn.api.fa3_interface` for what is supported.
 
     import flashattn.fa3 as flash_attn_interface
 """
-from flashattn.api.fa3_interface import (flash_attn_combine, flash_attn_func, flash_attn_varlen_func,
-                               flash_attn_with_kvcache, get_scheduler_metadata)
+from flashattn.api.fa3_interface import (flash_attn_combine, flash_attn_func,
+                                         flash_attn_varlen_func, flash_attn_with_kvcache,
+                                         get_scheduler_metadata)
 
 __all__ = ["flash_attn_combine", "flash_attn_func", "flash_attn_varlen_func",
            "flash_attn_with_kvcache", "get_scheduler_metadata"]

@@ -147,7 +147,8 @@ def test_auto_dispatch_takes_hopper_for_long_sequences(monkeypatch):
                    softcap=0.0, alibi_slopes=None, dropout_p=0.0, philox_seed=0,
                    deterministic=False)
     assert dispatch_select.varlen_forward_family(q, q, q, 2, None, p) == "hopper"
-    assert dispatch_select.varlen_forward_family(q, q, q, 64, None, p) == "portable"  # mean 128 < 512
+    # mean 128 < 512
+    assert dispatch_select.varlen_forward_family(q, q, q, 64, None, p) == "portable"
     used = torch.zeros(2, dtype=torch.int32, device="cuda")
     assert dispatch_select.varlen_forward_family(q, q, q, 2, used, p) == "hopper"
 

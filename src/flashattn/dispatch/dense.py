@@ -122,3 +122,7 @@ def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         )
     name = _select.select("bwd", q, k, v, params)
     return _select.backend(name).bwd(dout, q, k, v, out, lse, params)
+
+
+__all__ = ["backward", "degenerate_fwd", "forward", "forward_with_sink", "is_degenerate",
+           "one_row_right_edge", "small_query", "small_query_runner"]

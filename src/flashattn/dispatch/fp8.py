@@ -87,3 +87,6 @@ def fp8_varlen_forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
     return _select.backend(name).fp8_varlen_fwd(q8, k8, v8, cu_seqlens_q, cu_seqlens_k,
                                                 seqused_k, max_seqlen_q, max_seqlen_k, scales,
                                                 params, out_dtype)
+
+
+__all__ = ["fp8_forward", "fp8_quantize", "fp8_v_wgmma", "fp8_varlen_forward"]

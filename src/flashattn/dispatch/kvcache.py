@@ -140,3 +140,6 @@ def _kvcache_varlen(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seq
                                   block_table=block_table, num_splits=num_splits,
                                   capacity=capacity, cu_seqlens_q=cu_seqlens_q,
                                   max_seqlen_q=max_seqlen_q)
+
+
+__all__ = ["check_kvcache_values", "kvcache"]

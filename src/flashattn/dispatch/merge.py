@@ -28,3 +28,6 @@ def sink_grad(dout: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, sink: to
               packed: bool) -> torch.Tensor:
     """d sink (h,) of learnable sinks from dout and the outputs with the sink (out', lse')."""
     return _select.backend(_select.select("sink_grad", out)).sink_grad(dout, out, lse, sink, packed)
+
+
+__all__ = ["combine", "sink_apply", "sink_grad"]

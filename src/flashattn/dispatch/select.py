@@ -353,3 +353,10 @@ def small_query_allowed(q: torch.Tensor, rows: int, params: AttnParams,
             or not env.settings().small_query):
         return False
     return requested_backend() in ("auto", "portable") and backend_for(q) == "portable"
+
+
+__all__ = ["backend", "backend_for", "BACKENDS", "backward_family", "ENV_BACKEND",
+           "ENV_INTERPRET", "family_for", "forward_family", "fp8_on_hopper",
+           "fp8_varlen_on_hopper", "hopper_reason", "interpreting", "OPS", "quantize_backend",
+           "requested_backend", "select", "small_query_allowed", "SMALL_QUERY_MAX",
+           "triton_available", "varlen_backward_family", "varlen_forward_family"]

@@ -132,3 +132,7 @@ def varlen_paged_forward(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     return _select.backend(_select.select("varlen_paged_fwd", q)).varlen_paged_fwd(
         q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
         block_table, params)
+
+
+__all__ = ["small_query_varlen", "small_query_varlen_runner", "varlen_backward", "varlen_forward",
+           "varlen_paged_forward"]

@@ -38,3 +38,6 @@ def backward_runner(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: A
         return lambda dout, q, k, v, out, lse: _dense.backward(dout, q, k, v, out, lse, params)
     bwd = _select.backend(_select.select("bwd", q, k, v, params)).bwd
     return lambda dout, q, k, v, out, lse: bwd(dout, q, k, v, out, lse, params)
+
+
+__all__ = ["backward_runner", "forward_runner"]

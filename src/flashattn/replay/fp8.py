@@ -315,3 +315,7 @@ class Fp8VarlenCall:
         out, _ = self.packed(q8, k8, v8, cu_seqlens_q, cu_seqlens_k, seqused_k,
                              self.scales(q_descale, k_descale, v_descale))
         return out
+
+
+__all__ = ["fp8_descale_runner", "fp8_e2e_runner", "fp8_quantize_runner", "fp8_varlen_runner",
+           "Fp8Call", "Fp8DescaleCall", "Fp8QuantizeCall", "Fp8VarlenCall"]

@@ -99,3 +99,6 @@ def decode_splits(batch: int, seqlen_q: int, max_seqlen_k: int, nheads: int, nhe
     return _select.backend("portable").decode_splits(batch, seqlen_q, max_seqlen_k, nheads,
                                                      nheads_k, headdim, headdim_v, dtype,
                                                      page_size, device)
+
+
+__all__ = ["decode_splits", "kvcache_planned", "kvcache_runner"]

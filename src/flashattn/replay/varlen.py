@@ -83,3 +83,6 @@ class VarlenRunner:
         dq, dk, dv = self._bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
                                self.max_seqlen_q, self.max_seqlen_k, self.params)
         return dq.contiguous(), dk.contiguous(), dv.contiguous()
+
+
+__all__ = ["VarlenRunner"]

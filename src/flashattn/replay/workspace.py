@@ -64,3 +64,6 @@ class WorkspaceCall:
         if self._fwd.uses_counter:
             ws.narrow(0, self._counter_at, 4).zero_()
         return ws, out, lse
+
+
+__all__ = ["meta", "Workspace", "WorkspaceCall"]

@@ -61,7 +61,7 @@ def launch_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Te
     ``varlen``: packed sequences; q, k, v, out are then (1, total, h, d) views and lse
     (h, total_q) (the kernel's VARLEN mode).
 
-    Shared by the launch and by the ahead-of-time compile (tools/aot_sm90.py), so both build the same
+    Shared by the launch and the ahead-of-time compile (tools/aot_sm90.py): both build the same
     kernel variant.
     """
     batch, seqlen_q, n_heads, head_dim = q.shape

@@ -377,7 +377,7 @@ def fp8_record(key: Hashable, q: Tensor, k: Tensor, v: Tensor, params: AttnParam
     and normalised), kept under ``key``: a call ``run(q, k, v) -> (out, lse or None)``
     (replay's recorded FP8 call), :data:`FP8_FULL_PATH`, or None (:func:`_record`)."""
     return _record(FP8, key, lambda: _replay_fp8.fp8_e2e_runner(q, k, v, params, signs,
-                                                                 block_m, block_n, need_lse))
+                                                                block_m, block_n, need_lse))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ def degenerate_fwd(
 
 
 def small_query(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: AttnParams,
-                 return_softmax: bool) -> bool:
+                return_softmax: bool) -> bool:
     """Whether this dense forward runs the decode kernel
     (:func:`flashattn.dispatch.select.small_query_allowed`)."""
     return _select.small_query_allowed(q, q.shape[1], params, return_softmax)
@@ -50,7 +50,7 @@ def one_row_right_edge(params: AttnParams, s_q: int) -> AttnParams:
 
 
 def small_query_runner(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: AttnParams,
-                        need_lse: bool = True):
+                       need_lse: bool = True):
     """The dense forward through the decode kernel (k / v a full 'cache' of s_k keys), as a
     call ``run(q, k, v) -> (out, lse)`` for tensors of these shapes. What depends only on the
     shapes is made once: the bottom-right params and the (b,) int32 key counts, which the

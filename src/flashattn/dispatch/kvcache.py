@@ -50,8 +50,8 @@ def kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if metadata.values_checkable(seqlens, cache_leftpad, cache_batch_idx, block_table,
                                  rotary_seqlens):
         check_kvcache_values(seqlens, s_new, capacity, cache_leftpad, cache_batch_idx,
-                              k_cache, block_table, rotary_cos, s_q if rotary_q_step else 1,
-                              rotary_seqlens)
+                             k_cache, block_table, rotary_cos, s_q if rotary_q_step else 1,
+                             rotary_seqlens)
 
     impl = _select.backend(_select.select("kvcache", q))
     rot = dict(rotary_seqlens=rotary_seqlens) if rotary_seqlens is not None else {}
@@ -74,7 +74,7 @@ def kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
 
 def check_kvcache_values(seqlens, s_new, capacity, leftpad, batch_idx, k_cache, block_table,
-                          rotary_cos, q_positions, rotary_seqlens) -> None:
+                         rotary_cos, q_positions, rotary_seqlens) -> None:
     """:func:`metadata.check_values` of a KV-cache call (``q_positions``: rotary positions q
     takes past each row's length: s_q when rotated token by token, else 1)."""
     metadata.check_values(seqlens, s_new, capacity, leftpad, batch_idx, k_cache.shape[0],

@@ -299,8 +299,8 @@ def select(op: str, q: torch.Tensor, k: Optional[torch.Tensor] = None,
 
 
 def fp8_on_hopper(x: torch.Tensor, q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
-                   params: AttnParams, scales: Fp8Scales,
-                   out_dtype: Optional[torch.dtype] = None) -> bool:
+                  params: AttnParams, scales: Fp8Scales,
+                  out_dtype: Optional[torch.dtype] = None) -> bool:
     """Whether the Hopper FP8 kernel runs this FP8 forward: x's device starts from the Hopper
     family and the kernel covers q8 / k8 / v8 with these params, scale blocks and output
     dtype."""
@@ -312,8 +312,8 @@ def fp8_on_hopper(x: torch.Tensor, q8: torch.Tensor, k8: torch.Tensor, v8: torch
 
 
 def fp8_varlen_on_hopper(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, n_seqs: int,
-                          params: AttnParams, scales: Fp8Scales,
-                          out_dtype: Optional[torch.dtype]) -> bool:
+                         params: AttnParams, scales: Fp8Scales,
+                         out_dtype: Optional[torch.dtype]) -> bool:
     """Whether the Hopper FP8 kernel's varlen mode runs this packed FP8 forward: the dense FP8
     rules over the (1, total, h, d) views (seqused_k included), at least one sequence, row
     and key."""
@@ -345,7 +345,7 @@ SMALL_QUERY_MAX = 16
 
 
 def small_query_allowed(q: torch.Tensor, rows: int, params: AttnParams,
-                         return_softmax: bool) -> bool:
+                        return_softmax: bool) -> bool:
     """Whether a forward with at most ``rows`` query rows per sequence runs the decode kernel
     (same out / lse contract, so either backward serves it): few query rows, no dropout /
     S_dmask, on the Triton device backend, not forced to the Hopper kernels."""

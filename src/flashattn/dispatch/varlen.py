@@ -13,7 +13,7 @@ from flashattn.params import AttnParams
 
 
 def small_query_varlen(q: torch.Tensor, n_seqs: int, max_seqlen_q: int, params: AttnParams,
-                        return_softmax: bool = False) -> bool:
+                       return_softmax: bool = False) -> bool:
     """Whether this packed forward runs the decode kernel: at most SMALL_QUERY_MAX query rows
     per sequence (a decoding step of a packed batch, speculative verification), under the dense
     rule (:func:`flashattn.dispatch.select.small_query_allowed`), and at least one sequence."""

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Compile the portable kernels for sm_90 without a GPU and print registers / spills / shared.
 
-Every variant comes from a real call of the wrappers (``kernels.fwd.flash_fwd``,
-``kernels.bwd.flash_bwd``, their varlen forms) whose launches are recorded instead of run
+Every variant comes from a real call of the wrappers (``triton.fwd.flash_fwd``,
+``triton.bwd.flash_bwd``, their varlen forms) whose launches are recorded instead of run
 (``tools.aot_portable``), then compiled with ``triton.compile(..., target=GPUTarget("cuda", 90, 32))``
 and measured with the bundled ``ptxas -v --gpu-name sm_90a``. By default: every candidate
 config of every autotune space x head dims {64, 128, 256} x {plain, causal} in bf16, plus the

@@ -23,7 +23,7 @@ _fa_install() {
     local extra=("numpy<2.4")
     # Triton 3.6.0 is what the GPU image runs (same compiler, same Gluon API); it needs numpy < 2.4.
     if [ "$(uname -s)" = "Linux" ]; then extra+=("triton==3.6.0"); fi
-    # The transformers version the integration tests were written against (tests/test_transformers.py);
+    # The transformers version the integration tests were written against (tests/api/test_transformers.py);
     # it brings only small pure-Python / tokenizer wheels, no torchvision.
     extra+=("transformers==4.57.1")
     echo "setup: creating $FLASHATTN_VENV ($("$py" --version 2>&1))" >&2

@@ -15,8 +15,8 @@ Three layers, each usable alone:
   records each ``kernel[grid](...)`` call (kernel, arguments, autotune config, num_warps,
   num_stages) instead of running it, so the report follows the code as it changes;
   :func:`compile_launch` turns a record into a compile with the JIT's own specialisation.
-- :func:`portable_variants` enumerates what the portable kernels (``kernels/fwd.py``,
-  ``kernels/bwd.py``) compile to on sm90: every candidate config of every autotune space, head
+- :func:`portable_variants` enumerates what the portable kernels (``triton/fwd.py``,
+  ``triton/bwd.py``) compile to on sm90: every candidate config of every autotune space, head
   dims and masks, plus feature variants; :func:`compile_all` compiles a list in parallel worker
   processes (a compiler crash takes down its worker only). ``scripts/aot_report.py`` is the CLI.
 
@@ -484,7 +484,7 @@ def _env(**values: Optional[str]) -> Iterator[None]:
 def sm90_launch_setup(tma: bool = True) -> Iterator[None]:
     """Make the portable wrappers launch, on CPU tensors, what they launch on an H100.
 
-    The only device-dependent choice in ``kernels/`` is ``config.use_tma`` (TMA descriptors
+    The only device-dependent choice in ``triton/`` is ``config.use_tma`` (TMA descriptors
     on sm90+, 16-byte aligned tensors): its CPU answer is False, so it is patched to answer
     with its alignment rule alone (its interpreter branch, taken by flipping
     ``config.INTERPRET`` for the duration of the call), or False with ``tma=False``. Every

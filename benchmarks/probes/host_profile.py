@@ -18,7 +18,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 import flashattn  # noqa: E402
-from flashattn import dispatch  # noqa: E402
+from flashattn.dispatch import dense as dispatch_dense  # noqa: E402
 
 
 def main() -> int:
@@ -37,7 +37,7 @@ def main() -> int:
 
     def call():
         if args.what == "dispatch":
-            dispatch.forward(q, k, v, **params)
+            dispatch_dense.forward(q, k, v, **params)
         elif args.what == "fwd":
             flashattn.flash_attn_func(q, k, v, causal=True)
         else:

@@ -5,13 +5,13 @@ Layers timed (each ``--calls`` back-to-back calls, one synchronisation at the en
 ``--reps`` such loops):
     flash_attn_func      the public API: validation, normalisation, torch.library op, autograd
     ops.attention        the registered op alone (no validation / normalisation)
-    dispatch.forward     the backend call without the op (what the op's body runs)
+    dispatch.dense.forward     the backend call without the op (what the op's body runs)
     forward_family       dispatch's choice of kernel family alone
     flash_fwd            the portable forward's host function (allocations + one launch)
     autotuner.run        the launch through Triton's autotuner (cached winner), args recorded
     jit.run              the same launch straight to the JIT function with the winner's config
     sdpa-flash           torch's SDPA flash backend, for scale
-and with a backward: the API, dispatch.backward, the portable backward and SDPA. On sm90 also
+and with a backward: the API, dispatch.dense.backward, the portable backward and SDPA. On sm90 also
 the Gluon path's layers: flash_fwd_hopper, its launch_args (Python argument building), the
 launch alone with prebuilt arguments (binder, TMA descriptor encoding, launcher) and
 flash_bwd_hopper.
@@ -34,7 +34,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 import flashattn  # noqa: E402
-from flashattn import dispatch, ops  # noqa: E402
+from flashattn import ops  # noqa: E402
+from flashattn.dispatch import dense as dispatch_dense  # noqa: E402
+from flashattn.dispatch import select as dispatch_select  # noqa: E402
 
 
 def per_call_us(fn: Callable[[], object], calls: int, reps: int) -> float:
@@ -73,12 +75,12 @@ def main() -> int:
         "fwd flash_attn_func": lambda: flashattn.flash_attn_func(q, k, v, causal=True),
         "fwd ops.attention": lambda: ops.attention(q, k, v, None, None, scale, True, -1, 0, 0.0,
                                                    0.0, False, False),
-        "fwd dispatch.forward": lambda: dispatch.forward(q, k, v, **params),
+        "fwd dispatch.dense.forward": lambda: dispatch_dense.forward(q, k, v, **params),
         "fwd sdpa-flash": sdpa,
     }
     from flashattn.triton import fwd as kfwd
 
-    fns["fwd forward_family"] = lambda: dispatch.forward_family(q, k, v, **params)
+    fns["fwd forward_family"] = lambda: dispatch_select.forward_family(q, k, v, **params)
     fns["fwd flash_fwd"] = lambda: kfwd.flash_fwd(q, k, v, **params)
     recorded = {}
     tuner = kfwd._fwd_autotuned
@@ -95,10 +97,11 @@ def main() -> int:
     best = tuner.best_config
     fns["fwd autotuner.run"] = lambda: tuner.run(*rec_args, **rec_kwargs)
     fns["fwd jit.run"] = lambda: tuner.fn.run(*rec_args, **rec_kwargs, **best.all_kwargs())
-    out, lse, _ = dispatch.forward(q, k, v, **params)
+    out, lse, _ = dispatch_dense.forward(q, k, v, **params)
     dout = torch.randn_like(out)
     bparams = {**{n: params[n] for n in params if n != "return_softmax"}, "deterministic": False}
-    fns["bwd dispatch.backward"] = lambda: dispatch.backward(dout, q, k, v, out, lse, **bparams)
+    fns["bwd dispatch.dense.backward"] = lambda: dispatch_dense.backward(dout, q, k, v, out, lse,
+                                                                         **bparams)
     from flashattn.triton import bwd as kbwd
 
     fns["bwd flash_bwd (portable)"] = lambda: kbwd.flash_bwd(dout, q, k, v, out, lse, **bparams)
@@ -112,7 +115,7 @@ def main() -> int:
         with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
             F.scaled_dot_product_attention(qtg, ktg, vtg, is_causal=True).sum().backward()
 
-    if dispatch.hopper_reason(q) is None:  # sm90: the Gluon path's host layers as well
+    if dispatch_select.hopper_reason(q) is None:  # sm90: the Gluon path's host layers as well
         from flashattn.sm90 import bwd as hbwd, fwd as hfwd
         from flashattn.sm90.config import fwd_config
         from flashattn.triton.config import sm_count

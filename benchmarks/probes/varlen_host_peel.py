@@ -8,12 +8,12 @@ the GPU), so the rows measure the host; the Hopper kernels are forced (``use_bac
 auto routes a mean of 512 keys to them anyway). Rows, µs per call (min / median of 7 batches
 of ``--calls``, one synchronise per batch):
 
-forward, no grad: public; the recorded call (api/fastpath.VARLEN's dispatch.VarlenRunner, where
+forward, no grad: public; the recorded call (api/fastpath.VARLEN's replay.varlen.VarlenRunner, where
 the tree has one: what a repeated signature runs below the public function); ops body
-(``_varlen_fwd_impl``); dispatch.varlen_forward; the sm90 host function; three
+(``_varlen_fwd_impl``); dispatch_varlen.varlen_forward; the sm90 host function; three
 ``torch.empty`` alone.
 training: public forward with grad recorded; backward through autograd (retain_graph, one
-forward); the recorded backward; ops body (``_varlen_bwd_impl``); dispatch.varlen_backward;
+forward); the recorded backward; ops body (``_varlen_bwd_impl``); dispatch_varlen.varlen_backward;
 the sm90 host function.
 The dense call's training step on the same tokens (b = seqs), and the autograd floor (a step
 around a Function that launches nothing). FP8 (FA3's API, descales (b, h_k)): public; the sm90
@@ -37,7 +37,8 @@ import triton
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 sys.path.insert(0, os.path.dirname(__file__))
 import flashattn  # noqa: E402
-from flashattn import dispatch, ops  # noqa: E402
+from flashattn import ops  # noqa: E402
+from flashattn.dispatch import varlen as dispatch_varlen  # noqa: E402
 from flashattn.api import fastpath  # noqa: E402
 from flashattn.params import AttnParams, Fp8Scales  # noqa: E402
 from flashattn.sm90 import bwd as sm90_bwd  # noqa: E402
@@ -92,7 +93,7 @@ def main() -> int:
         row("fwd: ops._varlen_fwd_impl", lambda: ops._varlen_fwd_impl(
             q, k, v, cu, cu, None, None, None, None, L, L, scale, False, -1, -1, 0.0, 0.0,
             False, False))
-        row("fwd: dispatch.varlen_forward", lambda: dispatch.varlen_forward(
+        row("fwd: dispatch_varlen.varlen_forward", lambda: dispatch_varlen.varlen_forward(
             q, k, v, cu, cu, None, None, L, L, params))
         row("fwd: sm90 flash_fwd_hopper_varlen", lambda: sm90_fwd.flash_fwd_hopper_varlen(
             q, k, v, cu, cu, softmax_scale=scale, causal=False, window_left=-1,
@@ -117,7 +118,7 @@ def main() -> int:
         row("bwd: ops._varlen_bwd_impl", lambda: ops._varlen_bwd_impl(
             dout, q, k, v, o, lse, cu, cu, None, None, None, L, L, scale, False, -1, -1, 0.0,
             0.0, False))
-        row("bwd: dispatch.varlen_backward", lambda: dispatch.varlen_backward(
+        row("bwd: dispatch_varlen.varlen_backward", lambda: dispatch_varlen.varlen_backward(
             dout, q, k, v, o, lse, cu, cu, None, L, L, params))
         bwd_sm90 = lambda: sm90_bwd.flash_bwd_hopper_varlen(  # noqa: E731
             dout, q, k, v, o, lse, cu, cu, softmax_scale=scale, causal=False, window_left=-1,

@@ -3,7 +3,7 @@
 Public API mirrors flash-attn 2 (:mod:`flashattn.api`); layers and contracts in
 docs/internals.md.
 """
-from flashattn.api.backend import use_backend
+from flashattn.api.backend_override import use_backend
 from flashattn.api.checks import checks
 from flashattn.api.combine import flash_attn_combine
 from flashattn.api.fp8_attention import flash_attn_fp8_func

@@ -226,7 +226,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     else:
         print("cuda      no CUDA device visible (CPU only)")
     try:
-        from flashattn import dispatch
+        from flashattn.dispatch import select as dispatch
     except Exception as exc:
         print(f"dispatch  not importable: {type(exc).__name__}: {exc}")
         return 1
@@ -276,7 +276,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         return 2
     dtypes = args.dtype or (["bf16"] if args.quick else ["fp16", "bf16", "fp32", "fp8"])
     with sc.forced_backend(args.backend):
-        from flashattn import dispatch
+        from flashattn.dispatch import select as dispatch
 
         try:
             backend = dispatch.backend_for(torch.device(device))
@@ -313,7 +313,7 @@ def _cpu_demo(args: argparse.Namespace) -> int:
     import torch
 
     from flashattn import check as sc
-    from flashattn import dispatch
+    from flashattn.dispatch import select as dispatch
 
     try:
         backend = dispatch.backend_for(torch.device("cpu"))

@@ -1,10 +1,11 @@
 """``flashattn.fa3``: FlashAttention-3's interface (``flash_attn_interface``) over flashattn's
-kernels. See :mod:`flashattn.api.fa3` for what is supported.
+kernels. See :mod:`flashattn.api.fa3_interface` for what is supported.
 
     import flashattn.fa3 as flash_attn_interface
 """
-from flashattn.api.fa3 import (flash_attn_combine, flash_attn_func, flash_attn_varlen_func,
-                               flash_attn_with_kvcache, get_scheduler_metadata)
+from flashattn.api.fa3_interface import (flash_attn_combine, flash_attn_func,
+                                         flash_attn_varlen_func, flash_attn_with_kvcache,
+                                         get_scheduler_metadata)
 
 __all__ = ["flash_attn_combine", "flash_attn_func", "flash_attn_varlen_func",
            "flash_attn_with_kvcache", "get_scheduler_metadata"]

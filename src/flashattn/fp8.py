@@ -11,8 +11,7 @@ See :mod:`flashattn.api.fp8` (quantize) and :mod:`flashattn.api.fp8_attention`.
 from flashattn.api.fp8 import QuantizedQKV, quantize, random_signs
 from flashattn.api.fp8_attention import attention_quantized as attention
 from flashattn.api.fp8_attention import flash_attn_fp8_func
-from flashattn.cpu.fp8 import dequantize
-from flashattn.fp8_format import hadamard, hadamard_block
+from flashattn.fp8_format import dequantize, hadamard, hadamard_block
 
 __all__ = ["QuantizedQKV", "attention", "dequantize", "flash_attn_fp8_func", "hadamard",
            "hadamard_block", "quantize", "random_signs"]

@@ -142,7 +142,24 @@ def block_index(positions: torch.Tensor, block_shift: int, n_blocks: int) -> tor
     return torch.clamp(positions >> min(block_shift, 62), max=max(n_blocks - 1, 0))
 
 
+# The format's meaning in torch (the public fp8.dequantize and the cpu backend's FP8 path).
+def dequantize(x8: torch.Tensor, descale: torch.Tensor, block: int) -> torch.Tensor:
+    """The real values of a block-quantized (b, s, h, d) tensor, float32 (``block`` rows per
+    scale, a power of two)."""
+    return dequantize_shift(x8, descale, block.bit_length() - 1)
+
+
+def dequantize_shift(x8: torch.Tensor, descale: torch.Tensor, block_shift: int) -> torch.Tensor:
+    """:func:`dequantize` with the kernels' convention: row i uses descale[:, :, min(i >>
+    block_shift, n - 1)] (block_shift 31: one descale per (batch, head))."""
+    s = x8.shape[1]
+    idx = block_index(torch.arange(s, device=descale.device), block_shift, descale.shape[2])
+    per_row = descale.float()[:, :, idx]  # (b, h, s)
+    # contiguous: V may come keys-contiguous, the float32 attention wants unit last stride
+    return x8.float().contiguous() * per_row.transpose(1, 2).unsqueeze(-1)
+
+
 __all__ = ["E4M3_MAX", "FP8_DTYPE", "PASS_MAX_BLOCK", "P_SCALE", "P_SCALE_LOG2", "WGMMA_KEY_GROUP",
-           "block_index",
+           "block_index", "dequantize", "dequantize_shift",
            "from_wgmma_order", "hadamard", "hadamard_block", "keys_contiguous_empty",
            "quantized_empty", "to_wgmma_order", "wgmma_key_position", "wgmma_padded_keys", "wgmma_vt_empty"]

@@ -23,9 +23,10 @@ bodies directly (same functions, same autograd formula; torch.library's dispatch
 ~86 us per call on the H100 host); under torch.compile / export, a dispatch mode or a tensor
 subclass they call the registered ops.
 
-This module imports only :mod:`flashattn.dispatch` (and the parameter object): each op body
-builds one :class:`flashattn.params.AttnParams` from its flat arguments (op schemas have no
-structs) and calls the dispatch function of the same name.
+This module imports only :mod:`flashattn.dispatch`'s op-family modules (``dense``, ``varlen``,
+``kvcache``, ``fp8``, ``merge``) and the parameter object: each op body builds one
+:class:`flashattn.params.AttnParams` from its flat arguments (op schemas have no structs) and
+calls the dispatch function of the same name.
 
 Parameters are the normalised ones of ``docs/internals.md`` (the api layer has already
 validated and normalised them), with these differences forced by graph capture:
@@ -47,18 +48,18 @@ the fake kernel by tracing the Python body, so points 1 and 3 hold there too):
 
 1. ``triton_op`` builds its fake (meta) kernel by running the op's Python body on
    FakeTensors. Our launch code chooses the TMA path from data pointers
-   (``kernels.config.use_tma`` checks 16-byte alignment of ``data_ptr()``), and the Hopper
-   family checks the same in ``hopper.support.call_unsupported``: a ``triton_op`` around
-   ``kernels.fwd.flash_fwd`` fails under torch.compile with "Cannot access data pointer of
+   (``triton.config.use_tma`` checks 16-byte alignment of ``data_ptr()``), and the Hopper
+   family checks the same in ``sm90.support.call_unsupported``: a ``triton_op`` around
+   ``triton.fwd.flash_fwd`` fails under torch.compile with "Cannot access data pointer of
    Tensor (e.g. FakeTensor, FunctionalTensor)". The choice depends on the address at run
    time, which a trace cannot know.
 2. Under ``TRITON_INTERPRET=1`` (the CPU CI) ``wrap_triton`` hands back interpreted kernels
    unchanged (``torch/_library/triton.py``: an InterpretedFunction is not traceable), so the
    fake pass launches the kernel on FakeTensors and fails even with TMA forced off
-   (checked). The plain-torch CPU path (``cpu.py``) would be traced into the graph instead,
+   (checked). The plain-torch CPU path (``cpu/``) would be traced into the graph instead,
    so one op would mean different graphs per device.
-3. ``wrap_triton`` must wrap every launch site inside ``kernels/*.py`` and
-   ``hopper/*.py`` (autotuned kernels with ``early_config_prune``, ``reset_to_zero``,
+3. ``wrap_triton`` must wrap every launch site inside ``triton/*.py`` and
+   ``sm90/*.py`` (autotuned kernels with ``early_config_prune``, ``reset_to_zero``,
    ``cache_results`` and in-kernel TMA descriptors that need ``triton.set_allocator``);
    Inductor would re-launch them through its own launcher, a second code path to keep right.
 
@@ -67,10 +68,11 @@ included); the compiler only needs the output shapes (``register_fake``) and the
 formula (``register_autograd``). The cost is that Inductor cannot fuse into our kernels,
 which it could not do with hand-written Triton kernels either.
 
-Adding an op: write its body as a dispatch function (``dispatch.varlen_forward``), register it here in its own section with
-``torch.library.custom_op`` (``mutates_args`` naming every tensor written in place), a fake
-that allocates the outputs with the real strides, and, if differentiable,
-``register_autograd``; check it with ``torch.library.opcheck`` (``tests/test_ops.py``).
+Adding an op: write its body as a dispatch function (``dispatch/varlen.py``'s
+``varlen_forward``), register it here in its own section with ``torch.library.custom_op``
+(``mutates_args`` naming every tensor written in place), a fake that allocates the outputs
+with the real strides, and, if differentiable, ``register_autograd``; check it with
+``torch.library.opcheck`` (``tests/internals/test_ops.py``).
 """
 from __future__ import annotations
 
@@ -78,7 +80,11 @@ from typing import Any, Optional, Tuple, Union
 
 import torch
 
-from flashattn import dispatch
+from flashattn.dispatch import dense as _dense
+from flashattn.dispatch import fp8 as _fp8
+from flashattn.dispatch import kvcache as _kvcache
+from flashattn.dispatch import merge as _merge
+from flashattn.dispatch import varlen as _varlen
 from flashattn.fp8_format import quantized_empty
 from flashattn.params import ONE_BLOCK_SHIFT, AttnParams, Fp8Scales
 
@@ -101,9 +107,10 @@ def _fresh(*tensors: Tensor) -> Tuple[Tensor, ...]:
 def _eager_autograd(name: str, fwd_impl, setup_context, backward, bwd_impl):
     """An autograd.Function running an op's bodies and autograd formula without torch.library's
     dispatch: that layer measured 86 us per dense forward call on the H100 host
-    (benchmarks/probes/overhead_probe.py, ``ops.attention`` vs ``dispatch.forward``), more than a
-    small attention kernel runs. Used only for plain eager tensors (see :func:`_eager_call`);
-    torch.compile, export, dispatch modes and tensor subclasses always see the registered ops."""
+    (benchmarks/probes/overhead_probe.py, ``ops.attention`` vs ``dispatch.dense.forward``),
+    more than a small attention kernel runs. Used only for plain eager tensors (see
+    :func:`eager_call`); torch.compile, export, dispatch modes and tensor subclasses always
+    see the registered ops."""
 
     def forward(ctx, *inputs):
         output = fwd_impl(*inputs)
@@ -117,22 +124,22 @@ def _eager_autograd(name: str, fwd_impl, setup_context, backward, bwd_impl):
                 {"forward": staticmethod(forward), "backward": staticmethod(backward_)})
 
 
-def _tracing() -> bool:
+def tracing() -> bool:
     """torch.compile / export tracing, or a Python dispatch mode, is active."""
     return torch.compiler.is_compiling() or bool(torch._C._len_torch_dispatch_stack())
 
 
-def _eager_call(*tensors: Optional[Tensor]) -> bool:
+def eager_call(*tensors: Optional[Tensor]) -> bool:
     """True for a plain eager call: not under torch.compile / export tracing, no tensor
     subclass (FakeTensor, FunctionalTensor, DTensor, nested), no Python dispatch mode."""
-    if _tracing():
+    if tracing():
         return False
     return all(t is None or type(t) is torch.Tensor for t in tensors)
 
 
 def _run(op, eager_fn, fwd_impl, inputs, tensors, differentiable):
     """``op(*inputs)``, or for plain eager tensors the same bodies without the dispatch."""
-    if not _eager_call(*tensors):
+    if not eager_call(*tensors):
         return op(*inputs)
     if torch.is_grad_enabled() and any(t.requires_grad for t in differentiable):
         return eager_fn.apply(*inputs)
@@ -165,7 +172,7 @@ def _fwd_impl(
     """
     params = AttnParams(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
                         dropout_p, _seed_value(philox_seed), deterministic)
-    out, lse, s_dmask = dispatch.forward(q, k, v, params, return_softmax)
+    out, lse, s_dmask = _dense.forward(q, k, v, params, return_softmax)
     if s_dmask is None:
         s_dmask = _empty_dmask(q)
     return _fresh(out, lse, s_dmask)  # type: ignore[return-value]
@@ -209,7 +216,7 @@ def _bwd_impl(
     """
     params = AttnParams(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
                         dropout_p, _seed_value(philox_seed), deterministic)
-    dq, dk, dv = dispatch.backward(dout, q, k, v, out, lse, params)
+    dq, dk, dv = _dense.backward(dout, q, k, v, out, lse, params)
     return _fresh(dq, dk, dv)  # type: ignore[return-value]
 
 
@@ -313,7 +320,7 @@ def _varlen_fwd_impl(
     """
     params = AttnParams(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
                         dropout_p, _seed_value(philox_seed), deterministic)
-    out, lse, s_dmask = dispatch.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
+    out, lse, s_dmask = _varlen.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
                                                 block_table, max_seqlen_q, max_seqlen_k, params,
                                                 return_softmax)
     if s_dmask is None:
@@ -363,7 +370,7 @@ def _varlen_bwd_impl(
     """Varlen backward: (dq, dk, dv), contiguous, shaped and typed like q, k, v."""
     params = AttnParams(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
                         dropout_p, _seed_value(philox_seed), deterministic)
-    dq, dk, dv = dispatch.varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+    dq, dk, dv = _varlen.varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                                           seqused_k, max_seqlen_q, max_seqlen_k, params)
     return _fresh(dq, dk, dv)  # type: ignore[return-value]
 
@@ -436,7 +443,7 @@ def varlen_attention(
     """``varlen_fwd`` with flash-attn's return convention: S_dmask None unless
     ``return_softmax``. Plain eager tensors skip the op dispatch (:class:`_EagerVarlenAttention`).
 
-    ``philox_seed``: an int64 CPU tensor of one element (``api.params.draw_philox_seed``: a
+    ``philox_seed``: an int64 CPU tensor of one element (``api.normalise.draw_philox_seed``: a
     random op of a compiled graph, so every call of a compiled function draws a fresh seed), an
     int (wrapped in a CPU tensor), or None / ignored when ``dropout_p == 0``.
     """
@@ -482,10 +489,10 @@ def dense_recorded(entry, q: Tensor, k: Tensor, v: Tensor) -> Tuple[Tensor, Tens
 
 
 class _RecordedVarlen(torch.autograd.Function):
-    """A recorded packed signature's forward and backward (``dispatch.VarlenRunner``: the
+    """A recorded packed signature's forward and backward (``replay.varlen.VarlenRunner``: the
     api's fast path for a repeated ``flash_attn_varlen_func`` signature), differentiable in q,
     k, v; lse is not. The same bodies as ``varlen_fwd`` / ``varlen_bwd`` for plain eager
-    tensors (the api checks :func:`_eager_call`'s conditions before it keys a call)."""
+    tensors (the api checks :func:`eager_call`'s conditions before it keys a call)."""
 
     @staticmethod
     def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, runner):
@@ -506,7 +513,7 @@ class _RecordedVarlen(torch.autograd.Function):
 def varlen_recorded(runner, q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
                     cu_seqlens_k: Tensor, seqused_k: Optional[Tensor]
                     ) -> Tuple[Tensor, Tensor]:
-    """(out, lse) of a recorded packed signature (``runner``: its dispatch.VarlenRunner),
+    """(out, lse) of a recorded packed signature (``runner``: its replay.varlen.VarlenRunner),
     through autograd when a gradient is to be recorded."""
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _RecordedVarlen.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, runner)
@@ -552,7 +559,7 @@ def _fwd_kvcache_impl(
     cache_seqlens a (b,) int32 tensor or None)."""
     params = AttnParams(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
                         0.0, 0, False, attention_chunk)
-    out, lse = dispatch.kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+    out, lse = _kvcache.kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                                 cache_batch_idx, cache_leftpad, block_table, params,
                                 rotary_interleaved, num_splits, cu_seqlens_q, max_seqlen_q,
                                 cu_seqlens_k_new, rotary_seqlens)
@@ -581,7 +588,7 @@ def _fwd_kvcache_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_s
 def kvcache_attention(*args: Any) -> Tuple[Tensor, Tensor]:
     """``fwd_kvcache(*args)`` (the op's argument order), or its body for plain eager tensors
     (the first 12 arguments and the packed-length ones after the scalars are the tensors)."""
-    if _eager_call(*args[:12], *(a for a in args[12:] if isinstance(a, Tensor))):
+    if eager_call(*args[:12], *(a for a in args[12:] if isinstance(a, Tensor))):
         return _fwd_kvcache_impl(*args)
     return fwd_kvcache(*args)
 
@@ -591,7 +598,7 @@ def _combine_impl(out_partial: Tensor, lse_partial: Tensor,
     """``flash_attn_combine`` without ``out=``: out_partial (splits, b, s_q, h, d_v) and
     lse_partial (splits, b, h, s_q) float32 -> out (b, s_q, h, d_v) in ``out_dtype`` (default
     float32) and lse float32 (b, h, s_q), contiguous."""
-    out, lse = dispatch.combine(out_partial, lse_partial, None,
+    out, lse = _merge.combine(out_partial, lse_partial, None,
                                 out_dtype if out_dtype is not None else torch.float32)
     return _fresh(out, lse)  # type: ignore[return-value]
 
@@ -614,8 +621,8 @@ def combine_splits(out_partial: Tensor, lse_partial: Tensor, out: Optional[Tenso
     result is copied into ``out`` (a traced copy_: an op's output cannot alias its input)."""
     dtype = out_dtype if out_dtype is not None else (out.dtype if out is not None
                                                      else torch.float32)
-    if _eager_call(out_partial, lse_partial, out):
-        return dispatch.combine(out_partial, lse_partial, out, dtype)
+    if eager_call(out_partial, lse_partial, out):
+        return _merge.combine(out_partial, lse_partial, out, dtype)
     res, lse = combine(out_partial, lse_partial, dtype)
     if out is not None:
         out.copy_(res)
@@ -633,7 +640,7 @@ def _fp8_quantize_impl(q: Tensor, k: Tensor, v: Tensor, signs: Optional[Tensor],
     block_m)), k_descale, v_descale (b, h_k, cdiv(s_k, block_n))) float32; all contiguous but
     v8, whose storage is (b, h_k, d_v, s_k padded to 16): keys contiguous. ``v_wgmma``: v8 in
     wgmma key order instead, (b, s_pad, h_k, d_v) (fp8_format.wgmma_vt_empty)."""
-    q8, k8, v8, qs, ks, vs = dispatch.fp8_quantize(q, k, v, signs, block_m, block_n, v_wgmma)
+    q8, k8, v8, qs, ks, vs = _fp8.fp8_quantize(q, k, v, signs, block_m, block_n, v_wgmma)
     # v8 keeps its keys-contiguous layout (fp8_format.keys_contiguous_empty): the FP8 kernels'
     return (*_fresh(q8, k8), v8, *_fresh(qs, ks, vs))  # type: ignore[return-value]
 
@@ -650,7 +657,7 @@ def _fp8_quantize_fake(q, k, v, signs, block_m, block_n, v_wgmma=False):
 def quantize_fp8(q: Tensor, k: Tensor, v: Tensor, signs: Optional[Tensor], block_m: int,
                  block_n: int, v_wgmma: bool = False) -> Tuple[Tensor, ...]:
     """``fp8_quantize``, or its body for plain eager tensors."""
-    if _eager_call(q, k, v, signs):
+    if eager_call(q, k, v, signs):
         return _fp8_quantize_impl(q, k, v, signs, block_m, block_n, v_wgmma)
     return fp8_quantize(q, k, v, signs, block_m, block_n, v_wgmma)
 
@@ -658,8 +665,8 @@ def quantize_fp8(q: Tensor, k: Tensor, v: Tensor, signs: Optional[Tensor], block
 def fp8_v_wgmma(q: Tensor, k: Tensor, v: Tensor, params: AttnParams, block_m: int,
                 block_n: int) -> bool:
     """Whether a quantize pass feeding FP8 attention should write V in the Hopper kernel's key
-    order (dispatch.fp8_v_wgmma: exactly when that kernel will run on its outputs)."""
-    return dispatch.fp8_v_wgmma(q, k, v, params, block_m, block_n)
+    order (dispatch.fp8.fp8_v_wgmma: exactly when that kernel will run on its outputs)."""
+    return _fp8.fp8_v_wgmma(q, k, v, params, block_m, block_n)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -674,7 +681,7 @@ def fp8_v_wgmma(q: Tensor, k: Tensor, v: Tensor, params: AttnParams, block_m: in
 # ---------------------------------------------------------------------------------------------
 def _sink_apply_impl(out: Tensor, lse: Tensor, sink: Tensor, packed: bool
                      ) -> Tuple[Tensor, Tensor]:
-    return _fresh(*dispatch.sink_apply(out, lse, sink, packed))  # type: ignore[return-value]
+    return _fresh(*_merge.sink_apply(out, lse, sink, packed))  # type: ignore[return-value]
 
 
 sink_apply_op = torch.library.custom_op("flashattn::sink_apply", _sink_apply_impl,
@@ -692,14 +699,14 @@ def sink_apply(out: Tensor, lse: Tensor, sink: Tensor, packed: bool) -> Tuple[Te
     fused pass on the Triton backend (no gradient here: the sink autograd functions below
     own the backward)."""
     sink = sink.detach()
-    if _eager_call(out, lse, sink):
+    if eager_call(out, lse, sink):
         return _sink_apply_impl(out, lse, sink, packed)
     return sink_apply_op(out, lse, sink, packed)
 
 
 def _sink_grad_impl(dout: Tensor, out: Tensor, lse: Tensor, sink: Tensor,
                     packed: bool) -> Tensor:
-    return dispatch.sink_grad(dout, out, lse, sink, packed)
+    return _merge.sink_grad(dout, out, lse, sink, packed)
 
 
 sink_grad_op = torch.library.custom_op("flashattn::sink_grad", _sink_grad_impl, mutates_args=())
@@ -714,7 +721,7 @@ def _sink_grad(dout: Tensor, out: Tensor, lse: Tensor, sink: Tensor, packed: boo
     """d sink (h,): -sum over rows of exp(sink - lse) * rowsum(dout * out) (one fused pass on
     the Triton backend)."""
     sink = sink.detach()
-    if _eager_call(dout, out, lse, sink):
+    if eager_call(dout, out, lse, sink):
         return _sink_grad_impl(dout, out, lse, sink, packed)
     return sink_grad_op(dout, out, lse, sink, packed)
 
@@ -725,7 +732,7 @@ def _fwd_sink_impl(q: Tensor, k: Tensor, v: Tensor, sink: Tensor,
                    ) -> Tuple[Tensor, Tensor]:
     params = AttnParams(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
                         0.0, 0, False)
-    return _fresh(*dispatch.forward_with_sink(q, k, v, params, sink))  # type: ignore
+    return _fresh(*_dense.forward_with_sink(q, k, v, params, sink))  # type: ignore
 
 
 fwd_sink = torch.library.custom_op("flashattn::fwd_sink", _fwd_sink_impl, mutates_args=())
@@ -744,7 +751,7 @@ def _attention_sink_forward(q: Tensor, k: Tensor, v: Tensor, sink: Tensor, *rest
     """The dense forward with sinks (``fwd_sink``'s argument order after sink), or its body
     for plain eager tensors."""
     sink = sink.detach()
-    if _eager_call(q, k, v, sink, rest[0]):
+    if eager_call(q, k, v, sink, rest[0]):
         return _fwd_sink_impl(q, k, v, sink, *rest)
     return fwd_sink(q, k, v, sink, *rest)
 
@@ -767,7 +774,7 @@ class _SinkAttention(torch.autograd.Function):
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse, sink, alibi_slopes = ctx.saved_tensors
         dout = _unit_last_stride(dout)
-        run = _bwd_impl if _eager_call(dout, q, k, v, out, lse, alibi_slopes) else bwd
+        run = _bwd_impl if eager_call(dout, q, k, v, out, lse, alibi_slopes) else bwd
         dq, dk, dv = run(dout, q, k, v, out, lse, alibi_slopes, None, *ctx.params)
         dsink = _sink_grad(dout, out, lse, sink, False) if ctx.needs_input_grad[3] else None
         return (dq, dk, dv, dsink) + (None,) * 7
@@ -798,7 +805,7 @@ class _SinkVarlenAttention(torch.autograd.Function):
          alibi_slopes) = ctx.saved_tensors
         dout = _unit_last_stride(dout)
         tensors = (dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes)
-        run = _varlen_bwd_impl if _eager_call(*tensors) else varlen_bwd
+        run = _varlen_bwd_impl if eager_call(*tensors) else varlen_bwd
         dq, dk, dv = run(*tensors, None, *ctx.params)
         dsink = _sink_grad(dout, out, lse, sink, True) if ctx.needs_input_grad[3] else None
         return (dq, dk, dv, dsink) + (None,) * 12
@@ -841,7 +848,7 @@ def _fp8_fwd_impl(q8: Tensor, k8: Tensor, v8: Tensor, q_descale: Tensor, k_desca
     Returns out (b, s_q, h, d_v) in ``out_dtype`` and lse float32 (b, h, s_q), contiguous."""
     params = AttnParams(softmax_scale, causal, window_left, window_right, softcap, None, 0.0, 0)
     scales = Fp8Scales(q_descale, k_descale, v_descale, q_block_shift, kv_block_shift)
-    out, lse = dispatch.fp8_forward(q8, k8, v8, scales, params, out_dtype, v_wgmma)
+    out, lse = _fp8.fp8_forward(q8, k8, v8, scales, params, out_dtype, v_wgmma)
     return _fresh(out, lse)  # type: ignore[return-value]
 
 
@@ -868,7 +875,7 @@ def _fp8_varlen_fwd_impl(q8: Tensor, k8: Tensor, v8: Tensor, cu_seqlens_q: Tenso
     float32 (h, total_q), contiguous."""
     params = AttnParams(softmax_scale, causal, window_left, window_right, softcap, None, 0.0, 0)
     scales = Fp8Scales(q_descale, k_descale, v_descale, ONE_BLOCK_SHIFT, ONE_BLOCK_SHIFT)
-    out, lse = dispatch.fp8_varlen_forward(q8, k8, v8, cu_seqlens_q, cu_seqlens_k, seqused_k,
+    out, lse = _fp8.fp8_varlen_forward(q8, k8, v8, cu_seqlens_q, cu_seqlens_k, seqused_k,
                                            max_seqlen_q, max_seqlen_k, scales, params,
                                            out_dtype)
     return _fresh(out, lse)  # type: ignore[return-value]
@@ -889,20 +896,22 @@ def _fp8_varlen_fwd_fake(q8, k8, v8, cu_seqlens_q, cu_seqlens_k, seqused_k, max_
 
 def fp8_attention(*args: Any) -> Tuple[Tensor, Tensor]:
     """``fp8_fwd(*args)`` (the op's argument order), or its body for plain eager tensors."""
-    if _eager_call(*args[:6]):
+    if eager_call(*args[:6]):
         return _fp8_fwd_impl(*args)
     return fp8_fwd(*args)
 
 
 def fp8_varlen_attention(*args: Any) -> Tuple[Tensor, Tensor]:
     """``fp8_varlen_fwd(*args)``, or its body for plain eager tensors."""
-    if _eager_call(*args[:6], *args[8:11]):
+    if eager_call(*args[:6], *args[8:11]):
         return _fp8_varlen_fwd_impl(*args)
     return fp8_varlen_fwd(*args)
 
 
 __all__ = [
     "attention",
+    "eager_call",
+    "tracing",
     "attention_with_sink",
     "sink_apply",
     "varlen_attention_with_sink",

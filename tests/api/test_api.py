@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import flashattn
-from flashattn import dispatch, flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
+from flashattn import flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
+from flashattn.dispatch import dense as dispatch_dense
 from flashattn.philox import dropout_keep_mask
 from flashattn.reference import visible_mask
 
@@ -81,7 +82,7 @@ class _Spy:
 
     def __init__(self, monkeypatch):
         self.fwd, self.bwd = [], []
-        real_fwd, real_bwd = dispatch.forward, dispatch.backward
+        real_fwd, real_bwd = dispatch_dense.forward, dispatch_dense.backward
 
         def fwd(q, k, v, params, return_softmax=False):
             self.fwd.append({**params.kernel_kwargs(), "return_softmax": return_softmax})
@@ -91,8 +92,8 @@ class _Spy:
             self.bwd.append({**params.kernel_kwargs(), "deterministic": params.deterministic})
             return real_bwd(dout, q, k, v, out, lse, params)
 
-        monkeypatch.setattr(dispatch, "forward", fwd)
-        monkeypatch.setattr(dispatch, "backward", bwd)
+        monkeypatch.setattr(dispatch_dense, "forward", fwd)
+        monkeypatch.setattr(dispatch_dense, "backward", bwd)
 
 
 @pytest.fixture

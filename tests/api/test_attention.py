@@ -22,7 +22,8 @@ import torch
 
 from tests.accuracy import (assert_attention_close, assert_close_rule, delta_residual_atols,
                             fp32_sum_atol)
-from flashattn import dispatch, flash_attn_func
+from flashattn import flash_attn_func
+from flashattn.dispatch import select as dispatch_select
 from flashattn.cpu import aten_flash
 from flashattn.params import AttnParams
 from flashattn.reference import attention_probs_ref, attention_ref, visible_mask
@@ -160,8 +161,8 @@ def _interpreter_truncates_bf16(q: torch.Tensor) -> bool:
     fp_downcast_rounding="rtne"), so under TRITON_INTERPRET the kernels' bf16 results carry up
     to 1 ulp of error where a GPU (and PyTorch) round to nearest with 0.5 ulp. Drop this
     allowance once the kernels round explicitly when interpreting."""
-    return (q.dtype == torch.bfloat16 and q.device.type == "cpu" and dispatch.interpreting()
-            and dispatch.backend_for(q) == "portable")
+    return (q.dtype == torch.bfloat16 and q.device.type == "cpu" and dispatch_select.interpreting()
+            and dispatch_select.backend_for(q) == "portable")
 
 
 def _aten_backward_rounds_twice(c: Case, q, k, v, window: Tuple[int, int]) -> bool:
@@ -170,7 +171,7 @@ def _aten_backward_rounds_twice(c: Case, q, k, v, window: Tuple[int, int]) -> bo
     rounds per 32-row query block: 0.56-0.69 ulps of max|dV| at 33-200 rows with one key,
     against 0.33 at 32; benchmarks/NOTES.md, session 26): one ulp of allowance there."""
     if (c.dtype == torch.float32 or c.deterministic or c.alibi is not None
-            or dispatch.backend_for(q) != "cpu"):
+            or dispatch_select.backend_for(q) != "cpu"):
         return False
     scale = c.softmax_scale if c.softmax_scale is not None else c.d ** -0.5
     params = AttnParams(scale, c.causal, window[0], window[1], c.softcap, None, c.dropout_p, 0)

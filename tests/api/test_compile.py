@@ -15,7 +15,7 @@ import torch.nn as nn
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import flashattn
-from flashattn.api.params import draw_philox_seed
+from flashattn.api.normalise import draw_philox_seed
 from flashattn import flash_attn_varlen_func, flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
 from tests.settings import set_env
 

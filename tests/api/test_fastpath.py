@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import flashattn
-from flashattn import dispatch
+from flashattn.dispatch import select as dispatch_select
+from flashattn.replay import fp8 as replay_fp8
 from flashattn.api import fastpath
 
 
@@ -95,8 +96,8 @@ def test_settings_alignment_and_gradients_change_the_path(monkeypatch):
     q = torch.randn(1, 8, 2, 16)
     flashattn.flash_attn_func(q, q, q)
     seen = []
-    real = dispatch.backend
-    monkeypatch.setattr(dispatch, "backend", lambda name: seen.append(name) or real(name))
+    real = dispatch_select.backend
+    monkeypatch.setattr(dispatch_select, "backend", lambda name: seen.append(name) or real(name))
     with flashattn.use_backend("portable"):  # a new settings object: a new entry
         flashattn.flash_attn_func(q, q, q)
     assert "portable" in seen
@@ -293,7 +294,7 @@ class _FakePlan:
 
 @pytest.mark.parametrize("causal,need_lse", [(True, False), (False, True)])
 def test_fp8_recorded_call_replays_the_recorded_layout(monkeypatch, causal, need_lse):
-    """dispatch.Fp8Call: the addresses a replay hands the two launches are exactly those of
+    """replay_fp8.Fp8Call: the addresses a replay hands the two launches are exactly those of
     the tensor views the first call recorded with (q8, k8, V^T in wgmma order, the three
     descale tables, the LSE, the tile-queue counter), the regions are 256-byte aligned and
     disjoint, V^T's view has wgmma_vt_empty's strides, the counter is zeroed before every
@@ -312,12 +313,12 @@ def test_fp8_recorded_call_replays_the_recorded_layout(monkeypatch, causal, need
         fp8_quantize_call = staticmethod(lambda signs, bm, bn: quant)
         fp8_fwd_call = staticmethod(lambda d, d_v, p, dtype: fwd)
 
-    monkeypatch.setattr(dispatch, "backend", lambda name: _Backend)
+    monkeypatch.setattr(dispatch_select, "backend", lambda name: _Backend)
     b, s_q, s_k, h, h_k, d = 2, 300, 170, 4, 2, 64
     q = torch.randn(b, s_q, h, d).bfloat16()
     k, v = (torch.randn(b, s_k, h_k, d).bfloat16() for _ in range(2))
     params = AttnParams(0.125, causal, -1, 0 if causal else -1, 0.0, None, 0.0, 0)
-    call = dispatch.Fp8Call(q, k, v, params, None, 128, 64, need_lse)
+    call = replay_fp8.Fp8Call(q, k, v, params, None, 128, 64, need_lse)
     out, lse = call(q, k, v)
     assert out.shape == (b, s_q, h, d) and (lse is not None) == need_lse
     (_, _, _, outs), = quant.recorded
@@ -472,7 +473,7 @@ class _FakeVt:
 
 
 def _descale_call_stand_ins(monkeypatch, uses_counter):
-    """dispatch.Fp8DescaleCall's workspace and kernels as CPU stand-ins: (workspace, V^T
+    """replay_fp8.Fp8DescaleCall's workspace and kernels as CPU stand-ins: (workspace, V^T
     call, forward call), each keeping what it recorded and replayed."""
     ws = torch.full((1 << 20,), 7, dtype=torch.uint8)
     from flashattn.runtime import buffers
@@ -484,7 +485,7 @@ def _descale_call_stand_ins(monkeypatch, uses_counter):
         fp8_vt_call = staticmethod(lambda: vt_call)
         fp8_fwd_call = staticmethod(lambda d, d_v, p, dtype: fwd)
 
-    monkeypatch.setattr(dispatch, "backend", lambda name: _Backend)
+    monkeypatch.setattr(dispatch_select, "backend", lambda name: _Backend)
     return ws, vt_call, fwd
 
 
@@ -495,7 +496,7 @@ def _descale_call_stand_ins(monkeypatch, uses_counter):
     (1, (True, True, True), False, False)])  # non-contiguous descales: copied
 def test_fa3_fp8_recorded_call_replays_the_recorded_roles(monkeypatch, group, given, contiguous,
                                                           need_lse):
-    """dispatch.Fp8DescaleCall: V^T is written into the workspace and read back by the
+    """replay_fp8.Fp8DescaleCall: V^T is written into the workspace and read back by the
     forward; the descale tables the forward reads hold the call's values (ones for None, one
     entry per query head of a group), in place where the caller's tensor is a contiguous
     (b, h_k) table; a replay hands both launches the recorded roles' addresses (the tables
@@ -518,7 +519,7 @@ def test_fa3_fp8_recorded_call_replays_the_recorded_roles(monkeypatch, group, gi
 
     params = AttnParams(0.125, True, -1, 0, 0.0, None, 0.0, 0)
     first = descales(1.0)
-    call = dispatch.Fp8DescaleCall(q8, k8, v8, first, params, torch.bfloat16, need_lse)
+    call = replay_fp8.Fp8DescaleCall(q8, k8, v8, first, params, torch.bfloat16, need_lse)
     out, lse = call(q8, k8, v8, *first)
     assert out.shape == (b, s_q, h, d) and out.dtype == torch.bfloat16
     assert (lse is not None) == need_lse
@@ -614,7 +615,7 @@ def test_quantized_cpu_calls_keep_taking_the_full_path():
 
 
 def test_block_table_recorded_call_reads_the_tables_in_place(monkeypatch):
-    """dispatch.Fp8DescaleCall over fp8.quantize's block tables: the forward reads the
+    """replay_fp8.Fp8DescaleCall over fp8.quantize's block tables: the forward reads the
     caller's contiguous (b, heads, blocks) tables in place with the blocks' shifts, a
     non-contiguous table is copied into the workspace on every call (CPU stand-ins)."""
     from flashattn.params import AttnParams
@@ -627,7 +628,7 @@ def test_block_table_recorded_call_reads_the_tables_in_place(monkeypatch):
     kd = torch.rand(b, h_k, 2) + 0.5
     vd = (torch.rand(b, 2, h_k) + 0.5).transpose(1, 2)  # non-contiguous: copied
     params = AttnParams(0.125, False, -1, -1, 0.0, None, 0.0, 0)
-    call = dispatch.Fp8DescaleCall(q8, k8, v8, (qd, kd, vd), params, torch.bfloat16, False,
+    call = replay_fp8.Fp8DescaleCall(q8, k8, v8, (qd, kd, vd), params, torch.bfloat16, False,
                                    (6, 7))
     call(q8, k8, v8, qd, kd, vd)
     (_, _, _, scales, _, _, _), = fwd.recorded

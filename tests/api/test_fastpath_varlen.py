@@ -1,6 +1,6 @@
 """The repeated-call fast path of ``flash_attn_varlen_func`` (api/fastpath.VARLEN, issue 21's
 lean eager path): a packed signature seen before skips the argument checks and dispatch, and
-runs ``dispatch.VarlenRunner``'s decisions, through its own autograd function when a gradient
+runs ``replay_varlen.VarlenRunner``'s decisions, through its own autograd function when a gradient
 is recorded (every layer of a packed training step repeats one signature). It must give the
 full path's outputs and gradients, keep checking the metadata values wherever the full path
 checks them, and leave every other kind of call on the full path."""
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import flashattn
-from flashattn import dispatch
+from flashattn.replay import varlen as replay_varlen
 from flashattn.api import fastpath
 
 
@@ -44,7 +44,7 @@ class _Spy:
 
     def __init__(self, monkeypatch):
         self.forward = self.backward = 0
-        real_f, real_b = dispatch.VarlenRunner.forward, dispatch.VarlenRunner.backward
+        real_f, real_b = replay_varlen.VarlenRunner.forward, replay_varlen.VarlenRunner.backward
 
         def forward(runner, *a):
             self.forward += 1
@@ -54,8 +54,8 @@ class _Spy:
             self.backward += 1
             return real_b(runner, *a)
 
-        monkeypatch.setattr(dispatch.VarlenRunner, "forward", forward)
-        monkeypatch.setattr(dispatch.VarlenRunner, "backward", backward)
+        monkeypatch.setattr(replay_varlen.VarlenRunner, "forward", forward)
+        monkeypatch.setattr(replay_varlen.VarlenRunner, "backward", backward)
 
 
 CASES = [
@@ -180,7 +180,7 @@ def test_other_calls_take_the_full_path(monkeypatch):
     assert len(fastpath.VARLEN._entries) == 1  # (out= wraps the recorded call, copies into out)
     torch.testing.assert_close(out, flashattn.flash_attn_varlen_func(q, k, v, cu, cu, m, m))
     fastpath.VARLEN.clear()
-    monkeypatch.setattr(flashattn.ops, "_tracing", lambda: True)
+    monkeypatch.setattr(flashattn.ops, "tracing", lambda: True)
     assert fastpath.varlen_key(q, k, v, cu, cu, m, m, 0.0, None, False, (-1, -1), 0.0, False,
                                False, None) is None
 

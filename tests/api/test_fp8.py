@@ -163,7 +163,8 @@ def test_quantize_pass_shared_memory_and_block_routing(monkeypatch):
     shipped 128-row configurations are unchanged; blocks past fp8_format.PASS_MAX_BLOCK take the
     torch ops (the cpu backend's, device-agnostic) instead of the pass."""
     pytest.importorskip("triton")
-    from flashattn import dispatch, fp8_format
+    from flashattn import fp8_format
+    from flashattn.dispatch import select as dispatch_select
     from flashattn.triton.fp8_quantize import launch_params
 
     shipped = {d: launch_params(d, 128, True) for d in (64, 96, 128, 192, 256)}
@@ -173,14 +174,14 @@ def test_quantize_pass_shared_memory_and_block_routing(monkeypatch):
         assert launch_params(d, 256, True)[1:3] == (1, 1)
     assert launch_params(256, 128, True, elem_bytes=4)[1:3] == (1, 1)
     assert launch_params(192, 128, True, elem_bytes=4)[2] == 3  # (212 KB: fits)
-    monkeypatch.setattr(dispatch, "select", lambda op, q, *a, **kw: "portable")
+    monkeypatch.setattr(dispatch_select, "select", lambda op, q, *a, **kw: "portable")
     q = torch.empty(1, 8, 2, 64)
     top = fp8_format.PASS_MAX_BLOCK
-    assert dispatch.quantize_backend(q, 128, top) == "portable"
-    assert dispatch.quantize_backend(q, 2 * top, 128) == "cpu"
-    assert dispatch.quantize_backend(q, 128, 2 ** 31) == "cpu"
-    monkeypatch.setattr(dispatch, "select", lambda op, q, *a, **kw: "cpu")
-    assert dispatch.quantize_backend(q, 128, 128) == "cpu"
+    assert dispatch_select.quantize_backend(q, 128, top) == "portable"
+    assert dispatch_select.quantize_backend(q, 2 * top, 128) == "cpu"
+    assert dispatch_select.quantize_backend(q, 128, 2 ** 31) == "cpu"
+    monkeypatch.setattr(dispatch_select, "select", lambda op, q, *a, **kw: "cpu")
+    assert dispatch_select.quantize_backend(q, 128, 128) == "cpu"
 
 
 def test_one_block_per_head_needs_no_padding():

@@ -341,17 +341,18 @@ def test_v_in_wgmma_order_exactly_when_the_hopper_kernel_runs(monkeypatch):
     fp8_forward will run that kernel on the pass's outputs (the same check, on meta stand-ins
     of them): other scale blocks or head dims would otherwise pay for undoing the order."""
     pytest.importorskip("triton")
-    from flashattn import dispatch
+    from flashattn.dispatch import fp8 as dispatch_fp8
+    from flashattn.dispatch import select as dispatch_select
     from flashattn.params import AttnParams
 
     params = AttnParams(0.1, True, -1, 0, 0.0, None, 0.0, 0)
 
     def decide(d=128, block_m=128, block_n=128, device_family="hopper"):
-        monkeypatch.setattr(dispatch, "family_for", lambda x: device_family)
+        monkeypatch.setattr(dispatch_select, "family_for", lambda x: device_family)
         # (the decision is kept per signature, whose device family is fixed in a process)
-        monkeypatch.setattr(dispatch, "_FP8_V_WGMMA", {})
+        monkeypatch.setattr(dispatch_fp8, "_FP8_V_WGMMA", {})
         q, k, v = (torch.empty(2, 1000, h, d, dtype=torch.bfloat16) for h in (8, 2, 2))
-        return dispatch.fp8_v_wgmma(q, k, v, params, block_m, block_n)
+        return dispatch_fp8.fp8_v_wgmma(q, k, v, params, block_m, block_n)
 
     assert decide()
     assert not decide(device_family="portable")
@@ -359,8 +360,8 @@ def test_v_in_wgmma_order_exactly_when_the_hopper_kernel_runs(monkeypatch):
     assert not decide(block_n=32)  # ... but no further (config.FP8_MIN_BLOCK_N)
     assert not decide(block_m=32)  # q scale blocks below a consumer's 64 rows
     assert not decide(d=80)  # not a Hopper head dim
-    monkeypatch.setattr(dispatch, "family_for", lambda x: "hopper")
+    monkeypatch.setattr(dispatch_select, "family_for", lambda x: "hopper")
     q, k, v = (torch.empty(2, 1000, h, 128, dtype=torch.bfloat16) for h in (8, 2, 2))
-    assert dispatch.fp8_v_wgmma(q, k, v, params, 128, 128)  # decided, then kept:
-    monkeypatch.setattr(dispatch, "_fp8_on_hopper", lambda *a: pytest.fail("decided again"))
-    assert dispatch.fp8_v_wgmma(q, k, v, params, 128, 128)
+    assert dispatch_fp8.fp8_v_wgmma(q, k, v, params, 128, 128)  # decided, then kept:
+    monkeypatch.setattr(dispatch_select, "fp8_on_hopper", lambda *a: pytest.fail("decided again"))
+    assert dispatch_fp8.fp8_v_wgmma(q, k, v, params, 128, 128)

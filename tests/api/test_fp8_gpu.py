@@ -13,7 +13,9 @@ import pytest
 import torch
 
 import flashattn
-from flashattn import dispatch, fp8
+from flashattn import fp8
+from flashattn.dispatch import select as dispatch_select
+from flashattn.replay import fp8 as replay_fp8
 from flashattn.reference import attention_fp8_ref, attention_ref
 
 pytestmark = pytest.mark.gpu
@@ -71,13 +73,13 @@ def test_fp8_forward_matches_fa3_numerics(backend, dims, causal, window, softcap
     b, s_q, s_k, h, h_k = 2, 1000, 1100, 4, 2
     _, r = _quantized(b, s_q, s_k, h, h_k, d, d_v)
     expected = "hopper" if backend == "auto" and _hopper() else "portable"
-    from flashattn.api.params import window as norm_window
+    from flashattn.api.normalise import window as norm_window
     from flashattn.params import AttnParams, Fp8Scales
     left, right = norm_window(*window, causal, s_k)
     params = AttnParams(d ** -0.5, causal, left, right, softcap, None, 0.0, 0)
     scales = Fp8Scales(r.q_descale, r.k_descale, r.v_descale, 7, 7)
     with flashattn.use_backend(backend):
-        assert dispatch.select("fp8_fwd", r.q, r.k, r.v, params, scales=scales) == expected
+        assert dispatch_select.select("fp8_fwd", r.q, r.k, r.v, params, scales=scales) == expected
         out, lse = fp8.attention(r, causal=causal, window_size=window, softcap=softcap,
                                  return_lse=True)
     assert out.dtype == torch.bfloat16 and out.shape == (b, s_q, h, d_v)
@@ -99,7 +101,7 @@ def test_float32_output(d):
     params = AttnParams(d ** -0.5, True, -1, 0, 0.0, None, 0.0, 0)
     scales = Fp8Scales(r.q_descale, r.k_descale, r.v_descale, 7, 7)
     hopper = _hopper() and d <= 128
-    assert dispatch.select("fp8_fwd", r.q, r.k, r.v, params, scales=scales,
+    assert dispatch_select.select("fp8_fwd", r.q, r.k, r.v, params, scales=scales,
                            out_dtype=torch.float32) == ("hopper" if hopper else "portable")
     out32 = fp8.attention(r, causal=True, out_dtype=torch.float32)
     out16 = fp8.attention(r, causal=True)
@@ -268,7 +270,7 @@ def test_row_sum_on_the_tensor_core_keeps_fa3_numerics(d, causal, window, softca
     """FwdConfig.rowsum_mma: l = P · ones by wgmma (the same e4m3 P that P·V multiplies)
     instead of the fp32 sum. Same criterion as the shipped kernel; causal with s_q > s_k
     leaves the first rows with no key: out 0 and lse -inf there."""
-    from flashattn.api.params import window as norm_window
+    from flashattn.api.normalise import window as norm_window
     from flashattn.params import Fp8Scales
     from flashattn.sm90.fwd import flash_fwd_hopper_fp8
 
@@ -290,7 +292,7 @@ def test_row_sum_on_the_tensor_core_keeps_fa3_numerics(d, causal, window, softca
         assert torch.isfinite(lse).all()
 
 
-# the recorded call of flash_attn_fp8_func (dispatch.Fp8Call): shapes interleaved so that one
+# the recorded call of flash_attn_fp8_func (replay_fp8.Fp8Call): shapes interleaved so that one
 # signature's workspace is written by another's between its calls; windows and causal use the
 # tile queue's counter; s_k not a multiple of 32 leaves V^T padding positions
 _RECORDED_SHAPES = [
@@ -313,7 +315,8 @@ def test_recorded_fp8_call_matches_the_full_path():
     and FP8 forward from their launch plans, outputs in a reused workspace): every call,
     with and without the LSE, is bitwise the two-step route's result, and outputs returned
     earlier stay intact after later calls."""
-    from flashattn import dispatch
+    from flashattn.dispatch import select as dispatch_select
+    from flashattn.replay import fp8 as replay_fp8
     from flashattn.api import fastpath
 
     fastpath.FP8.clear()
@@ -337,7 +340,7 @@ def test_recorded_fp8_call_matches_the_full_path():
     runs = [entry[1] for entry in fastpath.FP8._entries.values()]
     assert len(runs) == 2 * len(_RECORDED_SHAPES)
     if _hopper():
-        assert all(isinstance(r, dispatch.Fp8Call) and r._recorded for r in runs)
+        assert all(isinstance(r, replay_fp8.Fp8Call) and r._recorded for r in runs)
     fastpath.FP8.clear()
 
 
@@ -382,7 +385,7 @@ def test_recorded_fp8_call_on_two_streams_and_in_a_cuda_graph():
     fastpath.FP8.clear()
 
 
-# the recorded call of FA3's FP8 API (dispatch.Fp8DescaleCall): descales given or None, a GQA
+# the recorded call of FA3's FP8 API (replay_fp8.Fp8DescaleCall): descales given or None, a GQA
 # group (q's table copied per query head), a non-contiguous descale (copied), V in FA3's layout
 # or with its keys contiguous, the long causal tiles (4096 keys), a window
 _FA3_RECORDED = [
@@ -420,8 +423,9 @@ def _recorded_equals_full_path(monkeypatch, key_name, cache, rounds):
     """Every call of ``rounds`` (lists of zero-argument calls, one per signature, the same
     signatures each round) is bitwise the full path's (``fastpath.<key_name>`` giving no
     signature), results returned earlier stay intact after later calls, and on Hopper every
-    signature's entry is a recorded dispatch.Fp8DescaleCall."""
-    from flashattn import dispatch
+    signature's entry is a recorded replay_fp8.Fp8DescaleCall."""
+    from flashattn.dispatch import select as dispatch_select
+    from flashattn.replay import fp8 as replay_fp8
     from flashattn.api import fastpath
 
     cache.clear()
@@ -439,7 +443,7 @@ def _recorded_equals_full_path(monkeypatch, key_name, cache, rounds):
     runs = [entry[1] for entry in cache._entries.values()]
     assert len(runs) == len(rounds[0])
     if _hopper():
-        assert all(isinstance(r, dispatch.Fp8DescaleCall) and r._recorded for r in runs)
+        assert all(isinstance(r, replay_fp8.Fp8DescaleCall) and r._recorded for r in runs)
     cache.clear()
 
 
@@ -541,7 +545,7 @@ def test_bottom_aligned_fp8_tiles_keep_fa3_numerics(d, s_q, causal, window):
     Both within the numerics rule. Between the two, the LSE is the same and out differs by
     bf16 rounding flips at most: blocks one tiling adds past a row's diagonal are fully
     masked, but each still carries V's descale ratio into the accumulator (fp32 rounding)."""
-    from flashattn.api.params import window as norm_window
+    from flashattn.api.normalise import window as norm_window
     from flashattn.params import Fp8Scales
     from flashattn.sm90.fwd import flash_fwd_hopper_fp8
     from flashattn.sm90.v_layout import wgmma_ordered_vt
@@ -575,7 +579,7 @@ def test_bottom_aligned_fp8_tiles_keep_fa3_numerics(d, s_q, causal, window):
 def test_fp8_key_tiles_follow_the_scale_blocks(d, s, block_n, causal, key_block):
     """The Hopper FP8 kernel's key tile is what config.fp8_fwd_config picks for the call's
     K / V descale blocks (never straddling one) and stays within the numerics rule."""
-    from flashattn.api.params import window as norm_window
+    from flashattn.api.normalise import window as norm_window
     from flashattn.params import AttnParams, Fp8Scales
     from flashattn.sm90.config import fp8_fwd_config, fp8_long_causal
 
@@ -588,7 +592,7 @@ def test_fp8_key_tiles_follow_the_scale_blocks(d, s, block_n, causal, key_block)
     assert cfg.block_n == key_block
     params = AttnParams(d ** -0.5, causal, left, right, 0.0, None, 0.0, 0)
     scales = Fp8Scales(r.q_descale, r.k_descale, r.v_descale, 7, block_n.bit_length() - 1)
-    assert dispatch.select("fp8_fwd", r.q, r.k, r.v, params, scales=scales) == "hopper"
+    assert dispatch_select.select("fp8_fwd", r.q, r.k, r.v, params, scales=scales) == "hopper"
     out = fp8.attention(r, causal=causal)
     _check(r, out.float(), causal, (-1, -1), 0.0)
 
@@ -612,10 +616,11 @@ def test_fa3_api_long_causal_call_keeps_fa3_numerics():
 
 
 def test_recorded_quantize_matches_the_full_path():
-    """A repeated fp8.quantize signature replays the recorded pass (dispatch.Fp8QuantizeCall):
+    """A repeated fp8.quantize signature replays the recorded pass (replay_fp8.Fp8QuantizeCall):
     fresh outputs every call (the caller owns them), bitwise the full path's, signs a copy;
     signatures interleaved, incoherent and not."""
-    from flashattn import dispatch
+    from flashattn.dispatch import select as dispatch_select
+    from flashattn.replay import fp8 as replay_fp8
     from flashattn.api import fastpath
 
     def full(*xs, seed, incoherent=True, block_m=128, block_n=128):
@@ -645,7 +650,7 @@ def test_recorded_quantize_matches_the_full_path():
     runs = [e[1] for e in fastpath.QUANTIZE._entries.values()]
     assert len(runs) == len(cases)
     if _hopper():
-        assert all(isinstance(r, dispatch.Fp8QuantizeCall) for r in runs)
+        assert all(isinstance(r, replay_fp8.Fp8QuantizeCall) for r in runs)
     ptrs = set()
     for got, xs, kw in kept:  # (earlier results intact after later calls)
         same(got, full(*xs, **kw))

@@ -221,7 +221,7 @@ def test_splits_agree(backend: str) -> None:
 
 def test_varlen_paged_forward(backend: str) -> None:
     """The varlen engineer's entry point: packed queries against a paged cache."""
-    from flashattn import dispatch
+    from flashattn.dispatch import varlen as dispatch_varlen
     from flashattn.params import AttnParams
     from flashattn.reference import attention_ref
 
@@ -238,8 +238,8 @@ def test_varlen_paged_forward(backend: str) -> None:
     for seqused in (None, torch.tensor([17, 5, 40], dtype=torch.int32)):
         used = lens_k if seqused is None else seqused.tolist()
         params = AttnParams(d ** -0.5, True, -1, 0, 0.0, None, 0.0, 0)
-        out, lse = dispatch.varlen_paged_forward(q, kc, vc, cu_q, cu_k, seqused, 3, 40, table,
-                                                 params)
+        out, lse = dispatch_varlen.varlen_paged_forward(q, kc, vc, cu_q, cu_k, seqused, 3, 40,
+                                                        table, params)
         assert out.shape == (q.shape[0], h, d) and lse.shape == (h, q.shape[0])
         for i in range(3):
             q0, q1 = int(cu_q[i]), int(cu_q[i + 1])

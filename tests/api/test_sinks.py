@@ -152,7 +152,8 @@ def test_dense_gpu(causal, monkeypatch):
     """bf16 on the GPU, flash-attn's rule against the float64 sink oracle; the low-precision
     baseline is the same oracle in bf16. On sm90 the Hopper kernel folds the sink into its
     epilogue: the separate sink pass must not run."""
-    from flashattn import dispatch
+    from flashattn.dispatch import merge as dispatch_merge
+    from flashattn.dispatch import select as dispatch_select
     from tests.accuracy import assert_close_rule
 
     torch.manual_seed(5)
@@ -161,10 +162,10 @@ def test_dense_gpu(causal, monkeypatch):
     k = torch.randn(b, s, h_k, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     v = torch.randn(b, s, h_k, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     params = AttnParams(d ** -0.5, causal, -1, 0 if causal else -1, 0.0, None, 0.0, 0)
-    if dispatch.select("fwd", q, k, v, params) == "hopper":
+    if dispatch_select.select("fwd", q, k, v, params) == "hopper":
         def no_pass(*args, **kwargs):
             raise AssertionError("the dense Hopper forward ran the separate sink pass")
-        monkeypatch.setattr(dispatch, "sink_apply", no_pass)
+        monkeypatch.setattr(dispatch_merge, "sink_apply", no_pass)
     sink = torch.randn(h, device="cuda", requires_grad=True)
     out, lse, _ = flashattn.flash_attn_func(q, k, v, causal=causal, learnable_sink=sink,
                                             return_attn_probs=True)

@@ -1,6 +1,6 @@
 """Bad arguments raise ValueError/TypeError naming the argument, the value and what is allowed.
 
-Every check runs before any backend: ``dispatch.forward`` is replaced by a tripwire.
+Every check runs before any backend: ``dispatch_dense.forward`` is replaced by a tripwire.
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from flashattn import dispatch
+from flashattn.dispatch import dense as dispatch_dense
 from flashattn.api import validation
 from flashattn import flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
 
@@ -21,7 +21,7 @@ def _no_backend(monkeypatch):
     def tripwire(*a, **kw):
         raise AssertionError("a backend ran on invalid input")
 
-    monkeypatch.setattr(dispatch, "forward", tripwire)
+    monkeypatch.setattr(dispatch_dense, "forward", tripwire)
 
 
 def qkv(b=B, s_q=S, s_k=S, h=H, h_k=H, d=D, d_v=None, dtype=torch.float16, device="cpu"):

@@ -21,9 +21,11 @@ import torch
 
 import flashattn
 from tests.accuracy import assert_close_rule, delta_residual_atols, fp32_sum_atol
-from flashattn import (dispatch, flash_attn_func, flash_attn_varlen_func,
+from flashattn.dispatch import select as dispatch_select
+from flashattn.dispatch import varlen as dispatch_varlen
+from flashattn import (flash_attn_func, flash_attn_varlen_func,
                        flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func)
-from flashattn.api import params as api_params
+from flashattn.api import normalise as api_params
 from flashattn.api import varlen as varlen_mod
 from flashattn.philox import dropout_keep
 from flashattn.reference import attention_probs_ref, attention_ref, visible_mask
@@ -162,8 +164,8 @@ def reference_varlen(c: VCase, q, k, v, slopes, g, upcast: bool, seed: int = SEE
 
 def _interpreter_truncates_bf16(q: torch.Tensor) -> bool:
     # Triton 3.6's interpreter casts fp32 -> bf16 by truncation (see test_attention.py)
-    return (q.dtype == torch.bfloat16 and q.device.type == "cpu" and dispatch.interpreting()
-            and dispatch.backend_for(q) == "portable")
+    return (q.dtype == torch.bfloat16 and q.device.type == "cpu" and dispatch_select.interpreting()
+            and dispatch_select.backend_for(q) == "portable")
 
 
 def _ulp_atol(ref: torch.Tensor, dtype: torch.dtype) -> float:
@@ -400,7 +402,7 @@ def test_rows_outside_sequences(backend):
 
 # ---------------------------------------------------------------------------------------------
 # Few query rows per sequence (decode steps of a packed batch, speculative verification): the
-# split-KV decode kernel over the packed keys (dispatch._small_query_varlen)
+# split-KV decode kernel over the packed keys (dispatch_varlen.small_query_varlen)
 # ---------------------------------------------------------------------------------------------
 SMALL_Q_CASES = [
     # GQA, a sequence without queries, one without keys, s_q > s_k under causal (rows with no
@@ -727,7 +729,7 @@ def test_kernel_launch_reads_no_tensor_values(monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------
-# Paged KV (block_table): wiring to dispatch.varlen_paged_forward, forward only
+# Paged KV (block_table): wiring to dispatch_varlen.varlen_paged_forward, forward only
 # ---------------------------------------------------------------------------------------------
 def _paged_inputs(requires_grad=False):
     lens_q, lens_k, page = (3, 5), (7, 12), 4
@@ -741,7 +743,7 @@ def _paged_inputs(requires_grad=False):
 
 @pytest.fixture
 def fake_paged(monkeypatch):
-    """A stand-in for dispatch.varlen_paged_forward that records its arguments."""
+    """A stand-in for dispatch_varlen.varlen_paged_forward that records its arguments."""
     calls = []
 
     def varlen_paged_forward(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, seqused_k,
@@ -754,7 +756,7 @@ def fake_paged(monkeypatch):
         out = q[..., :v_cache.shape[-1]] * 2.0
         return out, torch.zeros(q.shape[1], q.shape[0])
 
-    monkeypatch.setattr(dispatch, "varlen_paged_forward", varlen_paged_forward)
+    monkeypatch.setattr(dispatch_varlen, "varlen_paged_forward", varlen_paged_forward)
     return calls
 
 
@@ -803,7 +805,7 @@ def no_backend(monkeypatch):
     def tripwire(*a, **kw):
         raise AssertionError("a backend ran on invalid input")
 
-    monkeypatch.setattr(dispatch, "varlen_forward", tripwire)
+    monkeypatch.setattr(dispatch_varlen, "varlen_forward", tripwire)
 
 
 def _valid():

@@ -307,7 +307,8 @@ SMALL_Q_GPU_CASES = [
 
 @pytest.mark.parametrize("case", SMALL_Q_GPU_CASES, ids=lambda c: c.id)
 def test_small_query_varlen_gpu(case, monkeypatch):
-    """max_seqlen_q <= 16: the decode kernel over the packed keys (dispatch._small_query_varlen,
+    """max_seqlen_q <= 16: the decode kernel over the packed keys
+    (flashattn.dispatch.varlen.small_query_varlen,
     on by default), against the per-sequence float64 reference; gradients through the varlen
     backward on its (out, lse)."""
     set_env(monkeypatch, FLASHATTN_SMALL_QUERY="1")

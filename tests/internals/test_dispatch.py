@@ -9,7 +9,8 @@ import types
 import pytest
 import torch
 
-from flashattn import dispatch, flash_attn_func
+from flashattn import flash_attn_func
+from flashattn.dispatch import select as dispatch_select
 from tests.settings import set_env
 
 
@@ -58,7 +59,7 @@ def fake_backends(monkeypatch):
     """Replace the portable and cpu backends with recorders; returns the list of calls."""
     calls = []
     for name in ("cpu", "portable"):
-        monkeypatch.setitem(dispatch._LOADED, name, _recorder(name, calls))
+        monkeypatch.setitem(dispatch_select._LOADED, name, _recorder(name, calls))
     # the prefill kernels take every call here unless a test asks for the small-query path
     set_env(monkeypatch, FLASHATTN_SMALL_QUERY="0")
     return calls
@@ -85,22 +86,22 @@ def fake_backends(monkeypatch):
 )
 def test_backend_for(env, backend, interpret, device, expected):
     env(backend, interpret)
-    assert dispatch.backend_for(torch.device(device)) == expected
+    assert dispatch_select.backend_for(torch.device(device)) == expected
     if device != "cuda":
-        assert dispatch.backend_for(torch.empty(0, device=device)) == expected
+        assert dispatch_select.backend_for(torch.empty(0, device=device)) == expected
 
 
 @pytest.mark.parametrize("backend", ["portable", "hopper"])
 def test_forced_portable_on_cpu_without_interpreter(env, backend):
     env(backend, None)
     with pytest.raises(RuntimeError, match="FLASHATTN_BACKEND.*TRITON_INTERPRET=1"):
-        dispatch.backend_for(torch.device("cpu"))
+        dispatch_select.backend_for(torch.device("cpu"))
 
 
 def test_invalid_backend_name(env):
     env("cuda-please", None)
     with pytest.raises(ValueError, match="FLASHATTN_BACKEND='cuda-please'.*auto, portable, cpu, hopper"):
-        dispatch.backend_for(torch.device("cpu"))
+        dispatch_select.backend_for(torch.device("cpu"))
 
 
 @pytest.mark.parametrize("backend,interpret,expected", [("cpu", "1", "cpu"), (None, "1", "portable"),
@@ -175,9 +176,9 @@ def test_import_without_triton():
         os.environ.pop("FLASHATTN_BACKEND", None)
         os.environ["TRITON_INTERPRET"] = "1"  # even so, no triton -> chunked torch
         import torch, flashattn
-        from flashattn import dispatch
-        assert not dispatch.triton_available()
-        assert dispatch.backend_for(torch.device("cpu")) == "cpu"
+        from flashattn.dispatch import select as dispatch_select
+        assert not dispatch_select.triton_available()
+        assert dispatch_select.backend_for(torch.device("cpu")) == "cpu"
         assert "flashattn.triton.fwd" not in sys.modules
         try:
             import flashattn.cpu
@@ -203,7 +204,7 @@ def test_import_without_triton():
 def fake_sm90(monkeypatch):
     """Pretend CUDA devices are sm90 with a usable Gluon (or not: set state['reason'])."""
     state = {"reason": None}
-    monkeypatch.setattr(dispatch, "_hopper_device_reason",
+    monkeypatch.setattr(dispatch_select, "_hopper_device_reason",
                         lambda device: state["reason"] if device.type == "cuda" else "not cuda")
     return state
 
@@ -220,17 +221,17 @@ def fake_sm90(monkeypatch):
 ])
 def test_family_for(env, fake_sm90, backend, interpret, device, expected):
     env(backend, interpret)
-    assert dispatch.family_for(torch.device(device)) == expected
+    assert dispatch_select.family_for(torch.device(device)) == expected
     # backend_for keeps answering the device backend (varlen and others rely on it)
-    assert dispatch.backend_for(torch.device(device)) in ("portable", "cpu")
-    assert (dispatch.hopper_reason(torch.device(device)) is None) == (expected == "hopper")
+    assert dispatch_select.backend_for(torch.device(device)) in ("portable", "cpu")
+    assert (dispatch_select.hopper_reason(torch.device(device)) is None) == (expected == "hopper")
 
 
 def test_family_for_not_sm90(env, fake_sm90):
     env("hopper", None)
     fake_sm90["reason"] = "device cuda:0 is sm_80, not sm_90"
-    assert dispatch.family_for(torch.device("cuda")) == "portable"
-    assert "sm_80" in dispatch.hopper_reason(torch.device("cuda"))
+    assert dispatch_select.family_for(torch.device("cuda")) == "portable"
+    assert "sm_80" in dispatch_select.hopper_reason(torch.device("cuda"))
 
 
 def _meta(shape, dtype=torch.bfloat16):
@@ -285,7 +286,7 @@ def test_mixed_head_dims_take_the_hopper_forward_only():
 @pytest.fixture
 def fake_hopper(monkeypatch, fake_backends):
     """A recorder standing in for the sm90 backend (the real one needs an sm90 GPU)."""
-    monkeypatch.setitem(dispatch._LOADED, "hopper", _recorder("hopper", fake_backends))
+    monkeypatch.setitem(dispatch_select._LOADED, "hopper", _recorder("hopper", fake_backends))
     return fake_backends
 
 
@@ -304,9 +305,9 @@ def test_forward_routes_hopper_and_falls_back(env, fake_sm90, fake_hopper, monke
     portable kernels."""
     env(backend, None)
     # CPU tensors posing as CUDA for routing: the device check is faked, the call check is real
-    monkeypatch.setattr(dispatch, "family_for", lambda t: "hopper" if backend != "portable"
+    monkeypatch.setattr(dispatch_select, "family_for", lambda t: "hopper" if backend != "portable"
                         else "portable")
-    monkeypatch.setattr(dispatch, "backend_for", lambda t: "portable")
+    monkeypatch.setattr(dispatch_select, "backend_for", lambda t: "portable")
     from flashattn.sm90 import support
     monkeypatch.setattr(support, "MIN_SEQLEN_K_DENSE", 0)  # tiny shapes: skip auto's speed rule
     monkeypatch.setattr(support, "MIN_SEQLEN_K_MASKED", 0)
@@ -329,8 +330,8 @@ def test_deterministic_backward_routes(env, fake_sm90, fake_hopper, monkeypatch,
     """deterministic=True at d = 128 takes the Hopper backward's ordered dQ when unmasked and
     without softcap; masked calls and d = 64 keep the portable backward (faster there)."""
     env("hopper", None)
-    monkeypatch.setattr(dispatch, "family_for", lambda t: "hopper")
-    monkeypatch.setattr(dispatch, "backend_for", lambda t: "portable")
+    monkeypatch.setattr(dispatch_select, "family_for", lambda t: "hopper")
+    monkeypatch.setattr(dispatch_select, "backend_for", lambda t: "portable")
     q = torch.randn(1, 5, 2, d, dtype=torch.bfloat16, requires_grad=True)
     k = torch.randn(1, 6, 1, d, dtype=torch.bfloat16, requires_grad=True)
     v = torch.randn(1, 6, 1, d, dtype=torch.bfloat16, requires_grad=True)
@@ -345,16 +346,16 @@ def test_hopper_backward_env_switch_and_rules(env, monkeypatch):
     from flashattn.sm90.support import backward_unsupported
 
     env("hopper", None)
-    monkeypatch.setattr(dispatch, "family_for", lambda t: "hopper")  # (fake) sm90 device
-    monkeypatch.setattr(dispatch, "backend_for", lambda t: "portable")
+    monkeypatch.setattr(dispatch_select, "family_for", lambda t: "hopper")  # (fake) sm90 device
+    monkeypatch.setattr(dispatch_select, "backend_for", lambda t: "portable")
     q, k, v = _meta((2, 300, 8, 128)), _meta((2, 500, 2, 128)), _meta((2, 500, 2, 128))
     p = _params(deterministic=False)
     del p["return_softmax"]
     assert backward_unsupported(q, k, v, p) is None
-    assert dispatch.backward_family(q, k, v, **p) == "hopper"
+    assert dispatch_select.backward_family(q, k, v, **p) == "hopper"
     set_env(monkeypatch, FLASHATTN_HOPPER_BWD="0")
     assert "FLASHATTN_HOPPER_BWD" in backward_unsupported(q, k, v, p)
-    assert dispatch.backward_family(q, k, v, **p) == "portable"
+    assert dispatch_select.backward_family(q, k, v, **p) == "portable"
     set_env(monkeypatch, FLASHATTN_HOPPER_BWD=None)
     dense = {**p, "causal": False, "window_right": -1, "deterministic": True}
     assert backward_unsupported(q, k, v, dense) is None
@@ -384,11 +385,11 @@ def test_hopper_backward_env_switch_and_rules(env, monkeypatch):
 def test_auto_keeps_short_keys_on_portable(env, monkeypatch, backend, causal, seqlen_k, d,
                                            expected):
     env(backend, None)
-    monkeypatch.setattr(dispatch, "family_for", lambda t: "hopper")  # (fake) sm90 device
+    monkeypatch.setattr(dispatch_select, "family_for", lambda t: "hopper")  # (fake) sm90 device
     q = torch.empty((1, 256, 8, d), dtype=torch.bfloat16, device="meta")
     k = v = torch.empty((1, seqlen_k, 8, d), dtype=torch.bfloat16, device="meta")
     params = _params(causal=causal, window_right=0 if causal else -1)
-    family = dispatch.forward_family(q, k, v, **params)
+    family = dispatch_select.forward_family(q, k, v, **params)
     assert family == expected
 
 
@@ -406,13 +407,13 @@ def test_auto_keeps_short_keys_on_portable(env, monkeypatch, backend, causal, se
 def test_auto_backward_keeps_short_keys_on_portable(env, monkeypatch, backend, causal,
                                                     seqlen_k, d, expected):
     env(backend, None)
-    monkeypatch.setattr(dispatch, "family_for", lambda t: "hopper")  # (fake) sm90 device
-    monkeypatch.setattr(dispatch, "backend_for", lambda t: "portable")
+    monkeypatch.setattr(dispatch_select, "family_for", lambda t: "hopper")  # (fake) sm90 device
+    monkeypatch.setattr(dispatch_select, "backend_for", lambda t: "portable")
     q = _meta((1, 256, 8, d))
     k = v = _meta((1, seqlen_k, 8, d))
     params = _params(causal=causal, window_right=0 if causal else -1, deterministic=False)
     del params["return_softmax"]
-    assert dispatch.backward_family(q, k, v, **params) == expected
+    assert dispatch_select.backward_family(q, k, v, **params) == expected
 
 
 # Packed (varlen) forwards: the Hopper kernel's varlen mode where it covers the call
@@ -440,15 +441,15 @@ def _attn_params(**kw):
 ])
 def test_varlen_forward_family(env, monkeypatch, backend, n_seqs, kw, used, expected):
     env(backend, None)
-    monkeypatch.setattr(dispatch, "family_for",
+    monkeypatch.setattr(dispatch_select, "family_for",
                         lambda t: "portable" if backend == "portable" else "hopper")
     q = _meta((4096, 8, 128))
     k = v = _meta((4096, 2, 128))
     seqused = _meta((n_seqs,), torch.int32) if used else None
-    assert dispatch.varlen_forward_family(q, k, v, n_seqs, seqused, _attn_params(**kw)) \
+    assert dispatch_select.varlen_forward_family(q, k, v, n_seqs, seqused, _attn_params(**kw)) \
         == expected
     # return_softmax (dropout's S_dmask) is never covered
-    assert dispatch.varlen_forward_family(q, k, v, n_seqs, None, _attn_params(**kw),
+    assert dispatch_select.varlen_forward_family(q, k, v, n_seqs, None, _attn_params(**kw),
                                           return_softmax=True) == "portable"
 
 
@@ -474,13 +475,13 @@ def test_varlen_reaches_the_hopper_backend(env, monkeypatch, fake_backends, kw, 
             return tuple(torch.zeros_like(x) for x in (q, k, v))
         return varlen_bwd
 
-    monkeypatch.setitem(dispatch._LOADED, "hopper", types.SimpleNamespace(
+    monkeypatch.setitem(dispatch_select._LOADED, "hopper", types.SimpleNamespace(
         varlen_fwd=varlen_fwd, varlen_bwd=recorder("hopper.varlen_bwd")))
-    monkeypatch.setitem(dispatch._LOADED, "portable", types.SimpleNamespace(
+    monkeypatch.setitem(dispatch_select._LOADED, "portable", types.SimpleNamespace(
         varlen_bwd=recorder("portable.varlen_bwd")))
     env("hopper", None)
-    monkeypatch.setattr(dispatch, "family_for", lambda t: "hopper")
-    monkeypatch.setattr(dispatch, "backend_for", lambda t: "portable")
+    monkeypatch.setattr(dispatch_select, "family_for", lambda t: "hopper")
+    monkeypatch.setattr(dispatch_select, "backend_for", lambda t: "portable")
     from flashattn import flash_attn_varlen_func
 
     q = torch.randn(10, 2, 64, dtype=torch.bfloat16, requires_grad=True)
@@ -525,8 +526,8 @@ def test_varlen_backward_coverage(d, kw, used, expected):
 ])
 def test_varlen_backward_family(env, monkeypatch, backend, n_seqs, d, expected):
     env(backend, None)
-    monkeypatch.setattr(dispatch, "family_for", lambda t: "hopper")
-    monkeypatch.setattr(dispatch, "backend_for", lambda t: "portable")
+    monkeypatch.setattr(dispatch_select, "family_for", lambda t: "hopper")
+    monkeypatch.setattr(dispatch_select, "backend_for", lambda t: "portable")
     q = _meta((4096, 8, d))
     k = v = _meta((4096, 2, d))
-    assert dispatch.varlen_backward_family(q, k, v, n_seqs, None, _attn_params()) == expected
+    assert dispatch_select.varlen_backward_family(q, k, v, n_seqs, None, _attn_params()) == expected

@@ -29,7 +29,7 @@ def test_eager_path_is_bitwise_the_op_path(kw, monkeypatch):
     torch.manual_seed(7)
     out_fast, grads_fast = _run(q, k, v, **kw)
     calls = []
-    monkeypatch.setattr(ops, "_eager_call", lambda *t: calls.append(1) and False)
+    monkeypatch.setattr(ops, "eager_call", lambda *t: calls.append(1) and False)
     torch.manual_seed(7)
     out_op, grads_op = _run(q, k, v, **kw)
     assert calls, "the op path was not taken"
@@ -40,8 +40,8 @@ def test_eager_path_is_bitwise_the_op_path(kw, monkeypatch):
 
 def test_eager_call_rules():
     t = torch.zeros(1)
-    assert ops._eager_call(t, None, t)
-    assert not ops._eager_call(torch.nn.Parameter(t), t)
+    assert ops.eager_call(t, None, t)
+    assert not ops.eager_call(torch.nn.Parameter(t), t)
 
 
 class _OpNames(TorchDispatchMode):
@@ -83,7 +83,7 @@ def test_varlen_eager_path_is_bitwise_the_op_path(monkeypatch):
 
     out_fast, grads_fast = run()
     calls = []
-    monkeypatch.setattr(ops, "_eager_call", lambda *t: calls.append(1) and False)
+    monkeypatch.setattr(ops, "eager_call", lambda *t: calls.append(1) and False)
     out_op, grads_op = run()
     assert calls
     assert torch.equal(out_fast, out_op)
@@ -110,7 +110,7 @@ def test_kvcache_eager_path_is_the_op_path(monkeypatch):
         monkeypatch.setattr(ops, "fwd_kvcache", spy)
         if not eager:
             # (tracing: the api's fast path and the op's eager shortcut both step aside)
-            monkeypatch.setattr(ops, "_tracing", lambda: True)
+            monkeypatch.setattr(ops, "tracing", lambda: True)
         cs = [c.clone() for c in caches]
         out, lse = flashattn.flash_attn_with_kvcache(q, *cs, k, v, cache_seqlens=seqlens,
                                                      causal=True, return_softmax_lse=True)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import flashattn
-from flashattn import dispatch
+from flashattn.dispatch import select as dispatch_select
 from flashattn.runtime import env
 
 
@@ -39,11 +39,11 @@ def test_override_restores_and_rejects_unknown_fields():
 
 
 def test_use_backend_forces_and_restores(monkeypatch):
-    before = dispatch.requested_backend()
+    before = dispatch_select.requested_backend()
     with flashattn.use_backend("CPU"):
-        assert dispatch.requested_backend() == "cpu"
-        assert dispatch.backend_for("cpu") == "cpu"
-    assert dispatch.requested_backend() == before
+        assert dispatch_select.requested_backend() == "cpu"
+        assert dispatch_select.backend_for("cpu") == "cpu"
+    assert dispatch_select.requested_backend() == before
     with pytest.raises(ValueError, match="use_backend: name must be one of"):
         with flashattn.use_backend("cuda-please"):
             pass

@@ -19,7 +19,7 @@ import torch
 from flashattn.triton import decode, fwd, rotary
 
 pytestmark = pytest.mark.skipif(
-    not __import__("flashattn.dispatch", fromlist=["interpreting"]).interpreting(),
+    not __import__("flashattn.dispatch.select", fromlist=["interpreting"]).interpreting(),
     reason="runs the Triton kernels in the interpreter (TRITON_INTERPRET=1)")
 
 GUARD = 7.0

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import flashattn
-from flashattn.api.params import draw_philox_seed
+from flashattn.api.normalise import draw_philox_seed
 from flashattn import ops
 from tests.settings import set_env
 

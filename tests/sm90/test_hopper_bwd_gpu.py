@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from tests.accuracy import assert_attention_close, assert_close_rule
-from flashattn import dispatch, flash_attn_func
+from flashattn import flash_attn_func
+from flashattn.dispatch import select as dispatch_select
 from flashattn.reference import attention_ref
 from tests.settings import set_env
 from tests.sm90.hopper_marks import hopper_gpu_marks
@@ -314,12 +315,12 @@ def test_dispatch_picks_hopper_backward(monkeypatch, d):
     q, k, v = _end_to_end(monkeypatch, d=d)
     assert calls == ["hopper"]
     p = _params(d, True)
-    assert dispatch.backward_family(q, k, v, deterministic=False, **p) == "hopper"
+    assert dispatch_select.backward_family(q, k, v, deterministic=False, **p) == "hopper"
     set_env(monkeypatch, FLASHATTN_HOPPER_BWD="0")
-    assert dispatch.backward_family(q, k, v, deterministic=False, **p) == "portable"
+    assert dispatch_select.backward_family(q, k, v, deterministic=False, **p) == "portable"
     set_env(monkeypatch, FLASHATTN_BACKEND="portable")
     set_env(monkeypatch, FLASHATTN_HOPPER_BWD=None)
-    assert dispatch.backward_family(q, k, v, deterministic=False, **p) == "portable"
+    assert dispatch_select.backward_family(q, k, v, deterministic=False, **p) == "portable"
 
 
 @pytest.mark.parametrize("what", ["deterministic_window", "deterministic_d256",

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from tests.accuracy import assert_attention_close, assert_close_rule
-from flashattn import dispatch, flash_attn_func
+from flashattn import flash_attn_func
+from flashattn.dispatch import select as dispatch_select
 from flashattn.reference import attention_ref
 from tests.settings import set_env
 from tests.sm90.hopper_marks import hopper_gpu_marks
@@ -267,7 +268,7 @@ def test_mixed_head_dims_end_to_end(monkeypatch):
     q = torch.randn(b, s, h, 192, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     k = torch.randn(b, s, h, 192, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     v = torch.randn(b, s, h, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    assert dispatch.forward_family(q, k, v, **_params(192, True)) == "hopper"
+    assert dispatch_select.forward_family(q, k, v, **_params(192, True)) == "hopper"
     out = flash_attn_func(q, k, v, causal=True)
     g = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v), g)
@@ -280,16 +281,16 @@ def test_mixed_head_dims_end_to_end(monkeypatch):
 def test_dispatch_picks_hopper(monkeypatch):
     set_env(monkeypatch, FLASHATTN_BACKEND=None)
     q, k, v = _inputs(2, 300, 300, 4, 2, 128, torch.bfloat16)
-    assert dispatch.family_for(q) == "hopper"
+    assert dispatch_select.family_for(q) == "hopper"
     # auto keeps short key lengths on the portable kernels (measured faster there)
-    assert dispatch.forward_family(q, k, v, **_params(128, True)) == "portable"
+    assert dispatch_select.forward_family(q, k, v, **_params(128, True)) == "portable"
     q_long, k_long, v_long = _inputs(1, 300, 4096, 4, 2, 128, torch.bfloat16)
-    assert dispatch.forward_family(q_long, k_long, v_long, **_params(128, True)) == "hopper"
+    assert dispatch_select.forward_family(q_long, k_long, v_long, **_params(128, True)) == "hopper"
     set_env(monkeypatch, FLASHATTN_BACKEND="hopper")
-    assert dispatch.forward_family(q, k, v, **_params(128, True)) == "hopper"
+    assert dispatch_select.forward_family(q, k, v, **_params(128, True)) == "hopper"
     set_env(monkeypatch, FLASHATTN_BACKEND="portable")
-    assert dispatch.family_for(q) == "portable"
-    assert dispatch.forward_family(q, k, v, **_params(128, True)) == "portable"
+    assert dispatch_select.family_for(q) == "portable"
+    assert dispatch_select.forward_family(q, k, v, **_params(128, True)) == "portable"
 
 
 @pytest.mark.parametrize("backend", ["auto", "hopper"])
@@ -301,7 +302,7 @@ def test_end_to_end_with_portable_backward(monkeypatch, backend):
     monkeypatch.setattr(support, "MIN_SEQLEN_K_MASKED", 0)  # auto: take Hopper at this small size
     b, s, h, h_k, d = 2, 700, 4, 2, 128
     q, k, v = (x.requires_grad_() for x in _inputs(b, s, s, h, h_k, d, torch.bfloat16))
-    assert dispatch.forward_family(q, k, v, **_params(d, True)) == "hopper"
+    assert dispatch_select.forward_family(q, k, v, **_params(d, True)) == "hopper"
     out, lse, _ = flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
     g = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v), g)
@@ -341,7 +342,7 @@ def test_uncovered_calls_fall_back(monkeypatch, what):
     params["return_softmax"] = opt.get("return_softmax", False)
     slopes = torch.rand(h, device="cuda") if opt.get("alibi") else None
     params["alibi_slopes"] = slopes
-    assert dispatch.forward_family(q, k, v, **params) == "portable"
+    assert dispatch_select.forward_family(q, k, v, **params) == "portable"
     if params["dropout_p"]:
         return  # the dropout path itself is tested in test_attention.py
     out, lse, _ = flash_attn_func(q, k, v, causal=True, alibi_slopes=slopes,

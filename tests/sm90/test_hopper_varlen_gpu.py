@@ -12,7 +12,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flashattn import dispatch, flash_attn_func, flash_attn_varlen_func
+from flashattn import flash_attn_func, flash_attn_varlen_func
+from flashattn.dispatch import select as dispatch_select
+from flashattn.replay import fp8 as replay_fp8
+from flashattn.replay import varlen as replay_varlen
 from flashattn.sm90 import bwd as sm90_bwd
 from flashattn.sm90 import fwd as sm90_fwd
 from tests.api.test_varlen import VCase, check_varlen, cu_seqlens
@@ -26,7 +29,7 @@ pytestmark = hopper_gpu_marks()
 def hopper_varlen_calls(monkeypatch):
     """Force the Hopper family and record the varlen kernels' launches ("fwd", "bwd"): the
     packed calls' __call__, which the full path (flash_fwd_hopper_varlen / ..._bwd_...) and a
-    repeated signature's recorded call (dispatch.VarlenRunner) both run."""
+    repeated signature's recorded call (replay_varlen.VarlenRunner) both run."""
     set_env(monkeypatch, FLASHATTN_BACKEND="hopper")
     calls = []
     for cls, tag in ((sm90_fwd.PackedFwdCall, "fwd"), (sm90_bwd.PackedBwdCall, "bwd")):
@@ -143,10 +146,11 @@ def test_auto_dispatch_takes_hopper_for_long_sequences(monkeypatch):
     p = AttnParams(softmax_scale=128 ** -0.5, causal=False, window_left=-1, window_right=-1,
                    softcap=0.0, alibi_slopes=None, dropout_p=0.0, philox_seed=0,
                    deterministic=False)
-    assert dispatch.varlen_forward_family(q, q, q, 2, None, p) == "hopper"
-    assert dispatch.varlen_forward_family(q, q, q, 64, None, p) == "portable"  # mean 128 < 512
+    assert dispatch_select.varlen_forward_family(q, q, q, 2, None, p) == "hopper"
+    # mean 128 < 512
+    assert dispatch_select.varlen_forward_family(q, q, q, 64, None, p) == "portable"
     used = torch.zeros(2, dtype=torch.int32, device="cuda")
-    assert dispatch.varlen_forward_family(q, q, q, 2, used, p) == "hopper"
+    assert dispatch_select.varlen_forward_family(q, q, q, 2, used, p) == "hopper"
 
 
 # FP8 (e4m3 Q, K, V; one descale per sequence and KV head, FA3's varlen API): the packed V^T
@@ -365,7 +369,7 @@ def _dout(kind: str, like: torch.Tensor) -> torch.Tensor:
                                            (64, True, False), (256, True, False),
                                            (256, False, True)])
 def test_recorded_call_matches_the_full_path(d, causal, used, monkeypatch):
-    """A repeated packed signature (api/fastpath.VARLEN: dispatch.VarlenRunner's recorded
+    """A repeated packed signature (api/fastpath.VARLEN: replay_varlen.VarlenRunner's recorded
     PackedFwdCall / PackedBwdCall, their launch plans replayed) gives the full path's out,
     lse, dk and dv bit for bit and dq within its reduce-order noise, for dout of every layout
     autograd or a caller hands the backward (a misaligned one is copied first)."""
@@ -408,7 +412,7 @@ def test_recorded_call_matches_the_full_path(d, causal, used, monkeypatch):
                                               (8, 2, True, True)])
 def test_fp8_recorded_call_matches_the_full_path(h, h_k, given, used, monkeypatch):
     """A repeated FP8 packed signature (FA3's descale API; api/fastpath.FA3_FP8_VARLEN:
-    dispatch.Fp8VarlenCall over the sm90 PackedFwdCall, V^T pass and forward replayed) gives
+    replay_fp8.Fp8VarlenCall over the sm90 PackedFwdCall, V^T pass and forward replayed) gives
     the full path's output bit for bit, and reads the descales of each call (new values,
     same tensors, follow)."""
     from flashattn.api import fastpath
@@ -435,7 +439,7 @@ def test_fp8_recorded_call_matches_the_full_path(h, h_k, given, used, monkeypatc
     fastpath.FA3_FP8_VARLEN.clear()
     full = call()
     (entry,) = fastpath.FA3_FP8_VARLEN._entries.values()
-    assert isinstance(entry[1], dispatch.Fp8VarlenCall)
+    assert isinstance(entry[1], replay_fp8.Fp8VarlenCall)
     fast = call()
     assert torch.isfinite(fast.float()).all() and torch.equal(fast, full)
     if given:  # new descale values in the same tensors

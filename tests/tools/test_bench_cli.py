@@ -262,10 +262,10 @@ def test_check_header_names_the_kernel_family(monkeypatch, capsys):
     the device (not of the tensors the cases make) reported as 'hopper' on the CPU."""
     import torch
 
-    from flashattn import dispatch
+    from flashattn.dispatch import select as dispatch_select
 
-    real = dispatch.family_for
-    monkeypatch.setattr(dispatch, "family_for",
+    real = dispatch_select.family_for
+    monkeypatch.setattr(dispatch_select, "family_for",
                         lambda x: "hopper" if isinstance(x, torch.device) else real(x))
     assert cli.main(["check", "--device", "cpu", "--backend", "cpu", "--dtype", "fp32",
                      "-k", "basic"]) == 0

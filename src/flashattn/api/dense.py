@@ -9,7 +9,7 @@ This module validates arguments and turns them into the normalised parameters of
 with fake kernels, the three functions here trace under ``torch.compile(fullgraph=True)``
 without graph breaks, with static or dynamic sequence lengths, ``return_attn_probs=True``
 and dropout included (the dropout seed is a random op of the graph, see
-:func:`flashattn.api.params.draw_philox_seed`).
+:func:`flashattn.api.normalise.draw_philox_seed`).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from flashattn.api import out as _out
 from flashattn.api import chunked as _chunked
 from flashattn.api import fastpath as _fast
 from flashattn.api import fp8_attention as _fp8
-from flashattn.api import params as _p
+from flashattn.api import normalise as _p
 from flashattn.api import segments as _segments
 from flashattn.api import validation as _v
 from flashattn.params import AttnParams

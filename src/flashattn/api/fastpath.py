@@ -18,10 +18,10 @@ What the key holds, so that no check whose outcome could differ is skipped:
   by identity: every change of them makes a new object;
 - whether a gradient is recorded (grad mode on and an input requires grad: the entry then
   runs its own autograd function; FP8 calls, which have no backward, take the full path), and
-  that no tracer or dispatch mode is active (``ops._eager_call``'s test).
+  that no tracer or dispatch mode is active (``ops.eager_call``'s test).
 
 Values read from tensors are never in a key: they are checked where they always were, in the
-ops' bodies (``dispatch.kvcache``'s value checks of CPU metadata and the checked mode run on
+ops' bodies (``dispatch.kvcache.kvcache``'s value checks of CPU metadata and the checked mode run on
 every call, fast or not; ``flash_attn_varlen_func`` runs its value checks of cu_seqlens /
 seqused_k on every call where they run on the full path).
 
@@ -35,8 +35,11 @@ from typing import Any, Callable, Dict, Hashable, Optional, Tuple
 
 import torch
 
-from flashattn import dispatch
 from flashattn import ops as _ops
+from flashattn.replay import dense as _replay_dense
+from flashattn.replay import fp8 as _replay_fp8
+from flashattn.replay import kvcache as _replay_kvcache
+from flashattn.replay import varlen as _replay_varlen
 from flashattn.api import kvcache_validation as _kv
 from flashattn.params import AttnParams
 from flashattn.runtime import env
@@ -91,14 +94,14 @@ def _records_grad(q: Tensor, k: Tensor, v: Tensor) -> bool:
 
 def _plain_qkv(q: Any, k: Any, v: Any, window_size: Any, grad_ok: bool = False) -> bool:
     """The tests every dense signature starts with: plain 16/32-bit tensors (FP8 and invalid
-    dtypes take their own path), ops._eager_call's test (no tracing, no dispatch mode), no
+    dtypes take their own path), ops.eager_call's test (no tracing, no dispatch mode), no
     gradient to record (unless ``grad_ok``: the signature then keys it), and a window_size
     tuple of two (its items' types are keyed)."""
     if not (type(q) is Tensor and type(k) is Tensor and type(v) is Tensor):
         return False
-    # (the types are checked above: _eager_call() without tensors is its tracing test, and
+    # (the types are checked above: eager_call() without tensors is its tracing test, and
     # the op path's own condition, which the recorded calls stand in for)
-    if q.dtype not in _DTYPES or not _ops._eager_call():
+    if q.dtype not in _DTYPES or not _ops.eager_call():
         return False
     if not grad_ok and _records_grad(q, k, v):
         return False
@@ -130,11 +133,11 @@ def dense_key(q: Any, k: Any, v: Any, dropout_p: Any, softmax_scale: Any, causal
 
 
 class DenseTrainEntry:
-    """A dense signature that records a gradient: dispatch's forward runner (with the LSE the
+    """A dense signature that records a gradient: replay's forward runner (with the LSE the
     backward needs) and, from the signature's first backward on, its backward runner; a call
     runs both through ``ops.dense_recorded``'s autograd function (a training step's every
     layer repeats one signature, and the full path's checks and dispatch cost it ~100-200 µs
-    of host per call on the H100 host, session 24)."""
+    of host per call on the H100 host, benchmarks/NOTES.md 2026-11-25)."""
 
     def __init__(self, q: Tensor, k: Tensor, v: Tensor, params: AttnParams) -> None:
         self.params = params
@@ -144,7 +147,7 @@ class DenseTrainEntry:
     def backward(self, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
                  lse: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
         if self._backward is None:
-            self._backward = dispatch.backward_runner(q, k, v, self.params)
+            self._backward = _replay_dense.backward_runner(q, k, v, self.params)
         return self._backward(dout, q, k, v, out, lse)
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor]:
@@ -164,7 +167,7 @@ def dense_runner(q: Tensor, k: Tensor, v: Tensor, params: AttnParams, need_lse: 
     """What the full path decided for this signature, as a call: dispatch's choice of
     backend and path for these (already validated and normalised) arguments. ``need_lse``
     False (the signature does not return it): lse may come back None."""
-    run = dispatch.forward_runner(q, k, v, params, need_lse)
+    run = _replay_dense.forward_runner(q, k, v, params, need_lse)
 
     def call(q: Tensor, k: Tensor, v: Tensor) -> Tuple[Tensor, Optional[Tensor]]:
         out, lse = run(q, k, v)
@@ -200,11 +203,11 @@ def _packed_key(cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: Any, max_seq
                 seqused_k: Any) -> Optional[tuple]:
     """The packed part of a varlen signature: the offsets and seqused_k keyed as tensors (their
     values are read by the kernels, or checked on every call where they are checkable), the
-    maxima as ints; None (full path) for other types, or a tensor subclass (ops._eager_call's
+    maxima as ints; None (full path) for other types, or a tensor subclass (ops.eager_call's
     test)."""
     if type(cu_seqlens_q) is not Tensor or type(cu_seqlens_k) is not Tensor:
         return None
-    if not _ops._eager_call(seqused_k):
+    if not _ops.eager_call(seqused_k):
         return None
     if type(max_seqlen_q) is not int or type(max_seqlen_k) is not int:
         return None
@@ -216,11 +219,11 @@ def varlen_record(key: Hashable, q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: 
                   seqused_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
                   params: AttnParams) -> None:
     """Keep what the full path decided for this signature (arguments checked and normalised
-    into ``params``) under ``key``: dispatch's :class:`~flashattn.dispatch.VarlenRunner`.
+    into ``params``) under ``key``: the :class:`~flashattn.replay.varlen.VarlenRunner`.
     Nothing is kept during CUDA-graph capture (as :func:`_record`)."""
     if not capturing():
-        VARLEN.put(key, dispatch.VarlenRunner(q, k, v, cu_seqlens_q, seqused_k, max_seqlen_q,
-                                              max_seqlen_k, params))
+        VARLEN.put(key, _replay_varlen.VarlenRunner(q, k, v, cu_seqlens_q, seqused_k,
+                                                    max_seqlen_q, max_seqlen_k, params))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -243,9 +246,9 @@ def kvcache_key(q: Any, k_cache: Any, v_cache: Any, k: Any, v: Any, rotary_cos: 
     2.6 µs here on the CPU box (the whole api layer: 6.5 against 3.9)."""
     if type(q) is not Tensor or type(k_cache) is not Tensor or type(v_cache) is not Tensor:
         return None
-    # ops._eager_call's test (plain tensors, checked here and below; no tracing, no dispatch
+    # ops.eager_call's test (plain tensors, checked here and below; no tracing, no dispatch
     # mode), first: nothing below may run under torch.compile (data_ptr() does not trace)
-    if _ops._tracing():
+    if _ops.tracing():
         return None
     if block_table is not None and cache_batch_idx is not None:
         return None  # (the call's block table is gathered per call: the full path)
@@ -285,14 +288,14 @@ def kvcache_key(q: Any, k_cache: Any, v_cache: Any, k: Any, v: Any, rotary_cos: 
 def kvcache_entry(args: tuple) -> Tuple[tuple, Optional[Callable[..., Tuple[Tensor, Tensor]]]]:
     """What a repeated ``flash_attn_with_kvcache`` signature keeps, from the full path's op
     arguments (``flashattn::fwd_kvcache``'s, no packed lengths): the normalised scalars after
-    the 11 tensors, and dispatch's runner for the signature (None: the op's body runs on every
-    call, see ``dispatch.kvcache_runner``)."""
+    the 11 tensors, and the replay runner for the signature (None: the op's body runs on every
+    call, see ``replay.kvcache.kvcache_runner``)."""
     (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, seqlens, batch_idx, leftpad,
      block_table, alibi, scale, causal, left, right, softcap, interleaved, num_splits) = args
     params = AttnParams(scale, causal, left, right, softcap, alibi, 0.0, 0)
-    runner = dispatch.kvcache_runner(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, seqlens,
-                                     batch_idx, leftpad, block_table, params, interleaved,
-                                     num_splits)
+    runner = _replay_kvcache.kvcache_runner(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
+                                            seqlens, batch_idx, leftpad, block_table, params,
+                                            interleaved, num_splits)
     return args[11:], runner
 
 
@@ -313,7 +316,7 @@ def kvcache_args(template: tuple, q: Tensor, k_cache: Tensor, v_cache: Tensor,
 # flash_attn_fp8_func
 # ---------------------------------------------------------------------------------------------
 FP8 = CallCache()
-# the entry of a signature no recorded call covers (dispatch's runner returned None):
+# the entry of a signature no recorded call covers (the replay runner returned None):
 # its calls take the full path without asking again
 FP8_FULL_PATH = False
 
@@ -355,8 +358,9 @@ def fp8_key(q: Any, k: Any, v: Any, softmax_scale: Any, causal: Any, window_size
 
 
 def _record(cache: CallCache, key: Hashable, make: Callable[[], Any]) -> Any:
-    """A signature's first call, its arguments checked: keep ``make()`` (dispatch's recorded
-    call, or None where none applies: then :data:`FP8_FULL_PATH`) under ``key`` and return it.
+    """A signature's first call, its arguments checked: keep ``make()`` (the replay package's
+    recorded call, or None where none applies: then :data:`FP8_FULL_PATH`) under ``key`` and
+    return it.
     During CUDA-graph capture nothing is built or kept (docs/internals.md: what a recorded
     call made there would exist only in the graph): None, and a later call asks again."""
     if capturing():
@@ -371,9 +375,9 @@ def fp8_record(key: Hashable, q: Tensor, k: Tensor, v: Tensor, params: AttnParam
                signs: Optional[Tensor], block_m: int, block_n: int, need_lse: bool) -> Any:
     """What ``flash_attn_fp8_func``'s full path decided for this signature (arguments checked
     and normalised), kept under ``key``: a call ``run(q, k, v) -> (out, lse or None)``
-    (dispatch's recorded FP8 call), :data:`FP8_FULL_PATH`, or None (:func:`_record`)."""
-    return _record(FP8, key, lambda: dispatch.fp8_e2e_runner(q, k, v, params, signs, block_m,
-                                                             block_n, need_lse))
+    (replay's recorded FP8 call), :data:`FP8_FULL_PATH`, or None (:func:`_record`)."""
+    return _record(FP8, key, lambda: _replay_fp8.fp8_e2e_runner(q, k, v, params, signs,
+                                                                block_m, block_n, need_lse))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -396,7 +400,7 @@ def _plain_fp8_qkv(q: Any, k: Any, v: Any) -> bool:
     if not (type(q) is Tensor and type(k) is Tensor and type(v) is Tensor):
         return False
     e4m3 = torch.float8_e4m3fn
-    if q.dtype is not e4m3 or k.dtype is not e4m3 or v.dtype is not e4m3 or _ops._tracing():
+    if q.dtype is not e4m3 or k.dtype is not e4m3 or v.dtype is not e4m3 or _ops.tracing():
         return False
     return not (q.requires_grad or k.requires_grad or v.requires_grad)
 
@@ -427,9 +431,9 @@ def fa3_fp8_record(key: Hashable, q: Tensor, k: Tensor, v: Tensor,
                    out_dtype: torch.dtype, need_lse: bool) -> Any:
     """What the FP8 ``flash_attn_func``'s full path decided for this signature (arguments
     checked and normalised), kept under ``key``: a call ``run(q, k, v, q_descale, k_descale,
-    v_descale) -> (out, lse or None)`` (dispatch's recorded call), :data:`FP8_FULL_PATH`, or
+    v_descale) -> (out, lse or None)`` (replay's recorded call), :data:`FP8_FULL_PATH`, or
     None (:func:`_record`)."""
-    return _record(FA3_FP8, key, lambda: dispatch.fp8_descale_runner(
+    return _record(FA3_FP8, key, lambda: _replay_fp8.fp8_descale_runner(
         q, k, v, descales, params, out_dtype, need_lse))
 
 
@@ -462,8 +466,8 @@ def fa3_fp8_varlen_record(key: Hashable, q: Tensor, k: Tensor, v: Tensor,
     """What the FP8 ``flash_attn_varlen_func``'s full path decided for this signature
     (arguments checked and normalised), kept under ``key``: a call ``run(q, k, v,
     cu_seqlens_q, cu_seqlens_k, seqused_k, q_descale, k_descale, v_descale) -> out``
-    (dispatch.Fp8VarlenCall), :data:`FP8_FULL_PATH`, or None (:func:`_record`)."""
-    return _record(FA3_FP8_VARLEN, key, lambda: dispatch.fp8_varlen_runner(
+    (replay.fp8.Fp8VarlenCall), :data:`FP8_FULL_PATH`, or None (:func:`_record`)."""
+    return _record(FA3_FP8_VARLEN, key, lambda: _replay_fp8.fp8_varlen_runner(
         q, k, v, cu_seqlens_q, seqused_k, max_seqlen_k, descales, params, out_dtype))
 
 
@@ -498,10 +502,10 @@ def quantized_record(key: Hashable, qkv: Any, params: AttnParams, out_dtype: tor
                      need_lse: bool) -> Any:
     """What ``fp8.attention``'s full path decided for this signature (arguments checked and
     normalised), kept under ``key``: a call ``run(q, k, v, q_descale, k_descale, v_descale)
-    -> (out, lse or None)`` (dispatch's recorded call over block tables),
+    -> (out, lse or None)`` (replay's recorded call over block tables),
     :data:`FP8_FULL_PATH`, or None (:func:`_record`)."""
     shifts = (int(qkv.block_m).bit_length() - 1, int(qkv.block_n).bit_length() - 1)
-    return _record(FP8_QUANTIZED, key, lambda: dispatch.fp8_descale_runner(
+    return _record(FP8_QUANTIZED, key, lambda: _replay_fp8.fp8_descale_runner(
         qkv.q, qkv.k, qkv.v, (qkv.q_descale, qkv.k_descale, qkv.v_descale), params, out_dtype,
         need_lse, shifts))
 
@@ -528,10 +532,10 @@ def quantize_key(q: Any, k: Any, v: Any, incoherent: Any, seed: Any, block_m: An
 def quantize_record(key: Hashable, q: Tensor, k: Tensor, v: Tensor, signs: Optional[Tensor],
                     block_m: int, block_n: int) -> Any:
     """What ``fp8.quantize``'s full path decided for this signature, kept under ``key``: a
-    call ``run(q, k, v) -> (q8, k8, v8, q_descale, k_descale, v_descale)`` (dispatch's
+    call ``run(q, k, v) -> (q8, k8, v8, q_descale, k_descale, v_descale)`` (replay's
     recorded pass), :data:`FP8_FULL_PATH`, or None (:func:`_record`)."""
-    return _record(QUANTIZE, key, lambda: dispatch.fp8_quantize_runner(q, k, v, signs, block_m,
-                                                                       block_n))
+    return _record(QUANTIZE, key, lambda: _replay_fp8.fp8_quantize_runner(q, k, v, signs,
+                                                                          block_m, block_n))
 
 
 __all__ = ["DENSE", "FA3_FP8", "FA3_FP8_VARLEN", "FP8", "FP8_FULL_PATH", "FP8_QUANTIZED", "KVCACHE", "QUANTIZE",

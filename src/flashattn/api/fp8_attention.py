@@ -22,7 +22,7 @@ import torch
 from flashattn import ops as _ops
 from flashattn.api import fastpath as _fast
 from flashattn.api import out as _out
-from flashattn.api import params as _p
+from flashattn.api import normalise as _p
 from flashattn.api import validation as _v
 from flashattn.api.fp8 import (QuantizedQKV, check_quantize_args, quantize_for_kernels,
                                random_signs)
@@ -157,7 +157,7 @@ def dense(q: Tensor, k: Tensor, v: Tensor, *, dropout_p: float, softmax_scale: O
     """``flash_attn_func`` with FP8 inputs (see the module doc). Returns out (b, s_q, h, d_v)
     in ``out_dtype`` (default bfloat16), or (out, lse (b, h, s_q)) with ``return_lse``."""
     # a repeated call signature replays the recorded call (api/fastpath.py,
-    # dispatch.Fp8DescaleCall)
+    # replay.fp8.Fp8DescaleCall)
     key = _fast.fa3_fp8_key(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
                             alibi_slopes, return_attn_probs, q_descale, k_descale, v_descale,
                             out_dtype, return_lse)
@@ -237,7 +237,7 @@ def attention_quantized(qkv: QuantizedQKV, softmax_scale: Optional[float] = None
     h, d_v), or (out, lse (b, h, s_q) float32) with ``return_lse``.
     """
     # a repeated call signature replays the recorded call (api/fastpath.py,
-    # dispatch.Fp8DescaleCall over the block tables)
+    # replay.fp8.Fp8DescaleCall over the block tables)
     key = (_fast.quantized_key(qkv, softmax_scale, causal, window_size, softcap, out_dtype,
                                return_lse) if type(qkv) is QuantizedQKV else None)
     run = None if key is None else _fast.FP8_QUANTIZED.get(key)
@@ -305,7 +305,7 @@ def flash_attn_fp8_func(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional
 
     Returns out (batch, seqlen_q, nheads, headdim_v) in q's dtype (and lse).
     """
-    # a repeated call signature replays the recorded call (api/fastpath.py, dispatch.Fp8Call)
+    # a repeated call signature replays the recorded call (api/fastpath.py, replay.fp8.Fp8Call)
     key = _fast.fp8_key(q, k, v, softmax_scale, causal, window_size, softcap, incoherent, seed,
                         block_m, block_n, return_lse)
     run = None if key is None else _fast.FP8.get(key)

@@ -19,7 +19,7 @@ flash-attn 2 semantics (``flash_attn_interface.flash_attn_with_kvcache``):
   (flash-attn's rule); causal sets right = 0.
 
 Flash-Decoding: the key range is split over ``num_splits`` programs (0 = heuristic from the
-SM count and the shapes, 1 = no split) and merged by ``kernels.combine``. Nothing here reads
+SM count and the shapes, 1 = no split) and merged by ``triton.combine``. Nothing here reads
 a tensor value on the host for GPU tensors and every allocation size comes from shapes, so a
 decode step (append + attention) can be captured in a CUDA graph and replayed with new
 cache_seqlens values.
@@ -39,7 +39,7 @@ from flashattn import ops as _ops
 from flashattn.api import out as _out
 from flashattn.api import fastpath as _fast
 from flashattn.api import kvcache_validation as _kv
-from flashattn.api import params as _p
+from flashattn.api import normalise as _p
 from flashattn.api import validation as _v
 
 Tensor = torch.Tensor

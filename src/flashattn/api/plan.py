@@ -25,10 +25,10 @@ from typing import Optional, Tuple
 
 import torch
 
-from flashattn import dispatch
-from flashattn.api import params as _p
+from flashattn.api import normalise as _p
 from flashattn.api import validation as _v
 from flashattn.params import AttnParams
+from flashattn.replay import kvcache as _replay_kvcache
 
 Tensor = torch.Tensor
 
@@ -116,9 +116,9 @@ class DecodePlan:
         seqlen_q)): the plan's buffers, overwritten by the next run.
         """
         self._check(q, k_cache, v_cache, cache_seqlens, block_table)
-        out, lse = dispatch.kvcache_planned(q, k_cache, v_cache, cache_seqlens, block_table,
-                                            self.params, self.num_splits, self.max_seqlen_k,
-                                            self._buffers)
+        out, lse = _replay_kvcache.kvcache_planned(q, k_cache, v_cache, cache_seqlens,
+                                                   block_table, self.params, self.num_splits,
+                                                   self.max_seqlen_k, self._buffers)
         return (out, lse) if return_softmax_lse else out
 
 

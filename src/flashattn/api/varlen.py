@@ -26,7 +26,7 @@ from flashattn.params import AttnParams
 from flashattn.api import fastpath as _fast
 from flashattn.api import out as _out
 from flashattn.api import chunked as _chunked
-from flashattn.api import params as _p
+from flashattn.api import normalise as _p
 from flashattn.api import fp8_attention as _fp8
 from flashattn.api import segments as _segments
 from flashattn.api import validation as _v
@@ -320,7 +320,7 @@ def flash_attn_varlen_func(
             return res
     if (block_table is None and learnable_sink is None and seqused_q is None
             and type(attention_chunk) is int and attention_chunk == 0):
-        # FP8 inputs (FA3's descale API): the same, through dispatch.Fp8VarlenCall
+        # FP8 inputs (FA3's descale API): the same, through replay.fp8.Fp8VarlenCall
         key = _fast.fa3_fp8_varlen_key(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                        max_seqlen_k, dropout_p, softmax_scale, causal,
                                        window_size, softcap, alibi_slopes, return_attn_probs,

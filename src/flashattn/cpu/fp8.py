@@ -27,7 +27,8 @@ from typing import Optional, Tuple
 
 import torch
 
-from flashattn.fp8_format import (E4M3_MAX, FP8_DTYPE, block_index, hadamard, hadamard_block,
+from flashattn.fp8_format import (E4M3_MAX, FP8_DTYPE, dequantize,
+                                  dequantize_shift, hadamard, hadamard_block,
                                   keys_contiguous_empty)
 
 
@@ -73,22 +74,6 @@ def fp8_quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     v8, v_descale = _block_quantize(v, block_n)
     v8 = keys_contiguous_empty(v8.shape, v8.device).copy_(v8)  # the FP8 kernels' V layout
     return q8, k8, v8, q_descale, k_descale, v_descale
-
-
-def dequantize(x8: torch.Tensor, descale: torch.Tensor, block: int) -> torch.Tensor:
-    """The real values of a block-quantized (b, s, h, d) tensor, float32 (``block`` rows per
-    scale, a power of two)."""
-    return dequantize_shift(x8, descale, block.bit_length() - 1)
-
-
-def dequantize_shift(x8: torch.Tensor, descale: torch.Tensor, block_shift: int) -> torch.Tensor:
-    """:func:`dequantize` with the kernels' convention: row i uses descale[:, :, min(i >>
-    block_shift, n - 1)] (block_shift 31: one descale per (batch, head))."""
-    s = x8.shape[1]
-    idx = block_index(torch.arange(s, device=descale.device), block_shift, descale.shape[2])
-    per_row = descale.float()[:, :, idx]  # (b, h, s)
-    # contiguous: V may come keys-contiguous, the float32 attention wants unit last stride
-    return x8.float().contiguous() * per_row.transpose(1, 2).unsqueeze(-1)
 
 
 def dequantized(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, scales) -> Tuple[torch.Tensor, ...]:

@@ -1,6 +1,6 @@
 """KV-cache attention in plain torch: the backend for CPU tensors without the interpreter.
 
-Same semantics as the Triton path (``kernels/rotary.py`` + ``kernels/decode.py``): the new
+Same semantics as the Triton path (``triton/rotary.py`` + ``triton/decode.py``): the new
 keys / values are rotated (optional) and written into the cache in place, q is rotated,
 then every batch row gathers its keys ``[leftpad, cache_seqlens + s_new)`` (through the
 block table when paged) and runs :func:`flashattn.cpu.chunked_fwd` on them, so memory stays
@@ -159,7 +159,7 @@ def varlen_paged_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
 def combine(out_partial: torch.Tensor, lse_partial: torch.Tensor, out_dtype: torch.dtype
             ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Merge split results (see ``kernels/combine.py``): out_partial (S, b, s_q, h, d_v),
+    """Merge split results (see ``triton/combine.py``): out_partial (S, b, s_q, h, d_v),
     lse_partial (S, b, h, s_q) -> out (b, s_q, h, d_v) in out_dtype, lse (b, h, s_q) fp32."""
     lse_p = lse_partial.float()
     lse_max = lse_p.amax(dim=0)

@@ -61,7 +61,7 @@ import torch
 from flashattn.api.dense import flash_attn_func
 from flashattn.api.kvcache import flash_attn_with_kvcache
 from flashattn.runtime import env
-from flashattn.api.padding import index_first_axis, pad_input, unpad_input
+from flashattn.api.bert_padding import index_first_axis, pad_input, unpad_input
 
 Tensor = torch.Tensor
 

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from flashattn import ops as _ops
-from flashattn.api import params as _p
+from flashattn.api import normalise as _p
 from flashattn.api import validation as _v
 from flashattn.parallel import blocks as _blocks
 from flashattn.parallel import checks as _checks

@@ -22,7 +22,7 @@ from typing import Callable, NamedTuple, Optional, Tuple
 import torch
 
 from flashattn import ops as _ops
-from flashattn.api import params as _p
+from flashattn.api import normalise as _p
 from flashattn.api import validation as _v
 from flashattn.parallel import checks as _checks
 from flashattn.parallel.groups import Group, check_device, resolve

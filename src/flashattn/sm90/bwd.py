@@ -146,7 +146,7 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
                 ) -> Tuple[List[Any], Dict[str, Any], Dict[str, Any], Tuple[int, int]]:
     """(positional args, constexpr kwargs, launch options, grid) of bwd_kernel_for(d).
 
-    Shared by the launch and by the ahead-of-time compile (aot.py). lse2 / delta float32
+    Shared by the launch and the ahead-of-time compile (tools/aot_sm90.py). lse2 / delta float32
     (b, h, s_q_pad) (bwd_preprocess.row_stats); dq_acc: dq_workspace, zeroed by row_stats;
     dk, dv (b, s_k, h_k, d) contiguous; counter: _tile_counter(cfg, lse2, k, s_q,
     window_right) (made here if None). ``cu_seqlens``: (cu_seqlens_q, cu_seqlens_k[,
@@ -390,7 +390,7 @@ class PackedBwdCall:
         return self.plans.launch(self.key, tensors, build)
 
 
-# Launch plans of earlier calls (kernels/launch.py; see hopper/fwd.py). Slots: the q, k, v,
+# Launch plans of earlier calls (runtime/launch.py; see sm90/fwd.py). Slots: the q, k, v,
 # dout and dQ-workspace descriptors, lse2, delta, the workspace, dk, dv, the tile counter.
 _PLANS = LaunchPlans(slots=tuple(range(11)))
 VARLEN_ARGS = 26  # cu_seqlens_q, cu_seqlens_k, n_seqs, seqused_k (after the 15 scalars)

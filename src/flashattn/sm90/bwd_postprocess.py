@@ -134,6 +134,6 @@ def dq_from_packed_workspace(dq_acc: torch.Tensor, q: torch.Tensor,
     return dq
 
 
-# launch plans by call shape (kernels/launch.py); slots: the workspace, dq (and the offsets)
+# launch plans by call shape (runtime/launch.py); slots: the workspace, dq (and the offsets)
 _PLANS = LaunchPlans(slots=(0, 1))
 _PACKED_PLANS = LaunchPlans(slots=(0, 1, 2))

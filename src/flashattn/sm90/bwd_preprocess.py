@@ -115,6 +115,6 @@ def row_stats(out: torch.Tensor, dout: torch.Tensor, lse: torch.Tensor, seqlen_q
     return lse2, delta
 
 
-# launch plans by call shape (kernels/launch.py), by whether dK / dV are zeroed too; slots:
+# launch plans by call shape (runtime/launch.py), by whether dK / dV are zeroed too; slots:
 # out, dout, lse, lse2, delta, the dQ workspace (and dK, dV)
 _PLANS = {False: LaunchPlans(slots=range(6)), True: LaunchPlans(slots=range(8))}

@@ -60,7 +60,7 @@ def _add_dq_piece(dq_desc, row, col, piece, dq_buf):
     """One dQ^T piece (DQ_ROWS head-dim rows x HALF_M queries, fp32) into the transposed
     workspace at (row, col) by TMA reduce-add from this consumer's staging tile, asynchronously:
     the next piece waits until the copy engine has read the tile. (No atomics variant: at
-    d = 128 the TMA reduce measured 1.15-1.3x faster, hopper/config.py.)"""
+    d = 128 the TMA reduce measured 1.15-1.3x faster, sm90/config.py.)"""
     tma.store_wait(0)
     cta_barrier()  # no thread overwrites the tile before the previous reduce read it
     dq_buf.store(piece)

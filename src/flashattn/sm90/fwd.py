@@ -61,7 +61,7 @@ def launch_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Te
     ``varlen``: packed sequences; q, k, v, out are then (1, total, h, d) views and lse
     (h, total_q) (the kernel's VARLEN mode).
 
-    Shared by the launch and by the ahead-of-time compile (aot.py), so both build the same
+    Shared by the launch and the ahead-of-time compile (tools/aot_sm90.py): both build the same
     kernel variant.
     """
     batch, seqlen_q, n_heads, head_dim = q.shape
@@ -455,7 +455,7 @@ class Fp8FwdCall:
         return self.plan is not None and self.plan.replay_addresses(addresses)
 
 
-# Launch plans (kernels/launch.py) of earlier calls: a repeated call shape costs allocations +
+# Launch plans (runtime/launch.py) of earlier calls: a repeated call shape costs allocations +
 # one replayed launch (launch_args' Python, descriptor validation and the binder measured 65 of
 # the 124 us of a call on the H100 host, session 7). Slots: the q, k, v, out descriptors, lse
 # and the tile-queue counter (lse stands in for the counter when the queue is static).

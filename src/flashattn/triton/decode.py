@@ -9,7 +9,7 @@ When ``b * h_k`` programs cannot fill the GPU, the key range is cut into ``num_s
 equal chunks (axis 2 of the grid). Each chunk's length comes from the sequence's own key
 count, read on the device, so no host value is needed (CUDA-graph friendly) and no program
 walks keys it does not own. A split writes its normalised partial output and LSE in fp32
-(``kernels.combine`` merges them); with one split the program writes out and lse directly.
+(``triton/combine.py`` merges them); with one split the program writes out and lse directly.
 
 Key addressing (absolute cache position ``p = start_k + j`` of local key j):
 - contiguous cache (b_cache, s_cache, h_k, d): row ``cache_batch_idx[b]`` (or b), seq p;

@@ -5,7 +5,7 @@ Between a padded batch ``(batch, seqlen, ...)`` plus a 0/1 mask and the packed
 Return values follow flash-attn 2.7 and later (``unpad_input`` returns five values, the last
 one ``seqused``; flash-attn <= 2.6 returned the first four), so
 ``from flash_attn.bert_padding import pad_input, unpad_input`` becomes
-``from flashattn.api.padding import pad_input, unpad_input`` with nothing else changed.
+``from flashattn.api.bert_padding import pad_input, unpad_input`` with nothing else changed.
 
 Everything is plain torch indexing (autograd flows through the gathers and scatters).
 ``unpad_input`` reads the longest length with ``.item()`` (the varlen API wants a Python int),

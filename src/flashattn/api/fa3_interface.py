@@ -227,10 +227,11 @@ def get_scheduler_metadata(batch_size: int, max_seqlen_q: int, max_seqlen_k: int
     computed once on the host (int32 CPU tensor of one entry: the number of key splits; pass
     it as ``scheduler_metadata``). ``num_splits`` > 0 is returned as given; the decision
     does not depend on ``attention_chunk``."""
-    from flashattn import dispatch
-    splits = dispatch.decode_splits(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q,
-                                    num_heads_kv, headdim, headdim_v or headdim, qkv_dtype,
-                                    page_size, num_splits)
+    from flashattn.replay import kvcache as _replay_kvcache
+    splits = _replay_kvcache.decode_splits(batch_size, max_seqlen_q, max_seqlen_k,
+                                           num_heads_q, num_heads_kv, headdim,
+                                           headdim_v or headdim, qkv_dtype, page_size,
+                                           num_splits)
     return torch.tensor([splits], dtype=torch.int32)
 
 

@@ -1,0 +1,145 @@
+"""The KV-cache op's body (``flash_attn_with_kvcache``): value checks of the metadata where
+allowed, the in-place append with rotary, then attention on the device backend."""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from flashattn import metadata
+from flashattn.dispatch import dense as _dense
+from flashattn.dispatch import select as _select
+from flashattn.params import AttnParams
+
+
+def kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+            k: Optional[torch.Tensor], v: Optional[torch.Tensor],
+            rotary_cos: Optional[torch.Tensor], rotary_sin: Optional[torch.Tensor],
+            cache_seqlens: Optional[torch.Tensor], cache_batch_idx: Optional[torch.Tensor],
+            cache_leftpad: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
+            params: AttnParams, rotary_interleaved: bool, num_splits: int,
+            cu_seqlens_q: Optional[torch.Tensor] = None, max_seqlen_q: int = 0,
+            cu_seqlens_k_new: Optional[torch.Tensor] = None,
+            rotary_seqlens: Optional[torch.Tensor] = None
+            ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The body of ``flash_attn_with_kvcache`` after its argument checks: value checks where
+    they are allowed (:func:`flashattn.metadata.values_checkable`), the in-place append (with
+    rotary), attention. ``params`` is normalised by the api (window against the cache
+    capacity, causal folded in, alibi (b, h)). Returns out (b, s_q, h, d_v) and lse float32
+    (b, h, s_q); with ``cu_seqlens_q`` (FlashAttention-3's varlen queries) q is packed
+    (total_q, h, d) and out / lse are (total_q, h, d_v) / (h, total_q). ``cu_seqlens_k_new``:
+    k / v packed (total_new, h_k, d); ``rotary_seqlens``: rotation positions' base."""
+    varlen = cu_seqlens_q is not None or cu_seqlens_k_new is not None
+    if varlen:
+        return _kvcache_varlen(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                               cache_batch_idx, cache_leftpad, block_table, params,
+                               rotary_interleaved, num_splits, cu_seqlens_q, max_seqlen_q,
+                               cu_seqlens_k_new, rotary_seqlens)
+    batch, s_q, h, d = q.shape
+    device = q.device
+    capacity = metadata.cache_capacity(k_cache, block_table)
+    s_new = 0 if k is None else k.shape[1]
+    # flash-attn rotates q token by token (positions cache_seqlens + i) when the call is causal
+    # or local, else every token at cache_seqlens
+    rotary_q_step = 1 if params.masked else 0
+    params = _dense.one_row_right_edge(params, s_q)
+    seqlens = cache_seqlens
+    if seqlens is None:
+        seqlens = torch.full((batch,), capacity, dtype=torch.int32, device=device)
+
+    if metadata.values_checkable(seqlens, cache_leftpad, cache_batch_idx, block_table,
+                                 rotary_seqlens):
+        check_kvcache_values(seqlens, s_new, capacity, cache_leftpad, cache_batch_idx,
+                             k_cache, block_table, rotary_cos, s_q if rotary_q_step else 1,
+                             rotary_seqlens)
+
+    impl = _select.backend(_select.select("kvcache", q))
+    rot = dict(rotary_seqlens=rotary_seqlens) if rotary_seqlens is not None else {}
+    if batch == 0 or s_q == 0:
+        out = torch.zeros((batch, s_q, h, v_cache.shape[3]), dtype=q.dtype, device=device)
+        lse = torch.full((batch, h, s_q), float("-inf"), dtype=torch.float32, device=device)
+        if s_new > 0 and batch > 0:
+            impl.append_kv(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, rotary_interleaved,
+                           seqlens, cache_batch_idx, block_table, **rot)
+        return out, lse
+    q_rot = q
+    if s_new > 0:
+        q_rot = impl.append_kv(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
+                               rotary_interleaved, seqlens, cache_batch_idx, block_table,
+                               rotary_q_step, **rot)
+    return impl.kvcache_attention(q_rot, k_cache, v_cache, seqlens, s_new, p=params,
+                                  leftpad=cache_leftpad, batch_idx=cache_batch_idx,
+                                  block_table=block_table, num_splits=num_splits,
+                                  capacity=capacity)
+
+
+def check_kvcache_values(seqlens, s_new, capacity, leftpad, batch_idx, k_cache, block_table,
+                         rotary_cos, q_positions, rotary_seqlens) -> None:
+    """:func:`metadata.check_values` of a KV-cache call (``q_positions``: rotary positions q
+    takes past each row's length: s_q when rotated token by token, else 1)."""
+    metadata.check_values(seqlens, s_new, capacity, leftpad, batch_idx, k_cache.shape[0],
+                          block_table, k_cache.shape[0], k_cache.shape[1],
+                          None if rotary_cos is None else rotary_cos.shape[0], q_positions,
+                          rotary_seqlens)
+
+
+def _kvcache_varlen(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                    cache_batch_idx, cache_leftpad, block_table, params, rotary_interleaved,
+                    num_splits, cu_seqlens_q, max_seqlen_q, cu_seqlens_k_new, rotary_seqlens):
+    """:func:`kvcache` with packed queries and / or packed new keys (FlashAttention-3): the
+    batch comes from cache_seqlens; sequence b's keys end at cache_seqlens[b] + its new keys
+    (device arithmetic, no host read), and the attention runs the decode kernel's packed-query
+    mode (or, for dense q, its usual mode over those lengths)."""
+    device = q.device
+    capacity = metadata.cache_capacity(k_cache, block_table)
+    if cache_seqlens is None:  # every row holds the whole cache
+        batch = cu_seqlens_q.shape[0] - 1 if cu_seqlens_q is not None else q.shape[0]
+        cache_seqlens = torch.full((batch,), capacity, dtype=torch.int32, device=device)
+    batch = cache_seqlens.shape[0]
+    rotary_q_step = 1 if params.masked else 0
+    max_new = 0
+    if k is not None:
+        if cu_seqlens_k_new is not None:
+            new = cu_seqlens_k_new[1:] - cu_seqlens_k_new[:-1]
+            max_new = k.shape[0]
+        else:
+            new = k.shape[1]
+            max_new = k.shape[1]
+        seqlens_end = (cache_seqlens + new).to(torch.int32)
+    else:
+        seqlens_end = cache_seqlens
+    if metadata.values_checkable(cache_seqlens, seqlens_end, cache_leftpad, cache_batch_idx,
+                                 block_table, cu_seqlens_q, cu_seqlens_k_new, rotary_seqlens):
+        metadata.check_varlen_kvcache(cache_seqlens, seqlens_end, capacity, cu_seqlens_q,
+                                      q.shape[0] if cu_seqlens_q is not None else None,
+                                      cu_seqlens_k_new,
+                                      k.shape[0] if cu_seqlens_k_new is not None else None,
+                                      rotary_seqlens,
+                                      None if rotary_cos is None else rotary_cos.shape[0],
+                                      rotary_q_step,
+                                      1 if cu_seqlens_q is not None else q.shape[1])
+        metadata.check_values(seqlens_end, 0, capacity, cache_leftpad, cache_batch_idx,
+                              k_cache.shape[0], block_table, k_cache.shape[0], k_cache.shape[1],
+                              None, 1)
+    impl = _select.backend(_select.select("kvcache", q))
+    q_rot = q
+    if k is not None or rotary_cos is not None:
+        q_rot = impl.append_kv(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
+                               rotary_interleaved, cache_seqlens, cache_batch_idx,
+                               block_table, rotary_q_step, cu_seqlens_q=cu_seqlens_q,
+                               max_seqlen_q=max_seqlen_q, cu_seqlens_k_new=cu_seqlens_k_new,
+                               max_seqlen_k_new=max_new, rotary_seqlens=rotary_seqlens)
+    if cu_seqlens_q is None:
+        params = _dense.one_row_right_edge(params, q.shape[1])
+    elif batch == 0 or q.shape[0] == 0 or max_seqlen_q == 0:
+        total_q, h, _ = q.shape
+        return (torch.zeros((total_q, h, v_cache.shape[3]), dtype=q.dtype, device=device),
+                torch.full((h, total_q), float("-inf"), dtype=torch.float32, device=device))
+    return impl.kvcache_attention(q_rot, k_cache, v_cache, seqlens_end, 0, p=params,
+                                  leftpad=cache_leftpad, batch_idx=cache_batch_idx,
+                                  block_table=block_table, num_splits=num_splits,
+                                  capacity=capacity, cu_seqlens_q=cu_seqlens_q,
+                                  max_seqlen_q=max_seqlen_q)
+
+
+__all__ = ["check_kvcache_values", "kvcache"]

@@ -1,0 +1,33 @@
+"""Ops on finished attention outputs (out, lse): merging key splits and learnable sinks."""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from flashattn.dispatch import select as _select
+
+
+def combine(out_partial: torch.Tensor, lse_partial: torch.Tensor, out: Optional[torch.Tensor],
+            out_dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Merge attention computed over disjoint key splits: out_partial (splits, b, s_q, h, d_v)
+    and lse_partial (splits, b, h, s_q) float32 -> (out (b, s_q, h, d_v) in ``out_dtype``,
+    written into ``out`` when given; lse float32 (b, h, s_q))."""
+    name = _select.select("combine", out_partial)
+    return _select.backend(name).combine(out_partial, lse_partial, out, out_dtype)
+
+
+def sink_apply(out: torch.Tensor, lse: torch.Tensor, sink: torch.Tensor, packed: bool
+               ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Learnable sinks on a finished attention output: (out * exp(lse - lse'), lse' =
+    logaddexp(lse, sink)); out (b, s, h, d_v) / lse (b, h, s), or packed (t, h, d_v) / (h, t)."""
+    return _select.backend(_select.select("sink_apply", out)).sink_apply(out, lse, sink, packed)
+
+
+def sink_grad(dout: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, sink: torch.Tensor,
+              packed: bool) -> torch.Tensor:
+    """d sink (h,) of learnable sinks from dout and the outputs with the sink (out', lse')."""
+    return _select.backend(_select.select("sink_grad", out)).sink_grad(dout, out, lse, sink, packed)
+
+
+__all__ = ["combine", "sink_apply", "sink_grad"]

@@ -16,13 +16,12 @@ Modes (``--modes``, comma-separated):
 - nocomm: the ring with every exchange replaced by the block in hand (its kernels alone);
 - trace: a profiler trace of one ring step (rank 0): the share of the step where an NCCL
   kernel runs with no compute kernel beside it (communication not hidden).
-Writes one JSON (``--out``, default ``$OUT/cp_bench.json``) from rank 0.
+Writes one JSON (``--out``, default ``cp_bench.json``) from rank 0.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import time
 from typing import Callable, Dict, List
@@ -251,16 +250,16 @@ def main() -> None:
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--kv-heads", type=int, default=8, help="KV heads of the scale run")
     ap.add_argument("--iters", type=int, default=3)
-    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "cp_bench.json"))
+    ap.add_argument("--out", default="cp_bench.json")
     args = ap.parse_args()
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    torch.cuda.set_device(rank % torch.cuda.device_count())  # one host: local rank
     modes = args.modes.split(",")
     h, d = args.heads, 128
     res = dict(world=world, gpu=torch.cuda.get_device_name(), torch=torch.__version__,
                date=time.strftime("%Y-%m-%d"), rows=[],
-               nccl_env={k: v for k, v in os.environ.items() if k.startswith("NCCL_")})
+               nccl=".".join(str(x) for x in torch.cuda.nccl.version()))
 
     def emit(row: Dict) -> None:
         if rank == 0:

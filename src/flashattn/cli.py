@@ -463,6 +463,9 @@ def _cpu_demo(args: argparse.Namespace) -> int:
                    memory=memory, speed=speed)
         out.write_text(json.dumps(doc, indent=1) + "\n")
         print(f"results: {out}")
+    if args.plot and not (speed or memory):
+        _say("bench: --plot: nothing measured to plot (every point was past --time-budget)")
+        return 1
     if args.plot:
         out = bench.plot_cpu(speed, memory, args.plot,
                              title=f"flashattn CPU demo, torch {torch.__version__}, "

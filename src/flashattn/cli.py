@@ -224,9 +224,11 @@ def cmd_info(args: argparse.Namespace) -> int:
     from flashattn.runtime import env
 
     print("\nenvironment variables flashattn reads (README: Environment variables):")
-    for var, raw in env.raw_values().items():
-        print(f"  {var}={raw!r}")
-    print(f"  CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')!r}")
+    for var, value in env.effective_values().items():
+        print(f"  {var}={value}")
+    cuda_visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    print("  CUDA_VISIBLE_DEVICES=" + (f"{cuda_visible!r}" if cuda_visible is not None
+                                       else "(unset: every device)"))
     devices = ["cpu"]
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):

@@ -941,6 +941,18 @@ def render_tables(rows: Sequence[Dict[str, Any]]) -> str:
     return "\n\n".join(parts)
 
 
+def _save_figure(fig: Any, path: "str | os.PathLike[str]") -> Path:
+    """Write ``fig`` to ``path`` (its folder made if missing) and release it."""
+    import matplotlib.pyplot as plt
+
+    out = Path(path)
+    if out.parent and not out.parent.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
 def plot(rows: Sequence[Dict[str, Any]], path: "str | os.PathLike[str]") -> Path:
     """One subplot per (mode, d, causal) of TFLOP/s vs seqlen, one line per impl; decode as
     grouped bars (TB/s), mem as lines on a log scale. Needs matplotlib."""
@@ -1026,12 +1038,7 @@ def plot(rows: Sequence[Dict[str, Any]], path: "str | os.PathLike[str]") -> Path
         fig.suptitle(f"flashattn bench, {r0['gpu']}, torch {r0['torch']}, triton {r0['triton']}, "
                      f"{DTYPE}", fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 0.97))
-    out = Path(path)
-    if out.parent and not out.parent.exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save_figure(fig, path)
 
 
 def plot_cpu(speed: Sequence[Dict[str, Any]], memory: Sequence[Dict[str, Any]],
@@ -1076,12 +1083,7 @@ def plot_cpu(speed: Sequence[Dict[str, Any]], memory: Sequence[Dict[str, Any]],
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    out = Path(path)
-    if out.parent and not out.parent.exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save_figure(fig, path)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -33,8 +33,12 @@ _fa_install() {
     local pip=("$FLASHATTN_VENV/bin/python" -m pip install --disable-pip-version-check -q)
     echo "setup: installing $torch_req ${extra[*]}" >&2
     "${pip[@]}" "$torch_req" "${extra[@]}" || return 1
-    echo "setup: installing flashattn (editable) with its test extras" >&2
-    "${pip[@]}" -e "$_fa_root[test]" || return 1
+    # The bench extra (matplotlib, tqdm) too: the documented `bench --plot` needs matplotlib.
+    # Editable on purpose: source edits take effect without reinstalling. To add extras by
+    # hand inside this venv, keep -e (`pip install -e '.[bench]'`): a plain `pip install .`
+    # replaces the editable install with a copy of today's tree (and leaves a build/ folder).
+    echo "setup: installing flashattn (editable) with its test and bench extras" >&2
+    "${pip[@]}" -e "$_fa_root[test,bench]" || return 1
     echo "$_fa_want" > "$_fa_stamp"
 }
 

@@ -192,8 +192,8 @@ def gpu_slug(name: str) -> str:
 
 
 def cpu_speed_rows(seqlens: Sequence[int], dtypes: Sequence[Any] = (), heads: int = 8,
-                   head_dim: int = 64) -> List[Dict[str, Any]]:
-    """CPU fwd + bwd time (causal, b=1) of ``flash_attn_func`` beside
+                   head_dim: int = 64, causal: bool = True) -> List[Dict[str, Any]]:
+    """CPU fwd + bwd time (causal unless told otherwise, b=1) of ``flash_attn_func`` beside
     ``F.scaled_dot_product_attention`` on the same (b, s, h, d) tensors (transposed views).
     Rows: dtype, s, ours_ms, sdpa_ms, speed (SDPA's time / ours: >= 1 means ours is at least
     as fast).
@@ -218,11 +218,11 @@ def cpu_speed_rows(seqlens: Sequence[int], dtypes: Sequence[Any] = (), heads: in
             g = torch.randn(1, s, heads, head_dim, dtype=dtype)
 
             def ours():
-                flashattn.flash_attn_func(q, k, v, causal=True).backward(g)
+                flashattn.flash_attn_func(q, k, v, causal=causal).backward(g)
 
             def sdpa():
                 F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                               v.transpose(1, 2), is_causal=True
+                                               v.transpose(1, 2), is_causal=causal
                                                ).backward(g.transpose(1, 2))
 
             best = {"ours": float("inf"), "sdpa": float("inf")}
@@ -234,8 +234,8 @@ def cpu_speed_rows(seqlens: Sequence[int], dtypes: Sequence[Any] = (), heads: in
                         t0 = time.perf_counter()
                         fn()
                         best[name] = min(best[name], (time.perf_counter() - t0) * 1e3)
-            rows.append(dict(dtype=str(dtype).replace("torch.", ""), s=s,
-                             ours_ms=best["ours"], sdpa_ms=best["sdpa"],
+            rows.append(dict(dtype=str(dtype).replace("torch.", ""), s=s, d=head_dim,
+                             causal=causal, ours_ms=best["ours"], sdpa_ms=best["sdpa"],
                              speed=best["sdpa"] / best["ours"]))
     return rows
 
@@ -357,6 +357,12 @@ def plan(modes: Sequence[str] = ATTN_MODES, head_dims: Sequence[int] = HEAD_DIMS
     return out
 
 
+# Every name check_impl accepts, in the order an error message lists them.
+VALID_IMPLS: Tuple[str, ...] = (
+    (OURS,) + tuple(f"{OURS}-{b}" for b in ("auto", "portable", "cpu", "hopper"))
+    + ("flex",) + tuple(SDPA_BACKENDS) + FP8_IMPLS + (FP8_QUANTIZE,))
+
+
 def check_impl(impl: str) -> str:
     if impl == OURS or impl == "flex" or impl in SDPA_BACKENDS:
         return impl
@@ -364,10 +370,7 @@ def check_impl(impl: str) -> str:
         return impl
     if impl.startswith(OURS + "-") and impl[len(OURS) + 1:] in ("auto", "portable", "cpu", "hopper"):
         return impl
-    raise ValueError(
-        f"unknown impl {impl!r}; allowed: {OURS}, {OURS}-portable, {OURS}-hopper, {OURS}-cpu, "
-        f"flex, {', '.join(SDPA_BACKENDS)}"
-    )
+    raise ValueError(f"unknown impl {impl!r}; allowed: {', '.join(VALID_IMPLS)}")
 
 
 def is_ours(impl: str) -> bool:
@@ -938,6 +941,18 @@ def render_tables(rows: Sequence[Dict[str, Any]]) -> str:
     return "\n\n".join(parts)
 
 
+def _save_figure(fig: Any, path: "str | os.PathLike[str]") -> Path:
+    """Write ``fig`` to ``path`` (its folder made if missing) and release it."""
+    import matplotlib.pyplot as plt
+
+    out = Path(path)
+    if out.parent and not out.parent.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
 def plot(rows: Sequence[Dict[str, Any]], path: "str | os.PathLike[str]") -> Path:
     """One subplot per (mode, d, causal) of TFLOP/s vs seqlen, one line per impl; decode as
     grouped bars (TB/s), mem as lines on a log scale. Needs matplotlib."""
@@ -1023,12 +1038,52 @@ def plot(rows: Sequence[Dict[str, Any]], path: "str | os.PathLike[str]") -> Path
         fig.suptitle(f"flashattn bench, {r0['gpu']}, torch {r0['torch']}, triton {r0['triton']}, "
                      f"{DTYPE}", fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 0.97))
-    out = Path(path)
-    if out.parent and not out.parent.exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save_figure(fig, path)
+
+
+def plot_cpu(speed: Sequence[Dict[str, Any]], memory: Sequence[Dict[str, Any]],
+             path: "str | os.PathLike[str]", title: str = "") -> Path:
+    """The CPU demo's tables as one figure (``flashattn bench --plot`` without a GPU): fwd + bwd
+    ms vs seqlen of ours and SDPA per (dtype, d, causal), and peak extra MiB vs seqlen of ours
+    and naive attention. Rows as the demo builds them (:func:`cpu_speed_rows`; memory rows
+    with s, d, causal, ours_mib, naive_mib). Needs matplotlib."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    # (panel, rows, the keys one line per group, (label, value key) per line, y label)
+    specs = [("speed", speed, ("dtype", "d", "causal"),
+              ((OURS, "ours_ms"), ("sdpa", "sdpa_ms")), "fwd + bwd ms (lower is better)"),
+             ("memory", memory, ("d", "causal"),
+              ((OURS, "ours_mib"), ("naive", "naive_mib")), "peak extra MiB of fwd + bwd, fp32")]
+    specs = [spec for spec in specs if spec[1]]
+    if not specs:
+        raise ValueError("nothing to plot: no rows")
+    fig, axes = plt.subplots(1, len(specs), figsize=(5.2 * len(specs), 3.8), squeeze=False)
+    for ax, (name, rows, keys, series, ylabel) in zip(axes[0], specs):
+        for group in sorted({tuple(r[k] for k in keys) for r in rows}):
+            sel = [r for r in rows if tuple(r[k] for k in keys) == group]
+            tag = " ".join(("causal" if v else "non-causal") if k == "causal" else
+                           (f"d={v}" if k == "d" else str(v)) for k, v in zip(keys, group))
+            for who, key in series:
+                pts = sorted((r["s"], r[key]) for r in sel if r.get(key) is not None)
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
+                            label=f"{who} {tag}", linewidth=2.2 if who == OURS else 1.4)
+        seqs = sorted({r["s"] for r in rows})
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(seqs, [format_seqlen(s) for s in seqs])
+        ax.set_xlabel("seqlen (b=1)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"CPU {name}")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return _save_figure(fig, path)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -74,6 +74,11 @@ def _mode(text: str) -> str:
     return text
 
 
+def _impl(text: str) -> str:
+    """An --impl name, checked while parsing so a typo stops the run on any machine."""
+    return load_bench().check_impl(text)
+
+
 def _say(*parts: Any) -> None:
     print(*parts, file=sys.stderr, flush=True)
 
@@ -94,36 +99,42 @@ def build_parser() -> argparse.ArgumentParser:
                     "grid of shared/ANCHORS.md: 16k tokens (b = 16384 / s), hidden 2048 "
                     "(h = 2048 / d), bf16. Without a CUDA GPU: exactness and memory demo on CPU.")
     b.add_argument("--d", type=_csv(int), default=None, metavar="D[,D]",
-                   help="head dims (default 128,64,256; --quick: 128)")
+                   help="head dims (default 128,64,256; --quick: 128; CPU demo: 64)")
     b.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None,
-                   help="only causal (--causal) or only non-causal (--no-causal); default both")
+                   help="only causal (--causal) or only non-causal (--no-causal); default both "
+                        "(CPU demo: causal)")
     b.add_argument("--seqlens", type=_csv(_seqlen), default=None, metavar="S[,S]",
-                   help="sequence lengths, e.g. 512,2k,16k (default 512..16k; --quick: 2k,16k)")
+                   help="sequence lengths, e.g. 512,2k,16k (default 512..16k; --quick: 2k,16k; "
+                        "CPU demo: 1k..8k memory, 1k,4k speed)")
     b.add_argument("--mode", type=_csv(_mode), default=None, metavar="M[,M]",
                    help="fwd, bwd, decode, mem, quant (the FP8 quantize pass) (default fwd,bwd; "
                         "--dtype fp8: fwd,quant)")
-    b.add_argument("--impl", type=_csv(str), default=None, metavar="I[,I]",
+    b.add_argument("--impl", type=_csv(_impl), default=None, metavar="I[,I]",
                    help="flashattn, flashattn-portable, sdpa-flash, sdpa-cudnn, sdpa-math, flex "
-                        "(default flashattn,sdpa-flash,sdpa-cudnn,flex)")
+                        "(default flashattn,sdpa-flash,sdpa-cudnn,flex; GPU only)")
     b.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16",
                    help="fp8: FP8 forward rows (flashattn-fp8 on pre-quantized inputs, "
                         "flashattn-fp8-e2e = flash_attn_fp8_func, flashattn-fp8-fa3 = "
                         "FA3's API on e4m3 tensors with per-head descales, the quantize pass "
                         "alone) "
-                        "beside our bf16 forward and cuDNN's in the same run (default bf16)")
+                        "beside our bf16 forward and cuDNN's in the same run (default bf16; "
+                        "fp8: GPU only)")
     b.add_argument("--flex-all-d", action="store_true",
-                   help="run flex at every head dim (default: d=128 only)")
+                   help="run flex at every head dim (default: d=128 only; GPU only)")
     b.add_argument("--json", metavar="PATH", default=None,
-                   help="merge rows into this file (default benchmarks/results/<gpu>.json)")
+                   help="merge rows into this file (default benchmarks/results/<gpu>.json; "
+                        "CPU demo: write its tables to this file, none by default)")
     b.add_argument("--no-save", action="store_true", help="do not write any result file")
     b.add_argument("--plot", metavar="PATH.png", default=None,
-                   help="TFLOP/s vs seqlen per impl (needs matplotlib)")
+                   help="TFLOP/s vs seqlen per impl (CPU demo: its speed and memory tables); "
+                        "needs matplotlib")
     b.add_argument("--quick", action="store_true",
-                   help="small grid (d=128, s=2k,16k) and short timing")
+                   help="small grid (d=128, s=2k,16k) and short timing (CPU demo: s=1k,2k "
+                        "memory, 1k fp32 speed)")
     b.add_argument("--warmup", type=int, default=None, metavar="MS",
-                   help="do_bench warm-up in ms (default 25; --quick 10)")
+                   help="do_bench warm-up in ms (default 25; --quick 10; GPU only)")
     b.add_argument("--rep", type=int, default=None, metavar="MS",
-                   help="do_bench repetition time in ms (default 100; --quick 30)")
+                   help="do_bench repetition time in ms (default 100; --quick 30; GPU only)")
     b.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                    help="start no new point after this many seconds (results so far are kept)")
     b.add_argument("--report-only", action="store_true",
@@ -161,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
 # Install). The Hopper path's per-version status comes from flashattn.sm90.support.
 TESTED_PAIRS = (
     ("2.11.0+cu130", "3.6.0", "H100: GPU tests + benchmark grid; Gluon (Hopper) kernels on sm90"),
-    ("2.11.0+cu130", "3.9.0", "H100: GPU tests + 16k grid (session 12); Gluon kernels on sm90"),
+    ("2.11.0+cu130", "3.9.0", "H100: GPU tests + 16k grid; Gluon kernels on sm90"),
     ("2.13.0 (CPU)", "3.6.0", "CI: the full CPU suite (interpreter) + sm_90 AOT of every kernel"),
     ("2.13.0 (CPU)", "3.9.0", "CI: sm_90 AOT of every Gluon variant"),
     ("2.13.0 (CPU)", "3.7.1 / 3.8.0",
@@ -213,9 +224,11 @@ def cmd_info(args: argparse.Namespace) -> int:
     from flashattn.runtime import env
 
     print("\nenvironment variables flashattn reads (README: Environment variables):")
-    for var, raw in env.raw_values().items():
-        print(f"  {var}={raw!r}")
-    print(f"  CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')!r}")
+    for var, value in env.effective_values().items():
+        print(f"  {var}={value}")
+    cuda_visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    print("  CUDA_VISIBLE_DEVICES=" + (f"{cuda_visible!r}" if cuda_visible is not None
+                                       else "(unset: every device)"))
     devices = ["cpu"]
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
@@ -309,20 +322,75 @@ def cmd_check(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------
 # bench
 # ---------------------------------------------------------------------------------------------
+# Flags of the GPU grid the CPU demo has no counterpart for (it times flash_attn_func beside
+# SDPA, not a grid of impls and modes with do_bench): given to the demo they stop the run with
+# a message instead of being silently ignored.
+_GPU_ONLY_FLAGS = (("impl", "--impl"), ("mode", "--mode"), ("warmup", "--warmup"),
+                   ("rep", "--rep"), ("flex_all_d", "--flex-all-d"))
+
+
+def _cpu_refusal(args: argparse.Namespace) -> Optional[str]:
+    """Why the CPU demo cannot honour these arguments (None when it can)."""
+    given = [flag for attr, flag in _GPU_ONLY_FLAGS if getattr(args, attr) not in (None, False)]
+    if args.dtype == "fp8":
+        given.append("--dtype fp8")
+    if not given:
+        return None
+    return (f"{', '.join(given)} {'needs' if len(given) == 1 else 'need'} a CUDA GPU (the "
+            "benchmark grid); without one, bench runs the CPU demo, which takes --quick, --d, "
+            "--causal / --no-causal, --seqlens, --time-budget, --json, --no-save and --plot")
+
+
+def _cpu_route(s: int, d: int, causal: bool, dtype: Any) -> str:
+    """Which CPU route a dense (1, s, h, d) call of the demo runs (the rule of cpu/backend.py):
+    PyTorch's CPU flash kernel where it computes the call exactly, else our chunked path."""
+    import torch
+
+    from flashattn.cpu import aten_flash
+    from flashattn.params import AttnParams
+
+    x = torch.empty(1, s, 1, d, dtype=dtype)
+    p = AttnParams(softmax_scale=d ** -0.5, causal=causal, window_left=-1,
+                   window_right=0 if causal else -1, softcap=0.0, alibi_slopes=None,
+                   dropout_p=0.0, philox_seed=0)
+    return "PyTorch's CPU flash kernel" if aten_flash.covers(x, x, x, p) else "chunked torch"
+
+
 def _cpu_demo(args: argparse.Namespace) -> int:
     import torch
 
     from flashattn import check as sc
     from flashattn.dispatch import select as dispatch
 
+    refusal = _cpu_refusal(args)
+    if refusal:
+        _say(f"bench: {refusal}")
+        return 2
     try:
         backend = dispatch.backend_for(torch.device("cpu"))
     except Exception as exc:
         _say(f"bench: no backend for CPU tensors: {exc}")
         return 2
+    causal = True if args.causal is None else args.causal
+    head_dims = args.d or [64]
+    deadline = None if args.time_budget is None else time.perf_counter() + args.time_budget
+    skipped = 0
+
+    def in_budget() -> bool:
+        nonlocal skipped
+        if deadline is not None and time.perf_counter() > deadline:
+            skipped += 1
+            return False
+        return True
+
     print("No CUDA GPU here: running the CPU demo (the benchmark grid needs a GPU).")
+    # The cpu backend sends each call to PyTorch's own CPU flash kernel where that kernel
+    # computes it exactly, and to our chunked torch path otherwise: say so, and name the route
+    # of the timed sections below.
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, backend '{backend}'"
-          + (" (Triton interpreter: slow)" if backend == "portable" else " (chunked torch)"))
+          + (" (Triton interpreter: slow; memory and speed below: the cpu backend)"
+             if backend == "portable" else
+             " (PyTorch's CPU flash kernel where it computes a call exactly, else chunked torch)"))
 
     print("\n1) Exactness vs the float64 reference (max|ours - ref| <= 2x torch's own "
           "low-precision error + atol; grads 3x)")
@@ -332,36 +400,79 @@ def _cpu_demo(args: argparse.Namespace) -> int:
     exact = all(r.status == "PASS" for r in results)
     print("exactness:", "PASS" if exact else "FAIL")
 
-    seqlens = args.seqlens or [1024, 2048, 4096, 8192]
-    print("\n2) Peak extra memory of one forward + backward, fp32, b=1, h=2, d=64, causal "
-          "(resident set growth)")
-    # The Triton interpreter's memory says nothing about the kernels: measure the torch path.
-    with sc.forced_backend("cpu" if backend == "portable" else None):
-        rows = sc.memory_rows(seqlens, progress=lambda r: _say(f"  s={r.s} done"))
-    mem_lines = []
-    for r in rows:
-        ratio = (f"{r.naive_mib / r.ours_mib:.1f}x" if r.ours_mib and r.naive_mib is not None
-                 else "-")
-        mem_lines.append([
-            str(r.s),
-            "n/a" if r.ours_mib is None else f"{r.ours_mib:.1f}",
-            "-" if r.naive_mib is None else f"{r.naive_mib:.1f}",
-            ratio, f"{r.ours_s:.2f}", f"{r.naive_s:.2f}" if r.naive_mib is not None else "-",
-            r.note])
-    print(format_table(["seqlen", "flashattn MiB", "naive MiB", "naive/ours", "ours s", "naive s",
-                        "note"], mem_lines))
-    if rows and rows[0].ours_mib is None:
-        print("(peak memory needs Linux /proc; times only)")
+    seqlens = args.seqlens or ([1024, 2048] if args.quick else [1024, 2048, 4096, 8192])
+    kind = "causal" if causal else "non-causal"
+    memory: List[dict] = []
+    for d in head_dims:
+        print(f"\n2) Peak extra memory of one forward + backward, fp32, b=1, h=2, d={d}, {kind} "
+              f"(resident set growth); route: {_cpu_route(seqlens[0], d, causal, torch.float32)}")
+        # The Triton interpreter's memory says nothing about the kernels: measure the torch path.
+        rows = []
+        with sc.forced_backend("cpu" if backend == "portable" else None):
+            for s in seqlens:
+                if in_budget():
+                    rows += sc.memory_rows([s], d=d, causal=causal,
+                                           progress=lambda r: _say(f"  s={r.s} done"))
+        mem_lines = []
+        for r in rows:
+            ratio = (f"{r.naive_mib / r.ours_mib:.1f}x" if r.ours_mib and r.naive_mib is not None
+                     else "-")
+            mem_lines.append([
+                str(r.s),
+                "n/a" if r.ours_mib is None else f"{r.ours_mib:.1f}",
+                "-" if r.naive_mib is None else f"{r.naive_mib:.1f}",
+                ratio, f"{r.ours_s:.2f}", f"{r.naive_s:.2f}" if r.naive_mib is not None else "-",
+                r.note])
+            memory.append(dict(s=r.s, d=d, causal=causal, ours_mib=r.ours_mib,
+                               naive_mib=r.naive_mib, ours_s=r.ours_s, naive_s=r.naive_s,
+                               note=r.note))
+        print(format_table(["seqlen", "flashattn MiB", "naive MiB", "naive/ours", "ours s",
+                            "naive s", "note"], mem_lines))
+        if rows and rows[0].ours_mib is None:
+            print("(peak memory needs Linux /proc; times only)")
 
-    speed_seqlens = args.seqlens or [1024, 4096]  # (16k: `--seqlens 1k,4k,16k`, ~2 min)
-    print(f"\n3) Speed: fwd + bwd, causal, b=1, h=8, d=64, ms (fastest call of 3 rounds of blocks), beside "
-          f"PyTorch SDPA on the same tensors ({torch.get_num_threads()} threads)")
+    # (16k: `--seqlens 1k,4k,16k`, ~2 min)
+    speed_seqlens = args.seqlens or ([1024] if args.quick else [1024, 4096])
+    dtypes = [torch.float32] if args.quick else [torch.float32, torch.bfloat16]
     bench = load_bench()
-    with sc.forced_backend("cpu" if backend == "portable" else None):
-        speed = bench.cpu_speed_rows(speed_seqlens)
-    print(format_table(["dtype", "seqlen", "flashattn ms", "sdpa ms", "speed vs sdpa"],
-                       [[r["dtype"], str(r["s"]), f"{r['ours_ms']:.1f}", f"{r['sdpa_ms']:.1f}",
-                         f"{r['speed']:.2f}x"] for r in speed]))
+    speed: List[dict] = []
+    for d in head_dims:
+        routes = sorted({_cpu_route(s, d, causal, dt) for s in speed_seqlens for dt in dtypes})
+        print(f"\n3) Speed: fwd + bwd, {kind}, b=1, h=8, d={d}, ms (fastest call of 3 rounds of "
+              f"blocks), beside PyTorch SDPA on the same tensors ({torch.get_num_threads()} "
+              f"threads); route: {' / '.join(routes)}")
+        rows = []
+        with sc.forced_backend("cpu" if backend == "portable" else None):
+            for dt in dtypes:
+                for s in speed_seqlens:
+                    if in_budget():
+                        rows += bench.cpu_speed_rows([s], dtypes=[dt], head_dim=d, causal=causal)
+        speed += rows
+        print(format_table(["dtype", "seqlen", "flashattn ms", "sdpa ms", "speed vs sdpa"],
+                           [[r["dtype"], str(r["s"]), f"{r['ours_ms']:.1f}", f"{r['sdpa_ms']:.1f}",
+                             f"{r['speed']:.2f}x"] for r in rows]))
+    if skipped:
+        print(f"\n{skipped} measurements not run (--time-budget {args.time_budget:g} s)")
+    if args.json and not args.no_save:
+        import json
+
+        out = Path(args.json)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        doc = dict(device="cpu", backend=backend, torch=torch.__version__,
+                   threads=torch.get_num_threads(),
+                   exactness=[dict(case=r.case.name, dtype=r.dtype, status=r.status, note=r.note)
+                              for r in results],
+                   memory=memory, speed=speed)
+        out.write_text(json.dumps(doc, indent=1) + "\n")
+        print(f"results: {out}")
+    if args.plot and not (speed or memory):
+        _say("bench: --plot: nothing measured to plot (every point was past --time-budget)")
+        return 1
+    if args.plot:
+        out = bench.plot_cpu(speed, memory, args.plot,
+                             title=f"flashattn CPU demo, torch {torch.__version__}, "
+                                   f"{torch.get_num_threads()} threads")
+        print(f"plot: {out}")
     print("\nThe GPU grid: python -m flashattn bench on a CUDA machine (see README).")
     return 0 if exact else 1
 
@@ -381,8 +492,23 @@ def _bench_config(args: argparse.Namespace, bench: ModuleType) -> dict:
     )
 
 
+def _matplotlib_missing() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return True
+    return False
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     bench = load_bench()
+    if args.plot and _matplotlib_missing():
+        # Said before measuring anything: a run that cannot draw what was asked for stops here
+        # rather than after minutes of timing.
+        _say("bench: --plot needs matplotlib, which is not installed in this environment: "
+             "pip install matplotlib (in a checkout: pip install -e '.[bench]'; "
+             "scripts/setup.sh installs it)")
+        return 2
     if args.report_only:
         if not args.json:
             _say("bench: --report-only needs --json PATH")

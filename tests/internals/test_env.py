@@ -102,3 +102,27 @@ def test_to_host_is_one_copy_of_everything():
 def test_former_variable_names_still_read():
     assert env.read({"FLASHATTN_KVCACHE_CHECKS": "1"}).checks
     assert not env.read({"FLASHATTN_KVCACHE_CHECKS": "1", "FLASHATTN_CHECKS": "0"}).checks
+
+
+def test_effective_values_show_what_unset_variables_mean(monkeypatch):
+    """`flashattn info` prints each variable's value in force: an unset one its default (not
+    an empty string), a set one its parsed value and, where it differs, the raw spelling."""
+    for name in list(env.VARIABLES) + list(env.ALIASES) + ["FLASH_ATTENTION_DETERMINISTIC"]:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("FLASHATTN_AUTOTUNE", "off")
+    with env.override(**env.fields_from_raw(FLASHATTN_AUTOTUNE="off", FLASHATTN_BACKEND=None)):
+        shown = env.effective_values()
+    assert set(shown) == set(env.raw_values())
+    assert shown["FLASHATTN_BACKEND"] == "auto (unset: default)"
+    assert shown["FLASHATTN_AUTOTUNE"] == "0 (set to 'off')"
+    assert shown["FLASHATTN_DECODE_CONFIG"] == "(unset: built-in default)"
+    assert all(value and value != "''" for value in shown.values())
+
+
+def test_info_prints_no_empty_values(capsys):
+    from flashattn import cli
+
+    assert cli.main(["info"]) == 0
+    lines = capsys.readouterr().out.split("environment variables")[1].splitlines()
+    assert not [line for line in lines if line.rstrip().endswith("=''")]
+    assert any(line.strip().startswith("FLASHATTN_BACKEND=") for line in lines)

@@ -383,3 +383,85 @@ def test_fa3_fp8_rows_take_per_head_descales():
     allowed = 2 * rmse(attention_fp8_ref(*args, causal=True), exact) \
         + 2 * rmse(exact.bfloat16().double(), exact)
     assert rmse(out, exact) <= allowed
+
+
+# ------------------------------------------------------------------------------ bench flags on CPU
+# `flashattn bench` without a GPU runs the CPU demo: each flag either acts on it or stops the
+# run with a message naming the flag (exit 2). The demo's exactness cases are swapped for one
+# tiny case and the shapes are tiny, so each run takes a second or two.
+@pytest.fixture
+def tiny_demo(monkeypatch):
+    from flashattn import check as sc
+
+    monkeypatch.setattr(sc, "demo_cases",
+                        lambda: [(sc.Case("tiny", b=1, s_q=16, s_k=16, h=2, h_k=2, d=16), "fp32")])
+
+    def demo(*flags):
+        return cli.main(["bench", "--cpu", "--seqlens", "64", "--d", "16", *flags])
+    return demo
+
+
+def test_cli_bench_rejects_unknown_impl(capsys):
+    """Checked while parsing, so on a GPU machine too, with the valid names in the message."""
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["bench", "--impl", "flashattn,bogus"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--impl" in err and "'bogus'" in err
+    for name in ("flashattn-portable", "sdpa-cudnn", "flex", "flashattn-fp8"):
+        assert name in err
+
+
+@pytest.mark.parametrize("flags,named", [
+    (["--mode", "fwd"], "--mode"), (["--impl", "sdpa-math"], "--impl"),
+    (["--dtype", "fp8"], "--dtype fp8"), (["--warmup", "5"], "--warmup"), (["--rep", "5"], "--rep"),
+    (["--flex-all-d"], "--flex-all-d")])
+def test_cli_bench_gpu_only_flags_stop_the_cpu_demo(flags, named, capsys):
+    assert cli.main(["bench", "--cpu", *flags]) == 2
+    err = capsys.readouterr().err
+    assert named in err and "needs a CUDA GPU" in err
+
+
+def test_cli_bench_cpu_flags_act(tiny_demo, tmp_path, capsys):
+    """--d, --no-causal, --seqlens, --quick (fp32 speed only) and --json shape what runs and
+    what is written; the header and sections name the CPU route that ran."""
+    path = tmp_path / "cpu.json"
+    assert tiny_demo("--quick", "--no-causal", "--json", str(path)) == 0
+    out = capsys.readouterr().out
+    assert "d=16, non-causal" in out and "route: PyTorch's CPU flash kernel" in out
+    assert "(chunked torch)" not in out
+    doc = json.loads(path.read_text())
+    assert [(r["s"], r["d"], r["causal"]) for r in doc["memory"]] == [(64, 16, False)]
+    assert [(r["s"], r["d"], r["causal"], r["dtype"]) for r in doc["speed"]] == \
+        [(64, 16, False, "float32")]
+    assert [r["status"] for r in doc["exactness"]] == ["PASS"]
+
+
+def test_cli_bench_cpu_no_save_and_time_budget(tiny_demo, tmp_path, capsys):
+    path = tmp_path / "cpu.json"
+    assert tiny_demo("--quick", "--causal", "--json", str(path), "--no-save",
+                     "--time-budget", "0") == 0
+    out = capsys.readouterr().out
+    assert not path.exists()
+    assert "measurements not run (--time-budget 0 s)" in out and "d=16, causal" in out
+
+
+def test_cli_bench_cpu_plot(tiny_demo, tmp_path):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "cpu.png"
+    assert tiny_demo("--quick", "--plot", str(png)) == 0
+    assert png.stat().st_size > 1000
+
+
+def test_cli_bench_plot_without_matplotlib_says_how_to_install(monkeypatch, capsys):
+    monkeypatch.setattr(cli, "_matplotlib_missing", lambda: True)
+    assert cli.main(["bench", "--cpu", "--plot", "x.png"]) == 2
+    err = capsys.readouterr().err
+    assert "--plot needs matplotlib" in err and "pip install" in err
+
+
+def test_cli_bench_cpu_route():
+    import torch
+
+    assert cli._cpu_route(64, 16, True, torch.float32) == "PyTorch's CPU flash kernel"
+    assert cli._cpu_route(64, 16, False, torch.float64) == "chunked torch"

@@ -48,8 +48,8 @@ Tensor = torch.Tensor
 def _unsupported(name: str, value: object, default: object = None) -> None:
     """FA3 arguments flashattn does not implement yet: a clear error naming them."""
     if isinstance(value, Tensor) or (value is not None and value != default):
-        raise NotImplementedError(f"flashattn.fa3: {name} is not supported yet (issue 20); "
-                                  f"got {_v._describe(value)}")
+        raise NotImplementedError(f"flashattn.fa3: {name} is not implemented by flashattn; "
+                                  f"got {_v._describe(value)}; leave it at {default!r}")
 
 
 def _check_head_dims(q: Tensor, v: Tensor) -> None:

@@ -78,7 +78,7 @@ def check_fp8_qkv(q: Tensor, k: Tensor, v: Tensor, names: Tuple[str, str, str],
                          f"(stride 1), got strides {tuple(v.stride())}")
     for x, n in zip((q, k, v), names):
         if x.requires_grad:
-            raise RuntimeError(f"{n} requires grad: {_NO_BACKWARD}")
+            raise ValueError(f"{n} requires grad: {_NO_BACKWARD}")
 
 
 def check_descale(x: Optional[Tensor], name: str, batch: int, nheads_k: int,
@@ -314,7 +314,7 @@ def flash_attn_fp8_func(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional
         return (out, lse) if return_lse else out
     for x, n in ((q, "q"), (k, "k"), (v, "v")):
         if isinstance(x, torch.Tensor) and x.requires_grad and torch.is_grad_enabled():
-            raise RuntimeError(f"{n} requires grad: {_NO_BACKWARD} (or run "
+            raise ValueError(f"{n} requires grad: {_NO_BACKWARD} (or run "
                                f"flash_attn_fp8_func under torch.no_grad())")
     incoherent, block_m, block_n = check_quantize_args(q, k, v, incoherent, seed, block_m,
                                                        block_n)

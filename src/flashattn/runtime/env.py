@@ -179,5 +179,35 @@ def raw_values() -> Dict[str, str]:
     return {name: os.environ.get(name, "") for name in names}
 
 
-__all__ = ["ALIASES", "BACKENDS", "INTERPRET", "Settings", "VARIABLES", "fields_from_raw", "hf_deterministic",
-           "override", "raw_values", "read", "reload", "settings"]
+def _shown(value: Any) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return value if value != "" else "(empty: built-in default)"
+
+
+def effective_values() -> Dict[str, str]:
+    """What each variable of :func:`raw_values` means now, for ``flashattn info``: the value in
+    force (parsed, so an unset variable shows its default rather than an empty string), marked
+    where the variable is unset or its raw spelling differs."""
+    current = settings()
+    out = {}
+    for name, var in VARIABLES.items():
+        raw = os.environ.get(name)
+        value = _shown(getattr(current, var.field))
+        if raw is None:
+            value = "(unset: built-in default)" if var.default == "" and not \
+                isinstance(getattr(current, var.field), bool) else value + " (unset: default)"
+        elif raw != value:
+            value += f" (set to {raw!r})"
+        out[name] = value
+    for old, name in ALIASES.items():
+        raw = os.environ.get(old)
+        out[old] = raw if raw is not None else f"(unset; former name of {name})"
+    raw = os.environ.get("FLASH_ATTENTION_DETERMINISTIC")
+    out["FLASH_ATTENTION_DETERMINISTIC"] = raw if raw is not None else "0 (unset: default)"
+    return out
+
+
+__all__ = ["ALIASES", "BACKENDS", "INTERPRET", "Settings", "VARIABLES", "effective_values",
+           "fields_from_raw", "hf_deterministic", "override", "raw_values", "read", "reload",
+           "settings"]

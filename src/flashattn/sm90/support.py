@@ -20,12 +20,12 @@ DTYPES = (torch.float16, torch.bfloat16)
 # Gluon's API moves between releases. The kernels compile on these (the API differences are
 # in flashattn.runtime.gluon_api), and this is what verified each one:
 GLUON_TRITON = {
-    "3.6": "H100: pytest -m gpu and the benchmark grid (every session); sm_90 AOT in CI",
-    "3.7": ("sm_90 AOT compile of every Gluon variant (74/74, session 12; CI compiles the "
+    "3.6": "H100: pytest -m gpu and the benchmark grid; sm_90 AOT in CI",
+    "3.7": ("sm_90 AOT compile of every Gluon variant (74/74; CI compiles the "
             "default configs); not run on a GPU"),
-    "3.8": ("sm_90 AOT compile of every Gluon variant (74/74, session 12; CI compiles the "
+    "3.8": ("sm_90 AOT compile of every Gluon variant (74/74; CI compiles the "
             "default configs); not run on a GPU"),
-    "3.9": ("H100 (session 12, repacked wheel over the image's torch 2.11): pytest -m gpu "
+    "3.9": ("H100 (repacked wheel over the image's torch 2.11): pytest -m gpu "
             "(408 tests, bigmem excepted) and the 16k grid; sm_90 AOT in CI"),
 }
 # The Hopper path is on by default with every release above (each compiles every variant in

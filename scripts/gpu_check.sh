@@ -7,7 +7,7 @@
 #   GRID=quick TESTS=0 bash scripts/gpu_check.sh  # a quick grid only
 #
 # The whole GPU suite no longer fits one device call, so a full check is five calls
-# (TEST_PATHS: the pytest paths, default tests; H100 times of session 27, 4 workers, fresh
+# (TEST_PATHS: the pytest paths, default tests; H100 times of 2026-11-27, 4 workers, fresh
 # machines: 508 s for the 329 tests of the first, 69 s for test_hopper_gpu.py's 127 and
 # 176-188 s for each hypothesis GPU test of test_properties.py, which run beside them, 132 s
 # for test_fp8_gpu.py's 96, 92 s for the 11 bigmem tests serially):
@@ -30,7 +30,7 @@
 #   BUDGET=530        seconds for the whole script (the device call limit is 600)
 #   TEST_TIMEOUT=240  CHECK_TIMEOUT=60   per-step caps, in seconds
 #   CHECK_DTYPES=bf16 the self-check's dtypes (bf16,fp8 adds the FP8 entry points: ~2 min more
-#                     on the H100, mostly compiles: 36 cases took 174 s, session 21)
+#                     on the H100, mostly compiles: 36 cases took 174 s, 2026-11-25)
 #   PYTEST_WORKERS=4  pytest-xdist workers (0: none; Triton compiles in parallel across workers)
 #   PYTEST_ARGS, BENCH_ARGS   extra arguments for those commands
 #   TEST_PATHS=tests          what pytest collects (paths, space-separated)
@@ -59,7 +59,7 @@ fi
 # the benchmark's kernels.
 TEST_TRITON_CACHE="${TMPDIR:-/tmp}/flashattn-triton-cache-tests"
 # torch.compile tests make inductor start a pool of compile workers in every xdist worker; its
-# atexit shutdown waited up to 300 s (session 16: the whole suite passed, then the call's cap
+# atexit shutdown waited up to 300 s (2026-11-24: the whole suite passed, then the call's cap
 # killed pytest before the summary). One compile thread starts no pool.
 export TORCHINDUCTOR_COMPILE_THREADS="${TORCHINDUCTOR_COMPILE_THREADS:-1}"
 status=()   # one line per step, printed last

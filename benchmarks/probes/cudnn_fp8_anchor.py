@@ -1,4 +1,4 @@
-"""cuDNN's FP8 SDPA as a same-run anchor for flashattn's FP8 forward (issue 18).
+"""cuDNN's FP8 SDPA as a same-run anchor for flashattn's FP8 forward.
 
 cuDNN is reached through its Python frontend (``nvidia-cudnn-frontend``, carried to the GPU
 machine as a wheel: ``pip install --no-deps --target DIR``, then ``PYTHONPATH=DIR``); it uses

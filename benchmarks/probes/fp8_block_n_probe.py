@@ -1,6 +1,6 @@
 """``flash_attn_fp8_func`` with 128- or 256-key K / V scale blocks at d = 128, causal: accuracy
 and end-to-end time. 256-key descales let the Hopper FP8 forward run its long-causal 256-key
-tiles (sm90/config.FP8_LONG_CAUSAL: +2-12 % kernel alone at 4k-16k, session 20), at the cost
+tiles (sm90/config.FP8_LONG_CAUSAL: +2-12 % kernel alone at 4k-16k, 2026-11-25), at the cost
 of coarser scales; the question is whether ``flash_attn_fp8_func`` should pick them itself.
 
 - accuracy: the FA3 paper's distribution (N(0, 1) + N(0, 100) · Bernoulli(0.001)), b = 1,

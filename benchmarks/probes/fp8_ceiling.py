@@ -1,4 +1,4 @@
-"""The FP8 forward against the FP8 matmul ceiling of the same GPU in the same minutes (issue 18:
+"""The FP8 forward against the FP8 matmul ceiling of the same GPU in the same minutes (the FP8 target:
 "≥ 1.2 PFLOP/s at d = 256, 94 % of the FP8 matmul ceiling measured on our H100, 1276").
 
 The ceiling moves with the clock, and the H100 machines run under "SW Power Cap" at times

@@ -1,5 +1,5 @@
 """``flash_attn_fp8_func`` end to end against our bf16 ``flash_attn_func`` at the issue's points
-(issue 18: "end to end faster than our bf16 forward at s >= 4k"; 16k tokens per call, hidden
+("end to end faster than our bf16 forward at s >= 4k"; 16k tokens per call, hidden
 2048: b = 16384 / s, h = 2048 / d), the two timed back to back in every round, rounds
 interleaved over the points. Reports per point the median and the best of the rounds' ratios
 (bf16 time / FP8 time: > 1 means FP8 end to end is faster), and each side's best TFLOP/s.

@@ -1,4 +1,4 @@
-"""Host time of flash_attn_fp8_func (issue 18: end to end >= bf16 at 4k, where the call's
+"""Host time of flash_attn_fp8_func (end to end >= bf16 at 4k, where the call's
 Python can outlast its kernels): per call, the wall time of the host path alone (the GPU kept
 idle: each call is followed by a synchronize, and the kernels' own time, from CUDA events, is
 subtracted) and a cProfile of the calls (top functions by own time).

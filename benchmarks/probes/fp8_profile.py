@@ -1,4 +1,4 @@
-"""One FP8 kernel call, repeated, for Nsight Compute to capture (issue 18: which pipe bounds
+"""One FP8 kernel call, repeated, for Nsight Compute to capture (which pipe bounds
 the FP8 forward at d = 128, and the quantize pass).
 
     ncu --profile-from-start off --set full python3 benchmarks/probes/fp8_profile.py --impl ours

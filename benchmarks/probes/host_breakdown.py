@@ -1,4 +1,4 @@
-"""Where the host time of small eager calls goes (issue 21's host-profile table).
+"""Where the host time of small eager calls goes (the host-profile table).
 
 For each call: wall-clock µs per call without a profiler (min / median of 7 batches of 200,
 synchronised per batch; the GPU work of these shapes is far shorter than the host path, so this

@@ -1,4 +1,4 @@
-"""Host time of the b = 1 decode step, layer by layer (issue 21): how much of a
+"""Host time of the b = 1 decode step, layer by layer: how much of a
 ``flash_attn_with_kvcache`` call each layer below the public function costs, measured by
 calling each layer directly (no profiler: cProfile inflates the many small calls).
 

@@ -1,4 +1,4 @@
-"""Kernel probe for tuning sessions on the GPU: correctness spot-check, TFLOP/s of our portable
+"""Kernel probe for tuning work on the GPU: correctness spot-check, TFLOP/s of our portable
 kernels beside SDPA (flash, cuDNN) in the same run, autotune winners and register/spill counts.
 
 Usage (device machine): python3 benchmarks/probes/probe.py [--d 64,128,256] [--seqlens 2048,16384]

@@ -1,4 +1,4 @@
-"""A / B of the FP8 quantize pass between two source trees (issue 18), interleaved: each round
+"""A / B of the FP8 quantize pass between two source trees, interleaved: each round
 runs one process per tree that times ``triton.fp8_quantize.quantize_qkv`` (allocations and
 launches, V in the Hopper key order) with do_bench at 32k tokens, hidden 2048, bf16, where
 the kernels (~270 us) outlast the host work.

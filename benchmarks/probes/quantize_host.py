@@ -1,4 +1,4 @@
-"""Host time of ``fp8.quantize`` called directly (issue 18's ``bench --mode quant`` rows read the
+"""Host time of ``fp8.quantize`` called directly (the ``bench --mode quant`` rows read the
 host, not the pass): microseconds per call, back-to-back calls with one synchronise per batch,
 fastest of 15 batches, beside the pass's do_bench time; 16k tokens, hidden 2048, d 64 / 128 /
 256, b = 1. Run once per source tree (``PYTHONPATH=<tree>/src``) for an A/B.

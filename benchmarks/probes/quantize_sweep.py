@@ -1,4 +1,4 @@
-"""Launch-parameter sweep of the fused FP8 quantize pass (issue 18: >= 2.5 TB/s): the one launch
+"""Launch-parameter sweep of the fused FP8 quantize pass (>= 2.5 TB/s): the one launch
 over Q, K (rotated, row-major e4m3 out) and V (not rotated, written in the Hopper kernel's key
 order), per head dim: warps x programs per SM x stages of the Q / K loops x stages of the V
 loop. ncu (probes/fp8_profile.py --impl quantize) showed the d = 128 rotated tile at 186

@@ -1,4 +1,4 @@
-"""Cost of a learnable sink and speed of chunked local attention (issue 20), H100.
+"""Cost of a learnable sink and speed of chunked local attention, H100.
 
 b=1, h=16, d=128, bf16, 16k tokens (the grid's point). Timings are do_bench medians (ms),
 the plain and the feature call interleaved three times (the min of the three medians is kept).

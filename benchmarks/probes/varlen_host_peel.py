@@ -1,4 +1,4 @@
-"""Host time of a packed (varlen) call, layer by layer (issue 21's lean eager path for every
+"""Host time of a packed (varlen) call, layer by layer (the lean eager path for every
 public function): how much of ``flash_attn_varlen_func`` each layer below it costs, forward and
 backward, bf16 and FP8, measured by calling each layer directly (no profiler: cProfile inflates
 the many small calls).

@@ -343,7 +343,7 @@ def test_dout_with_odd_strides(backend):
 
 
 # ---------------------------------------------------------------------------------------------
-# Issue 20, problem 2: window_size as tensors / numpy ints (flash-attn's own tests pass
+# window_size as tensors / numpy ints (flash-attn's own tests pass
 # torch.randint(...) results) means the same window as the Python ints
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("as_", ["tensor", "numpy_array", "numpy_ints", "zero_d_tensors"])

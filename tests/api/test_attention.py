@@ -169,7 +169,7 @@ def _aten_backward_rounds_twice(c: Case, q, k, v, window: Tuple[int, int]) -> bo
     """Whether this call's backward is PyTorch's CPU flash kernel (cpu/aten_flash.py) in
     fp16 / bf16, whose dK / dV carry up to one more rounding than a single-pass kernel's (it
     rounds per 32-row query block: 0.56-0.69 ulps of max|dV| at 33-200 rows with one key,
-    against 0.33 at 32; benchmarks/NOTES.md, session 26): one ulp of allowance there."""
+    against 0.33 at 32; benchmarks/NOTES.md, 2026-11-27): one ulp of allowance there."""
     if (c.dtype == torch.float32 or c.deterministic or c.alibi is not None
             or dispatch_select.backend_for(q) != "cpu"):
         return False
@@ -432,7 +432,7 @@ def test_dropout_reproducible_gpu():
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
 def test_repeated_tiny_calls_replay_the_recorded_forward_gpu(monkeypatch, causal):
-    """A repeated small call signature on the portable kernel (issue 21's tiny dense call):
+    """A repeated small call signature on the portable kernel (the tiny dense call):
     later calls, with fresh tensors, replay the forward's recorded launch with the new
     addresses and still match float64 attention of those tensors (out and lse). Calls that
     drop the LSE (no return_attn_probs) alternate with calls that return it: theirs goes to

@@ -1,4 +1,4 @@
-"""The checked mode on a GPU (issue 20, problem 5): bad device metadata raises a ValueError
+"""The checked mode on a GPU: bad device metadata raises a ValueError
 naming the argument inside flashattn.checks(); outside it the call is not synchronised."""
 from __future__ import annotations
 

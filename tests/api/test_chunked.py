@@ -1,5 +1,5 @@
-"""Chunked local attention (``attention_chunk``, FlashAttention-3 / Llama-4) and ``seqused_q``
-(issue 20), on every path: dense, varlen, KV cache, the fa3 module; forward and backward.
+"""Chunked local attention (``attention_chunk``, FlashAttention-3 / Llama-4) and ``seqused_q``,
+on every path: dense, varlen, KV cache, the fa3 module; forward and backward.
 
 Expected values: the float64 oracle (``reference.attention_ref(attention_chunk=C)``), whose
 mask is checked first against a hand-written one from the definition Llama-4's model code

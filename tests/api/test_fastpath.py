@@ -1,4 +1,4 @@
-"""The repeated-call fast path (api/fastpath.py, issue 21): a call signature seen before skips
+"""The repeated-call fast path (api/fastpath.py): a call signature seen before skips
 the argument checks and dispatch. It must give the full path's results, and it must never
 skip a check whose outcome could differ: other types, settings, alignment, gradients or
 metadata values take the full path (or keep being checked)."""

@@ -1,4 +1,4 @@
-"""The repeated-call fast path of ``flash_attn_varlen_func`` (api/fastpath.VARLEN, issue 21's
+"""The repeated-call fast path of ``flash_attn_varlen_func`` (api/fastpath.VARLEN, the
 lean eager path): a packed signature seen before skips the argument checks and dispatch, and
 runs ``replay_varlen.VarlenRunner``'s decisions, through its own autograd function when a gradient
 is recorded (every layer of a packed training step repeats one signature). It must give the

@@ -108,7 +108,7 @@ def test_bad_arguments_name_them():
 def test_incoherent_processing_lowers_the_error_on_outliers():
     """The paper's distribution: N(0, 1) + N(0, 100) · Bernoulli(0.001). The full method meets
     the paper's 9e-3 RMSE at d = 128 and beats block quantization alone (benchmarks/NOTES.md,
-    session 11, has the table at larger shapes)."""
+    2026-11-23, has the table at larger shapes)."""
     gen = torch.Generator().manual_seed(0)
 
     def inputs():

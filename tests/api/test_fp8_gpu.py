@@ -1,6 +1,6 @@
 """FP8 attention on the GPU: the Gluon FP8 kernel (sm90) and the portable FP8 kernel against
 FA3's numerics, FA3's descale API, varlen, the fused quantize pass, and the accuracy targets
-of issue 18 on the FA3 paper's input distribution.
+of the FP8 work on the FA3 paper's input distribution.
 
 Criterion (the oracle is ``reference.attention_fp8_ref`` in float64 over the same fp8 values):
 the kernel's RMSE against exact attention of the dequantized values is at most twice the RMSE

@@ -386,7 +386,7 @@ def test_decode_host_helpers_match_triton(monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------
-# Issue 20, problem 1: a window side at least as long as the cache is unbounded BEFORE the
+# a window side at least as long as the cache is unbounded BEFORE the
 # rotary positions of q are decided (flash-attn 2's mha_fwd_kvcache clamps, then a call that
 # is neither causal nor local rotates every query token at cache_seqlens). The expected output
 # is computed here by hand from that documented rule, not by reference.kvcache_ref.

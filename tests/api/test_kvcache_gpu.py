@@ -59,7 +59,7 @@ REPEAT_CASES = [
 @pytest.mark.parametrize("case", REPEAT_CASES, ids=[c.id for c in REPEAT_CASES])
 def test_repeated_signature_replays_the_recorded_decode(case: KVCase, monkeypatch) -> None:
     """Calls 2 and 3 of a signature (fresh tensors, new lengths, new pages) replay the recorded
-    decode launches with the new tensors' addresses (issue 21's lean path): out, lse and the
+    decode launches with the new tensors' addresses (the lean path): out, lse and the
     caches still match the reference every time, and the replay did run."""
     from flashattn.runtime.launch import LaunchPlan
 

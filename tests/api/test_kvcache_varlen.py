@@ -1,4 +1,4 @@
-"""FlashAttention-3's varlen forms of the KV-cache call (issue 20): packed queries
+"""FlashAttention-3's varlen forms of the KV-cache call: packed queries
 (``cu_seqlens_q`` / ``max_seqlen_q``: chunked prefill, speculative decoding), packed new keys
 (``cu_seqlens_k_new``) and ``rotary_seqlens``.
 

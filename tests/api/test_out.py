@@ -1,4 +1,4 @@
-"""``out=`` on every public attention function (issue 20): written in place and returned,
+"""``out=`` on every public attention function: written in place and returned,
 checked for shape / dtype / device before anything runs, no autograd."""
 from __future__ import annotations
 

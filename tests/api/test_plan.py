@@ -1,4 +1,4 @@
-"""flashattn.plan_decode / DecodePlan.run (issue 21): same answers as flash_attn_with_kvcache
+"""flashattn.plan_decode / DecodePlan.run: same answers as flash_attn_with_kvcache
 without new keys, buffers reused between runs, shapes checked against the plan, and (GPU) a
 CUDA graph captured once and replayed with new cache_seqlens values."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Learnable attention sinks (gpt-oss's ``sinks``, transformers' ``s_aux``; issue 20): one
+"""Learnable attention sinks (gpt-oss's ``sinks``, transformers' ``s_aux``): one
 extra logit per head in every row's softmax denominator, attending to nothing.
 
 Expected values come from that definition, computed in float64 by appending the sink as an

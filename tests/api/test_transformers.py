@@ -206,7 +206,7 @@ def test_varlen_path_is_used_and_fallback_is_exact(monkeypatch):
         fallback = ours(ids, attention_mask=mask).logits
     keep = mask.bool()
     # two exact fp32 algorithms (the chunked varlen path, PyTorch's CPU flash kernel per
-    # sequence) round differently: unseeded ids gave a 1.2e-6 difference once (CI, session 12)
+    # sequence) round differently: unseeded ids gave a 1.2e-6 difference once (CI, 2026-11-24)
     torch.testing.assert_close(fallback[keep], with_varlen[keep], rtol=1e-4, atol=1e-5)
 
 

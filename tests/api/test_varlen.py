@@ -915,7 +915,7 @@ def test_bad_paged_arguments(no_backend, change, exc, needles):
 
 
 # ---------------------------------------------------------------------------------------------
-# Issue 20, problem 3: max_seqlen_k = 0 (every key sequence empty) returns zeros, as flash-attn
+# max_seqlen_k = 0 (every key sequence empty) returns zeros, as flash-attn
 # ---------------------------------------------------------------------------------------------
 def test_max_seqlen_k_zero_returns_zeros(backend):
     q = torch.randn(7, 4, 16, requires_grad=True)

@@ -1,4 +1,4 @@
-"""No out-of-bounds memory access from any metadata value, by construction (issue 20, problem 5).
+"""No out-of-bounds memory access from any metadata value, by construction.
 
 The Triton kernels read cache_seqlens, cache_batch_idx, cache_leftpad, block_table and
 cu_seqlens / seqused_k from the device and never trust them with an address: positions past

@@ -1,4 +1,4 @@
-"""The recorded calls' replays (issue 21's lean decode and dense paths) without a GPU:
+"""The recorded calls' replays (the lean decode and dense paths) without a GPU:
 DecodeCall passes the recorded launches exactly the addresses the first call's tensors had in
 the same roles (the workspace pieces at the same offsets, the inputs' own addresses) and
 returns its lse where the replayed kernels write it; FwdCall records the forward's plan and

@@ -1,4 +1,4 @@
-"""Which Triton releases run the Gluon (Hopper) kernels (issue 19): every release they compile
+"""Which Triton releases run the Gluon (Hopper) kernels: every release they compile
 on (3.6-3.9) by default; any other release falls back to the portable kernels with one warning
 that names it and what was verified; FLASHATTN_BACKEND=hopper tries the Gluon kernels anyway."""
 from __future__ import annotations

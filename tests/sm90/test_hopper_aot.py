@@ -145,31 +145,31 @@ def _key(v):
 # a few times per tile by the 240-register consumers, whose fp32 O alone is 128 registers).
 # Bounded here so any growth fails; every other variant must have none.
 # d = 64 (three 160-register consumers) non-causal: one 4-byte value stored at consumer entry
-# and reloaded once per tile for the LSE store address (SASS, session 7), per consumer.
+# and reloaded once per tile for the LSE store address (SASS, 2026-11-23), per consumer.
 # FP8 d = 64 non-causal (three 160-register consumers): 48 bytes; two consumers have none but
 # measured 377 against 443 TFLOP/s. FP8 d = 256 with 128-key blocks: 120 / 24 bytes; 64-key
-# blocks have none but measured 831 against 1040 TFLOP/s (H100, benchmarks/NOTES.md, session 12).
+# blocks have none but measured 831 against 1040 TFLOP/s (H100, benchmarks/NOTES.md, 2026-11-24).
 # The learnable-sink epilogue at d = 64 (three consumers): 16 bytes (the 8 above plus the
 # sink's head offset), touched once per tile.
-# FP8 with P carried in fp32 and converted at the next issue (session 14: +16 % at d = 128,
+# FP8 with P carried in fp32 and converted at the next issue (2026-11-24: +16 % at d = 128,
 # +39 % at d = 64, +3-7 % at d = 256 against the 8-bit carry): d = 96 / 128 16 bytes, three
 # per-tile scalars stored at consumer entry and reloaded in the tile prologue (SASS: no LDL
 # in the key-block loop); d = 64 104, d = 256 causal 88; d = 256 non-causal runs without the
-# intra-warpgroup overlap since session 17 (config.FP8_UNMASKED_OVERRIDES): 72 (176 with it).
-# FP8 d <= 192 with the row sum on the tensor core (session 18: +0-8 % measured with these
+# intra-warpgroup overlap since 2026-11-24 (config.FP8_UNMASKED_OVERRIDES): 72 (176 with it).
+# FP8 d <= 192 with the row sum on the tensor core (2026-11-24: +0-8 % measured with these
 # spills in place; each block's P · ones is 4 registers a thread beside l's 4): d = 64 112
 # (causal 16), d = 96 / 128 40 (the window variant 16).
-# FP8 d = 192 with 128-key blocks (session 20: 184 bytes, causal 112, d192 x 128 causal 80;
+# FP8 d = 192 with 128-key blocks (2026-11-25: 184 bytes, causal 112, d192 x 128 causal 80;
 # measured +8-14 % over 64-key blocks, which had 24 / 16, with these spills in place) and
 # d = 128's long causal config (256-key blocks without the overlap: 24 bytes, +2-12 % at 4k-16k).
 SPILL_ALLOWANCE = {"fwd_d192_bfloat16_causal": 8, "fwd_d256_bfloat16_causal": 8,
                    "fwd_d64_bfloat16": 8, "fwd_d64_bfloat16_sink1": 16, "fwd_d64_float16": 8,
-                   # packed sequences (session 22): the dense variants' allowances, FP8
+                   # packed sequences (2026-11-25): the dense variants' allowances, FP8
                    # d = 256 causal 24 bytes more (the per-tile sequence geometry), FP8 d = 64
                    # / 128 causal 8 (GPU-measured at 0.97-0.98x the dense bf16 call's speed
                    # for equal lengths; FP8 varlen speed: benchmarks/NOTES.md)
                    "fwd_d256_bfloat16_causal_varlen1": 16,
-                   # (session 27: V rows before a short sequence's first key zeroed in its one
+                   # (2026-11-27: V rows before a short sequence's first key zeroed in its one
                    # block, 8 bytes more at d = 64 / 192 x 128 / 256 causal; the varlen forward
                    # measured equal to the tree without it, within 2 %)
                    "fwd_d64_bfloat16_causal_varlen1": 8,
@@ -182,12 +182,12 @@ SPILL_ALLOWANCE = {"fwd_d192_bfloat16_causal": 8, "fwd_d256_bfloat16_causal": 8,
                    "fwd_d128_float8_e4m3fn_win256_0": 16, "fwd_d192_float8_e4m3fn": 184,
                    "fwd_d192_float8_e4m3fn_causal": 112, "fwd_d192x128_float8_e4m3fn_causal": 80,
                    "fwd_d128_float8_e4m3fn_causal_long_causal1": 24,
-                   # out_dtype=float32 (session 21): the 16-bit variants' allowances
+                   # out_dtype=float32 (2026-11-25): the 16-bit variants' allowances
                    "fwd_d64_float8_e4m3fn_out_f321": 112,
                    "fwd_d128_float8_e4m3fn_causal_out_f321_long_causal1": 24,
                    "fwd_d256_float8_e4m3fn": 72,
                    "fwd_d256_float8_e4m3fn_causal": 88,
-                   # tiles aligned to the sequence's end (session 19): 16 more at d = 256 FP8
+                   # tiles aligned to the sequence's end (2026-11-24): 16 more at d = 256 FP8
                    # causal (the shift and the first tile's store guard); at 4032 rows, where
                    # it shifts by 64, the kernel measured 920 / 921 TFLOP/s with / without
                    "fwd_d256_float8_e4m3fn_causal_seqlen960": 104}
@@ -249,14 +249,14 @@ def test_fwd_variant_compiles_without_spills(variant, reports, capsys):
 
 # Backward: ptxas keeps a few loop scalars in local memory on the d = 96 / 128 variants (the
 # consumers hold fp32 dK + dV, 128 registers, for the whole key block); bounded so growth fails.
-# (The packed variants, with two copies of the block loop since session 23: 128-144 bytes.)
+# (The packed variants, with two copies of the block loop since 2026-11-25: 128-144 bytes.)
 BWD_SPILL_ALLOWANCE = 160
-# deterministic=True: the dQ writer warp's handoff (session 10) leaves consumer 0 more 64-bit
+# deterministic=True: the dQ writer warp's handoff (2026-11-23) leaves consumer 0 more 64-bit
 # values in local memory (d = 128: 272 bytes causal, 256 dense; d = 64: 64); measured as is
 DET_SPILL_ALLOWANCE = 288
 # bwd_wide_kernel.py: none, except one 8-byte kernel-entry value ptxas parks on the stack and
 # the producer warp reloads once (d = 192 non-causal, as for the forward's d = 192 / 256 causal).
-# Packed sequences (session 23): 32 bytes, the kernel's two copies of the consumer (with and
+# Packed sequences (2026-11-25): 32 bytes, the kernel's two copies of the consumer (with and
 # without the padding guard of the last sequence, row_guard.py; 0 / 8 without the guard).
 BWD_WIDE_SPILL_ALLOWANCE = {"bwd_d192_bfloat16": 8, "bwd_d256_bfloat16_varlen1": 32,
                             "bwd_d256_bfloat16_causal_varlen1": 32,

@@ -341,7 +341,7 @@ def test_bench_ships_in_the_package():
 
 
 def test_cpu_speed_rows_time_ours_beside_sdpa():
-    """`flashattn bench --cpu`'s speed table (issue 19): both timed on the same tensors."""
+    """`flashattn bench --cpu`'s speed table: both timed on the same tensors."""
     import torch
 
     from flashattn import use_backend

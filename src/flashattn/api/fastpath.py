@@ -1,11 +1,11 @@
-"""The repeated-call fast path of the public functions (issue 21: host time of small calls).
+"""The repeated-call fast path of the public functions (host time of small calls).
 
 A serving loop or ``generate()`` calls ``flash_attn_func`` / ``flash_attn_with_kvcache`` with
 the same shapes thousands of times. The first call of a *call signature* runs the full path
 (argument checks, normalisation, dispatch); the outcome is kept under a key made of
 everything those decisions read, and later calls with the same key go straight to the
 chosen backend. On the H100 host the checks and dispatch measured 40-60 µs of a 120-170 µs
-call (benchmarks/NOTES.md, session 13).
+call (benchmarks/NOTES.md, 2026-11-24).
 
 What the key holds, so that no check whose outcome could differ is skipped:
 

@@ -1,4 +1,4 @@
-"""``out=``: the keyword every public attention function takes (issue 20).
+"""``out=``: the keyword every public attention function takes.
 
 ``fn(..., out=buf)`` writes the attention output into ``buf`` and returns ``buf`` in the
 output's place (the LSE and the rest of a tuple unchanged), like torch's ``out=`` functions:

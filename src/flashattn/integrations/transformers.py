@@ -66,7 +66,7 @@ from flashattn.api.bert_padding import index_first_axis, pad_input, unpad_input
 Tensor = torch.Tensor
 
 NAME = "fa_triton"
-# The name of session-2 releases; transformers >= 5 cannot use it (see the module docstring).
+# The name of the first releases (2026-11-22); transformers >= 5 cannot use it (see the module docstring).
 LEGACY_NAME = "flashattn"
 
 

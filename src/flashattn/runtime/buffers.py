@@ -1,4 +1,4 @@
-"""Device buffers reused from call to call on one CUDA stream (issue 21: host time).
+"""Device buffers reused from call to call on one CUDA stream (host time).
 
 A decode step allocated three device buffers per call: its output, a float32 workspace for
 the split-KV partials, and the global scratch in which Triton's launcher lets a kernel build

@@ -54,7 +54,7 @@ def launch_tuned_planned(plans: Optional["LaunchPlans"], tuner: Any,
     """``launch_tuned``, and once the winner is known a replayed launch plan: the tensor
     arguments lead ``args`` (the plans' slots must be ``range(n)``); every other argument goes
     into the plan's key with ``key``. A repeated call shape then skips the binder and the
-    argument specialisation (the causal tiny dense call, issue 21). ``plans`` None: plain
+    argument specialisation (the causal tiny dense call). ``plans`` None: plain
     ``launch_tuned``. Returns the plan that launched or was recorded (None: the tuned path
     ran)."""
     full_key = (id(tuner), key, *kwargs.values())

@@ -44,7 +44,7 @@ order (1: key-block major across heads, for masked calls; 2: head major, unmaske
 waits only on higher key blocks of its head, which come earlier in either order, so the
 persistent grid cannot deadlock (the static stride when unmasked, the ticket queue when
 masked: both hand out tiles in order). Every key block from 0 to the last visits the query
-block (no left window: host check). Measured in benchmarks/NOTES.md (session 10).
+block (no left window: host check). Measured in benchmarks/NOTES.md (2026-11-23).
 
 Schedule switches (constexpr, measured in benchmarks/probes/hopper_probe.py --mode bwd):
     DQ_TMA     TMA reduce-add instead of atomics (d=128 16k: 496 vs 431 TFLOP/s)

@@ -14,7 +14,7 @@ program its query block's rows, all padded head-dim columns): one launch and one
 allocation path fewer than a separate ``torch.zeros`` (the bytes written are the same). For a
 packed (varlen) backward it also zeroes dK and dV (each program an equal flat share): keys of
 no sequence, or past seqused_k, get no tile, and two ``torch.zeros`` cost two more launches
-(~20-40 µs of host per backward on the H100 host, session 24).
+(~20-40 µs of host per backward on the H100 host, 2026-11-25).
 """
 from __future__ import annotations
 

@@ -34,12 +34,12 @@ class FwdConfig:
     # Ping-pong between the consumer warpgroups (fwd_kernel PINGPONG): 0 off, 1 (or True) the
     # token passes through mbarriers, 2 through hardware named barriers. 1 measured slower on
     # H100 with this kernel (d=128 causal 16k: 593 vs 645 TFLOP/s; d=64: -4..-6%); 2 equal or
-    # 1-3% slower at d = 128 / 256 (H200, session 9: benchmarks/NOTES.md).
+    # 1-3% slower at d = 128 / 256 (H200, 2026-11-23: benchmarks/NOTES.md).
     pingpong: int = 0
     intra_overlap: bool = True
     # intra_overlap only: rescale O by block j's alpha between the QK^T and PV issues of the
     # next iteration (under QK^T) instead of right after PV lands (fwd_kernel INTRA_OVERLAP 2).
-    # Measured equal (+-1%) at d = 128, -2% at d = 256 dense (H200, session 9): off.
+    # Measured equal (+-1%) at d = 128, -2% at d = 256 dense (H200, 2026-11-23): off.
     rescale_early: bool = False
     persistent: bool = True
     dynamic: bool = True  # persistent tile queue for causal / windowed calls
@@ -52,13 +52,13 @@ class FwdConfig:
     # and consumer_regs <= 160)
     consumers: int = 2
     # True: every consumer thread releases K / V slots by itself (fwd_kernel._release), with no
-    # warpgroup bar.sync. Measured slower (H100, session 16, kernel alone at 16k, TFLOP/s with /
+    # warpgroup bar.sync. Measured slower (H100, 2026-11-24, kernel alone at 16k, TFLOP/s with /
     # without): FP8 d128 826 / 853, d256 1110 / 1174, d64 562 / 602; bf16 d128 627 / 637,
     # causal 572 / 604 (benchmarks/NOTES.md): off, kept as a tested switch.
     thread_release: bool = False
     # True: the softmax's row sum l = P · ones on the tensor core (one more wgmma of N = 8 per
     # key block, fwd_kernel ROWSUM_MMA) instead of one FADD per score: the kernel is bound by
-    # instruction issue at small head dims (benchmarks/NOTES.md, session 18). l then sums the
+    # instruction issue at small head dims (benchmarks/NOTES.md, 2026-11-24). l then sums the
     # same rounded P (bf16 / e4m3) that P·V multiplies.
     rowsum_mma: bool = False
     # Masked calls (causal / a right window bound): tiles aligned to the end of the query
@@ -66,7 +66,7 @@ class FwdConfig:
     # seqlen_q that BLOCK_M does not divide is the first one, which sees the fewest keys,
     # instead of the last, which sees them all. Kernel alone, 16k tokens, d = 64 causal
     # (192-row tiles), TFLOP/s with / without: bf16 1k 255 / 233, 2k 343 / 332, 4k 424 / 413;
-    # FP8 1k 303 / 275, 2k 434 / 414, 4k 527 / 503 (H100, session 19, benchmarks/NOTES.md).
+    # FP8 1k 303 / 275, 2k 434 / 414, 4k 527 / 503 (H100, 2026-11-24, benchmarks/NOTES.md).
     bottom_align: bool = True
 
     def smem_bytes(self, head_dim: int, elem: int = 2, head_dim_v: Optional[int] = None) -> int:
@@ -80,7 +80,7 @@ class FwdConfig:
         return q + kv + o + 1024
 
 
-# d = 64: three consumer warpgroups (BLOCK_M = 192) against two (128), H100 session 7, TFLOP/s
+# d = 64: three consumer warpgroups (BLOCK_M = 192) against two (128), H100 2026-11-23, TFLOP/s
 # at 2k / 8k / 16k: dense 455 / 518 / 515 vs 418 / 474 / 461, causal 342 / 468 / 481 vs
 # 353 / 438 / 447 (benchmarks/NOTES.md).
 FWD_CONFIGS: Dict[int, FwdConfig] = {
@@ -103,14 +103,14 @@ SOFTCAP_CONFIGS: Dict[int, FwdConfig] = {
 
 
 # FP8 (e4m3 Q, K, V^T, bf16 O): tiles of half the bytes. O has its own slot (Q's is fp8).
-# H100, 16k tokens (benchmarks/NOTES.md, session 12), TFLOP/s non-causal / causal:
+# H100, 16k tokens (benchmarks/NOTES.md, 2026-11-24), TFLOP/s non-causal / causal:
 # d = 256 BLOCK_N 128: 1040 / 944 against 831-852 / 789-804 with 64 (it spills 120 / 24 bytes:
 # O is 128 registers and two S tiles 128 more; without the intra-warpgroup overlap 24 / 0
 # bytes but 1013 / 889); d = 128: 2 / 3 / 4 stages, ping-pong 1 / 2 and no overlap all
 # measured equal or slower than this (706-726 non-causal); d = 64: two consumers 377 / 400
 # against three 443 / 422.
 # rowsum_mma (l = P · ones on the tensor core) at d <= 192. Kernel alone, 16k tokens, min of 3
-# interleaved rounds, TFLOP/s with / without (H100, session 18; benchmarks/NOTES.md):
+# interleaved rounds, TFLOP/s with / without (H100, 2026-11-24; benchmarks/NOTES.md):
 # d = 64 651 / 602 (causal 644 / 589), d = 96 684 / 649 (647 / 641), d = 128 893 / 851
 # (841 / 848), d = 192 794 / 793 (755 / 734). d = 256 is slower with it (1124 / 1203, causal
 # 1072 / 1118): there the GEMMs, not instruction issue, bound the kernel.
@@ -121,7 +121,7 @@ FP8_CONFIGS: Dict[int, FwdConfig] = {
     128: FwdConfig(block_m=128, block_n=128, num_stages=3, separate_o=True, rowsum_mma=True),
     # d = 192: 128-key blocks, 2 stages (226.5 KiB of shared memory; 184 / 112 bytes of
     # spills) against 64 x 3 stages, kernel alone, 16k tokens, min of 3 interleaved rounds,
-    # TFLOP/s (H100, session 20): non-causal 16k 906 / 824, 4k 883 / 788; causal 16k 861 / 753,
+    # TFLOP/s (H100, 2026-11-25): non-causal 16k 906 / 824, 4k 883 / 788; causal 16k 861 / 753,
     # 4k 734 / 681. Without the intra-warpgroup overlap: 892 / 839 / 799 / 706.
     192: FwdConfig(block_m=128, block_n=128, num_stages=2, separate_o=True, rowsum_mma=True),
     256: FwdConfig(block_m=128, block_n=128, num_stages=2, separate_o=True),
@@ -131,7 +131,7 @@ FP8_CONFIGS: Dict[int, FwdConfig] = {
 # over >= FP8_LONG_CAUSAL_MIN_KEYS keys at d = 128, where the K / V descales cover >= 256 keys
 # (a key block must not straddle two descales: FlashAttention-3's API, one descale per head,
 # or fp8.quantize(block_n=256)). Kernel alone, min of 3 interleaved rounds, TFLOP/s with / the
-# table's config (H100, session 20, two runs): causal 16k 941 / 843 and 933 / 837, 8k 848 /
+# table's config (H100, 2026-11-25, two runs): causal 16k 941 / 843 and 933 / 837, 8k 848 /
 # 791, 4k 750 / 734 and 750 / 737, 2k 593 / 628; non-causal 16k 861 / 913, 4k 787 / 841 (so
 # dense calls keep 128-key blocks). With the overlap, 256-key blocks spill 432 bytes: 670 / 843.
 FP8_LONG_CAUSAL: Dict[int, Dict[str, Any]] = {
@@ -145,8 +145,8 @@ FP8_NARROW_STAGES = 3
 
 # Unmasked calls (no causal mask, no window) at d = 256: without the intra-warpgroup overlap
 # (one S tile live instead of two: 72 bytes of spills instead of 176). Kernel alone, 16k
-# tokens, min of interleaved rounds, TFLOP/s without / with: 1104 / 1036 (session 14), 1177 /
-# 1144 (session 16), 1165 / 1135 at 16k and 1110 / 1094 at 4k (session 17). Masked calls keep
+# tokens, min of interleaved rounds, TFLOP/s without / with: 1104 / 1036 (2026-11-24), 1177 /
+# 1144 (2026-11-24), 1165 / 1135 at 16k and 1110 / 1094 at 4k (2026-11-24). Masked calls keep
 # the overlap, which hides the masked blocks' extra softmax work: causal 986 / 1011, 1047 /
 # 1110, 1058 / 1092 (benchmarks/NOTES.md). d = 128 and 64 measured equal or slower without it.
 FP8_UNMASKED_OVERRIDES: Dict[int, Dict[str, Any]] = {256: dict(intra_overlap=False)}
@@ -253,7 +253,7 @@ class BwdConfig:
     pipeline: bool = False
     # program order: key blocks ascending across groups of KV heads sized to keep their Q / dO
     # in L2 (tiles.key_block_coords), instead of one head's key blocks after another. Off:
-    # measured equal or slower (H100, session 8: -4% at d = 128 causal 16k, -8% dense 2k).
+    # measured equal or slower (H100, 2026-11-23: -4% at d = 128 causal 16k, -8% dense 2k).
     longest_first: bool = False
     # a grid of at most one CTA per SM taking key tiles in turn: the next tile's K / V (and its
     # first Q / dO blocks) load while the consumers still write the previous dK / dV. Needs
@@ -261,7 +261,7 @@ class BwdConfig:
     persistent: bool = False
     # persistent only: CTAs take tiles from a global atomic queue (the producer warp draws a
     # ticket and publishes the index) instead of a static stride, for tiles of unequal cost
-    # (causal). Off: measured slower than one CTA per tile on causal calls (H200, session 9,
+    # (causal). Off: measured slower than one CTA per tile on causal calls (H200, 2026-11-23,
     # d = 128 2k / 8k / 16k: 368 / 462 / 492 vs 386 / 488 / 530 TFLOP/s; d = 64 -2..-4%);
     # kept as a switch (exact, GPU-tested).
     dynamic: bool = False
@@ -273,7 +273,7 @@ class BwdConfig:
     # deterministic only: the tile order (tiles.key_block_coords DESCENDING): 1 key-block
     # major across heads, 2 head major (bwd_config picks per mask); and whether the dQ writer
     # passes a block's turn after issuing the next block's reduce (late) instead of at once.
-    # Late measured equal to -25% (H100, session 10: dense d = 128 16k 396 vs 474, causal
+    # Late measured equal to -25% (H100, 2026-11-23: dense d = 128 16k 396 vs 474, causal
     # 333 vs 303 TFLOP/s): off.
     det_order: int = 1
     det_release_late: bool = False
@@ -311,7 +311,7 @@ def ordered_dq_unsupported(head_dim: int, window_left: int, softcap: float) -> O
 
     The turn waits need the persistent schedule (PERSISTENT_BWD_HEAD_DIMS) and every key tile
     from 0 up to the last one that reaches a query block visiting it (no left window);
-    softcap's tanh on top of the turn logic spilled 368 bytes at d = 128 (session 9)."""
+    softcap's tanh on top of the turn logic spilled 368 bytes at d = 128 (2026-11-23)."""
     if head_dim not in PERSISTENT_BWD_HEAD_DIMS:
         return f"head dim {head_dim} (ordered dQ: {PERSISTENT_BWD_HEAD_DIMS})"
     if window_left >= 0:
@@ -332,7 +332,7 @@ def bwd_config(head_dim: int, masked: bool = True, deterministic: bool = False,
 
     ``masked``: the call has a causal or sliding-window mask. Unmasked calls at d = 64 / 128
     run the persistent schedule, where every key tile costs the same. Measured on H100
-    (hopper_probe --mode bwd, session 8), persistent / one CTA per tile: dense 2k d = 128
+    (hopper_probe --mode bwd, 2026-11-23), persistent / one CTA per tile: dense 2k d = 128
     490 / 475, d = 64 387 / 370; 8k and 16k within +-1%. Causal: 284 / 361 at 2k and
     329 / 541 at 16k (d = 128): the static tile stride lets CTAs drift apart in work, so
     concurrent CTAs no longer share one head's Q / dO in L2.
@@ -357,7 +357,7 @@ def _bwd_config(head_dim: int, masked: bool, overrides: Dict[str, Any]) -> BwdCo
                              f"{PERSISTENT_BWD_HEAD_DIMS}, not {head_dim}")
         # head-major on unmasked calls (each head's key tiles start together and pass their
         # turns down the chain one block apart), key-block major across heads on masked ones
-        # (H100, session 10: dense 16k 498 vs 474 TFLOP/s, 2k 364 vs 245; causal 16k 96 vs
+        # (H100, 2026-11-23: dense 16k 498 vs 474 TFLOP/s, 2k 364 vs 245; causal 16k 96 vs
         # 303: one head's 128 key tiles at once serialise on the diagonal's counters)
         cfg = replace(cfg, persistent=True, pipeline=False,
                       dynamic=cfg.dynamic if "dynamic" in overrides else masked,

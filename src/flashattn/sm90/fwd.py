@@ -457,7 +457,7 @@ class Fp8FwdCall:
 
 # Launch plans (runtime/launch.py) of earlier calls: a repeated call shape costs allocations +
 # one replayed launch (launch_args' Python, descriptor validation and the binder measured 65 of
-# the 124 us of a call on the H100 host, session 7). Slots: the q, k, v, out descriptors, lse
+# the 124 us of a call on the H100 host, 2026-11-23). Slots: the q, k, v, out descriptors, lse
 # and the tile-queue counter (lse stands in for the counter when the queue is static).
 _PLANS = LaunchPlans(slots=(0, 1, 2, 3, 4, 5))
 SINK_ARG = 27  # position of the sinks in launch_args' list

@@ -39,7 +39,7 @@ Scheduling knobs (constexpr, for the ablation table in benchmarks/NOTES.md):
     ROWSUM_MMA     the softmax's row sum l as P · ones on the tensor core (one wgmma of N = 8
                    per key block beside P·V, B a tile of ones in shared memory) instead of one
                    FADD per score: the FP8 kernel at d <= 192 is bound by instruction issue,
-                   not by the GEMMs (+5-8 % at d = 64 / 128, benchmarks/NOTES.md, session 18).
+                   not by the GEMMs (+5-8 % at d = 64 / 128, benchmarks/NOTES.md, 2026-11-24).
                    Each block's sum starts from zero and l adds them in fp32 registers. l then
                    sums the same rounded P that P·V multiplies (FA3 sums the fp32 P).
     BOTTOM_ALIGN   masked calls: query tiles are shifted up by whole warpgroup pieces
@@ -69,7 +69,7 @@ one-thread arrive (Triton's lowering): each K or V release costs one warpgroup b
 is where ncu's "CTA barrier" stalls of this kernel come from. Releasing K and V of a slot with
 one arrive after PV was measured slower (K's slot refills a block later: NOTES). So was
 THREAD_RELEASE (``_release``: every consumer thread arrives by itself, no ``bar.sync``; 1-7 %
-slower, session 16): the stall is warps waiting for each other, not the barrier instruction.
+slower, 2026-11-24): the stall is warps waiting for each other, not the barrier instruction.
 """
 from __future__ import annotations
 
@@ -417,7 +417,7 @@ def _release(empty_bar, THREAD_RELEASE: gl.constexpr):
     ``mbarrier.arrive``: a warpgroup ``bar.sync`` plus a one-thread arrive. Removing those
     barriers (ncu's top stall of the FP8 forward is "CTA barrier") measured 1-7 % *slower*:
     128 arrives on one barrier word cost more than the bar.sync; off by default
-    (FwdConfig.thread_release; NOTES, session 16)."""
+    (FwdConfig.thread_release; NOTES, 2026-11-24)."""
     if THREAD_RELEASE:
         mbarrier_arrive_per_thread(empty_bar)
     else:
@@ -547,7 +547,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
     # block's sum starts from zero and is added to l in fp32 registers: the FP8 tensor core
     # keeps ~14 bits when it adds products to its accumulator, so l (a sum of positives that
     # keeps growing) accumulated there loses the small terms of later blocks; that made the
-    # output 2.5x less accurate at 16k keys (H100, benchmarks/NOTES.md, session 18).
+    # output 2.5x less accurate at 16k keys (H100, benchmarks/NOTES.md, 2026-11-24).
     PV_GROUPS: gl.constexpr = 2 if ROWSUM_MMA else 1
     L_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, ROWSUM_N, MMA_K])

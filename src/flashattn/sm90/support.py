@@ -196,7 +196,7 @@ def fp8_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: A
 
 
 # Below these key lengths the portable kernels measured faster on the H100 (16k tokens per
-# call; benchmarks/NOTES.md, session 4, after the launch-overhead work): the Hopper kernels pay
+# call; benchmarks/NOTES.md, 2026-11-23, after the launch-overhead work): the Hopper kernels pay
 # fixed costs (descriptors, tile queue, warp-role start; the backward's dQ workspace and its
 # cast) over too few key blocks, and at s_k = 512 every call is host-bound anyway.
 # Forward hopper/portable, dense: d <= 128 at 1k 1.07-1.23x, at 512 0.79-1.03x; d = 256 at 1k
@@ -207,7 +207,7 @@ MIN_SEQLEN_K_DENSE_LARGE_D = 2048  # head dim > 128 (forward)
 MIN_SEQLEN_K_MASKED = 2048
 MIN_SEQLEN_K_BWD_DENSE = 1024
 MIN_SEQLEN_K_BWD_MASKED = 2048
-# Backward at d = 192 / 256 (bwd_wide_kernel.py against the portable backward, session 6):
+# Backward at d = 192 / 256 (bwd_wide_kernel.py against the portable backward, 2026-11-23):
 # dense 512: 216 vs 162 TFLOP/s, 1k: 276 vs 198; causal 512: 109 vs 119, 1k: 212 vs 156.
 MIN_SEQLEN_K_BWD_DENSE_LARGE_D = 512
 MIN_SEQLEN_K_BWD_MASKED_LARGE_D = 1024
@@ -235,17 +235,17 @@ def slower_than_portable(q: torch.Tensor, k: torch.Tensor, params: Mapping[str, 
 
 
 # Packed (varlen) forward, Hopper varlen mode / portable, H100, 16k tokens of ragged lengths
-# (benchmarks/probes/varlen_probe.py, d = 128, h = 16, session 22): mean 4k 1.64x dense /
+# (benchmarks/probes/varlen_probe.py, d = 128, h = 16, 2026-11-25): mean 4k 1.64x dense /
 # 1.24x causal, 2k 1.64x / 1.21x, 1k 1.71x / 1.37x, 512 1.59x / 1.58x, 256 1.02x / 0.88x,
 # 128 1.35x / 1.35x. One launch serves every sequence, so the dense rule's fixed costs per
 # call do not scale with the number of sequences; below 512 the points disagree.
 MIN_MEAN_SEQLEN_K_VARLEN = 512
-# Packed backward, bwd_kernel.py's varlen mode / portable, same probe (session 22, backward
+# Packed backward, bwd_kernel.py's varlen mode / portable, same probe (2026-11-25, backward
 # forced too, three runs at 1k / 4k): 4k 1.59-1.67x dense / 1.42-1.46x causal, 1k 1.58x /
 # 1.35x, 512 1.40x / 1.25x, 256 1.26x / 1.17x; not measured below.
 MIN_MEAN_SEQLEN_K_VARLEN_BWD = 256
 # d = 192 / 256 (bwd_wide_kernel.py's varlen mode; the portable backward is slow at those head
-# dims): d = 256, same probe (session 23), 4k 4.5x / 4.5x, 1k 4.3x / 3.8x, 512 3.8x / 3.1x,
+# dims): d = 256, same probe (2026-11-25), 4k 4.5x / 4.5x, 1k 4.3x / 3.8x, 512 3.8x / 3.1x,
 # 256 3.1x / 2.4x, 128 2.3x / 2.2x (the lowest mean measured)
 MIN_MEAN_SEQLEN_K_VARLEN_BWD_WIDE = 128
 
@@ -294,7 +294,7 @@ def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 # for d = 192 / 256 (run as 256). dQ is accumulated by TMA reduce-add (fp32). Its order is
 # fixed for deterministic=True at d = 128 without a mask or softcap (the key tiles take turns
 # through a dQ writer warp, config.BwdConfig.deterministic; the kernel also runs d = 64 and
-# masks); other deterministic calls run the portable backward. Measured on H100 (session 10,
+# masks); other deterministic calls run the portable backward. Measured on H100 (2026-11-23,
 # hopper_probe --mode bwd, TFLOP/s, ordered Hopper / portable deterministic): dense d = 128
 # 16k 500 / 405, 8k 444 / 393, 2k 359 / 339; d = 64 8k 326 / 313, 2k 242 / 272; causal d = 128
 # 16k 315 / 408, 8k 252 / 368, 2k 193 / 279, d = 64 8k 224 / 296. Under a mask the key tiles'

@@ -273,7 +273,7 @@ def launch_config(head_dim: int, elem_bytes: int, paged: bool, long_unsplit: boo
         return bn, warps, stages, tma
     if config.INTERPRET:
         return 16, 4, 1, True
-    # d <= 128, 16-bit: from the H100 sweep of session 4 (benchmarks/NOTES.md; CUDA-graph
+    # d <= 128, 16-bit: from the H100 sweep of 2026-11-23 (benchmarks/NOTES.md; CUDA-graph
     # replays, GQA 32/8, the issue's five decode points). Contiguous: 64 keys x 3 stages over
     # TMA (best at the four split / short points, +1-2 % over the former 64 x 4), and for long
     # unsplit streams 128 keys x 3 stages with 8 warps (+1.3 % at (64, 32k); 64 x 3 loses 7 %
@@ -301,7 +301,7 @@ def num_splits_heuristic(batch: int, nheads_k: int, m_blocks: int, max_seqlen_k:
     Programs without a split: ``batch * nheads_k * m_blocks``. When they already cover most
     multiprocessors, one split (no combine pass). Otherwise fill ``waves`` programs per
     multiprocessor (FLASHATTN_DECODE_WAVES; default 1 for a contiguous cache, 2 paged: the
-    H100 sweep of session 4 measured +2-4 % for 1 over 2 contiguous at (1, 16k), (1, 128k)
+    H100 sweep of 2026-11-23 measured +2-4 % for 1 over 2 contiguous at (1, 16k), (1, 128k)
     and (8, 8k), and -5 to -15 % paged), never giving a split fewer than 4 key blocks (the
     fixed cost of loading q and writing a partial row must stay small next to its K/V
     stream).
@@ -419,7 +419,7 @@ class DecodeCall:
     with each call's tensors: after the first call, a call allocates its outputs (two
     allocations: out, and one float32 workspace holding lse and the split partials) and
     replays the recorded launches with the tensors' addresses. That is the decode step's host
-    path (issue 21: tens of microseconds of Python per step were the decisions and the
+    path (tens of microseconds of Python per step were the decisions and the
     argument tuples, rebuilt on every call).
 
     The constructor takes the first call's tensors (only their metadata is read).
@@ -518,7 +518,7 @@ class DecodeCall:
         # the shared plans' key: the launch's every argument but the 11 tensors (the inputs'
         # metadata, the scalars, the constexprs and options) and its grid, whose split count
         # no other part shows (the partials' strides are the same for any count > 1; a key
-        # without it replayed another call's split count: wrong results, GPU suite session 15)
+        # without it replayed another call's split count: wrong results, GPU suite 2026-11-24)
         tensor_meta = tuple(None if t is None else (t.shape, t.stride(), t.dtype) for t in
                             (q, k_cache, v_cache, seqlens_k, leftpad, batch_idx, block_table,
                              alibi_slopes, cu_seqlens_q))

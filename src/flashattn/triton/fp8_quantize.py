@@ -80,7 +80,7 @@ def _quantize_tile(X, Out, Descale, h, h2, signs, signs2, tile, stride_xb, strid
         # the tile holds the same keys and the same amax). Gathering whole rows (d values) keeps
         # the loads coalesced, and the transposed store runs along contiguous positions: the
         # permuted store (below, for tiles under 32 rows) compiled to 64 one-byte stores and
-        # 255 registers a thread at d = 128 (AOT, session 17).
+        # 255 registers a thread at d = 128 (AOT, 2026-11-24).
         src_rows = ((rows >> 5) << 5) | (((rows >> 4) & 1) << 4) | (((rows >> 1) & 1) << 3) \
             | (((rows >> 2) & 3) << 1) | (rows & 1)
         out_rows = rows
@@ -354,24 +354,24 @@ def launch_params(head_dim: int, block: int, rotate: bool, elem_bytes: int = 2
     The (block, d) tile lives in registers: 8 warps from 16K elements (d = 256 rotated keeps
     1168 bytes of stack with 8 warps, 512 with 16, AOT for sm_90; 8 measured faster). Programs
     per SM and stages from sweeps on the H100 (probes/quantize_sweep.py, 16k tokens, hidden
-    2048; benchmarks/NOTES.md, sessions 14-18). A rotated 128 x 128 tile takes ~180 registers
+    2048; benchmarks/NOTES.md, 2026-11-24). A rotated 128 x 128 tile takes ~180 registers
     a thread at 8 warps, so one program fitted per SM; capped at 128 (no spills, AOT) with two
     stages (112 KB of shared memory), two programs fit, and one's amax / layout conversion /
-    store overlaps the other's: 132.7 -> 123.8 us at d = 128, 16k tokens (session 17). The
+    store overlaps the other's: 132.7 -> 123.8 us at d = 128, 16k tokens (2026-11-24). The
     rotated loops decide the programs, and the V loop (no rotation, a transposing store)
     takes its stages from the sweep at that program count."""
     block_d = max(16, next_pow2(head_dim))
     big = block * block_d >= 16384
     warps = 8 if big else 4
     # (a pipelined V loop ran at half speed: 263-290 us against 143 for the whole pass with
-    # one stage, d = 128, in the sweep of session 15; 2 / 3 stages 150 / 138 against 132 in
-    # session 17's)
+    # one stage, d = 128, in a 2026-11-24 sweep; 2 / 3 stages 150 / 138 against 132 in a
+    # later one that day)
     if rotate and (block > 128 or (elem_bytes == 4 and head_dim > 192)):
         # one stage: 3 of a 256 x 128 bf16 tile asked for 240 KB of shared memory (of 227),
         # float32 d = 256 for 276 KB; with one, every head dim at block 256 (16-bit) takes
-        # <= 104 KB and float32 <= 208 KB (AOT for sm_90, session 20)
+        # <= 104 KB and float32 <= 208 KB (AOT for sm_90, 2026-11-25)
         return warps, 1, 1, 1, None
-    if rotate and chunks(head_dim) == 3:  # d = 96, 192 (session 18's sweep)
+    if rotate and chunks(head_dim) == 3:  # d = 96, 192 (a 2026-11-24 sweep)
         if block * head_dim > 16384:  # d = 192: 197 registers, 3 stages in 170 KB
             return warps, 1, 3, 1, None
         # d = 96: 120 registers under a 128 cap with one stage (16-bit inputs): two programs per
@@ -395,13 +395,13 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q8: torch.Tensor,
             k_descale: torch.Tensor, v_descale: torch.Tensor, signs: Optional[torch.Tensor],
             block_m: int, block_n: int, interpret: bool, v_wgmma: bool,
             tuning: Optional[dict] = None, plan_out: Optional[list] = None) -> None:
-    """The pass, one launch. (Sessions 15-16 gave V in wgmma key order with d_v > 128 its
-    own 4-warp launch: the permuted store ran at half speed at 8 warps. Since session 17 the
+    """The pass, one launch. (An earlier version gave V in wgmma key order with d_v > 128 its
+    own 4-warp launch: the permuted store ran at half speed at 8 warps. Since 2026-11-24 the
     V loop gathers its keys and stores along contiguous positions (``_quantize_tile``), and
     the one launch at 8 warps measured 144 us against 157 for the two at d = 256, 16k
     tokens, H100.) ``tuning`` (probes only): {"warps", "per_sm", "stages", "stages_v"}
     "maxnreg" overrides of :func:`launch_params`; {"chunks": 0} pads d = 3 W tiles to a
-    power of two and runs d = 256 as two 128-column halves, as before session 18 (A/B);
+    power of two and runs d = 256 as two 128-column halves, as before 2026-11-24 (A/B);
     {"only": "qk" | "v"} launches only those tiles (the parts' times).
     ``plan_out``: gets (the launch plan or None, the ±1 matrix, the signs argument): what a
     :class:`QuantizeCall` replays."""

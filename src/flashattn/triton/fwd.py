@@ -379,7 +379,7 @@ class FwdCall:
     call allocates out and lse and replays the plan with the tensors' addresses. Everything
     the launch depends on follows from the shapes, strides, dtypes, devices, 16-byte
     alignment, params and settings, which the caller keys (the api's fast path per call
-    signature); issue 21's tiny dense call spent ~15-20 us of its host time on flash_fwd's
+    signature); the tiny dense call spent ~15-20 us of its host time on flash_fwd's
     argument tuples and the plan lookup.
 
     ``need_lse`` False (the caller drops the LSE): a replayed call writes it into the stream's

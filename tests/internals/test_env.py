@@ -16,10 +16,12 @@ from flashattn.runtime import env
 
 def test_every_variable_parses_from_its_default_and_is_documented():
     assert env.read({}) == env.Settings(interpret=False)
-    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")).read()
+    # the full table lives in docs/configuration.md (README links it)
+    table = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs",
+                              "configuration.md")).read()
     for name, var in env.VARIABLES.items():
         assert var.field in {f for f in env.Settings.__dataclass_fields__}
-        assert f"`{name}`" in readme, f"README's environment table lacks {name}"
+        assert f"`{name}`" in table, f"docs/configuration.md's environment table lacks {name}"
 
 
 @pytest.mark.parametrize("raw,expected", [("0", False), ("false", False), ("OFF", False),
@@ -126,3 +128,13 @@ def test_info_prints_no_empty_values(capsys):
     lines = capsys.readouterr().out.split("environment variables")[1].splitlines()
     assert not [line for line in lines if line.rstrip().endswith("=''")]
     assert any(line.strip().startswith("FLASHATTN_BACKEND=") for line in lines)
+
+
+def test_use_backend_portable_without_triton_names_the_call(monkeypatch):
+    """use_backend('portable') on a machine that cannot run Triton on CPU tensors: a
+    RuntimeError (the name is valid; the machine cannot run it) naming the call, not only the
+    environment variable the user did not set, and what to use instead."""
+    monkeypatch.setattr(dispatch_select, "interpreting", lambda: False)
+    with flashattn.use_backend("portable"):
+        with pytest.raises(RuntimeError, match=r"use_backend\('portable'\).*use_backend\('cpu'\)"):
+            dispatch_select.backend_for(torch.zeros(1))

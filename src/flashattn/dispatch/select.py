@@ -134,9 +134,12 @@ def _backend_for(device: torch.device, requested: str) -> str:
                 if not triton_available()
                 else f"{device.type} tensors need CUDA, or TRITON_INTERPRET=1 for CPU tensors"
             )
+            # RuntimeError, not ValueError: the name is valid, this machine cannot run it.
+            # The request came from use_backend(...) or the environment variable: name both.
             raise RuntimeError(
-                f"{ENV_BACKEND}={requested} cannot run on device {device}: {why}. "
-                f"Unset {ENV_BACKEND} (or set it to 'cpu') to use the chunked torch path."
+                f"backend {requested!r} (use_backend({requested!r}) or {ENV_BACKEND}="
+                f"{requested}) cannot run on device {device}: {why}. Use use_backend('cpu') "
+                f"or 'auto' (or unset {ENV_BACKEND}) for the chunked torch path."
             )
         return "portable"
     # auto

@@ -124,6 +124,30 @@ def _eager_autograd(name: str, fwd_impl, setup_context, backward, bwd_impl):
                 {"forward": staticmethod(forward), "backward": staticmethod(backward_)})
 
 
+class _ForwardOnly(torch.autograd.Function):
+    """``out`` as an output of ``inputs`` whose backward raises (forward-only computations, such
+    as FP8 attention, called on inputs that require grad: FlashAttention-3 runs the forward
+    and refuses only the backward)."""
+
+    @staticmethod
+    def forward(ctx, out, message, *inputs):
+        ctx.message = message
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise NotImplementedError(ctx.message)
+
+
+def forward_only(out: Tensor, inputs: Tuple[Optional[Tensor], ...], message: str) -> Tensor:
+    """``out``, attached to ``inputs`` by a backward that raises NotImplementedError(message)
+    when any of them requires grad under grad mode; ``out`` unchanged otherwise."""
+    if torch.is_grad_enabled() and any(isinstance(x, Tensor) and x.requires_grad
+                                       for x in inputs):
+        return _ForwardOnly.apply(out, message, *inputs)
+    return out
+
+
 def tracing() -> bool:
     """torch.compile / export tracing, or a Python dispatch mode, is active."""
     return torch.compiler.is_compiling() or bool(torch._C._len_torch_dispatch_stack())

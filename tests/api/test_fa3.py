@@ -94,9 +94,11 @@ def test_combine_takes_fa3s_lse_layout():
              for sl in (slice(0, 9), slice(9, 20))]
     out_partial = torch.stack([o for o, _ in parts]).float()
     lse_fa3 = torch.stack([lse.transpose(1, 2) for _, lse in parts]).float()  # (2, b, s, h)
-    res = fa3.flash_attn_combine(out_partial, lse_fa3)
-    ref, _ = attention_ref(q.double(), k.double(), v.double())
+    res, lse = fa3.flash_attn_combine(out_partial, lse_fa3)  # FA3 returns (out, lse)
+    ref, ref_lse = attention_ref(q.double(), k.double(), v.double())
     torch.testing.assert_close(res.double(), ref, atol=1e-5, rtol=1e-5)
+    assert lse.shape == (2, 5, 3)  # FA3's (batch, seqlen, nheads)
+    torch.testing.assert_close(lse.double(), ref_lse.transpose(1, 2), atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="lse_partial"):
         fa3.flash_attn_combine(out_partial, lse_fa3[0])
 

@@ -181,8 +181,9 @@ def flash_attn_func(
         return_attn_probs: bool. Also return softmax_lse and S_dmask (S_dmask for testing only).
         q_descale, k_descale, v_descale: None, or float32 (batch, nheads_k) (keyword only; FP8
             inputs only, FlashAttention-3's convention): with float8_e4m3fn q, k, v the real
-            values are fp8 × descale (None = 1). FP8 calls are forward only (inputs must not
-            require grad), without dropout, ALiBi or return_attn_probs; v may also have its
+            values are fp8 × descale (None = 1). FP8 calls are forward only (inputs may
+            require grad, as in FA3; a backward raises NotImplementedError), without dropout,
+            ALiBi or return_attn_probs; v may also have its
             key axis contiguous (the layout ``flashattn.fp8.quantize`` writes).
         out_dtype: None or the output dtype of an FP8 call (keyword only; default bfloat16).
         learnable_sink: None, or a float tensor (nheads,) (keyword only; gpt-oss's attention

@@ -11,8 +11,9 @@ Where FA3 and flash-attn 2 differ, this module follows FA3:
 - Windows: FA3 masks with a side as given, flash-attn 2 counts a side >= seqlen_k as
   unbounded; the masks differ only for a right side in [seqlen_k, seqlen_q - 1) (more
   queries than keys), which raises ``NotImplementedError`` instead of using flash-attn 2's.
-- ``flash_attn_combine`` takes and returns the LSE as (…, seqlen, nheads) (flash-attn 2's
-  layout, and ``flashattn.flash_attn_combine``'s, is (…, nheads, seqlen)).
+- ``flash_attn_combine`` returns ``(out, softmax_lse)`` and takes and returns the LSE as
+  (…, seqlen, nheads) (flash-attn 2's layout, and ``flashattn.flash_attn_combine``'s, is
+  (…, nheads, seqlen)).
 - ``get_scheduler_metadata`` returns the split decision (int32 CPU tensor, one entry: the
   number of key splits) that ``flash_attn_with_kvcache(scheduler_metadata=...)`` then uses;
   for a whole serving loop planned once see ``flashattn.plan_decode``.
@@ -236,17 +237,17 @@ def get_scheduler_metadata(batch_size: int, max_seqlen_q: int, max_seqlen_k: int
 
 
 def flash_attn_combine(out_partial: Tensor, lse_partial: Tensor, out: Optional[Tensor] = None,
-                       out_dtype: Optional[torch.dtype] = None) -> Tensor:
+                       out_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor]:
     """FA3's ``flash_attn_combine``: out_partial (num_splits, batch, seqlen, nheads, headdim)
     float32, lse_partial (num_splits, batch, seqlen, nheads) float32 (FA3's layout). Returns
-    out (batch, seqlen, nheads, headdim) (written into ``out`` when given). (FA3 drops the
-    combined LSE: this returns out only, as FA3 does.)"""
+    ``(out, softmax_lse)`` as FA3's ``fwd_combine`` does: out (batch, seqlen, nheads, headdim)
+    (written into ``out`` when given), softmax_lse (batch, seqlen, nheads) float32."""
     if not isinstance(lse_partial, Tensor) or lse_partial.dim() != 4:
         raise ValueError("lse_partial must be (num_splits, batch, seqlen, nheads), got "
                          f"{_v._describe(lse_partial)}")
-    res, _ = _combine.flash_attn_combine(out_partial, lse_partial.transpose(2, 3), out,
-                                         out_dtype)
-    return res
+    res, lse = _combine.flash_attn_combine(out_partial, lse_partial.transpose(2, 3), out,
+                                           out_dtype)
+    return res, lse.transpose(1, 2)
 
 
 __all__ = ["flash_attn_combine", "flash_attn_func", "flash_attn_varlen_func",

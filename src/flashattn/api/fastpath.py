@@ -343,8 +343,8 @@ def fp8_key(q: Any, k: Any, v: Any, softmax_scale: Any, causal: Any, window_size
             return_lse: Any) -> Optional[tuple]:
     """The call signature of a ``flash_attn_fp8_func`` call with a fixed rotation (``seed`` an
     int: None draws new signs on every call and takes the full path), or None (full path).
-    Same rules as :func:`dense_key`; inputs that require grad take the full path, which
-    raises."""
+    Same rules as :func:`dense_key`; inputs that require grad take the full path (a forward
+    whose backward raises)."""
     if type(seed) is not int or not _plain_qkv(q, k, v, window_size):
         return None
     if not (type(incoherent) in _SCALARS and type(block_m) in _SCALARS
@@ -396,7 +396,7 @@ def _descale_key(x: Any) -> Any:
 
 def _plain_fp8_qkv(q: Any, k: Any, v: Any) -> bool:
     """The tests every FP8 signature starts with: plain float8_e4m3fn tensors, no tracing or
-    dispatch mode, none requiring grad (the full path raises for those)."""
+    dispatch mode, none requiring grad (the full path attaches a backward that raises)."""
     if not (type(q) is Tensor and type(k) is Tensor and type(v) is Tensor):
         return False
     e4m3 = torch.float8_e4m3fn

@@ -33,7 +33,8 @@ FP8 = torch.float8_e4m3fn
 FP8_TYPES = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _NO_BACKWARD = ("FP8 attention is forward only (FlashAttention-3's FP8 path has no backward): "
-                "for training, call flash_attn_func with bfloat16 / float16 tensors")
+                "for training, call flash_attn_func with bfloat16 / float16 tensors, or run "
+                "the FP8 call under torch.no_grad()")
 
 
 def is_fp8(*tensors: object) -> bool:
@@ -76,9 +77,8 @@ def check_fp8_qkv(q: Tensor, k: Tensor, v: Tensor, names: Tuple[str, str, str],
     if v.shape[-1] > 1 and v.stride(-1) != 1 and v.stride(key_axis) != 1:
         raise ValueError(f"{names[2]} must have its last dimension or its key axis contiguous "
                          f"(stride 1), got strides {tuple(v.stride())}")
-    for x, n in zip((q, k, v), names):
-        if x.requires_grad:
-            raise ValueError(f"{n} requires grad: {_NO_BACKWARD}")
+    # inputs that require grad are accepted, as FlashAttention-3 does: the forward runs and a
+    # backward raises (ops.forward_only)
 
 
 def check_descale(x: Optional[Tensor], name: str, batch: int, nheads_k: int,
@@ -187,6 +187,7 @@ def dense(q: Tensor, k: Tensor, v: Tensor, *, dropout_p: float, softmax_scale: O
     out, lse = _ops.fp8_attention(q, k, v, qd, kd.unsqueeze(-1).contiguous(),
                                   vd.unsqueeze(-1).contiguous(), ONE_BLOCK_SHIFT,
                                   ONE_BLOCK_SHIFT, scale, causal, left, right, softcap, out_dtype)
+    out = _ops.forward_only(out, (q, k, v), _NO_BACKWARD)
     return (out, lse) if return_lse else out
 
 
@@ -222,7 +223,7 @@ def varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: 
                                        kd.unsqueeze(-1).contiguous(),
                                        vd.unsqueeze(-1).contiguous(), scale, causal, left,
                                        right, softcap, out_dtype)
-    return out
+    return _ops.forward_only(out, (q, k, v), _NO_BACKWARD)
 
 
 @_out.writes_out(lambda bound: None)
@@ -292,8 +293,9 @@ def flash_attn_fp8_func(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional
 
     Arguments:
         q: (batch, seqlen_q, nheads, headdim), k: (batch, seqlen_k, nheads_k, headdim),
-            v: (batch, seqlen_k, nheads_k, headdim_v); float16 or bfloat16 (float32 too),
-            none requiring grad.
+            v: (batch, seqlen_k, nheads_k, headdim_v); float16 or bfloat16 (float32 too).
+            Inputs that require grad are accepted; a backward through the result raises
+            NotImplementedError (forward only).
         softmax_scale, causal, window_size, softcap: as ``flash_attn_func``.
         incoherent: rotate q and k by the same random orthogonal M = H · diag(signs) before
             quantizing (q k^T is unchanged; outlier channels are spread first).
@@ -312,10 +314,6 @@ def flash_attn_fp8_func(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional
     if run:
         out, lse = run(q, k, v)
         return (out, lse) if return_lse else out
-    for x, n in ((q, "q"), (k, "k"), (v, "v")):
-        if isinstance(x, torch.Tensor) and x.requires_grad and torch.is_grad_enabled():
-            raise ValueError(f"{n} requires grad: {_NO_BACKWARD} (or run "
-                               f"flash_attn_fp8_func under torch.no_grad())")
     incoherent, block_m, block_n = check_quantize_args(q, k, v, incoherent, seed, block_m,
                                                        block_n)
     # when the Hopper kernel will run, the quantize pass writes V in its key order (no
@@ -331,10 +329,14 @@ def flash_attn_fp8_func(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional
             out, lse = run(q, k, v)
             return (out, lse) if return_lse else out
     v_wgmma = _ops.fp8_v_wgmma(q, k, v, params, block_m, block_n)
-    qkv8 = quantize_for_kernels(q, k, v, incoherent, seed, block_m, block_n, v_wgmma,
-                                copy_signs=False)
-    return _attention_quantized(qkv8, softmax_scale, causal, window_size, softcap, q.dtype,
-                                return_lse, v_wgmma, trusted=True)
+    with torch.no_grad():  # forward only: a backward raises (ops.forward_only)
+        qkv8 = quantize_for_kernels(q, k, v, incoherent, seed, block_m, block_n, v_wgmma,
+                                    copy_signs=False)
+        res = _attention_quantized(qkv8, softmax_scale, causal, window_size, softcap, q.dtype,
+                                   return_lse, v_wgmma, trusted=True)
+    if return_lse:
+        return _ops.forward_only(res[0], (q, k, v), _NO_BACKWARD), res[1]
+    return _ops.forward_only(res, (q, k, v), _NO_BACKWARD)
 
 
 def _check_quantized(qkv: QuantizedQKV, v_wgmma: bool) -> None:

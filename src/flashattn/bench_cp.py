@@ -9,6 +9,8 @@ FLOPs count the visible (query, key) pairs: ``4 b h d * pairs * 3.5`` for forwar
 Modes (``--modes``, comma-separated):
 - ring: zigzag ring attention, causal, at each ``--per-gpu`` tokens per GPU;
 - ulysses: Ulysses, causal;
+- uspUxR (e.g. usp4x2): Ulysses over U ranks (consecutive ranks: inside a node) and the zigzag
+  ring over R = N / U, at each ``--per-gpu``;
 - varlen: the varlen zigzag ring on packed documents of lengths drawn in [1k, 64k]
   (``--varlen-per-gpu`` tokens per GPU), against the one-GPU varlen call;
 - scale: one long sequence (``--scale-per-gpu`` per GPU, GQA ``--kv-heads``): time, TFLOP/s
@@ -70,6 +72,13 @@ def _dense_row(mode: str, per_gpu: int, world: int, h: int, hk: int, d: int,
     if mode == "ring":
         shard = fp.zigzag_shard
         attn = lambda a, b, c: fp.ring_flash_attn_func(a, b, c, causal=True)
+    elif mode.startswith("usp"):  # "usp4x2": Ulysses over 4 ranks inside, the ring over 2
+        from torch.distributed.device_mesh import init_device_mesh
+
+        u = int(mode[3:].split("x")[0])
+        mesh = init_device_mesh("cuda", (world // u, u), mesh_dim_names=("ring", "ulysses"))
+        shard = lambda x: fp.usp_shard(x, mesh)
+        attn = lambda a, b, c: fp.usp_flash_attn_func(a, b, c, mesh=mesh, causal=True)
     else:
         shard = fp.contiguous_shard
         attn = lambda a, b, c: fp.ulysses_flash_attn_func(a, b, c, causal=True)
@@ -279,6 +288,10 @@ def main() -> None:
     for per in ([int(x) for x in args.ulysses_per_gpu.split(",")] if "ulysses" in modes else []):
         guarded(lambda: _dense_row("ulysses", per, world, h, h, d, args.iters),
                 dict(mode="ulysses", per_gpu=per))
+    for usp in (m for m in modes if m.startswith("usp")):
+        for per in [int(x) for x in args.per_gpu.split(",")]:
+            guarded(lambda: _dense_row(usp, per, world, h, h, d, args.iters),
+                    dict(mode=usp, per_gpu=per))
     if "varlen" in modes:
         guarded(lambda: _varlen_row(args.varlen_per_gpu, world, h, h, d, args.iters),
                 dict(mode="varlen", per_gpu=args.varlen_per_gpu))

@@ -70,18 +70,21 @@ def ring_dense(rank, world, *, b=2, s_per_rank=8, h=4, hk=2, d=16, dtype=torch.f
                                           deterministic=deterministic, layout=layout,
                                           return_attn_probs=True)
     grads = torch.autograd.grad(out, local, shard(dout))
-    _check((out, lse, grads), ref, lp, shard, lse_shard=lambda x: shard(x, 2))
+    # every collective first, the rank-local checks after: a rank that fails a check must not
+    # leave the others waiting in a collective
     if deterministic:
         local2 = [x.detach().clone().requires_grad_() for x in local]
         out2 = fp.ring_flash_attn_func(*local2, causal=causal, window_size=window_size,
                                        softcap=softcap, deterministic=True, layout=layout)
         grads2 = torch.autograd.grad(out2, local2, shard(dout))
+    unshard = fp.zigzag_unshard if layout == "zigzag" else fp.contiguous_unshard
+    whole = unshard(local[0].detach(), None, 1)
+    _check((out, lse, grads), ref, lp, shard, lse_shard=lambda x: shard(x, 2))
+    if deterministic:
         assert torch.equal(out, out2)
         for g1, g2 in zip(grads, grads2):
             assert torch.equal(g1, g2)
-    # the unshard helper gives back the whole tensor
-    unshard = fp.zigzag_unshard if layout == "zigzag" else fp.contiguous_unshard
-    assert torch.equal(unshard(local[0].detach(), None, 1), q)
+    assert torch.equal(whole, q)  # the unshard helper gives back the whole tensor
 
 
 def ring_alibi_refused(rank, world):
@@ -134,8 +137,9 @@ def ring_varlen(rank, world, *, lengths=(8, 16, 24), h=4, hk=2, d=16, dtype=torc
     out, lse, _ = fp.ring_flash_attn_varlen_func(*local, cu_d, max(lengths), causal=causal,
                                                  softcap=softcap, return_attn_probs=True)
     grads = torch.autograd.grad(out, local, shard(dout))
+    whole = fp.zigzag_varlen_unshard(local[0].detach(), cu_d)  # collectives before checks
     _check((out, lse, grads), ref, lp, shard, lse_shard=lambda x: shard(x, 1))
-    assert torch.equal(fp.zigzag_varlen_unshard(local[0].detach(), cu_d), q)
+    assert torch.equal(whole, q)
 
 
 def ulysses_dense(rank, world, *, b=2, s_per_rank=6, hk=None, d=16, dtype=torch.float32,
@@ -186,8 +190,9 @@ def usp(rank, world, *, ulysses=2, b=1, s_per_rank=4, h=4, hk=2, d=16, dtype=tor
     out, lse, _ = fp.usp_flash_attn_func(*local, mesh=mesh, causal=causal,
                                          window_size=window_size, return_attn_probs=True)
     grads = torch.autograd.grad(out, local, shard(dout))
+    whole = fp.usp_unshard(local[0].detach(), mesh, 1)  # collectives before checks
     _check((out, lse, grads), ref, lp, shard, lse_shard=lambda x: shard(x, 2))
-    assert torch.equal(fp.usp_unshard(local[0].detach(), mesh, 1), q)
+    assert torch.equal(whole, q)
 
 
 def _expect_value_error(fn, words):

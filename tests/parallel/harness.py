@@ -8,6 +8,7 @@ A case is a picklable ``(function, kwargs)``; the function runs on every rank as
 """
 from __future__ import annotations
 
+import datetime
 import os
 import tempfile
 import traceback
@@ -27,8 +28,9 @@ def _worker(rank: int, world: int, init_file: str, cases: Sequence[Case], result
     else:
         os.environ.setdefault("TRITON_INTERPRET", "1")
         torch.set_num_threads(1)
+    # a bounded timeout: a collective that a failing rank never joins raises instead of hanging
     dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank,
-                            world_size=world)
+                            world_size=world, timeout=datetime.timedelta(seconds=120))
     failures: List[str] = []
     try:
         for name, fn, kwargs in cases:

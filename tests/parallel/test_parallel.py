@@ -4,6 +4,8 @@ mask. Each world size spawns its processes once for all of its cases."""
 from __future__ import annotations
 
 import itertools
+import os
+import zlib
 
 import numpy as np
 import pytest
@@ -61,7 +63,8 @@ def _cases(world):
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_parallel_calls(world, request):
-    seed = hash(request.node.nodeid) % (2**31)
+    # the suite's base seed (printed in pytest's header) mixed with the world size
+    seed = zlib.crc32(f"{os.environ.get('FLASHATTN_TEST_SEED', '0')}-{world}".encode())
     failures = run(world, _cases(world), seed=seed)
     assert not failures, "\n".join(failures)
 

@@ -138,23 +138,25 @@ def check_case(c: KVCase, fa3_api: bool = False) -> None:
 
 
 BASE = KVCase()
-CASES = [
-    BASE,
-    replace(BASE, s_new=1, num_splits=3),
-    replace(BASE, s_new=3, rotary="interleaved", causal=True, s_q=3),
-    replace(BASE, s_new=2, rotary="neox", rotary_frac=0.5, num_splits=0),
-    replace(BASE, page=1, s_cache=12, s_new=1),
-    replace(BASE, page=3, s_new=2, num_splits=3, causal=True, s_q=2, leftpad=True),
-    replace(BASE, page=64, s_cache=64, s_new=1, h=8, h_k=1, rotary="interleaved"),
-    replace(BASE, batch_idx=True, s_new=2, num_splits=3),
-    replace(BASE, s_q=3, causal=True, window=(5, 0), num_splits=3, leftpad=True),
-    replace(BASE, s_q=2, window=(6, 2), alibi=True, softcap=2.0),
-    replace(BASE, dtype=torch.bfloat16, s_new=1, num_splits=2),
-    replace(BASE, dtype=torch.float32, s_new=1, d=24),
-]
+# what each case adds to BASE (GQA 4/2, d 32, fp16 q, contiguous cache of 48)
+_FEATURES = {
+    "plain": {},
+    "append-splits": dict(s_new=1, num_splits=3),
+    "rotary-causal": dict(s_new=3, rotary="interleaved", causal=True, s_q=3),
+    "rotary-neox-half": dict(s_new=2, rotary="neox", rotary_frac=0.5, num_splits=0),
+    "page1": dict(page=1, s_cache=12, s_new=1),
+    "page3-leftpad": dict(page=3, s_new=2, num_splits=3, causal=True, s_q=2, leftpad=True),
+    "page64-mqa-rotary": dict(page=64, s_cache=64, s_new=1, h=8, h_k=1, rotary="interleaved"),
+    "batch-idx": dict(batch_idx=True, s_new=2, num_splits=3),
+    "window-leftpad": dict(s_q=3, causal=True, window=(5, 0), num_splits=3, leftpad=True),
+    "alibi-softcap": dict(s_q=2, window=(6, 2), alibi=True, softcap=2.0),
+    "bf16": dict(dtype=torch.bfloat16, s_new=1, num_splits=2),
+    "fp32-d24": dict(dtype=torch.float32, s_new=1, d=24),
+}
+CASES = [replace(BASE, **kw) for kw in _FEATURES.values()]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+@pytest.mark.parametrize("case", CASES, ids=list(_FEATURES))
 def test_kvcache_fp8(case: KVCase, backend: str) -> None:
     check_case(case)
 
@@ -203,10 +205,11 @@ def _bad(**over):
 
 @pytest.mark.parametrize("over, exc, match", [
     (dict(k_descale=torch.ones(2, 3)), ValueError, "k_descale must have shape"),
-    (dict(v_descale=torch.ones(2, 2, dtype=torch.float16)), TypeError, "v_descale must have dtype"),
+    (dict(v_descale=torch.ones(2, 2, dtype=torch.float16)), TypeError, "v_descale must be float32"),
     (dict(k_descale=torch.ones(2, 2, device="meta")), ValueError, "k_descale must be on"),
-    (dict(k_descale=[[1.0, 1.0]]), TypeError, "k_descale must be None or a float32"),
-], ids=["shape", "dtype", "device", "not-a-tensor"])
+    (dict(k_descale=[[1.0, 1.0]]), TypeError, "k_descale must be a float32 tensor"),
+    (dict(v_descale=-torch.ones(2, 2)), ValueError, "v_descale must be finite and > 0"),
+], ids=["shape", "dtype", "device", "not-a-tensor", "negative"])
 def test_bad_descales(cpu_backend: str, over, exc, match) -> None:
     c, x = _bad(**over)
     with pytest.raises(exc, match=match):
@@ -246,5 +249,28 @@ def test_fp8_query_not_implemented(cpu_backend: str) -> None:
 
 
 def test_plan_decode_refuses_fp8(cpu_backend: str) -> None:
-    with pytest.raises(TypeError, match="dtype"):
+    with pytest.raises(NotImplementedError, match="plan_decode does not take FP8 KV caches"):
         flashattn.plan_decode(2, 4, 2, 32, max_seqlen_k=48, dtype=FP8, device="cpu")
+    plan = flashattn.plan_decode(2, 4, 2, 32, max_seqlen_k=48, dtype=torch.float16,
+                                 device="cpu")
+    x = _fp8_inputs(BASE)
+    with pytest.raises(ValueError, match="k_cache must be a torch.float16 tensor"):
+        plan.run(x["q"], x["k_cache"], x["v_cache"], cache_seqlens=x["cache_seqlens"])
+
+
+def test_packed_queries_and_new_keys(backend: str) -> None:
+    """FlashAttention-3's packed forms (cu_seqlens_q, cu_seqlens_k_new) over an FP8 cache:
+    the same cache bytes and out as the dense call."""
+    c = replace(BASE, s_q=2, s_new=2, causal=True, page=3)
+    x = _fp8_inputs(c)
+    _, out, _, kc, vc = _run(c, dict(x))
+    cu = torch.arange(0, 2 * c.b + 1, 2, dtype=torch.int32)
+    k8, v8 = x["k_cache"].clone(), x["v_cache"].clone()
+    packed = fa3.flash_attn_with_kvcache(
+        x["q"].flatten(0, 1), k8, v8, x["k"].flatten(0, 1), x["v"].flatten(0, 1),
+        cache_seqlens=x["cache_seqlens"], page_table=x["block_table"], cu_seqlens_q=cu,
+        max_seqlen_q=c.s_q, cu_seqlens_k_new=cu, causal=True, k_descale=x["k_descale"],
+        v_descale=x["v_descale"])
+    assert torch.equal(k8.view(torch.uint8), kc.view(torch.uint8))
+    assert torch.equal(v8.view(torch.uint8), vc.view(torch.uint8))
+    torch.testing.assert_close(packed, out.flatten(0, 1), atol=2e-3, rtol=0)

@@ -24,9 +24,12 @@ calls (their kernels have no key split; the decode path takes it). ``attention_c
 (chunked local attention) works in every call, forward and backward (FA3's backward refuses
 it); ``seqused_q`` in the varlen call; packed queries (``cu_seqlens_q`` / ``max_seqlen_q``),
 packed new keys (``cu_seqlens_k_new``), ``rotary_seqlens`` and ``cache_batch_idx`` with
-``page_table`` (row b takes the table's row cache_batch_idx[b]) in the KV-cache call. Not
+``page_table`` (row b takes the table's row cache_batch_idx[b]) in the KV-cache call, and
+FP8 KV caches there: float8_e4m3fn ``k_cache`` / ``v_cache`` with ``k_descale`` /
+``v_descale`` (float32 (batch, nheads_k), None = 1.0) and a bf16 / fp16 / fp32 q (K / V
+dequantized on chip, the math in q's dtype, out in q's dtype; new k / v quantized in). Not
 supported yet, and raising ``NotImplementedError`` naming the argument: ``qv``, head dims
-above 256, FP8 KV caches (descales in the KV-cache call).
+above 256, an FP8 q in the KV-cache call (``q_descale``: FA3's FP8 query math).
 """
 from __future__ import annotations
 

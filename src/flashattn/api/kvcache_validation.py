@@ -23,6 +23,7 @@ from typing import Any, Tuple
 import torch
 
 from flashattn import metadata
+from flashattn.api import fp8_attention as _fp8
 from flashattn.api import validation as _v
 from flashattn.api.validation import _describe, check_tensor
 
@@ -96,7 +97,8 @@ def check_cache(q: Any, k_cache: Any, v_cache: Any, paged: bool) -> None:
 def check_descales(k_descale: Any, v_descale: Any, k_cache: torch.Tensor, batch: int
                    ) -> None:
     """FlashAttention-3's KV descales: with a float8_e4m3fn cache, each None (1.0) or a
-    float32 (batch, nheads_k) tensor on the cache's device (real value = fp8 * descale);
+    float32 (batch, nheads_k) tensor on the cache's device, finite and > 0 where its values
+    are free to read (real value = fp8 * descale);
     with any other cache, both None."""
     fp8 = is_fp8_cache(k_cache)
     h_k = k_cache.shape[2]
@@ -106,17 +108,8 @@ def check_descales(k_descale: Any, v_descale: Any, k_cache: torch.Tensor, batch:
         if not fp8:
             raise ValueError(f"{n} was given but k_cache has dtype {k_cache.dtype}: descales "
                              "belong to a torch.float8_e4m3fn KV cache; pass None")
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{n} must be None or a float32 tensor (batch, nheads_k) = "
-                            f"({batch}, {h_k}), got {_describe(x)}")
-        if x.dtype != torch.float32:
-            raise TypeError(f"{n} must have dtype torch.float32, got {x.dtype}")
-        if tuple(x.shape) != (batch, h_k):
-            raise ValueError(f"{n} must have shape (batch, nheads_k) = ({batch}, {h_k}), got "
-                             f"{tuple(x.shape)}")
-        if x.device != k_cache.device:
-            raise ValueError(f"{n} must be on the device of k_cache ({k_cache.device}), got "
-                             f"{x.device}")
+        # the FP8 forward's rules (and messages) for FA3's descales
+        _fp8.check_descale(x, n, batch, h_k, k_cache.device)
 
 
 def check_varlen_q(q: Any, cu_seqlens_q: Any, max_seqlen_q: Any, cache_seqlens: Any

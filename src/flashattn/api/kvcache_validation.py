@@ -23,7 +23,6 @@ from typing import Any, Tuple
 import torch
 
 from flashattn import metadata
-from flashattn.api import fp8_attention as _fp8
 from flashattn.api import validation as _v
 from flashattn.api.validation import _describe, check_tensor
 
@@ -108,8 +107,17 @@ def check_descales(k_descale: Any, v_descale: Any, k_cache: torch.Tensor, batch:
         if not fp8:
             raise ValueError(f"{n} was given but k_cache has dtype {k_cache.dtype}: descales "
                              "belong to a torch.float8_e4m3fn KV cache; pass None")
-        # the FP8 forward's rules (and messages) for FA3's descales
-        _fp8.check_descale(x, n, batch, h_k, k_cache.device)
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{n} must be None or a float32 tensor (batch, nheads_k) = "
+                            f"({batch}, {h_k}), got {_describe(x)}")
+        rules = (("dtype", torch.float32, x.dtype, TypeError),
+                 ("shape (batch, nheads_k)", (batch, h_k), tuple(x.shape), ValueError),
+                 ("the device of k_cache", k_cache.device, x.device, ValueError))
+        for what, want, got, exc in rules:
+            if want != got:
+                raise exc(f"{n} must have {what} = {want}, got {got}")
+        if metadata.values_checkable(x) and not bool((torch.isfinite(x) & (x > 0)).all()):
+            raise ValueError(f"{n} must be finite and > 0 (real value = fp8 * descale)")
 
 
 def check_varlen_q(q: Any, cu_seqlens_q: Any, max_seqlen_q: Any, cache_seqlens: Any

@@ -573,6 +573,8 @@ def _fwd_kvcache_impl(
     max_seqlen_q: int = 0,
     cu_seqlens_k_new: Optional[Tensor] = None,
     rotary_seqlens: Optional[Tensor] = None,
+    k_descale: Optional[Tensor] = None,
+    v_descale: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     """``flash_attn_with_kvcache`` as an op: k / v (if given) are written into k_cache /
     v_cache in place (attention_chunk: 0 or FA3's chunked local attention; FA3's packed
@@ -580,13 +582,14 @@ def _fwd_kvcache_impl(
     rotary_seqlens). Returns out (b, s_q, h, d_v) in q's dtype and lse float32 (b, h, s_q),
     contiguous. Arguments as checked and normalised by the api (softmax_scale resolved, the
     window against the cache capacity with causal folded in, alibi_slopes (b, h),
-    cache_seqlens a (b,) int32 tensor or None)."""
+    cache_seqlens a (b,) int32 tensor or None). float8_e4m3fn caches take k_descale /
+    v_descale float32 (b, h_k) (None: 1.0); q, k, v and out stay in q's 16/32-bit dtype."""
     params = AttnParams(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
                         0.0, 0, False, attention_chunk)
     out, lse = _kvcache.kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                                 cache_batch_idx, cache_leftpad, block_table, params,
                                 rotary_interleaved, num_splits, cu_seqlens_q, max_seqlen_q,
-                                cu_seqlens_k_new, rotary_seqlens)
+                                cu_seqlens_k_new, rotary_seqlens, k_descale, v_descale)
     return _fresh(out, lse)  # type: ignore[return-value]
 
 
@@ -599,7 +602,8 @@ def _fwd_kvcache_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_s
                       cache_batch_idx, cache_leftpad, block_table, alibi_slopes, softmax_scale,
                       causal, window_left, window_right, softcap, rotary_interleaved,
                       num_splits, attention_chunk=0, cu_seqlens_q=None, max_seqlen_q=0,
-                      cu_seqlens_k_new=None, rotary_seqlens=None):
+                      cu_seqlens_k_new=None, rotary_seqlens=None, k_descale=None,
+                      v_descale=None):
     if cu_seqlens_q is not None:
         total_q, h, _ = q.shape
         return (q.new_empty((total_q, h, v_cache.shape[-1])),

@@ -25,9 +25,12 @@ calls (their kernels have no key split; the decode path takes it). ``attention_c
 (chunked local attention) works in every call, forward and backward (FA3's backward refuses
 it); ``seqused_q`` in the varlen call; packed queries (``cu_seqlens_q`` / ``max_seqlen_q``),
 packed new keys (``cu_seqlens_k_new``), ``rotary_seqlens`` and ``cache_batch_idx`` with
-``page_table`` (row b takes the table's row cache_batch_idx[b]) in the KV-cache call. Not
+``page_table`` (row b takes the table's row cache_batch_idx[b]) in the KV-cache call, and
+FP8 KV caches there: float8_e4m3fn ``k_cache`` / ``v_cache`` with ``k_descale`` /
+``v_descale`` (float32 (batch, nheads_k), None = 1.0) and a bf16 / fp16 / fp32 q (K / V
+dequantized on chip, the math in q's dtype, out in q's dtype; new k / v quantized in). Not
 supported yet, and raising ``NotImplementedError`` naming the argument: ``qv``, head dims
-above 256, FP8 KV caches (descales in the KV-cache call).
+above 256, an FP8 q in the KV-cache call (``q_descale``: FA3's FP8 query math).
 """
 from __future__ import annotations
 
@@ -194,9 +197,13 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor,
         rows = max_seqlen_q if cu_seqlens_q is not None else (
             q.shape[1] if q.dim() == 4 else None)
         _check_window_rule(window_size, causal, rows, capacity, "the cache capacity")
-    for name, value in (("q_descale", q_descale), ("k_descale", k_descale),
-                        ("v_descale", v_descale)):
-        _unsupported(f"{name} (FP8 KV cache)", value)
+    if q_descale is not None or (isinstance(q, Tensor) and q.dtype in (torch.float8_e4m3fn,
+                                                                        torch.float8_e5m2)):
+        # FA3's FP8 query math; the FP8 cache itself is taken with a 16/32-bit q
+        raise NotImplementedError(
+            "flashattn.fa3: an FP8 q (q_descale, FP8 tensor-core math) is not supported in "
+            "flash_attn_with_kvcache; pass a bf16 / fp16 q (and no q_descale) with the "
+            "float8_e4m3fn k_cache / v_cache and their k_descale / v_descale")
     if scheduler_metadata is not None:
         if not isinstance(scheduler_metadata, Tensor) or scheduler_metadata.numel() != 1 \
                 or scheduler_metadata.device.type != "cpu":
@@ -209,7 +216,8 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor,
         cache_leftpad, page_table, softmax_scale, causal, window_size, softcap,
         rotary_interleaved, None, num_splits, return_softmax_lse,
         attention_chunk=attention_chunk, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
-        cu_seqlens_k_new=cu_seqlens_k_new, rotary_seqlens=rotary_seqlens)
+        cu_seqlens_k_new=cu_seqlens_k_new, rotary_seqlens=rotary_seqlens, k_descale=k_descale,
+        v_descale=v_descale)
 
 
 def get_scheduler_metadata(batch_size: int, max_seqlen_q: int, max_seqlen_k: int,

@@ -15,6 +15,13 @@ flash-attn 2 semantics (``flash_attn_interface.flash_attn_with_kvcache``):
 - cache (b_cache, s_cache, h_k, d) with ``cache_batch_idx`` mapping batch rows to cache rows,
   or paged (num_blocks, page_size, h_k, d) with ``block_table`` (b, max_blocks) int32; any
   page size >= 1 (flash-attn asks for multiples of 256).
+- FP8 cache (FlashAttention-3's): k_cache / v_cache in float8_e4m3fn with ``k_descale`` /
+  ``v_descale`` float32 (batch, nheads_k) (real value = fp8 * descale; None = 1.0) and a
+  16/32-bit q. The kernels read the FP8 bytes and dequantize on chip; the math runs in q's
+  precision as for a 16-bit cache and out is in q's dtype. New k / v (q's dtype) are
+  quantized into the cache: ``saturate(x / descale)`` rounded to nearest even (after rotary).
+  One descale per (sequence, KV head) is FA3's layout and what per-tensor / per-head scales
+  of serving engines map onto (broadcast them to (batch, nheads_k)).
 - Window sides >= the cache capacity (s_cache, or max_blocks * page_size) are unbounded
   (flash-attn's rule); causal sets right = 0.
 
@@ -74,15 +81,19 @@ def flash_attn_with_kvcache(
     max_seqlen_q: Optional[int] = None,
     cu_seqlens_k_new: Optional[Tensor] = None,
     rotary_seqlens: Optional[Tensor] = None,
+    k_descale: Optional[Tensor] = None,
+    v_descale: Optional[Tensor] = None,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """Attention against a KV cache, appending new keys / values in place (flash-attn 2 API).
 
     Args:
         q: (batch, seqlen_q, nheads, headdim), fp16 / bf16 / fp32.
         k_cache, v_cache: (batch_size_cache, seqlen_cache, nheads_k, headdim[_v]), or with
-            block_table (num_blocks, page_size, nheads_k, headdim[_v]). Same dtype as q.
-            Modified in place when k / v are given.
-        k, v: None, or (batch, seqlen_new, nheads_k, headdim[_v]): appended at cache_seqlens.
+            block_table (num_blocks, page_size, nheads_k, headdim[_v]). Same dtype as q, or
+            both torch.float8_e4m3fn (an FP8 cache, see k_descale). Modified in place when
+            k / v are given.
+        k, v: None, or (batch, seqlen_new, nheads_k, headdim[_v]): appended at cache_seqlens
+            (in the caches' dtype; with an FP8 cache in a 16/32-bit dtype, quantized in).
         rotary_cos, rotary_sin: None, or (seqlen_ro, rotary_dim / 2) (needs k / v).
         cache_seqlens: None (every row holds the whole cache), an int, or (batch,) int32: the
             number of cached positions of each row before this call.
@@ -112,13 +123,18 @@ def flash_attn_with_kvcache(
             cu_seqlens_k_new[b + 1]) at cache_seqlens[b].
         rotary_seqlens: None, or int32 (batch,) (keyword only; FA3): rotate the new keys and q
             at rotary_seqlens[b] + i instead of their cache positions cache_seqlens[b] + i.
+        k_descale, v_descale: None, or float32 (batch, nheads_k) (keyword only; FA3): the
+            dequantization scales of an FP8 cache (real = fp8 * descale; None = 1.0). Only
+            with float8_e4m3fn caches.
 
     Returns:
         out (batch, seqlen_q, nheads, headdim_v) in q's dtype, and with return_softmax_lse
         lse (batch, nheads, seqlen_q) float32 (-inf on rows that see no key; their out is 0).
     """
     key = None
-    if (alibi_slopes is None and learnable_sink is None and type(attention_chunk) is int
+    fp8 = _kv.is_fp8_cache(k_cache) or _kv.is_fp8_cache(v_cache)
+    # (FP8 caches take the full path: the recorded-call fast path keys 16/32-bit calls only)
+    if (not fp8 and k_descale is None and v_descale is None and alibi_slopes is None and learnable_sink is None and type(attention_chunk) is int
             and attention_chunk == 0 and cu_seqlens_q is None and max_seqlen_q is None
             and cu_seqlens_k_new is None and rotary_seqlens is None):
         # a repeated call signature skips the argument checks (api/fastpath.py); the value
@@ -144,7 +160,8 @@ def flash_attn_with_kvcache(
     varlen = (cu_seqlens_q, max_seqlen_q, cu_seqlens_k_new, rotary_seqlens)
     args = _prepare(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                     cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
-                    window_size, softcap, rotary_interleaved, alibi_slopes, num_splits, *varlen)
+                    window_size, softcap, rotary_interleaved, alibi_slopes, num_splits, *varlen,
+                    k_descale=k_descale, v_descale=v_descale)
     return_softmax_lse = _v.check_bool(return_softmax_lse, "return_softmax_lse")
     # plain eager tensors run the op's body directly (torch.library's dispatch costs tens of
     # us per call); compile, export, modes and subclasses see the op
@@ -152,10 +169,12 @@ def flash_attn_with_kvcache(
     attention_chunk = _v.check_attention_chunk(attention_chunk)
     if key is not None:
         _fast.KVCACHE.put(key, _fast.kvcache_entry(args))
-    if attention_chunk > 0 or any(x is not None for x in varlen):
+    if attention_chunk > 0 or any(x is not None for x in varlen) or fp8:
         args = args + (attention_chunk, cu_seqlens_q,
                        0 if max_seqlen_q is None else int(max_seqlen_q), cu_seqlens_k_new,
                        rotary_seqlens)
+    if fp8:
+        args = args + (k_descale, v_descale)
     out, lse = _ops.kvcache_attention(*args)
     if learnable_sink is not None:
         out, lse = _ops.sink_apply(out, lse, learnable_sink, packed=cu_seqlens_q is not None)
@@ -165,7 +184,8 @@ def flash_attn_with_kvcache(
 def _prepare(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
              cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
              rotary_interleaved, alibi_slopes, num_splits, cu_seqlens_q=None, max_seqlen_q=None,
-             cu_seqlens_k_new=None, rotary_seqlens=None) -> tuple:
+             cu_seqlens_k_new=None, rotary_seqlens=None, *, k_descale=None,
+             v_descale=None) -> tuple:
     """Every argument check of :func:`flash_attn_with_kvcache` that needs no tensor value
     (those run in the op's body, ``dispatch.kvcache``, at run time); returns the arguments of
     the ``flashattn::fwd_kvcache`` op: cache_seqlens as a (b,) int32 tensor or None,
@@ -177,6 +197,7 @@ def _prepare(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, c
         q_dense = _kv.check_varlen_q(q, cu_seqlens_q, max_seqlen_q, cache_seqlens)
     _kv.check_cache(q_dense, k_cache, v_cache, paged)
     batch, s_q, h, d = q_dense.shape
+    _kv.check_descales(k_descale, v_descale, k_cache, batch)
     device = q.device
     if paged:
         if cache_batch_idx is not None:

@@ -28,9 +28,33 @@ from flashattn.api.validation import _describe, check_tensor
 
 
 
+FP8_CACHE = torch.float8_e4m3fn
+
+
+def is_fp8_cache(x: Any) -> bool:
+    """Whether x is a float8_e4m3fn tensor (an FP8 KV cache)."""
+    return isinstance(x, torch.Tensor) and x.dtype == FP8_CACHE
+
+
+def _check_fp8_pair(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    """An FP8 cache: both caches float8_e4m3fn, q 16/32-bit (the FP8 query path is not here)."""
+    for x, n, other in ((k_cache, "k_cache", v_cache), (v_cache, "v_cache", k_cache)):
+        if x.dtype != FP8_CACHE:
+            raise TypeError(f"{n} has dtype {x.dtype} but "
+                            f"{'v_cache' if n == 'k_cache' else 'k_cache'} is {other.dtype}: an "
+                            "FP8 KV cache has both caches in torch.float8_e4m3fn")
+    if q.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        raise NotImplementedError(
+            f"q in {q.dtype} (FP8 query math, FlashAttention-3's q_descale) is not supported "
+            "with a KV cache; pass a bf16 / fp16 q with the float8_e4m3fn cache (K / V are "
+            "dequantized on chip and the math runs in q's dtype)")
+    _v._check_dtype(q, "q")
+
+
 def check_cache(q: Any, k_cache: Any, v_cache: Any, paged: bool) -> None:
     """q (b, s_q, h, d); caches (b_cache, s_cache, h_k, d / d_v), or paged
-    (num_blocks, page_size, h_k, d / d_v). dtype, device, GQA and head-dim rules of q/k/v."""
+    (num_blocks, page_size, h_k, d / d_v). dtype, device, GQA and head-dim rules of q/k/v;
+    caches float8_e4m3fn (both) with a 16/32-bit q, or q's dtype."""
     check_tensor(q, "q", 4, "(batch, seqlen_q, nheads, headdim)")
     layout = ("(num_blocks, page_size, nheads_k, {}) with block_table" if paged
               else "(batch_size_cache, seqlen_cache, nheads_k, {})")
@@ -54,12 +78,46 @@ def check_cache(q: Any, k_cache: Any, v_cache: Any, paged: bool) -> None:
     # dense rules (dtype, device, heads, head dims) on q against the cache rows, as views with
     # q's batch (the caches themselves when their row count already is q's: no view to build)
     b = q.shape[0]
-    if not paged and k_cache.shape[0] == b:
+    if is_fp8_cache(k_cache) or is_fp8_cache(v_cache):
+        _check_fp8_pair(q, k_cache, v_cache)
+        # the dense rules (device, heads, head dims) on stand-ins of q's dtype in the caches'
+        # shapes and devices: the FP8 dtype rule is the pair check's
+        k_view, v_view = (torch.empty((1, 1, 1, x.shape[3]), dtype=q.dtype, device=x.device)
+                          .expand(b, x.shape[1], x.shape[2], x.shape[3])
+                          for x in (k_cache, v_cache))
+    elif not paged and k_cache.shape[0] == b:
         k_view, v_view = k_cache, v_cache
     else:
         k_view = k_cache[:1].expand(max(b, 1), -1, -1, -1)[:b]
         v_view = v_cache[:1].expand(max(b, 1), -1, -1, -1)[:b]
     _v.check_qkv(q, k_view, v_view, ("q", "k_cache", "v_cache"))
+
+
+def check_descales(k_descale: Any, v_descale: Any, k_cache: torch.Tensor, batch: int
+                   ) -> None:
+    """FlashAttention-3's KV descales: with a float8_e4m3fn cache, each None (1.0) or a
+    float32 (batch, nheads_k) tensor on the cache's device, finite and > 0 where its values
+    are free to read (real value = fp8 * descale);
+    with any other cache, both None."""
+    fp8 = is_fp8_cache(k_cache)
+    h_k = k_cache.shape[2]
+    for x, n in ((k_descale, "k_descale"), (v_descale, "v_descale")):
+        if x is None:
+            continue
+        if not fp8:
+            raise ValueError(f"{n} was given but k_cache has dtype {k_cache.dtype}: descales "
+                             "belong to a torch.float8_e4m3fn KV cache; pass None")
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{n} must be None or a float32 tensor (batch, nheads_k) = "
+                            f"({batch}, {h_k}), got {_describe(x)}")
+        rules = (("dtype", torch.float32, x.dtype, TypeError),
+                 ("shape (batch, nheads_k)", (batch, h_k), tuple(x.shape), ValueError),
+                 ("the device of k_cache", k_cache.device, x.device, ValueError))
+        for what, want, got, exc in rules:
+            if want != got:
+                raise exc(f"{n} must have {what} = {want}, got {got}")
+        if metadata.values_checkable(x) and not bool((torch.isfinite(x) & (x > 0)).all()):
+            raise ValueError(f"{n} must be finite and > 0 (real value = fp8 * descale)")
 
 
 def check_varlen_q(q: Any, cu_seqlens_q: Any, max_seqlen_q: Any, cache_seqlens: Any
@@ -113,7 +171,12 @@ def _check_new_rows(x: torch.Tensor, n: str, want: tuple, ref: torch.Tensor, dim
         raise ValueError(f"{n} must have shape ({dims}, "
                          f"{'headdim' if n == 'k' else 'headdim_v'}) = {want}{why}, got "
                          f"{tuple(x.shape)}")
-    if x.dtype != ref.dtype:
+    if is_fp8_cache(ref):
+        if x.dtype not in _v.SUPPORTED_DTYPES:
+            raise TypeError(f"{n} must be float16 / bfloat16 / float32 (the query's precision; "
+                            f"it is quantized into the float8_e4m3fn {n}_cache with "
+                            f"{n}_descale), got {x.dtype}")
+    elif x.dtype != ref.dtype:
         raise TypeError(f"{n} must have the dtype of {n}_cache ({ref.dtype}), got {x.dtype}")
     if x.device != ref.device:
         raise ValueError(f"{n} must be on the device of {n}_cache ({ref.device}), got "
@@ -293,6 +356,6 @@ def check_combine(out_partial: Any, lse_partial: Any, out: Any, out_dtype: Any
     return s, b, s_q, h, d_v
 
 
-__all__ = ["check_cache", "check_new_kv", "check_packed_new_kv", "check_varlen_q", "check_cache_seqlens", "check_index_vector",
+__all__ = ["check_cache", "check_descales", "is_fp8_cache", "check_new_kv", "check_packed_new_kv", "check_varlen_q", "check_cache_seqlens", "check_index_vector",
            "check_rotary", "check_num_splits", "check_combine", "rows_of_block_table",
            "seqlens_tensor"]

@@ -160,6 +160,13 @@ def plan_decode(batch: int, nheads: int, nheads_k: int, headdim: int, *,
         if max_seqlen_k % page_size:
             raise ValueError(f"max_seqlen_k ({max_seqlen_k}) must be a multiple of page_size "
                              f"({page_size}): the block table's columns x page_size")
+    if dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        # (a plan's run takes q and both caches in one dtype; the FP8 cache's descales and
+        # 16-bit q are the unplanned call's)
+        raise NotImplementedError(
+            f"plan_decode does not take FP8 KV caches (dtype={dtype!r}) yet: call "
+            "flash_attn_with_kvcache(q, k_cache, v_cache, ..., k_descale=..., v_descale=...) "
+            "with the float8_e4m3fn caches and a bf16 / fp16 q")
     if dtype not in _v.SUPPORTED_DTYPES:
         raise TypeError(f"dtype must be one of {_v.SUPPORTED_DTYPES}, got {dtype!r}")
     if device is None:

@@ -107,14 +107,16 @@ def append_kv(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor],
               block_table: Optional[Tensor], rotary_q_step: int = 1, *,
               cu_seqlens_q: Optional[Tensor] = None, max_seqlen_q: int = 0,
               cu_seqlens_k_new: Optional[Tensor] = None, max_seqlen_k_new: int = 0,
-              rotary_seqlens: Optional[Tensor] = None) -> Tensor:
+              rotary_seqlens: Optional[Tensor] = None, k_descale: Optional[Tensor] = None,
+              v_descale: Optional[Tensor] = None) -> Tensor:
     """As :func:`flashattn.triton.backend.append_kv`, in torch (varlen forms: one sequence at
     a time, the lengths read on the host, which is free for CPU tensors)."""
+    fp8 = dict(k_descale=k_descale, v_descale=v_descale)
     rot_base = rotary_seqlens if rotary_seqlens is not None else seqlens
     if cu_seqlens_q is None and cu_seqlens_k_new is None:
         if k is not None:
             _kv.append_kv(k_cache, v_cache, k, v, seqlens, cos, sin, interleaved, batch_idx,
-                          block_table, rot_base)
+                          block_table, rot_base, **fp8)
         if cos is None:
             return q
         positions = rot_base.long().view(-1, 1) + rotary_q_step * torch.arange(
@@ -127,7 +129,8 @@ def append_kv(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor],
             _kv.append_kv(k_cache, v_cache, _rows(k, cu_k, i), _rows(v, cu_k, i),
                           seqlens[i:i + 1], cos, sin, interleaved,
                           _cache_row(batch_idx, block_table, i, q.device),
-                          _one(block_table, i), rot_base[i:i + 1])
+                          _one(block_table, i), rot_base[i:i + 1],
+                          _one(k_descale, i), _one(v_descale, i))
     if cos is None:
         return q
     q_rot = q.clone()
@@ -147,9 +150,11 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens: Tens
                       *, p: AttnParams, leftpad: Optional[Tensor], batch_idx: Optional[Tensor],
                       block_table: Optional[Tensor], num_splits: int,
                       capacity: int, buffers: Optional[dict] = None,
-                      cu_seqlens_q: Optional[Tensor] = None, max_seqlen_q: int = 0
+                      cu_seqlens_q: Optional[Tensor] = None, max_seqlen_q: int = 0,
+                      k_descale: Optional[Tensor] = None, v_descale: Optional[Tensor] = None
                       ) -> Tuple[Tensor, Tensor]:
-    """Attention of q against the cache (keys already appended): (out, lse). (``buffers``,
+    """Attention of q against the cache (keys already appended): (out, lse); FP8 caches
+    with their (b, h_k) float32 descales are dequantized, then attended. (``buffers``,
     a decode plan's workspace, is not used here: the torch path allocates.) With
     ``cu_seqlens_q`` q is packed (total_q, h, d): out (total_q, h, d_v), lse (h, total_q)."""
     kw = dict(softmax_scale=p.softmax_scale, window_left=p.window_left,
@@ -158,7 +163,8 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens: Tens
     if cu_seqlens_q is None:
         return _kv.kvcache_fwd(q, k_cache, v_cache, seqlens, s_new,
                                alibi_slopes=p.alibi_slopes, leftpad=leftpad,
-                               batch_idx=batch_idx, block_table=block_table, **kw)
+                               batch_idx=batch_idx, block_table=block_table,
+                               k_descale=k_descale, v_descale=v_descale, **kw)
     total_q, h, _ = q.shape
     out = torch.zeros(total_q, h, v_cache.shape[3], dtype=q.dtype, device=q.device)
     lse = torch.full((h, total_q), float("-inf"), dtype=torch.float32, device=q.device)
@@ -170,7 +176,8 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens: Tens
             q[cu[i]:cu[i + 1]].unsqueeze(0), k_cache, v_cache, seqlens[i:i + 1], s_new,
             alibi_slopes=_one(p.alibi_slopes, i), leftpad=_one(leftpad, i),
             batch_idx=_cache_row(batch_idx, block_table, i, q.device),
-            block_table=_one(block_table, i), **kw)
+            block_table=_one(block_table, i), k_descale=_one(k_descale, i),
+            v_descale=_one(v_descale, i), **kw)
         out[cu[i]:cu[i + 1]] = o_i[0]
         lse[:, cu[i]:cu[i + 1]] = lse_i[0]
     return out, lse

@@ -6,6 +6,11 @@ then every batch row gathers its keys ``[leftpad, cache_seqlens + s_new)`` (thro
 block table when paged) and runs :func:`flashattn.cpu.chunked_fwd` on them, so memory stays
 O(tile) beyond the gathered keys of one row. Lengths are read on the host, which is free
 for CPU tensors. ``num_splits`` does not change the math and is ignored here.
+
+FP8 caches (float8_e4m3fn, one float32 descale per (batch row, KV head)): the append quantizes
+as the Triton path does (:func:`quantize`), the attention dequantizes each row's gathered keys
+and values to float32 (``fp8 * descale``, exact) and attends in float32: the exact answer on
+the dequantized cache, returned in q's dtype.
 """
 from __future__ import annotations
 
@@ -52,13 +57,29 @@ def _cache_rows(batch: int, positions: torch.Tensor, page_size: int,
     return rows.view(-1, 1).expand_as(positions), positions
 
 
+def quantize(x: torch.Tensor, descale: torch.Tensor) -> torch.Tensor:
+    """x (b, s, h_k, d) in a 16/32-bit dtype -> float8_e4m3fn with descale (b, h_k) float32:
+    ``x / descale`` in float32, saturated to +-448, rounded to nearest even."""
+    y = x.float() / descale.float()[:, None, :, None]
+    return y.clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+
+
+def _dequantize(x8: torch.Tensor, descale: Optional[torch.Tensor]) -> torch.Tensor:
+    """A gathered FP8 row (1, s_k, h_k, d) and its descale (1, h_k) -> float32 real values."""
+    return x8.float() * descale.float()[:, None, :, None]
+
+
 def append_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
               cache_seqlens: torch.Tensor, cos: Optional[torch.Tensor],
               sin: Optional[torch.Tensor], interleaved: bool,
               batch_idx: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
-              rot_base: Optional[torch.Tensor] = None) -> None:
+              rot_base: Optional[torch.Tensor] = None,
+              k_descale: Optional[torch.Tensor] = None,
+              v_descale: Optional[torch.Tensor] = None) -> None:
     """Write k (rotated if cos is given) and v at cache positions cache_seqlens[b] + i; the
-    rotation angle's position is ``rot_base[b] + i`` (default: the cache position)."""
+    rotation angle's position is ``rot_base[b] + i`` (default: the cache position).
+    ``k_descale`` / ``v_descale`` (b, h_k) float32: FP8 caches, k / v quantized in
+    (:func:`quantize`, after the rotation in k's dtype)."""
     b, s_new = k.shape[:2]
     steps = torch.arange(s_new, device=k.device)
     positions = cache_seqlens.long().view(-1, 1) + steps
@@ -66,6 +87,8 @@ def append_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: 
         angle_pos = positions if rot_base is None else rot_base.long().view(-1, 1) + steps
         k = rotate(k, cos, sin, angle_pos, interleaved)
     d0, d1 = _cache_rows(b, positions, k_cache.shape[1], block_table, batch_idx)
+    if k_descale is not None:
+        k, v = quantize(k, k_descale), quantize(v, v_descale)
     k_cache[d0, d1] = k.to(k_cache.dtype)
     v_cache[d0, d1] = v.to(v_cache.dtype)
 
@@ -75,11 +98,14 @@ def kvcache_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 window_left: int, window_right: int, softcap: float,
                 alibi_slopes: Optional[torch.Tensor], leftpad: Optional[torch.Tensor],
                 batch_idx: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
-                attention_chunk: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
+                attention_chunk: int = 0, k_descale: Optional[torch.Tensor] = None,
+                v_descale: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """Attention of q (b, s_q, h, d) against each row's keys ``[leftpad, seqlens_k +
     seqlen_k_add)`` of the cache. Returns out (b, s_q, h, d_v) in q's dtype and lse float32
     (b, h, s_q) (-inf / 0 on rows that see no key). With ``attention_chunk`` C > 0 each row's
-    queries are split by chunk (:func:`chunk_pieces`) and each piece sees its chunk's keys."""
+    queries are split by chunk (:func:`chunk_pieces`) and each piece sees its chunk's keys.
+    ``k_descale`` / ``v_descale`` (b, h_k) float32: FP8 caches, attended in float32 on their
+    dequantized values."""
     b, s_q, h, _ = q.shape
     d_v = v_cache.shape[3]
     out = torch.zeros(b, s_q, h, d_v, dtype=q.dtype, device=q.device)
@@ -97,16 +123,21 @@ def kvcache_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                              None if block_table is None else block_table[i:i + 1],
                              row.to(q.device))
         k_i, v_i = k_cache[d0, d1], v_cache[d0, d1]  # (1, s_k, h_k, d)
+        q_i = q[i:i + 1]
+        if k_descale is not None:
+            k_i = _dequantize(k_i, k_descale[i:i + 1])
+            v_i = _dequantize(v_i, v_descale[i:i + 1])
+            q_i = q_i.float()
         for r0, r1, k0, k1 in chunk_pieces(s_q, s_k, attention_chunk):
             if k1 <= k0:
                 continue  # rows before the first key: no key in their chunk
             o_i, lse_i, _ = chunked_fwd(
-                q[i:i + 1, r0:r1], k_i[:, k0:k1], v_i[:, k0:k1], softmax_scale=softmax_scale,
+                q_i[:, r0:r1], k_i[:, k0:k1], v_i[:, k0:k1], softmax_scale=softmax_scale,
                 causal=window_right == 0, window_left=window_left, window_right=window_right,
                 softcap=softcap,
                 alibi_slopes=None if alibi_slopes is None else alibi_slopes[i:i + 1],
                 dropout_p=0.0, philox_seed=0, return_softmax=False)
-            out[i, r0:r1] = o_i[0]
+            out[i, r0:r1] = o_i[0].to(out.dtype)
             lse[i, :, r0:r1] = lse_i[0]
     return out, lse
 
@@ -177,4 +208,4 @@ def combine(out_partial: torch.Tensor, lse_partial: torch.Tensor, out_dtype: tor
     return contrib.sum(dim=0).to(out_dtype), lse
 
 
-__all__ = ["rotate", "append_kv", "kvcache_fwd", "varlen_paged_fwd", "combine"]
+__all__ = ["quantize", "rotate", "append_kv", "kvcache_fwd", "varlen_paged_fwd", "combine"]

@@ -82,16 +82,20 @@ class DeviceBackend(KernelFamily, Protocol):
                   block_table: Optional[Tensor], rotary_q_step: int = 1, *,
                   cu_seqlens_q: Optional[Tensor] = None, max_seqlen_q: int = 0,
                   cu_seqlens_k_new: Optional[Tensor] = None, max_seqlen_k_new: int = 0,
-                  rotary_seqlens: Optional[Tensor] = None) -> Tensor:
-        """The new keys / values into the cache in place (rotated); q rotated, or q itself."""
+                  rotary_seqlens: Optional[Tensor] = None, k_descale: Optional[Tensor] = None,
+                  v_descale: Optional[Tensor] = None) -> Tensor:
+        """The new keys / values into the cache in place (rotated; quantized into FP8 caches
+        with the (b, h_k) float32 descales); q rotated, or q itself."""
 
     def kvcache_attention(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens: Tensor,
                           s_new: int, *, p: AttnParams, leftpad: Optional[Tensor],
                           batch_idx: Optional[Tensor], block_table: Optional[Tensor],
                           num_splits: int, capacity: int, buffers: Optional[dict] = None,
                           cu_seqlens_q: Optional[Tensor] = None,
-                          max_seqlen_q: int = 0) -> Tuple[Tensor, Tensor]:
-        """Attention over the cache's first seqlens[b] keys: (out, lse)."""
+                          max_seqlen_q: int = 0, k_descale: Optional[Tensor] = None,
+                          v_descale: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+        """Attention over the cache's first seqlens[b] keys (FP8 caches dequantized with the
+        (b, h_k) float32 descales): (out, lse)."""
 
     def varlen_paged_fwd(self, q: Tensor, k_cache: Tensor, v_cache: Tensor,
                          cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,

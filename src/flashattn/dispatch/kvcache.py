@@ -20,7 +20,8 @@ def kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             params: AttnParams, rotary_interleaved: bool, num_splits: int,
             cu_seqlens_q: Optional[torch.Tensor] = None, max_seqlen_q: int = 0,
             cu_seqlens_k_new: Optional[torch.Tensor] = None,
-            rotary_seqlens: Optional[torch.Tensor] = None
+            rotary_seqlens: Optional[torch.Tensor] = None,
+            k_descale: Optional[torch.Tensor] = None, v_descale: Optional[torch.Tensor] = None
             ) -> Tuple[torch.Tensor, torch.Tensor]:
     """The body of ``flash_attn_with_kvcache`` after its argument checks: value checks where
     they are allowed (:func:`flashattn.metadata.values_checkable`), the in-place append (with
@@ -28,13 +29,15 @@ def kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     capacity, causal folded in, alibi (b, h)). Returns out (b, s_q, h, d_v) and lse float32
     (b, h, s_q); with ``cu_seqlens_q`` (FlashAttention-3's varlen queries) q is packed
     (total_q, h, d) and out / lse are (total_q, h, d_v) / (h, total_q). ``cu_seqlens_k_new``:
-    k / v packed (total_new, h_k, d); ``rotary_seqlens``: rotation positions' base."""
+    k / v packed (total_new, h_k, d); ``rotary_seqlens``: rotation positions' base.
+    ``k_descale`` / ``v_descale``: float32 (b, h_k) or None (1.0) for float8_e4m3fn caches."""
+    fp8 = fp8_descales(k_cache, k_descale, v_descale, cache_seqlens, q)
     varlen = cu_seqlens_q is not None or cu_seqlens_k_new is not None
     if varlen:
         return _kvcache_varlen(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                                cache_batch_idx, cache_leftpad, block_table, params,
                                rotary_interleaved, num_splits, cu_seqlens_q, max_seqlen_q,
-                               cu_seqlens_k_new, rotary_seqlens)
+                               cu_seqlens_k_new, rotary_seqlens, fp8)
     batch, s_q, h, d = q.shape
     device = q.device
     capacity = metadata.cache_capacity(k_cache, block_table)
@@ -55,6 +58,7 @@ def kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
     impl = _select.backend(_select.select("kvcache", q))
     rot = dict(rotary_seqlens=rotary_seqlens) if rotary_seqlens is not None else {}
+    rot.update(fp8)
     if batch == 0 or s_q == 0:
         out = torch.zeros((batch, s_q, h, v_cache.shape[3]), dtype=q.dtype, device=device)
         lse = torch.full((batch, h, s_q), float("-inf"), dtype=torch.float32, device=device)
@@ -70,7 +74,22 @@ def kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     return impl.kvcache_attention(q_rot, k_cache, v_cache, seqlens, s_new, p=params,
                                   leftpad=cache_leftpad, batch_idx=cache_batch_idx,
                                   block_table=block_table, num_splits=num_splits,
-                                  capacity=capacity)
+                                  capacity=capacity, **fp8)
+
+
+def fp8_descales(k_cache: torch.Tensor, k_descale: Optional[torch.Tensor],
+                 v_descale: Optional[torch.Tensor], cache_seqlens: Optional[torch.Tensor],
+                 q: torch.Tensor) -> dict:
+    """The backends' FP8 keywords: {} for a 16/32-bit cache; for a float8_e4m3fn cache both
+    (b, h_k) float32 descales, a missing one as ones (FlashAttention-3: None means 1.0; b from
+    cache_seqlens, else q's batch)."""
+    if k_cache.dtype != torch.float8_e4m3fn:
+        return {}
+    batch = cache_seqlens.shape[0] if cache_seqlens is not None else q.shape[0]
+    ones = lambda: torch.ones((batch, k_cache.shape[2]), dtype=torch.float32,  # noqa: E731
+                              device=k_cache.device)
+    return dict(k_descale=ones() if k_descale is None else k_descale,
+                v_descale=ones() if v_descale is None else v_descale)
 
 
 def check_kvcache_values(seqlens, s_new, capacity, leftpad, batch_idx, k_cache, block_table,
@@ -85,11 +104,14 @@ def check_kvcache_values(seqlens, s_new, capacity, leftpad, batch_idx, k_cache, 
 
 def _kvcache_varlen(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                     cache_batch_idx, cache_leftpad, block_table, params, rotary_interleaved,
-                    num_splits, cu_seqlens_q, max_seqlen_q, cu_seqlens_k_new, rotary_seqlens):
+                    num_splits, cu_seqlens_q, max_seqlen_q, cu_seqlens_k_new, rotary_seqlens,
+                    fp8=None):
     """:func:`kvcache` with packed queries and / or packed new keys (FlashAttention-3): the
     batch comes from cache_seqlens; sequence b's keys end at cache_seqlens[b] + its new keys
     (device arithmetic, no host read), and the attention runs the decode kernel's packed-query
-    mode (or, for dense q, its usual mode over those lengths)."""
+    mode (or, for dense q, its usual mode over those lengths). ``fp8``: the backends' FP8
+    keywords (:func:`fp8_descales`)."""
+    fp8 = fp8 or {}
     device = q.device
     capacity = metadata.cache_capacity(k_cache, block_table)
     if cache_seqlens is None:  # every row holds the whole cache
@@ -128,7 +150,7 @@ def _kvcache_varlen(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seq
                                rotary_interleaved, cache_seqlens, cache_batch_idx,
                                block_table, rotary_q_step, cu_seqlens_q=cu_seqlens_q,
                                max_seqlen_q=max_seqlen_q, cu_seqlens_k_new=cu_seqlens_k_new,
-                               max_seqlen_k_new=max_new, rotary_seqlens=rotary_seqlens)
+                               max_seqlen_k_new=max_new, rotary_seqlens=rotary_seqlens, **fp8)
     if cu_seqlens_q is None:
         params = _dense.one_row_right_edge(params, q.shape[1])
     elif batch == 0 or q.shape[0] == 0 or max_seqlen_q == 0:
@@ -139,7 +161,7 @@ def _kvcache_varlen(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seq
                                   leftpad=cache_leftpad, batch_idx=cache_batch_idx,
                                   block_table=block_table, num_splits=num_splits,
                                   capacity=capacity, cu_seqlens_q=cu_seqlens_q,
-                                  max_seqlen_q=max_seqlen_q)
+                                  max_seqlen_q=max_seqlen_q, **fp8)
 
 
-__all__ = ["check_kvcache_values", "kvcache"]
+__all__ = ["check_kvcache_values", "fp8_descales", "kvcache"]

@@ -107,21 +107,23 @@ def append_kv(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor,
               batch_idx: Optional[Tensor], block_table: Optional[Tensor],
               rotary_q_step: int = 1, *, cu_seqlens_q: Optional[Tensor] = None,
               max_seqlen_q: int = 0, cu_seqlens_k_new: Optional[Tensor] = None,
-              max_seqlen_k_new: int = 0, rotary_seqlens: Optional[Tensor] = None) -> Tensor:
+              max_seqlen_k_new: int = 0, rotary_seqlens: Optional[Tensor] = None,
+              k_descale: Optional[Tensor] = None, v_descale: Optional[Tensor] = None) -> Tensor:
     """Write k (rotated) / v into the caches in place at positions seqlens[b] + i; return q
     rotated at seqlens[b] + rotary_q_step * i (or q itself without rotary).
 
     FlashAttention-3's varlen forms: q packed (total_q, h, d) with ``cu_seqlens_q``; k / v
     packed (total_new, h_k, d) with ``cu_seqlens_k_new`` (sequence b's new rows [cu[b],
     cu[b + 1]), at most ``max_seqlen_k_new``); ``rotary_seqlens`` (b,): rotate at
-    rotary_seqlens[b] + i instead of the cache position. k may be None (no new keys)."""
+    rotary_seqlens[b] + i instead of the cache position. k may be None (no new keys).
+    ``k_descale`` / ``v_descale`` (b, h_k) float32: float8_e4m3fn caches, k / v quantized in."""
     rot = dict(cos=cos, sin=sin, interleaved=interleaved, rot_base=rotary_seqlens)
     if k is not None:
         packed = dict(cu_seqlens=cu_seqlens_k_new, max_seqlen=max_seqlen_k_new)
         _rotary.rotary_store(k, k_cache, seqlens, batch_idx=batch_idx, block_table=block_table,
-                             **rot, **packed)
+                             descale=k_descale, **rot, **packed)
         _rotary.rotary_store(v, v_cache, seqlens, batch_idx=batch_idx, block_table=block_table,
-                             **packed)
+                             descale=v_descale, **packed)
     if cos is None:
         return q
     q_rot = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -134,12 +136,14 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens: Tens
                       *, p: AttnParams, leftpad: Optional[Tensor], batch_idx: Optional[Tensor],
                       block_table: Optional[Tensor], num_splits: int,
                       capacity: int, buffers: Optional[dict] = None,
-                      cu_seqlens_q: Optional[Tensor] = None, max_seqlen_q: int = 0
+                      cu_seqlens_q: Optional[Tensor] = None, max_seqlen_q: int = 0,
+                      k_descale: Optional[Tensor] = None, v_descale: Optional[Tensor] = None
                       ) -> Tuple[Tensor, Tensor]:
     """Split-KV attention of q against the cache (keys already appended): (out, lse).
     ``buffers``: a decode plan's outputs / workspaces, reused between calls. With
     ``cu_seqlens_q`` q is packed (total_q, h, d) and out / lse are (total_q, h, d_v) /
-    (h, total_q)."""
+    (h, total_q). ``k_descale`` / ``v_descale`` (b, h_k) float32: float8_e4m3fn caches, read
+    as FP8 and dequantized in the kernel."""
     return _decode.decode_attention(q, k_cache, v_cache, seqlens, s_new, num_splits=num_splits,
                                     cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
                                     max_seqlen_k=capacity, softmax_scale=p.softmax_scale,
@@ -147,7 +151,8 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens: Tens
                                     softcap=p.softcap, alibi_slopes=p.alibi_slopes,
                                     leftpad=leftpad, batch_idx=batch_idx,
                                     block_table=block_table, buffers=buffers,
-                                    attention_chunk=p.attention_chunk)
+                                    attention_chunk=p.attention_chunk, k_descale=k_descale,
+                                    v_descale=v_descale)
 
 
 def kvcache_call(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens: Tensor, s_new: int, *,

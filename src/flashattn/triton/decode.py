@@ -21,6 +21,12 @@ Local key j runs over ``[0, s_k)`` with ``s_k = seqlens_k[b] + seqlen_k_add - st
 aligned on those local indices, exactly as the dense kernels on a (s_q, s_k) problem;
 so are the chunks of chunked local attention (``attention_chunk``, counted from start_k).
 
+FP8 caches (``KV_FP8``: float8_e4m3fn K / V, real value = fp8 * descale with one float32
+descale per (batch row, KV head)): the kernel reads the FP8 bytes and widens them to q's
+dtype on chip, which is exact (every e4m3 value is a bf16 / fp16 value), so the dots run on
+q's precision path as for a 16-bit cache. The descales are the program's two scalars: K's
+multiplies the softmax scale, V's the finished output, so no dequantized value is rounded.
+
 Varlen queries (``VARLEN_Q``): q / out are one packed (total_q, h, d) batch, the sequence
 ``b`` owns rows ``[cu_seqlens_q[b], cu_seqlens_q[b + 1])``.
 """
@@ -68,13 +74,14 @@ def _write_empty_rows(Out, Lse, row_lo, row_hi, off_hk, pid_m, m_programs, pid_s
 
 @triton.jit
 def _decode_kernel(
-    Q, K, V, Out, Lse, SeqlensK, LeftPad, BatchIdx, BlockTable, Alibi, CuSeqQ,
+    Q, K, V, Out, Lse, SeqlensK, LeftPad, BatchIdx, BlockTable, Alibi, CuSeqQ, KDescale,
+    VDescale,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
     stride_os, stride_ob, stride_om, stride_oh,
     stride_ls, stride_lb, stride_lh, stride_lm,
-    stride_btb, stride_ab, stride_ah,
+    stride_btb, stride_ab, stride_ah, stride_kdb, stride_kdh, stride_vdb, stride_vdh,
     seqlen_q, seqlen_k_add, cache_rows, nheads_k, n_bh, n_cache, cache_cap, total_q,
     sm_scale, softcap, window_left, window_right, chunk,
     G: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
@@ -84,6 +91,7 @@ def _decode_kernel(
     VARLEN_Q: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     HAS_CHUNK: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     UPCAST: tl.constexpr, DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     # (batch, KV head) and query block share grid axis 0, (batch, KV head) fastest: axis 1
     # stops at 65535 blocks, which a long prefill through the kvcache API can pass
@@ -182,6 +190,12 @@ def _decode_kernel(
         v_desc = tl.make_tensor_descriptor(v_base, shape=[cache_rows, HEAD_DIM_V],
                                            strides=[stride_vn, 1], block_shape=[BLOCK_N, BLOCK_DV])
 
+    v_descale = 1.0
+    if KV_FP8:  # q . (k8 * k_descale) = (q . k8) * k_descale: fold it into the score scale
+        sm_scale = sm_scale * tl.load(KDescale + off_b.to(tl.int64) * stride_kdb
+                                      + off_hk.to(tl.int64) * stride_kdh)
+        v_descale = tl.load(VDescale + off_b.to(tl.int64) * stride_vdb
+                            + off_hk.to(tl.int64) * stride_vdh)
     qk_scale, softcap_inv, softcap_log2 = score_scales(sm_scale, softcap, HAS_SOFTCAP)
     slope_log2 = tl.zeros([BLOCK_M], dtype=tl.float32)
     if HAS_ALIBI:
@@ -211,6 +225,8 @@ def _decode_kernel(
         else:
             k = tl.load(k_base + k_rows[None, :] + offs_d[:, None],
                         mask=n_ok[None, :] & (offs_d[:, None] < HEAD_DIM), other=0.0)
+        if KV_FP8:
+            k = k.to(Q.dtype.element_ty)
         if UPCAST:
             k = k.to(tl.float32)
         qk = tl.dot(q, k, input_precision=DOT_PREC)
@@ -234,6 +250,8 @@ def _decode_kernel(
         else:
             v = tl.load(v_base + v_rows[:, None] + offs_dv[None, :],
                         mask=n_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
+        if KV_FP8:
+            v = v.to(Q.dtype.element_ty)
         if UPCAST:
             v = v.to(tl.float32)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PREC)
@@ -242,7 +260,7 @@ def _decode_kernel(
     # epilogue: normalised output and natural-log LSE (-inf and 0 where no key was seen)
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
-    acc = acc * (1.0 / l_safe)[:, None]
+    acc = acc * (v_descale / l_safe)[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_safe)) * LN2)
     o_row = pid_s.to(tl.int64) * stride_os + off_b.to(tl.int64) * stride_ob \
         + (q_start + offs_i) * stride_om + off_h.to(tl.int64) * stride_oh
@@ -362,6 +380,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      block_table: Optional[torch.Tensor] = None,
                      cu_seqlens_q: Optional[torch.Tensor] = None, max_seqlen_q: int = 0,
                      buffers: Optional[dict] = None, attention_chunk: int = 0,
+                     k_descale: Optional[torch.Tensor] = None,
+                     v_descale: Optional[torch.Tensor] = None,
                      ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Attention of q against a KV cache (Triton). Inputs are validated and normalised.
 
@@ -374,6 +394,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     max_seqlen_k: an upper bound of the key count from shapes (sizes the split heuristic).
     attention_chunk: 0, or C > 0: chunked local attention (a query at local key position p
     sees only keys j with j // C == floor(p / C), besides the window).
+    k_descale / v_descale: float32 (b, h_k), both given exactly when the caches are
+    float8_e4m3fn (real value = fp8 * descale); q stays 16/32-bit and sets the math's dtype.
     buffers: None, or a dict the caller keeps between calls of one shape (a decode plan): the
     outputs and split workspaces are allocated into it on the first call and reused after
     (dense queries only; the returned out / lse are those buffers).
@@ -395,15 +417,16 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                           num_splits=num_splits, max_seqlen_k=max_seqlen_k, leftpad=leftpad,
                           batch_idx=batch_idx, block_table=block_table,
                           cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
-                          attention_chunk=attention_chunk, plans=buffers)
+                          attention_chunk=attention_chunk, plans=buffers,
+                          k_descale=k_descale, v_descale=v_descale)
         if planned:
             buffers[sig] = call
     return call(q, k_cache, v_cache, seqlens_k, leftpad, batch_idx, block_table, alibi_slopes,
-                cu_seqlens_q, buffers=buffers)
+                cu_seqlens_q, buffers=buffers, k_descale=k_descale, v_descale=v_descale)
 
 
 # plain (unplanned) calls' launch plans, shared: a repeated call shape replays its launches
-_PLAIN_DECODE = LaunchPlans(slots=tuple(range(11)))
+_PLAIN_DECODE = LaunchPlans(slots=tuple(range(13)))
 _PLAIN_COMBINE = LaunchPlans(slots=(0, 1, 2, 3))
 _ALIGN = 16  # floats between the pieces of the split workspace (64 bytes: Triton's 16 and more)
 
@@ -411,7 +434,7 @@ _ALIGN = 16  # floats between the pieces of the split workspace (64 bytes: Trito
 class DecodeCall:
     """:func:`decode_attention` for one *call signature*, its host work done once.
 
-    Every decision of a decode launch (tile sizes, splits, TMA, grid, the kernel's 33 scalar
+    Every decision of a decode launch (tile sizes, splits, TMA, grid, the kernel's 37 scalar
     arguments and 20 constexprs, the output shapes) follows from the tensors' shapes, strides,
     dtypes, devices and 16-byte alignment, which optional tensors are given, the scalars and
     the runtime settings. A caller that keys its calls on all of those (the api's fast path per
@@ -433,7 +456,9 @@ class DecodeCall:
                  batch_idx: Optional[torch.Tensor] = None,
                  block_table: Optional[torch.Tensor] = None,
                  cu_seqlens_q: Optional[torch.Tensor] = None, max_seqlen_q: int = 0,
-                 attention_chunk: int = 0, plans: Optional[dict] = None) -> None:
+                 attention_chunk: int = 0, plans: Optional[dict] = None,
+                 k_descale: Optional[torch.Tensor] = None,
+                 v_descale: Optional[torch.Tensor] = None) -> None:
         varlen = cu_seqlens_q is not None
         if varlen:
             _, h, d = q.shape
@@ -456,7 +481,10 @@ class DecodeCall:
                                   _env.settings().decode_config,
                                   _env.settings().decode_waves)
         k_strides = k_cache.stride()
-        self.use_tma = (allow_tma and not paged and k_strides[1] > 0
+        kv_fp8 = k_descale is not None
+        # (FP8 caches take pointer loads: the TMA tile path was sized and verified for 16/32-bit
+        # elements only)
+        self.use_tma = (allow_tma and not paged and not kv_fp8 and k_strides[1] > 0
                         and config.use_tma(k_cache, v_cache)
                         and (d * q.element_size()) % 16 == 0
                         and (d_v * q.element_size()) % 16 == 0
@@ -490,12 +518,15 @@ class DecodeCall:
             q_strides = q.stride()[:3]
         page_size = k_cache.shape[1] if paged else 1
         alibi_strides = alibi_slopes.stride() if alibi_slopes is not None else (0, 0)
-        # the kernel's arguments after its 11 tensors (``Q ... CuSeqQ``)
+        kd_strides = k_descale.stride() if kv_fp8 else (0, 0)
+        vd_strides = v_descale.stride() if kv_fp8 else (0, 0)
+        # the kernel's arguments after its 13 tensors (``Q ... VDescale``)
         self.scalars = (
             *q_strides,
             *k_strides[:3], *v_cache.stride()[:3],
             *o_strides[:4], *l_strides,
             block_table.stride(0) if paged else 0, alibi_strides[0], alibi_strides[1],
+            *kd_strides, *vd_strides,
             s_q_grid, int(seqlen_k_add), k_cache.shape[1], nheads_k, batch * nheads_k,
             # clamp bounds: cache rows / pages, positions per sequence, packed query rows
             k_cache.shape[0],
@@ -513,18 +544,18 @@ class DecodeCall:
             HAS_CHUNK=attention_chunk > 0, HAS_SOFTCAP=softcap > 0.0,
             HAS_ALIBI=alibi_slopes is not None,
             UPCAST=config.upcast_dots(q), DOT_PREC=config.dot_precision(q),
-            USE_TMA=self.use_tma, num_warps=num_warps, num_stages=num_stages,
+            USE_TMA=self.use_tma, KV_FP8=kv_fp8, num_warps=num_warps, num_stages=num_stages,
         )
-        # the shared plans' key: the launch's every argument but the 11 tensors (the inputs'
+        # the shared plans' key: the launch's every argument but the 13 tensors (the inputs'
         # metadata, the scalars, the constexprs and options) and its grid, whose split count
         # no other part shows (the partials' strides are the same for any count > 1; a key
         # without it replayed another call's split count: wrong results, GPU suite 2026-11-24)
         tensor_meta = tuple(None if t is None else (t.shape, t.stride(), t.dtype) for t in
                             (q, k_cache, v_cache, seqlens_k, leftpad, batch_idx, block_table,
-                             alibi_slopes, cu_seqlens_q))
+                             alibi_slopes, cu_seqlens_q, k_descale, v_descale))
         self.key = (tensor_meta, self.scalars, tuple(self.kwargs.values()), self.grid)
         if plans is not None and not varlen:  # a decode plan's own (dropped with the plan)
-            self.plans = (plans.setdefault("decode", LaunchPlans(slots=tuple(range(11)))),
+            self.plans = (plans.setdefault("decode", LaunchPlans(slots=tuple(range(13)))),
                           plans.setdefault("combine", LaunchPlans(slots=(0, 1, 2, 3))))
         else:
             self.plans = (_PLAIN_DECODE, _PLAIN_COMBINE)
@@ -558,17 +589,20 @@ class DecodeCall:
                  seqlens_k: torch.Tensor, leftpad: Optional[torch.Tensor],
                  batch_idx: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
                  alibi_slopes: Optional[torch.Tensor], cu_seqlens_q: Optional[torch.Tensor] = None,
-                 buffers: Optional[dict] = None, need_lse: bool = True
+                 buffers: Optional[dict] = None, need_lse: bool = True,
+                 k_descale: Optional[torch.Tensor] = None,
+                 v_descale: Optional[torch.Tensor] = None
                  ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """out like q with d_v, lse float32 (see :func:`decode_attention`), for tensors of the
         signature this call was made for. ``buffers``: a decode plan's dict (outputs reused).
         ``need_lse`` False: the caller drops the LSE, so a replayed call may return None for
         it and keep the LSE and the split partials in the stream's reused workspace
-        (``runtime.buffers``) instead of allocating one."""
+        (``runtime.buffers``) instead of allocating one. ``k_descale`` / ``v_descale``: an FP8
+        cache's (b, h_k) float32 descales (given exactly when the call was made with them)."""
         if self._decode is not None and (self._combine is not None or self.num_splits == 1):
             replayed = self._replay(q, k_cache, v_cache, seqlens_k, leftpad, batch_idx,
                                     block_table, alibi_slopes, buffers, need_lse,
-                                    cu_seqlens_q)
+                                    cu_seqlens_q, k_descale, v_descale)
             if replayed is not None:
                 return replayed
         out, lse, lse4, out_k, lse_k, _ = self._outputs(buffers, q)
@@ -576,7 +610,7 @@ class DecodeCall:
             config.install_allocator()
         tensors = _slots(q.unsqueeze(0) if self.varlen else q, k_cache, v_cache, out_k, lse_k,
                          seqlens_k, leftpad, batch_idx, block_table, alibi_slopes, cu_seqlens_q,
-                         lse)
+                         lse, k_descale, v_descale)
         decode_plans, combine_plans = self.plans
         self._decode = decode_plans.launch(
             self.key, tensors,
@@ -589,8 +623,8 @@ class DecodeCall:
         return (out[0] if self.varlen else out), lse
 
     def _replay(self, q, k_cache, v_cache, seqlens_k, leftpad, batch_idx, block_table,
-                alibi_slopes, buffers, need_lse=True, cu_seqlens_q=None
-                ) -> Optional[Tuple[torch.Tensor, Optional[torch.Tensor]]]:
+                alibi_slopes, buffers, need_lse=True, cu_seqlens_q=None, k_descale=None,
+                v_descale=None) -> Optional[Tuple[torch.Tensor, Optional[torch.Tensor]]]:
         """A repeated call: two allocations (none with a plan's buffers, one without the
         LSE) and the recorded launches with the tensors' addresses. None (nothing launched)
         when a plan cannot replay now (fast launches off, a profiler listening, another
@@ -617,7 +651,8 @@ class DecodeCall:
         if not self._decode.replay(_slots(
                 q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), o_k, l_k,
                 seqlens_k.data_ptr(), addr(leftpad), addr(batch_idx), addr(block_table),
-                addr(alibi_slopes), addr(cu_seqlens_q), base)):
+                addr(alibi_slopes), addr(cu_seqlens_q), base, addr(k_descale),
+                addr(v_descale))):
             return None
         if self.num_splits > 1 and not self._combine.replay((o_k, l_k, out.data_ptr(), base)):
             raise RuntimeError("flashattn: the split-KV combine launch could not be replayed "
@@ -632,8 +667,8 @@ def _fresh_strides(shape: Tuple[int, ...]) -> Tuple[int, ...]:
 
 
 def _slots(q4, k_cache, v_cache, out_k, lse_k, seqlens_k, leftpad, batch_idx, block_table,
-           alibi_slopes, cu_seqlens_q, lse):
-    """The decode kernel's 11 tensor arguments (``Q ... CuSeqQ``) in order, as tensors (a
+           alibi_slopes, cu_seqlens_q, lse, k_descale=None, v_descale=None):
+    """The decode kernel's 13 tensor arguments (``Q ... VDescale``) in order, as tensors (a
     recorded launch) or as addresses (its replay): absent optional ones stand in as the
     lengths (never read) and, for ALiBi, lse."""
     return (q4, k_cache, v_cache, out_k, lse_k, seqlens_k,
@@ -641,7 +676,9 @@ def _slots(q4, k_cache, v_cache, out_k, lse_k, seqlens_k, leftpad, batch_idx, bl
             seqlens_k if batch_idx is None else batch_idx,
             seqlens_k if block_table is None else block_table,
             lse if alibi_slopes is None else alibi_slopes,
-            seqlens_k if cu_seqlens_q is None else cu_seqlens_q)
+            seqlens_k if cu_seqlens_q is None else cu_seqlens_q,
+            seqlens_k if k_descale is None else k_descale,
+            seqlens_k if v_descale is None else v_descale)
 
 
 def planned_splits(batch: int, seqlen_q: int, max_seqlen_k: int, nheads: int, nheads_k: int,

@@ -16,6 +16,11 @@ rotary_dim pass through. Positions are ``cache_seqlens[b] + i * pos_step`` (pos_
 every query token at cache_seqlens, flash-attn's rule for non-causal, non-local q).
 A position past the cos/sin table is not read (those rows keep their values unrotated):
 the table length is the caller's contract, checked on the host where values are free.
+
+An FP8 cache (``float8_e4m3fn``, ``descale`` (b, nheads) float32) takes each row as it would be
+stored in x's dtype (rotated, rounded to that dtype) divided by its (batch row, head)'s
+descale, saturated to +-448 and rounded to nearest even: ``torch``'s
+``(x.float() / descale).clamp(-448, 448).to(torch.float8_e4m3fn)``, bit for bit.
 """
 from __future__ import annotations
 
@@ -26,21 +31,23 @@ import triton
 import triton.language as tl
 
 from flashattn.triton import config
+from flashattn.triton.fp8_quantize import E4M3_MAX, round_e4m3
 from flashattn.runtime.launch import launch_jit
 
 
 @triton.jit
 def _rotary_store_kernel(X, Dst, Cos, Sin, Seqlens, BatchIdx, BlockTable, CuSeq, RotBase,
-                         stride_xb, stride_xm, stride_xh,
+                         Descale, stride_xb, stride_xm, stride_xh,
                          stride_db, stride_dm, stride_dh,
-                         stride_btb, stride_cos, stride_sin,
+                         stride_btb, stride_cos, stride_sin, stride_desc_b, stride_desc_h,
                          seqlen_x, nheads, seqlen_ro, rot_half, pos_step,
                          dst_rows, dst_cap, packed_rows,
                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
                          HAS_ROTARY: tl.constexpr, INTERLEAVED: tl.constexpr,
                          DEST: tl.constexpr, HAS_BATCH_IDX: tl.constexpr,
                          PAGE_SIZE: tl.constexpr, VARLEN: tl.constexpr,
-                         HAS_ROT_BASE: tl.constexpr):
+                         HAS_ROT_BASE: tl.constexpr, QUANT: tl.constexpr,
+                         EXACT_ROUND: tl.constexpr):
     pid = tl.program_id(0)
     off_b = pid // seqlen_x
     off_i = pid % seqlen_x
@@ -96,6 +103,18 @@ def _rotary_store_kernel(X, Dst, Cos, Sin, Seqlens, BatchIdx, BlockTable, CuSeq,
         out = tl.where(in_rot[None, :], rotated, xf)
     else:
         out = x
+    if QUANT:
+        # the row as the 16/32-bit append would store it, then e4m3 with its head's descale
+        desc = tl.load(Descale + off_b.to(tl.int64) * stride_desc_b
+                       + offs_h.to(tl.int64) * stride_desc_h, mask=h_ok, other=1.0)
+        out = out.to(X.dtype.element_ty).to(tl.float32) / desc[:, None]
+        out = tl.minimum(tl.maximum(out, -E4M3_MAX), E4M3_MAX)
+        if EXACT_ROUND:  # the interpreter's fp32 -> e4m3 conversion does not round to even
+            # (round_e4m3's add and subtract turns a tiny negative value into +0; torch and the
+            # GPU's conversion keep the sign: -0. The interpreter negates as 0 - x, so the
+            # sign comes from a multiply)
+            r = round_e4m3(out)
+            out = tl.where(out < 0, tl.abs(r) * -1.0, r)
 
     # destination row (64-bit: page * page stride can pass 2**31). Metadata read from the
     # device is never trusted with an address: a cache position outside [0, dst_cap) writes
@@ -128,7 +147,8 @@ def rotary_store(x: torch.Tensor, dst: torch.Tensor, seqlens: torch.Tensor, *,
                  batch_idx: Optional[torch.Tensor] = None,
                  block_table: Optional[torch.Tensor] = None, to_cache: bool = True,
                  cu_seqlens: Optional[torch.Tensor] = None, max_seqlen: int = 0,
-                 rot_base: Optional[torch.Tensor] = None) -> None:
+                 rot_base: Optional[torch.Tensor] = None,
+                 descale: Optional[torch.Tensor] = None) -> None:
     """Rotate (if ``cos`` is given) the rows of ``x`` (b, s, nh, d) and store them in ``dst``.
 
     ``to_cache=False``: dst is dense like x (the rotated q). Otherwise dst is a cache
@@ -139,6 +159,8 @@ def rotary_store(x: torch.Tensor, dst: torch.Tensor, seqlens: torch.Tensor, *,
     ``[cu[b], cu[b + 1])`` (at most ``max_seqlen``; a dense dst is packed the same way).
     ``rot_base`` (b,) int32: rotate at ``rot_base[b] + i * pos_step`` instead of the
     positions the rows are stored at (FlashAttention-3's ``rotary_seqlens``).
+    ``descale`` (b, nh) float32: dst is a float8_e4m3fn cache, x's rows are quantized into it
+    (x / descale, saturated, round to nearest even).
     """
     varlen = cu_seqlens is not None
     packed_rows = 0
@@ -165,10 +187,13 @@ def rotary_store(x: torch.Tensor, dst: torch.Tensor, seqlens: torch.Tensor, *,
         block_table if paged else dummy,
         cu_seqlens if varlen else dummy,
         rot_base if rot_base is not None else dummy,
+        descale if descale is not None else dummy,
         0 if varlen else x.stride(0), x.stride(1), x.stride(2),
         0 if varlen and not to_cache else dst.stride(0), dst.stride(1), dst.stride(2),
         block_table.stride(0) if paged else 0,
         cos.stride(0) if has_rot else 0, sin.stride(0) if has_rot else 0,
+        descale.stride(0) if descale is not None else 0,
+        descale.stride(1) if descale is not None else 0,
         s, nh, cos.shape[0] if has_rot else 0, cos.shape[1] if has_rot else 0, int(pos_step),
         # destination rows (cache batch / pages) and positions per row (contiguous: s_cache;
         # paged: the block table's pages x page size)
@@ -177,7 +202,8 @@ def rotary_store(x: torch.Tensor, dst: torch.Tensor, seqlens: torch.Tensor, *,
         HEAD_DIM=d, BLOCK_D=block_d, BLOCK_H=block_h,
         HAS_ROTARY=has_rot, INTERLEAVED=bool(interleaved), DEST=dest,
         HAS_BATCH_IDX=batch_idx is not None, PAGE_SIZE=dst.shape[1] if paged else 1,
-        VARLEN=varlen, HAS_ROT_BASE=rot_base is not None, num_warps=4,
+        VARLEN=varlen, HAS_ROT_BASE=rot_base is not None, QUANT=descale is not None,
+        EXACT_ROUND=config.INTERPRET, num_warps=4,
     ))
 
 

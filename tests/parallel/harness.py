@@ -18,6 +18,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+import flashattn
+
 Case = Tuple[str, Callable, Dict]
 
 
@@ -36,7 +38,11 @@ def _worker(rank: int, world: int, init_file: str, cases: Sequence[Case], result
         for name, fn, kwargs in cases:
             torch.manual_seed(seed)  # the same full inputs on every rank
             try:
-                fn(rank, world, **kwargs)
+                if backend == "gloo":  # the cpu attention path (not the interpreted kernels)
+                    with flashattn.use_backend("cpu"):
+                        fn(rank, world, **kwargs)
+                else:
+                    fn(rank, world, **kwargs)
             except Exception:  # noqa: BLE001 - reported per case
                 failures.append(f"[rank {rank}] {name}:\n{traceback.format_exc()}")
             dist.barrier()

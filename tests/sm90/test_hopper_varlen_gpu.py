@@ -288,8 +288,8 @@ def _assert_rows_unchanged(results, rows):
 @pytest.mark.parametrize("d,causal", [(128, False), (128, True), (64, True), (256, True),
                                       (192, False)])
 def test_padding_rows_do_not_reach_the_sequences(d, causal, hopper_varlen_calls):
-    """Packed tensors padded past the last sequence (static shapes: flash-attn's GitHub issue #1228)
-    with NaN / Inf rows: every tile that crosses a sequence's end reads them, yet outputs
+    """Packed tensors padded past the last sequence (static shapes, a case reported to
+    flash-attn upstream) with NaN / Inf rows: every tile that crosses a sequence's end reads them, yet outputs
     and gradients are the bits of the same call with zero padding (row_guard.py), and the
     gradients of the padding rows are 0."""
     torch.manual_seed(5)

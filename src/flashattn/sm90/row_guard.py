@@ -4,8 +4,8 @@ The varlen modes (fwd_kernel.py, bwd_kernel.py, bwd_wide_kernel.py) load tiles b
 the whole packed tensors, so a tile that crosses a sequence's end would also hold the rows
 after it: the next sequence's (real values), unused cache slots past ``seqused_k``, or padding
 after the last sequence (flash-attn users pad packed tensors to static shapes and leave those
-rows uninitialised: flash-attn's GitHub issue #1228). Their scores are masked, so P (and dS) is 0 there,
-but a GEMM still multiplies that 0 by the row's values, and 0 x Inf or 0 x NaN is NaN: the
+rows uninitialised, a case reported to flash-attn upstream). Their scores are masked, so P
+(and dS) is 0 there, but a GEMM still multiplies that 0 by the row's values, and 0 x Inf or 0 x NaN is NaN: the
 padding would turn a sequence's output or gradients into NaN where the math has none. The
 portable kernels never read those rows. What the Hopper kernels do instead:
 

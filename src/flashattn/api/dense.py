@@ -57,11 +57,8 @@ def _attention(
     _v.check_qkv(q, k, v, names)
     attention_chunk = _v.check_attention_chunk(attention_chunk)
     dropout_p = _v.check_dropout_p(dropout_p)
-    scale = _v.check_softmax_scale(softmax_scale)
-    causal = _v.check_causal(causal)
-    window_left, window_right = _v.check_window_size(window_size)
-    softcap = _v.check_softcap(softcap)
-    deterministic = _v.check_bool(deterministic, "deterministic")
+    scale, causal, window_left, window_right, softcap, deterministic = _v.check_options(
+        softmax_scale, causal, window_size, softcap, deterministic)
     return_attn_probs = _v.check_bool(return_attn_probs, "return_attn_probs")
     b, _, h, d_qk = q.shape
     seqlen_k = k.shape[1]

@@ -294,6 +294,17 @@ def check_bool(x: Any, name: str) -> bool:
     raise TypeError(f"{name} must be a bool, got {_describe(x)}")
 
 
+def check_options(softmax_scale: Any, causal: Any, window_size: Any, softcap: Any,
+                  deterministic: Any) -> Tuple[Optional[float], bool, int, int, float, bool]:
+    """The options every attention call takes, checked in one place: (softmax_scale or None,
+    causal, window_left, window_right, softcap, deterministic)."""
+    scale = check_softmax_scale(softmax_scale)
+    causal = check_causal(causal)
+    window_left, window_right = check_window_size(window_size)
+    return (scale, causal, window_left, window_right, check_softcap(softcap),
+            check_bool(deterministic, "deterministic"))
+
+
 # ---------------------------------------------------------------------------------------------
 # Variable-length (packed) sequences
 # ---------------------------------------------------------------------------------------------
@@ -479,6 +490,7 @@ __all__: Sequence[str] = (
     "check_kvpacked",
     "check_dropout_p",
     "check_softmax_scale",
+    "check_options",
     "check_softcap",
     "check_window_size",
     "check_causal",

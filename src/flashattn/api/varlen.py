@@ -107,11 +107,8 @@ def _varlen_attention(
     if block_table is not None:
         _v.check_block_table(block_table, batch, q.device)
     dropout_p = _v.check_dropout_p(dropout_p)
-    scale = _v.check_softmax_scale(softmax_scale)
-    causal = _v.check_causal(causal)
-    window_left, window_right = _v.check_window_size(window_size)
-    softcap = _v.check_softcap(softcap)
-    deterministic = _v.check_bool(deterministic, "deterministic")
+    scale, causal, window_left, window_right, softcap, deterministic = _v.check_options(
+        softmax_scale, causal, window_size, softcap, deterministic)
     return_attn_probs = _v.check_bool(return_attn_probs, "return_attn_probs")
     h, d_qk = q.shape[1], q.shape[2]
     _v.check_alibi_slopes(alibi_slopes, batch, h, q.device)

@@ -4,7 +4,7 @@ signature is gathered and compared once per (group, signature) and every rank ra
 ValueError naming the argument."""
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -33,6 +33,29 @@ def same_on_every_rank(group: Optional[dist.ProcessGroup], world: int, device: t
     _SEEN[key] = True
 
 
+def global_cu_seqlens(cu_seqlens, local_tokens: int, world: int, device: torch.device,
+                      max_seqlen) -> List[int]:
+    """The bounds of a varlen context-parallel call's *global* ``cu_seqlens`` (1-D int32 on
+    the inputs' device, from 0, never decreasing, ending at ``local_tokens * world``), with
+    ``max_seqlen`` at least its longest document; ValueError naming the argument otherwise."""
+    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or \
+            cu_seqlens.dtype != torch.int32:
+        raise ValueError("cu_seqlens: expected a 1-D int32 tensor of global document bounds")
+    if cu_seqlens.device != device:
+        raise ValueError(f"cu_seqlens: on {cu_seqlens.device}, q on {device}")
+    bounds = cu_seqlens.tolist()
+    if bounds[0] != 0 or any(b > a for a, b in zip(bounds[1:], bounds[:-1])):
+        raise ValueError("cu_seqlens: must start at 0 and never decrease")
+    if bounds[-1] != local_tokens * world:
+        raise ValueError(f"cu_seqlens: its last entry {bounds[-1]} must equal the global token "
+                         f"count q.shape[0] * world = {local_tokens} * {world}")
+    longest = max((b - a for a, b in zip(bounds[:-1], bounds[1:])), default=0)
+    if int(max_seqlen) < longest:
+        raise ValueError(f"max_seqlen: {max_seqlen} is shorter than the longest document "
+                         f"({longest})")
+    return bounds
+
+
 def dtype_code(dtype: torch.dtype) -> int:
     """A stable small integer per dtype, for :func:`same_on_every_rank`."""
     return [torch.float16, torch.bfloat16, torch.float32, torch.float64].index(dtype) \
@@ -45,4 +68,4 @@ def float_bits(x: float) -> int:
     return struct.unpack("<q", struct.pack("<d", float(x)))[0]
 
 
-__all__ = ["dtype_code", "float_bits", "same_on_every_rank"]
+__all__ = ["dtype_code", "float_bits", "global_cu_seqlens", "same_on_every_rank"]

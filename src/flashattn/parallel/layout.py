@@ -10,7 +10,7 @@ cut a full tensor into a rank's shard and gather the shards back.
 """
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import List, Sequence, Tuple
 
 import torch
 
@@ -65,6 +65,18 @@ def contiguous_unshard(x: Tensor, group: Group = None, seq_dim: int = 1) -> Tens
     return torch.cat(_comm.all_gather(x, pg, world), dim=seq_dim)
 
 
+def zigzag_doc_lengths(bounds: Sequence[int], world: int) -> List[int]:
+    """The document lengths of global bounds ``bounds`` (cu_seqlens as a list); ValueError
+    naming cu_seqlens when one is not divisible by ``2 * world``."""
+    lengths = [e - s for s, e in zip(bounds[:-1], bounds[1:])]
+    bad = [i for i, n in enumerate(lengths) if n % (2 * world)]
+    if bad:
+        raise ValueError(f"cu_seqlens: document {bad[0]} has length {lengths[bad[0]]}, not "
+                         f"divisible by 2 * world = {2 * world} (the varlen zigzag layout "
+                         "splits every document in 2 * world equal chunks); pad the documents")
+    return lengths
+
+
 def zigzag_varlen_index(cu_seqlens: Tensor, rank: int, world: int
                         ) -> Tuple[Tensor, Tensor, int]:
     """The varlen zigzag layout of a packed batch, for one rank.
@@ -79,12 +91,7 @@ def zigzag_varlen_index(cu_seqlens: Tensor, rank: int, world: int
         max_seqlen_local: the longest local document.
     """
     bounds = cu_seqlens.tolist()
-    lengths = [e - s for s, e in zip(bounds[:-1], bounds[1:])]
-    bad = [i for i, n in enumerate(lengths) if n % (2 * world)]
-    if bad:
-        raise ValueError(f"cu_seqlens: document {bad[0]} has length {lengths[bad[0]]}, not "
-                         f"divisible by 2 * world = {2 * world} (the varlen zigzag layout "
-                         "splits every document in 2 * world equal chunks); pad the documents")
+    lengths = zigzag_doc_lengths(bounds, world)
     pieces: List[Tensor] = []
     for start, n in zip(bounds[:-1], lengths):
         c = n // (2 * world)
@@ -115,5 +122,6 @@ def zigzag_varlen_unshard(x: Tensor, cu_seqlens: Tensor, group: Group = None) ->
     return full
 
 
-__all__ = ["contiguous_shard", "contiguous_unshard", "zigzag_shard", "zigzag_unshard",
+__all__ = ["contiguous_shard", "contiguous_unshard", "zigzag_doc_lengths", "zigzag_shard",
+           "zigzag_unshard",
            "zigzag_varlen_index", "zigzag_varlen_shard", "zigzag_varlen_unshard"]

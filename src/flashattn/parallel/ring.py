@@ -181,11 +181,8 @@ def normalise(q: Tensor, k: Tensor, v: Tensor, group: Group, causal: bool,
     _v.check_qkv(q, k, v, ("q", "k", "v"))
     if layout not in LAYOUTS:
         raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
-    scale = _v.check_softmax_scale(softmax_scale)
-    causal = _v.check_causal(causal)
-    window_left, window_right = _v.check_window_size(window_size)
-    softcap = _v.check_softcap(softcap)
-    deterministic = _v.check_bool(deterministic, "deterministic")
+    scale, causal, window_left, window_right, softcap, deterministic = _v.check_options(
+        softmax_scale, causal, window_size, softcap, deterministic)
     pg, rank, world = resolve(group)
     check_device(pg, q, "q")
     b, s_local, h, d = q.shape

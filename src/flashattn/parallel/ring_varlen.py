@@ -17,6 +17,7 @@ attention). Without a causal mask every step is one full varlen call.
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable, NamedTuple, Optional, Tuple
 
 import torch
@@ -26,7 +27,7 @@ from flashattn.api import normalise as _p
 from flashattn.api import validation as _v
 from flashattn.parallel import checks as _checks
 from flashattn.parallel.groups import Group, check_device, resolve
-from flashattn.parallel.layout import zigzag_varlen_index
+from flashattn.parallel.layout import zigzag_doc_lengths
 from flashattn.parallel.merge import merge_varlen_into
 from flashattn.parallel.ring import Ring, RingFunction, run_backward, run_forward
 
@@ -44,19 +45,26 @@ class VarlenLayout(NamedTuple):
     late: Tensor          # (total_local / 2,) int64 local rows of the late chunks
 
 
-def _layout(cu_seqlens: Tensor, rank: int, world: int, device: torch.device) -> VarlenLayout:
-    _, cu_local, max_local = zigzag_varlen_index(cu_seqlens, rank, world)
-    bounds = cu_local.tolist()
-    early, late = [], []
-    for start, end in zip(bounds[:-1], bounds[1:]):
-        half = (end - start) // 2
-        early.append(torch.arange(start, start + half))
-        late.append(torch.arange(start + half, end))
-    halves = [(e - s) // 2 for s, e in zip(bounds[:-1], bounds[1:])]
-    cu_half = torch.tensor([0] + halves, dtype=torch.int64).cumsum(0).to(torch.int32)
-    cat = (lambda xs: torch.cat(xs) if xs else torch.zeros(0, dtype=torch.int64))
-    return VarlenLayout(cu_local.to(device), max_local, cu_half.to(device), max(halves, default=0),
-                        cat(early).to(device), cat(late).to(device))
+@functools.lru_cache(maxsize=64)
+def _layout(bounds: Tuple[int, ...], world: int, device: torch.device) -> VarlenLayout:
+    """The local layout of global document bounds ``bounds`` (the same on every rank), built
+    once per batch shape: a training loop repeats its packing, and this is host work plus
+    small copies to the device."""
+    local = [n // world for n in zigzag_doc_lengths(bounds, world)]
+    starts = [0]
+    for n in local:
+        starts.append(starts[-1] + n)
+    early = [torch.arange(s, s + n // 2) for s, n in zip(starts[:-1], local)]
+    late = [torch.arange(s + n // 2, s + n) for s, n in zip(starts[:-1], local)]
+    halves = [n // 2 for n in local]
+    cu_half = [0]
+    for n in halves:
+        cu_half.append(cu_half[-1] + n)
+    as_device = (lambda xs: (torch.cat(xs) if xs else torch.zeros(0, dtype=torch.int64)
+                             ).to(device))
+    i32 = (lambda xs: torch.tensor(xs, dtype=torch.int32, device=device))
+    return VarlenLayout(i32(starts), max(local, default=0), i32(cu_half),
+                        max(halves, default=0), as_device(early), as_device(late))
 
 
 class _Options(NamedTuple):
@@ -198,11 +206,8 @@ def ring_flash_attn_varlen_func(
     _v.check_qkv(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), ("q", "k", "v"))
     ring = Ring(*resolve(group))
     check_device(ring.group, q, "q")
-    scale = _v.check_softmax_scale(softmax_scale)
-    causal = _v.check_causal(causal)
-    window_left, window_right = _v.check_window_size(window_size)
-    softcap = _v.check_softcap(softcap)
-    deterministic = _v.check_bool(deterministic, "deterministic")
+    scale, causal, window_left, window_right, softcap, deterministic = _v.check_options(
+        softmax_scale, causal, window_size, softcap, deterministic)
     return_attn_probs = _v.check_bool(return_attn_probs, "return_attn_probs")
     if window_left >= 0 or (window_right >= 0 and not causal):
         raise NotImplementedError("window_size: the varlen ring supports causal or full "
@@ -211,21 +216,8 @@ def ring_flash_attn_varlen_func(
     if alibi_slopes is not None:
         raise NotImplementedError("alibi_slopes: not supported by the varlen ring; "
                                   "ulysses_flash_attn_varlen_func supports ALiBi")
-    if not isinstance(cu_seqlens, Tensor) or cu_seqlens.dim() != 1 or \
-            cu_seqlens.dtype != torch.int32:
-        raise ValueError("cu_seqlens: expected a 1-D int32 tensor of global document bounds")
-    if cu_seqlens.device != q.device:
-        raise ValueError(f"cu_seqlens: on {cu_seqlens.device}, q on {q.device}")
-    bounds = cu_seqlens.tolist()
-    if bounds[0] != 0 or any(b > a for a, b in zip(bounds[1:], bounds[:-1])):
-        raise ValueError("cu_seqlens: must start at 0 and never decrease")
-    if bounds[-1] != q.shape[0] * ring.world:
-        raise ValueError(f"cu_seqlens: its last entry {bounds[-1]} must equal the global token "
-                         f"count q.shape[0] * world = {q.shape[0]} * {ring.world}")
-    longest = max((b - a for a, b in zip(bounds[:-1], bounds[1:])), default=0)
-    if int(max_seqlen) < longest:
-        raise ValueError(f"max_seqlen: {max_seqlen} is shorter than the longest document "
-                         f"({longest})")
+    bounds = _checks.global_cu_seqlens(cu_seqlens, q.shape[0], ring.world, q.device,
+                                       max_seqlen)
     _checks.same_on_every_rank(ring.group, ring.world, q.device, [
         ("q.shape[0] (local tokens)", q.shape[0]), ("q.shape[1]", q.shape[1]),
         ("q.shape[2]", q.shape[2]), ("k.shape[1]", k.shape[1]), ("v.shape[2]", v.shape[2]),
@@ -233,7 +225,7 @@ def ring_flash_attn_varlen_func(
         ("softcap", _checks.float_bits(softcap)), ("deterministic", int(deterministic)),
         ("len(cu_seqlens)", len(bounds)), ("cu_seqlens[-1]", bounds[-1])],
         "ring_flash_attn_varlen_func")
-    lay = _layout(cu_seqlens, ring.rank, ring.world, q.device)
+    lay = _layout(tuple(bounds), ring.world, q.device)
     opt = _Options(_p.softmax_scale_or_default(scale, q.shape[-1]), causal, softcap,
                    deterministic)
     out, lse = RingFunction.apply(q, k, v, varlen_forward, varlen_backward, (lay, opt, ring))

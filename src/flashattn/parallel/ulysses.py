@@ -135,6 +135,19 @@ def head_parallel(q: Tensor, k: Tensor, v: Tensor, group: Optional[dist.ProcessG
     return heads_to_seq(out, group, world), lse_heads_to_seq(lse, group, world)
 
 
+def _prepare(q: Tensor, k: Tensor, group: Group, alibi_slopes: Optional[Tensor], batch: int,
+             window_size, return_attn_probs):
+    """The checks both Ulysses calls share: (process group, rank, world, window_size,
+    return_attn_probs). ``batch``: the dense batch or the number of packed documents (a
+    (batch, nheads) ALiBi table's rows)."""
+    pg, rank, world = resolve(group)
+    check_device(pg, q, "q")
+    check_heads(q, k, world)
+    _v.check_alibi_slopes(alibi_slopes, batch, q.shape[-2], q.device)
+    return (pg, rank, world, _v.check_window_size(window_size),
+            _v.check_bool(return_attn_probs, "return_attn_probs"))
+
+
 def _signature(q: Tensor, k: Tensor, v: Tensor, causal, window_size, dropout_p, softcap,
                alibi_slopes, deterministic):
     return [("q.shape[0]", q.shape[0]), ("q.shape[1] (local sequence length)", q.shape[-3]),
@@ -180,12 +193,8 @@ def ulysses_flash_attn_func(
         out (batch, s_local, nheads, headdim_v), or ``(out, lse, None)``.
     """
     _v.check_qkv(q, k, v, ("q", "k", "v"))
-    pg, rank, world = resolve(group)
-    check_device(pg, q, "q")
-    check_heads(q, k, world)
-    _v.check_alibi_slopes(alibi_slopes, q.shape[0], q.shape[2], q.device)
-    window_size = _v.check_window_size(window_size)
-    return_attn_probs = _v.check_bool(return_attn_probs, "return_attn_probs")
+    pg, rank, world, window_size, return_attn_probs = _prepare(
+        q, k, group, alibi_slopes, q.shape[0], window_size, return_attn_probs)
     _checks.same_on_every_rank(pg, world, q.device, _signature(
         q, k, v, causal, window_size, dropout_p, softcap, alibi_slopes, deterministic),
         "ulysses_flash_attn_func")
@@ -230,17 +239,10 @@ def ulysses_flash_attn_varlen_func(
     """
     for x, name in ((q, "q"), (k, "k"), (v, "v")):
         _v.check_tensor(x, name, 3, "(total_tokens, nheads, headdim)")
-    pg, rank, world = resolve(group)
-    check_device(pg, q, "q")
-    check_heads(q, k, world)
-    if not isinstance(cu_seqlens, Tensor) or cu_seqlens.dim() != 1:
-        raise ValueError("cu_seqlens: expected a 1-D int32 tensor of global document bounds")
-    total = int(cu_seqlens[-1])
-    if total != q.shape[0] * world:
-        raise ValueError(f"cu_seqlens: its last entry {total} must equal the global token count "
-                         f"q.shape[0] * world = {q.shape[0]} * {world}")
-    window_size = _v.check_window_size(window_size)
-    return_attn_probs = _v.check_bool(return_attn_probs, "return_attn_probs")
+    n_docs = cu_seqlens.shape[0] - 1 if isinstance(cu_seqlens, Tensor) else 0
+    pg, rank, world, window_size, return_attn_probs = _prepare(
+        q, k, group, alibi_slopes, n_docs, window_size, return_attn_probs)
+    _checks.global_cu_seqlens(cu_seqlens, q.shape[0], world, q.device, max_seqlen)
     _checks.same_on_every_rank(pg, world, q.device, _signature(
         q.unsqueeze(0), k.unsqueeze(0), v, causal, window_size, dropout_p, softcap,
         alibi_slopes, deterministic), "ulysses_flash_attn_varlen_func")
@@ -257,5 +259,6 @@ def ulysses_flash_attn_varlen_func(
     return (out[0], lse[0], None) if return_attn_probs else out[0]
 
 
-__all__ = ["check_heads", "head_parallel", "heads_to_seq", "kv_heads_for_ranks", "lse_heads_to_seq", "seq_to_heads",
-           "ulysses_flash_attn_func", "ulysses_flash_attn_varlen_func"]
+__all__ = ["check_heads", "head_parallel", "heads_to_seq", "kv_heads_for_ranks",
+           "lse_heads_to_seq", "seq_to_heads", "ulysses_flash_attn_func",
+           "ulysses_flash_attn_varlen_func"]

@@ -18,6 +18,10 @@ Modes (``--modes``, comma-separated):
 - nocomm: the ring with every exchange replaced by the block in hand (its kernels alone);
 - trace: a profiler trace of one ring step (rank 0): the share of the step where an NCCL
   kernel runs with no compute kernel beside it (communication not hidden).
+``--schedule queue`` (an ablation of the Hopper kernels' tile schedule): unmasked forward and
+backward calls take tiles from the global tile queue instead of the static persistent stride,
+as masked calls already do. A persistent CTA whose SM is held by an NCCL kernel starts late;
+with the static stride its share of tiles then finishes late, with the queue the others take it.
 Writes one JSON (``--out``, default ``cp_bench.json``) from rank 0.
 """
 from __future__ import annotations
@@ -33,6 +37,24 @@ import torch.distributed as dist
 
 import flashattn
 from flashattn import parallel as fp
+
+
+def _apply_schedule(name: str) -> None:
+    """Switch the Hopper kernels' tile schedule for unmasked calls (``--schedule``)."""
+    if name == "default":
+        return
+    if name != "queue":
+        raise SystemExit(f"--schedule: expected default or queue, got {name!r}")
+    from dataclasses import replace
+
+    from flashattn.sm90 import config as _cfg
+    from flashattn.sm90 import fwd as _fwd
+
+    _fwd.uses_tile_queue = lambda cfg, window_right, varlen=False: bool(
+        cfg.dynamic and cfg.persistent and cfg.warp_specialized)
+    for key, cfg in list(_cfg._BWD_DEFAULTS.items()):
+        if cfg.persistent and not cfg.deterministic:
+            _cfg._BWD_DEFAULTS[key] = replace(cfg, dynamic=True)
 
 
 def _timed(fn: Callable[[], None], iters: int) -> float:
@@ -69,6 +91,10 @@ def _dense_row(mode: str, per_gpu: int, world: int, h: int, hk: int, d: int,
     row = dict(mode=mode, per_gpu=per_gpu, total=seq, h=h, hk=hk, d=d)
     one = _step(lambda a, b, c: flashattn.flash_attn_func(a, b, c, causal=True), q, k, v, dout)
     row["single_s"] = _timed(one, 1 if seq > 200_000 else iters)
+    if mode == "ring":  # the forward alone too (where a loss sits: forward or backward)
+        with torch.no_grad():
+            row["single_fwd_s"] = _timed(
+                lambda: flashattn.flash_attn_func(q, k, v, causal=True), iters)
     if mode == "ring":
         shard = fp.zigzag_shard
         attn = lambda a, b, c: fp.ring_flash_attn_func(a, b, c, causal=True)
@@ -86,6 +112,10 @@ def _dense_row(mode: str, per_gpu: int, world: int, h: int, hk: int, d: int,
     del q, k, v, dout
     torch.cuda.empty_cache()
     row["cp_s"] = _timed(_step(attn, *local), iters)
+    if mode == "ring":
+        with torch.no_grad():
+            row["cp_fwd_s"] = _timed(lambda: attn(*local[:3]), iters)
+        row["fwd_efficiency"] = row["single_fwd_s"] / world / row["cp_fwd_s"]
     flops = 4 * h * d * _causal_pairs(seq) * 3.5
     row["efficiency"] = row["single_s"] / world / row["cp_s"]
     row["cp_tflops_per_gpu"] = flops / world / row["cp_s"] / 1e12
@@ -259,18 +289,21 @@ def main() -> None:
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--kv-heads", type=int, default=8, help="KV heads of the scale run")
     ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--schedule", default="default", help="default or queue (see above)")
     ap.add_argument("--out", default="cp_bench.json")
     args = ap.parse_args()
+    _apply_schedule(args.schedule)
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.cuda.set_device(rank % torch.cuda.device_count())  # one host: local rank
     modes = args.modes.split(",")
     h, d = args.heads, 128
-    res = dict(world=world, gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+    res = dict(world=world, schedule=args.schedule, gpu=torch.cuda.get_device_name(), torch=torch.__version__,
                date=time.strftime("%Y-%m-%d"), rows=[],
                nccl=".".join(str(x) for x in torch.cuda.nccl.version()))
 
     def emit(row: Dict) -> None:
+        row = dict(row, schedule=args.schedule)
         if rank == 0:
             print(json.dumps(row), flush=True)
             res["rows"].append(row)

@@ -249,8 +249,10 @@ def test_fwd_variant_compiles_without_spills(variant, reports, capsys):
 
 # Backward: ptxas keeps a few loop scalars in local memory on the d = 96 / 128 variants (the
 # consumers hold fp32 dK + dV, 128 registers, for the whole key block); bounded so growth fails.
-# (The packed variants, with two copies of the block loop since 2026-11-25: 128-144 bytes.)
-BWD_SPILL_ALLOWANCE = 160
+# (The packed variants, with two copies of the block loop since 2026-11-25: 128-144 bytes.
+# The tile queue on unmasked calls, 2026-11-28: d = 128 16 -> 88 bytes, with softcap 160 -> 200;
+# measured faster all the same, benchmarks/NOTES.md.)
+BWD_SPILL_ALLOWANCE = 200
 # deterministic=True: the dQ writer warp's handoff (2026-11-23) leaves consumer 0 more 64-bit
 # values in local memory (d = 128: 272 bytes causal, 256 dense; d = 64: 64); measured as is
 DET_SPILL_ALLOWANCE = 288

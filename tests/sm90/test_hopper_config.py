@@ -48,13 +48,16 @@ def test_three_consumers_reject_two_way_schedules():
         fwd_config(128, consumers=4)
 
 
-def test_tile_queue_only_for_masked_persistent_warp_specialised_calls():
+def test_tile_queue_for_every_persistent_warp_specialised_call():
+    """Masked and unmasked calls alike: a CTA that starts late (its SM busy with an NCCL
+    transfer beside the call) must take fewer tiles, not delay the call."""
     pytest.importorskip("triton.experimental.gluon")
     from flashattn.sm90.fwd import uses_tile_queue
 
     cfg = fwd_config(128)
     assert uses_tile_queue(cfg, window_right=0)  # causal
-    assert not uses_tile_queue(cfg, window_right=-1)  # dense: equal tiles, round robin
+    assert uses_tile_queue(cfg, window_right=-1)  # dense: equal tiles, still the queue
+    assert uses_tile_queue(cfg, window_right=-1, varlen=True)
     assert not uses_tile_queue(fwd_config(128, dynamic=False), 0)
     assert not uses_tile_queue(fwd_config(128, persistent=False), 0)
     assert not uses_tile_queue(fwd_config(128, warp_specialized=False), 0)
@@ -68,6 +71,12 @@ def test_backward_runs_persistent_only_where_key_tiles_cost_the_same():
 
     assert bwd_config(128, masked=False).persistent
     assert bwd_config(64, masked=False).persistent
+    # with the tile queue (late CTAs take fewer tiles), but not the deterministic schedule,
+    # whose head-major static order the dQ turns need
+    assert bwd_config(128, masked=False).dynamic and bwd_config(64, masked=False).dynamic
+    assert not bwd_config(128, masked=False, dynamic=False).dynamic
+    assert not bwd_config(128, masked=False, deterministic=True).dynamic
+    assert not bwd_config(128, masked=True).dynamic
     assert not bwd_config(128, masked=True).persistent
     assert not bwd_config(96, masked=False).persistent
     assert not bwd_config(256, masked=False).persistent  # bwd_wide_kernel: no such schedule

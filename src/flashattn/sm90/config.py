@@ -263,7 +263,8 @@ class BwdConfig:
     # ticket and publishes the index) instead of a static stride, for tiles of unequal cost
     # (causal). Off: measured slower than one CTA per tile on causal calls (H200, 2026-11-23,
     # d = 128 2k / 8k / 16k: 368 / 462 / 492 vs 386 / 488 / 530 TFLOP/s; d = 64 -2..-4%);
-    # kept as a switch (exact, GPU-tested).
+    # bwd_config turns it on for unmasked persistent calls (equal-cost tiles: no loss there,
+    # and robust to SMs held by other work, e.g. NCCL beside a context-parallel ring).
     dynamic: bool = False
     # dQ added in descending key-block order, tiles handed out key-block major (bitwise
     # repeatable: deterministic=True). Needs persistent, dq_tma + dq_async, no pipeline, and
@@ -350,7 +351,12 @@ def _bwd_config(head_dim: int, masked: bool, overrides: Dict[str, Any]) -> BwdCo
     cfg = replace(BWD_CONFIGS[head_dim], **overrides) if overrides else BWD_CONFIGS[head_dim]
     if (not masked and "persistent" not in overrides and head_dim in PERSISTENT_BWD_HEAD_DIMS
             and not cfg.pipeline):
-        cfg = replace(cfg, persistent=True)
+        # with the tile queue: equal-cost tiles too, so that CTAs which start late (SMs held by
+        # an NCCL transfer beside the call) take fewer tiles instead of delaying the call
+        # (4x H100, 2026-11-28: unmasked 128k x 64k blocks 485 -> 549 TFLOP/s, and the ring's
+        # backward with them, benchmarks/NOTES.md)
+        cfg = replace(cfg, persistent=True,
+                      dynamic=cfg.dynamic if "dynamic" in overrides else True)
     if cfg.deterministic:
         if head_dim not in PERSISTENT_BWD_HEAD_DIMS:
             raise ValueError(f"bwd_config: deterministic=True covers head dims "

@@ -290,10 +290,24 @@ def main() -> None:
     ap.add_argument("--kv-heads", type=int, default=8, help="KV heads of the scale run")
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--schedule", default="default", help="default or queue (see above)")
+    ap.add_argument("--kv-stream", default="side", choices=("side", "caller"),
+                    help="issue the ring's K / V exchanges from a side stream (default) or from "
+                         "the compute stream (an ablation)")
+    ap.add_argument("--nccl-priority", default="normal", choices=("normal", "high"),
+                    help="high: the process group's NCCL streams at high priority, so NCCL's "
+                         "kernels take SMs before queued attention CTAs")
     ap.add_argument("--out", default="cp_bench.json")
     args = ap.parse_args()
     _apply_schedule(args.schedule)
-    dist.init_process_group("nccl")
+    from flashattn.parallel import ring as _ring
+
+    _ring.KV_FROM_SIDE_STREAM = args.kv_stream == "side"
+    if args.nccl_priority == "high":
+        opts = dist.ProcessGroupNCCL.Options()
+        opts.is_high_priority_stream = True
+        dist.init_process_group("nccl", pg_options=opts)
+    else:
+        dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.cuda.set_device(rank % torch.cuda.device_count())  # one host: local rank
     modes = args.modes.split(",")
@@ -303,7 +317,8 @@ def main() -> None:
                nccl=".".join(str(x) for x in torch.cuda.nccl.version()))
 
     def emit(row: Dict) -> None:
-        row = dict(row, schedule=args.schedule)
+        row = dict(row, schedule=args.schedule, kv_stream=args.kv_stream,
+                   nccl_priority=args.nccl_priority)
         if rank == 0:
             print(json.dumps(row), flush=True)
             res["rows"].append(row)

@@ -13,8 +13,12 @@ hidden 2048 (``h = 2048 // d``), layout (b, s, h, d), bf16, random normal inputs
 
 Impls: ``flashattn`` (ours, FLASHATTN_BACKEND=auto), ``flashattn-<backend>`` (ours, backend
 forced: portable, cpu, hopper), ``sdpa-flash``, ``sdpa-cudnn``, ``sdpa-math`` (SDPA with one
-backend forced; inputs transposed to (b, h, s, d) outside the timed region) and ``flex``
-(``torch.compile(flex_attention)``, a causal block mask when causal; d=128 only unless asked).
+backend forced; inputs transposed to (b, h, s, d) outside the timed region), ``flex``
+(``torch.compile(flex_attention)``, a causal block mask when causal; d=128 only unless asked)
+and ``fa4`` (FlashAttention-4, ``flash_attn.cute.flash_attn_func`` of the ``flash-attn-4``
+package, on the same (b, s, h, d) tensors as ours; fwd, bwd and mem rows, no decode row).
+``fa4`` is in the default set: where ``flash_attn.cute`` does not import, the run drops it with
+one line saying why (:func:`drop_unavailable`) and goes on.
 
 Timing: ``triton.testing.do_bench``, median, after one untimed call (compilation and
 autotuning happen there). An impl that fails or is unsupported for a point becomes a row with
@@ -60,11 +64,16 @@ MEM_SEQLENS: Tuple[int, ...] = (4096, 16384, 65536)
 MEM_B, MEM_H, MEM_D = 1, 16, 128
 
 OURS = "flashattn"
-ANCHORS: Tuple[str, ...] = ("sdpa-flash", "sdpa-cudnn", "flex")
+FA4 = "fa4"  # FlashAttention-4 (flash-attn-4, CuTe DSL): the anchor the project measures against
+ANCHORS: Tuple[str, ...] = ("sdpa-flash", "sdpa-cudnn", "flex", FA4)
 DEFAULT_IMPLS: Tuple[str, ...] = (OURS,) + ANCHORS
 SDPA_BACKENDS = {"sdpa-flash": "FLASH_ATTENTION", "sdpa-cudnn": "CUDNN_ATTENTION",
                  "sdpa-math": "MATH", "sdpa-efficient": "EFFICIENT_ATTENTION"}
 FLEX_HEAD_DIMS: Tuple[int, ...] = (128,)
+# FA4's sm90 head dims (flash_attn/cute/interface.py, _validate_head_dims): 8..256, a multiple of
+# 16 bytes of the element (8 in bf16); the same d for q, k and v here
+FA4_HEAD_DIM_RANGE: Tuple[int, int] = (8, 256)
+FA4_HEAD_DIM_MULTIPLE = 8
 
 ROW_KEY: Tuple[str, ...] = ("impl", "mode", "d", "causal", "s", "b", "h", "page_size")
 METRIC = {"fwd": "tflops", "bwd": "tflops", "decode": "tbps", "mem": "mib", "quant": "tbps"}
@@ -313,7 +322,7 @@ def plan(modes: Sequence[str] = ATTN_MODES, head_dims: Sequence[int] = HEAD_DIMS
     """The (point, impl) pairs in run order: fwd/bwd by (d, causal, s), then decode, then mem.
 
     Flex runs at d in FLEX_HEAD_DIMS only unless ``flex_all_d``; decode uses SDPA anchors and
-    ours (flex has no decode row here); mem adds the naive ``sdpa-math`` row.
+    ours (flex and fa4 have no decode row here); mem adds the naive ``sdpa-math`` row.
     """
     for m in modes:
         if m not in MODES:
@@ -335,7 +344,7 @@ def plan(modes: Sequence[str] = ATTN_MODES, head_dims: Sequence[int] = HEAD_DIMS
     if "decode" in modes:
         for b, kv_len in decode_points:
             for impl in impls:
-                if impl == "flex":
+                if impl in ("flex", FA4):
                     continue
                 out.append((Point("decode", DECODE_D, False, kv_len, b, DECODE_HEADS), impl))
             for impl in impls:  # ours again with a paged cache
@@ -360,11 +369,11 @@ def plan(modes: Sequence[str] = ATTN_MODES, head_dims: Sequence[int] = HEAD_DIMS
 # Every name check_impl accepts, in the order an error message lists them.
 VALID_IMPLS: Tuple[str, ...] = (
     (OURS,) + tuple(f"{OURS}-{b}" for b in ("auto", "portable", "cpu", "hopper"))
-    + ("flex",) + tuple(SDPA_BACKENDS) + FP8_IMPLS + (FP8_QUANTIZE,))
+    + ("flex", FA4) + tuple(SDPA_BACKENDS) + FP8_IMPLS + (FP8_QUANTIZE,))
 
 
 def check_impl(impl: str) -> str:
-    if impl == OURS or impl == "flex" or impl in SDPA_BACKENDS:
+    if impl in (OURS, "flex", FA4) or impl in SDPA_BACKENDS:
         return impl
     if impl in FP8_IMPLS or impl == FP8_QUANTIZE:
         return impl
@@ -379,6 +388,60 @@ def is_ours(impl: str) -> bool:
 
 def is_fp8(impl: str) -> bool:
     return impl in FP8_IMPLS or impl == FP8_QUANTIZE
+
+
+# ---------------------------------------------------------------------------------------------
+# FlashAttention-4: an optional package, imported only when its rows run
+# ---------------------------------------------------------------------------------------------
+def fa4_function() -> Callable[..., Any]:
+    """``flash_attn.cute.flash_attn_func`` (raises what its import raises)."""
+    from flash_attn.cute import flash_attn_func
+
+    return flash_attn_func
+
+
+def fa4_unavailable() -> Optional[str]:
+    """Why FA4 cannot run here (one line), or None when ``flash_attn.cute`` imports. Any
+    exception counts: the CuTe DSL can fail at import for reasons other than a missing module."""
+    try:
+        fa4_function()
+    except Exception as exc:
+        return f"flash_attn.cute does not import ({short_error(exc, 160)})"
+    return None
+
+
+def fa4_unsupported(d: int) -> Optional[str]:
+    """Why FA4's sm90 kernels refuse head dim ``d`` (bf16, d_v = d), or None."""
+    lo, hi = FA4_HEAD_DIM_RANGE
+    if lo <= d <= hi and d % FA4_HEAD_DIM_MULTIPLE == 0:
+        return None
+    return (f"fa4 (sm90) takes head dims {lo}..{hi} in multiples of {FA4_HEAD_DIM_MULTIPLE}, "
+            f"not d={d}")
+
+
+def first_output(result: Any) -> Any:
+    """The attention output of a call that returns ``out`` or ``(out, lse, ...)``: FA4's
+    ``flash_attn_func`` has returned both forms across its releases."""
+    return result[0] if isinstance(result, (tuple, list)) else result
+
+
+def drop_unavailable(pairs: Sequence[Tuple[Point, str]],
+                     say: Optional[Callable[[str], None]] = None) -> List[Tuple[Point, str]]:
+    """``pairs`` without those of an optional impl that cannot run here (``fa4`` where
+    ``flash_attn.cute`` does not import), with one line per dropped impl through ``say``
+    (stderr by default). Other impls keep the error-row convention per point."""
+    if not any(impl == FA4 for _, impl in pairs):
+        return list(pairs)
+    why = fa4_unavailable()
+    if why is None:
+        return list(pairs)
+    n = sum(impl == FA4 for _, impl in pairs)
+    line = f"bench: {FA4} skipped ({n} measurements): {why}"
+    if say is None:
+        print(line, file=sys.stderr, flush=True)
+    else:
+        say(line)
+    return [(p, impl) for p, impl in pairs if impl != FA4]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -465,8 +528,10 @@ def per_head_fp8(q: Any, k: Any, v: Any) -> Tuple[Any, ...]:
 def build_attention(impl: str, q: Any, k: Any, v: Any, causal: bool
                     ) -> Tuple[Tuple[Any, ...], Callable[..., Any]]:
     """``(inputs, fn)`` with ``fn(*inputs) -> out``. q, k, v are (b, s, h, d); the SDPA and
-    flex impls get (b, h, s, d) contiguous copies, made here, outside any timed region.
-    The FP8 forward gets q, k, v quantized here (block scales, incoherent processing)."""
+    flex impls get (b, h, s, d) contiguous copies, made here, outside any timed region; ours
+    and fa4 take q, k, v as they are. The FP8 forward gets q, k, v quantized here (block
+    scales, incoherent processing). fa4 at a head dim its sm90 kernels refuse raises
+    NotImplementedError (an error row)."""
     if impl in ("flashattn-fp8", "flashattn-fp8-portable"):
         from flashattn import fp8
 
@@ -500,6 +565,17 @@ def build_attention(impl: str, q: Any, k: Any, v: Any, causal: bool
             return flashattn.flash_attn_func(q_, k_, v_, causal=causal)
 
         return (q, k, v), ours
+    if impl == FA4:
+        why = fa4_unsupported(q.shape[-1])
+        if why is not None:
+            raise NotImplementedError(why)
+        fa4_func = fa4_function()
+
+        def fa4(q_, k_, v_):
+            # the default softmax scale (d ** -0.5), as ours; out only, lse is not timed apart
+            return first_output(fa4_func(q_, k_, v_, causal=causal))
+
+        return (q, k, v), fa4
     import torch
 
     qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_(x.requires_grad)
@@ -840,6 +916,7 @@ def run(pairs: Sequence[Tuple[Point, str]], timing: Optional[Timing] = None,
 
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("the benchmark grid needs a CUDA GPU")
+    pairs = drop_unavailable(pairs)
     timing = timing or Timing()
     env = environment()
     rows: List[Dict[str, Any]] = []

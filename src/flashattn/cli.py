@@ -4,8 +4,9 @@
 - ``check``: a per-feature correctness self-test on this machine's device against the float64
   reference; a pass/fail table, exit status 1 on any failure.
 - ``bench``: on a CUDA machine, the benchmark grid of ``benchmarks/bench.py`` (our kernels
-  beside SDPA flash / cuDNN and Flex); without a GPU, a CPU demo (exactness on a few shapes,
-  then peak memory of our path vs naive attention as the sequence grows).
+  beside SDPA flash / cuDNN, Flex and FlashAttention-4 where ``flash_attn.cute`` imports);
+  without a GPU, a CPU demo (exactness on a few shapes, then peak memory of our path vs naive
+  attention as the sequence grows).
 
 Heavy imports (torch, triton, matplotlib) happen inside the commands, so ``--help`` is quick.
 """
@@ -95,9 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser(
         "bench", help="benchmark grid on a GPU (CPU demo without one)",
-        description="TFLOP/s of flashattn beside the anchors (SDPA flash / cuDNN, Flex) on the "
-                    "grid of shared/ANCHORS.md: 16k tokens (b = 16384 / s), hidden 2048 "
-                    "(h = 2048 / d), bf16. Without a CUDA GPU: exactness and memory demo on CPU.")
+        description="TFLOP/s of flashattn beside the anchors (SDPA flash / cuDNN, Flex, "
+                    "FlashAttention-4) on the grid of shared/ANCHORS.md: 16k tokens "
+                    "(b = 16384 / s), hidden 2048 (h = 2048 / d), bf16. Without a CUDA GPU: "
+                    "exactness and memory demo on CPU.")
     b.add_argument("--d", type=_csv(int), default=None, metavar="D[,D]",
                    help="head dims (default 128,64,256; --quick: 128; CPU demo: 64)")
     b.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None,
@@ -110,8 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fwd, bwd, decode, mem, quant (the FP8 quantize pass) (default fwd,bwd; "
                         "--dtype fp8: fwd,quant)")
     b.add_argument("--impl", type=_csv(_impl), default=None, metavar="I[,I]",
-                   help="flashattn, flashattn-portable, sdpa-flash, sdpa-cudnn, sdpa-math, flex "
-                        "(default flashattn,sdpa-flash,sdpa-cudnn,flex; GPU only)")
+                   help="flashattn, flashattn-portable, sdpa-flash, sdpa-cudnn, sdpa-math, flex, "
+                        "fa4 (FlashAttention-4: flash_attn.cute.flash_attn_func of the "
+                        "flash-attn-4 package; skipped with one line where it does not import) "
+                        "(default flashattn,sdpa-flash,sdpa-cudnn,flex,fa4; GPU only)")
     b.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16",
                    help="fp8: FP8 forward rows (flashattn-fp8 on pre-quantized inputs, "
                         "flashattn-fp8-e2e = flash_attn_fp8_func, flashattn-fp8-fa3 = "
@@ -535,6 +539,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     pairs = bench.plan(modes=cfg["modes"], head_dims=cfg["head_dims"], causals=cfg["causals"],
                        seqlens=cfg["seqlens"], impls=cfg["impls"], flex_all_d=args.flex_all_d)
+    pairs = bench.drop_unavailable(pairs, say=_say)  # fa4 without flash_attn.cute: one line
     if not hasattr(flashattn, "flash_attn_with_kvcache"):
         # our decode row comes with flash_attn_with_kvcache; until then anchors only
         pairs = [(p, i) for p, i in pairs if not (p.mode == "decode" and bench.is_ours(i))]

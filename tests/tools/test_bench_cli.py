@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+import types
 
 import pytest
+import torch
 
 from flashattn import cli
 
@@ -109,8 +112,9 @@ def test_save_and_load_merge(tmp_path):
 def test_plan_full_grid():
     pairs = bench.plan()
     attn = [(p, i) for p, i in pairs]
-    # 3 d x 2 causal x 6 s x 2 modes x 3 impls, plus flex at d=128 only
-    assert len(attn) == 3 * 2 * 6 * 2 * 3 + 2 * 6 * 2
+    # 3 d x 2 causal x 6 s x 2 modes x 4 impls (fa4 among them), plus flex at d=128 only
+    assert len(attn) == 3 * 2 * 6 * 2 * 4 + 2 * 6 * 2
+    assert {p.d for p, i in pairs if i == "fa4"} == {64, 128, 256}
     assert {p.d for p, i in pairs if i == "flex"} == {128}
     assert len(set(pairs)) == len(pairs)
     assert all(p.b * p.s == 16384 and p.h * p.d == 2048 for p, _ in pairs)
@@ -121,8 +125,9 @@ def test_plan_decode_and_mem():
     dec = [(p, i) for p, i in pairs if p.mode == "decode"]
     assert {(p.b, p.s) for p, _ in dec} == set(bench.DECODE_POINTS)
     assert all(p.h == 32 and p.d == 128 for p, _ in dec)
-    assert "flex" not in {i for _, i in dec}
+    assert not {"flex", "fa4"} & {i for _, i in dec}
     mem = [(p, i) for p, i in pairs if p.mode == "mem"]
+    assert "fa4" in {i for _, i in mem}
     assert {p.s for p, _ in mem} == {4096, 16384, 65536}
     assert "sdpa-math" in {i for _, i in mem}
     assert all((p.b, p.h, p.d, p.causal) == (1, 16, 128, True) for p, _ in mem)
@@ -195,6 +200,140 @@ def test_run_time_budget_skips():
     assert rows == [] and skipped == 3
 
 
+# ------------------------------------------------------------------------------------ fa4
+# FlashAttention-4 (flash_attn.cute) is never installed on these CPU machines: its absence is
+# made certain with a None entry in sys.modules, and its presence is a fake package whose
+# flash_attn_func computes attention with torch (returning a tuple, or a bare tensor as some
+# releases did), so the call adapter and the runner run end to end on CPU.
+@pytest.fixture
+def no_fa4(monkeypatch):
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", None)
+
+
+def _sdpa_bshd(q, k, v, softmax_scale=None, causal=False):
+    import torch.nn.functional as F
+
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                         is_causal=causal, scale=softmax_scale)
+    return out.transpose(1, 2)
+
+
+@pytest.fixture
+def fake_fa4(monkeypatch):
+    """Installs a fake flash_attn.cute; returns the list of calls (kwargs) it saw. Set
+    ``calls.bare = True`` to make it return the output alone."""
+    class Calls(list):
+        bare = False
+
+    calls = Calls()
+
+    def flash_attn_func(q, k, v, qv=None, softmax_scale=None, causal=False, **kwargs):
+        calls.append(dict(softmax_scale=softmax_scale, causal=causal, **kwargs))
+        out = _sdpa_bshd(q, k, v, softmax_scale=softmax_scale, causal=causal)
+        if calls.bare:
+            return out
+        lse = out.new_zeros(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32)
+        return out, lse
+
+    pkg = types.ModuleType("flash_attn")
+    cute = types.ModuleType("flash_attn.cute")
+    cute.flash_attn_func = flash_attn_func
+    pkg.cute = cute
+    monkeypatch.setitem(sys.modules, "flash_attn", pkg)
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", cute)
+    return calls
+
+
+def test_fa4_parses_and_is_a_default_anchor():
+    assert bench.check_impl("fa4") == "fa4" and "fa4" in bench.VALID_IMPLS
+    assert "fa4" in bench.DEFAULT_IMPLS and not bench.is_ours("fa4")
+    args = cli.build_parser().parse_args(["bench", "--impl", "flashattn,fa4,sdpa-cudnn"])
+    assert args.impl == ["flashattn", "fa4", "sdpa-cudnn"]
+    assert "fa4" in cli.build_parser()._subparsers._group_actions[0].choices["bench"].format_help()
+
+
+def test_fa4_absent_is_dropped_with_one_line(no_fa4, capsys):
+    """No flash_attn.cute: one line on stderr naming fa4 and why, no rows for it (no error row
+    per point either, which would overwrite measured fa4 rows when merged), the rest runs."""
+    assert bench.fa4_unavailable().startswith("flash_attn.cute does not import")
+    point, bwd = bench.Point("fwd", 16, True, 64, 1, 2), bench.Point("bwd", 16, False, 48, 1, 2)
+    pairs = [(point, "sdpa-math"), (point, "fa4"), (bwd, "fa4"), (bwd, "sdpa-math")]
+    rows, skipped = bench.run(pairs, timing=bench.Timing(0, 1), progress=False, device="cpu")
+    assert skipped == 0 and [r["impl"] for r in rows] == ["sdpa-math", "sdpa-math"]
+    assert all("error" not in r for r in rows)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("bench: fa4 skipped (2 measurements): "), err
+    assert "Traceback" not in err[0]
+    said = []
+    assert bench.drop_unavailable(pairs, say=said.append) == [pairs[0], pairs[3]]
+    assert len(said) == 1
+    assert bench.drop_unavailable(pairs[:1], say=said.append) == pairs[:1] and len(said) == 1
+
+
+def test_fa4_absent_gpu_command_line_says_one_line(no_fa4, monkeypatch, capsys):
+    """`flashattn bench` on a GPU machine without flash-attn-4 (stand-in: CUDA reported present,
+    the runner stubbed): the default set names fa4, one line says it is skipped, the count and
+    the runner see the rest only."""
+    seen = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(bench, "environment", lambda: ENV)
+    monkeypatch.setattr(bench, "run", lambda pairs, **kw: (seen.extend(pairs), ([], 0))[1])
+    assert cli.main(["bench", "--quick", "--no-save", "--mode", "fwd", "--causal"]) == 0
+    err = capsys.readouterr().err
+    assert sum("fa4 skipped" in line for line in err.splitlines()) == 1, err
+    assert seen and "fa4" not in {i for _, i in seen}
+    assert f"bench: {len(seen)} measurements" in err
+
+
+@pytest.mark.parametrize("bare", [False, True])
+def test_fa4_adapter_tuple_or_tensor(fake_fa4, bare):
+    """The fa4 callable returns the attention output whether flash_attn_func gives (out, lse)
+    or out alone, with the default softmax scale and the point's causal flag, on the (b, s, h, d)
+    tensors themselves; its backward is the graph of that same call."""
+    fake_fa4.bare = bare
+    assert bench.fa4_unavailable() is None
+    q, k, v = (torch.randn(1, 40, 2, 16, requires_grad=True) for _ in range(3))
+    inputs, fn = bench.build_attention("fa4", q, k, v, causal=True)
+    assert inputs[0] is q and inputs[1] is k and inputs[2] is v
+    out = fn(*inputs)
+    assert isinstance(out, torch.Tensor) and out.shape == q.shape
+    torch.testing.assert_close(out, _sdpa_bshd(q, k, v, causal=True))
+    assert fake_fa4 == [dict(softmax_scale=None, causal=True)]
+    dq, dk, dv = torch.autograd.grad(out, inputs, torch.randn_like(out))
+    assert dq.shape == q.shape and dk.abs().sum() > 0
+
+
+def test_fa4_runs_in_the_grid_with_the_fake(fake_fa4):
+    """fwd and bwd rows of fa4 beside ours through the runner (wall-clock timing on CPU);
+    a head dim FA4's sm90 kernels refuse is an error row, as for any unsupported point."""
+    point, bwd = bench.Point("fwd", 16, True, 64, 1, 2), bench.Point("bwd", 16, False, 48, 1, 2)
+    odd = bench.Point("fwd", 12, False, 32, 1, 2)
+    pairs = [(point, "flashattn-cpu"), (point, "fa4"), (bwd, "flashattn-cpu"), (bwd, "fa4"),
+             (odd, "fa4")]
+    rows, _ = bench.run(pairs, timing=bench.Timing(0, 1), progress=False, device="cpu")
+    by = {(r["mode"], r["d"], r["impl"]): r for r in rows}
+    for key in [("fwd", 16, "fa4"), ("bwd", 16, "fa4"), ("fwd", 16, "flashattn-cpu")]:
+        assert "error" not in by[key], by[key]
+        assert by[key]["tflops"] > 0
+    assert by[("fwd", 12, "fa4")]["tflops"] is None
+    assert "NotImplementedError" in by[("fwd", 12, "fa4")]["error"]
+    assert {c["causal"] for c in fake_fa4} == {True, False}
+    tables = {t.split()[0]: (h, lines) for t, h, lines in bench.summary_tables(rows)}
+    assert "fa4" in tables["fwd"][0]  # an anchor column: ours/best anchor counts it
+
+
+def test_fa4_head_dims():
+    assert all(bench.fa4_unsupported(d) is None for d in (8, 64, 96, 128, 192, 256))
+    for d in (4, 12, 264, 512):
+        assert "fa4" in bench.fa4_unsupported(d) and str(d) in bench.fa4_unsupported(d)
+
+
+def test_first_output():
+    assert bench.first_output(("o", "lse")) == "o"
+    assert bench.first_output(["o"]) == "o"
+    assert bench.first_output("o") == "o"
+
+
 # ------------------------------------------------------------------------------------ CLI
 def test_cli_bench_arguments():
     args = cli.build_parser().parse_args(
@@ -213,7 +352,7 @@ def test_cli_bench_defaults():
     cfg = cli._bench_config(args, bench)
     assert cfg["causals"] == [False, True] and cfg["modes"] == ["fwd", "bwd"]
     assert cfg["head_dims"] == [128, 64, 256] and cfg["seqlens"] == list(bench.SEQLENS)
-    assert cfg["impls"] == ["flashattn", "sdpa-flash", "sdpa-cudnn", "flex"]
+    assert cfg["impls"] == ["flashattn", "sdpa-flash", "sdpa-cudnn", "flex", "fa4"]
     assert (cfg["timing"].warmup_ms, cfg["timing"].rep_ms) == (25, 100)
     quick = cli._bench_config(cli.build_parser().parse_args(["bench", "--quick", "--causal"]), bench)
     assert quick["head_dims"] == [128] and quick["seqlens"] == [2048, 16384]
@@ -408,7 +547,7 @@ def test_cli_bench_rejects_unknown_impl(capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "--impl" in err and "'bogus'" in err
-    for name in ("flashattn-portable", "sdpa-cudnn", "flex", "flashattn-fp8"):
+    for name in ("flashattn-portable", "sdpa-cudnn", "flex", "flashattn-fp8", "fa4"):
         assert name in err
 
 

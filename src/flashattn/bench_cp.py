@@ -18,11 +18,10 @@ Modes (``--modes``, comma-separated):
 - nocomm: the ring with every exchange replaced by the block in hand (its kernels alone);
 - trace: a profiler trace of one ring step (rank 0): the share of the step where an NCCL
   kernel runs with no compute kernel beside it (communication not hidden).
-``--schedule queue`` (an ablation of the Hopper kernels' tile schedule): unmasked forward and
-backward calls take tiles from the global tile queue instead of the static persistent stride,
-as masked calls already do. A persistent CTA whose SM is held by an NCCL kernel starts late;
-with the static stride its share of tiles then finishes late, with the queue the others take it.
-Writes one JSON (``--out``, default ``cp_bench.json``) from rank 0.
+``--schedule static`` (an ablation of the Hopper kernels' tile schedule): unmasked forward and
+backward calls take the static persistent stride they had before 2026-11-28 instead of the
+global tile queue. A persistent CTA whose SM is held by an NCCL kernel starts late; with the
+static stride its share of tiles then finishes late, with the queue the others take it.
 """
 from __future__ import annotations
 
@@ -43,18 +42,19 @@ def _apply_schedule(name: str) -> None:
     """Switch the Hopper kernels' tile schedule for unmasked calls (``--schedule``)."""
     if name == "default":
         return
-    if name != "queue":
-        raise SystemExit(f"--schedule: expected default or queue, got {name!r}")
+    if name != "static":
+        raise SystemExit(f"--schedule: expected default or static, got {name!r}")
     from dataclasses import replace
 
     from flashattn.sm90 import config as _cfg
     from flashattn.sm90 import fwd as _fwd
 
     _fwd.uses_tile_queue = lambda cfg, window_right, varlen=False: bool(
-        cfg.dynamic and cfg.persistent and cfg.warp_specialized)
+        cfg.dynamic and cfg.persistent and cfg.warp_specialized
+        and (window_right >= 0 or varlen))
     for key, cfg in list(_cfg._BWD_DEFAULTS.items()):
-        if cfg.persistent and not cfg.deterministic:
-            _cfg._BWD_DEFAULTS[key] = replace(cfg, dynamic=True)
+        if cfg.persistent and not cfg.deterministic and not key[1]:  # unmasked
+            _cfg._BWD_DEFAULTS[key] = replace(cfg, dynamic=False)
 
 
 def _timed(fn: Callable[[], None], iters: int) -> float:
@@ -289,25 +289,11 @@ def main() -> None:
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--kv-heads", type=int, default=8, help="KV heads of the scale run")
     ap.add_argument("--iters", type=int, default=3)
-    ap.add_argument("--schedule", default="default", help="default or queue (see above)")
-    ap.add_argument("--kv-stream", default="side", choices=("side", "caller"),
-                    help="issue the ring's K / V exchanges from a side stream (default) or from "
-                         "the compute stream (an ablation)")
-    ap.add_argument("--nccl-priority", default="normal", choices=("normal", "high"),
-                    help="high: the process group's NCCL streams at high priority, so NCCL's "
-                         "kernels take SMs before queued attention CTAs")
+    ap.add_argument("--schedule", default="default", help="default or static (see above)")
     ap.add_argument("--out", default="cp_bench.json")
     args = ap.parse_args()
     _apply_schedule(args.schedule)
-    from flashattn.parallel import ring as _ring
-
-    _ring.KV_FROM_SIDE_STREAM = args.kv_stream == "side"
-    if args.nccl_priority == "high":
-        opts = dist.ProcessGroupNCCL.Options()
-        opts.is_high_priority_stream = True
-        dist.init_process_group("nccl", pg_options=opts)
-    else:
-        dist.init_process_group("nccl")
+    dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.cuda.set_device(rank % torch.cuda.device_count())  # one host: local rank
     modes = args.modes.split(",")
@@ -317,8 +303,7 @@ def main() -> None:
                nccl=".".join(str(x) for x in torch.cuda.nccl.version()))
 
     def emit(row: Dict) -> None:
-        row = dict(row, schedule=args.schedule, kv_stream=args.kv_stream,
-                   nccl_priority=args.nccl_priority)
+        row = dict(row, schedule=args.schedule)
         if rank == 0:
             print(json.dumps(row), flush=True)
             res["rows"].append(row)

@@ -41,3 +41,20 @@ def test_parallel_calls_nccl():
     ]
     failures = run(2, cases, seed=1234, backend="nccl")
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 4, reason="needs 4 GPUs")
+def test_ring_calls_nccl_four_ranks():
+    """Four ranks: K / V blocks chained ahead of the compute on the side stream (three
+    exchanges in the forward, not one), and dK / dV sent home from three ranks away."""
+    cases = [
+        ("ring causal", c.ring_dense, dict(BIG)),
+        ("ring full GQA", c.ring_dense, dict(BIG, causal=False)),
+        ("ring sliding window (ends early)", c.ring_dense, dict(BIG, window_size=(600, 0))),
+        ("ring contiguous causal", c.ring_dense, dict(BIG, layout="contiguous")),
+        ("ring deterministic repeated bitwise", c.ring_dense, dict(BIG, deterministic=True)),
+        ("varlen ring causal", c.ring_varlen,
+         dict(lengths=(64, 256, 128, 512), h=8, hk=2, d=128, dtype=BF16)),
+    ]
+    failures = run(4, cases, seed=4321, backend="nccl")
+    assert not failures, "\n".join(failures)

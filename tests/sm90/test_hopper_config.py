@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from flashattn.sm90.config import FWD_CONFIGS, SMEM_LIMIT, SOFTCAP_CONFIGS, fwd_config
+from flashattn.sm90.config import FWD_CONFIGS, SMEM_LIMIT, SOFTCAP_CONFIGS, fp8_fwd_config, fwd_config
 from flashattn.sm90.support import HEAD_DIMS
 
 REGISTER_FILE = 65536  # 32-bit registers per SM (sm90)
@@ -58,6 +58,11 @@ def test_tile_queue_for_every_persistent_warp_specialised_call():
     assert uses_tile_queue(cfg, window_right=0)  # causal
     assert uses_tile_queue(cfg, window_right=-1)  # dense: equal tiles, still the queue
     assert uses_tile_queue(cfg, window_right=-1, varlen=True)
+    # the FP8 forward keeps the static stride on unmasked calls (measured so), not on masked
+    fp8 = fp8_fwd_config(128)
+    assert not uses_tile_queue(fp8, window_right=-1)
+    assert uses_tile_queue(fp8, window_right=0)
+    assert uses_tile_queue(fp8, window_right=-1, varlen=True)
     assert not uses_tile_queue(fwd_config(128, dynamic=False), 0)
     assert not uses_tile_queue(fwd_config(128, persistent=False), 0)
     assert not uses_tile_queue(fwd_config(128, warp_specialized=False), 0)

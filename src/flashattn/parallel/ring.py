@@ -70,38 +70,15 @@ class Ring(NamedTuple):
     world: int
 
 
-# K / V exchanges issued from a side stream (comm.exchange's ``stream``): each transfer starts
-# when its block has arrived instead of racing the attention kernel of the step before for the
-# SMs. K / V blocks may then run ahead of the compute: up to ``steps`` blocks are alive at once
-# (as with an all-gather). False: every exchange from the caller's stream (an ablation).
-KV_FROM_SIDE_STREAM = True
-
-
-def _kv_stream(kv: Tuple[Tensor, ...]):
-    """The side stream for the K / V exchanges, made to wait for the caller's K / V (None:
-    issue from the caller's stream)."""
-    stream = _comm.side_stream(kv[0]) if KV_FROM_SIDE_STREAM else None
-    if stream is not None:
-        stream.wait_stream(torch.cuda.current_stream(kv[0].device))
-    return stream
-
-
-def _send_kv(kv: Tuple[Tensor, ...], ring: Ring, stream, incoming):
-    """The exchange of the block in hand (``incoming``: the exchange it arrived by, or None)."""
-    return _comm.exchange(kv, ring.group, ring.rank, ring.world, stream=stream, after=incoming)
-
-
 def run_forward(kv: Tuple[Tensor, ...], steps: int, ring: Ring, compute: Callable) -> None:
     """The forward ring: ``compute(step, *kv)`` for the block of step ``step`` while the next
     block travels (``steps`` steps; blocks are sent only where a later step needs them)."""
-    stream = _kv_stream(kv) if steps > 1 else None
-    incoming = None
     for step in range(steps):
-        if incoming is not None:
-            kv = tuple(incoming.wait())
-        outgoing = _send_kv(kv, ring, stream, incoming) if step + 1 < steps else None
+        pending = (_comm.exchange(kv, ring.group, ring.rank, ring.world)
+                   if step + 1 < steps else None)
         compute(step, *kv)
-        incoming = outgoing
+        if pending is not None:
+            kv = tuple(pending.wait())
 
 
 def run_backward(k: Tensor, v: Tensor, steps: int, ring: Ring, compute: Callable
@@ -114,19 +91,17 @@ def run_backward(k: Tensor, v: Tensor, steps: int, ring: Ring, compute: Callable
     hides is half as long); returns dK / dV in K / V's dtype."""
     kv = (k.contiguous(), v.contiguous())
     dkv = tuple(torch.zeros(x.shape, dtype=torch.float32, device=x.device) for x in kv)
-    stream = _kv_stream(kv) if steps > 1 else None
-    kv_incoming = dkv_pending = None
+    dkv_pending = None
     for step in range(steps):
-        if kv_incoming is not None:
-            kv = tuple(kv_incoming.wait())
-        kv_outgoing = _send_kv(kv, ring, stream, kv_incoming) if step + 1 < steps else None
+        kv_pending = (_comm.exchange(kv, ring.group, ring.rank, ring.world)
+                      if step + 1 < steps else None)
         add = compute(step, *kv)
         if dkv_pending is not None:  # this block's dK / dV so far, from the rank before
             dkv = tuple(dkv_pending.wait())
         add(*dkv)
-        if kv_outgoing is not None:  # (from the caller's stream: it needs the adds above)
+        if kv_pending is not None:
             dkv_pending = _comm.exchange(dkv, ring.group, ring.rank, ring.world)
-        kv_incoming = kv_outgoing
+            kv = tuple(kv_pending.wait())
     dkv = tuple(acc.to(x.dtype) for acc, x in zip(dkv, kv))
     if steps > 1:  # the last block belongs to rank - (steps - 1): send its gradients home
         dkv = tuple(_comm.exchange(dkv, ring.group, ring.rank, ring.world,

@@ -43,6 +43,11 @@ class FwdConfig:
     rescale_early: bool = False
     persistent: bool = True
     dynamic: bool = True  # persistent tile queue for causal / windowed calls
+    # the tile queue for unmasked calls too (equal-cost tiles): a CTA that starts late, its SM
+    # busy with an NCCL transfer beside the call, then takes fewer tiles instead of delaying
+    # the call (4x H100, 2026-11-28, benchmarks/NOTES.md). bf16 / fp16 only: the FP8 forward
+    # keeps the static stride it was measured with.
+    queue_unmasked: bool = True
     # Ablation only (benchmarks/NOTES.md): False drops the producer warp; consumer warpgroup 0
     # issues the TMA loads between its own GEMMs (static tile order).
     warp_specialized: bool = True
@@ -126,6 +131,8 @@ FP8_CONFIGS: Dict[int, FwdConfig] = {
     192: FwdConfig(block_m=128, block_n=128, num_stages=2, separate_o=True, rowsum_mma=True),
     256: FwdConfig(block_m=128, block_n=128, num_stages=2, separate_o=True),
 }
+# (the static stride on unmasked calls, as measured: FwdConfig.queue_unmasked)
+FP8_CONFIGS = {d: replace(cfg, queue_unmasked=False) for d, cfg in FP8_CONFIGS.items()}
 
 # Key blocks of 256 without the intra-warpgroup overlap (352 bytes of spills) for causal calls
 # over >= FP8_LONG_CAUSAL_MIN_KEYS keys at d = 128, where the K / V descales cover >= 256 keys
@@ -170,7 +177,7 @@ def fp8_fwd_config(head_dim: int, head_dim_v: Optional[int] = None, softcap: boo
     key = max(head_dim, head_dim_v or head_dim)
     cfg = FP8_CONFIGS[key]
     if softcap and key in SOFTCAP_CONFIGS and cfg.consumers == 3:
-        cfg = replace(SOFTCAP_CONFIGS[key], separate_o=True)
+        cfg = replace(SOFTCAP_CONFIGS[key], separate_o=True, queue_unmasked=False)
     elif softcap:  # tanh's registers: 64-key blocks (d = 256 with 128 spills 112 bytes)
         cfg = replace(cfg, block_n=64)
     elif not masked and key in FP8_UNMASKED_OVERRIDES:

@@ -42,17 +42,16 @@ def _tile_counter(cfg: FwdConfig, window_right: int, lse: torch.Tensor,
 
 def uses_tile_queue(cfg: FwdConfig, window_right: int, varlen: bool = False) -> bool:
     """Whether the persistent kernel takes tiles from a global counter instead of a static
-    round robin: every persistent call. Tiles of unequal cost (causal / masked calls, packed
-    sequences of unequal lengths) need it; tiles of equal cost need it as soon as some SMs are
-    busy with other work when the kernel starts (an NCCL transfer of context parallelism): a
-    CTA that starts late then takes fewer tiles, where the static stride makes the whole call
-    wait for its full share (4x H100, 2026-11-28: the ring's forward 0.75 -> 0.83 of ideal at
-    32k tokens per GPU, 0.89 -> 0.95 at 128k; one GPU alone equal or faster,
-    benchmarks/NOTES.md). The queue's next index reaches the consumers through the producer
-    warp, hence the warp-specialised condition. ``window_right`` / ``varlen`` are kept for the
-    callers' signature."""
-    del window_right, varlen
-    return cfg.dynamic and cfg.persistent and cfg.warp_specialized
+    round robin. Tiles of unequal cost (causal / masked calls, packed sequences of unequal
+    lengths) need it; tiles of equal cost (unmasked calls, ``cfg.queue_unmasked``) need it as
+    soon as some SMs are busy with other work when the kernel starts (an NCCL transfer of
+    context parallelism): a CTA that starts late then takes fewer tiles, where the static
+    stride makes the whole call wait for its full share (4x H100, 2026-11-28: the ring's
+    forward 0.75 -> 0.83 of ideal at 32k tokens per GPU, 0.89 -> 0.95 at 128k; one GPU alone
+    equal, benchmarks/NOTES.md). The queue's next index reaches the consumers through the
+    producer warp, hence the warp-specialised condition."""
+    return (cfg.dynamic and cfg.persistent and cfg.warp_specialized
+            and (window_right >= 0 or varlen or cfg.queue_unmasked))
 
 
 def launch_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,

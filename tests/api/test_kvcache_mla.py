@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
+from flashattn import fa3, flash_attn_with_kvcache
 from flashattn.reference import attention_probs_ref, attention_ref, default_scale
 
 
@@ -48,3 +50,65 @@ def test_reference_qv_hand_computed() -> None:
     assert abs(out.item() - (3.0 * math.exp(s[0]) + 5.0 * math.exp(s[1])) / z) < 1e-12
     probs, _ = attention_probs_ref(q, k, qv=qv, v=v, softmax_scale=1.0)
     assert abs(probs[0, 0, 0, 0].item() - math.exp(s[0]) / z) < 1e-12
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input: errors that name the argument
+# ---------------------------------------------------------------------------------------------
+def _small(d: int = 16, d_v: int = 32, dtype=torch.float16):
+    """q (2, 1, 4, d), caches (2, 24, 1, d / d_v), qv (2, 1, 4, d_v), lengths (2,) int32."""
+    q = torch.randn(2, 1, 4, d).to(dtype)
+    kc, vc = torch.randn(2, 24, 1, d).to(dtype), torch.randn(2, 24, 1, d_v).to(dtype)
+    qv = torch.randn(2, 1, 4, d_v).to(dtype)
+    return q, kc, vc, qv, torch.tensor([24, 5], dtype=torch.int32)
+
+
+@pytest.mark.parametrize("bad, exc, match", [
+    (lambda qv: qv[..., :16], ValueError, r"qv must have shape .* \(2, 1, 4, 32\)"),
+    (lambda qv: qv[:1], ValueError, r"qv must have shape"),
+    (lambda qv: qv[:, :, :2], ValueError, r"qv must have shape"),
+    (lambda qv: qv[0], ValueError, r"qv must be a 4-d tensor"),
+    (lambda qv: qv.float(), TypeError, r"qv must have the dtype of q \(torch.float16\)"),
+    (lambda qv: torch.empty(qv.shape, dtype=qv.dtype, device="meta"), ValueError,
+     "qv must be on the device of q"),
+    (lambda qv: torch.randn(2, 1, 4, 64).half()[..., ::2], ValueError,
+     "qv must have a contiguous last dimension"),
+    (lambda qv: qv.tolist(), TypeError, "qv must be a torch.Tensor"),
+], ids=["width", "batch", "heads", "rank", "dtype", "device", "strided", "not-a-tensor"])
+def test_bad_qv_names_it(cpu_backend: str, bad, exc, match) -> None:
+    q, kc, vc, qv, lens = _small()
+    for fn in (flash_attn_with_kvcache, fa3.flash_attn_with_kvcache):
+        with pytest.raises(exc, match=match):
+            fn(q, kc, vc, cache_seqlens=lens, qv=bad(qv))
+
+
+def test_packed_qv_shape(cpu_backend: str) -> None:
+    """With cu_seqlens_q, qv is packed like q: (total_q, nheads, headdim_v)."""
+    q, kc, vc, qv, lens = _small()
+    cu = torch.tensor([0, 1, 2], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"qv must be a 3-d tensor .*\(total_q, nheads"):
+        fa3.flash_attn_with_kvcache(q[:, 0], kc, vc, cache_seqlens=lens, qv=qv,
+                                    cu_seqlens_q=cu, max_seqlen_q=1)
+
+
+def test_head_dim_v_above_the_kernels(cpu_backend: str) -> None:
+    """headdim_v up to 512 in the KV-cache call, a ValueError naming v_cache above; the q / k
+    head dim keeps its 256."""
+    q, kc, _, _, lens = _small()
+    vc = torch.randn(2, 24, 1, 520).half()
+    for fn in (flash_attn_with_kvcache, fa3.flash_attn_with_kvcache):
+        with pytest.raises(ValueError, match=r"v_cache has headdim_v 520; supported range is "
+                                             r"1\.\.512"):
+            fn(q, kc, vc, cache_seqlens=lens)
+    q_wide, k_wide = torch.randn(2, 1, 4, 264).half(), torch.randn(2, 24, 1, 264).half()
+    with pytest.raises(ValueError, match="q has headdim 264; supported range is 1..256"):
+        flash_attn_with_kvcache(q_wide, k_wide, k_wide[..., :8], cache_seqlens=lens)
+    with pytest.raises(NotImplementedError, match="head dim 264 of q"):
+        fa3.flash_attn_with_kvcache(q_wide, k_wide, k_wide[..., :8], cache_seqlens=lens)
+
+
+def test_dense_calls_still_refuse_qv(cpu_backend: str) -> None:
+    """The dense / varlen FA3 calls do not take qv (the KV-cache call does)."""
+    q = torch.randn(1, 4, 2, 16)
+    with pytest.raises(NotImplementedError, match="qv"):
+        fa3.flash_attn_func(q, q, q, qv=q)

@@ -56,7 +56,9 @@ def _unsupported(name: str, value: object, default: object = None) -> None:
                                   f"got {_v._describe(value)}; leave it at {default!r}")
 
 
-def _check_head_dims(q: Tensor, v: Tensor) -> None:
+def _check_head_dims(q: Tensor, v: Optional[Tensor]) -> None:
+    """Head dims the dense / varlen kernels do not take (v None: the KV-cache call, whose
+    v_cache head dim goes to 512 and is checked with its other arguments)."""
     for x, n in ((q, "q"), (v, "v")):
         if isinstance(x, Tensor) and x.dim() >= 1 and x.shape[-1] > _v.MAX_HEAD_DIM:
             raise NotImplementedError(f"flashattn.fa3: head dim {x.shape[-1]} of {n} is not "
@@ -188,8 +190,14 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor,
     cache's table named ``page_table`` and the split count from ``scheduler_metadata`` when
     given (see :func:`get_scheduler_metadata`). Returns out, or (out, softmax_lse (batch,
     nheads, seqlen_q)) with return_softmax_lse; with packed queries (``cu_seqlens_q``) out is
-    (total_q, nheads, headdim_v) and softmax_lse (nheads, total_q)."""
-    _fa3_common(qv, q, v_cache)
+    (total_q, nheads, headdim_v) and softmax_lse (nheads, total_q).
+
+    ``qv`` (batch, seqlen_q, nheads, headdim_v) (packed: (total_q, nheads, headdim_v)), q's
+    dtype: multi-head latent attention (DeepSeek's MLA decode: q the rotary part, headdim 64,
+    qv the latent part, v_cache the latent cache with headdim_v 512, one KV head). The score
+    is ``softmax_scale * (q . k + qv . v)`` and softmax_scale defaults to ``(headdim +
+    headdim_v) ** -0.5``; headdim_v up to 512 (with or without qv)."""
+    _check_head_dims(q, None)
     if isinstance(q, Tensor) and isinstance(k_cache, Tensor) and k_cache.dim() == 4:
         capacity = k_cache.shape[1]
         if isinstance(page_table, Tensor) and page_table.dim() == 2:
@@ -217,7 +225,7 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor,
         rotary_interleaved, None, num_splits, return_softmax_lse,
         attention_chunk=attention_chunk, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
         cu_seqlens_k_new=cu_seqlens_k_new, rotary_seqlens=rotary_seqlens, k_descale=k_descale,
-        v_descale=v_descale)
+        v_descale=v_descale, qv=qv)
 
 
 def get_scheduler_metadata(batch_size: int, max_seqlen_q: int, max_seqlen_k: int,

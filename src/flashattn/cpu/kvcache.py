@@ -99,13 +99,16 @@ def kvcache_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 alibi_slopes: Optional[torch.Tensor], leftpad: Optional[torch.Tensor],
                 batch_idx: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
                 attention_chunk: int = 0, k_descale: Optional[torch.Tensor] = None,
-                v_descale: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                v_descale: Optional[torch.Tensor] = None, qv: Optional[torch.Tensor] = None
+                ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Attention of q (b, s_q, h, d) against each row's keys ``[leftpad, seqlens_k +
     seqlen_k_add)`` of the cache. Returns out (b, s_q, h, d_v) in q's dtype and lse float32
     (b, h, s_q) (-inf / 0 on rows that see no key). With ``attention_chunk`` C > 0 each row's
     queries are split by chunk (:func:`chunk_pieces`) and each piece sees its chunk's keys.
     ``k_descale`` / ``v_descale`` (b, h_k) float32: FP8 caches, attended in float32 on their
     dequantized values."""
+    if qv is not None:
+        raise NotImplementedError("qv is not implemented by the cpu backend yet")
     b, s_q, h, _ = q.shape
     d_v = v_cache.shape[3]
     out = torch.zeros(b, s_q, h, d_v, dtype=q.dtype, device=q.device)

@@ -382,6 +382,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      buffers: Optional[dict] = None, attention_chunk: int = 0,
                      k_descale: Optional[torch.Tensor] = None,
                      v_descale: Optional[torch.Tensor] = None,
+                     qv: Optional[torch.Tensor] = None,
                      ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Attention of q against a KV cache (Triton). Inputs are validated and normalised.
 
@@ -402,6 +403,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
     Returns out like q (dtype of q) and lse float32 (b, h, s_q) (packed: (h, total_q)).
     """
+    if qv is not None:
+        raise NotImplementedError("qv is not implemented by the portable backend yet")
     planned = buffers is not None and cu_seqlens_q is None
     call = None
     if planned:

@@ -13,12 +13,18 @@ the Triton decode kernel, under TRITON_INTERPRET=1 here).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
 
 import pytest
 import torch
 
 from flashattn import fa3, flash_attn_with_kvcache
-from flashattn.reference import attention_probs_ref, attention_ref, default_scale
+from flashattn.reference import (attention_probs_ref, attention_ref, default_scale, kvcache_ref,
+                                 rotary_ref)
+from tests.accuracy import assert_close_rule
+from tests.api.test_kvcache import KVCase, _ulp, make_inputs
+
+FP8 = torch.float8_e4m3fn
 
 
 def test_reference_qv_is_the_concatenated_score() -> None:
@@ -112,3 +118,201 @@ def test_dense_calls_still_refuse_qv(cpu_backend: str) -> None:
     q = torch.randn(1, 4, 2, 16)
     with pytest.raises(NotImplementedError, match="qv"):
         fa3.flash_attn_func(q, q, q, qv=q)
+
+
+# ---------------------------------------------------------------------------------------------
+# Against the float64 oracle
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class MLACase(KVCase):
+    """A KV-cache case (tests/api/test_kvcache.py's) with the latent query: qv and v_cache
+    d_v wide (the KV case's d is q's and k's), and optionally an FP8 (e4m3) cache."""
+    d_v: int = 64
+    fp8: bool = False
+    packed: bool = False  # FlashAttention-3's packed queries (cu_seqlens_q): flashattn.fa3
+
+    @property
+    def id(self) -> str:
+        return super().id + f"-dv{self.d_v}" + ("-fp8" if self.fp8 else "") + (
+            "-packed" if self.packed else "")
+
+
+def mla_inputs(c: MLACase) -> dict:
+    """make_inputs of the KV case (q, k_cache, lengths, pages, rotary, ...) with v_cache / v
+    d_v wide, qv, and for an FP8 case both caches in e4m3 with (b, h_k) descales."""
+    x = make_inputs(c, "cpu")
+    rn = lambda *shape: torch.randn(*shape).to(c.dtype)  # noqa: E731
+    x["v_cache"] = rn(*x["k_cache"].shape[:-1], c.d_v)
+    if x["v"] is not None:
+        x["v"] = rn(*x["k"].shape[:-1], c.d_v)
+    x["qv"] = rn(*x["q"].shape[:-1], c.d_v)
+    if c.fp8:
+        for n in ("k_cache", "v_cache"):
+            x[n] = (x[n].float() * 4).clamp(-448, 448).to(FP8)
+        x["k_descale"] = torch.rand(c.b, c.h_k) + 0.25
+        x["v_descale"] = torch.rand(c.b, c.h_k) + 0.25
+    return x
+
+
+def _quantize(x: torch.Tensor, descale: torch.Tensor) -> torch.Tensor:
+    return (x.float() / descale[:, None, :, None]).clamp(-448, 448).to(FP8)
+
+
+def _expected_caches(x: dict, c: MLACase):
+    """The caches as the call leaves them: the new rows written at cache_seqlens (keys rotated
+    there), quantized with their row's descales in an FP8 cache; nothing else moved."""
+    cpu = dict(x)
+    cpu.pop("qv"), cpu.pop("k_descale", None), cpu.pop("v_descale", None)
+    if not c.fp8:
+        _, _, k_after, v_after = kvcache_ref(**cpu, rotary_interleaved=c.rotary != "neox")
+        return k_after, v_after
+    k_after, v_after = x["k_cache"].clone(), x["v_cache"].clone()
+    if x["k"] is None:
+        return k_after, v_after
+    lens = x["cache_seqlens"].long()
+    k_new = x["k"]
+    if x["rotary_cos"] is not None:
+        pos = lens.view(-1, 1) + torch.arange(c.s_new)
+        k_new = rotary_ref(k_new, x["rotary_cos"], x["rotary_sin"], pos,
+                           c.rotary != "neox").to(k_new.dtype)
+    k8, v8 = _quantize(k_new, x["k_descale"]), _quantize(x["v"], x["v_descale"])
+    page = x["k_cache"].shape[1]
+    for row in range(c.b):
+        pos = int(lens[row]) + torch.arange(c.s_new)
+        if x["block_table"] is not None:
+            d0, d1 = x["block_table"][row].long()[pos // page], pos % page
+        else:
+            idx = x["cache_batch_idx"]
+            d0, d1 = torch.full_like(pos, row if idx is None else int(idx[row])), pos
+        k_after[d0, d1], v_after[d0, d1] = k8[row], v8[row]
+    return k_after, v_after
+
+
+def mla_reference(x: dict, c: MLACase, k_after: torch.Tensor, v_after: torch.Tensor,
+                  upcast: bool):
+    """(out, lse) of the oracle over the caches after the append (float64 when upcast, else
+    in q's dtype, the low-precision baseline); an FP8 cache dequantized with each row's
+    descales, so qv . v scores against the real values."""
+    local = c.causal or c.window != (-1, -1)
+    q = x["q"]
+    if x["rotary_cos"] is not None:
+        pos = x["cache_seqlens"].long().view(-1, 1) + (1 if local else 0) * torch.arange(c.s_q)
+        q = rotary_ref(q, x["rotary_cos"], x["rotary_sin"], pos, c.rotary != "neox").to(q.dtype)
+    dtype = torch.float64 if upcast else q.dtype
+    outs, lses = [], []
+    one = lambda t, row: None if t is None else t[row:row + 1]  # noqa: E731
+    for row in range(c.b):
+        kc, vc = k_after, v_after
+        if c.fp8:
+            kc = (kc.double() * x["k_descale"][row].double()[None, None, :, None]).to(dtype)
+            vc = (vc.double() * x["v_descale"][row].double()[None, None, :, None]).to(dtype)
+        # (a batch of one: a contiguous cache's row is named, a paged row's pages are its own)
+        cache_row = one(x["cache_batch_idx"], row)
+        if cache_row is None and x["block_table"] is None:
+            cache_row = torch.tensor([row], dtype=torch.int32)
+        o, l, _, _ = kvcache_ref(
+            q[row:row + 1], kc, vc, qv=x["qv"][row:row + 1],
+            cache_seqlens=(x["cache_seqlens"].long() + c.s_new)[row:row + 1].to(torch.int32),
+            cache_batch_idx=cache_row, cache_leftpad=one(x["cache_leftpad"], row),
+            block_table=one(x["block_table"], row), causal=c.causal, window_size=c.window,
+            softcap=c.softcap, alibi_slopes=one(x["alibi_slopes"], row), upcast=upcast)
+        outs.append(o)
+        lses.append(l)
+    return torch.cat(outs), torch.cat(lses)
+
+
+def run_mla(c: MLACase, x: dict):
+    """The call on copies of x's caches: (out, lse, k_cache, v_cache) after it. Packed cases
+    go through flashattn.fa3 with cu_seqlens_q (and k / v packed with cu_seqlens_k_new)."""
+    kc, vc = x["k_cache"].clone(), x["v_cache"].clone()
+    kw = dict(rotary_cos=x["rotary_cos"], rotary_sin=x["rotary_sin"],
+              cache_seqlens=x["cache_seqlens"], cache_batch_idx=x["cache_batch_idx"],
+              cache_leftpad=x["cache_leftpad"], causal=c.causal, window_size=c.window,
+              softcap=c.softcap, rotary_interleaved=c.rotary != "neox",
+              num_splits=c.num_splits, return_softmax_lse=True,
+              k_descale=x.get("k_descale"), v_descale=x.get("v_descale"))
+    if c.packed:
+        cu_q = torch.arange(0, c.b * c.s_q + 1, c.s_q, dtype=torch.int32)
+        packed = {}
+        if x["k"] is not None:
+            packed = dict(k=x["k"].flatten(0, 1), v=x["v"].flatten(0, 1),
+                          cu_seqlens_k_new=torch.arange(0, c.b * c.s_new + 1, c.s_new,
+                                                        dtype=torch.int32))
+        out, lse = fa3.flash_attn_with_kvcache(
+            x["q"].flatten(0, 1), kc, vc, qv=x["qv"].flatten(0, 1), page_table=x["block_table"],
+            cu_seqlens_q=cu_q, max_seqlen_q=c.s_q, **packed, **kw)
+        out = out.unflatten(0, (c.b, c.s_q))
+        lse = lse.unflatten(1, (c.b, c.s_q)).permute(1, 0, 2)
+    else:
+        out, lse = flash_attn_with_kvcache(x["q"], kc, vc, x["k"], x["v"], qv=x["qv"],
+                                           block_table=x["block_table"],
+                                           alibi_slopes=x["alibi_slopes"], **kw)
+    return out, lse, kc, vc
+
+
+def check_mla(c: MLACase, x: dict = None) -> None:
+    x = mla_inputs(c) if x is None else x
+    out, lse, kc, vc = run_mla(c, x)
+    k_after, v_after = _expected_caches(x, c)
+    bits = (lambda t: t.view(torch.uint8)) if c.fp8 else (lambda t: t)
+    if c.rotary and c.s_new > 0 and not c.fp8:  # (fp32 vs fp64 rotation, then rounding)
+        diff = (kc.double() - k_after.double()).abs().max().item()
+        assert diff <= 2 * _ulp(c.dtype) * max(1.0, k_after.abs().max().item()), "k_cache"
+    else:
+        assert torch.equal(bits(kc), bits(k_after)), "k_cache after the append"
+    assert torch.equal(bits(vc), bits(v_after)), "v_cache after the append"
+    ref, ref_lse = mla_reference(x, c, k_after, v_after, upcast=True)
+    low, low_lse = mla_reference(x, c, k_after, v_after, upcast=False)
+    assert out.shape == (c.b, c.s_q, c.h, c.d_v) and out.dtype == c.dtype
+    assert lse.shape == (c.b, c.h, c.s_q) and lse.dtype == torch.float32
+    atol, lse_atol = 1e-5, 1e-4
+    if c.dtype == torch.bfloat16:
+        # the interpreter truncates fp32 -> bf16 (1 ulp, not 0.5) when it writes out
+        atol += _ulp(c.dtype) * ref.abs().max().item()
+    assert_close_rule(out, ref, low, atol=atol, name="out")
+    assert_close_rule(lse, ref_lse, low_lse.float(), atol=lse_atol, name="lse")
+
+
+# d = 16 / d_v = 64 (DeepSeek's 64 / 512 in one case each: the interpreter is slow), one KV
+# head (MQA) unless said; each case adds a feature or two
+BASE = MLACase(d=16, d_v=64, h=4, h_k=1, s_cache=40)
+_FEATURES = {
+    "deepseek-page64": dict(d=64, d_v=512, h=16, page=64, s_cache=128, s_new=1, num_splits=0,
+                            dtype=torch.bfloat16),
+    "contiguous": {},
+    "page1-append": dict(page=1, s_cache=12, s_new=1),
+    "page3-leftpad-causal": dict(page=3, s_new=2, s_q=2, causal=True, leftpad=True,
+                                 num_splits=3),
+    "page64-gqa-splits": dict(page=64, s_cache=128, s_new=1, h=8, h_k=2, num_splits=3),
+    "empty-rows": dict(empty_row=True, b=3, num_splits=3),
+    "sq4-causal-append": dict(s_q=4, s_new=4, causal=True, num_splits=2, h=8, h_k=2),
+    "rotary-causal": dict(s_new=2, s_q=2, rotary="interleaved", causal=True),
+    "window-softcap": dict(s_q=3, causal=True, window=(5, 0), softcap=2.0, num_splits=3),
+    "alibi-batch-idx": dict(alibi=True, batch_idx=True, s_new=2),
+    "fp32": dict(dtype=torch.float32, s_new=1, num_splits=2),
+    "packed-append": dict(packed=True, s_q=2, s_new=2, causal=True, page=3, num_splits=2),
+    "fp8-deepseek-page64": dict(fp8=True, d=64, d_v=512, h=16, page=64, s_cache=128, s_new=1,
+                                num_splits=2, dtype=torch.bfloat16),
+    "fp8-gqa-splits": dict(fp8=True, h=8, h_k=2, s_new=1, num_splits=3),
+    "fp8-page3-causal": dict(fp8=True, page=3, s_q=2, s_new=2, causal=True, empty_row=True),
+}
+CASES = [replace(BASE, **kw) for kw in _FEATURES.values()]
+
+
+@pytest.mark.parametrize("case", CASES, ids=list(_FEATURES))
+def test_mla_kvcache(case: MLACase, cpu_backend: str) -> None:
+    check_mla(case)
+
+
+def test_default_scale_counts_both_widths(cpu_backend: str) -> None:
+    """softmax_scale=None with qv is (d + d_v) ** -0.5 (FlashAttention-3's default)."""
+    c = replace(BASE, s_new=0)
+    x = mla_inputs(c)
+    q, kc, vc, qv, lens = x["q"], x["k_cache"], x["v_cache"], x["qv"], x["cache_seqlens"]
+    out = fa3.flash_attn_with_kvcache(q, kc, vc, qv=qv, cache_seqlens=lens)
+    want = fa3.flash_attn_with_kvcache(q, kc, vc, qv=qv, cache_seqlens=lens,
+                                       softmax_scale=(c.d + c.d_v) ** -0.5)
+    assert torch.equal(out, want)
+    other = fa3.flash_attn_with_kvcache(q, kc, vc, qv=qv, cache_seqlens=lens,
+                                        softmax_scale=c.d ** -0.5)
+    assert not torch.equal(out, other)

@@ -130,11 +130,12 @@ class MLACase(KVCase):
     d_v: int = 64
     fp8: bool = False
     packed: bool = False  # FlashAttention-3's packed queries (cu_seqlens_q): flashattn.fa3
+    latent: bool = True  # False: no qv (a plain KV-cache call with a wide V)
 
     @property
     def id(self) -> str:
         return super().id + f"-dv{self.d_v}" + ("-fp8" if self.fp8 else "") + (
-            "-packed" if self.packed else "")
+            "-packed" if self.packed else "") + ("" if self.latent else "-noqv")
 
 
 def mla_inputs(c: MLACase) -> dict:
@@ -145,7 +146,7 @@ def mla_inputs(c: MLACase) -> dict:
     x["v_cache"] = rn(*x["k_cache"].shape[:-1], c.d_v)
     if x["v"] is not None:
         x["v"] = rn(*x["k"].shape[:-1], c.d_v)
-    x["qv"] = rn(*x["q"].shape[:-1], c.d_v)
+    x["qv"] = rn(*x["q"].shape[:-1], c.d_v) if c.latent else None
     if c.fp8:
         for n in ("k_cache", "v_cache"):
             x[n] = (x[n].float() * 4).clamp(-448, 448).to(FP8)
@@ -211,7 +212,7 @@ def mla_reference(x: dict, c: MLACase, k_after: torch.Tensor, v_after: torch.Ten
         if cache_row is None and x["block_table"] is None:
             cache_row = torch.tensor([row], dtype=torch.int32)
         o, l, _, _ = kvcache_ref(
-            q[row:row + 1], kc, vc, qv=x["qv"][row:row + 1],
+            q[row:row + 1], kc, vc, qv=None if x["qv"] is None else x["qv"][row:row + 1],
             cache_seqlens=(x["cache_seqlens"].long() + c.s_new)[row:row + 1].to(torch.int32),
             cache_batch_idx=cache_row, cache_leftpad=one(x["cache_leftpad"], row),
             block_table=one(x["block_table"], row), causal=c.causal, window_size=c.window,
@@ -221,9 +222,11 @@ def mla_reference(x: dict, c: MLACase, k_after: torch.Tensor, v_after: torch.Ten
     return torch.cat(outs), torch.cat(lses)
 
 
-def run_mla(c: MLACase, x: dict):
-    """The call on copies of x's caches: (out, lse, k_cache, v_cache) after it. Packed cases
-    go through flashattn.fa3 with cu_seqlens_q (and k / v packed with cu_seqlens_k_new)."""
+def run_mla(c: MLACase, x: dict, device: str = "cpu"):
+    """The call on ``device`` on copies of x's caches: (out, lse, k_cache, v_cache) after it,
+    on the CPU. Packed cases go through flashattn.fa3 with cu_seqlens_q (and k / v packed
+    with cu_seqlens_k_new)."""
+    x = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in x.items()}
     kc, vc = x["k_cache"].clone(), x["v_cache"].clone()
     kw = dict(rotary_cos=x["rotary_cos"], rotary_sin=x["rotary_sin"],
               cache_seqlens=x["cache_seqlens"], cache_batch_idx=x["cache_batch_idx"],
@@ -232,14 +235,15 @@ def run_mla(c: MLACase, x: dict):
               num_splits=c.num_splits, return_softmax_lse=True,
               k_descale=x.get("k_descale"), v_descale=x.get("v_descale"))
     if c.packed:
-        cu_q = torch.arange(0, c.b * c.s_q + 1, c.s_q, dtype=torch.int32)
+        cu_q = torch.arange(0, c.b * c.s_q + 1, c.s_q, dtype=torch.int32, device=device)
         packed = {}
         if x["k"] is not None:
             packed = dict(k=x["k"].flatten(0, 1), v=x["v"].flatten(0, 1),
                           cu_seqlens_k_new=torch.arange(0, c.b * c.s_new + 1, c.s_new,
-                                                        dtype=torch.int32))
+                                                        dtype=torch.int32, device=device))
         out, lse = fa3.flash_attn_with_kvcache(
-            x["q"].flatten(0, 1), kc, vc, qv=x["qv"].flatten(0, 1), page_table=x["block_table"],
+            x["q"].flatten(0, 1), kc, vc, page_table=x["block_table"],
+            qv=None if x["qv"] is None else x["qv"].flatten(0, 1),
             cu_seqlens_q=cu_q, max_seqlen_q=c.s_q, **packed, **kw)
         out = out.unflatten(0, (c.b, c.s_q))
         lse = lse.unflatten(1, (c.b, c.s_q)).permute(1, 0, 2)
@@ -247,12 +251,14 @@ def run_mla(c: MLACase, x: dict):
         out, lse = flash_attn_with_kvcache(x["q"], kc, vc, x["k"], x["v"], qv=x["qv"],
                                            block_table=x["block_table"],
                                            alibi_slopes=x["alibi_slopes"], **kw)
-    return out, lse, kc, vc
+    return out.cpu(), lse.cpu(), kc.cpu(), vc.cpu()
 
 
-def check_mla(c: MLACase, x: dict = None) -> None:
-    x = mla_inputs(c) if x is None else x
-    out, lse, kc, vc = run_mla(c, x)
+def check_mla(c: MLACase, device: str = "cpu") -> None:
+    """One call of case c on ``device`` against the oracle: the caches after the append
+    (exact, or within rotary's rounding), out and lse by flash-attn's rule."""
+    x = mla_inputs(c)
+    out, lse, kc, vc = run_mla(c, x, device)
     k_after, v_after = _expected_caches(x, c)
     bits = (lambda t: t.view(torch.uint8)) if c.fp8 else (lambda t: t)
     if c.rotary and c.s_new > 0 and not c.fp8:  # (fp32 vs fp64 rotation, then rounding)
@@ -266,7 +272,7 @@ def check_mla(c: MLACase, x: dict = None) -> None:
     assert out.shape == (c.b, c.s_q, c.h, c.d_v) and out.dtype == c.dtype
     assert lse.shape == (c.b, c.h, c.s_q) and lse.dtype == torch.float32
     atol, lse_atol = 1e-5, 1e-4
-    if c.dtype == torch.bfloat16:
+    if c.dtype == torch.bfloat16 and device == "cpu":
         # the interpreter truncates fp32 -> bf16 (1 ulp, not 0.5) when it writes out
         atol += _ulp(c.dtype) * ref.abs().max().item()
     assert_close_rule(out, ref, low, atol=atol, name="out")
@@ -295,12 +301,18 @@ _FEATURES = {
                                 num_splits=2, dtype=torch.bfloat16),
     "fp8-gqa-splits": dict(fp8=True, h=8, h_k=2, s_new=1, num_splits=3),
     "fp8-page3-causal": dict(fp8=True, page=3, s_q=2, s_new=2, causal=True, empty_row=True),
+    # V head dim past 256 without qv: the plain KV-cache call
+    "noqv-dv512-page64": dict(latent=False, d=64, d_v=512, h=8, page=64, s_cache=128, s_new=1,
+                              num_splits=2, dtype=torch.bfloat16),
+    "noqv-dv320-causal": dict(latent=False, d=32, d_v=320, s_q=2, s_new=2, causal=True,
+                              num_splits=3, h=4, h_k=2),
+    "noqv-fp8-dv512": dict(latent=False, fp8=True, d=64, d_v=512, s_new=1, num_splits=2),
 }
 CASES = [replace(BASE, **kw) for kw in _FEATURES.values()]
 
 
 @pytest.mark.parametrize("case", CASES, ids=list(_FEATURES))
-def test_mla_kvcache(case: MLACase, cpu_backend: str) -> None:
+def test_mla_kvcache(case: MLACase, backend: str) -> None:
     check_mla(case)
 
 

@@ -307,6 +307,9 @@ _FEATURES = {
     "noqv-dv320-causal": dict(latent=False, d=32, d_v=320, s_q=2, s_new=2, causal=True,
                               num_splits=3, h=4, h_k=2),
     "noqv-fp8-dv512": dict(latent=False, fp8=True, d=64, d_v=512, s_new=1, num_splits=2),
+    # fp32 past 256: 64 packed rows, which the decode kernel tiles 32 at a time
+    "fp32-dv384-64heads": dict(dtype=torch.float32, d_v=384, h=64, s_new=1, num_splits=2,
+                               s_cache=24),
 }
 CASES = [replace(BASE, **kw) for kw in _FEATURES.values()]
 

@@ -355,8 +355,14 @@ def launch_config(head_dim: int, elem_bytes: int, paged: bool, long_unsplit: boo
 
 
 # V head dim in (256, 512] (DeepSeek's MLA: d 64, d_v 512), 16-bit / fp32: (BLOCK_N, warps,
-# stages, TMA). Pointer loads (a TMA box is at most 256 wide). Sizes: the fp32 accumulator is
-# BLOCK_M x 512, the V tile BLOCK_N x 512 per stage.
+# stages, TMA). Pointer loads (a TMA box is at most 256 wide). The fp32 accumulator is
+# BLOCK_M x 512 and the V tile BLOCK_N x 512 per stage, so 8 warps: from an sm_90 compile
+# report (registers / spills / shared memory, no GPU timing yet) at 128 heads over one KV
+# head, d 64, page 64, bf16: with qv, 32 keys x 2 stages 254 registers, no spill, 144 KiB
+# shared (qv's tile sits in shared memory as the wgmma operand); 64 keys spill, 4 warps
+# spill ~1.1 KB; without qv 203 registers, 80 KiB. An FP8 cache with qv spills ~300 bytes at
+# every BLOCK_N tried (the widening of e4m3 to bf16 needs registers; 32 query rows do not
+# spill but lose wgmma). fp32: 16 keys (with 32 query rows, _launch_plan).
 _WIDE_V_CONFIG = {False: (32, 8, 2, False), True: (16, 8, 2, False)}
 _TMA_MAX_BOX = 256
 
@@ -387,9 +393,10 @@ def num_splits_heuristic(batch: int, nheads_k: int, m_blocks: int, max_seqlen_k:
     return int(max(1, min(want, n_blocks // 4, MAX_SPLITS)))
 
 
-def block_m_for(rows: int, head_dim_v: int = 0) -> int:
-    """Rows of the packed query tile: the whole group x positions up to 64 (tl.dot needs 16)."""
-    return max(16, min(64, config.next_pow2(max(1, rows))))
+def block_m_for(rows: int, cap: int = 64) -> int:
+    """Rows of the packed query tile: the whole group x positions up to ``cap`` (64; tl.dot
+    needs 16)."""
+    return max(16, min(cap, config.next_pow2(max(1, rows))))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -409,7 +416,9 @@ def _launch_plan(d: int, d_v: int, elem_bytes: int, paged: bool, g: int, s_q_gri
     """
     block_n, num_warps, num_stages, allow_tma = launch_config(d, elem_bytes, paged,
                                                               head_dim_v=d_v)
-    block_m = block_m_for(g * s_q_grid, d_v)
+    # (fp32 with V past 256 wide: a 64-row fp32 accumulator of 512 columns and the fp32 qv
+    # tile spill kilobytes at any BLOCK_N (sm_90 compile report); 32 rows spill <= 24 bytes)
+    block_m = block_m_for(g * s_q_grid, 32 if (d_v > 256 and elem_bytes >= 4) else 64)
     m_blocks = config.cdiv(g * s_q_grid, block_m)
     if num_splits <= 0:
         num_splits = num_splits_heuristic(batch, nheads_k, m_blocks, max_seqlen_k, block_n,

@@ -28,9 +28,21 @@ packed new keys (``cu_seqlens_k_new``), ``rotary_seqlens`` and ``cache_batch_idx
 ``page_table`` (row b takes the table's row cache_batch_idx[b]) in the KV-cache call, and
 FP8 KV caches there: float8_e4m3fn ``k_cache`` / ``v_cache`` with ``k_descale`` /
 ``v_descale`` (float32 (batch, nheads_k), None = 1.0) and a bf16 / fp16 / fp32 q (K / V
-dequantized on chip, the math in q's dtype, out in q's dtype; new k / v quantized in). Not
-supported yet, and raising ``NotImplementedError`` naming the argument: ``qv``, head dims
-above 256, an FP8 q in the KV-cache call (``q_descale``: FA3's FP8 query math).
+dequantized on chip, the math in q's dtype, out in q's dtype; new k / v quantized in).
+
+Multi-head latent attention in the KV-cache call (``qv``, DeepSeek's MLA decode): the latent
+query qv (batch, seqlen_q, nheads, headdim_v) scores ``softmax_scale * (q . k + qv . v)``
+against the cached values themselves, out is over v, and softmax_scale defaults to
+``(headdim + headdim_v) ** -0.5`` (FA3's default). It works with everything the KV-cache call
+takes: appends of new k / v (qv scores against them too), rotary (q and k only), paged caches
+of any page size, cache_batch_idx, cache_leftpad, num_splits, GQA / MQA, causal, windows,
+softcap, packed queries (qv packed like q) and FP8 caches (qv . v against the dequantized v).
+headdim_v goes to 512 in the KV-cache call, with or without qv (FA3 also asks headdim <= 64
+and headdim_v >= 256 for qv, and 16-bit inputs; flashattn takes any headdim up to 256 and
+fp32). Not supported yet, and raising ``NotImplementedError`` naming the argument: ``qv`` in
+``flash_attn_func`` / ``flash_attn_varlen_func`` (no dense MLA prefill, and no backward),
+head dims above 256 there (and for q / k in the KV-cache call), an FP8 q in the KV-cache call
+(``q_descale``: FA3's FP8 query math).
 """
 from __future__ import annotations
 

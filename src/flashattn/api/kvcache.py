@@ -24,6 +24,10 @@ flash-attn 2 semantics (``flash_attn_interface.flash_attn_with_kvcache``):
   of serving engines map onto (broadcast them to (batch, nheads_k)).
 - Window sides >= the cache capacity (s_cache, or max_blocks * page_size) are unbounded
   (flash-attn's rule); causal sets right = 0.
+- Multi-head latent attention (FlashAttention-3's ``qv``, keyword only): qv (b, s_q, h, d_v)
+  adds ``qv . v`` to every score (before scale, softcap, ALiBi and mask), against the cached
+  values after the append (dequantized in an FP8 cache); the default scale becomes
+  ``(d + d_v) ** -0.5``. headdim_v goes to 512 here (the dense calls stop at 256).
 
 Flash-Decoding: the key range is split over ``num_splits`` programs (0 = heuristic from the
 SM count and the shapes, 1 = no split) and merged by ``triton.combine``. Nothing here reads
@@ -90,7 +94,8 @@ def flash_attn_with_kvcache(
     Args:
         q: (batch, seqlen_q, nheads, headdim), fp16 / bf16 / fp32.
         k_cache, v_cache: (batch_size_cache, seqlen_cache, nheads_k, headdim[_v]), or with
-            block_table (num_blocks, page_size, nheads_k, headdim[_v]). Same dtype as q, or
+            block_table (num_blocks, page_size, nheads_k, headdim[_v]); headdim <= 256,
+            headdim_v <= 512 (multi-head latent attention's latent cache). Same dtype as q, or
             both torch.float8_e4m3fn (an FP8 cache, see k_descale). Modified in place when
             k / v are given.
         k, v: None, or (batch, seqlen_new, nheads_k, headdim[_v]): appended at cache_seqlens
@@ -102,7 +107,7 @@ def flash_attn_with_kvcache(
             block_table).
         cache_leftpad: None or (batch,) int32: first cache position of each row.
         block_table: None or (batch, max_blocks_per_seq) int32: pages of each row.
-        softmax_scale: default headdim ** -0.5.
+        softmax_scale: default headdim ** -0.5 ((headdim + headdim_v) ** -0.5 with qv).
         causal, window_size: bottom-right aligned masks, (-1, -1) = unbounded.
         softcap: 0.0 = off. alibi_slopes: None or float32 (nheads,) / (batch, nheads).
         rotary_interleaved: pairs (0, 1), (2, 3)... if True, else (0, rotary_dim / 2)...

@@ -331,3 +331,24 @@ def test_default_scale_counts_both_widths(cpu_backend: str) -> None:
     other = fa3.flash_attn_with_kvcache(q, kc, vc, qv=qv, cache_seqlens=lens,
                                         softmax_scale=c.d ** -0.5)
     assert not torch.equal(out, other)
+
+
+def test_mla_decode_step_compiles(cpu_backend: str) -> None:
+    """An MLA decode step (append + attention with qv, FA3's API) under torch.compile
+    (fullgraph, through the fwd_kvcache op): the eager call's output and caches."""
+    c = replace(BASE, s_new=1, page=3)
+    x = mla_inputs(c)
+
+    def step(q, qv, k_cache, v_cache, k, v, seqlens, table):
+        return fa3.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, qv=qv,
+                                           cache_seqlens=seqlens, page_table=table,
+                                           causal=True)
+
+    args = [x[n] for n in ("q", "qv")]
+    caches = [x[n].clone() for n in ("k_cache", "v_cache")]
+    rest = [x[n] for n in ("k", "v", "cache_seqlens", "block_table")]
+    out = torch.compile(step, fullgraph=True, backend="aot_eager")(*args, *caches, *rest)
+    ref_caches = [x[n].clone() for n in ("k_cache", "v_cache")]
+    ref = step(*args, *ref_caches, *rest)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    assert all(torch.equal(a, b) for a, b in zip(caches, ref_caches))

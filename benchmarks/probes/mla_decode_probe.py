@@ -2,8 +2,11 @@
 
 DeepSeek's decode shape: 128 query heads over one latent KV head, q 64 wide, qv / v_cache 512
 wide, pages of 64 (shuffled), one new token per step (no append here: attention only), bf16
-or an FP8 (e4m3) latent cache. Bandwidth = bytes of the K / V cache read once (b * s_k *
-(64 + 512) * element size) / time, CUDA-graph replays (``triton.testing.do_bench`` median).
+or an FP8 (e4m3) latent cache. Two rates per row, CUDA-graph replays (``triton.testing.do_bench``
+median): bandwidth = bytes of the K / V cache read once (b * s_k * (64 + 512) * element size)
+/ time, and TFLOP/s = 2 * b * 128 * s_k * (64 + 512 + 512) / time (scores and PV). With 128
+heads over one latent head a key costs ~242 FLOP per byte of bf16 cache (~480 for FP8), near
+or past the H100's ridge point, so the FLOP rate is the one to watch.
 Launch-config variants: ``--configs "32,8,2,0;16,8,2,0"`` (FLASHATTN_DECODE_CONFIG:
 BLOCK_N, warps, stages, TMA) times ``--block-m 64,32`` (the packed query tile; patched into
 the decode wrapper for this probe only). Each variant's output is checked against a float32
@@ -88,6 +91,7 @@ def main() -> int:
             x = _inputs(b, s_k, fp8)
             elem = 1 if fp8 else 2
             nbytes = b * s_k * H_K * (D + D_V) * elem
+            flops = 2 * b * H * s_k * (D + 2 * D_V)
             for cfg in [""] + [c for c in args.configs.split(";") if c.strip()]:
                 for bm in (int(t) for t in args.block_m.split(",")):
                     _decode.block_m_for = lambda rows, d_v=0, bm=bm: max(16, min(
@@ -100,6 +104,7 @@ def main() -> int:
                                                      return_mode="median")
                     row = dict(b=b, s_k=s_k, fp8=fp8, config=cfg or "default", block_m=bm,
                                ms=round(ms, 4), tbps=round(nbytes / ms / 1e9, 3),
+                               tflops=round(flops / ms / 1e9, 1),
                                max_err=round(err, 5))
                     print(json.dumps(row), flush=True)
                     rows.append(row)

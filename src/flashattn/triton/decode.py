@@ -359,10 +359,11 @@ def launch_config(head_dim: int, elem_bytes: int, paged: bool, long_unsplit: boo
 # BLOCK_M x 512 and the V tile BLOCK_N x 512 per stage, so 8 warps: from an sm_90 compile
 # report (registers / spills / shared memory, no GPU timing yet) at 128 heads over one KV
 # head, d 64, page 64, bf16: with qv, 32 keys x 2 stages 254 registers, no spill, 144 KiB
-# shared (qv's tile sits in shared memory as the wgmma operand); 64 keys spill, 4 warps
-# spill ~1.1 KB; without qv 203 registers, 80 KiB. An FP8 cache with qv spills ~300 bytes at
-# every BLOCK_N tried (the widening of e4m3 to bf16 needs registers; 32 query rows do not
-# spill but lose wgmma). fp32: 16 keys (with 32 query rows, _launch_plan).
+# shared (64 KiB more than without qv: qv's tile, presumably a wgmma operand in shared
+# memory); 64 keys spill, 4 warps spill ~1.1 KB; without qv 203 registers, 80 KiB. An FP8
+# cache with qv spills ~300 bytes at every BLOCK_N tried (the widening of e4m3 to bf16 needs
+# registers; 32 query rows do not spill but lose wgmma). fp32: 16 keys (with 32 query rows,
+# _launch_plan).
 _WIDE_V_CONFIG = {False: (32, 8, 2, False), True: (16, 8, 2, False)}
 _TMA_MAX_BOX = 256
 

@@ -76,23 +76,35 @@ def _repeat_kv(x: torch.Tensor, h: int) -> torch.Tensor:
     return x.repeat_interleave(h // x.shape[2], dim=2)
 
 
+def default_scale(d: int, qv: Optional[torch.Tensor] = None) -> float:
+    """The default softmax scale: ``d ** -0.5``, and with FlashAttention-3's ``qv`` (width
+    d_v) ``(d + d_v) ** -0.5``: the score then sums d + d_v products."""
+    return 1.0 / math.sqrt(d + (0 if qv is None else qv.shape[-1]))
+
+
 def attention_probs_ref(q: torch.Tensor, k: torch.Tensor, *, softmax_scale: Optional[float] = None,
                         causal: bool = False, window_size: tuple[int, int] = (-1, -1),
                         softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None,
                         upcast: bool = True, reorder_ops: bool = False,
-                        attention_chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                        attention_chunk: int = 0, qv: Optional[torch.Tensor] = None,
+                        v: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax probabilities (before dropout) and their log-sum-exp.
 
-    q (b, s_q, h, d), k (b, s_k, h_k, d). Returns ``P`` (b, h, s_q, s_k) in the compute dtype
-    (float64 if ``upcast`` else q's dtype), 0 where invisible and on rows with no visible key,
-    and ``lse`` (b, h, s_q) natural log (float64 if ``upcast`` else float32), -inf on rows with
-    no visible key.
+    q (b, s_q, h, d), k (b, s_k, h_k, d). With ``qv`` (b, s_q, h, d_v) (FlashAttention-3's
+    latent query, multi-head latent attention) and ``v`` (b, s_k, h_k, d_v) the raw score is
+    ``q.k + qv.v`` (the latent part scores against V itself) before the scale, softcap, ALiBi
+    and mask; the default scale is then ``(d + d_v) ** -0.5``. Returns ``P`` (b, h, s_q, s_k)
+    in the compute dtype (float64 if ``upcast`` else q's dtype), 0 where invisible and on rows
+    with no visible key, and ``lse`` (b, h, s_q) natural log (float64 if ``upcast`` else
+    float32), -inf on rows with no visible key.
     """
     b, s_q, h, d = q.shape
     s_k = k.shape[1]
     dtype = torch.float64 if upcast else q.dtype
+    if qv is not None and v is None:
+        raise ValueError("attention_probs_ref: qv needs v (the latent part scores against v)")
     if softmax_scale is None:
-        softmax_scale = 1.0 / math.sqrt(d)
+        softmax_scale = default_scale(d, qv)
     q = q.to(dtype)
     k = _repeat_kv(k.to(dtype), h)
     # reorder_ops scales k instead of q: a different rounding order for low-precision baselines
@@ -100,6 +112,12 @@ def attention_probs_ref(q: torch.Tensor, k: torch.Tensor, *, softmax_scale: Opti
         scores = torch.einsum("bihd,bjhd->bhij", q, k * softmax_scale)
     else:
         scores = torch.einsum("bihd,bjhd->bhij", q * softmax_scale, k)
+    if qv is not None:
+        qv, v_rep = qv.to(dtype), _repeat_kv(v.to(dtype), h)
+        if reorder_ops:
+            scores = scores + torch.einsum("bihd,bjhd->bhij", qv, v_rep * softmax_scale)
+        else:
+            scores = scores + torch.einsum("bihd,bjhd->bhij", qv * softmax_scale, v_rep)
     if softcap > 0.0:
         scores = softcap * torch.tanh(scores / softcap)
     if alibi_slopes is not None:
@@ -129,8 +147,8 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                   window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                   alibi_slopes: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
                   dropout_mask: Optional[torch.Tensor] = None, upcast: bool = True,
-                  reorder_ops: bool = False, attention_chunk: int = 0
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+                  reorder_ops: bool = False, attention_chunk: int = 0,
+                  qv: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Naive attention (flash-attn 2 semantics), differentiable.
 
     Args:
@@ -145,6 +163,8 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
             "PyTorch's own low-precision error" baseline).
         reorder_ops: scale k instead of q (another rounding order for the baseline).
         attention_chunk: 0 = off, else chunked local attention (see :func:`visible_mask`).
+        qv: None, or (b, s_q, h, d_v) (FlashAttention-3's latent query): the score is
+            ``softmax_scale * (q.k + qv.v)``, the default scale ``(d + d_v) ** -0.5``.
 
     Returns:
         out (b, s_q, h, d_v): float64 if ``upcast`` else q's dtype; 0 on rows with no key.
@@ -154,7 +174,8 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     probs, lse = attention_probs_ref(q, k, softmax_scale=softmax_scale, causal=causal,
                                      window_size=window_size, softcap=softcap,
                                      alibi_slopes=alibi_slopes, upcast=upcast,
-                                     reorder_ops=reorder_ops, attention_chunk=attention_chunk)
+                                     reorder_ops=reorder_ops, attention_chunk=attention_chunk,
+                                     qv=qv, v=v)
     if dropout_mask is not None:
         probs = probs.masked_fill(~dropout_mask, 0.0) / (1.0 - dropout_p)
     h = q.shape[2]
@@ -202,7 +223,7 @@ def kvcache_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 softmax_scale: Optional[float] = None, causal: bool = False,
                 window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                 rotary_interleaved: bool = True, alibi_slopes: Optional[torch.Tensor] = None,
-                upcast: bool = True, attention_chunk: int = 0
+                upcast: bool = True, attention_chunk: int = 0, qv: Optional[torch.Tensor] = None
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Oracle of ``flash_attn_with_kvcache`` that never modifies its inputs.
 
@@ -269,7 +290,8 @@ def kvcache_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         o, l = attention_ref(q_in[row:row + 1], k_row, v_row, softmax_scale=softmax_scale,
                              causal=causal, window_size=clamped, softcap=softcap,
                              alibi_slopes=slopes, upcast=upcast,
-                             attention_chunk=attention_chunk)
+                             attention_chunk=attention_chunk,
+                             qv=None if qv is None else qv[row:row + 1])
         out[row] = o[0]
         lse[row] = l[0]
     return out, lse, k_after, v_after

@@ -28,9 +28,21 @@ packed new keys (``cu_seqlens_k_new``), ``rotary_seqlens`` and ``cache_batch_idx
 ``page_table`` (row b takes the table's row cache_batch_idx[b]) in the KV-cache call, and
 FP8 KV caches there: float8_e4m3fn ``k_cache`` / ``v_cache`` with ``k_descale`` /
 ``v_descale`` (float32 (batch, nheads_k), None = 1.0) and a bf16 / fp16 / fp32 q (K / V
-dequantized on chip, the math in q's dtype, out in q's dtype; new k / v quantized in). Not
-supported yet, and raising ``NotImplementedError`` naming the argument: ``qv``, head dims
-above 256, an FP8 q in the KV-cache call (``q_descale``: FA3's FP8 query math).
+dequantized on chip, the math in q's dtype, out in q's dtype; new k / v quantized in).
+
+Multi-head latent attention in the KV-cache call (``qv``, DeepSeek's MLA decode): the latent
+query qv (batch, seqlen_q, nheads, headdim_v) scores ``softmax_scale * (q . k + qv . v)``
+against the cached values themselves, out is over v, and softmax_scale defaults to
+``(headdim + headdim_v) ** -0.5`` (FA3's default). It works with everything the KV-cache call
+takes: appends of new k / v (qv scores against them too), rotary (q and k only), paged caches
+of any page size, cache_batch_idx, cache_leftpad, num_splits, GQA / MQA, causal, windows,
+softcap, packed queries (qv packed like q) and FP8 caches (qv . v against the dequantized v).
+headdim_v goes to 512 in the KV-cache call, with or without qv (FA3 also asks headdim <= 64
+and headdim_v >= 256 for qv, and 16-bit inputs; flashattn takes any headdim up to 256 and
+fp32). Not supported yet, and raising ``NotImplementedError`` naming the argument: ``qv`` in
+``flash_attn_func`` / ``flash_attn_varlen_func`` (no dense MLA prefill, and no backward),
+head dims above 256 there (and for q / k in the KV-cache call), an FP8 q in the KV-cache call
+(``q_descale``: FA3's FP8 query math).
 """
 from __future__ import annotations
 
@@ -56,7 +68,9 @@ def _unsupported(name: str, value: object, default: object = None) -> None:
                                   f"got {_v._describe(value)}; leave it at {default!r}")
 
 
-def _check_head_dims(q: Tensor, v: Tensor) -> None:
+def _check_head_dims(q: Tensor, v: Optional[Tensor]) -> None:
+    """Head dims the dense / varlen kernels do not take (v None: the KV-cache call, whose
+    v_cache head dim goes to 512 and is checked with its other arguments)."""
     for x, n in ((q, "q"), (v, "v")):
         if isinstance(x, Tensor) and x.dim() >= 1 and x.shape[-1] > _v.MAX_HEAD_DIM:
             raise NotImplementedError(f"flashattn.fa3: head dim {x.shape[-1]} of {n} is not "
@@ -188,8 +202,14 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor,
     cache's table named ``page_table`` and the split count from ``scheduler_metadata`` when
     given (see :func:`get_scheduler_metadata`). Returns out, or (out, softmax_lse (batch,
     nheads, seqlen_q)) with return_softmax_lse; with packed queries (``cu_seqlens_q``) out is
-    (total_q, nheads, headdim_v) and softmax_lse (nheads, total_q)."""
-    _fa3_common(qv, q, v_cache)
+    (total_q, nheads, headdim_v) and softmax_lse (nheads, total_q).
+
+    ``qv`` (batch, seqlen_q, nheads, headdim_v) (packed: (total_q, nheads, headdim_v)), q's
+    dtype: multi-head latent attention (DeepSeek's MLA decode: q the rotary part, headdim 64,
+    qv the latent part, v_cache the latent cache with headdim_v 512, one KV head). The score
+    is ``softmax_scale * (q . k + qv . v)`` and softmax_scale defaults to ``(headdim +
+    headdim_v) ** -0.5``; headdim_v up to 512 (with or without qv)."""
+    _check_head_dims(q, None)
     if isinstance(q, Tensor) and isinstance(k_cache, Tensor) and k_cache.dim() == 4:
         capacity = k_cache.shape[1]
         if isinstance(page_table, Tensor) and page_table.dim() == 2:
@@ -217,7 +237,7 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor,
         rotary_interleaved, None, num_splits, return_softmax_lse,
         attention_chunk=attention_chunk, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
         cu_seqlens_k_new=cu_seqlens_k_new, rotary_seqlens=rotary_seqlens, k_descale=k_descale,
-        v_descale=v_descale)
+        v_descale=v_descale, qv=qv)
 
 
 def get_scheduler_metadata(batch_size: int, max_seqlen_q: int, max_seqlen_k: int,

@@ -24,6 +24,10 @@ flash-attn 2 semantics (``flash_attn_interface.flash_attn_with_kvcache``):
   of serving engines map onto (broadcast them to (batch, nheads_k)).
 - Window sides >= the cache capacity (s_cache, or max_blocks * page_size) are unbounded
   (flash-attn's rule); causal sets right = 0.
+- Multi-head latent attention (FlashAttention-3's ``qv``, keyword only): qv (b, s_q, h, d_v)
+  adds ``qv . v`` to every score (before scale, softcap, ALiBi and mask), against the cached
+  values after the append (dequantized in an FP8 cache); the default scale becomes
+  ``(d + d_v) ** -0.5``. headdim_v goes to 512 here (the dense calls stop at 256).
 
 Flash-Decoding: the key range is split over ``num_splits`` programs (0 = heuristic from the
 SM count and the shapes, 1 = no split) and merged by ``triton.combine``. Nothing here reads
@@ -83,13 +87,15 @@ def flash_attn_with_kvcache(
     rotary_seqlens: Optional[Tensor] = None,
     k_descale: Optional[Tensor] = None,
     v_descale: Optional[Tensor] = None,
+    qv: Optional[Tensor] = None,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """Attention against a KV cache, appending new keys / values in place (flash-attn 2 API).
 
     Args:
         q: (batch, seqlen_q, nheads, headdim), fp16 / bf16 / fp32.
         k_cache, v_cache: (batch_size_cache, seqlen_cache, nheads_k, headdim[_v]), or with
-            block_table (num_blocks, page_size, nheads_k, headdim[_v]). Same dtype as q, or
+            block_table (num_blocks, page_size, nheads_k, headdim[_v]); headdim <= 256,
+            headdim_v <= 512 (multi-head latent attention's latent cache). Same dtype as q, or
             both torch.float8_e4m3fn (an FP8 cache, see k_descale). Modified in place when
             k / v are given.
         k, v: None, or (batch, seqlen_new, nheads_k, headdim[_v]): appended at cache_seqlens
@@ -101,7 +107,7 @@ def flash_attn_with_kvcache(
             block_table).
         cache_leftpad: None or (batch,) int32: first cache position of each row.
         block_table: None or (batch, max_blocks_per_seq) int32: pages of each row.
-        softmax_scale: default headdim ** -0.5.
+        softmax_scale: default headdim ** -0.5 ((headdim + headdim_v) ** -0.5 with qv).
         causal, window_size: bottom-right aligned masks, (-1, -1) = unbounded.
         softcap: 0.0 = off. alibi_slopes: None or float32 (nheads,) / (batch, nheads).
         rotary_interleaved: pairs (0, 1), (2, 3)... if True, else (0, rotary_dim / 2)...
@@ -126,6 +132,11 @@ def flash_attn_with_kvcache(
         k_descale, v_descale: None, or float32 (batch, nheads_k) (keyword only; FA3): the
             dequantization scales of an FP8 cache (real = fp8 * descale; None = 1.0). Only
             with float8_e4m3fn caches.
+        qv: None, or (keyword only; FlashAttention-3's multi-head latent attention) the latent
+            query (batch, seqlen_q, nheads, headdim_v) (packed: (total_q, nheads, headdim_v)),
+            q's dtype: the score becomes ``softmax_scale * (q . k + qv . v)`` (it scores
+            against the cached values, new ones included, dequantized in an FP8 cache) and
+            softmax_scale defaults to ``(headdim + headdim_v) ** -0.5``. qv is not rotated.
 
     Returns:
         out (batch, seqlen_q, nheads, headdim_v) in q's dtype, and with return_softmax_lse
@@ -134,7 +145,7 @@ def flash_attn_with_kvcache(
     key = None
     fp8 = _kv.is_fp8_cache(k_cache) or _kv.is_fp8_cache(v_cache)
     # (FP8 caches take the full path: the recorded-call fast path keys 16/32-bit calls only)
-    if (not fp8 and k_descale is None and v_descale is None and alibi_slopes is None and learnable_sink is None and type(attention_chunk) is int
+    if (not fp8 and qv is None and k_descale is None and v_descale is None and alibi_slopes is None and learnable_sink is None and type(attention_chunk) is int
             and attention_chunk == 0 and cu_seqlens_q is None and max_seqlen_q is None
             and cu_seqlens_k_new is None and rotary_seqlens is None):
         # a repeated call signature skips the argument checks (api/fastpath.py); the value
@@ -161,7 +172,7 @@ def flash_attn_with_kvcache(
     args = _prepare(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                     cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
                     window_size, softcap, rotary_interleaved, alibi_slopes, num_splits, *varlen,
-                    k_descale=k_descale, v_descale=v_descale)
+                    k_descale=k_descale, v_descale=v_descale, qv=qv)
     return_softmax_lse = _v.check_bool(return_softmax_lse, "return_softmax_lse")
     # plain eager tensors run the op's body directly (torch.library's dispatch costs tens of
     # us per call); compile, export, modes and subclasses see the op
@@ -169,12 +180,14 @@ def flash_attn_with_kvcache(
     attention_chunk = _v.check_attention_chunk(attention_chunk)
     if key is not None:
         _fast.KVCACHE.put(key, _fast.kvcache_entry(args))
-    if attention_chunk > 0 or any(x is not None for x in varlen) or fp8:
+    if attention_chunk > 0 or any(x is not None for x in varlen) or fp8 or qv is not None:
         args = args + (attention_chunk, cu_seqlens_q,
                        0 if max_seqlen_q is None else int(max_seqlen_q), cu_seqlens_k_new,
                        rotary_seqlens)
-    if fp8:
+    if fp8 or qv is not None:
         args = args + (k_descale, v_descale)
+    if qv is not None:
+        args = args + (qv,)
     out, lse = _ops.kvcache_attention(*args)
     if learnable_sink is not None:
         out, lse = _ops.sink_apply(out, lse, learnable_sink, packed=cu_seqlens_q is not None)
@@ -185,12 +198,13 @@ def _prepare(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, c
              cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
              rotary_interleaved, alibi_slopes, num_splits, cu_seqlens_q=None, max_seqlen_q=None,
              cu_seqlens_k_new=None, rotary_seqlens=None, *, k_descale=None,
-             v_descale=None) -> tuple:
+             v_descale=None, qv=None) -> tuple:
     """Every argument check of :func:`flash_attn_with_kvcache` that needs no tensor value
     (those run in the op's body, ``dispatch.kvcache``, at run time); returns the arguments of
     the ``flashattn::fwd_kvcache`` op: cache_seqlens as a (b,) int32 tensor or None,
     softmax_scale resolved, the window normalised against the cache capacity (flash-attn 2's
-    rule, which comes before the op decides how q is rotated), alibi_slopes as (b, h)."""
+    rule, which comes before the op decides how q is rotated), alibi_slopes as (b, h);
+    with ``qv`` the default scale is (headdim + headdim_v) ** -0.5 (FlashAttention-3)."""
     paged = block_table is not None
     q_dense = q
     if cu_seqlens_q is not None or max_seqlen_q is not None:
@@ -198,6 +212,7 @@ def _prepare(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, c
     _kv.check_cache(q_dense, k_cache, v_cache, paged)
     batch, s_q, h, d = q_dense.shape
     _kv.check_descales(k_descale, v_descale, k_cache, batch)
+    _kv.check_qv(qv, q, v_cache)
     device = q.device
     if paged:
         if cache_batch_idx is not None:
@@ -235,7 +250,8 @@ def _prepare(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, c
     if not paged and cache_batch_idx is None and k_cache.shape[0] < batch:
         raise ValueError(f"k_cache has {k_cache.shape[0]} rows but q has batch {batch}: pass "
                          "cache_batch_idx to map batch rows to cache rows, or a larger cache")
-    scale = _p.softmax_scale_or_default(scale, d)
+    # FlashAttention-3: with qv the score sums d + d_v products, and so does its default scale
+    scale = _p.softmax_scale_or_default(scale, d + (0 if qv is None else v_cache.shape[3]))
     # flash-attn 2 (mha_fwd_kvcache): window sides reaching the capacity are unbounded, then
     # causal sets right = 0; only then is the call "local" (it decides q's rotary positions)
     window = _p.window(window[0], window[1], causal, capacity)

@@ -90,7 +90,31 @@ def check_cache(q: Any, k_cache: Any, v_cache: Any, paged: bool) -> None:
     else:
         k_view = k_cache[:1].expand(max(b, 1), -1, -1, -1)[:b]
         v_view = v_cache[:1].expand(max(b, 1), -1, -1, -1)[:b]
-    _v.check_qkv(q, k_view, v_view, ("q", "k_cache", "v_cache"))
+    _v.check_qkv(q, k_view, v_view, ("q", "k_cache", "v_cache"),
+                 max_head_dim_v=_v.MAX_HEAD_DIM_V_KVCACHE)
+
+
+def check_qv(qv: Any, q: torch.Tensor, v_cache: torch.Tensor) -> None:
+    """FlashAttention-3's latent query (multi-head latent attention): None, or a tensor of
+    q's shape with v_cache's head dim last ((batch, seqlen_q, nheads, headdim_v), or packed
+    (total_q, nheads, headdim_v) with cu_seqlens_q), q's dtype and device, last dim
+    contiguous. Its score ``qv . v`` is taken against the cached values themselves."""
+    if qv is None:
+        return
+    packed = q.dim() == 3
+    layout = ("(total_q, nheads, headdim_v) with cu_seqlens_q" if packed
+              else "(batch, seqlen_q, nheads, headdim_v)")
+    check_tensor(qv, "qv", q.dim(), layout)
+    want = tuple(q.shape[:-1]) + (v_cache.shape[-1],)
+    if tuple(qv.shape) != want:
+        raise ValueError(f"qv must have shape {layout} = {want} (q's shape with v_cache's head "
+                         f"dim {v_cache.shape[-1]}: it scores against the values), got "
+                         f"{tuple(qv.shape)}")
+    if qv.dtype != q.dtype:
+        raise TypeError(f"qv must have the dtype of q ({q.dtype}), got {qv.dtype}")
+    if qv.device != q.device:
+        raise ValueError(f"qv must be on the device of q ({q.device}), got {qv.device}")
+    _v._check_last_dim_contiguous(qv, "qv")
 
 
 def check_descales(k_descale: Any, v_descale: Any, k_cache: torch.Tensor, batch: int
@@ -356,6 +380,6 @@ def check_combine(out_partial: Any, lse_partial: Any, out: Any, out_dtype: Any
     return s, b, s_q, h, d_v
 
 
-__all__ = ["check_cache", "check_descales", "is_fp8_cache", "check_new_kv", "check_packed_new_kv", "check_varlen_q", "check_cache_seqlens", "check_index_vector",
+__all__ = ["check_cache", "check_qv", "check_descales", "is_fp8_cache", "check_new_kv", "check_packed_new_kv", "check_varlen_q", "check_cache_seqlens", "check_index_vector",
            "check_rotary", "check_num_splits", "check_combine", "rows_of_block_table",
            "seqlens_tensor"]

@@ -18,6 +18,10 @@ import torch
 
 SUPPORTED_DTYPES: Tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
+# V's head dim in the KV-cache call: its split-KV decode kernel keeps a (rows x d_v) fp32
+# accumulator and streams (keys x d_v) V tiles, sized for d_v up to 512 (multi-head latent
+# attention's latent width); the dense / varlen kernels stop at MAX_HEAD_DIM
+MAX_HEAD_DIM_V_KVCACHE = 512
 
 _DTYPE_NAMES = "torch.float16, torch.bfloat16 or torch.float32"
 
@@ -58,9 +62,9 @@ def _check_last_dim_contiguous(x: torch.Tensor, name: str) -> None:
         )
 
 
-def _check_head_dim(d: int, name: str, what: str) -> None:
-    if not 1 <= d <= MAX_HEAD_DIM:
-        raise ValueError(f"{name} has {what} {d}; supported range is 1..{MAX_HEAD_DIM}")
+def _check_head_dim(d: int, name: str, what: str, limit: int = MAX_HEAD_DIM) -> None:
+    if not 1 <= d <= limit:
+        raise ValueError(f"{name} has {what} {d}; supported range is 1..{limit}")
 
 
 def check_qkv(
@@ -68,11 +72,13 @@ def check_qkv(
     k: Any,
     v: Any,
     names: Tuple[str, str, str] = ("q", "k", "v"),
+    max_head_dim_v: int = MAX_HEAD_DIM,
 ) -> None:
     """Check q (b, s_q, h, d_qk), k (b, s_k, h_k, d_qk), v (b, s_k, h_k, d_v).
 
     Same dtype (fp16/bf16/fp32) and device for all three, h % h_k == 0, head dims in
-    1..256, last-dim stride 1. b = 0 (and empty sequences) are allowed.
+    1..256 (d_v in 1..``max_head_dim_v``: the KV-cache call takes 512), last-dim stride 1.
+    b = 0 (and empty sequences) are allowed.
     """
     qn, kn, vn = names
     check_tensor(q, qn, 4, "(batch, seqlen_q, nheads, headdim)")
@@ -125,7 +131,7 @@ def check_qkv(
             f"for GQA/MQA; got {h} % {h_k} = {h % h_k}"
         )
     _check_head_dim(d_qk, qn, "headdim")
-    _check_head_dim(d_v, vn, "headdim_v")
+    _check_head_dim(d_v, vn, "headdim_v", max_head_dim_v)
     for x, n in ((q, qn), (k, kn), (v, vn)):
         _check_last_dim_contiguous(x, n)
 
@@ -484,6 +490,7 @@ def check_varlen_values(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
 __all__: Sequence[str] = (
     "SUPPORTED_DTYPES",
     "MAX_HEAD_DIM",
+    "MAX_HEAD_DIM_V_KVCACHE",
     "check_tensor",
     "check_qkv",
     "check_qkvpacked",

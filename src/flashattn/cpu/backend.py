@@ -151,10 +151,11 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens: Tens
                       block_table: Optional[Tensor], num_splits: int,
                       capacity: int, buffers: Optional[dict] = None,
                       cu_seqlens_q: Optional[Tensor] = None, max_seqlen_q: int = 0,
-                      k_descale: Optional[Tensor] = None, v_descale: Optional[Tensor] = None
-                      ) -> Tuple[Tensor, Tensor]:
+                      k_descale: Optional[Tensor] = None, v_descale: Optional[Tensor] = None,
+                      qv: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """Attention of q against the cache (keys already appended): (out, lse); FP8 caches
-    with their (b, h_k) float32 descales are dequantized, then attended. (``buffers``,
+    with their (b, h_k) float32 descales are dequantized, then attended; ``qv`` (q's shape
+    with d_v, FlashAttention-3's latent query) adds ``qv . v`` to the scores. (``buffers``,
     a decode plan's workspace, is not used here: the torch path allocates.) With
     ``cu_seqlens_q`` q is packed (total_q, h, d): out (total_q, h, d_v), lse (h, total_q)."""
     kw = dict(softmax_scale=p.softmax_scale, window_left=p.window_left,
@@ -164,7 +165,7 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens: Tens
         return _kv.kvcache_fwd(q, k_cache, v_cache, seqlens, s_new,
                                alibi_slopes=p.alibi_slopes, leftpad=leftpad,
                                batch_idx=batch_idx, block_table=block_table,
-                               k_descale=k_descale, v_descale=v_descale, **kw)
+                               k_descale=k_descale, v_descale=v_descale, qv=qv, **kw)
     total_q, h, _ = q.shape
     out = torch.zeros(total_q, h, v_cache.shape[3], dtype=q.dtype, device=q.device)
     lse = torch.full((h, total_q), float("-inf"), dtype=torch.float32, device=q.device)
@@ -177,7 +178,8 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens: Tens
             alibi_slopes=_one(p.alibi_slopes, i), leftpad=_one(leftpad, i),
             batch_idx=_cache_row(batch_idx, block_table, i, q.device),
             block_table=_one(block_table, i), k_descale=_one(k_descale, i),
-            v_descale=_one(v_descale, i), **kw)
+            v_descale=_one(v_descale, i),
+            qv=None if qv is None else qv[cu[i]:cu[i + 1]].unsqueeze(0), **kw)
         out[cu[i]:cu[i + 1]] = o_i[0]
         lse[:, cu[i]:cu[i + 1]] = lse_i[0]
     return out, lse

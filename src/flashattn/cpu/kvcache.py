@@ -11,6 +11,10 @@ FP8 caches (float8_e4m3fn, one float32 descale per (batch row, KV head)): the ap
 as the Triton path does (:func:`quantize`), the attention dequantizes each row's gathered keys
 and values to float32 (``fp8 * descale``, exact) and attends in float32: the exact answer on
 the dequantized cache, returned in q's dtype.
+
+Multi-head latent attention (FlashAttention-3's ``qv``): the score ``q.k + qv.v`` is the dot of
+the concatenated query ``[q, qv]`` with ``[k, v]``, so each row attends with those as its
+query and keys and with v as its values: one exact softmax, nothing new to get wrong.
 """
 from __future__ import annotations
 
@@ -99,13 +103,16 @@ def kvcache_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 alibi_slopes: Optional[torch.Tensor], leftpad: Optional[torch.Tensor],
                 batch_idx: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
                 attention_chunk: int = 0, k_descale: Optional[torch.Tensor] = None,
-                v_descale: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                v_descale: Optional[torch.Tensor] = None, qv: Optional[torch.Tensor] = None
+                ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Attention of q (b, s_q, h, d) against each row's keys ``[leftpad, seqlens_k +
     seqlen_k_add)`` of the cache. Returns out (b, s_q, h, d_v) in q's dtype and lse float32
     (b, h, s_q) (-inf / 0 on rows that see no key). With ``attention_chunk`` C > 0 each row's
     queries are split by chunk (:func:`chunk_pieces`) and each piece sees its chunk's keys.
     ``k_descale`` / ``v_descale`` (b, h_k) float32: FP8 caches, attended in float32 on their
-    dequantized values."""
+    dequantized values. ``qv`` (b, s_q, h, d_v) (FlashAttention-3's latent query): scores
+    ``q.k + qv.v``, computed as the one dot of ``[q, qv]`` with ``[k, v]`` per KV head (the
+    query heads of a GQA group share it; no KV head is repeated), values v."""
     b, s_q, h, _ = q.shape
     d_v = v_cache.shape[3]
     out = torch.zeros(b, s_q, h, d_v, dtype=q.dtype, device=q.device)
@@ -128,6 +135,10 @@ def kvcache_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             k_i = _dequantize(k_i, k_descale[i:i + 1])
             v_i = _dequantize(v_i, v_descale[i:i + 1])
             q_i = q_i.float()
+        if qv is not None:
+            # (the dequantized v in an FP8 cache: the latent score is against real values)
+            q_i = torch.cat((q_i, qv[i:i + 1].to(q_i.dtype)), dim=-1)
+            k_i = torch.cat((k_i, v_i), dim=-1)
         for r0, r1, k0, k1 in chunk_pieces(s_q, s_k, attention_chunk):
             if k1 <= k0:
                 continue  # rows before the first key: no key in their chunk

@@ -21,8 +21,8 @@ def kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             cu_seqlens_q: Optional[torch.Tensor] = None, max_seqlen_q: int = 0,
             cu_seqlens_k_new: Optional[torch.Tensor] = None,
             rotary_seqlens: Optional[torch.Tensor] = None,
-            k_descale: Optional[torch.Tensor] = None, v_descale: Optional[torch.Tensor] = None
-            ) -> Tuple[torch.Tensor, torch.Tensor]:
+            k_descale: Optional[torch.Tensor] = None, v_descale: Optional[torch.Tensor] = None,
+            qv: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """The body of ``flash_attn_with_kvcache`` after its argument checks: value checks where
     they are allowed (:func:`flashattn.metadata.values_checkable`), the in-place append (with
     rotary), attention. ``params`` is normalised by the api (window against the cache
@@ -30,14 +30,17 @@ def kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     (b, h, s_q); with ``cu_seqlens_q`` (FlashAttention-3's varlen queries) q is packed
     (total_q, h, d) and out / lse are (total_q, h, d_v) / (h, total_q). ``cu_seqlens_k_new``:
     k / v packed (total_new, h_k, d); ``rotary_seqlens``: rotation positions' base.
-    ``k_descale`` / ``v_descale``: float32 (b, h_k) or None (1.0) for float8_e4m3fn caches."""
+    ``k_descale`` / ``v_descale``: float32 (b, h_k) or None (1.0) for float8_e4m3fn caches.
+    ``qv``: FlashAttention-3's latent query (q's shape with d_v): the backends add ``qv . v``
+    to the scores (never rotated: rotary is q's and k's)."""
     fp8 = fp8_descales(k_cache, k_descale, v_descale, cache_seqlens, q)
+    latent = {} if qv is None else dict(qv=qv)
     varlen = cu_seqlens_q is not None or cu_seqlens_k_new is not None
     if varlen:
         return _kvcache_varlen(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                                cache_batch_idx, cache_leftpad, block_table, params,
                                rotary_interleaved, num_splits, cu_seqlens_q, max_seqlen_q,
-                               cu_seqlens_k_new, rotary_seqlens, fp8)
+                               cu_seqlens_k_new, rotary_seqlens, fp8, latent)
     batch, s_q, h, d = q.shape
     device = q.device
     capacity = metadata.cache_capacity(k_cache, block_table)
@@ -74,7 +77,7 @@ def kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     return impl.kvcache_attention(q_rot, k_cache, v_cache, seqlens, s_new, p=params,
                                   leftpad=cache_leftpad, batch_idx=cache_batch_idx,
                                   block_table=block_table, num_splits=num_splits,
-                                  capacity=capacity, **fp8)
+                                  capacity=capacity, **fp8, **latent)
 
 
 def fp8_descales(k_cache: torch.Tensor, k_descale: Optional[torch.Tensor],
@@ -105,13 +108,14 @@ def check_kvcache_values(seqlens, s_new, capacity, leftpad, batch_idx, k_cache, 
 def _kvcache_varlen(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                     cache_batch_idx, cache_leftpad, block_table, params, rotary_interleaved,
                     num_splits, cu_seqlens_q, max_seqlen_q, cu_seqlens_k_new, rotary_seqlens,
-                    fp8=None):
+                    fp8=None, latent=None):
     """:func:`kvcache` with packed queries and / or packed new keys (FlashAttention-3): the
     batch comes from cache_seqlens; sequence b's keys end at cache_seqlens[b] + its new keys
     (device arithmetic, no host read), and the attention runs the decode kernel's packed-query
     mode (or, for dense q, its usual mode over those lengths). ``fp8``: the backends' FP8
-    keywords (:func:`fp8_descales`)."""
+    keywords (:func:`fp8_descales`); ``latent``: {} or {"qv": qv}."""
     fp8 = fp8 or {}
+    latent = latent or {}
     device = q.device
     capacity = metadata.cache_capacity(k_cache, block_table)
     if cache_seqlens is None:  # every row holds the whole cache
@@ -161,7 +165,7 @@ def _kvcache_varlen(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seq
                                   leftpad=cache_leftpad, batch_idx=cache_batch_idx,
                                   block_table=block_table, num_splits=num_splits,
                                   capacity=capacity, cu_seqlens_q=cu_seqlens_q,
-                                  max_seqlen_q=max_seqlen_q, **fp8)
+                                  max_seqlen_q=max_seqlen_q, **fp8, **latent)
 
 
 __all__ = ["check_kvcache_values", "fp8_descales", "kvcache"]

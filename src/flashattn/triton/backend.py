@@ -137,13 +137,14 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens: Tens
                       block_table: Optional[Tensor], num_splits: int,
                       capacity: int, buffers: Optional[dict] = None,
                       cu_seqlens_q: Optional[Tensor] = None, max_seqlen_q: int = 0,
-                      k_descale: Optional[Tensor] = None, v_descale: Optional[Tensor] = None
-                      ) -> Tuple[Tensor, Tensor]:
+                      k_descale: Optional[Tensor] = None, v_descale: Optional[Tensor] = None,
+                      qv: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """Split-KV attention of q against the cache (keys already appended): (out, lse).
     ``buffers``: a decode plan's outputs / workspaces, reused between calls. With
     ``cu_seqlens_q`` q is packed (total_q, h, d) and out / lse are (total_q, h, d_v) /
     (h, total_q). ``k_descale`` / ``v_descale`` (b, h_k) float32: float8_e4m3fn caches, read
-    as FP8 and dequantized in the kernel."""
+    as FP8 and dequantized in the kernel. ``qv`` (q's shape with d_v): FlashAttention-3's
+    latent query, its ``qv . v`` added to the scores in the kernel."""
     return _decode.decode_attention(q, k_cache, v_cache, seqlens, s_new, num_splits=num_splits,
                                     cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
                                     max_seqlen_k=capacity, softmax_scale=p.softmax_scale,
@@ -152,7 +153,7 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens: Tens
                                     leftpad=leftpad, batch_idx=batch_idx,
                                     block_table=block_table, buffers=buffers,
                                     attention_chunk=p.attention_chunk, k_descale=k_descale,
-                                    v_descale=v_descale)
+                                    v_descale=v_descale, qv=qv)
 
 
 def kvcache_call(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens: Tensor, s_new: int, *,

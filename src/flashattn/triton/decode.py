@@ -29,6 +29,15 @@ multiplies the softmax scale, V's the finished output, so no dequantized value i
 
 Varlen queries (``VARLEN_Q``): q / out are one packed (total_q, h, d) batch, the sequence
 ``b`` owns rows ``[cu_seqlens_q[b], cu_seqlens_q[b + 1])``.
+
+Multi-head latent attention (``HAS_QV``, FlashAttention-3's ``qv``): the score of a key is
+``q . k + qv . v``, the latent query (BLOCK_M x d_v, read once per program) against the key's
+V row itself. The V tile is loaded before the softmax instead of after it and serves both
+products, so the latent part costs one more dot per tile and no extra K / V traffic. With an
+FP8 cache ``qv . v8`` is scaled by ``v_descale / k_descale`` before it joins ``q . k8``, whose
+``k_descale`` rides in the score scale. V head dims past 256 (the latent cache's 512, with or
+without qv) take pointer loads (a TMA box is at most 256 elements wide) and their own launch
+configuration (``_WIDE_V_CONFIG``).
 """
 from __future__ import annotations
 
@@ -73,15 +82,33 @@ def _write_empty_rows(Out, Lse, row_lo, row_hi, off_hk, pid_m, m_programs, pid_s
 
 
 @triton.jit
+def _v_tile(Q, v_desc, v_base, v_rows, n_ok, offs_dv, row, HEAD_DIM_V: tl.constexpr,
+            USE_TMA: tl.constexpr, KV_FP8: tl.constexpr, UPCAST: tl.constexpr):
+    """The (BLOCK_N, BLOCK_DV) V tile of keys ``v_rows`` (cache row ``row`` on, by TMA), in
+    the math's dtype (an FP8 tile widened to Q's dtype: exact)."""
+    if USE_TMA:
+        v = v_desc.load([row, 0])
+    else:
+        v = tl.load(v_base + v_rows[:, None] + offs_dv[None, :],
+                    mask=n_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
+    if KV_FP8:
+        v = v.to(Q.dtype.element_ty)
+    if UPCAST:
+        v = v.to(tl.float32)
+    return v
+
+
+@triton.jit
 def _decode_kernel(
     Q, K, V, Out, Lse, SeqlensK, LeftPad, BatchIdx, BlockTable, Alibi, CuSeqQ, KDescale,
-    VDescale,
+    VDescale, QV,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
     stride_os, stride_ob, stride_om, stride_oh,
     stride_ls, stride_lb, stride_lh, stride_lm,
     stride_btb, stride_ab, stride_ah, stride_kdb, stride_kdh, stride_vdb, stride_vdh,
+    stride_qvb, stride_qvm, stride_qvh,
     seqlen_q, seqlen_k_add, cache_rows, nheads_k, n_bh, n_cache, cache_cap, total_q,
     sm_scale, softcap, window_left, window_right, chunk,
     G: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
@@ -91,7 +118,7 @@ def _decode_kernel(
     VARLEN_Q: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     HAS_CHUNK: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     UPCAST: tl.constexpr, DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr,
-    KV_FP8: tl.constexpr,
+    KV_FP8: tl.constexpr, HAS_QV: tl.constexpr,
 ):
     # (batch, KV head) and query block share grid axis 0, (batch, KV head) fastest: axis 1
     # stops at 65535 blocks, which a long prefill through the kvcache API can pass
@@ -168,6 +195,14 @@ def _decode_kernel(
                 mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
+    qv = None
+    if HAS_QV:  # the latent query: read once, scored against every V tile
+        qv_row = off_b.to(tl.int64) * stride_qvb + (q_start + offs_i) * stride_qvm \
+            + off_h.to(tl.int64) * stride_qvh
+        qv = tl.load(QV + qv_row[:, None] + offs_dv[None, :],
+                     mask=row_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
+        if UPCAST:
+            qv = qv.to(tl.float32)
 
     k_head = off_hk.to(tl.int64) * stride_kh
     v_head = off_hk.to(tl.int64) * stride_vh
@@ -191,11 +226,15 @@ def _decode_kernel(
                                            strides=[stride_vn, 1], block_shape=[BLOCK_N, BLOCK_DV])
 
     v_descale = 1.0
+    qv_descale = 1.0
     if KV_FP8:  # q . (k8 * k_descale) = (q . k8) * k_descale: fold it into the score scale
-        sm_scale = sm_scale * tl.load(KDescale + off_b.to(tl.int64) * stride_kdb
-                                      + off_hk.to(tl.int64) * stride_kdh)
+        k_descale = tl.load(KDescale + off_b.to(tl.int64) * stride_kdb
+                            + off_hk.to(tl.int64) * stride_kdh)
+        sm_scale = sm_scale * k_descale
         v_descale = tl.load(VDescale + off_b.to(tl.int64) * stride_vdb
                             + off_hk.to(tl.int64) * stride_vdh)
+        # qv . (v8 * v_descale) joins q . k8 before that scale, which already holds k_descale
+        qv_descale = v_descale / k_descale
     qk_scale, softcap_inv, softcap_log2 = score_scales(sm_scale, softcap, HAS_SOFTCAP)
     slope_log2 = tl.zeros([BLOCK_M], dtype=tl.float32)
     if HAS_ALIBI:
@@ -230,6 +269,15 @@ def _decode_kernel(
         if UPCAST:
             k = k.to(tl.float32)
         qk = tl.dot(q, k, input_precision=DOT_PREC)
+        if HAS_QV:
+            # multi-head latent attention: the latent query scores against the V tile itself,
+            # loaded here (before the softmax) and reused by the PV product below
+            v = _v_tile(Q, v_desc, v_base, v_rows, n_ok, offs_dv, start_k + start_n,
+                        HEAD_DIM_V, USE_TMA, KV_FP8, UPCAST)
+            qvv = tl.dot(qv, tl.trans(v), input_precision=DOT_PREC)
+            if KV_FP8:
+                qvv = qvv * qv_descale
+            qk = qk + qvv
         s, _t = score_mod(qk, offs_i[:, None], offs_n[None, :], diag, qk_scale, softcap_inv,
                           softcap_log2, slope_log2[:, None], HAS_SOFTCAP, HAS_ALIBI)
         # keys past this split's end belong to the next split (or do not exist)
@@ -245,15 +293,9 @@ def _decode_kernel(
         p = tl.exp2(s - m_sub[:, None])
         alpha = tl.exp2(m_i - m_sub)
         l_i = l_i * alpha + tl.sum(p, 1)
-        if USE_TMA:
-            v = v_desc.load([start_k + start_n, 0])
-        else:
-            v = tl.load(v_base + v_rows[:, None] + offs_dv[None, :],
-                        mask=n_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
-        if KV_FP8:
-            v = v.to(Q.dtype.element_ty)
-        if UPCAST:
-            v = v.to(tl.float32)
+        if not HAS_QV:  # (loaded late: its latency hides behind the softmax)
+            v = _v_tile(Q, v_desc, v_base, v_rows, n_ok, offs_dv, start_k + start_n,
+                        HEAD_DIM_V, USE_TMA, KV_FP8, UPCAST)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PREC)
         m_i = m_new
 
@@ -279,10 +321,11 @@ def _decode_kernel(
 # only) are read through flashattn.runtime.env
 
 
-def launch_config(head_dim: int, elem_bytes: int, paged: bool, long_unsplit: bool = False
-                  ) -> Tuple[int, int, int, bool]:
+def launch_config(head_dim: int, elem_bytes: int, paged: bool, long_unsplit: bool = False,
+                  head_dim_v: int = 0) -> Tuple[int, int, int, bool]:
     """(BLOCK_N, num_warps, num_stages, allow_tma) for the decode kernel; ``long_unsplit``:
-    the grid is full without splitting and every program streams >= 16k keys."""
+    the grid is full without splitting and every program streams >= 16k keys;
+    ``head_dim_v``: V's head dim when it passes 256 (multi-head latent attention's 512)."""
     env = _env.settings().decode_config
     if env:
         parts = [p.strip() for p in env.split(",")]
@@ -298,6 +341,8 @@ def launch_config(head_dim: int, elem_bytes: int, paged: bool, long_unsplit: boo
     # there). Paged: 128 keys x 3 stages (3.03 TB/s at (64, 32k) page 16, was 2.55 with the
     # former 64 x 5, within 2 % of the contiguous cache). d = 256 and fp32 were not swept: the
     # compile-report choices (d = 256 halves the tile to stay in shared memory).
+    if head_dim_v > 256:
+        return _WIDE_V_CONFIG[elem_bytes >= 4]
     d = max(16, config.next_pow2(head_dim))
     if elem_bytes >= 4:
         # fp32 (exact IEEE dots): the TMA tile layout spills at any size; pointer loads do not
@@ -308,6 +353,19 @@ def launch_config(head_dim: int, elem_bytes: int, paged: bool, long_unsplit: boo
         return (128, 8, 3, True) if long_unsplit else (64, 4, 3, True)
     return (32, 4, 5, True) if paged else (32, 4, 4, True)
 
+
+# V head dim in (256, 512] (DeepSeek's MLA: d 64, d_v 512), 16-bit / fp32: (BLOCK_N, warps,
+# stages, TMA). Pointer loads (a TMA box is at most 256 wide). The fp32 accumulator is
+# BLOCK_M x 512 and the V tile BLOCK_N x 512 per stage, so 8 warps: from an sm_90 compile
+# report (registers / spills / shared memory, no GPU timing yet) at 128 heads over one KV
+# head, d 64, page 64, bf16: with qv, 32 keys x 2 stages 254 registers, no spill, 144 KiB
+# shared (64 KiB more than without qv: qv's tile, presumably a wgmma operand in shared
+# memory); 64 keys spill, 4 warps spill ~1.1 KB; without qv 203 registers, 80 KiB. An FP8
+# cache with qv spills ~300 bytes at every BLOCK_N tried (the widening of e4m3 to bf16 needs
+# registers; 32 query rows do not spill but lose wgmma). fp32: 16 keys (with 32 query rows,
+# _launch_plan).
+_WIDE_V_CONFIG = {False: (32, 8, 2, False), True: (16, 8, 2, False)}
+_TMA_MAX_BOX = 256
 
 MAX_SPLITS = 128
 
@@ -336,9 +394,10 @@ def num_splits_heuristic(batch: int, nheads_k: int, m_blocks: int, max_seqlen_k:
     return int(max(1, min(want, n_blocks // 4, MAX_SPLITS)))
 
 
-def block_m_for(rows: int) -> int:
-    """Rows of the packed query tile: the whole group x positions up to 64 (tl.dot needs 16)."""
-    return max(16, min(64, config.next_pow2(max(1, rows))))
+def block_m_for(rows: int, cap: int = 64) -> int:
+    """Rows of the packed query tile: the whole group x positions up to ``cap`` (64; tl.dot
+    needs 16)."""
+    return max(16, min(cap, config.next_pow2(max(1, rows))))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -356,8 +415,11 @@ def _launch_plan(d: int, d_v: int, elem_bytes: int, paged: bool, g: int, s_q_gri
     Returns (BLOCK_N, num_warps, num_stages, allow_tma, BLOCK_M, m_blocks, num_splits,
     BLOCK_D, BLOCK_DV).
     """
-    block_n, num_warps, num_stages, allow_tma = launch_config(d, elem_bytes, paged)
-    block_m = block_m_for(g * s_q_grid)
+    block_n, num_warps, num_stages, allow_tma = launch_config(d, elem_bytes, paged,
+                                                              head_dim_v=d_v)
+    # (fp32 with V past 256 wide: a 64-row fp32 accumulator of 512 columns and the fp32 qv
+    # tile spill kilobytes at any BLOCK_N (sm_90 compile report); 32 rows spill <= 24 bytes)
+    block_m = block_m_for(g * s_q_grid, 32 if (d_v > 256 and elem_bytes >= 4) else 64)
     m_blocks = config.cdiv(g * s_q_grid, block_m)
     if num_splits <= 0:
         num_splits = num_splits_heuristic(batch, nheads_k, m_blocks, max_seqlen_k, block_n,
@@ -366,7 +428,8 @@ def _launch_plan(d: int, d_v: int, elem_bytes: int, paged: bool, g: int, s_q_gri
                             config.cdiv(max(1, max_seqlen_k), block_n)))
     full_grid = batch * nheads_k * m_blocks >= 0.8 * config.sm_count(device)
     if num_splits == 1 and full_grid and max_seqlen_k >= 16384:  # long unsplit streams
-        block_n, num_warps, num_stages, allow_tma = launch_config(d, elem_bytes, paged, True)
+        block_n, num_warps, num_stages, allow_tma = launch_config(d, elem_bytes, paged, True,
+                                                                  head_dim_v=d_v)
     return (block_n, num_warps, num_stages, allow_tma, block_m, m_blocks, num_splits,
             config.block_dim(d), config.block_dim(d_v))
 
@@ -382,6 +445,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      buffers: Optional[dict] = None, attention_chunk: int = 0,
                      k_descale: Optional[torch.Tensor] = None,
                      v_descale: Optional[torch.Tensor] = None,
+                     qv: Optional[torch.Tensor] = None,
                      ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Attention of q against a KV cache (Triton). Inputs are validated and normalised.
 
@@ -396,6 +460,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     sees only keys j with j // C == floor(p / C), besides the window).
     k_descale / v_descale: float32 (b, h_k), both given exactly when the caches are
     float8_e4m3fn (real value = fp8 * descale); q stays 16/32-bit and sets the math's dtype.
+    qv: None, or q's shape with d_v (FlashAttention-3's latent query, multi-head latent
+    attention): ``qv . v`` joins the scores (before the scale), against each V tile as it is
+    loaded for the PV product.
     buffers: None, or a dict the caller keeps between calls of one shape (a decode plan): the
     outputs and split workspaces are allocated into it on the first call and reused after
     (dense queries only; the returned out / lse are those buffers).
@@ -418,15 +485,17 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                           batch_idx=batch_idx, block_table=block_table,
                           cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
                           attention_chunk=attention_chunk, plans=buffers,
-                          k_descale=k_descale, v_descale=v_descale)
+                          k_descale=k_descale, v_descale=v_descale, qv=qv)
         if planned:
             buffers[sig] = call
     return call(q, k_cache, v_cache, seqlens_k, leftpad, batch_idx, block_table, alibi_slopes,
-                cu_seqlens_q, buffers=buffers, k_descale=k_descale, v_descale=v_descale)
+                cu_seqlens_q, buffers=buffers, k_descale=k_descale, v_descale=v_descale,
+                qv=qv)
 
 
+_N_TENSORS = 14  # the decode kernel's tensor arguments (``Q ... QV``), its launch plans' slots
 # plain (unplanned) calls' launch plans, shared: a repeated call shape replays its launches
-_PLAIN_DECODE = LaunchPlans(slots=tuple(range(13)))
+_PLAIN_DECODE = LaunchPlans(slots=tuple(range(_N_TENSORS)))
 _PLAIN_COMBINE = LaunchPlans(slots=(0, 1, 2, 3))
 _ALIGN = 16  # floats between the pieces of the split workspace (64 bytes: Triton's 16 and more)
 
@@ -434,8 +503,8 @@ _ALIGN = 16  # floats between the pieces of the split workspace (64 bytes: Trito
 class DecodeCall:
     """:func:`decode_attention` for one *call signature*, its host work done once.
 
-    Every decision of a decode launch (tile sizes, splits, TMA, grid, the kernel's 37 scalar
-    arguments and 20 constexprs, the output shapes) follows from the tensors' shapes, strides,
+    Every decision of a decode launch (tile sizes, splits, TMA, grid, the kernel's 40 scalar
+    arguments and 21 constexprs, the output shapes) follows from the tensors' shapes, strides,
     dtypes, devices and 16-byte alignment, which optional tensors are given, the scalars and
     the runtime settings. A caller that keys its calls on all of those (the api's fast path per
     call signature, a decode plan per stride set) builds one DecodeCall per key and calls it
@@ -458,7 +527,8 @@ class DecodeCall:
                  cu_seqlens_q: Optional[torch.Tensor] = None, max_seqlen_q: int = 0,
                  attention_chunk: int = 0, plans: Optional[dict] = None,
                  k_descale: Optional[torch.Tensor] = None,
-                 v_descale: Optional[torch.Tensor] = None) -> None:
+                 v_descale: Optional[torch.Tensor] = None,
+                 qv: Optional[torch.Tensor] = None) -> None:
         varlen = cu_seqlens_q is not None
         if varlen:
             _, h, d = q.shape
@@ -488,7 +558,10 @@ class DecodeCall:
                         and config.use_tma(k_cache, v_cache)
                         and (d * q.element_size()) % 16 == 0
                         and (d_v * q.element_size()) % 16 == 0
-                        and d == block_d and d_v == block_dv)
+                        and d == block_d and d_v == block_dv
+                        # (a TMA box has at most 256 elements a side: wider V tiles use
+                        # pointer loads)
+                        and block_dv <= _TMA_MAX_BOX)
         self.varlen, self.num_splits, self.device, self.dtype = varlen, num_splits, device, q.dtype
         self.grid = (batch * nheads_k * m_blocks, 1, num_splits)
         # outputs: out (q's shape with d_v), lse (b, h, s_q) or packed (h, total_q); with
@@ -520,13 +593,16 @@ class DecodeCall:
         alibi_strides = alibi_slopes.stride() if alibi_slopes is not None else (0, 0)
         kd_strides = k_descale.stride() if kv_fp8 else (0, 0)
         vd_strides = v_descale.stride() if kv_fp8 else (0, 0)
-        # the kernel's arguments after its 13 tensors (``Q ... VDescale``)
+        qv_strides = (0, 0, 0)
+        if qv is not None:  # (packed like q: the sequence offset comes from cu_seqlens)
+            qv_strides = (0, qv.stride(0), qv.stride(1)) if varlen else qv.stride()[:3]
+        # the kernel's arguments after its 14 tensors (``Q ... QV``)
         self.scalars = (
             *q_strides,
             *k_strides[:3], *v_cache.stride()[:3],
             *o_strides[:4], *l_strides,
             block_table.stride(0) if paged else 0, alibi_strides[0], alibi_strides[1],
-            *kd_strides, *vd_strides,
+            *kd_strides, *vd_strides, *qv_strides,
             s_q_grid, int(seqlen_k_add), k_cache.shape[1], nheads_k, batch * nheads_k,
             # clamp bounds: cache rows / pages, positions per sequence, packed query rows
             k_cache.shape[0],
@@ -544,18 +620,19 @@ class DecodeCall:
             HAS_CHUNK=attention_chunk > 0, HAS_SOFTCAP=softcap > 0.0,
             HAS_ALIBI=alibi_slopes is not None,
             UPCAST=config.upcast_dots(q), DOT_PREC=config.dot_precision(q),
-            USE_TMA=self.use_tma, KV_FP8=kv_fp8, num_warps=num_warps, num_stages=num_stages,
+            USE_TMA=self.use_tma, KV_FP8=kv_fp8, HAS_QV=qv is not None, num_warps=num_warps,
+            num_stages=num_stages,
         )
-        # the shared plans' key: the launch's every argument but the 13 tensors (the inputs'
+        # the shared plans' key: the launch's every argument but the 14 tensors (the inputs'
         # metadata, the scalars, the constexprs and options) and its grid, whose split count
         # no other part shows (the partials' strides are the same for any count > 1; a key
         # without it replayed another call's split count: wrong results, GPU suite 2026-11-24)
         tensor_meta = tuple(None if t is None else (t.shape, t.stride(), t.dtype) for t in
                             (q, k_cache, v_cache, seqlens_k, leftpad, batch_idx, block_table,
-                             alibi_slopes, cu_seqlens_q, k_descale, v_descale))
+                             alibi_slopes, cu_seqlens_q, k_descale, v_descale, qv))
         self.key = (tensor_meta, self.scalars, tuple(self.kwargs.values()), self.grid)
         if plans is not None and not varlen:  # a decode plan's own (dropped with the plan)
-            self.plans = (plans.setdefault("decode", LaunchPlans(slots=tuple(range(13)))),
+            self.plans = (plans.setdefault("decode", LaunchPlans(slots=tuple(range(_N_TENSORS)))),
                           plans.setdefault("combine", LaunchPlans(slots=(0, 1, 2, 3))))
         else:
             self.plans = (_PLAIN_DECODE, _PLAIN_COMBINE)
@@ -591,18 +668,20 @@ class DecodeCall:
                  alibi_slopes: Optional[torch.Tensor], cu_seqlens_q: Optional[torch.Tensor] = None,
                  buffers: Optional[dict] = None, need_lse: bool = True,
                  k_descale: Optional[torch.Tensor] = None,
-                 v_descale: Optional[torch.Tensor] = None
+                 v_descale: Optional[torch.Tensor] = None,
+                 qv: Optional[torch.Tensor] = None
                  ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """out like q with d_v, lse float32 (see :func:`decode_attention`), for tensors of the
         signature this call was made for. ``buffers``: a decode plan's dict (outputs reused).
         ``need_lse`` False: the caller drops the LSE, so a replayed call may return None for
         it and keep the LSE and the split partials in the stream's reused workspace
         (``runtime.buffers``) instead of allocating one. ``k_descale`` / ``v_descale``: an FP8
-        cache's (b, h_k) float32 descales (given exactly when the call was made with them)."""
+        cache's (b, h_k) float32 descales, ``qv`` the latent query (each given exactly when
+        the call was made with it)."""
         if self._decode is not None and (self._combine is not None or self.num_splits == 1):
             replayed = self._replay(q, k_cache, v_cache, seqlens_k, leftpad, batch_idx,
                                     block_table, alibi_slopes, buffers, need_lse,
-                                    cu_seqlens_q, k_descale, v_descale)
+                                    cu_seqlens_q, k_descale, v_descale, qv)
             if replayed is not None:
                 return replayed
         out, lse, lse4, out_k, lse_k, _ = self._outputs(buffers, q)
@@ -610,7 +689,8 @@ class DecodeCall:
             config.install_allocator()
         tensors = _slots(q.unsqueeze(0) if self.varlen else q, k_cache, v_cache, out_k, lse_k,
                          seqlens_k, leftpad, batch_idx, block_table, alibi_slopes, cu_seqlens_q,
-                         lse, k_descale, v_descale)
+                         lse, k_descale, v_descale,
+                         None if qv is None else (qv.unsqueeze(0) if self.varlen else qv))
         decode_plans, combine_plans = self.plans
         self._decode = decode_plans.launch(
             self.key, tensors,
@@ -624,7 +704,7 @@ class DecodeCall:
 
     def _replay(self, q, k_cache, v_cache, seqlens_k, leftpad, batch_idx, block_table,
                 alibi_slopes, buffers, need_lse=True, cu_seqlens_q=None, k_descale=None,
-                v_descale=None) -> Optional[Tuple[torch.Tensor, Optional[torch.Tensor]]]:
+                v_descale=None, qv=None) -> Optional[Tuple[torch.Tensor, Optional[torch.Tensor]]]:
         """A repeated call: two allocations (none with a plan's buffers, one without the
         LSE) and the recorded launches with the tensors' addresses. None (nothing launched)
         when a plan cannot replay now (fast launches off, a profiler listening, another
@@ -652,7 +732,7 @@ class DecodeCall:
                 q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), o_k, l_k,
                 seqlens_k.data_ptr(), addr(leftpad), addr(batch_idx), addr(block_table),
                 addr(alibi_slopes), addr(cu_seqlens_q), base, addr(k_descale),
-                addr(v_descale))):
+                addr(v_descale), addr(qv))):
             return None
         if self.num_splits > 1 and not self._combine.replay((o_k, l_k, out.data_ptr(), base)):
             raise RuntimeError("flashattn: the split-KV combine launch could not be replayed "
@@ -667,8 +747,8 @@ def _fresh_strides(shape: Tuple[int, ...]) -> Tuple[int, ...]:
 
 
 def _slots(q4, k_cache, v_cache, out_k, lse_k, seqlens_k, leftpad, batch_idx, block_table,
-           alibi_slopes, cu_seqlens_q, lse, k_descale=None, v_descale=None):
-    """The decode kernel's 13 tensor arguments (``Q ... VDescale``) in order, as tensors (a
+           alibi_slopes, cu_seqlens_q, lse, k_descale=None, v_descale=None, qv=None):
+    """The decode kernel's 14 tensor arguments (``Q ... QV``) in order, as tensors (a
     recorded launch) or as addresses (its replay): absent optional ones stand in as the
     lengths (never read) and, for ALiBi, lse."""
     return (q4, k_cache, v_cache, out_k, lse_k, seqlens_k,
@@ -678,7 +758,8 @@ def _slots(q4, k_cache, v_cache, out_k, lse_k, seqlens_k, leftpad, batch_idx, bl
             lse if alibi_slopes is None else alibi_slopes,
             seqlens_k if cu_seqlens_q is None else cu_seqlens_q,
             seqlens_k if k_descale is None else k_descale,
-            seqlens_k if v_descale is None else v_descale)
+            seqlens_k if v_descale is None else v_descale,
+            seqlens_k if qv is None else qv)
 
 
 def planned_splits(batch: int, seqlen_q: int, max_seqlen_k: int, nheads: int, nheads_k: int,

@@ -1,0 +1,121 @@
+"""MLA decode probe: FlashAttention-3's ``qv`` through ``flashattn.fa3.flash_attn_with_kvcache``.
+
+DeepSeek's decode shape: 128 query heads over one latent KV head, q 64 wide, qv / v_cache 512
+wide, pages of 64 (shuffled), one new token per step (no append here: attention only), bf16
+or an FP8 (e4m3) latent cache. Two rates per row, CUDA-graph replays (``triton.testing.do_bench``
+median): bandwidth = bytes of the K / V cache read once (b * s_k * (64 + 512) * element size)
+/ time, and TFLOP/s = 2 * b * 128 * s_k * (64 + 512 + 512) / time (scores and PV). With 128
+heads over one latent head a key costs ~242 FLOP per byte of bf16 cache (~480 for FP8), near
+or past the H100's ridge point, so the FLOP rate is the one to watch.
+Launch-config variants: ``--configs "32,8,2,0;16,8,2,0"`` (FLASHATTN_DECODE_CONFIG:
+BLOCK_N, warps, stages, TMA) times ``--block-m 64,32`` (the packed query tile; patched into
+the decode wrapper for this probe only). Each variant's output is checked against a float32
+torch computation once.
+
+    python benchmarks/probes/mla_decode_probe.py --out $OUT/mla.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+import triton
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
+
+from flashattn import fa3  # noqa: E402
+from flashattn.runtime.env import override  # noqa: E402
+from flashattn.triton import decode as _decode  # noqa: E402
+
+H, H_K, D, D_V, PAGE = 128, 1, 64, 512, 64
+
+
+def _graphed(fn):
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def _inputs(b: int, s_k: int, fp8: bool, s_q: int = 1):
+    dev, bf = "cuda", torch.bfloat16
+    n_pages = s_k // PAGE
+    k = torch.randn(b * n_pages, PAGE, H_K, D, device=dev, dtype=bf)
+    v = torch.randn(b * n_pages, PAGE, H_K, D_V, device=dev, dtype=bf)
+    table = torch.randperm(b * n_pages, device=dev).view(b, n_pages).to(torch.int32)
+    x = dict(q=torch.randn(b, s_q, H, D, device=dev, dtype=bf),
+             qv=torch.randn(b, s_q, H, D_V, device=dev, dtype=bf),
+             k_cache=k, v_cache=v, page_table=table,
+             cache_seqlens=torch.full((b,), s_k, dtype=torch.int32, device=dev))
+    if fp8:
+        x["k_cache"], x["v_cache"] = k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn)
+        x["k_descale"] = torch.ones(b, H_K, device=dev)
+        x["v_descale"] = torch.ones(b, H_K, device=dev)
+    return x
+
+
+def _check(out: torch.Tensor, x: dict) -> float:
+    """max |out - float32 torch| over the batch (the absorbed MLA formula, no paging)."""
+    b, n_pages = x["page_table"].shape
+    rows = x["page_table"].long()
+    k = x["k_cache"][rows].float().reshape(b, n_pages * PAGE, D)
+    v = x["v_cache"][rows].float().reshape(b, n_pages * PAGE, D_V)
+    s = (torch.einsum("bqhd,bkd->bhqk", x["q"].float(), k)
+         + torch.einsum("bqhd,bkd->bhqk", x["qv"].float(), v)) * (D + D_V) ** -0.5
+    ref = torch.einsum("bhqk,bkd->bqhd", torch.softmax(s, dim=-1), v)
+    return (out.float() - ref).abs().max().item()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--points", default="4x8192,32x8192,4x32768,64x4096")
+    ap.add_argument("--configs", default="")
+    ap.add_argument("--block-m", default="64")
+    ap.add_argument("--fp8", default="0,1")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    rows = []
+    default_block_m = _decode.block_m_for
+    for point in args.points.split(","):
+        b, s_k = (int(t) for t in point.split("x"))
+        for fp8 in (bool(int(f)) for f in args.fp8.split(",")):
+            x = _inputs(b, s_k, fp8)
+            elem = 1 if fp8 else 2
+            nbytes = b * s_k * H_K * (D + D_V) * elem
+            flops = 2 * b * H * s_k * (D + 2 * D_V)
+            for cfg in [""] + [c for c in args.configs.split(";") if c.strip()]:
+                for bm in (int(t) for t in args.block_m.split(",")):
+                    _decode.block_m_for = lambda rows, d_v=0, bm=bm: max(16, min(
+                        bm, triton.next_power_of_2(max(1, rows))))
+                    _decode._launch_plan.cache_clear()
+                    with override(decode_config=cfg):
+                        fn = lambda: fa3.flash_attn_with_kvcache(**x)  # noqa: E731
+                        err = _check(fn(), x)
+                        ms = triton.testing.do_bench(_graphed(fn), warmup=25, rep=100,
+                                                     return_mode="median")
+                    row = dict(b=b, s_k=s_k, fp8=fp8, config=cfg or "default", block_m=bm,
+                               ms=round(ms, 4), tbps=round(nbytes / ms / 1e9, 3),
+                               tflops=round(flops / ms / 1e9, 1),
+                               max_err=round(err, 5))
+                    print(json.dumps(row), flush=True)
+                    rows.append(row)
+    _decode.block_m_for = default_block_m
+    if args.out:
+        meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
+                    triton=triton.__version__)
+        with open(args.out, "w") as f:
+            json.dump(dict(meta=meta, rows=rows), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

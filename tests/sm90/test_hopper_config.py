@@ -228,3 +228,21 @@ def test_fp8_float32_output_only_where_its_o_slot_fits():
                         assert "out_dtype float32" in why, (d, causal, shift, why)
                     # (64-key tiles, softcap's or narrow descales', fit at d = 192)
                     assert (why is None) == (fp8_smem_bytes(cfg, d, d_v, 4) <= SMEM_LIMIT)
+
+
+def test_one_wave_calls_keep_the_static_stride():
+    """A call of at most one tile per SM takes no tile queue (each CTA takes one tile either
+    way; the queue would only add its counter to the host time); larger unmasked calls do."""
+    pytest.importorskip("triton.experimental.gluon")
+    from flashattn.sm90 import bwd as _bwd
+    from flashattn.sm90 import fwd as _fwd
+    from flashattn.sm90.config import bwd_config
+
+    cfg = fwd_config(128)
+    static = _fwd._static_stride(cfg)
+    assert static is _fwd._static_stride(cfg)  # cached: no dataclass copy per call
+    assert not _fwd.uses_tile_queue(static, window_right=-1)
+    assert _fwd.uses_tile_queue(static, window_right=0)  # masked calls keep the queue
+    bcfg = bwd_config(128, masked=False)
+    assert bcfg.dynamic and not _bwd._static_stride(bcfg).dynamic
+    assert _bwd._static_stride(bcfg).persistent

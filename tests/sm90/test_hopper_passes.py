@@ -131,7 +131,8 @@ def test_backward_host_path_fills_the_launch_slots(monkeypatch, d, causal, overr
     cfg = bwd.bwd_config(d, masked=causal, **(overrides or {}))
     counter = tensors[-1]
     n_tiles = -(-s // cfg.block_n) * b * h_k
-    if cfg.persistent and cfg.dynamic:
+    one_wave = not causal and not overrides and n_tiles <= sm_count(q.device)
+    if cfg.persistent and cfg.dynamic and not one_wave:  # (one wave: the static stride)
         assert counter.dtype == torch.int32 and counter.shape == (1 + seen["grid"][0],)
         assert not counter.any()
         assert seen["kwargs"]["DYNAMIC"]

@@ -9,6 +9,8 @@ window or softcap (tests and benchmarks call it so).
 """
 from __future__ import annotations
 
+import functools
+from dataclasses import replace
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -86,12 +88,24 @@ def bwd_kernel_for(head_dim: int):
     return attn_bwd_kernel
 
 
+def _n_tiles(cfg: BwdConfig, k: torch.Tensor) -> int:
+    """Key tiles of the call: (batch, KV head, key block)."""
+    batch, seqlen_k, n_heads_k, _ = k.shape
+    return cdiv(seqlen_k, cfg.block_n) * batch * n_heads_k
+
+
 def _grid_size(cfg: BwdConfig, k: torch.Tensor) -> int:
     """CTAs of the 1-D backward grid (b * h_k on a second axis would stop at its 65535 limit):
     one per key tile, or with ``cfg.persistent`` at most one per SM."""
-    batch, seqlen_k, n_heads_k, _ = k.shape
-    n_tiles = cdiv(seqlen_k, cfg.block_n) * batch * n_heads_k
+    n_tiles = _n_tiles(cfg, k)
     return min(n_tiles, sm_count(k.device)) if cfg.persistent else n_tiles
+
+
+@functools.lru_cache(maxsize=64)
+def _static_stride(cfg: BwdConfig) -> BwdConfig:
+    """``cfg`` without the tile queue, for an unmasked call of at most one key tile per SM (one
+    wave: the queue would only add its counter's allocation to the call's host time)."""
+    return replace(cfg, dynamic=False)
 
 
 def dq_turn_starts(seqlen_q_pad: int, seqlen_q: int, seqlen_k: int, window_right: int,
@@ -248,8 +262,11 @@ def flash_bwd_hopper(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     batch, seqlen_q, n_heads, head_dim = q.shape
     overrides = dict(config_overrides or {})
     deterministic = bool(overrides.pop("deterministic", False)) or deterministic
-    cfg = bwd_config(head_dim, masked=window_left >= 0 or window_right >= 0,
-                     deterministic=deterministic, **overrides)
+    masked = window_left >= 0 or window_right >= 0
+    cfg = bwd_config(head_dim, masked=masked, deterministic=deterministic, **overrides)
+    if (cfg.dynamic and not masked and not cfg.deterministic and "dynamic" not in overrides
+            and _n_tiles(cfg, k) <= sm_count(k.device)):
+        cfg = _static_stride(cfg)
     dout = _tma_ready(dout)
     if out.stride(-1) != 1:
         out = out.contiguous()

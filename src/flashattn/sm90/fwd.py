@@ -6,6 +6,8 @@ no dropout / alibi / return_softmax, TMA-aligned strides, sm90).
 """
 from __future__ import annotations
 
+import functools
+from dataclasses import replace
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
@@ -30,6 +32,14 @@ class VarlenLayout(NamedTuple):
     cu_seqlens_k: torch.Tensor
     out: torch.Tensor
     seqused_k: Optional[torch.Tensor] = None  # int32 (n_seqs,): keys used per sequence
+
+
+@functools.lru_cache(maxsize=64)
+def _static_stride(cfg: FwdConfig) -> FwdConfig:
+    """``cfg`` without the tile queue on unmasked calls: for a call of at most one tile per
+    SM (one wave: every CTA takes exactly one tile), where the queue would only add its
+    counter's allocation and zeroing to the call's host time."""
+    return replace(cfg, queue_unmasked=False)
 
 
 def _tile_counter(cfg: FwdConfig, window_right: int, lse: torch.Tensor,
@@ -158,6 +168,9 @@ def flash_fwd_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softm
     cfg = fwd_config(head_dim, softcap > 0.0,
                      head_dim_v=head_dim_v if head_dim_v != head_dim else None,
                      **(config_overrides or {}))
+    if (window_right < 0 and cfg.queue_unmasked
+            and batch * n_heads * cdiv(seqlen_q, cfg.block_m) <= sm_count(q.device)):
+        cfg = _static_stride(cfg)
     out = torch.empty((batch, seqlen_q, n_heads, head_dim_v), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, n_heads, seqlen_q), dtype=torch.float32, device=q.device)
     counter = _tile_counter(cfg, window_right, lse)

@@ -93,9 +93,11 @@ class DeviceBackend(KernelFamily, Protocol):
                           num_splits: int, capacity: int, buffers: Optional[dict] = None,
                           cu_seqlens_q: Optional[Tensor] = None,
                           max_seqlen_q: int = 0, k_descale: Optional[Tensor] = None,
-                          v_descale: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+                          v_descale: Optional[Tensor] = None,
+                          q_descale: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
         """Attention over the cache's first seqlens[b] keys (FP8 caches dequantized with the
-        (b, h_k) float32 descales): (out, lse)."""
+        (b, h_k) float32 descales; a float8_e4m3fn q, or its rotated bf16 copy, with
+        q_descale: out bfloat16): (out, lse)."""
 
     def varlen_paged_fwd(self, q: Tensor, k_cache: Tensor, v_cache: Tensor,
                          cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,

@@ -27,6 +27,12 @@ dtype on chip, which is exact (every e4m3 value is a bf16 / fp16 value), so the 
 q's precision path as for a 16-bit cache. The descales are the program's two scalars: K's
 multiplies the softmax scale, V's the finished output, so no dequantized value is rounded.
 
+FP8 queries (``Q_FP8``, FlashAttention-3's q_descale, one per (batch row, KV head): the
+program's query rows all share it): q is widened to bf16 on load (exact) and its descale
+joins K's in the score scale; out is bf16. The dots stay bf16 x bf16 -> fp32 on purpose: a
+decode program multiplies each K / V element by at most BLOCK_M (<= 64) query rows, so it is
+bound by reading the cache, not by the tensor cores, and FP8 dots would also quantize P.
+
 Varlen queries (``VARLEN_Q``): q / out are one packed (total_q, h, d) batch, the sequence
 ``b`` owns rows ``[cu_seqlens_q[b], cu_seqlens_q[b + 1])``.
 """
@@ -75,13 +81,14 @@ def _write_empty_rows(Out, Lse, row_lo, row_hi, off_hk, pid_m, m_programs, pid_s
 @triton.jit
 def _decode_kernel(
     Q, K, V, Out, Lse, SeqlensK, LeftPad, BatchIdx, BlockTable, Alibi, CuSeqQ, KDescale,
-    VDescale,
+    VDescale, QDescale,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
     stride_os, stride_ob, stride_om, stride_oh,
     stride_ls, stride_lb, stride_lh, stride_lm,
     stride_btb, stride_ab, stride_ah, stride_kdb, stride_kdh, stride_vdb, stride_vdh,
+    stride_qdb, stride_qdh,
     seqlen_q, seqlen_k_add, cache_rows, nheads_k, n_bh, n_cache, cache_cap, total_q,
     sm_scale, softcap, window_left, window_right, chunk,
     G: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
@@ -91,7 +98,7 @@ def _decode_kernel(
     VARLEN_Q: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     HAS_CHUNK: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     UPCAST: tl.constexpr, DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr,
-    KV_FP8: tl.constexpr,
+    KV_FP8: tl.constexpr, Q_FP8: tl.constexpr,
 ):
     # (batch, KV head) and query block share grid axis 0, (batch, KV head) fastest: axis 1
     # stops at 65535 blocks, which a long prefill through the kvcache API can pass
@@ -166,6 +173,8 @@ def _decode_kernel(
         + off_h.to(tl.int64) * stride_qh
     q = tl.load(Q + q_row[:, None] + offs_d[None, :],
                 mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    if Q_FP8:  # (every e4m3 value is a bf16 value: exact; a rotated q arrives in bf16 already)
+        q = q.to(tl.bfloat16)
     if UPCAST:
         q = q.to(tl.float32)
 
@@ -196,6 +205,9 @@ def _decode_kernel(
                                       + off_hk.to(tl.int64) * stride_kdh)
         v_descale = tl.load(VDescale + off_b.to(tl.int64) * stride_vdb
                             + off_hk.to(tl.int64) * stride_vdh)
+    if Q_FP8:  # (q8 * q_descale) . k = (q8 . k) * q_descale: the score scale again
+        sm_scale = sm_scale * tl.load(QDescale + off_b.to(tl.int64) * stride_qdb
+                                      + off_hk.to(tl.int64) * stride_qdh)
     qk_scale, softcap_inv, softcap_log2 = score_scales(sm_scale, softcap, HAS_SOFTCAP)
     slope_log2 = tl.zeros([BLOCK_M], dtype=tl.float32)
     if HAS_ALIBI:
@@ -225,8 +237,8 @@ def _decode_kernel(
         else:
             k = tl.load(k_base + k_rows[None, :] + offs_d[:, None],
                         mask=n_ok[None, :] & (offs_d[:, None] < HEAD_DIM), other=0.0)
-        if KV_FP8:
-            k = k.to(Q.dtype.element_ty)
+        if KV_FP8:  # widened to the math's dtype (q's: bf16 for an FP8 q, fp32 when upcast)
+            k = k.to(q.dtype)
         if UPCAST:
             k = k.to(tl.float32)
         qk = tl.dot(q, k, input_precision=DOT_PREC)
@@ -251,7 +263,7 @@ def _decode_kernel(
             v = tl.load(v_base + v_rows[:, None] + offs_dv[None, :],
                         mask=n_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
         if KV_FP8:
-            v = v.to(Q.dtype.element_ty)
+            v = v.to(q.dtype)
         if UPCAST:
             v = v.to(tl.float32)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PREC)
@@ -382,6 +394,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      buffers: Optional[dict] = None, attention_chunk: int = 0,
                      k_descale: Optional[torch.Tensor] = None,
                      v_descale: Optional[torch.Tensor] = None,
+                     q_descale: Optional[torch.Tensor] = None,
                      ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Attention of q against a KV cache (Triton). Inputs are validated and normalised.
 
@@ -396,11 +409,14 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     sees only keys j with j // C == floor(p / C), besides the window).
     k_descale / v_descale: float32 (b, h_k), both given exactly when the caches are
     float8_e4m3fn (real value = fp8 * descale); q stays 16/32-bit and sets the math's dtype.
+    q_descale: float32 (b, h_k), given exactly when q is float8_e4m3fn (or its rotated bf16
+    copy) over an FP8 cache: the math runs in bf16 and out is bf16.
     buffers: None, or a dict the caller keeps between calls of one shape (a decode plan): the
     outputs and split workspaces are allocated into it on the first call and reused after
     (dense queries only; the returned out / lse are those buffers).
 
-    Returns out like q (dtype of q) and lse float32 (b, h, s_q) (packed: (h, total_q)).
+    Returns out like q (dtype of q; bf16 with q_descale) and lse float32 (b, h, s_q)
+    (packed: (h, total_q)).
     """
     planned = buffers is not None and cu_seqlens_q is None
     call = None
@@ -418,15 +434,17 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                           batch_idx=batch_idx, block_table=block_table,
                           cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
                           attention_chunk=attention_chunk, plans=buffers,
-                          k_descale=k_descale, v_descale=v_descale)
+                          k_descale=k_descale, v_descale=v_descale, q_descale=q_descale)
         if planned:
             buffers[sig] = call
     return call(q, k_cache, v_cache, seqlens_k, leftpad, batch_idx, block_table, alibi_slopes,
-                cu_seqlens_q, buffers=buffers, k_descale=k_descale, v_descale=v_descale)
+                cu_seqlens_q, buffers=buffers, k_descale=k_descale, v_descale=v_descale,
+                q_descale=q_descale)
 
 
+_N_TENSORS = 14  # the decode kernel's tensor arguments, Q ... QDescale
 # plain (unplanned) calls' launch plans, shared: a repeated call shape replays its launches
-_PLAIN_DECODE = LaunchPlans(slots=tuple(range(13)))
+_PLAIN_DECODE = LaunchPlans(slots=tuple(range(_N_TENSORS)))
 _PLAIN_COMBINE = LaunchPlans(slots=(0, 1, 2, 3))
 _ALIGN = 16  # floats between the pieces of the split workspace (64 bytes: Triton's 16 and more)
 
@@ -434,8 +452,8 @@ _ALIGN = 16  # floats between the pieces of the split workspace (64 bytes: Trito
 class DecodeCall:
     """:func:`decode_attention` for one *call signature*, its host work done once.
 
-    Every decision of a decode launch (tile sizes, splits, TMA, grid, the kernel's 37 scalar
-    arguments and 20 constexprs, the output shapes) follows from the tensors' shapes, strides,
+    Every decision of a decode launch (tile sizes, splits, TMA, grid, the kernel's 39 scalar
+    arguments and 21 constexprs, the output shapes) follows from the tensors' shapes, strides,
     dtypes, devices and 16-byte alignment, which optional tensors are given, the scalars and
     the runtime settings. A caller that keys its calls on all of those (the api's fast path per
     call signature, a decode plan per stride set) builds one DecodeCall per key and calls it
@@ -458,7 +476,8 @@ class DecodeCall:
                  cu_seqlens_q: Optional[torch.Tensor] = None, max_seqlen_q: int = 0,
                  attention_chunk: int = 0, plans: Optional[dict] = None,
                  k_descale: Optional[torch.Tensor] = None,
-                 v_descale: Optional[torch.Tensor] = None) -> None:
+                 v_descale: Optional[torch.Tensor] = None,
+                 q_descale: Optional[torch.Tensor] = None) -> None:
         varlen = cu_seqlens_q is not None
         if varlen:
             _, h, d = q.shape
@@ -475,9 +494,12 @@ class DecodeCall:
         device = q.device
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
+        # the math's dtype: q's, bf16 for an FP8 q (widened on load); out is in it too
+        math_dtype = torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
+        math_t = torch.empty((), dtype=math_dtype, device="meta")
         (block_n, num_warps, num_stages, allow_tma, block_m, m_blocks, num_splits, block_d,
-         block_dv) = _launch_plan(d, d_v, q.element_size(), paged, g, s_q_grid, batch, nheads_k,
-                                  int(max_seqlen_k), int(num_splits), device,
+         block_dv) = _launch_plan(d, d_v, math_t.element_size(), paged, g, s_q_grid, batch,
+                                  nheads_k, int(max_seqlen_k), int(num_splits), device,
                                   _env.settings().decode_config,
                                   _env.settings().decode_waves)
         k_strides = k_cache.stride()
@@ -486,10 +508,11 @@ class DecodeCall:
         # elements only)
         self.use_tma = (allow_tma and not paged and not kv_fp8 and k_strides[1] > 0
                         and config.use_tma(k_cache, v_cache)
-                        and (d * q.element_size()) % 16 == 0
-                        and (d_v * q.element_size()) % 16 == 0
+                        and (d * k_cache.element_size()) % 16 == 0
+                        and (d_v * v_cache.element_size()) % 16 == 0
                         and d == block_d and d_v == block_dv)
-        self.varlen, self.num_splits, self.device, self.dtype = varlen, num_splits, device, q.dtype
+        self.varlen, self.num_splits, self.device, self.dtype = (varlen, num_splits, device,
+                                                           math_dtype)
         self.grid = (batch * nheads_k * m_blocks, 1, num_splits)
         # outputs: out (q's shape with d_v), lse (b, h, s_q) or packed (h, total_q); with
         # splits the float32 partials (splits, *out) and (splits, *lse4), lse4 = lse as 4-D
@@ -520,13 +543,14 @@ class DecodeCall:
         alibi_strides = alibi_slopes.stride() if alibi_slopes is not None else (0, 0)
         kd_strides = k_descale.stride() if kv_fp8 else (0, 0)
         vd_strides = v_descale.stride() if kv_fp8 else (0, 0)
-        # the kernel's arguments after its 13 tensors (``Q ... VDescale``)
+        qd_strides = q_descale.stride() if q_descale is not None else (0, 0)
+        # the kernel's arguments after its 14 tensors (``Q ... QDescale``)
         self.scalars = (
             *q_strides,
             *k_strides[:3], *v_cache.stride()[:3],
             *o_strides[:4], *l_strides,
             block_table.stride(0) if paged else 0, alibi_strides[0], alibi_strides[1],
-            *kd_strides, *vd_strides,
+            *kd_strides, *vd_strides, *qd_strides,
             s_q_grid, int(seqlen_k_add), k_cache.shape[1], nheads_k, batch * nheads_k,
             # clamp bounds: cache rows / pages, positions per sequence, packed query rows
             k_cache.shape[0],
@@ -543,19 +567,20 @@ class DecodeCall:
             VARLEN_Q=varlen, HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0,
             HAS_CHUNK=attention_chunk > 0, HAS_SOFTCAP=softcap > 0.0,
             HAS_ALIBI=alibi_slopes is not None,
-            UPCAST=config.upcast_dots(q), DOT_PREC=config.dot_precision(q),
-            USE_TMA=self.use_tma, KV_FP8=kv_fp8, num_warps=num_warps, num_stages=num_stages,
+            UPCAST=config.upcast_dots(math_t), DOT_PREC=config.dot_precision(math_t),
+            USE_TMA=self.use_tma, KV_FP8=kv_fp8, Q_FP8=q_descale is not None,
+            num_warps=num_warps, num_stages=num_stages,
         )
-        # the shared plans' key: the launch's every argument but the 13 tensors (the inputs'
+        # the shared plans' key: the launch's every argument but the 14 tensors (the inputs'
         # metadata, the scalars, the constexprs and options) and its grid, whose split count
         # no other part shows (the partials' strides are the same for any count > 1; a key
         # without it replayed another call's split count: wrong results, GPU suite 2026-11-24)
         tensor_meta = tuple(None if t is None else (t.shape, t.stride(), t.dtype) for t in
                             (q, k_cache, v_cache, seqlens_k, leftpad, batch_idx, block_table,
-                             alibi_slopes, cu_seqlens_q, k_descale, v_descale))
+                             alibi_slopes, cu_seqlens_q, k_descale, v_descale, q_descale))
         self.key = (tensor_meta, self.scalars, tuple(self.kwargs.values()), self.grid)
         if plans is not None and not varlen:  # a decode plan's own (dropped with the plan)
-            self.plans = (plans.setdefault("decode", LaunchPlans(slots=tuple(range(13)))),
+            self.plans = (plans.setdefault("decode", LaunchPlans(slots=tuple(range(_N_TENSORS)))),
                           plans.setdefault("combine", LaunchPlans(slots=(0, 1, 2, 3))))
         else:
             self.plans = (_PLAIN_DECODE, _PLAIN_COMBINE)
@@ -591,18 +616,20 @@ class DecodeCall:
                  alibi_slopes: Optional[torch.Tensor], cu_seqlens_q: Optional[torch.Tensor] = None,
                  buffers: Optional[dict] = None, need_lse: bool = True,
                  k_descale: Optional[torch.Tensor] = None,
-                 v_descale: Optional[torch.Tensor] = None
+                 v_descale: Optional[torch.Tensor] = None,
+                 q_descale: Optional[torch.Tensor] = None
                  ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """out like q with d_v, lse float32 (see :func:`decode_attention`), for tensors of the
         signature this call was made for. ``buffers``: a decode plan's dict (outputs reused).
         ``need_lse`` False: the caller drops the LSE, so a replayed call may return None for
         it and keep the LSE and the split partials in the stream's reused workspace
         (``runtime.buffers``) instead of allocating one. ``k_descale`` / ``v_descale``: an FP8
-        cache's (b, h_k) float32 descales (given exactly when the call was made with them)."""
+        cache's (b, h_k) float32 descales, ``q_descale`` an FP8 q's (each given exactly when
+        the call was made with it)."""
         if self._decode is not None and (self._combine is not None or self.num_splits == 1):
             replayed = self._replay(q, k_cache, v_cache, seqlens_k, leftpad, batch_idx,
                                     block_table, alibi_slopes, buffers, need_lse,
-                                    cu_seqlens_q, k_descale, v_descale)
+                                    cu_seqlens_q, k_descale, v_descale, q_descale)
             if replayed is not None:
                 return replayed
         out, lse, lse4, out_k, lse_k, _ = self._outputs(buffers, q)
@@ -610,7 +637,7 @@ class DecodeCall:
             config.install_allocator()
         tensors = _slots(q.unsqueeze(0) if self.varlen else q, k_cache, v_cache, out_k, lse_k,
                          seqlens_k, leftpad, batch_idx, block_table, alibi_slopes, cu_seqlens_q,
-                         lse, k_descale, v_descale)
+                         lse, k_descale, v_descale, q_descale)
         decode_plans, combine_plans = self.plans
         self._decode = decode_plans.launch(
             self.key, tensors,
@@ -624,7 +651,8 @@ class DecodeCall:
 
     def _replay(self, q, k_cache, v_cache, seqlens_k, leftpad, batch_idx, block_table,
                 alibi_slopes, buffers, need_lse=True, cu_seqlens_q=None, k_descale=None,
-                v_descale=None) -> Optional[Tuple[torch.Tensor, Optional[torch.Tensor]]]:
+                v_descale=None, q_descale=None
+                ) -> Optional[Tuple[torch.Tensor, Optional[torch.Tensor]]]:
         """A repeated call: two allocations (none with a plan's buffers, one without the
         LSE) and the recorded launches with the tensors' addresses. None (nothing launched)
         when a plan cannot replay now (fast launches off, a profiler listening, another
@@ -652,7 +680,7 @@ class DecodeCall:
                 q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), o_k, l_k,
                 seqlens_k.data_ptr(), addr(leftpad), addr(batch_idx), addr(block_table),
                 addr(alibi_slopes), addr(cu_seqlens_q), base, addr(k_descale),
-                addr(v_descale))):
+                addr(v_descale), addr(q_descale))):
             return None
         if self.num_splits > 1 and not self._combine.replay((o_k, l_k, out.data_ptr(), base)):
             raise RuntimeError("flashattn: the split-KV combine launch could not be replayed "
@@ -667,8 +695,8 @@ def _fresh_strides(shape: Tuple[int, ...]) -> Tuple[int, ...]:
 
 
 def _slots(q4, k_cache, v_cache, out_k, lse_k, seqlens_k, leftpad, batch_idx, block_table,
-           alibi_slopes, cu_seqlens_q, lse, k_descale=None, v_descale=None):
-    """The decode kernel's 13 tensor arguments (``Q ... VDescale``) in order, as tensors (a
+           alibi_slopes, cu_seqlens_q, lse, k_descale=None, v_descale=None, q_descale=None):
+    """The decode kernel's 14 tensor arguments (``Q ... QDescale``) in order, as tensors (a
     recorded launch) or as addresses (its replay): absent optional ones stand in as the
     lengths (never read) and, for ALiBi, lse."""
     return (q4, k_cache, v_cache, out_k, lse_k, seqlens_k,
@@ -678,7 +706,8 @@ def _slots(q4, k_cache, v_cache, out_k, lse_k, seqlens_k, leftpad, batch_idx, bl
             lse if alibi_slopes is None else alibi_slopes,
             seqlens_k if cu_seqlens_q is None else cu_seqlens_q,
             seqlens_k if k_descale is None else k_descale,
-            seqlens_k if v_descale is None else v_descale)
+            seqlens_k if v_descale is None else v_descale,
+            seqlens_k if q_descale is None else q_descale)
 
 
 def planned_splits(batch: int, seqlen_q: int, max_seqlen_k: int, nheads: int, nheads_k: int,

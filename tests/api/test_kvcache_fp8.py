@@ -375,14 +375,65 @@ def test_e5m2_query_is_refused(cpu_backend: str) -> None:
         _run(c, {**x, "q": x["q"].to(torch.float8_e5m2)})
 
 
-def test_plan_decode_refuses_fp8(cpu_backend: str) -> None:
-    with pytest.raises(NotImplementedError, match="plan_decode does not take FP8 KV caches"):
-        flashattn.plan_decode(2, 4, 2, 32, max_seqlen_k=48, dtype=FP8, device="cpu")
-    plan = flashattn.plan_decode(2, 4, 2, 32, max_seqlen_k=48, dtype=torch.float16,
-                                 device="cpu")
-    x = _fp8_inputs(BASE)
+def _plan_case(page: Optional[int], fp8_q: bool, s_q: int = 1):
+    """Inputs of a planned FP8 step (no new keys) and the plan_decode arguments matching them."""
+    c = replace(BASE, page=page, s_q=s_q, num_splits=0,
+                dtype=torch.bfloat16 if fp8_q else BASE.dtype)
+    x = _fp8_inputs(c, fp8_q=fp8_q)
+    cap = c.s_cache if page is None else x["block_table"].shape[1] * page
+    kw = dict(max_seqlen_k=cap, seqlen_q=s_q, page_size=page, device="cpu", causal=True,
+              dtype=x["q"].dtype, kv_dtype=FP8)
+    return c, x, kw
+
+
+@pytest.mark.parametrize("page", [None, 3], ids=["contiguous", "page3"])
+@pytest.mark.parametrize("fp8_q", [False, True], ids=["q16", "q8"])
+@pytest.mark.parametrize("descales", ["given", "none"])
+def test_plan_decode_fp8_equals_the_call_bitwise(backend: str, page, fp8_q, descales) -> None:
+    """plan_decode(kv_dtype=float8_e4m3fn) (and FA3's FP8 q) runs the call's kernels with the
+    call's decisions: out and lse bit for bit those of flash_attn_with_kvcache, run after run
+    (new lengths, new descale values read in place)."""
+    c, x, kw = _plan_case(page, fp8_q, s_q=2)
+    if descales == "none":
+        x.update(q_descale=None, k_descale=None, v_descale=None)
+    plan = flashattn.plan_decode(c.b, c.h, c.h_k, c.d, **kw)
+    fp8 = {n: x[n] for n in ("q_descale", "k_descale", "v_descale")}
+    for step in range(2):
+        out, lse = plan.run(x["q"], x["k_cache"], x["v_cache"], x["cache_seqlens"],
+                            x["block_table"], return_softmax_lse=True, **fp8)
+        want, want_lse = flash_attn_with_kvcache(
+            x["q"], x["k_cache"], x["v_cache"], cache_seqlens=x["cache_seqlens"],
+            block_table=x["block_table"], causal=True, return_softmax_lse=True, **fp8)
+        assert out.dtype == (torch.bfloat16 if fp8_q else c.dtype)
+        assert torch.equal(out, want) and torch.equal(lse, want_lse), f"step {step}"
+        x["cache_seqlens"] = torch.randint(1, kw["max_seqlen_k"] + 1, (c.b,),
+                                           dtype=torch.int32)
+        for n, d in fp8.items():
+            if d is not None:
+                d.copy_(torch.rand_like(d) + 0.25)
+
+
+def test_plan_decode_fp8_arguments(cpu_backend: str) -> None:
+    c, x, kw = _plan_case(None, False)
+    with pytest.raises(TypeError, match="needs kv_dtype=torch.float8_e4m3fn"):
+        flashattn.plan_decode(c.b, c.h, c.h_k, c.d, **{**kw, "dtype": FP8,
+                                                       "kv_dtype": torch.bfloat16})
+    with pytest.raises(TypeError, match="kv_dtype must be None, dtype"):
+        flashattn.plan_decode(c.b, c.h, c.h_k, c.d, **{**kw, "kv_dtype": torch.bfloat16})
+    with pytest.raises(TypeError, match="dtype must be one of"):
+        flashattn.plan_decode(c.b, c.h, c.h_k, c.d, **{**kw, "dtype": torch.float8_e5m2})
+    plan = flashattn.plan_decode(c.b, c.h, c.h_k, c.d, **kw)
+    assert "kv_dtype=torch.float8_e4m3fn" in repr(plan)
+    args = (x["q"], x["k_cache"], x["v_cache"], x["cache_seqlens"])
+    with pytest.raises(ValueError, match="k_cache must be a torch.float8_e4m3fn tensor"):
+        plan.run(x["q"], x["k_cache"].to(c.dtype), x["v_cache"], x["cache_seqlens"])
+    with pytest.raises(ValueError, match="k_descale must have shape"):
+        plan.run(*args, k_descale=torch.ones(c.b, c.h_k + 1))
+    with pytest.raises(ValueError, match="q_descale was given but q has dtype"):
+        plan.run(*args, q_descale=torch.ones(c.b, c.h_k))
+    plan16 = flashattn.plan_decode(c.b, c.h, c.h_k, c.d, **{**kw, "kv_dtype": None})
     with pytest.raises(ValueError, match="k_cache must be a torch.float16 tensor"):
-        plan.run(x["q"], x["k_cache"], x["v_cache"], cache_seqlens=x["cache_seqlens"])
+        plan16.run(*args)
 
 
 @pytest.mark.parametrize("fp8_q", [False, True], ids=["q16", "q8"])

@@ -713,7 +713,10 @@ def _slots(q4, k_cache, v_cache, out_k, lse_k, seqlens_k, leftpad, batch_idx, bl
 def planned_splits(batch: int, seqlen_q: int, max_seqlen_k: int, nheads: int, nheads_k: int,
                    headdim: int, headdim_v: int, dtype: torch.dtype, paged: bool,
                    device: torch.device) -> int:
-    """The key splits decode_attention would choose for these shapes (num_splits = 0)."""
+    """The key splits decode_attention would choose for these shapes (num_splits = 0); an FP8
+    ``dtype`` (FlashAttention-3's qkv_dtype) computes in bf16."""
+    if dtype == torch.float8_e4m3fn:
+        dtype = torch.bfloat16
     elem = torch.empty((), dtype=dtype).element_size()
     plan = _launch_plan(headdim, headdim_v, elem, paged, nheads // nheads_k, max(1, seqlen_q),
                         batch, nheads_k, int(max_seqlen_k), 0, device,

@@ -474,3 +474,81 @@ def test_op_fake_gives_bf16_out_for_an_fp8_query() -> None:
         q = torch.empty(2, 1, 4, 32, dtype=q_dtype, **meta)
         out, lse = ops._fwd_kvcache_fake(q, *args)
         assert out.dtype == want and out.shape == (2, 1, 4, 32) and lse.dtype == torch.float32
+
+
+# ---------------------------------------------------------------------------------------------
+# The recorded-call fast path (api/fastpath.py) with FP8 caches / queries
+# ---------------------------------------------------------------------------------------------
+_FAST = {
+    "q16-append-rotary": (dict(s_new=1, rotary="neox", causal=True, num_splits=2), False, False),
+    "q16-fp8-rows-paged": (dict(s_new=2, page=3, num_splits=0), False, True),
+    "q8-paged-rotary-fp8-rows": (dict(s_new=1, page=3, rotary="interleaved", s_q=2,
+                                      causal=True, dtype=torch.bfloat16), True, True),
+    "q8-descales-none": (dict(num_splits=3, dtype=torch.bfloat16), True, False),
+}
+
+
+@pytest.mark.parametrize("kw,fp8_q,fp8_new", _FAST.values(), ids=list(_FAST))
+def test_fp8_fast_path_replays_the_full_path_bitwise(backend: str, kw, fp8_q, fp8_new) -> None:
+    """A repeated FP8 signature takes the fast path (one entry; on the portable backend its
+    recorded decode call, replayed) and gives the full path's out, lse and cache bytes bit
+    for bit, step after step (new lengths, new descale values, new rows and queries)."""
+    from flashattn.api import fastpath
+
+    c = replace(BASE, **kw)
+    x = _fp8_inputs(c, fp8_q, fp8_new)
+    if kw.get("num_splits") == 3:  # FA3's None descales, ones inside
+        x.update(q_descale=None, k_descale=None, v_descale=None)
+    steps = []
+    for _ in range(4):
+        steps.append(dict(x))
+        if x["k"] is not None:  # the next step: new lengths, rows, queries, descale values
+            x["cache_seqlens"] = torch.randint(0, c.s_cache - c.s_new, (c.b,),
+                                               dtype=torch.int32)
+            for n in ("k", "v"):
+                x[n] = (torch.randn_like(x[n].float()) * 4).to(x[n].dtype)
+        for n in ("q_descale", "k_descale", "v_descale"):
+            if x[n] is not None:
+                x[n] = torch.rand_like(x[n]) + 0.25
+        x["q"] = (torch.randn_like(x["q"].float()) * 4).to(x["q"].dtype)
+    init = (x["k_cache"], x["v_cache"])
+
+    fastpath.KVCACHE.clear()
+    fast, kc, vc = [], init[0], init[1]
+    for st in steps:  # one signature: the first call records, the others replay
+        _, out, lse, kc, vc = _run(c, {**st, "k_cache": kc, "v_cache": vc})  # (caches cloned)
+        fast.append((out, lse, kc, vc))
+    entries = list(fastpath.KVCACHE._entries.values())
+    assert len(entries) == 1, "the FP8 signature was not kept"
+    if backend == "portable":
+        assert entries[0][1][1] is not None, "no recorded decode call"
+    kc, vc = init
+    for i, st in enumerate(steps):
+        fastpath.KVCACHE.clear()  # the reference takes the full path
+        _, want, want_lse, kc, vc = _run(c, {**st, "k_cache": kc, "v_cache": vc})
+        out, lse, fk, fv = fast[i]
+        assert torch.equal(out, want) and torch.equal(lse, want_lse), f"step {i}"
+        assert torch.equal(fk.view(torch.uint8), kc.view(torch.uint8)), f"k_cache, step {i}"
+        assert torch.equal(fv.view(torch.uint8), vc.view(torch.uint8)), f"v_cache, step {i}"
+    fastpath.KVCACHE.clear()
+
+
+def test_fp8_fast_path_keys_descales_and_checks_their_values(cpu_backend: str) -> None:
+    """Descale presence is part of the signature (None and a tensor are two entries); CPU
+    descale values are checked on every call; a descale that is not a tensor takes the full
+    path, which raises."""
+    from flashattn.api import fastpath
+
+    c = replace(BASE, num_splits=2)
+    x = _fp8_inputs(c)
+    fastpath.KVCACHE.clear()
+    _run(c, dict(x))
+    _run(c, dict(x))
+    assert len(fastpath.KVCACHE._entries) == 1
+    _run(c, {**x, "v_descale": None})
+    assert len(fastpath.KVCACHE._entries) == 2
+    with pytest.raises(ValueError, match="k_descale must be finite and > 0"):
+        _run(c, {**x, "k_descale": -x["k_descale"]})
+    with pytest.raises(TypeError, match="k_descale must be None or a float32 tensor"):
+        _run(c, {**x, "k_descale": [[1.0, 1.0], [1.0, 1.0]]})
+    fastpath.KVCACHE.clear()

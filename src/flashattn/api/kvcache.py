@@ -149,30 +149,40 @@ def flash_attn_with_kvcache(
     """
     key = None
     fp8 = _kv.is_fp8_cache(k_cache) or _kv.is_fp8_cache(v_cache) or _kv.is_fp8_query(q)
-    # (FP8 caches take the full path: the recorded-call fast path keys 16/32-bit calls only)
-    if (not fp8 and k_descale is None and v_descale is None and q_descale is None
+    # FP8 signatures key their descales too (presence and metadata; the values are read by
+    # the kernel); a 16/32-bit call with a descale takes the full path, which raises
+    descales = _fast.kvcache_descales_key(q_descale, k_descale, v_descale) if fp8 else None
+    if ((descales is not None if fp8 else
+         k_descale is None and v_descale is None and q_descale is None)
             and alibi_slopes is None and learnable_sink is None and type(attention_chunk) is int
             and attention_chunk == 0 and cu_seqlens_q is None and max_seqlen_q is None
             and cu_seqlens_k_new is None and rotary_seqlens is None):
         # a repeated call signature skips the argument checks (api/fastpath.py); the value
-        # checks of the metadata run in the op's body on every call, as before
+        # checks of the metadata (and of CPU descales) run on every call, as before
         key = _fast.kvcache_key(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
                                 cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
                                 softmax_scale, causal, window_size, softcap,
                                 rotary_interleaved, num_splits, return_softmax_lse)
+        if key is not None and fp8:
+            key = key + descales
         entry = None if key is None else _fast.KVCACHE.get(key)
         if entry is not None:
             template, runner = entry
+            fp8_args = None
+            if fp8:
+                _kv.check_descale_values(q_descale=q_descale, k_descale=k_descale,
+                                         v_descale=v_descale)
+                fp8_args = (q_descale, k_descale, v_descale)
             if runner is not None:  # the signature's recorded decode call
                 if type(cache_seqlens) is int:
                     cache_seqlens = _kv.seqlens_tensor(cache_seqlens, q.shape[0], q.device)
                 out, lse = runner(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
                                   cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
-                                  need_lse=bool(return_softmax_lse))
+                                  need_lse=bool(return_softmax_lse), descales=fp8_args)
             else:
                 out, lse = _ops.kvcache_attention(*_fast.kvcache_args(
                     template, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                    cache_batch_idx, cache_leftpad, block_table))
+                    cache_batch_idx, cache_leftpad, block_table, fp8_args))
             return (out, lse) if return_softmax_lse else out
     varlen = (cu_seqlens_q, max_seqlen_q, cu_seqlens_k_new, rotary_seqlens)
     args = _prepare(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,

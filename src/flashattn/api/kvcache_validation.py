@@ -144,7 +144,16 @@ def check_descales(k_descale: Any, v_descale: Any, k_cache: torch.Tensor, batch:
         for what, want, got, exc in rules:
             if want != got:
                 raise exc(f"{n} must have {what} = {want}, got {got}")
-        if metadata.values_checkable(x) and not bool((torch.isfinite(x) & (x > 0)).all()):
+    check_descale_values(q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+
+
+def check_descale_values(**descales: Any) -> None:
+    """Descales (None or float32 tensors, by name) are finite and > 0, where reading them is
+    free (CPU tensors) or asked for (the checked mode); the recorded-call fast path runs this
+    on every call, as the full path does."""
+    for n, x in descales.items():
+        if x is not None and metadata.values_checkable(x) \
+                and not bool((torch.isfinite(x) & (x > 0)).all()):
             raise ValueError(f"{n} must be finite and > 0 (real value = fp8 * descale)")
 
 
@@ -386,6 +395,7 @@ def check_combine(out_partial: Any, lse_partial: Any, out: Any, out_dtype: Any
     return s, b, s_q, h, d_v
 
 
-__all__ = ["check_cache", "check_descales", "is_fp8_cache", "is_fp8_query", "check_new_kv", "check_packed_new_kv", "check_varlen_q", "check_cache_seqlens", "check_index_vector",
+__all__ = ["check_cache", "check_descale_values", "check_descales", "is_fp8_cache",
+           "is_fp8_query", "check_new_kv", "check_packed_new_kv", "check_varlen_q", "check_cache_seqlens", "check_index_vector",
            "check_rotary", "check_num_splits", "check_combine", "rows_of_block_table",
            "seqlens_tensor"]

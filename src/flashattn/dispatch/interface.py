@@ -133,7 +133,9 @@ class _Optional(Protocol):
                      s_new: int, *, p: AttnParams, leftpad: Optional[Tensor],
                      batch_idx: Optional[Tensor], block_table: Optional[Tensor],
                      num_splits: int, capacity: int, cu_seqlens_q: Optional[Tensor] = None,
-                     max_seqlen_q: int = 0) -> Any: ...
+                     max_seqlen_q: int = 0, k_descale: Optional[Tensor] = None,
+                     v_descale: Optional[Tensor] = None,
+                     q_descale: Optional[Tensor] = None) -> Any: ...
 
     def fp8_quantize_call(self, signs: Optional[Tensor], block_m: int, block_n: int,
                           v_wgmma: bool = True) -> Any: ...

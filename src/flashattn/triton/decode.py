@@ -22,10 +22,19 @@ aligned on those local indices, exactly as the dense kernels on a (s_q, s_k) pro
 so are the chunks of chunked local attention (``attention_chunk``, counted from start_k).
 
 FP8 caches (``KV_FP8``: float8_e4m3fn K / V, real value = fp8 * descale with one float32
-descale per (batch row, KV head)): the kernel reads the FP8 bytes and widens them to q's
-dtype on chip, which is exact (every e4m3 value is a bf16 / fp16 value), so the dots run on
-q's precision path as for a 16-bit cache. The descales are the program's two scalars: K's
-multiplies the softmax scale, V's the finished output, so no dequantized value is rounded.
+descale per (batch row, KV head)): the kernel reads the FP8 bytes (16-byte cp.async copies,
+contiguous along d) and widens them on chip, which is exact (every e4m3 value is a bf16 and
+an fp16 value). K is widened to q's dtype for Q K^T. V is widened to fp16 and P V runs in
+fp16 (P is in [0, 1]: fp16 holds it more finely than bf16), fp32 when the math is fp32. The
+descales are the program's scalars, never per-element multiplies: K's multiplies the softmax
+scale, V's the finished output, so no dequantized value is rounded.
+
+V's widening is an opaque asm conversion (``_e4m3_to_f16``) on purpose: the B operand of
+P V needs consecutive *keys* per register, and an e4m3 tile converted by a plain cast is
+converted inside the dot's operand layout, which Triton builds from shared memory one byte
+at a time (64 ``ld.shared.b8`` per thread and 64 keys, sm_90 compile). Converted in the
+loaded layout instead, the fp16 tile is transposed through shared memory by
+``ldmatrix.trans`` as a 16-bit cache is (``tools/aot_decode.py`` reports both).
 
 FP8 queries (``Q_FP8``, FlashAttention-3's q_descale, one per (batch row, KV head): the
 program's query rows all share it): q is widened to bf16 on load (exact) and its descale
@@ -79,6 +88,24 @@ def _write_empty_rows(Out, Lse, row_lo, row_hi, off_hk, pid_m, m_programs, pid_s
 
 
 @triton.jit
+def _e4m3_to_f16(x, ASM: tl.constexpr):
+    """float8_e4m3fn -> float16, exact. ``ASM``: two ``cvt.rn.f16x2.e4m3x2`` per four values,
+    as inline asm with side effects, so that Triton converts in the layout x was loaded in
+    (see the module doc) instead of hoisting the cast into a dot operand; the interpreter
+    (no inline asm) casts."""
+    if ASM:
+        return tl.inline_asm_elementwise(
+            asm="""{
+            .reg .b16 lo, hi;
+            mov.b32 {lo, hi}, $2;
+            cvt.rn.f16x2.e4m3x2 $0, lo;
+            cvt.rn.f16x2.e4m3x2 $1, hi;
+            }""",
+            constraints="=r,=r,r", args=[x], dtype=tl.float16, is_pure=False, pack=4)
+    return x.to(tl.float16)
+
+
+@triton.jit
 def _decode_kernel(
     Q, K, V, Out, Lse, SeqlensK, LeftPad, BatchIdx, BlockTable, Alibi, CuSeqQ, KDescale,
     VDescale, QDescale,
@@ -98,7 +125,7 @@ def _decode_kernel(
     VARLEN_Q: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     HAS_CHUNK: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     UPCAST: tl.constexpr, DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr,
-    KV_FP8: tl.constexpr, Q_FP8: tl.constexpr,
+    KV_FP8: tl.constexpr, Q_FP8: tl.constexpr, ASM_CVT: tl.constexpr,
 ):
     # (batch, KV head) and query block share grid axis 0, (batch, KV head) fastest: axis 1
     # stops at 65535 blocks, which a long prefill through the kvcache API can pass
@@ -262,8 +289,11 @@ def _decode_kernel(
         else:
             v = tl.load(v_base + v_rows[:, None] + offs_dv[None, :],
                         mask=n_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
-        if KV_FP8:
-            v = v.to(q.dtype)
+        if KV_FP8:  # fp16 for P V; fp32 when the math is (fp32 q, or upcast dots)
+            if q.dtype == tl.float32:
+                v = v.to(tl.float32)
+            else:
+                v = _e4m3_to_f16(v, ASM_CVT)
         if UPCAST:
             v = v.to(tl.float32)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PREC)
@@ -291,10 +321,11 @@ def _decode_kernel(
 # only) are read through flashattn.runtime.env
 
 
-def launch_config(head_dim: int, elem_bytes: int, paged: bool, long_unsplit: bool = False
-                  ) -> Tuple[int, int, int, bool]:
-    """(BLOCK_N, num_warps, num_stages, allow_tma) for the decode kernel; ``long_unsplit``:
-    the grid is full without splitting and every program streams >= 16k keys."""
+def launch_config(head_dim: int, elem_bytes: int, paged: bool, long_unsplit: bool = False,
+                  kv_fp8: bool = False) -> Tuple[int, int, int, bool]:
+    """(BLOCK_N, num_warps, num_stages, allow_tma) for the decode kernel; ``elem_bytes``: of
+    the math's dtype (q's; bf16 for an FP8 q); ``long_unsplit``: the grid is full without
+    splitting and every program streams >= 16k keys; ``kv_fp8``: an e4m3 cache."""
     env = _env.settings().decode_config
     if env:
         parts = [p.strip() for p in env.split(",")]
@@ -311,6 +342,22 @@ def launch_config(head_dim: int, elem_bytes: int, paged: bool, long_unsplit: boo
     # former 64 x 5, within 2 % of the contiguous cache). d = 256 and fp32 were not swept: the
     # compile-report choices (d = 256 halves the tile to stay in shared memory).
     d = max(16, config.next_pow2(head_dim))
+    if kv_fp8 and elem_bytes == 2 and d <= 128:
+        # e4m3 tiles are half the bytes of 16-bit ones: 128 keys per step keep a 16-bit 64-key
+        # tile's bytes in flight per stage (a split program is often alone on its SM) and
+        # halve the per-key share of the step's fixed work (softmax bookkeeping, the
+        # barriers of V's transposition). Pointer loads (16-byte cp.async); the sm_90 compile
+        # of d = 128: 150 / 105 / 160 registers, 104 / 104 / 72 KiB shared for these three,
+        # no spills. Not yet swept on a GPU (benchmarks/probes/fp8_kvcache_probe.py --configs).
+        if paged:
+            return (128, 4, 3, False)
+        return (128, 8, 3, False) if long_unsplit else (128, 4, 3, False)
+    if kv_fp8 and elem_bytes >= 4:
+        # fp32 math on an e4m3 cache (a rare pairing): the FMA dot takes the widened operands
+        # from registers; 16 keys is the largest tile that does not spill at d <= 128 (sm_90
+        # compile: 186 registers; 32 keys spilled 160 bytes). d = 256 spills at every size
+        # tried (16 keys, 4-16 warps).
+        return (16, 8, 3, False)
     if elem_bytes >= 4:
         # fp32 (exact IEEE dots): the TMA tile layout spills at any size; pointer loads do not
         return (32, 8, 3, False) if d <= 128 else (16, 8, 3, False)
@@ -356,7 +403,7 @@ def block_m_for(rows: int) -> int:
 @functools.lru_cache(maxsize=1024)
 def _launch_plan(d: int, d_v: int, elem_bytes: int, paged: bool, g: int, s_q_grid: int,
                  batch: int, nheads_k: int, max_seqlen_k: int, num_splits: int,
-                 device: torch.device, env_config: str, env_waves: str
+                 device: torch.device, env_config: str, env_waves: str, kv_fp8: bool = False
                  ) -> Tuple[int, int, int, bool, int, int, int, int, int]:
     """Every launch decision that depends only on shapes, cached per shape key.
 
@@ -368,7 +415,8 @@ def _launch_plan(d: int, d_v: int, elem_bytes: int, paged: bool, g: int, s_q_gri
     Returns (BLOCK_N, num_warps, num_stages, allow_tma, BLOCK_M, m_blocks, num_splits,
     BLOCK_D, BLOCK_DV).
     """
-    block_n, num_warps, num_stages, allow_tma = launch_config(d, elem_bytes, paged)
+    block_n, num_warps, num_stages, allow_tma = launch_config(d, elem_bytes, paged,
+                                                              kv_fp8=kv_fp8)
     block_m = block_m_for(g * s_q_grid)
     m_blocks = config.cdiv(g * s_q_grid, block_m)
     if num_splits <= 0:
@@ -378,7 +426,8 @@ def _launch_plan(d: int, d_v: int, elem_bytes: int, paged: bool, g: int, s_q_gri
                             config.cdiv(max(1, max_seqlen_k), block_n)))
     full_grid = batch * nheads_k * m_blocks >= 0.8 * config.sm_count(device)
     if num_splits == 1 and full_grid and max_seqlen_k >= 16384:  # long unsplit streams
-        block_n, num_warps, num_stages, allow_tma = launch_config(d, elem_bytes, paged, True)
+        block_n, num_warps, num_stages, allow_tma = launch_config(d, elem_bytes, paged, True,
+                                                                  kv_fp8)
     return (block_n, num_warps, num_stages, allow_tma, block_m, m_blocks, num_splits,
             config.block_dim(d), config.block_dim(d_v))
 
@@ -453,7 +502,7 @@ class DecodeCall:
     """:func:`decode_attention` for one *call signature*, its host work done once.
 
     Every decision of a decode launch (tile sizes, splits, TMA, grid, the kernel's 39 scalar
-    arguments and 21 constexprs, the output shapes) follows from the tensors' shapes, strides,
+    arguments and 22 constexprs, the output shapes) follows from the tensors' shapes, strides,
     dtypes, devices and 16-byte alignment, which optional tensors are given, the scalars and
     the runtime settings. A caller that keys its calls on all of those (the api's fast path per
     call signature, a decode plan per stride set) builds one DecodeCall per key and calls it
@@ -501,7 +550,7 @@ class DecodeCall:
          block_dv) = _launch_plan(d, d_v, math_t.element_size(), paged, g, s_q_grid, batch,
                                   nheads_k, int(max_seqlen_k), int(num_splits), device,
                                   _env.settings().decode_config,
-                                  _env.settings().decode_waves)
+                                  _env.settings().decode_waves, k_descale is not None)
         k_strides = k_cache.stride()
         kv_fp8 = k_descale is not None
         # (FP8 caches take pointer loads: the TMA tile path was sized and verified for 16/32-bit
@@ -569,6 +618,7 @@ class DecodeCall:
             HAS_ALIBI=alibi_slopes is not None,
             UPCAST=config.upcast_dots(math_t), DOT_PREC=config.dot_precision(math_t),
             USE_TMA=self.use_tma, KV_FP8=kv_fp8, Q_FP8=q_descale is not None,
+            ASM_CVT=not config.INTERPRET,
             num_warps=num_warps, num_stages=num_stages,
         )
         # the shared plans' key: the launch's every argument but the 14 tensors (the inputs'
@@ -715,12 +765,13 @@ def planned_splits(batch: int, seqlen_q: int, max_seqlen_k: int, nheads: int, nh
                    device: torch.device) -> int:
     """The key splits decode_attention would choose for these shapes (num_splits = 0); an FP8
     ``dtype`` (FlashAttention-3's qkv_dtype) computes in bf16."""
-    if dtype == torch.float8_e4m3fn:
+    kv_fp8 = dtype == torch.float8_e4m3fn
+    if kv_fp8:
         dtype = torch.bfloat16
     elem = torch.empty((), dtype=dtype).element_size()
     plan = _launch_plan(headdim, headdim_v, elem, paged, nheads // nheads_k, max(1, seqlen_q),
                         batch, nheads_k, int(max_seqlen_k), 0, device,
-                        _env.settings().decode_config, _env.settings().decode_waves)
+                        _env.settings().decode_config, _env.settings().decode_waves, kv_fp8)
     return plan[6]
 
 

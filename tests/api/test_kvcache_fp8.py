@@ -111,18 +111,20 @@ def _reference(x: dict, c: KVCase, k_after: torch.Tensor, v_after: torch.Tensor,
     outs, lses = [], []
     for row in range(c.b):
         def deq(cache, descale):
+            """Batch row ``row``'s cache (its pages in order, or its cache row) as one
+            contiguous (1, capacity, h_k, d) row, dequantized (only this row: GPU sizes)."""
+            if x["block_table"] is not None:
+                cache = cache[x["block_table"][row].long()].flatten(0, 1)[None]
+            else:
+                r = row if x["cache_batch_idx"] is None else int(x["cache_batch_idx"][row])
+                cache = cache[r:r + 1]
             return (cache.double() * descale[row].double()[None, None, :, None]).to(dtype)
 
         one = lambda t: None if t is None else t[row:row + 1]  # noqa: E731
-        # (a batch of one: a contiguous cache's row must be named, paged rows are the table's)
-        cache_row = one(x["cache_batch_idx"])
-        if cache_row is None and x["block_table"] is None:
-            cache_row = torch.tensor([row], dtype=torch.int32)
         o, l, _, _ = kvcache_ref(
             q[row:row + 1], deq(k_after, x["k_descale"]), deq(v_after, x["v_descale"]),
             cache_seqlens=(lens + c.s_new)[row:row + 1].to(torch.int32),
-            cache_batch_idx=cache_row, cache_leftpad=one(x["cache_leftpad"]),
-            block_table=one(x["block_table"]), causal=c.causal, window_size=c.window,
+            cache_leftpad=one(x["cache_leftpad"]), causal=c.causal, window_size=c.window,
             softcap=c.softcap, alibi_slopes=one(x["alibi_slopes"]), upcast=upcast)
         outs.append(o)
         lses.append(l)

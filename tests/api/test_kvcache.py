@@ -360,6 +360,11 @@ def test_decode_kernels_compile_for_sm90() -> None:
             # K/V tiles stream asynchronously: TMA (contiguous, aligned) or cp.async
             assert row["tma"] if row["key"].endswith("_tma") else row["cp_async"], row
             assert row["shared"] <= 227 * 1024, row
+        if "_kv8" in row["key"]:
+            # an FP8 cache: V transposed through shared memory as fp16 (ldmatrix), not
+            # gathered byte by byte into the dot operand; 16-byte copies of 16/32-bit math
+            assert row["ld_shared_b8"] == 0, row
+            assert row["cp_narrow"] == 0 or "float32" in row["key"], row
 
 
 def test_decode_host_helpers_match_triton(monkeypatch):

@@ -92,7 +92,8 @@ def _expected_caches(x: dict, c: KVCase):
 def _reference(x: dict, c: KVCase, k_after: torch.Tensor, v_after: torch.Tensor,
                upcast: bool):
     """out / lse of every batch row against its dequantized cache (float64 when upcast, else
-    in q's dtype, bf16 for an FP8 q): q rotated as the call rotates it (an FP8 q into bf16),
+    in q's dtype, bf16 for an FP8 q): q rotated (exactly when upcast; the low-precision
+    baseline rounds the rotation to the math's dtype, as the call keeps it: an FP8 q in bf16),
     dequantized with q_descale, the new keys already in the cache."""
     x = {k: (t.cpu() if isinstance(t, torch.Tensor) else t) for k, t in x.items()}
     q = x["q"]
@@ -101,8 +102,9 @@ def _reference(x: dict, c: KVCase, k_after: torch.Tensor, v_after: torch.Tensor,
     local = c.causal or c.window != (-1, -1)
     if x["rotary_cos"] is not None:
         pos = lens.view(-1, 1) + (1 if local else 0) * torch.arange(c.s_q)
-        q = rotary_ref(q.float(), x["rotary_cos"], x["rotary_sin"], pos,
-                       c.rotary != "neox").to(math)
+        q = rotary_ref(q.float(), x["rotary_cos"], x["rotary_sin"], pos, c.rotary != "neox")
+        if not upcast:  # (the oracle keeps the exact rotation: the call's rounding is error)
+            q = q.to(math)
     dtype = torch.float64 if upcast else math
     if x["q_descale"] is not None:  # query head j: its KV head's descale, j // (h / h_k)
         qd = x["q_descale"].double().repeat_interleave(c.h // c.h_k, dim=1)

@@ -4,7 +4,14 @@ Runs each launch path of ``flashattn.triton.decode.decode_attention`` (and the r
 combine launches) with CPU stand-in tensors, captures the arguments the launch would pass,
 and compiles them with ``triton.compile(..., target=GPUTarget("cuda", 90, 32))``. Prints one
 JSON line per variant: registers, spill bytes, shared memory, whether the K/V loads are
-pipelined (cp.async), use TMA (cp.async.bulk.tensor), and the mma flavour.
+pipelined (cp.async), use TMA (cp.async.bulk.tensor), the mma flavour, and for the FP8 cache
+variants (``_kv8``: e4m3 cache, bf16 q; ``_q8kv8``: FA3's FP8 q too) the shared-memory byte
+loads (``ld_shared_b8``: a dot operand gathered byte by byte; 0 expected) and the copies
+narrower than 16 bytes (``cp_narrow``, the page table's 4-byte loads aside). The ``_qv``
+variants are multi-head latent attention's (FA3's ``qv``): DeepSeek's d 64 / d_v 512 over one
+KV head (``_dv512``), and qv over an FP8 cache through the FP8 launch configs, bf16 / fp16 /
+fp32 (there V is widened to qv's dtype by a plain cast, the operand of both of its dots, so
+its byte loads are expected).
 
     env -u TRITON_INTERPRET PYTHONPATH=src python benchmarks/decode_aot.py [--ptx DIR]
 
@@ -92,7 +99,10 @@ def _report(tag, kernel, ptx_dir=None):
                num_warps=kernel.metadata.num_warps,
                cp_async="cp.async.cg" in ptx or "cp.async.ca" in ptx,
                tma="cp.async.bulk.tensor" in ptx, wgmma="wgmma.mma_async" in ptx,
-               mma="mma.sync" in ptx, ld_v4=ptx.count("ld.global.v4"), error=None)
+               mma="mma.sync" in ptx, ld_v4=ptx.count("ld.global.v4"),
+               ld_shared_b8=ptx.count("ld.shared.b8"),
+               cp_narrow=len(re.findall(r"cp\.async\.c[ga]\.shared\.global[^;]*, 0x8,", ptx)),
+               error=None)
     print(json.dumps(row), flush=True)
 
 
@@ -116,6 +126,16 @@ def main() -> int:
     for c in [c for c in args.configs.split(";") if c.strip()]:
         variants.append((False, 1, True, c))
         variants.append((True, 1, False, c))
+    fp8_variants = [(paged, s_q, False, "", dict(kv8=True, q8=q8))
+                    for paged in (False, True) for s_q in (1, 4) for q8 in (False, True)]
+    fp8_variants += [(False, 1, False, "", dict(kv8=True, dtype=dt, d=d))
+                     for dt, d in ((torch.float16, 64), (torch.float32, 128), (bf, 256))]
+    # qv (HAS_QV): the 16-bit latent cache (the wide-V config), and qv over an FP8 cache at
+    # d_v <= 256 (the FP8 configs); every math dtype, so that each pair of dot operands meets
+    qv_variants = [(True, 1, False, "", dict(qv=True, d=64, dv=512, h=128, h_k=1)),
+                   (True, 1, False, "", dict(qv=True, kv8=True)),
+                   (False, 1, False, "", dict(qv=True, kv8=True, dtype=torch.float16, d=64)),
+                   (False, 1, False, "", dict(qv=True, kv8=True, dtype=torch.float32))]
     features = [dict()]
     if args.all:
         features += [dict(alibi=True), dict(softcap=True), dict(window=True), dict(leftpad=True),
@@ -126,12 +146,14 @@ def main() -> int:
                     for f in features[1:]] + [v + (dict(),) for v in variants]
     else:
         variants = [v + (dict(),) for v in variants]
+    variants += fp8_variants + qv_variants
     for paged, s_q, tma, cfg, feat in variants:
         if feat.get("varlen") and not paged:
             continue
         tag = f"decode_{'paged16' if paged else 'contig'}_sq{s_q}_{'tma' if tma else 'ptr'}" + (
             f"_cfg{cfg.replace(',', '-')}" if cfg else "") + "".join(
-            f"_{k}{'' if v is True else str(v).replace('torch.', '')}" for k, v in feat.items())
+            f"_{k}{'' if v is True else str(v).replace('torch.', '')}" for k, v in feat.items()
+            if v is not False)
         # the launch config the decode wrapper reads (flashattn reads its environment once)
         forced = env.override(decode_config=cfg) if cfg else contextlib.nullcontext()
         cap = _Capture(dec._decode_kernel)
@@ -139,24 +161,34 @@ def main() -> int:
         dec._decode_kernel = cap
         try:
             forced.__enter__()
-            b, h, h_k = 2, 32, 8
+            b, h, h_k = 2, feat.get("h", 32), feat.get("h_k", 8)
             d = feat.get("d", 128)
+            dv = feat.get("dv", d)
             dt = feat.get("dtype", bf)
-            q = torch.empty(b, s_q, h, d, dtype=dt)
+            e4m3 = torch.float8_e4m3fn
+            q = torch.empty(b, s_q, h, d, dtype=e4m3 if feat.get("q8") else dt)
+            kv_dt = e4m3 if feat.get("kv8") else dt
             if paged:
-                kc = torch.empty(64, 16, h_k, d, dtype=dt)
+                kc = torch.empty(64, 16, h_k, d, dtype=kv_dt)
                 table = torch.zeros(b, 32, dtype=torch.int32)
             else:
-                kc = torch.empty(b + 1, 512, h_k, d, dtype=dt)
+                kc = torch.empty(b + 1, 512, h_k, d, dtype=kv_dt)
                 table = None
+            vc = kc if dv == d else torch.empty(kc.shape[:3] + (dv,), dtype=kv_dt)
             seqlens = torch.full((b,), 100, dtype=torch.int32)
             extra = {}
+            if feat.get("kv8"):  # an FP8 cache's descales (and an FP8 q's)
+                extra = dict(k_descale=torch.ones(b, h_k), v_descale=torch.ones(b, h_k))
+                if feat.get("q8"):
+                    extra["q_descale"] = torch.ones(b, h_k)
+            if feat.get("qv"):  # the latent query, in q's dtype (never an FP8 q: refused)
+                extra["qv"] = torch.empty(b, s_q, h, dv, dtype=dt)
             if feat.get("varlen"):
                 q = torch.empty(7, h, d, dtype=dt)
                 extra = dict(cu_seqlens_q=torch.tensor([0, 3, 7], dtype=torch.int32),
                              max_seqlen_q=4)
             dec.decode_attention(
-                q, kc, kc, seqlens, 0, softmax_scale=0.1,
+                q, kc, vc, seqlens, 0, softmax_scale=0.1,
                 window_left=8 if feat.get("window") else -1,
                 window_right=0 if (s_q > 1 or feat.get("window")) else -1,
                 softcap=5.0 if feat.get("softcap") else 0.0,
@@ -171,6 +203,7 @@ def main() -> int:
         try:
             kern = compile_captured(orig, a, kw,
                                     force={"USE_TMA": tma and kw["HEAD_DIM"] == kw["BLOCK_D"]
+                                           and not kw["KV_FP8"]
                                            and dec.launch_config(kw["HEAD_DIM"],
                                                                  a[0].element_size(), paged)[3]})
             _report(tag, kern, args.ptx)

@@ -16,7 +16,7 @@ Registered ops (namespace ``flashattn``; call them as ``torch.ops.flashattn.<nam
         cache_batch_idx?, cache_leftpad?, block_table?, alibi_slopes?, softmax_scale?, causal,
         window_left, window_right, softcap, rotary_interleaved, num_splits[, attention_chunk,
         cu_seqlens_q?, max_seqlen_q, cu_seqlens_k_new?, rotary_seqlens?, k_descale?,
-        v_descale?, qv?]) -> (out, lse)
+        v_descale?, q_descale?, qv?]) -> (out, lse)
     combine(out_partial, lse_partial, out_dtype?) -> (out, lse)
 
 Python entry points the api layer calls: :func:`attention`, :func:`varlen_attention`,
@@ -577,6 +577,7 @@ def _fwd_kvcache_impl(
     rotary_seqlens: Optional[Tensor] = None,
     k_descale: Optional[Tensor] = None,
     v_descale: Optional[Tensor] = None,
+    q_descale: Optional[Tensor] = None,
     qv: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     """``flash_attn_with_kvcache`` as an op: k / v (if given) are written into k_cache /
@@ -586,14 +587,16 @@ def _fwd_kvcache_impl(
     contiguous. Arguments as checked and normalised by the api (softmax_scale resolved, the
     window against the cache capacity with causal folded in, alibi_slopes (b, h),
     cache_seqlens a (b,) int32 tensor or None). float8_e4m3fn caches take k_descale /
-    v_descale float32 (b, h_k) (None: 1.0); q, k, v and out stay in q's 16/32-bit dtype.
+    v_descale float32 (b, h_k) (None: 1.0); with a 16/32-bit q, out is in q's dtype; a
+    float8_e4m3fn q takes q_descale float32 (b, h_k) (None: 1.0) and gives a bfloat16 out.
     ``qv`` (FlashAttention-3's latent query): q's shape with d_v, scores ``qv . v`` added."""
     params = AttnParams(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
                         0.0, 0, False, attention_chunk)
     out, lse = _kvcache.kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                                 cache_batch_idx, cache_leftpad, block_table, params,
                                 rotary_interleaved, num_splits, cu_seqlens_q, max_seqlen_q,
-                                cu_seqlens_k_new, rotary_seqlens, k_descale, v_descale, qv=qv)
+                                cu_seqlens_k_new, rotary_seqlens, k_descale, v_descale,
+                                q_descale, qv=qv)
     return _fresh(out, lse)  # type: ignore[return-value]
 
 
@@ -607,13 +610,14 @@ def _fwd_kvcache_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_s
                       causal, window_left, window_right, softcap, rotary_interleaved,
                       num_splits, attention_chunk=0, cu_seqlens_q=None, max_seqlen_q=0,
                       cu_seqlens_k_new=None, rotary_seqlens=None, k_descale=None,
-                      v_descale=None, qv=None):
+                      v_descale=None, q_descale=None, qv=None):
+    out_dtype = torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
     if cu_seqlens_q is not None:
         total_q, h, _ = q.shape
-        return (q.new_empty((total_q, h, v_cache.shape[-1])),
+        return (q.new_empty((total_q, h, v_cache.shape[-1]), dtype=out_dtype),
                 q.new_empty((h, total_q), dtype=torch.float32))
     b, s_q, h, _ = q.shape
-    return (q.new_empty((b, s_q, h, v_cache.shape[-1])),
+    return (q.new_empty((b, s_q, h, v_cache.shape[-1]), dtype=out_dtype),
             q.new_empty((b, h, s_q), dtype=torch.float32))
 
 

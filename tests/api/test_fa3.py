@@ -119,15 +119,19 @@ def test_scheduler_metadata_round_trip():
 
 @pytest.mark.parametrize("call,name", [
     (lambda q: fa3.flash_attn_func(q, q, q, qv=q), "qv"),
-    # (an FP8 KV cache with k_descale is supported: tests/api/test_kvcache_fp8.py; FP8 query
-    # math in the KV-cache call is not)
-    (lambda q: fa3.flash_attn_with_kvcache(q, q, q, q_descale=torch.ones(1, 2)),
-     "q_descale"),
 ])
 def test_unsupported_fa3_arguments_raise_naming_them(call, name):
     q = torch.randn(1, 4, 2, 16)
     with flashattn.use_backend("cpu"), pytest.raises(NotImplementedError, match=name):
         call(q)
+
+
+def test_kvcache_q_descale_needs_an_fp8_query():
+    """FP8 queries (and KV caches) in the KV-cache call: tests/api/test_kvcache_fp8.py; a
+    q_descale beside a 16/32-bit q names the argument."""
+    q = torch.randn(1, 4, 2, 16)
+    with flashattn.use_backend("cpu"), pytest.raises(ValueError, match="q_descale was given"):
+        fa3.flash_attn_with_kvcache(q, q, q, q_descale=torch.ones(1, 2))
 
 
 def test_fp8_through_fa3_returns_out_and_lse():

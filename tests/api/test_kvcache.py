@@ -360,6 +360,15 @@ def test_decode_kernels_compile_for_sm90() -> None:
             # K/V tiles stream asynchronously: TMA (contiguous, aligned) or cp.async
             assert row["tma"] if row["key"].endswith("_tma") else row["cp_async"], row
             assert row["shared"] <= 227 * 1024, row
+        if "_kv8" in row["key"] and "_qv" not in row["key"]:
+            # an FP8 cache: V transposed through shared memory as fp16 (ldmatrix), not
+            # gathered byte by byte into the dot operand; 16-byte copies of 16/32-bit math
+            # (with qv, V is widened to qv's dtype by a plain cast for both of its dots)
+            assert row["ld_shared_b8"] == 0, row
+            assert row["cp_narrow"] == 0 or "float32" in row["key"], row
+    # multi-head latent attention's variants compiled too (every math dtype over an FP8
+    # cache: each dot's operands share a dtype), without spills (above)
+    assert sum("_qv" in row["key"] for row in rows) == 4, [row["key"] for row in rows]
 
 
 def test_decode_host_helpers_match_triton(monkeypatch):

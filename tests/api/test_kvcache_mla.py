@@ -352,3 +352,91 @@ def test_mla_decode_step_compiles(cpu_backend: str) -> None:
     ref = step(*args, *ref_caches, *rest)
     torch.testing.assert_close(out, ref, rtol=0, atol=0)
     assert all(torch.equal(a, b) for a, b in zip(caches, ref_caches))
+
+
+# ---------------------------------------------------------------------------------------------
+# qv meets the FP8 KV cache's second round: the FP8 launch configuration, FA3's FP8 query
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32],
+                         ids=["bf16", "fp16", "fp32"])
+def test_mla_fp8_cache_through_the_fp8_launch_config(dtype, backend: str,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """qv over an FP8 cache with d_v <= 256 takes the FP8 launch configuration on a GPU (128
+    keys a step for 16-bit math, 16 for fp32; pointer loads) while V stays in the math's dtype
+    for both of its dots (not the fp16 of the FP8 path without qv). The interpreter's own
+    config is 16 keys, so the GPU's tile is forced through FLASHATTN_DECODE_CONFIG and the
+    call checked against the oracle (paged, appends, causal, splits, GQA)."""
+    from flashattn.triton import decode as dec
+    from tests.settings import set_env
+
+    c = replace(BASE, fp8=True, dtype=dtype, d=32, d_v=64, h=8, h_k=2, page=3, s_q=2,
+                s_new=2, causal=True, num_splits=2)
+    elem = torch.empty((), dtype=dtype).element_size()
+    with monkeypatch.context() as m:  # the configuration a GPU takes for this call
+        m.setattr(dec.config, "INTERPRET", False)
+        fp8_cfg = dec.launch_config(c.d, elem, True, kv_fp8=True, head_dim_v=c.d_v)
+        # (a latent cache past 256 keeps its wide-V configuration: 128 keys of 512 would not fit)
+        wide = dec.launch_config(64, elem, True, kv_fp8=True, head_dim_v=512)
+    assert fp8_cfg == ((16, 8, 3, False) if dtype == torch.float32 else (128, 4, 3, False))
+    assert wide == dec._WIDE_V_CONFIG[elem >= 4]
+    set_env(monkeypatch, FLASHATTN_DECODE_CONFIG=",".join(str(int(v)) for v in fp8_cfg))
+    if backend == "portable":  # the decode call the kernel runs: qv and the FP8 cache together
+        x = mla_inputs(c)
+        lens = x["cache_seqlens"] + c.s_new
+        call = dec.DecodeCall(x["q"], x["k_cache"], x["v_cache"], lens, 0, softmax_scale=0.1,
+                              window_left=-1, window_right=0, softcap=0.0, alibi_slopes=None,
+                              num_splits=c.num_splits, max_seqlen_k=lens.max().item(),
+                              block_table=x["block_table"], k_descale=x["k_descale"],
+                              v_descale=x["v_descale"], qv=x["qv"])
+        assert call.kwargs["BLOCK_N"] == fp8_cfg[0] and not call.use_tma
+        assert call.kwargs["HAS_QV"] and call.kwargs["KV_FP8"] and not call.kwargs["Q_FP8"]
+    check_mla(c)
+
+
+def test_fp8_query_with_qv_is_refused(cpu_backend: str) -> None:
+    """FA3's FP8 query (float8_e4m3fn q, q_descale) with qv raises NotImplementedError naming
+    qv (whatever qv's dtype), in both APIs and after the same signature without qv has been
+    recorded by the fast path (qv calls take the full path, which checks)."""
+    from flashattn.api import fastpath
+
+    q, kc, vc, qv, lens = _small(d=16, d_v=32, dtype=torch.bfloat16)
+    q8 = (q.float() * 4).clamp(-448, 448).to(FP8)
+    kc8, vc8 = (kc.float() * 4).to(FP8), (vc.float() * 4).to(FP8)
+    kw = dict(cache_seqlens=lens, q_descale=torch.rand(2, 1) + 0.5,
+              k_descale=torch.rand(2, 1) + 0.5, v_descale=torch.rand(2, 1) + 0.5)
+    fastpath.KVCACHE.clear()
+    try:
+        for _ in range(2):  # recorded, then replayed by the fast path
+            out = flash_attn_with_kvcache(q8, kc8, vc8, **kw)
+        assert out.dtype == torch.bfloat16
+        for fn in (flash_attn_with_kvcache, fa3.flash_attn_with_kvcache):
+            for latent in (qv, qv.float().clamp(-448, 448).to(FP8)):
+                with pytest.raises(NotImplementedError, match=r"qv .*float8_e4m3fn q"):
+                    fn(q8, kc8, vc8, qv=latent, **kw)
+    finally:
+        fastpath.KVCACHE.clear()
+    # a 16-bit q with qv over the same FP8 cache is fine
+    out = flash_attn_with_kvcache(q, kc8, vc8, qv=qv, cache_seqlens=lens,
+                                  k_descale=kw["k_descale"], v_descale=kw["v_descale"])
+    assert out.shape == (2, 1, 4, 32) and out.dtype == torch.bfloat16
+
+
+def test_qv_calls_over_an_fp8_cache_take_the_full_path(backend: str) -> None:
+    """The recorded-call fast path keys FP8 calls but not qv ones: repeated qv calls over an
+    FP8 cache record nothing and give the same output every time."""
+    from flashattn.api import fastpath
+
+    c = replace(BASE, fp8=True, dtype=torch.bfloat16, s_new=0, num_splits=2)
+    x = mla_inputs(c)
+    kw = dict(cache_seqlens=x["cache_seqlens"], k_descale=x["k_descale"],
+              v_descale=x["v_descale"])
+    fastpath.KVCACHE.clear()
+    try:
+        outs = [flash_attn_with_kvcache(x["q"], x["k_cache"], x["v_cache"], qv=x["qv"], **kw)
+                for _ in range(3)]
+        assert len(fastpath.KVCACHE._entries) == 0
+        assert all(torch.equal(outs[0], o) for o in outs[1:])
+        flash_attn_with_kvcache(x["q"], x["k_cache"], x["v_cache"], **kw)  # (no qv: recorded)
+        assert len(fastpath.KVCACHE._entries) == 1
+    finally:
+        fastpath.KVCACHE.clear()

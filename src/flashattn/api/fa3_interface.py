@@ -27,8 +27,10 @@ it); ``seqused_q`` in the varlen call; packed queries (``cu_seqlens_q`` / ``max_
 packed new keys (``cu_seqlens_k_new``), ``rotary_seqlens`` and ``cache_batch_idx`` with
 ``page_table`` (row b takes the table's row cache_batch_idx[b]) in the KV-cache call, and
 FP8 KV caches there: float8_e4m3fn ``k_cache`` / ``v_cache`` with ``k_descale`` /
-``v_descale`` (float32 (batch, nheads_k), None = 1.0) and a bf16 / fp16 / fp32 q (K / V
-dequantized on chip, the math in q's dtype, out in q's dtype; new k / v quantized in).
+``v_descale`` (float32 (batch, nheads_k), None = 1.0), with FA3's float8_e4m3fn q and
+``q_descale`` (out bfloat16) or a bf16 / fp16 / fp32 q (out in q's dtype): K / V (and an FP8
+q) are widened on chip and the dots run in bf16 (q's dtype for a 16/32-bit q); new k / v in
+float8_e4m3fn are stored as they are, in a 16/32-bit dtype quantized in.
 
 Multi-head latent attention in the KV-cache call (``qv``, DeepSeek's MLA decode): the latent
 query qv (batch, seqlen_q, nheads, headdim_v) scores ``softmax_scale * (q . k + qv . v)``
@@ -36,13 +38,13 @@ against the cached values themselves, out is over v, and softmax_scale defaults 
 ``(headdim + headdim_v) ** -0.5`` (FA3's default). It works with everything the KV-cache call
 takes: appends of new k / v (qv scores against them too), rotary (q and k only), paged caches
 of any page size, cache_batch_idx, cache_leftpad, num_splits, GQA / MQA, causal, windows,
-softcap, packed queries (qv packed like q) and FP8 caches (qv . v against the dequantized v).
-headdim_v goes to 512 in the KV-cache call, with or without qv (FA3 also asks headdim <= 64
-and headdim_v >= 256 for qv, and 16-bit inputs; flashattn takes any headdim up to 256 and
-fp32). Not supported yet, and raising ``NotImplementedError`` naming the argument: ``qv`` in
-``flash_attn_func`` / ``flash_attn_varlen_func`` (no dense MLA prefill, and no backward),
-head dims above 256 there (and for q / k in the KV-cache call), an FP8 q in the KV-cache call
-(``q_descale``: FA3's FP8 query math).
+softcap, packed queries (qv packed like q) and FP8 caches with a bf16 / fp16 / fp32 q (qv . v
+against the dequantized v). headdim_v goes to 512 in the KV-cache call, with or without qv
+(FA3 also asks headdim <= 64 and headdim_v >= 256 for qv, and 16-bit inputs; flashattn takes
+any headdim up to 256 and fp32). Not supported yet, and raising ``NotImplementedError`` naming
+the argument: ``qv`` in ``flash_attn_func`` / ``flash_attn_varlen_func`` (no dense MLA
+prefill, and no backward), head dims above 256 there (and for q / k in the KV-cache call),
+``qv`` with an FP8 q (float8_e4m3fn q and ``q_descale``) in the KV-cache call.
 """
 from __future__ import annotations
 
@@ -208,7 +210,15 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor,
     dtype: multi-head latent attention (DeepSeek's MLA decode: q the rotary part, headdim 64,
     qv the latent part, v_cache the latent cache with headdim_v 512, one KV head). The score
     is ``softmax_scale * (q . k + qv . v)`` and softmax_scale defaults to ``(headdim +
-    headdim_v) ** -0.5``; headdim_v up to 512 (with or without qv)."""
+    headdim_v) ** -0.5``; headdim_v up to 512 (with or without qv).
+
+    FP8 as FA3: float8_e4m3fn k_cache / v_cache with ``k_descale`` / ``v_descale`` float32
+    (batch, nheads_k) (None = 1.0), and q float8_e4m3fn with ``q_descale`` (batch, nheads_k)
+    (out bfloat16) or, beyond FA3, bf16 / fp16 (out in q's dtype). New k / v are
+    float8_e4m3fn (stored as they are, FA3's) or 16/32-bit (quantized in with the descales).
+    The decode kernel reads the FP8 bytes and widens them to bf16 on chip; its dots are bf16
+    (the step is bound by reading the cache, not by the tensor cores). ``qv`` works over an
+    FP8 cache with a 16-bit q; with a float8_e4m3fn q it raises NotImplementedError."""
     _check_head_dims(q, None)
     if isinstance(q, Tensor) and isinstance(k_cache, Tensor) and k_cache.dim() == 4:
         capacity = k_cache.shape[1]
@@ -217,13 +227,6 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor,
         rows = max_seqlen_q if cu_seqlens_q is not None else (
             q.shape[1] if q.dim() == 4 else None)
         _check_window_rule(window_size, causal, rows, capacity, "the cache capacity")
-    if q_descale is not None or (isinstance(q, Tensor) and q.dtype in (torch.float8_e4m3fn,
-                                                                        torch.float8_e5m2)):
-        # FA3's FP8 query math; the FP8 cache itself is taken with a 16/32-bit q
-        raise NotImplementedError(
-            "flashattn.fa3: an FP8 q (q_descale, FP8 tensor-core math) is not supported in "
-            "flash_attn_with_kvcache; pass a bf16 / fp16 q (and no q_descale) with the "
-            "float8_e4m3fn k_cache / v_cache and their k_descale / v_descale")
     if scheduler_metadata is not None:
         if not isinstance(scheduler_metadata, Tensor) or scheduler_metadata.numel() != 1 \
                 or scheduler_metadata.device.type != "cpu":
@@ -237,7 +240,7 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor,
         rotary_interleaved, None, num_splits, return_softmax_lse,
         attention_chunk=attention_chunk, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
         cu_seqlens_k_new=cu_seqlens_k_new, rotary_seqlens=rotary_seqlens, k_descale=k_descale,
-        v_descale=v_descale, qv=qv)
+        v_descale=v_descale, q_descale=q_descale, qv=qv)
 
 
 def get_scheduler_metadata(batch_size: int, max_seqlen_q: int, max_seqlen_k: int,

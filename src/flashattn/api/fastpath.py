@@ -26,6 +26,9 @@ every call, fast or not; ``flash_attn_varlen_func`` runs its value checks of cu_
 seqused_k on every call where they run on the full path).
 
 Calls with dropout, ALiBi, sinks, chunking, paged KV or ``out=`` take the full path.
+``flash_attn_with_kvcache`` over an FP8 cache (and with an FP8 query) keys its descales as
+:func:`fa3_fp8_key` does (presence and metadata; their values are read by the kernel, and CPU
+descales are value-checked on every call).
 FP8 calls have their own keys: ``flash_attn_fp8_func``, ``fp8.quantize``, and ``flash_attn_func``
 and ``flash_attn_varlen_func`` on float8_e4m3fn inputs (FlashAttention-3's descale API).
 """
@@ -285,6 +288,14 @@ def kvcache_key(q: Any, k_cache: Any, v_cache: Any, k: Any, v: Any, rotary_cos: 
             type(return_softmax_lse), return_softmax_lse)
 
 
+def kvcache_descales_key(q_descale: Any, k_descale: Any, v_descale: Any) -> Optional[tuple]:
+    """The descale part of an FP8 ``flash_attn_with_kvcache`` signature (appended to
+    :func:`kvcache_key`'s): each None or a plain tensor's metadata (:func:`_descale_key`), or
+    None when one is neither (the full path's checks decide about it)."""
+    key = (_descale_key(q_descale), _descale_key(k_descale), _descale_key(v_descale))
+    return None if False in key else key
+
+
 def kvcache_entry(args: tuple) -> Tuple[tuple, Optional[Callable[..., Tuple[Tensor, Tensor]]]]:
     """What a repeated ``flash_attn_with_kvcache`` signature keeps, from the full path's op
     arguments (``flashattn::fwd_kvcache``'s, no packed lengths): the normalised scalars after
@@ -303,13 +314,20 @@ def kvcache_args(template: tuple, q: Tensor, k_cache: Tensor, v_cache: Tensor,
                  k: Optional[Tensor], v: Optional[Tensor], rotary_cos: Optional[Tensor],
                  rotary_sin: Optional[Tensor], cache_seqlens: Any,
                  cache_batch_idx: Optional[Tensor], cache_leftpad: Optional[Tensor],
-                 block_table: Optional[Tensor]) -> tuple:
+                 block_table: Optional[Tensor],
+                 descales: Optional[Tuple[Optional[Tensor], ...]] = None) -> tuple:
     """The ``flashattn::fwd_kvcache`` arguments of this call from the signature's template
     (the normalised scalars): the tensors of this call, an int cache_seqlens as the same
-    (b,) int32 tensor the full path makes."""
-    return (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
+    (b,) int32 tensor the full path makes; an FP8 call's ``descales`` (q_descale,
+    k_descale, v_descale) after the (unused) packed-length arguments, as the full path
+    passes them."""
+    args = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
             _kv.seqlens_tensor(cache_seqlens, q.shape[0], q.device), cache_batch_idx,
             cache_leftpad, block_table) + template
+    if descales is not None:
+        q_descale, k_descale, v_descale = descales
+        args = args + (0, None, 0, None, None, k_descale, v_descale, q_descale)
+    return args
 
 
 # ---------------------------------------------------------------------------------------------
@@ -542,6 +560,7 @@ __all__ = ["DENSE", "FA3_FP8", "FA3_FP8_VARLEN", "FP8", "FP8_FULL_PATH", "FP8_QU
            "VARLEN", "CallCache", "DenseTrainEntry", "dense_entry", "dense_key", "dense_runner",
            "fa3_fp8_key", "fa3_fp8_record",
            "fa3_fp8_varlen_key", "fa3_fp8_varlen_record", "fp8_key",
-           "fp8_record", "kvcache_args", "kvcache_entry", "kvcache_key", "quantize_key",
+           "fp8_record", "kvcache_args", "kvcache_descales_key", "kvcache_entry", "kvcache_key",
+           "quantize_key",
            "quantize_record", "quantized_key", "quantized_record", "varlen_key",
            "varlen_record"]

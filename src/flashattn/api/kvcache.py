@@ -18,16 +18,26 @@ flash-attn 2 semantics (``flash_attn_interface.flash_attn_with_kvcache``):
 - FP8 cache (FlashAttention-3's): k_cache / v_cache in float8_e4m3fn with ``k_descale`` /
   ``v_descale`` float32 (batch, nheads_k) (real value = fp8 * descale; None = 1.0) and a
   16/32-bit q. The kernels read the FP8 bytes and dequantize on chip; the math runs in q's
-  precision as for a 16-bit cache and out is in q's dtype. New k / v (q's dtype) are
-  quantized into the cache: ``saturate(x / descale)`` rounded to nearest even (after rotary).
-  One descale per (sequence, KV head) is FA3's layout and what per-tensor / per-head scales
-  of serving engines map onto (broadcast them to (batch, nheads_k)).
+  precision as for a 16-bit cache and out is in q's dtype. New k / v in a 16/32-bit dtype are
+  quantized into the cache: ``saturate(x / descale)`` rounded to nearest even (after rotary);
+  float8_e4m3fn k / v are in the cache's units already and stored as they are (rotated in
+  float32 and re-rounded when rotary is asked). One descale per (sequence, KV head) is FA3's
+  layout and what per-tensor / per-head scales of serving engines map onto (broadcast them
+  to (batch, nheads_k)).
+- FP8 query (FlashAttention-3's): q in float8_e4m3fn with ``q_descale`` float32 (batch,
+  nheads_k) (the query heads of a GQA group share their KV head's descale; None = 1.0), with
+  an FP8 cache only (FA3 takes q, k and v in one dtype). out is bfloat16 (FA3's rule). The
+  query is widened to bf16 on load (exact) and q_descale joins k_descale in the score scale;
+  the dots are bf16 tensor-core products, not FP8 ones: a decode step is bound by reading
+  the cache (each K / V byte meets at most 64 query rows), so FP8 dots would buy no time and
+  would quantize P as well. A rotated FP8 q is kept in bf16 (rotated in float32).
 - Window sides >= the cache capacity (s_cache, or max_blocks * page_size) are unbounded
   (flash-attn's rule); causal sets right = 0.
 - Multi-head latent attention (FlashAttention-3's ``qv``, keyword only): qv (b, s_q, h, d_v)
   adds ``qv . v`` to every score (before scale, softcap, ALiBi and mask), against the cached
   values after the append (dequantized in an FP8 cache); the default scale becomes
-  ``(d + d_v) ** -0.5``. headdim_v goes to 512 here (the dense calls stop at 256).
+  ``(d + d_v) ** -0.5``. headdim_v goes to 512 here (the dense calls stop at 256). Not with
+  an FP8 query (NotImplementedError naming qv); a 16-bit q and qv over an FP8 cache are fine.
 
 Flash-Decoding: the key range is split over ``num_splits`` programs (0 = heuristic from the
 SM count and the shapes, 1 = no split) and merged by ``triton.combine``. Nothing here reads
@@ -87,19 +97,22 @@ def flash_attn_with_kvcache(
     rotary_seqlens: Optional[Tensor] = None,
     k_descale: Optional[Tensor] = None,
     v_descale: Optional[Tensor] = None,
+    q_descale: Optional[Tensor] = None,
     qv: Optional[Tensor] = None,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """Attention against a KV cache, appending new keys / values in place (flash-attn 2 API).
 
     Args:
-        q: (batch, seqlen_q, nheads, headdim), fp16 / bf16 / fp32.
+        q: (batch, seqlen_q, nheads, headdim), fp16 / bf16 / fp32, or float8_e4m3fn with an
+            FP8 cache (see q_descale).
         k_cache, v_cache: (batch_size_cache, seqlen_cache, nheads_k, headdim[_v]), or with
             block_table (num_blocks, page_size, nheads_k, headdim[_v]); headdim <= 256,
             headdim_v <= 512 (multi-head latent attention's latent cache). Same dtype as q, or
             both torch.float8_e4m3fn (an FP8 cache, see k_descale). Modified in place when
             k / v are given.
         k, v: None, or (batch, seqlen_new, nheads_k, headdim[_v]): appended at cache_seqlens
-            (in the caches' dtype; with an FP8 cache in a 16/32-bit dtype, quantized in).
+            (in the caches' dtype; with an FP8 cache in a 16/32-bit dtype, quantized in with
+            the descale, or float8_e4m3fn, stored as it is).
         rotary_cos, rotary_sin: None, or (seqlen_ro, rotary_dim / 2) (needs k / v).
         cache_seqlens: None (every row holds the whole cache), an int, or (batch,) int32: the
             number of cached positions of each row before this call.
@@ -132,47 +145,66 @@ def flash_attn_with_kvcache(
         k_descale, v_descale: None, or float32 (batch, nheads_k) (keyword only; FA3): the
             dequantization scales of an FP8 cache (real = fp8 * descale; None = 1.0). Only
             with float8_e4m3fn caches.
+        q_descale: None, or float32 (batch, nheads_k) (keyword only; FA3): the dequantization
+            scale of a float8_e4m3fn q (query head h uses q_descale[b, h // (nheads //
+            nheads_k)]; None = 1.0). Only with a float8_e4m3fn q.
         qv: None, or (keyword only; FlashAttention-3's multi-head latent attention) the latent
             query (batch, seqlen_q, nheads, headdim_v) (packed: (total_q, nheads, headdim_v)),
             q's dtype: the score becomes ``softmax_scale * (q . k + qv . v)`` (it scores
             against the cached values, new ones included, dequantized in an FP8 cache) and
             softmax_scale defaults to ``(headdim + headdim_v) ** -0.5``. qv is not rotated.
+            Not with a float8_e4m3fn q (NotImplementedError: q and qv in bf16 / fp16 over an
+            FP8 cache are supported).
 
     Returns:
-        out (batch, seqlen_q, nheads, headdim_v) in q's dtype, and with return_softmax_lse
+        out (batch, seqlen_q, nheads, headdim_v) in q's dtype (bfloat16 for a float8_e4m3fn
+        q), and with return_softmax_lse
         lse (batch, nheads, seqlen_q) float32 (-inf on rows that see no key; their out is 0).
     """
     key = None
-    fp8 = _kv.is_fp8_cache(k_cache) or _kv.is_fp8_cache(v_cache)
-    # (FP8 caches take the full path: the recorded-call fast path keys 16/32-bit calls only)
-    if (not fp8 and qv is None and k_descale is None and v_descale is None and alibi_slopes is None and learnable_sink is None and type(attention_chunk) is int
+    fp8 = _kv.is_fp8_cache(k_cache) or _kv.is_fp8_cache(v_cache) or _kv.is_fp8_query(q)
+    # FP8 signatures key their descales too (presence and metadata; the values are read by
+    # the kernel); a 16/32-bit call with a descale takes the full path, which raises; so do
+    # calls with qv (multi-head latent attention: the fast path keys calls without it)
+    descales = _fast.kvcache_descales_key(q_descale, k_descale, v_descale) if fp8 else None
+    if (qv is None and (descales is not None if fp8 else
+                        k_descale is None and v_descale is None and q_descale is None)
+            and alibi_slopes is None and learnable_sink is None and type(attention_chunk) is int
             and attention_chunk == 0 and cu_seqlens_q is None and max_seqlen_q is None
             and cu_seqlens_k_new is None and rotary_seqlens is None):
         # a repeated call signature skips the argument checks (api/fastpath.py); the value
-        # checks of the metadata run in the op's body on every call, as before
+        # checks of the metadata (and of CPU descales) run on every call, as before
         key = _fast.kvcache_key(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
                                 cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
                                 softmax_scale, causal, window_size, softcap,
                                 rotary_interleaved, num_splits, return_softmax_lse)
+        if key is not None and fp8:
+            key = key + descales
         entry = None if key is None else _fast.KVCACHE.get(key)
         if entry is not None:
             template, runner = entry
+            fp8_args = None
+            if fp8:
+                _kv.check_descale_values(q_descale=q_descale, k_descale=k_descale,
+                                         v_descale=v_descale)
+                fp8_args = (q_descale, k_descale, v_descale)
             if runner is not None:  # the signature's recorded decode call
                 if type(cache_seqlens) is int:
                     cache_seqlens = _kv.seqlens_tensor(cache_seqlens, q.shape[0], q.device)
                 out, lse = runner(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
                                   cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
-                                  need_lse=bool(return_softmax_lse))
+                                  need_lse=bool(return_softmax_lse), descales=fp8_args)
             else:
                 out, lse = _ops.kvcache_attention(*_fast.kvcache_args(
                     template, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                    cache_batch_idx, cache_leftpad, block_table))
+                    cache_batch_idx, cache_leftpad, block_table, fp8_args))
             return (out, lse) if return_softmax_lse else out
     varlen = (cu_seqlens_q, max_seqlen_q, cu_seqlens_k_new, rotary_seqlens)
     args = _prepare(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                     cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
                     window_size, softcap, rotary_interleaved, alibi_slopes, num_splits, *varlen,
-                    k_descale=k_descale, v_descale=v_descale, qv=qv)
+                    k_descale=k_descale, v_descale=v_descale, q_descale=q_descale,
+                    qv=qv)
     return_softmax_lse = _v.check_bool(return_softmax_lse, "return_softmax_lse")
     # plain eager tensors run the op's body directly (torch.library's dispatch costs tens of
     # us per call); compile, export, modes and subclasses see the op
@@ -184,8 +216,8 @@ def flash_attn_with_kvcache(
         args = args + (attention_chunk, cu_seqlens_q,
                        0 if max_seqlen_q is None else int(max_seqlen_q), cu_seqlens_k_new,
                        rotary_seqlens)
-    if fp8 or qv is not None:
-        args = args + (k_descale, v_descale)
+    if fp8 or qv is not None:  # (the op's order: the descales, then the latent query)
+        args = args + (k_descale, v_descale, q_descale)
     if qv is not None:
         args = args + (qv,)
     out, lse = _ops.kvcache_attention(*args)
@@ -198,7 +230,7 @@ def _prepare(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, c
              cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
              rotary_interleaved, alibi_slopes, num_splits, cu_seqlens_q=None, max_seqlen_q=None,
              cu_seqlens_k_new=None, rotary_seqlens=None, *, k_descale=None,
-             v_descale=None, qv=None) -> tuple:
+             v_descale=None, q_descale=None, qv=None) -> tuple:
     """Every argument check of :func:`flash_attn_with_kvcache` that needs no tensor value
     (those run in the op's body, ``dispatch.kvcache``, at run time); returns the arguments of
     the ``flashattn::fwd_kvcache`` op: cache_seqlens as a (b,) int32 tensor or None,
@@ -211,7 +243,7 @@ def _prepare(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, c
         q_dense = _kv.check_varlen_q(q, cu_seqlens_q, max_seqlen_q, cache_seqlens)
     _kv.check_cache(q_dense, k_cache, v_cache, paged)
     batch, s_q, h, d = q_dense.shape
-    _kv.check_descales(k_descale, v_descale, k_cache, batch)
+    _kv.check_descales(k_descale, v_descale, k_cache, batch, q_descale, q)
     _kv.check_qv(qv, q, v_cache)
     device = q.device
     if paged:

@@ -36,25 +36,40 @@ def is_fp8_cache(x: Any) -> bool:
     return isinstance(x, torch.Tensor) and x.dtype == FP8_CACHE
 
 
+def is_fp8_query(x: Any) -> bool:
+    """Whether x is a float8_e4m3fn query (FlashAttention-3's FP8 q, with q_descale)."""
+    return isinstance(x, torch.Tensor) and x.dtype == FP8_CACHE
+
+
 def _check_fp8_pair(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
-    """An FP8 cache: both caches float8_e4m3fn, q 16/32-bit (the FP8 query path is not here)."""
+    """An FP8 cache: both caches float8_e4m3fn; q float8_e4m3fn (FlashAttention-3's FP8 query)
+    or 16/32-bit (the cache is dequantized on chip into q's precision)."""
     for x, n, other in ((k_cache, "k_cache", v_cache), (v_cache, "v_cache", k_cache)):
         if x.dtype != FP8_CACHE:
             raise TypeError(f"{n} has dtype {x.dtype} but "
                             f"{'v_cache' if n == 'k_cache' else 'k_cache'} is {other.dtype}: an "
                             "FP8 KV cache has both caches in torch.float8_e4m3fn")
-    if q.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-        raise NotImplementedError(
-            f"q in {q.dtype} (FP8 query math, FlashAttention-3's q_descale) is not supported "
-            "with a KV cache; pass a bf16 / fp16 q with the float8_e4m3fn cache (K / V are "
-            "dequantized on chip and the math runs in q's dtype)")
+    if q.dtype == FP8_CACHE:
+        return
+    if q.dtype == torch.float8_e5m2:
+        raise TypeError("q has dtype torch.float8_e5m2; an FP8 query must be "
+                        "torch.float8_e4m3fn (FlashAttention-3's), with q_descale")
     _v._check_dtype(q, "q")
+
+
+def _check_fp8_query_cache(q: torch.Tensor, k_cache: torch.Tensor) -> None:
+    """An FP8 (e4m3 / e5m2) q needs float8_e4m3fn caches: FlashAttention-3 takes q, k and v in
+    one dtype for FP8, and a 16-bit cache would have to be quantized on every read."""
+    if q.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        raise TypeError(f"q has dtype {q.dtype} but k_cache is {k_cache.dtype}: an FP8 query "
+                        "needs torch.float8_e4m3fn k_cache / v_cache (FlashAttention-3 takes q, "
+                        "k and v in one dtype); pass a bf16 / fp16 q with this cache")
 
 
 def check_cache(q: Any, k_cache: Any, v_cache: Any, paged: bool) -> None:
     """q (b, s_q, h, d); caches (b_cache, s_cache, h_k, d / d_v), or paged
     (num_blocks, page_size, h_k, d / d_v). dtype, device, GQA and head-dim rules of q/k/v;
-    caches float8_e4m3fn (both) with a 16/32-bit q, or q's dtype."""
+    caches float8_e4m3fn (both) with a float8_e4m3fn or 16/32-bit q, or q's dtype."""
     check_tensor(q, "q", 4, "(batch, seqlen_q, nheads, headdim)")
     layout = ("(num_blocks, page_size, nheads_k, {}) with block_table" if paged
               else "(batch_size_cache, seqlen_cache, nheads_k, {})")
@@ -78,13 +93,20 @@ def check_cache(q: Any, k_cache: Any, v_cache: Any, paged: bool) -> None:
     # dense rules (dtype, device, heads, head dims) on q against the cache rows, as views with
     # q's batch (the caches themselves when their row count already is q's: no view to build)
     b = q.shape[0]
-    if is_fp8_cache(k_cache) or is_fp8_cache(v_cache):
+    fp8_cache = is_fp8_cache(k_cache) or is_fp8_cache(v_cache)
+    if not fp8_cache:
+        _check_fp8_query_cache(q, k_cache)
+    if fp8_cache:
         _check_fp8_pair(q, k_cache, v_cache)
-        # the dense rules (device, heads, head dims) on stand-ins of q's dtype in the caches'
-        # shapes and devices: the FP8 dtype rule is the pair check's
-        k_view, v_view = (torch.empty((1, 1, 1, x.shape[3]), dtype=q.dtype, device=x.device)
+        # the dense rules (device, heads, head dims) on stand-ins of the math's dtype (q's, or
+        # bf16 for an FP8 q) in the tensors' shapes and devices: the FP8 dtype rule is the
+        # pair check's
+        math = torch.bfloat16 if q.dtype == FP8_CACHE else q.dtype
+        k_view, v_view = (torch.empty((1, 1, 1, x.shape[3]), dtype=math, device=x.device)
                           .expand(b, x.shape[1], x.shape[2], x.shape[3])
                           for x in (k_cache, v_cache))
+        if q.dtype == FP8_CACHE:
+            q = torch.empty((1, 1, 1, q.shape[3]), dtype=math, device=q.device).expand(q.shape)
     elif not paged and k_cache.shape[0] == b:
         k_view, v_view = k_cache, v_cache
     else:
@@ -98,9 +120,16 @@ def check_qv(qv: Any, q: torch.Tensor, v_cache: torch.Tensor) -> None:
     """FlashAttention-3's latent query (multi-head latent attention): None, or a tensor of
     q's shape with v_cache's head dim last ((batch, seqlen_q, nheads, headdim_v), or packed
     (total_q, nheads, headdim_v) with cu_seqlens_q), q's dtype and device, last dim
-    contiguous. Its score ``qv . v`` is taken against the cached values themselves."""
+    contiguous. Its score ``qv . v`` is taken against the cached values themselves. Not with
+    a float8_e4m3fn q (FA3's FP8 query): NotImplementedError."""
     if qv is None:
         return
+    if is_fp8_query(q):
+        # (FA3 takes qv in q's dtype; an FP8 qv would need a descale of its own, and FA3's
+        # latent kernels are 16-bit ones)
+        raise NotImplementedError(
+            "qv (multi-head latent attention) with a torch.float8_e4m3fn q is not supported: "
+            "pass q and qv in bfloat16 / float16 (the KV cache may stay float8_e4m3fn)")
     packed = q.dim() == 3
     layout = ("(total_q, nheads, headdim_v) with cu_seqlens_q" if packed
               else "(batch, seqlen_q, nheads, headdim_v)")
@@ -117,18 +146,24 @@ def check_qv(qv: Any, q: torch.Tensor, v_cache: torch.Tensor) -> None:
     _v._check_last_dim_contiguous(qv, "qv")
 
 
-def check_descales(k_descale: Any, v_descale: Any, k_cache: torch.Tensor, batch: int
-                   ) -> None:
-    """FlashAttention-3's KV descales: with a float8_e4m3fn cache, each None (1.0) or a
-    float32 (batch, nheads_k) tensor on the cache's device, finite and > 0 where its values
-    are free to read (real value = fp8 * descale);
-    with any other cache, both None."""
+def check_descales(k_descale: Any, v_descale: Any, k_cache: torch.Tensor, batch: int,
+                   q_descale: Any = None, q: Any = None) -> None:
+    """FlashAttention-3's descales: with a float8_e4m3fn cache, k_descale / v_descale each None
+    (1.0) or a float32 (batch, nheads_k) tensor on the cache's device, finite and > 0 where its
+    values are free to read (real value = fp8 * descale); with any other cache, both None.
+    q_descale likewise with a float8_e4m3fn q (one descale per (batch, KV head): the query
+    heads of a GQA group share it), else None."""
     fp8 = is_fp8_cache(k_cache)
     h_k = k_cache.shape[2]
-    for x, n in ((k_descale, "k_descale"), (v_descale, "v_descale")):
+    for x, n in ((q_descale, "q_descale"), (k_descale, "k_descale"), (v_descale, "v_descale")):
         if x is None:
             continue
-        if not fp8:
+        if n == "q_descale":
+            if not is_fp8_query(q):
+                raise ValueError(f"q_descale was given but q has dtype "
+                                 f"{getattr(q, 'dtype', None)}: q_descale belongs to a "
+                                 "torch.float8_e4m3fn query; pass None")
+        elif not fp8:
             raise ValueError(f"{n} was given but k_cache has dtype {k_cache.dtype}: descales "
                              "belong to a torch.float8_e4m3fn KV cache; pass None")
         if not isinstance(x, torch.Tensor):
@@ -140,7 +175,16 @@ def check_descales(k_descale: Any, v_descale: Any, k_cache: torch.Tensor, batch:
         for what, want, got, exc in rules:
             if want != got:
                 raise exc(f"{n} must have {what} = {want}, got {got}")
-        if metadata.values_checkable(x) and not bool((torch.isfinite(x) & (x > 0)).all()):
+    check_descale_values(q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+
+
+def check_descale_values(**descales: Any) -> None:
+    """Descales (None or float32 tensors, by name) are finite and > 0, where reading them is
+    free (CPU tensors) or asked for (the checked mode); the recorded-call fast path runs this
+    on every call, as the full path does."""
+    for n, x in descales.items():
+        if x is not None and metadata.values_checkable(x) \
+                and not bool((torch.isfinite(x) & (x > 0)).all()):
             raise ValueError(f"{n} must be finite and > 0 (real value = fp8 * descale)")
 
 
@@ -196,10 +240,12 @@ def _check_new_rows(x: torch.Tensor, n: str, want: tuple, ref: torch.Tensor, dim
                          f"{'headdim' if n == 'k' else 'headdim_v'}) = {want}{why}, got "
                          f"{tuple(x.shape)}")
     if is_fp8_cache(ref):
-        if x.dtype not in _v.SUPPORTED_DTYPES:
-            raise TypeError(f"{n} must be float16 / bfloat16 / float32 (the query's precision; "
-                            f"it is quantized into the float8_e4m3fn {n}_cache with "
-                            f"{n}_descale), got {x.dtype}")
+        # float8_e4m3fn rows are in the cache's units already (FlashAttention-3's FP8 k / v,
+        # stored as they are); 16/32-bit rows are quantized in with the descale
+        if x.dtype not in _v.SUPPORTED_DTYPES and x.dtype != FP8_CACHE:
+            raise TypeError(f"{n} must be float16 / bfloat16 / float32 (quantized into the "
+                            f"float8_e4m3fn {n}_cache with {n}_descale) or float8_e4m3fn "
+                            f"(stored as it is), got {x.dtype}")
     elif x.dtype != ref.dtype:
         raise TypeError(f"{n} must have the dtype of {n}_cache ({ref.dtype}), got {x.dtype}")
     if x.device != ref.device:
@@ -380,6 +426,8 @@ def check_combine(out_partial: Any, lse_partial: Any, out: Any, out_dtype: Any
     return s, b, s_q, h, d_v
 
 
-__all__ = ["check_cache", "check_qv", "check_descales", "is_fp8_cache", "check_new_kv", "check_packed_new_kv", "check_varlen_q", "check_cache_seqlens", "check_index_vector",
+__all__ = ["check_cache", "check_descale_values", "check_descales", "check_qv",
+           "is_fp8_cache", "is_fp8_query", "check_new_kv", "check_packed_new_kv",
+           "check_varlen_q", "check_cache_seqlens", "check_index_vector",
            "check_rotary", "check_num_splits", "check_combine", "rows_of_block_table",
            "seqlens_tensor"]

@@ -17,6 +17,17 @@ The returned ``out`` (and lse) are the plan's own buffers, overwritten by the ne
 copy them (or consume them) before the next step. The plain ``flash_attn_with_kvcache`` keeps
 working without a plan (and appends new keys, rotates, ...); a plan runs attention over the
 cache as it is.
+
+FP8 KV caches (FlashAttention-3's descales, as in ``flash_attn_with_kvcache``): plan with
+``kv_dtype=torch.float8_e4m3fn`` and pass each step's descales to ``run``; FA3's FP8 query
+too with ``dtype=torch.float8_e4m3fn`` (out is then bfloat16):
+
+    plan = flashattn.plan_decode(8, 32, 8, 128, max_seqlen_k=8192, page_size=16,
+                                 dtype=torch.bfloat16, kv_dtype=torch.float8_e4m3fn)
+    out = plan.run(q, k8, v8, cache_seqlens, block_table, k_descale=kd, v_descale=vd)
+
+The descales are read by the kernel on every run (a captured graph reads their new values);
+None stands for ones, which the plan holds.
 """
 from __future__ import annotations
 
@@ -25,6 +36,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from flashattn.api import kvcache_validation as _kv
 from flashattn.api import normalise as _p
 from flashattn.api import validation as _v
 from flashattn.params import AttnParams
@@ -45,29 +57,37 @@ class DecodePlan:
     def __init__(self, batch: int, nheads: int, nheads_k: int, headdim: int, headdim_v: int,
                  seqlen_q: int, max_seqlen_k: int, page_size: Optional[int],
                  dtype: torch.dtype, device: torch.device, params: AttnParams,
-                 num_splits: int) -> None:
+                 num_splits: int, kv_dtype: Optional[torch.dtype] = None) -> None:
         self.batch, self.nheads, self.nheads_k = batch, nheads, nheads_k
         self.headdim, self.headdim_v, self.seqlen_q = headdim, headdim_v, seqlen_q
         self.max_seqlen_k, self.page_size = max_seqlen_k, page_size
         self.dtype, self.device, self.params = dtype, device, params
+        self.kv_dtype = dtype if kv_dtype is None else kv_dtype
         self.num_splits = num_splits
         self._q_shape = (batch, seqlen_q, nheads, headdim)
         self._buffers: dict = {}  # outputs and split workspaces (the backend fills it)
+        # FP8: the descale a None stands for (FlashAttention-3: 1.0), made here, outside any
+        # graph capture, and reused by every run
+        self._ones = None
+        if self.kv_dtype == torch.float8_e4m3fn:
+            self._ones = torch.ones((batch, nheads_k), dtype=torch.float32, device=device)
 
     def __repr__(self) -> str:
         paged = f", page_size={self.page_size}" if self.page_size else ""
+        kv = f", kv_dtype={self.kv_dtype}" if self.kv_dtype != self.dtype else ""
         return (f"DecodePlan(batch={self.batch}, nheads={self.nheads}, nheads_k={self.nheads_k}"
                 f", headdim={self.headdim}, seqlen_q={self.seqlen_q}, max_seqlen_k="
-                f"{self.max_seqlen_k}{paged}, dtype={self.dtype}, device={self.device})")
+                f"{self.max_seqlen_k}{paged}, dtype={self.dtype}{kv}, device={self.device})")
 
     def _check(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor,
                block_table: Optional[Tensor]) -> None:
         if not isinstance(q, Tensor) or tuple(q.shape) != self._q_shape:
             raise ValueError(f"q must have the planned shape {self._q_shape}, got "
                              f"{_v._describe(q)}")
-        for x, n in ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache")):
-            if not isinstance(x, Tensor) or x.dtype != self.dtype or x.device != self.device:
-                raise ValueError(f"{n} must be a {self.dtype} tensor on {self.device} (the "
+        for x, n, dtype in ((q, "q", self.dtype), (k_cache, "k_cache", self.kv_dtype),
+                            (v_cache, "v_cache", self.kv_dtype)):
+            if not isinstance(x, Tensor) or x.dtype != dtype or x.device != self.device:
+                raise ValueError(f"{n} must be a {dtype} tensor on {self.device} (the "
                                  f"plan's), got {_v._describe(x)}")
             if x.shape[-1] > 1 and x.stride(-1) != 1:
                 raise ValueError(f"{n} must have a contiguous last dimension")
@@ -103,28 +123,47 @@ class DecodePlan:
                              f"{self.device} (a tensor: a captured graph reads its new values), "
                              f"got {_v._describe(cache_seqlens)}")
 
+    def _descales(self, q: Tensor, k_cache: Tensor, q_descale: Optional[Tensor],
+                  k_descale: Optional[Tensor], v_descale: Optional[Tensor]) -> dict:
+        """The backends' FP8 keywords of a run (None -> the plan's ones); {} without FP8."""
+        _kv.check_descales(k_descale, v_descale, k_cache, self.batch, q_descale, q)
+        if self._ones is None:
+            return {}
+        one = lambda x: self._ones if x is None else x  # noqa: E731
+        fp8 = dict(k_descale=one(k_descale), v_descale=one(v_descale))
+        if self.dtype == torch.float8_e4m3fn:
+            fp8["q_descale"] = one(q_descale)
+        return fp8
+
     def run(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor,
-            block_table: Optional[Tensor] = None, return_softmax_lse: bool = False
-            ) -> "Tensor | Tuple[Tensor, Tensor]":
+            block_table: Optional[Tensor] = None, return_softmax_lse: bool = False, *,
+            q_descale: Optional[Tensor] = None, k_descale: Optional[Tensor] = None,
+            v_descale: Optional[Tensor] = None) -> "Tensor | Tuple[Tensor, Tensor]":
         """Attention of q over the first ``cache_seqlens[b]`` keys of each cache row (bottom-
         right aligned, as ``flash_attn_with_kvcache`` without new keys).
 
-        q: (batch, seqlen_q, nheads, headdim); k_cache / v_cache: (>= batch, max_seqlen_k,
-        nheads_k, headdim / headdim_v), or paged (num_blocks, page_size, nheads_k, ...) with
-        block_table int32 (batch, max_seqlen_k / page_size); cache_seqlens int32 (batch,).
-        Returns out (batch, seqlen_q, nheads, headdim_v) (and lse float32 (batch, nheads,
-        seqlen_q)): the plan's buffers, overwritten by the next run.
+        q: (batch, seqlen_q, nheads, headdim) in the plan's dtype; k_cache / v_cache: (>=
+        batch, max_seqlen_k, nheads_k, headdim / headdim_v), or paged (num_blocks, page_size,
+        nheads_k, ...) with block_table int32 (batch, max_seqlen_k / page_size), in the plan's
+        kv_dtype; cache_seqlens int32 (batch,). FP8 (keyword only, FlashAttention-3's):
+        k_descale / v_descale float32 (batch, nheads_k) with float8_e4m3fn caches, q_descale
+        with a float8_e4m3fn q (real value = fp8 * descale; None = 1.0).
+        Returns out (batch, seqlen_q, nheads, headdim_v) in q's dtype (bfloat16 for an FP8
+        q) (and lse float32 (batch, nheads, seqlen_q)): the plan's buffers, overwritten by the
+        next run.
         """
         self._check(q, k_cache, v_cache, cache_seqlens, block_table)
+        fp8 = self._descales(q, k_cache, q_descale, k_descale, v_descale)
         out, lse = _replay_kvcache.kvcache_planned(q, k_cache, v_cache, cache_seqlens,
                                                    block_table, self.params, self.num_splits,
-                                                   self.max_seqlen_k, self._buffers)
+                                                   self.max_seqlen_k, self._buffers, **fp8)
         return (out, lse) if return_softmax_lse else out
 
 
 def plan_decode(batch: int, nheads: int, nheads_k: int, headdim: int, *,
                 max_seqlen_k: int, headdim_v: Optional[int] = None, seqlen_q: int = 1,
                 page_size: Optional[int] = None, dtype: torch.dtype = torch.bfloat16,
+                kv_dtype: Optional[torch.dtype] = None,
                 device: "torch.device | str | None" = None,
                 softmax_scale: Optional[float] = None, causal: bool = True,
                 window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
@@ -139,8 +178,11 @@ def plan_decode(batch: int, nheads: int, nheads_k: int, headdim: int, *,
         headdim_v: V's head dim (default headdim). seqlen_q: query rows per step (1 for
             decode, up to 16 for speculative verification).
         page_size: None for a contiguous cache, else the paged cache's page size.
-        dtype, device: of q and the caches (float16 / bfloat16 / float32; default the current
-            CUDA device, else CPU).
+        dtype, device: of q and the caches (float16 / bfloat16 / float32, or float8_e4m3fn:
+            FlashAttention-3's FP8 query, with FP8 caches; default device the current CUDA
+            device, else CPU).
+        kv_dtype: the caches' dtype when it is not q's: float8_e4m3fn (an FP8 KV cache with
+            its descales, see the module doc). Default: dtype.
         softmax_scale, causal, window_size, softcap: as flash_attn_with_kvcache.
         num_splits: 0 = the heuristic (from max_seqlen_k), else the number of key splits.
     """
@@ -160,15 +202,16 @@ def plan_decode(batch: int, nheads: int, nheads_k: int, headdim: int, *,
         if max_seqlen_k % page_size:
             raise ValueError(f"max_seqlen_k ({max_seqlen_k}) must be a multiple of page_size "
                              f"({page_size}): the block table's columns x page_size")
-    if dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-        # (a plan's run takes q and both caches in one dtype; the FP8 cache's descales and
-        # 16-bit q are the unplanned call's)
-        raise NotImplementedError(
-            f"plan_decode does not take FP8 KV caches (dtype={dtype!r}) yet: call "
-            "flash_attn_with_kvcache(q, k_cache, v_cache, ..., k_descale=..., v_descale=...) "
-            "with the float8_e4m3fn caches and a bf16 / fp16 q")
-    if dtype not in _v.SUPPORTED_DTYPES:
-        raise TypeError(f"dtype must be one of {_v.SUPPORTED_DTYPES}, got {dtype!r}")
+    fp8 = torch.float8_e4m3fn
+    if dtype not in _v.SUPPORTED_DTYPES + (fp8,):
+        raise TypeError(f"dtype must be one of {_v.SUPPORTED_DTYPES + (fp8,)}, got {dtype!r}")
+    kv_dtype = dtype if kv_dtype is None else kv_dtype
+    if dtype == fp8 and kv_dtype != fp8:
+        raise TypeError(f"dtype={dtype} (an FP8 query) needs kv_dtype=torch.float8_e4m3fn "
+                        f"(FlashAttention-3 takes q, k and v in one dtype), got {kv_dtype!r}")
+    if kv_dtype != dtype and kv_dtype != fp8:
+        raise TypeError(f"kv_dtype must be None, dtype ({dtype}) or torch.float8_e4m3fn (an FP8 "
+                        f"KV cache), got {kv_dtype!r}")
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
             else torch.device("cpu")
@@ -183,7 +226,7 @@ def plan_decode(batch: int, nheads: int, nheads_k: int, headdim: int, *,
     left, right = _p.window(left, right, causal, max_seqlen_k)
     params = AttnParams(scale, causal, left, right, softcap, None, 0.0, 0)
     return DecodePlan(batch, nheads, nheads_k, headdim, headdim_v, seqlen_q, max_seqlen_k,
-                      page_size, dtype, device, params, num_splits)
+                      page_size, dtype, device, params, num_splits, kv_dtype)
 
 
 __all__ = ["DecodePlan", "plan_decode"]

@@ -110,8 +110,11 @@ def append_kv(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor],
               rotary_seqlens: Optional[Tensor] = None, k_descale: Optional[Tensor] = None,
               v_descale: Optional[Tensor] = None) -> Tensor:
     """As :func:`flashattn.triton.backend.append_kv`, in torch (varlen forms: one sequence at
-    a time, the lengths read on the host, which is free for CPU tensors)."""
+    a time, the lengths read on the host, which is free for CPU tensors). A float8_e4m3fn q
+    is rotated from its bf16 widening (exact) into bf16, as the Triton path does."""
     fp8 = dict(k_descale=k_descale, v_descale=v_descale)
+    if cos is not None and q.dtype == torch.float8_e4m3fn:
+        q = q.to(torch.bfloat16)
     rot_base = rotary_seqlens if rotary_seqlens is not None else seqlens
     if cu_seqlens_q is None and cu_seqlens_k_new is None:
         if k is not None:
@@ -152,10 +155,12 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens: Tens
                       capacity: int, buffers: Optional[dict] = None,
                       cu_seqlens_q: Optional[Tensor] = None, max_seqlen_q: int = 0,
                       k_descale: Optional[Tensor] = None, v_descale: Optional[Tensor] = None,
-                      qv: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+                      q_descale: Optional[Tensor] = None, qv: Optional[Tensor] = None
+                      ) -> Tuple[Tensor, Tensor]:
     """Attention of q against the cache (keys already appended): (out, lse); FP8 caches
-    with their (b, h_k) float32 descales are dequantized, then attended; ``qv`` (q's shape
-    with d_v, FlashAttention-3's latent query) adds ``qv . v`` to the scores. (``buffers``,
+    with their (b, h_k) float32 descales are dequantized, then attended (an FP8 q with
+    q_descale too: out bfloat16); ``qv`` (q's shape with d_v, FlashAttention-3's latent
+    query) adds ``qv . v`` to the scores. (``buffers``,
     a decode plan's workspace, is not used here: the torch path allocates.) With
     ``cu_seqlens_q`` q is packed (total_q, h, d): out (total_q, h, d_v), lse (h, total_q)."""
     kw = dict(softmax_scale=p.softmax_scale, window_left=p.window_left,
@@ -165,9 +170,11 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens: Tens
         return _kv.kvcache_fwd(q, k_cache, v_cache, seqlens, s_new,
                                alibi_slopes=p.alibi_slopes, leftpad=leftpad,
                                batch_idx=batch_idx, block_table=block_table,
-                               k_descale=k_descale, v_descale=v_descale, qv=qv, **kw)
+                               k_descale=k_descale, v_descale=v_descale,
+                               q_descale=q_descale, qv=qv, **kw)
     total_q, h, _ = q.shape
-    out = torch.zeros(total_q, h, v_cache.shape[3], dtype=q.dtype, device=q.device)
+    out = torch.zeros(total_q, h, v_cache.shape[3], dtype=torch.bfloat16 if q_descale is not None
+                      else q.dtype, device=q.device)
     lse = torch.full((h, total_q), float("-inf"), dtype=torch.float32, device=q.device)
     cu = cu_seqlens_q.tolist()
     for i in range(len(cu) - 1):
@@ -178,7 +185,7 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens: Tens
             alibi_slopes=_one(p.alibi_slopes, i), leftpad=_one(leftpad, i),
             batch_idx=_cache_row(batch_idx, block_table, i, q.device),
             block_table=_one(block_table, i), k_descale=_one(k_descale, i),
-            v_descale=_one(v_descale, i),
+            v_descale=_one(v_descale, i), q_descale=_one(q_descale, i),
             qv=None if qv is None else qv[cu[i]:cu[i + 1]].unsqueeze(0), **kw)
         out[cu[i]:cu[i + 1]] = o_i[0]
         lse[:, cu[i]:cu[i + 1]] = lse_i[0]

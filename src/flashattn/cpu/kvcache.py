@@ -10,7 +10,9 @@ for CPU tensors. ``num_splits`` does not change the math and is ignored here.
 FP8 caches (float8_e4m3fn, one float32 descale per (batch row, KV head)): the append quantizes
 as the Triton path does (:func:`quantize`), the attention dequantizes each row's gathered keys
 and values to float32 (``fp8 * descale``, exact) and attends in float32: the exact answer on
-the dequantized cache, returned in q's dtype.
+the dequantized cache, returned in q's dtype. A float8_e4m3fn q (FlashAttention-3's, with
+q_descale per (batch row, KV head), shared by the group's query heads) is dequantized the
+same way and the output is bfloat16.
 
 Multi-head latent attention (FlashAttention-3's ``qv``): the score ``q.k + qv.v`` is the dot of
 the concatenated query ``[q, qv]`` with ``[k, v]``, so each row attends with those as its
@@ -83,8 +85,13 @@ def append_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: 
     """Write k (rotated if cos is given) and v at cache positions cache_seqlens[b] + i; the
     rotation angle's position is ``rot_base[b] + i`` (default: the cache position).
     ``k_descale`` / ``v_descale`` (b, h_k) float32: FP8 caches, k / v quantized in
-    (:func:`quantize`, after the rotation in k's dtype)."""
+    (:func:`quantize`, after the rotation in k's dtype; float8_e4m3fn k / v come with ones
+    and are rotated in float32, so they are rounded once, as the Triton path does)."""
     b, s_new = k.shape[:2]
+    if k.dtype == torch.float8_e4m3fn:
+        k = k.float()
+    if v.dtype == torch.float8_e4m3fn:
+        v = v.float()
     steps = torch.arange(s_new, device=k.device)
     positions = cache_seqlens.long().view(-1, 1) + steps
     if cos is not None:
@@ -97,25 +104,33 @@ def append_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: 
     v_cache[d0, d1] = v.to(v_cache.dtype)
 
 
+def out_dtype(q: torch.Tensor) -> torch.dtype:
+    """q's dtype, bfloat16 for a float8_e4m3fn q (FlashAttention-3's rule)."""
+    return torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
+
+
 def kvcache_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 seqlens_k: torch.Tensor, seqlen_k_add: int, *, softmax_scale: float,
                 window_left: int, window_right: int, softcap: float,
                 alibi_slopes: Optional[torch.Tensor], leftpad: Optional[torch.Tensor],
                 batch_idx: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
                 attention_chunk: int = 0, k_descale: Optional[torch.Tensor] = None,
-                v_descale: Optional[torch.Tensor] = None, qv: Optional[torch.Tensor] = None
+                v_descale: Optional[torch.Tensor] = None,
+                q_descale: Optional[torch.Tensor] = None, qv: Optional[torch.Tensor] = None
                 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Attention of q (b, s_q, h, d) against each row's keys ``[leftpad, seqlens_k +
     seqlen_k_add)`` of the cache. Returns out (b, s_q, h, d_v) in q's dtype and lse float32
     (b, h, s_q) (-inf / 0 on rows that see no key). With ``attention_chunk`` C > 0 each row's
     queries are split by chunk (:func:`chunk_pieces`) and each piece sees its chunk's keys.
     ``k_descale`` / ``v_descale`` (b, h_k) float32: FP8 caches, attended in float32 on their
-    dequantized values. ``qv`` (b, s_q, h, d_v) (FlashAttention-3's latent query): scores
-    ``q.k + qv.v``, computed as the one dot of ``[q, qv]`` with ``[k, v]`` per KV head (the
-    query heads of a GQA group share it; no KV head is repeated), values v."""
+    dequantized values; ``q_descale`` (b, h_k) float32 likewise for a float8_e4m3fn (or its
+    rotated bf16) q, whose out is bfloat16. ``qv`` (b, s_q, h, d_v) (FlashAttention-3's latent
+    query): scores ``q.k + qv.v``, computed as the one dot of ``[q, qv]`` with ``[k, v]`` per
+    KV head (the query heads of a GQA group share it; no KV head is repeated), values v."""
     b, s_q, h, _ = q.shape
     d_v = v_cache.shape[3]
-    out = torch.zeros(b, s_q, h, d_v, dtype=q.dtype, device=q.device)
+    out = torch.zeros(b, s_q, h, d_v, dtype=out_dtype(q) if q_descale is None
+                      else torch.bfloat16, device=q.device)
     lse = torch.full((b, h, s_q), float("-inf"), dtype=torch.float32, device=q.device)
     ends = (seqlens_k.long() + seqlen_k_add).tolist()
     starts = leftpad.tolist() if leftpad is not None else [0] * b
@@ -135,6 +150,9 @@ def kvcache_fwd(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             k_i = _dequantize(k_i, k_descale[i:i + 1])
             v_i = _dequantize(v_i, v_descale[i:i + 1])
             q_i = q_i.float()
+        if q_descale is not None:  # query head j uses its KV head's descale, j // (h / h_k)
+            q_i = q_i * q_descale[i].float().repeat_interleave(h // k_cache.shape[2])[
+                None, None, :, None]
         if qv is not None:
             # (the dequantized v in an FP8 cache: the latent score is against real values)
             q_i = torch.cat((q_i, qv[i:i + 1].to(q_i.dtype)), dim=-1)
@@ -219,4 +237,5 @@ def combine(out_partial: torch.Tensor, lse_partial: torch.Tensor, out_dtype: tor
     return contrib.sum(dim=0).to(out_dtype), lse
 
 
-__all__ = ["quantize", "rotate", "append_kv", "kvcache_fwd", "varlen_paged_fwd", "combine"]
+__all__ = ["quantize", "rotate", "append_kv", "kvcache_fwd", "out_dtype", "varlen_paged_fwd",
+           "combine"]

@@ -93,10 +93,12 @@ class DeviceBackend(KernelFamily, Protocol):
                           num_splits: int, capacity: int, buffers: Optional[dict] = None,
                           cu_seqlens_q: Optional[Tensor] = None,
                           max_seqlen_q: int = 0, k_descale: Optional[Tensor] = None,
-                          v_descale: Optional[Tensor] = None, qv: Optional[Tensor] = None
+                          v_descale: Optional[Tensor] = None,
+                          q_descale: Optional[Tensor] = None, qv: Optional[Tensor] = None
                           ) -> Tuple[Tensor, Tensor]:
         """Attention over the cache's first seqlens[b] keys (FP8 caches dequantized with the
-        (b, h_k) float32 descales): (out, lse). ``qv`` (q's shape with d_v; FlashAttention-3's
+        (b, h_k) float32 descales; a float8_e4m3fn q, or its rotated bf16 copy, with
+        q_descale: out bfloat16): (out, lse). ``qv`` (q's shape with d_v; FlashAttention-3's
         latent query): the scores add ``qv . v`` against the (dequantized) values."""
 
     def varlen_paged_fwd(self, q: Tensor, k_cache: Tensor, v_cache: Tensor,
@@ -133,7 +135,9 @@ class _Optional(Protocol):
                      s_new: int, *, p: AttnParams, leftpad: Optional[Tensor],
                      batch_idx: Optional[Tensor], block_table: Optional[Tensor],
                      num_splits: int, capacity: int, cu_seqlens_q: Optional[Tensor] = None,
-                     max_seqlen_q: int = 0) -> Any: ...
+                     max_seqlen_q: int = 0, k_descale: Optional[Tensor] = None,
+                     v_descale: Optional[Tensor] = None,
+                     q_descale: Optional[Tensor] = None) -> Any: ...
 
     def fp8_quantize_call(self, signs: Optional[Tensor], block_m: int, block_n: int,
                           v_wgmma: bool = True) -> Any: ...

@@ -110,13 +110,15 @@ def append_kv(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor,
               max_seqlen_k_new: int = 0, rotary_seqlens: Optional[Tensor] = None,
               k_descale: Optional[Tensor] = None, v_descale: Optional[Tensor] = None) -> Tensor:
     """Write k (rotated) / v into the caches in place at positions seqlens[b] + i; return q
-    rotated at seqlens[b] + rotary_q_step * i (or q itself without rotary).
+    rotated at seqlens[b] + rotary_q_step * i (or q itself without rotary; a float8_e4m3fn q
+    is rotated in float32 into a bfloat16 copy: no second FP8 rounding).
 
     FlashAttention-3's varlen forms: q packed (total_q, h, d) with ``cu_seqlens_q``; k / v
     packed (total_new, h_k, d) with ``cu_seqlens_k_new`` (sequence b's new rows [cu[b],
     cu[b + 1]), at most ``max_seqlen_k_new``); ``rotary_seqlens`` (b,): rotate at
     rotary_seqlens[b] + i instead of the cache position. k may be None (no new keys).
-    ``k_descale`` / ``v_descale`` (b, h_k) float32: float8_e4m3fn caches, k / v quantized in."""
+    ``k_descale`` / ``v_descale`` (b, h_k) float32: float8_e4m3fn caches, k / v quantized in
+    (float8_e4m3fn k / v come with ones: stored as they are, re-rounded only when rotated)."""
     rot = dict(cos=cos, sin=sin, interleaved=interleaved, rot_base=rotary_seqlens)
     if k is not None:
         packed = dict(cu_seqlens=cu_seqlens_k_new, max_seqlen=max_seqlen_k_new)
@@ -126,10 +128,16 @@ def append_kv(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor,
                              descale=v_descale, **packed)
     if cos is None:
         return q
-    q_rot = torch.empty_like(q, memory_format=torch.contiguous_format)
+    q_rot = torch.empty(q.shape, dtype=_rotated_dtype(q), device=q.device)
     _rotary.rotary_store(q, q_rot, seqlens, pos_step=rotary_q_step, to_cache=False,
                          cu_seqlens=cu_seqlens_q, max_seqlen=max_seqlen_q, **rot)
     return q_rot
+
+
+def _rotated_dtype(q: Tensor) -> torch.dtype:
+    """The rotated q's dtype: q's, bfloat16 for a float8_e4m3fn q (the decode kernel widens an
+    FP8 q to bf16 anyway, and a rotation rounded back to e4m3 would lose 4 bits)."""
+    return torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
 
 
 def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens: Tensor, s_new: int,
@@ -138,13 +146,15 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens: Tens
                       capacity: int, buffers: Optional[dict] = None,
                       cu_seqlens_q: Optional[Tensor] = None, max_seqlen_q: int = 0,
                       k_descale: Optional[Tensor] = None, v_descale: Optional[Tensor] = None,
-                      qv: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+                      q_descale: Optional[Tensor] = None, qv: Optional[Tensor] = None
+                      ) -> Tuple[Tensor, Tensor]:
     """Split-KV attention of q against the cache (keys already appended): (out, lse).
     ``buffers``: a decode plan's outputs / workspaces, reused between calls. With
     ``cu_seqlens_q`` q is packed (total_q, h, d) and out / lse are (total_q, h, d_v) /
     (h, total_q). ``k_descale`` / ``v_descale`` (b, h_k) float32: float8_e4m3fn caches, read
-    as FP8 and dequantized in the kernel. ``qv`` (q's shape with d_v): FlashAttention-3's
-    latent query, its ``qv . v`` added to the scores in the kernel."""
+    as FP8 and dequantized in the kernel; ``q_descale`` (b, h_k) float32 with a float8_e4m3fn
+    (or its rotated bf16) q: out is then bfloat16. ``qv`` (q's shape with d_v):
+    FlashAttention-3's latent query, its ``qv . v`` added to the scores in the kernel."""
     return _decode.decode_attention(q, k_cache, v_cache, seqlens, s_new, num_splits=num_splits,
                                     cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
                                     max_seqlen_k=capacity, softmax_scale=p.softmax_scale,
@@ -153,26 +163,30 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens: Tens
                                     leftpad=leftpad, batch_idx=batch_idx,
                                     block_table=block_table, buffers=buffers,
                                     attention_chunk=p.attention_chunk, k_descale=k_descale,
-                                    v_descale=v_descale, qv=qv)
+                                    v_descale=v_descale, q_descale=q_descale, qv=qv)
 
 
 def kvcache_call(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens: Tensor, s_new: int, *,
                  p: AttnParams, leftpad: Optional[Tensor], batch_idx: Optional[Tensor],
                  block_table: Optional[Tensor], num_splits: int, capacity: int,
-                 cu_seqlens_q: Optional[Tensor] = None, max_seqlen_q: int = 0
-                 ) -> "_decode.DecodeCall":
+                 cu_seqlens_q: Optional[Tensor] = None, max_seqlen_q: int = 0,
+                 k_descale: Optional[Tensor] = None, v_descale: Optional[Tensor] = None,
+                 q_descale: Optional[Tensor] = None) -> "_decode.DecodeCall":
     """:func:`kvcache_attention`'s decisions for tensors like these, made once: a
     ``DecodeCall``, called as ``call(q, k_cache, v_cache, seqlens, leftpad, batch_idx,
     block_table, p.alibi_slopes)`` (and ``cu_seqlens_q`` for packed q (total_q, h, d), whose
     longest sequence has ``max_seqlen_q`` rows) with each later call's tensors of the same
-    shapes, strides, dtypes, devices and alignment (the caller keys on them)."""
+    shapes, strides, dtypes, devices and alignment (the caller keys on them). FP8: the
+    descales as :func:`kvcache_attention` takes them, given to every call of the DecodeCall
+    too (presence fixed by this first call)."""
     return _decode.DecodeCall(q, k_cache, v_cache, seqlens, s_new, num_splits=num_splits,
                               max_seqlen_k=capacity, softmax_scale=p.softmax_scale,
                               window_left=p.window_left, window_right=p.window_right,
                               softcap=p.softcap, alibi_slopes=p.alibi_slopes, leftpad=leftpad,
                               batch_idx=batch_idx, block_table=block_table,
                               cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
-                              attention_chunk=p.attention_chunk)
+                              attention_chunk=p.attention_chunk, k_descale=k_descale,
+                              v_descale=v_descale, q_descale=q_descale)
 
 
 def decode_splits(batch: int, seqlen_q: int, max_seqlen_k: int, nheads: int, nheads_k: int,

@@ -22,10 +22,26 @@ aligned on those local indices, exactly as the dense kernels on a (s_q, s_k) pro
 so are the chunks of chunked local attention (``attention_chunk``, counted from start_k).
 
 FP8 caches (``KV_FP8``: float8_e4m3fn K / V, real value = fp8 * descale with one float32
-descale per (batch row, KV head)): the kernel reads the FP8 bytes and widens them to q's
-dtype on chip, which is exact (every e4m3 value is a bf16 / fp16 value), so the dots run on
-q's precision path as for a 16-bit cache. The descales are the program's two scalars: K's
-multiplies the softmax scale, V's the finished output, so no dequantized value is rounded.
+descale per (batch row, KV head)): the kernel reads the FP8 bytes (16-byte cp.async copies,
+contiguous along d) and widens them on chip, which is exact (every e4m3 value is a bf16 and
+an fp16 value). K is widened to q's dtype for Q K^T. V is widened to fp16 and P V runs in
+fp16 (P is in [0, 1]: fp16 holds it more finely than bf16), fp32 when the math is fp32
+(with qv, V is in the math's dtype instead: see multi-head latent attention below). The
+descales are the program's scalars, never per-element multiplies: K's multiplies the softmax
+scale, V's the finished output, so no dequantized value is rounded.
+
+V's widening is an opaque asm conversion (``_e4m3_to_f16``) on purpose: the B operand of
+P V needs consecutive *keys* per register, and an e4m3 tile converted by a plain cast is
+converted inside the dot's operand layout, which Triton builds from shared memory one byte
+at a time (64 ``ld.shared.b8`` per thread and 64 keys, sm_90 compile). Converted in the
+loaded layout instead, the fp16 tile is transposed through shared memory by
+``ldmatrix.trans`` as a 16-bit cache is (``tools/aot_decode.py`` reports both).
+
+FP8 queries (``Q_FP8``, FlashAttention-3's q_descale, one per (batch row, KV head): the
+program's query rows all share it): q is widened to bf16 on load (exact) and its descale
+joins K's in the score scale; out is bf16. The dots stay bf16 x bf16 -> fp32 on purpose: a
+decode program multiplies each K / V element by at most BLOCK_M (<= 64) query rows, so it is
+bound by reading the cache, not by the tensor cores, and FP8 dots would also quantize P.
 
 Varlen queries (``VARLEN_Q``): q / out are one packed (total_q, h, d) batch, the sequence
 ``b`` owns rows ``[cu_seqlens_q[b], cu_seqlens_q[b + 1])``.
@@ -35,7 +51,10 @@ Multi-head latent attention (``HAS_QV``, FlashAttention-3's ``qv``): the score o
 V row itself. The V tile is loaded before the softmax instead of after it and serves both
 products, so the latent part costs one more dot per tile and no extra K / V traffic. With an
 FP8 cache ``qv . v8`` is scaled by ``v_descale / k_descale`` before it joins ``q . k8``, whose
-``k_descale`` rides in the score scale. V head dims past 256 (the latent cache's 512, with or
+``k_descale`` rides in the score scale; there V is widened to qv's dtype (the math's: q's, fp32
+when upcast) by a plain cast (``_v_tile``), not to fp16 by ``_e4m3_to_f16``, since both dots
+take it and a dot's operands share a dtype. An FP8 query with qv is refused by the api
+(``Q_FP8`` and ``HAS_QV`` never meet: the kernel asserts it). V head dims past 256 (the latent cache's 512, with or
 without qv) take pointer loads (a TMA box is at most 256 elements wide) and their own launch
 configuration (``_WIDE_V_CONFIG``).
 """
@@ -82,33 +101,60 @@ def _write_empty_rows(Out, Lse, row_lo, row_hi, off_hk, pid_m, m_programs, pid_s
 
 
 @triton.jit
-def _v_tile(Q, v_desc, v_base, v_rows, n_ok, offs_dv, row, HEAD_DIM_V: tl.constexpr,
-            USE_TMA: tl.constexpr, KV_FP8: tl.constexpr, UPCAST: tl.constexpr):
+def _v_load(v_desc, v_base, v_rows, n_ok, offs_dv, row, HEAD_DIM_V: tl.constexpr,
+            USE_TMA: tl.constexpr):
     """The (BLOCK_N, BLOCK_DV) V tile of keys ``v_rows`` (cache row ``row`` on, by TMA), in
-    the math's dtype (an FP8 tile widened to Q's dtype: exact)."""
+    the cache's dtype."""
     if USE_TMA:
         v = v_desc.load([row, 0])
     else:
         v = tl.load(v_base + v_rows[:, None] + offs_dv[None, :],
                     mask=n_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
+    return v
+
+
+@triton.jit
+def _v_tile(qv, v_desc, v_base, v_rows, n_ok, offs_dv, row, HEAD_DIM_V: tl.constexpr,
+            USE_TMA: tl.constexpr, KV_FP8: tl.constexpr, UPCAST: tl.constexpr):
+    """With qv: the V tile in qv's dtype (the math's: q's, fp32 when upcast; an FP8 tile
+    widened to it, exact), the one operand of both qv . v^T and P V."""
+    v = _v_load(v_desc, v_base, v_rows, n_ok, offs_dv, row, HEAD_DIM_V, USE_TMA)
     if KV_FP8:
-        v = v.to(Q.dtype.element_ty)
+        v = v.to(qv.dtype)
     if UPCAST:
         v = v.to(tl.float32)
     return v
 
 
 @triton.jit
+def _e4m3_to_f16(x, ASM: tl.constexpr):
+    """float8_e4m3fn -> float16, exact. ``ASM``: two ``cvt.rn.f16x2.e4m3x2`` per four values,
+    as inline asm with side effects, so that Triton converts in the layout x was loaded in
+    (see the module doc) instead of hoisting the cast into a dot operand; the interpreter
+    (no inline asm) casts."""
+    if ASM:
+        return tl.inline_asm_elementwise(
+            asm="""{
+            .reg .b16 lo, hi;
+            mov.b32 {lo, hi}, $2;
+            cvt.rn.f16x2.e4m3x2 $0, lo;
+            cvt.rn.f16x2.e4m3x2 $1, hi;
+            }""",
+            constraints="=r,=r,r", args=[x], dtype=tl.float16, is_pure=False, pack=4)
+    return x.to(tl.float16)
+
+
+@triton.jit
 def _decode_kernel(
     Q, K, V, Out, Lse, SeqlensK, LeftPad, BatchIdx, BlockTable, Alibi, CuSeqQ, KDescale,
-    VDescale, QV,
+    VDescale, QV, QDescale,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
     stride_os, stride_ob, stride_om, stride_oh,
     stride_ls, stride_lb, stride_lh, stride_lm,
     stride_btb, stride_ab, stride_ah, stride_kdb, stride_kdh, stride_vdb, stride_vdh,
-    stride_qvb, stride_qvm, stride_qvh,
+    stride_qvb, stride_qvm, stride_qvh, stride_qdb, stride_qdh,
     seqlen_q, seqlen_k_add, cache_rows, nheads_k, n_bh, n_cache, cache_cap, total_q,
     sm_scale, softcap, window_left, window_right, chunk,
     G: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
@@ -118,8 +164,11 @@ def _decode_kernel(
     VARLEN_Q: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     HAS_CHUNK: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     UPCAST: tl.constexpr, DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr,
-    KV_FP8: tl.constexpr, HAS_QV: tl.constexpr,
+    KV_FP8: tl.constexpr, HAS_QV: tl.constexpr, Q_FP8: tl.constexpr,
+    ASM_CVT: tl.constexpr,
 ):
+    # (the api refuses an FP8 q with qv: qv . v^T would need qv in FP8 and its own descale)
+    tl.static_assert(not (HAS_QV and Q_FP8), "qv with an FP8 query")
     # (batch, KV head) and query block share grid axis 0, (batch, KV head) fastest: axis 1
     # stops at 65535 blocks, which a long prefill through the kvcache API can pass
     pid = tl.program_id(0)
@@ -193,6 +242,8 @@ def _decode_kernel(
         + off_h.to(tl.int64) * stride_qh
     q = tl.load(Q + q_row[:, None] + offs_d[None, :],
                 mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    if Q_FP8:  # (every e4m3 value is a bf16 value: exact; a rotated q arrives in bf16 already)
+        q = q.to(tl.bfloat16)
     if UPCAST:
         q = q.to(tl.float32)
     qv = None
@@ -235,6 +286,9 @@ def _decode_kernel(
                             + off_hk.to(tl.int64) * stride_vdh)
         # qv . (v8 * v_descale) joins q . k8 before that scale, which already holds k_descale
         qv_descale = v_descale / k_descale
+    if Q_FP8:  # (q8 * q_descale) . k = (q8 . k) * q_descale: the score scale again
+        sm_scale = sm_scale * tl.load(QDescale + off_b.to(tl.int64) * stride_qdb
+                                      + off_hk.to(tl.int64) * stride_qdh)
     qk_scale, softcap_inv, softcap_log2 = score_scales(sm_scale, softcap, HAS_SOFTCAP)
     slope_log2 = tl.zeros([BLOCK_M], dtype=tl.float32)
     if HAS_ALIBI:
@@ -264,15 +318,15 @@ def _decode_kernel(
         else:
             k = tl.load(k_base + k_rows[None, :] + offs_d[:, None],
                         mask=n_ok[None, :] & (offs_d[:, None] < HEAD_DIM), other=0.0)
-        if KV_FP8:
-            k = k.to(Q.dtype.element_ty)
+        if KV_FP8:  # widened to the math's dtype (q's: bf16 for an FP8 q, fp32 when upcast)
+            k = k.to(q.dtype)
         if UPCAST:
             k = k.to(tl.float32)
         qk = tl.dot(q, k, input_precision=DOT_PREC)
         if HAS_QV:
             # multi-head latent attention: the latent query scores against the V tile itself,
             # loaded here (before the softmax) and reused by the PV product below
-            v = _v_tile(Q, v_desc, v_base, v_rows, n_ok, offs_dv, start_k + start_n,
+            v = _v_tile(qv, v_desc, v_base, v_rows, n_ok, offs_dv, start_k + start_n,
                         HEAD_DIM_V, USE_TMA, KV_FP8, UPCAST)
             qvv = tl.dot(qv, tl.trans(v), input_precision=DOT_PREC)
             if KV_FP8:
@@ -294,8 +348,15 @@ def _decode_kernel(
         alpha = tl.exp2(m_i - m_sub)
         l_i = l_i * alpha + tl.sum(p, 1)
         if not HAS_QV:  # (loaded late: its latency hides behind the softmax)
-            v = _v_tile(Q, v_desc, v_base, v_rows, n_ok, offs_dv, start_k + start_n,
-                        HEAD_DIM_V, USE_TMA, KV_FP8, UPCAST)
+            v = _v_load(v_desc, v_base, v_rows, n_ok, offs_dv, start_k + start_n, HEAD_DIM_V,
+                        USE_TMA)
+            if KV_FP8:  # fp16 for P V; fp32 when the math is (fp32 q, or upcast dots)
+                if q.dtype == tl.float32:
+                    v = v.to(tl.float32)
+                else:
+                    v = _e4m3_to_f16(v, ASM_CVT)
+            if UPCAST:
+                v = v.to(tl.float32)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PREC)
         m_i = m_new
 
@@ -322,9 +383,10 @@ def _decode_kernel(
 
 
 def launch_config(head_dim: int, elem_bytes: int, paged: bool, long_unsplit: bool = False,
-                  head_dim_v: int = 0) -> Tuple[int, int, int, bool]:
-    """(BLOCK_N, num_warps, num_stages, allow_tma) for the decode kernel; ``long_unsplit``:
-    the grid is full without splitting and every program streams >= 16k keys;
+                  kv_fp8: bool = False, head_dim_v: int = 0) -> Tuple[int, int, int, bool]:
+    """(BLOCK_N, num_warps, num_stages, allow_tma) for the decode kernel; ``elem_bytes``: of
+    the math's dtype (q's; bf16 for an FP8 q); ``long_unsplit``: the grid is full without
+    splitting and every program streams >= 16k keys; ``kv_fp8``: an e4m3 cache;
     ``head_dim_v``: V's head dim when it passes 256 (multi-head latent attention's 512)."""
     env = _env.settings().decode_config
     if env:
@@ -344,6 +406,22 @@ def launch_config(head_dim: int, elem_bytes: int, paged: bool, long_unsplit: boo
     if head_dim_v > 256:
         return _WIDE_V_CONFIG[elem_bytes >= 4]
     d = max(16, config.next_pow2(head_dim))
+    if kv_fp8 and elem_bytes == 2 and d <= 128:
+        # e4m3 tiles are half the bytes of 16-bit ones: 128 keys per step keep a 16-bit 64-key
+        # tile's bytes in flight per stage (a split program is often alone on its SM) and
+        # halve the per-key share of the step's fixed work (softmax bookkeeping, the
+        # barriers of V's transposition). Pointer loads (16-byte cp.async); the sm_90 compile
+        # of d = 128: 150 / 105 / 160 registers, 104 / 104 / 72 KiB shared for these three,
+        # no spills. Not yet swept on a GPU (benchmarks/probes/fp8_kvcache_probe.py --configs).
+        if paged:
+            return (128, 4, 3, False)
+        return (128, 8, 3, False) if long_unsplit else (128, 4, 3, False)
+    if kv_fp8 and elem_bytes >= 4:
+        # fp32 math on an e4m3 cache (a rare pairing): the FMA dot takes the widened operands
+        # from registers; 16 keys is the largest tile that does not spill at d <= 128 (sm_90
+        # compile: 186 registers; 32 keys spilled 160 bytes). d = 256 spills at every size
+        # tried (16 keys, 4-16 warps).
+        return (16, 8, 3, False)
     if elem_bytes >= 4:
         # fp32 (exact IEEE dots): the TMA tile layout spills at any size; pointer loads do not
         return (32, 8, 3, False) if d <= 128 else (16, 8, 3, False)
@@ -403,7 +481,7 @@ def block_m_for(rows: int, cap: int = 64) -> int:
 @functools.lru_cache(maxsize=1024)
 def _launch_plan(d: int, d_v: int, elem_bytes: int, paged: bool, g: int, s_q_grid: int,
                  batch: int, nheads_k: int, max_seqlen_k: int, num_splits: int,
-                 device: torch.device, env_config: str, env_waves: str
+                 device: torch.device, env_config: str, env_waves: str, kv_fp8: bool = False
                  ) -> Tuple[int, int, int, bool, int, int, int, int, int]:
     """Every launch decision that depends only on shapes, cached per shape key.
 
@@ -416,7 +494,7 @@ def _launch_plan(d: int, d_v: int, elem_bytes: int, paged: bool, g: int, s_q_gri
     BLOCK_D, BLOCK_DV).
     """
     block_n, num_warps, num_stages, allow_tma = launch_config(d, elem_bytes, paged,
-                                                              head_dim_v=d_v)
+                                                              kv_fp8=kv_fp8, head_dim_v=d_v)
     # (fp32 with V past 256 wide: a 64-row fp32 accumulator of 512 columns and the fp32 qv
     # tile spill kilobytes at any BLOCK_N (sm_90 compile report); 32 rows spill <= 24 bytes)
     block_m = block_m_for(g * s_q_grid, 32 if (d_v > 256 and elem_bytes >= 4) else 64)
@@ -429,6 +507,7 @@ def _launch_plan(d: int, d_v: int, elem_bytes: int, paged: bool, g: int, s_q_gri
     full_grid = batch * nheads_k * m_blocks >= 0.8 * config.sm_count(device)
     if num_splits == 1 and full_grid and max_seqlen_k >= 16384:  # long unsplit streams
         block_n, num_warps, num_stages, allow_tma = launch_config(d, elem_bytes, paged, True,
+                                                                  kv_fp8=kv_fp8,
                                                                   head_dim_v=d_v)
     return (block_n, num_warps, num_stages, allow_tma, block_m, m_blocks, num_splits,
             config.block_dim(d), config.block_dim(d_v))
@@ -446,6 +525,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      k_descale: Optional[torch.Tensor] = None,
                      v_descale: Optional[torch.Tensor] = None,
                      qv: Optional[torch.Tensor] = None,
+                     q_descale: Optional[torch.Tensor] = None,
                      ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Attention of q against a KV cache (Triton). Inputs are validated and normalised.
 
@@ -463,11 +543,14 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     qv: None, or q's shape with d_v (FlashAttention-3's latent query, multi-head latent
     attention): ``qv . v`` joins the scores (before the scale), against each V tile as it is
     loaded for the PV product.
+    q_descale: float32 (b, h_k), given exactly when q is float8_e4m3fn (or its rotated bf16
+    copy) over an FP8 cache: the math runs in bf16 and out is bf16.
     buffers: None, or a dict the caller keeps between calls of one shape (a decode plan): the
     outputs and split workspaces are allocated into it on the first call and reused after
     (dense queries only; the returned out / lse are those buffers).
 
-    Returns out like q (dtype of q) and lse float32 (b, h, s_q) (packed: (h, total_q)).
+    Returns out like q (dtype of q; bf16 with q_descale) and lse float32 (b, h, s_q)
+    (packed: (h, total_q)).
     """
     planned = buffers is not None and cu_seqlens_q is None
     call = None
@@ -485,15 +568,17 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                           batch_idx=batch_idx, block_table=block_table,
                           cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
                           attention_chunk=attention_chunk, plans=buffers,
-                          k_descale=k_descale, v_descale=v_descale, qv=qv)
+                          k_descale=k_descale, v_descale=v_descale, qv=qv,
+                          q_descale=q_descale)
         if planned:
             buffers[sig] = call
     return call(q, k_cache, v_cache, seqlens_k, leftpad, batch_idx, block_table, alibi_slopes,
                 cu_seqlens_q, buffers=buffers, k_descale=k_descale, v_descale=v_descale,
-                qv=qv)
+                qv=qv, q_descale=q_descale)
 
 
-_N_TENSORS = 14  # the decode kernel's tensor arguments (``Q ... QV``), its launch plans' slots
+# the decode kernel's tensor arguments (``Q ... VDescale, QV, QDescale``), its launch plans' slots
+_N_TENSORS = 15
 # plain (unplanned) calls' launch plans, shared: a repeated call shape replays its launches
 _PLAIN_DECODE = LaunchPlans(slots=tuple(range(_N_TENSORS)))
 _PLAIN_COMBINE = LaunchPlans(slots=(0, 1, 2, 3))
@@ -503,8 +588,8 @@ _ALIGN = 16  # floats between the pieces of the split workspace (64 bytes: Trito
 class DecodeCall:
     """:func:`decode_attention` for one *call signature*, its host work done once.
 
-    Every decision of a decode launch (tile sizes, splits, TMA, grid, the kernel's 40 scalar
-    arguments and 21 constexprs, the output shapes) follows from the tensors' shapes, strides,
+    Every decision of a decode launch (tile sizes, splits, TMA, grid, the kernel's 42 scalar
+    arguments and 23 constexprs, the output shapes) follows from the tensors' shapes, strides,
     dtypes, devices and 16-byte alignment, which optional tensors are given, the scalars and
     the runtime settings. A caller that keys its calls on all of those (the api's fast path per
     call signature, a decode plan per stride set) builds one DecodeCall per key and calls it
@@ -528,7 +613,8 @@ class DecodeCall:
                  attention_chunk: int = 0, plans: Optional[dict] = None,
                  k_descale: Optional[torch.Tensor] = None,
                  v_descale: Optional[torch.Tensor] = None,
-                 qv: Optional[torch.Tensor] = None) -> None:
+                 qv: Optional[torch.Tensor] = None,
+                 q_descale: Optional[torch.Tensor] = None) -> None:
         varlen = cu_seqlens_q is not None
         if varlen:
             _, h, d = q.shape
@@ -545,24 +631,28 @@ class DecodeCall:
         device = q.device
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
+        # the math's dtype: q's, bf16 for an FP8 q (widened on load); out is in it too
+        math_dtype = torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
+        math_t = torch.empty((), dtype=math_dtype, device="meta")
         (block_n, num_warps, num_stages, allow_tma, block_m, m_blocks, num_splits, block_d,
-         block_dv) = _launch_plan(d, d_v, q.element_size(), paged, g, s_q_grid, batch, nheads_k,
-                                  int(max_seqlen_k), int(num_splits), device,
+         block_dv) = _launch_plan(d, d_v, math_t.element_size(), paged, g, s_q_grid, batch,
+                                  nheads_k, int(max_seqlen_k), int(num_splits), device,
                                   _env.settings().decode_config,
-                                  _env.settings().decode_waves)
+                                  _env.settings().decode_waves, k_descale is not None)
         k_strides = k_cache.stride()
         kv_fp8 = k_descale is not None
         # (FP8 caches take pointer loads: the TMA tile path was sized and verified for 16/32-bit
         # elements only)
         self.use_tma = (allow_tma and not paged and not kv_fp8 and k_strides[1] > 0
                         and config.use_tma(k_cache, v_cache)
-                        and (d * q.element_size()) % 16 == 0
-                        and (d_v * q.element_size()) % 16 == 0
+                        and (d * k_cache.element_size()) % 16 == 0
+                        and (d_v * v_cache.element_size()) % 16 == 0
                         and d == block_d and d_v == block_dv
                         # (a TMA box has at most 256 elements a side: wider V tiles use
                         # pointer loads)
                         and block_dv <= _TMA_MAX_BOX)
-        self.varlen, self.num_splits, self.device, self.dtype = varlen, num_splits, device, q.dtype
+        self.varlen, self.num_splits, self.device, self.dtype = (varlen, num_splits, device,
+                                                                 math_dtype)
         self.grid = (batch * nheads_k * m_blocks, 1, num_splits)
         # outputs: out (q's shape with d_v), lse (b, h, s_q) or packed (h, total_q); with
         # splits the float32 partials (splits, *out) and (splits, *lse4), lse4 = lse as 4-D
@@ -596,13 +686,14 @@ class DecodeCall:
         qv_strides = (0, 0, 0)
         if qv is not None:  # (packed like q: the sequence offset comes from cu_seqlens)
             qv_strides = (0, qv.stride(0), qv.stride(1)) if varlen else qv.stride()[:3]
-        # the kernel's arguments after its 14 tensors (``Q ... QV``)
+        qd_strides = q_descale.stride() if q_descale is not None else (0, 0)
+        # the kernel's arguments after its 15 tensors (``Q ... VDescale, QV, QDescale``)
         self.scalars = (
             *q_strides,
             *k_strides[:3], *v_cache.stride()[:3],
             *o_strides[:4], *l_strides,
             block_table.stride(0) if paged else 0, alibi_strides[0], alibi_strides[1],
-            *kd_strides, *vd_strides, *qv_strides,
+            *kd_strides, *vd_strides, *qv_strides, *qd_strides,
             s_q_grid, int(seqlen_k_add), k_cache.shape[1], nheads_k, batch * nheads_k,
             # clamp bounds: cache rows / pages, positions per sequence, packed query rows
             k_cache.shape[0],
@@ -619,9 +710,10 @@ class DecodeCall:
             VARLEN_Q=varlen, HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0,
             HAS_CHUNK=attention_chunk > 0, HAS_SOFTCAP=softcap > 0.0,
             HAS_ALIBI=alibi_slopes is not None,
-            UPCAST=config.upcast_dots(q), DOT_PREC=config.dot_precision(q),
-            USE_TMA=self.use_tma, KV_FP8=kv_fp8, HAS_QV=qv is not None, num_warps=num_warps,
-            num_stages=num_stages,
+            UPCAST=config.upcast_dots(math_t), DOT_PREC=config.dot_precision(math_t),
+            USE_TMA=self.use_tma, KV_FP8=kv_fp8, HAS_QV=qv is not None,
+            Q_FP8=q_descale is not None, ASM_CVT=not config.INTERPRET,
+            num_warps=num_warps, num_stages=num_stages,
         )
         # the shared plans' key: the launch's every argument but the 14 tensors (the inputs'
         # metadata, the scalars, the constexprs and options) and its grid, whose split count
@@ -629,7 +721,8 @@ class DecodeCall:
         # without it replayed another call's split count: wrong results, GPU suite 2026-11-24)
         tensor_meta = tuple(None if t is None else (t.shape, t.stride(), t.dtype) for t in
                             (q, k_cache, v_cache, seqlens_k, leftpad, batch_idx, block_table,
-                             alibi_slopes, cu_seqlens_q, k_descale, v_descale, qv))
+                             alibi_slopes, cu_seqlens_q, k_descale, v_descale, qv,
+                             q_descale))
         self.key = (tensor_meta, self.scalars, tuple(self.kwargs.values()), self.grid)
         if plans is not None and not varlen:  # a decode plan's own (dropped with the plan)
             self.plans = (plans.setdefault("decode", LaunchPlans(slots=tuple(range(_N_TENSORS)))),
@@ -669,19 +762,20 @@ class DecodeCall:
                  buffers: Optional[dict] = None, need_lse: bool = True,
                  k_descale: Optional[torch.Tensor] = None,
                  v_descale: Optional[torch.Tensor] = None,
-                 qv: Optional[torch.Tensor] = None
+                 qv: Optional[torch.Tensor] = None,
+                 q_descale: Optional[torch.Tensor] = None
                  ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """out like q with d_v, lse float32 (see :func:`decode_attention`), for tensors of the
         signature this call was made for. ``buffers``: a decode plan's dict (outputs reused).
         ``need_lse`` False: the caller drops the LSE, so a replayed call may return None for
         it and keep the LSE and the split partials in the stream's reused workspace
         (``runtime.buffers``) instead of allocating one. ``k_descale`` / ``v_descale``: an FP8
-        cache's (b, h_k) float32 descales, ``qv`` the latent query (each given exactly when
-        the call was made with it)."""
+        cache's (b, h_k) float32 descales, ``qv`` the latent query, ``q_descale`` an FP8
+        q's (each given exactly when the call was made with it)."""
         if self._decode is not None and (self._combine is not None or self.num_splits == 1):
             replayed = self._replay(q, k_cache, v_cache, seqlens_k, leftpad, batch_idx,
                                     block_table, alibi_slopes, buffers, need_lse,
-                                    cu_seqlens_q, k_descale, v_descale, qv)
+                                    cu_seqlens_q, k_descale, v_descale, qv, q_descale)
             if replayed is not None:
                 return replayed
         out, lse, lse4, out_k, lse_k, _ = self._outputs(buffers, q)
@@ -690,7 +784,8 @@ class DecodeCall:
         tensors = _slots(q.unsqueeze(0) if self.varlen else q, k_cache, v_cache, out_k, lse_k,
                          seqlens_k, leftpad, batch_idx, block_table, alibi_slopes, cu_seqlens_q,
                          lse, k_descale, v_descale,
-                         None if qv is None else (qv.unsqueeze(0) if self.varlen else qv))
+                         None if qv is None else (qv.unsqueeze(0) if self.varlen else qv),
+                         q_descale)
         decode_plans, combine_plans = self.plans
         self._decode = decode_plans.launch(
             self.key, tensors,
@@ -704,7 +799,8 @@ class DecodeCall:
 
     def _replay(self, q, k_cache, v_cache, seqlens_k, leftpad, batch_idx, block_table,
                 alibi_slopes, buffers, need_lse=True, cu_seqlens_q=None, k_descale=None,
-                v_descale=None, qv=None) -> Optional[Tuple[torch.Tensor, Optional[torch.Tensor]]]:
+                v_descale=None, qv=None, q_descale=None
+                ) -> Optional[Tuple[torch.Tensor, Optional[torch.Tensor]]]:
         """A repeated call: two allocations (none with a plan's buffers, one without the
         LSE) and the recorded launches with the tensors' addresses. None (nothing launched)
         when a plan cannot replay now (fast launches off, a profiler listening, another
@@ -732,7 +828,7 @@ class DecodeCall:
                 q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), o_k, l_k,
                 seqlens_k.data_ptr(), addr(leftpad), addr(batch_idx), addr(block_table),
                 addr(alibi_slopes), addr(cu_seqlens_q), base, addr(k_descale),
-                addr(v_descale), addr(qv))):
+                addr(v_descale), addr(qv), addr(q_descale))):
             return None
         if self.num_splits > 1 and not self._combine.replay((o_k, l_k, out.data_ptr(), base)):
             raise RuntimeError("flashattn: the split-KV combine launch could not be replayed "
@@ -747,10 +843,11 @@ def _fresh_strides(shape: Tuple[int, ...]) -> Tuple[int, ...]:
 
 
 def _slots(q4, k_cache, v_cache, out_k, lse_k, seqlens_k, leftpad, batch_idx, block_table,
-           alibi_slopes, cu_seqlens_q, lse, k_descale=None, v_descale=None, qv=None):
-    """The decode kernel's 14 tensor arguments (``Q ... QV``) in order, as tensors (a
-    recorded launch) or as addresses (its replay): absent optional ones stand in as the
-    lengths (never read) and, for ALiBi, lse."""
+           alibi_slopes, cu_seqlens_q, lse, k_descale=None, v_descale=None, qv=None,
+           q_descale=None):
+    """The decode kernel's 15 tensor arguments (``Q ... VDescale, QV, QDescale``) in order,
+    as tensors (a recorded launch) or as addresses (its replay): absent optional ones stand in
+    as the lengths (never read) and, for ALiBi, lse."""
     return (q4, k_cache, v_cache, out_k, lse_k, seqlens_k,
             seqlens_k if leftpad is None else leftpad,
             seqlens_k if batch_idx is None else batch_idx,
@@ -759,17 +856,22 @@ def _slots(q4, k_cache, v_cache, out_k, lse_k, seqlens_k, leftpad, batch_idx, bl
             seqlens_k if cu_seqlens_q is None else cu_seqlens_q,
             seqlens_k if k_descale is None else k_descale,
             seqlens_k if v_descale is None else v_descale,
-            seqlens_k if qv is None else qv)
+            seqlens_k if qv is None else qv,
+            seqlens_k if q_descale is None else q_descale)
 
 
 def planned_splits(batch: int, seqlen_q: int, max_seqlen_k: int, nheads: int, nheads_k: int,
                    headdim: int, headdim_v: int, dtype: torch.dtype, paged: bool,
                    device: torch.device) -> int:
-    """The key splits decode_attention would choose for these shapes (num_splits = 0)."""
+    """The key splits decode_attention would choose for these shapes (num_splits = 0); an FP8
+    ``dtype`` (FlashAttention-3's qkv_dtype) computes in bf16."""
+    kv_fp8 = dtype == torch.float8_e4m3fn
+    if kv_fp8:
+        dtype = torch.bfloat16
     elem = torch.empty((), dtype=dtype).element_size()
     plan = _launch_plan(headdim, headdim_v, elem, paged, nheads // nheads_k, max(1, seqlen_q),
                         batch, nheads_k, int(max_seqlen_k), 0, device,
-                        _env.settings().decode_config, _env.settings().decode_waves)
+                        _env.settings().decode_config, _env.settings().decode_waves, kv_fp8)
     return plan[6]
 
 

@@ -20,7 +20,10 @@ the table length is the caller's contract, checked on the host where values are 
 An FP8 cache (``float8_e4m3fn``, ``descale`` (b, nheads) float32) takes each row as it would be
 stored in x's dtype (rotated, rounded to that dtype) divided by its (batch row, head)'s
 descale, saturated to +-448 and rounded to nearest even: ``torch``'s
-``(x.float() / descale).clamp(-448, 448).to(torch.float8_e4m3fn)``, bit for bit.
+``(x.float() / descale).clamp(-448, 448).to(torch.float8_e4m3fn)``, bit for bit. An FP8 x
+(rows already in the cache's units; the caller passes descale 1) skips the rounding to x's
+own dtype: its float32 rotation is rounded once, saturating, so an unrotated row is stored
+unchanged and a rotated one cannot overflow to NaN.
 """
 from __future__ import annotations
 
@@ -107,14 +110,16 @@ def _rotary_store_kernel(X, Dst, Cos, Sin, Seqlens, BatchIdx, BlockTable, CuSeq,
         # the row as the 16/32-bit append would store it, then e4m3 with its head's descale
         desc = tl.load(Descale + off_b.to(tl.int64) * stride_desc_b
                        + offs_h.to(tl.int64) * stride_desc_h, mask=h_ok, other=1.0)
-        out = out.to(X.dtype.element_ty).to(tl.float32) / desc[:, None]
+        if X.dtype.element_ty != tl.float8e4nv:
+            out = out.to(X.dtype.element_ty)
+        out = out.to(tl.float32) / desc[:, None]
         out = tl.minimum(tl.maximum(out, -E4M3_MAX), E4M3_MAX)
         if EXACT_ROUND:  # the interpreter's fp32 -> e4m3 conversion does not round to even
             # (round_e4m3's add and subtract turns a tiny negative value into +0; torch and the
             # GPU's conversion keep the sign: -0. The interpreter negates as 0 - x, so the
-            # sign comes from a multiply)
+            # sign comes from a multiply; the sign bit, not out < 0, so that -0 stays -0)
             r = round_e4m3(out)
-            out = tl.where(out < 0, tl.abs(r) * -1.0, r)
+            out = tl.where(out.to(tl.int32, bitcast=True) < 0, tl.abs(r) * -1.0, r)
 
     # destination row (64-bit: page * page stride can pass 2**31). Metadata read from the
     # device is never trusted with an address: a cache position outside [0, dst_cap) writes

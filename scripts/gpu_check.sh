@@ -11,8 +11,8 @@
 # machines: 508 s for the 329 tests of the first, 69 s for test_hopper_gpu.py's 127 and
 # 176-188 s for each hypothesis GPU test of test_properties.py, which run beside them, 132 s
 # for test_fp8_gpu.py's 96, 92 s for the 11 bigmem tests serially):
-#   BENCH=0 CHECK=0 BIGMEM=0 TEST_TIMEOUT=560 BUDGET=590 PYTEST_ARGS="--maxfail=30 --ignore=tests/sm90/test_hopper_gpu.py --ignore=tests/api/test_fp8_gpu.py --ignore=tests/api/test_properties.py" bash scripts/gpu_check.sh
-#   BENCH=0 CHECK=0 BIGMEM=0 TEST_TIMEOUT=400 BUDGET=430 TEST_PATHS="tests/sm90/test_hopper_gpu.py tests/api/test_properties.py" bash scripts/gpu_check.sh
+#   BENCH=0 CHECK=0 BIGMEM=0 TEST_TIMEOUT=560 BUDGET=590 PYTEST_ARGS="--maxfail=30 --ignore=tests/backends/sm90/test_hopper_gpu.py --ignore=tests/api/test_fp8_gpu.py --ignore=tests/api/test_properties.py" bash scripts/gpu_check.sh
+#   BENCH=0 CHECK=0 BIGMEM=0 TEST_TIMEOUT=400 BUDGET=430 TEST_PATHS="tests/backends/sm90/test_hopper_gpu.py tests/api/test_properties.py" bash scripts/gpu_check.sh
 #   BENCH=0 CHECK=0 BIGMEM=0 TEST_TIMEOUT=400 BUDGET=430 TEST_PATHS=tests/api/test_fp8_gpu.py bash scripts/gpu_check.sh
 #   BENCH=0 CHECK=0 BIGMEM=only TEST_TIMEOUT=400 BUDGET=430 bash scripts/gpu_check.sh
 #   GRID=full MODES=fwd,bwd,decode TESTS=0 CHECK=0 BUDGET=570 bash scripts/gpu_check.sh

@@ -4,10 +4,10 @@
 # `carry` (at most 64 MiB per call; several calls while the machine is warm if there are more
 # parts: files under /tmp survive between them).
 #
-#   bash scripts/gpu_triton_overlay.sh .wheels/triton-3.9.0 -- python3 -m pytest -m gpu tests/sm90
+#   bash scripts/gpu_triton_overlay.sh .wheels/triton-3.9.0 -- python3 -m pytest -m gpu tests/backends/sm90
 #
 # The run counts as the GPU verification of that Triton's Gluon kernels: a sitecustomize on the
-# path adds its minor version to flashattn.sm90.support.GPU_VERIFIED_TRITON for every Python
+# path adds its minor version to flashattn.backends.sm90.support.GPU_VERIFIED_TRITON for every Python
 # process of the command (pytest-xdist workers included), so the Hopper path runs instead of
 # falling back with the "not GPU-verified" warning.
 set -euo pipefail
@@ -30,7 +30,7 @@ mkdir -p "$site"
 cat > "$site/sitecustomize.py" <<PYEOF
 # written by scripts/gpu_triton_overlay.sh: this run GPU-verifies triton $version's Gluon kernels
 try:
-    import flashattn.sm90.support as _support
+    import flashattn.backends.sm90.support as _support
     if "$minor" not in _support.GPU_VERIFIED_TRITON:
         _support.GPU_VERIFIED_TRITON = _support.GPU_VERIFIED_TRITON + ("$minor",)
 except Exception:  # not on the path yet, or no torch: nothing to mark

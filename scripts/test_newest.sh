@@ -23,4 +23,4 @@ export TRITON_INTERPRET=1
     tests/api/test_api.py tests/api/test_attention.py tests/api/test_varlen.py \
     tests/api/test_kvcache.py tests/api/test_combine.py tests/api/test_fp8_attention.py \
     tests/api/test_compile.py tests/internals/test_ops.py tests/api/test_fastpath_varlen.py \
-    tests/sm90/test_hopper_passes.py tests/cpu "$@"
+    tests/backends/sm90/test_hopper_passes.py tests/backends/cpu "$@"

@@ -96,7 +96,7 @@ def portable_skip_reason() -> "str | None":
     # a GPU machine (where conftest leaves TRITON_INTERPRET alone; gpu tests cover the kernels).
     if os.environ.get("TRITON_INTERPRET", "").strip().lower() not in ("1", "true", "on", "yes"):
         return "Triton kernels on CPU tensors need TRITON_INTERPRET=1"
-    for mod, fn in (("flashattn.triton.fwd", "flash_fwd"), ("flashattn.triton.bwd", "flash_bwd")):
+    for mod, fn in (("flashattn.backends.triton.fwd", "flash_fwd"), ("flashattn.backends.triton.bwd", "flash_bwd")):
         try:
             m = importlib.import_module(mod)
         except ModuleNotFoundError as e:

@@ -1,6 +1,6 @@
 """Compile the decode / combine / rotary kernels for sm_90 without a GPU and report resources.
 
-Runs each launch path of ``flashattn.triton.decode.decode_attention`` (and the rotary and
+Runs each launch path of ``flashattn.backends.triton.decode.decode_attention`` (and the rotary and
 combine launches) with CPU stand-in tensors, captures the arguments the launch would pass,
 and compiles them with ``triton.compile(..., target=GPUTarget("cuda", 90, 32))``. Prints one
 JSON line per variant: registers, spill bytes, shared memory, whether the K/V loads are
@@ -113,9 +113,9 @@ def main() -> int:
     ap.add_argument("--all", action="store_true", help="also every feature flag")
     args = ap.parse_args()
     from flashattn.runtime import env
-    from flashattn.triton import combine as comb
-    from flashattn.triton import decode as dec
-    from flashattn.triton import rotary as rot
+    from flashattn.backends.triton import combine as comb
+    from flashattn.backends.triton import decode as dec
+    from flashattn.backends.triton import rotary as rot
 
     bf = torch.bfloat16
     variants = []

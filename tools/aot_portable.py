@@ -491,7 +491,7 @@ def sm90_launch_setup(tma: bool = True) -> Iterator[None]:
     other constexpr (UPCAST=False, DOT_PREC, the preprocess block) already takes its GPU
     value because this process does not run the interpreter.
     """
-    from flashattn.triton import config
+    from flashattn.backends.triton import config
 
     original = config.use_tma
 
@@ -553,7 +553,7 @@ def _inputs(d: int, dtype, seqlen: int, batch: int = 2, heads: int = 4):
 def _call_wrappers(kind: str, d: int, *, causal: bool, feature: Optional[str], seqlen: int) -> None:
     """Run the public wrapper (flash_fwd or flash_bwd) once; the launches are recorded."""
     import torch
-    from flashattn.triton import bwd, fwd
+    from flashattn.backends.triton import bwd, fwd
 
     dtype = torch.float32 if feature == "fp32" else torch.bfloat16
     q, k, v, out, dout, lse = _inputs(d, dtype, seqlen)

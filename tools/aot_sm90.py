@@ -94,9 +94,9 @@ def compile_fwd_variant(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, c
     """Compile one forward variant for sm_90 (no GPU needed) and report its resources.
     ``head_dim``: d, or (d, d_v) for V / O of another head dim; ``sink``: with learnable
     sinks folded into the epilogue."""
-    from flashattn.sm90.config import fwd_config
-    from flashattn.sm90.fwd import launch_args
-    from flashattn.sm90.fwd_kernel import attn_fwd_kernel
+    from flashattn.backends.sm90.config import fwd_config
+    from flashattn.backends.sm90.fwd import launch_args
+    from flashattn.backends.sm90.fwd_kernel import attn_fwd_kernel
 
     d, d_v = head_dim if isinstance(head_dim, (tuple, list)) else (head_dim, head_dim)
     b, s, h = 2, 1000, 4
@@ -127,7 +127,7 @@ def compile_fwd_variant(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, c
     if dtype == torch.float8_e4m3fn:  # FP8: V keys contiguous, bf16 O, descale tables
         from flashattn.fp8_format import keys_contiguous_empty
         from flashattn.params import Fp8Scales
-        from flashattn.sm90.config import fp8_fwd_config
+        from flashattn.backends.sm90.config import fp8_fwd_config
 
         kv_shift = 31 if long_causal else 7  # one descale per head, or 128-key blocks
         cfg = fp8_fwd_config(d, d_v, softcap > 0.0,
@@ -149,7 +149,7 @@ def compile_fwd_variant(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, c
         window_right = 0
     layout = None
     if varlen:  # (1, total, h, d) views, (h, total) LSE, b + 1 offsets
-        from flashattn.sm90.fwd import VarlenLayout
+        from flashattn.backends.sm90.fwd import VarlenLayout
 
         q, out = (t.reshape(1, b * s, h, -1) for t in (q, out))
         lse = lse.reshape(h, b * s)
@@ -158,7 +158,7 @@ def compile_fwd_variant(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, c
                               torch.zeros(b, dtype=torch.int32) if seqused else None)
         if dtype == torch.float8_e4m3fn:  # packed V^T, one descale per (sequence, head)
             from flashattn.params import ONE_BLOCK_SHIFT
-            from flashattn.sm90.v_layout import varlen_vt_positions
+            from flashattn.backends.sm90.v_layout import varlen_vt_positions
 
             cfg = fp8_fwd_config(d, d_v, softcap > 0.0,
                                  masked=causal or window[0] >= 0 or window[1] >= 0,
@@ -186,8 +186,8 @@ def compile_bwd_variant(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, c
                         window: tuple = (-1, -1), softcap: float = 0.0,
                         overrides: Optional[Dict[str, Any]] = None) -> CompileReport:
     """Compile one backward variant for sm_90 (no GPU needed) and report its resources."""
-    from flashattn.sm90.bwd import bwd_kernel_for, dq_workspace, launch_args
-    from flashattn.sm90.config import bwd_config
+    from flashattn.backends.sm90.bwd import bwd_kernel_for, dq_workspace, launch_args
+    from flashattn.backends.sm90.config import bwd_config
 
     window_left, window_right = window
     if causal:

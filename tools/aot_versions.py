@@ -5,7 +5,7 @@
 Each release is pip-installed without dependencies into ``.aot-triton/<version>`` and put in
 front of the running environment's triton with PYTHONPATH (torch stays the environment's);
 ``tools.aot_sm90`` then compiles in a subprocess and prints one JSON report per variant. The
-newest release compiles every variant of tests/sm90/test_hopper_aot.py's lists, the older ones
+newest release compiles every variant of tests/backends/sm90/test_hopper_aot.py's lists, the older ones
 the default configuration of every head dim (bf16 and FP8, plain and causal, forward and
 backward), to keep CI within its time (cold Triton cache: ~70 s for 53 variants on 2 cores).
 Prints a register / spill table per release. Exit status 1 if any variant fails to compile;

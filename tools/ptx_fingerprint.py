@@ -62,12 +62,14 @@ LAYOUTS = {
         "aot_portable": ["tools.aot_portable", "file:tools/aot_portable.py"],
         "aot_sm90": ["tools.aot_sm90", "file:tools/aot_sm90.py"],
         "aot_decode": ["tools.aot_decode", "file:tools/aot_decode.py"],
-        "sm90_variants": ["file:tests/sm90/test_hopper_aot.py", "file:tests/test_hopper_aot.py"],
-        "sm90_bwd": ["flashattn.sm90.bwd"],
-        "portable_fwd": ["flashattn.triton.fwd"],
-        "portable_bwd": ["flashattn.triton.bwd"],
-        "rotary": ["flashattn.triton.rotary"],
-        "combine": ["flashattn.triton.combine"],
+        "sm90_variants": ["file:tests/backends/sm90/test_hopper_aot.py",
+                          "file:tests/sm90/test_hopper_aot.py", "file:tests/test_hopper_aot.py"],
+        # (the backends under flashattn/backends/ since 2026-11-28; before, at the top level)
+        "sm90_bwd": ["flashattn.backends.sm90.bwd", "flashattn.sm90.bwd"],
+        "portable_fwd": ["flashattn.backends.triton.fwd", "flashattn.triton.fwd"],
+        "portable_bwd": ["flashattn.backends.triton.bwd", "flashattn.triton.bwd"],
+        "rotary": ["flashattn.backends.triton.rotary", "flashattn.triton.rotary"],
+        "combine": ["flashattn.backends.triton.combine", "flashattn.triton.combine"],
     },
 }
 
@@ -76,10 +78,10 @@ LAYOUTS = {
 # Longest first. (None appear in the stripped PTX of de32c98: every helper is inlined.)
 MODULE_ALIASES = {
     "old": [],
-    "new": [("flashattn.triton.mask.", "flashattn.kernels.masks."),
-            ("flashattn.triton.", "flashattn.kernels."),
+    "new": [("flashattn.backends.triton.mask.", "flashattn.kernels.masks."),
+            ("flashattn.backends.triton.", "flashattn.kernels."),
             ("flashattn.runtime.", "flashattn.kernels."),
-            ("flashattn.sm90.", "flashattn.hopper."),
+            ("flashattn.backends.sm90.", "flashattn.hopper."),
             ("tools.aot_portable.", "flashattn._aot."),
             ("tools.aot_sm90.", "flashattn.hopper.aot.")],
 }

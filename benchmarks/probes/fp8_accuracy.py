@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 import flashattn  # noqa: E402
 from flashattn import fp8  # noqa: E402
-from flashattn.cpu.fp8 import E4M3_MAX  # noqa: E402
+from flashattn.backends.cpu.fp8 import E4M3_MAX  # noqa: E402
 from flashattn.reference import attention_fp8_ref, attention_ref  # noqa: E402
 
 

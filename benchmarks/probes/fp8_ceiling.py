@@ -53,8 +53,8 @@ def _matmul_calls(n: int):
 def _attention_calls(dims, s: int):
     """{name: (callable, flops)}: our FP8 forward alone and, when it imports, cuDNN's."""
     from flashattn.params import Fp8Scales
-    from flashattn.sm90.fwd import flash_fwd_hopper_fp8
-    from flashattn.sm90.v_layout import wgmma_ordered_vt
+    from flashattn.backends.sm90.fwd import flash_fwd_hopper_fp8
+    from flashattn.backends.sm90.v_layout import wgmma_ordered_vt
 
     try:
         from cudnn_fp8_anchor import cudnn_fp8

@@ -20,12 +20,12 @@ from triton.testing import do_bench
 
 from flashattn import fp8_format
 from flashattn.params import Fp8Scales
-from flashattn.sm90.fwd import flash_fwd_hopper_fp8
+from flashattn.backends.sm90.fwd import flash_fwd_hopper_fp8
 
 
 def _time_bf16(args, variants, d, s, b, h) -> None:
     """The variants on the bf16 forward at one point, rounds interleaved, min per variant."""
-    from flashattn.sm90.fwd import flash_fwd_hopper
+    from flashattn.backends.sm90.fwd import flash_fwd_hopper
 
     x = [torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
     for causal in (False, True):
@@ -75,7 +75,7 @@ def main() -> int:
         table = torch.ones(b, h, -(-s // 128), device="cuda", dtype=torch.float32)
         per_block = Fp8Scales(table, table, table, 7, 7)
         if new:
-            from flashattn.sm90.v_layout import wgmma_ordered_vt
+            from flashattn.backends.sm90.v_layout import wgmma_ordered_vt
             vt = wgmma_ordered_vt(x8[2])
             kw = dict(v_in_wgmma_order=True)
             prep = lambda: wgmma_ordered_vt(x8[2])  # noqa: E731

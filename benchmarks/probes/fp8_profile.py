@@ -36,8 +36,8 @@ def make_call(impl: str, d: int, s: int, causal: bool):
         run, _ = cudnn_fp8(*x8, causal)
         return run
     from flashattn.params import Fp8Scales
-    from flashattn.sm90.fwd import flash_fwd_hopper_fp8
-    from flashattn.sm90.v_layout import wgmma_ordered_vt
+    from flashattn.backends.sm90.fwd import flash_fwd_hopper_fp8
+    from flashattn.backends.sm90.v_layout import wgmma_ordered_vt
 
     one = torch.ones(b, h, 1, device="cuda", dtype=torch.float32)
     scales = Fp8Scales(one, one, one, 31, 31)

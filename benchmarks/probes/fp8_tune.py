@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 import flashattn  # noqa: E402
 from flashattn import fp8  # noqa: E402
 from flashattn.params import Fp8Scales  # noqa: E402
-from flashattn.sm90.fwd import flash_fwd_hopper_fp8  # noqa: E402
+from flashattn.backends.sm90.fwd import flash_fwd_hopper_fp8  # noqa: E402
 
 
 def tflops(ms, b, s, h, d, causal):

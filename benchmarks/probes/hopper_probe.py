@@ -23,8 +23,8 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
-from flashattn.sm90.fwd import flash_fwd_hopper  # noqa: E402
-from flashattn.triton.fwd import flash_fwd  # noqa: E402
+from flashattn.backends.sm90.fwd import flash_fwd_hopper  # noqa: E402
+from flashattn.backends.triton.fwd import flash_fwd  # noqa: E402
 
 ABLATIONS = {
     "full": {},
@@ -42,7 +42,7 @@ def _parse_extra(spec, config_cls=None):
     ``config_cls`` (FwdConfig by default; BwdConfig for --bwd-variants)."""
     import dataclasses
 
-    from flashattn.sm90.config import FwdConfig
+    from flashattn.backends.sm90.config import FwdConfig
 
     types = {f.name: {"int": int, "bool": bool}[str(f.type)]
              for f in dataclasses.fields(config_cls or FwdConfig)}
@@ -73,8 +73,8 @@ def _bench(fn, warmup, rep):
 
 def _bwd_main(args):
     """--mode bwd: time the backward alone (forward outputs computed once per point)."""
-    from flashattn.sm90.bwd import flash_bwd_hopper
-    from flashattn.triton.bwd import flash_bwd
+    from flashattn.backends.sm90.bwd import flash_bwd_hopper
+    from flashattn.backends.triton.bwd import flash_bwd
 
     rows = []
     t0 = time.time()
@@ -85,7 +85,7 @@ def _bwd_main(args):
         points = [(d, c, s) for d in [int(x) for x in args.d.split(",")]
                   for c in [bool(int(x)) for x in args.causal.split(",")]
                   for s in [int(x) for x in args.seqlens.split(",")]]
-    from flashattn.sm90.config import BwdConfig
+    from flashattn.backends.sm90.config import BwdConfig
 
     variants = {"full": {}, **_parse_extra(args.bwd_variants, BwdConfig)}
     for d, causal, s in points:

@@ -8,7 +8,7 @@ call into layers by the file each function's own time is spent in:
 - validation: api/validation*, api/kvcache_validation, api/out, api/params, metadata
 - api: the rest of flashattn/api (argument plumbing of the public functions)
 - dispatch: dispatch.py, ops.py, params.py, runtime/env.py, sm90/support.py
-- kernel-host: flashattn/triton/*.py (configs, strides, argument tuples of the launches)
+- kernel-host: flashattn/backends/triton/*.py (configs, strides, argument tuples of the launches)
 - launch: runtime/launch.py, triton's own Python, the launcher (C)
 - alloc: torch.empty / zeros / full / *_like
 - torch-other: other torch calls (strides, views, .contiguous, ...)

@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 
 from flashattn import fa3  # noqa: E402
 from flashattn.runtime.env import override  # noqa: E402
-from flashattn.triton import decode as _decode  # noqa: E402
+from flashattn.backends.triton import decode as _decode  # noqa: E402
 
 H, H_K, D, D_V, PAGE = 128, 1, 64, 512, 64
 

@@ -78,7 +78,7 @@ def main() -> int:
         "fwd dispatch.dense.forward": lambda: dispatch_dense.forward(q, k, v, **params),
         "fwd sdpa-flash": sdpa,
     }
-    from flashattn.triton import fwd as kfwd
+    from flashattn.backends.triton import fwd as kfwd
 
     fns["fwd forward_family"] = lambda: dispatch_select.forward_family(q, k, v, **params)
     fns["fwd flash_fwd"] = lambda: kfwd.flash_fwd(q, k, v, **params)
@@ -102,7 +102,7 @@ def main() -> int:
     bparams = {**{n: params[n] for n in params if n != "return_softmax"}, "deterministic": False}
     fns["bwd dispatch.dense.backward"] = lambda: dispatch_dense.backward(dout, q, k, v, out, lse,
                                                                          **bparams)
-    from flashattn.triton import bwd as kbwd
+    from flashattn.backends.triton import bwd as kbwd
 
     fns["bwd flash_bwd (portable)"] = lambda: kbwd.flash_bwd(dout, q, k, v, out, lse, **bparams)
     qg, kg, vg = (x.detach().clone().requires_grad_() for x in (q, k, v))
@@ -116,9 +116,9 @@ def main() -> int:
             F.scaled_dot_product_attention(qtg, ktg, vtg, is_causal=True).sum().backward()
 
     if dispatch_select.hopper_reason(q) is None:  # sm90: the Gluon path's host layers as well
-        from flashattn.sm90 import bwd as hbwd, fwd as hfwd
-        from flashattn.sm90.config import fwd_config
-        from flashattn.triton.config import sm_count
+        from flashattn.backends.sm90 import bwd as hbwd, fwd as hfwd
+        from flashattn.backends.sm90.config import fwd_config
+        from flashattn.backends.triton.config import sm_count
         from flashattn.runtime.launch import launch_jit
 
         fns["fwd flash_fwd_hopper"] = lambda: hfwd.flash_fwd_hopper(q, k, v, **params)

@@ -17,8 +17,8 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
-from flashattn.triton import bwd as kbwd  # noqa: E402
-from flashattn.triton import fwd as kfwd  # noqa: E402
+from flashattn.backends.triton import bwd as kbwd  # noqa: E402
+from flashattn.backends.triton import fwd as kfwd  # noqa: E402
 
 
 def _params(causal, d):

@@ -26,7 +26,7 @@ from triton.testing import do_bench
 
 from flashattn.api.fp8 import random_signs
 from flashattn.fp8_format import wgmma_vt_empty
-from flashattn.triton.fp8_quantize import _launch
+from flashattn.backends.triton.fp8_quantize import _launch
 
 
 def main() -> int:

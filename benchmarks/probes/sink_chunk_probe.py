@@ -65,7 +65,7 @@ def main() -> int:
     # the Hopper kernel alone with and without the sink folded into its epilogue, and the
     # plain kernel followed by the separate pass (5 interleaved rounds)
     from flashattn import ops
-    from flashattn.sm90.fwd import flash_fwd_hopper
+    from flashattn.backends.sm90.fwd import flash_fwd_hopper
     with torch.no_grad():
         for causal in (False, True):
             kw = dict(softmax_scale=d ** -0.5, causal=causal, window_left=-1,
@@ -80,7 +80,7 @@ def main() -> int:
                              pass_ratio=t["kernel_then_pass"] / t["kernel"]))
             print(json.dumps(rows[-1]), flush=True)
     # the sink pass alone, by launch config, beside a plain copy of the same bytes
-    from flashattn.triton import sink as sink_mod
+    from flashattn.backends.triton import sink as sink_mod
     with torch.no_grad():
         out, lse, _ = flashattn.flash_attn_func(q, k, v, return_attn_probs=True)
         t = {"clone": do_bench(lambda: out.clone(), warmup=10, rep=60),

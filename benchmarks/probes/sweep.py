@@ -24,9 +24,9 @@ import torch
 import triton
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
-from flashattn.triton import bwd as kbwd  # noqa: E402
-from flashattn.triton import config  # noqa: E402
-from flashattn.triton import fwd as kfwd  # noqa: E402
+from flashattn.backends.triton import bwd as kbwd  # noqa: E402
+from flashattn.backends.triton import config  # noqa: E402
+from flashattn.backends.triton import fwd as kfwd  # noqa: E402
 
 _SPACES = {"fwd": config._FWD_SPACE, "dkdv": config._BWD_KV_SPACE, "dq": config._BWD_Q_SPACE}
 

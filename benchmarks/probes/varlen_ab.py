@@ -18,7 +18,7 @@ import triton
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 sys.path.insert(0, os.path.dirname(__file__))
-from flashattn.sm90.fwd import flash_fwd_hopper_varlen  # noqa: E402
+from flashattn.backends.sm90.fwd import flash_fwd_hopper_varlen  # noqa: E402
 from varlen_probe import D, H, TOKENS, _cu, ragged_lengths, useful_flops  # noqa: E402
 
 

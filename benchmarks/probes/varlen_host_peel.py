@@ -41,8 +41,8 @@ from flashattn import ops  # noqa: E402
 from flashattn.dispatch import varlen as dispatch_varlen  # noqa: E402
 from flashattn.api import fastpath  # noqa: E402
 from flashattn.params import AttnParams, Fp8Scales  # noqa: E402
-from flashattn.sm90 import bwd as sm90_bwd  # noqa: E402
-from flashattn.sm90 import fwd as sm90_fwd  # noqa: E402
+from flashattn.backends.sm90 import bwd as sm90_bwd  # noqa: E402
+from flashattn.backends.sm90 import fwd as sm90_fwd  # noqa: E402
 from plan_probe import per_call_us  # noqa: E402
 
 

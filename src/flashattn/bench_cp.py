@@ -46,8 +46,8 @@ def _apply_schedule(name: str) -> None:
         raise SystemExit(f"--schedule: expected default or static, got {name!r}")
     from dataclasses import replace
 
-    from flashattn.sm90 import config as _cfg
-    from flashattn.sm90 import fwd as _fwd
+    from flashattn.backends.sm90 import config as _cfg
+    from flashattn.backends.sm90 import fwd as _fwd
 
     _fwd.uses_tile_queue = lambda cfg, window_right, varlen=False: bool(
         cfg.dynamic and cfg.persistent and cfg.warp_specialized

@@ -173,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
 # info
 # ---------------------------------------------------------------------------------------------
 # torch / triton pairs this release was tested with, and which kernels each one gets (README:
-# Install). The Hopper path's per-version status comes from flashattn.sm90.support.
+# Install). The Hopper path's per-version status comes from flashattn.backends.sm90.support.
 TESTED_PAIRS = (
     ("2.11.0+cu130", "3.6.0", "H100: GPU tests + benchmark grid; Gluon (Hopper) kernels on sm90"),
     ("2.11.0+cu130", "3.9.0", "H100: GPU tests + 16k grid; Gluon kernels on sm90"),
@@ -188,7 +188,7 @@ def _print_tested_versions() -> None:
     print("\ntested torch / triton pairs:")
     print(format_table(["torch", "triton", "what ran"], [list(p) for p in TESTED_PAIRS]))
     try:
-        from flashattn.sm90 import support
+        from flashattn.backends.sm90 import support
 
         print("Gluon (Hopper) kernels by triton version (on by default with each):")
         for minor, how in support.GLUON_TRITON.items():
@@ -350,7 +350,7 @@ def _cpu_route(s: int, d: int, causal: bool, dtype: Any) -> str:
     PyTorch's CPU flash kernel where it computes the call exactly, else our chunked path."""
     import torch
 
-    from flashattn.cpu import aten_flash
+    from flashattn.backends.cpu import aten_flash
     from flashattn.params import AttnParams
 
     x = torch.empty(1, s, 1, d, dtype=dtype)

@@ -24,7 +24,7 @@ from tests.accuracy import (assert_attention_close, assert_close_rule, delta_res
                             fp32_sum_atol)
 from flashattn import flash_attn_func
 from flashattn.dispatch import select as dispatch_select
-from flashattn.cpu import aten_flash
+from flashattn.backends.cpu import aten_flash
 from flashattn.params import AttnParams
 from flashattn.reference import attention_probs_ref, attention_ref, visible_mask
 from tests.settings import set_env
@@ -323,7 +323,7 @@ def test_heads_on_grid_axis0(backend, case, monkeypatch):
     """Dense calls whose b * h passes the 65535 limit of grid axis 1 put (batch, head) on axis 0
     in every pass (forward, dK/dV, the deterministic dQ pass). The limit is lowered to 1 here,
     so these small calls take that layout; test_more_than_65535_heads_gpu runs the real size."""
-    from flashattn.triton import config
+    from flashattn.backends.triton import config
 
     monkeypatch.setattr(config, "MAX_GRID_YZ", 1)
     check_attention(case)

@@ -165,7 +165,7 @@ def test_quantize_pass_shared_memory_and_block_routing(monkeypatch):
     pytest.importorskip("triton")
     from flashattn import fp8_format
     from flashattn.dispatch import select as dispatch_select
-    from flashattn.triton.fp8_quantize import launch_params
+    from flashattn.backends.triton.fp8_quantize import launch_params
 
     shipped = {d: launch_params(d, 128, True) for d in (64, 96, 128, 192, 256)}
     assert shipped == {64: (4, 2, 3, 1, None), 96: (8, 2, 1, 1, 128), 128: (8, 2, 2, 1, 128),

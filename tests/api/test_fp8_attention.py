@@ -214,7 +214,7 @@ def test_quantize_pass_parts_write_what_the_whole_pass_writes_interpreter():
     part and the V part (interpreted) each write exactly their tensors of the whole pass, and
     nothing else (the other outputs keep their NaN / poison fill)."""
     from flashattn.fp8_format import wgmma_vt_empty
-    from flashattn.triton.fp8_quantize import _launch
+    from flashattn.backends.triton.fp8_quantize import _launch
 
     torch.manual_seed(6)
     q, k, v = (torch.randn(1, 80, 2, 64).bfloat16() for _ in range(3))

@@ -24,7 +24,7 @@ if not torch.cuda.is_available():
 
 
 def _hopper() -> bool:
-    from flashattn.sm90.support import device_unavailable
+    from flashattn.backends.sm90.support import device_unavailable
 
     return torch.cuda.is_available() and device_unavailable(torch.device("cuda")) is None
 
@@ -272,7 +272,7 @@ def test_row_sum_on_the_tensor_core_keeps_fa3_numerics(d, causal, window, softca
     leaves the first rows with no key: out 0 and lse -inf there."""
     from flashattn.api.normalise import window as norm_window
     from flashattn.params import Fp8Scales
-    from flashattn.sm90.fwd import flash_fwd_hopper_fp8
+    from flashattn.backends.sm90.fwd import flash_fwd_hopper_fp8
 
     b, s_q, s_k, h, h_k = 2, 1100 if causal else 1000, 1000, 4, 2
     _, r = _quantized(b, s_q, s_k, h, h_k, d, d, seed=3)
@@ -547,8 +547,8 @@ def test_bottom_aligned_fp8_tiles_keep_fa3_numerics(d, s_q, causal, window):
     masked, but each still carries V's descale ratio into the accumulator (fp32 rounding)."""
     from flashattn.api.normalise import window as norm_window
     from flashattn.params import Fp8Scales
-    from flashattn.sm90.fwd import flash_fwd_hopper_fp8
-    from flashattn.sm90.v_layout import wgmma_ordered_vt
+    from flashattn.backends.sm90.fwd import flash_fwd_hopper_fp8
+    from flashattn.backends.sm90.v_layout import wgmma_ordered_vt
 
     s_k, b, h, h_k = s_q, 2, 4, 2
     _, r = _quantized(b, s_q, s_k, h, h_k, d, d, seed=7)
@@ -581,7 +581,7 @@ def test_fp8_key_tiles_follow_the_scale_blocks(d, s, block_n, causal, key_block)
     K / V descale blocks (never straddling one) and stays within the numerics rule."""
     from flashattn.api.normalise import window as norm_window
     from flashattn.params import AttnParams, Fp8Scales
-    from flashattn.sm90.config import fp8_fwd_config, fp8_long_causal
+    from flashattn.backends.sm90.config import fp8_fwd_config, fp8_long_causal
 
     b, h, h_k = 1, 4, 2
     xs = _quantized(b, s, s, h, h_k, d, d, seed=3)[0]

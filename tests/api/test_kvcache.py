@@ -376,8 +376,8 @@ def test_decode_host_helpers_match_triton(monkeypatch):
     and the cached launch plan tracks the environment overrides (part of its key)."""
     import triton
 
-    from flashattn.triton import config
-    from flashattn.triton import decode as _dec
+    from flashattn.backends.triton import config
+    from flashattn.backends.triton import decode as _dec
 
     for n in range(0, 300):
         if n > 0:  # callers pass >= 1 (triton's gives 0 for 0, ours 1)

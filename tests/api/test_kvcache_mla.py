@@ -366,7 +366,7 @@ def test_mla_fp8_cache_through_the_fp8_launch_config(dtype, backend: str,
     for both of its dots (not the fp16 of the FP8 path without qv). The interpreter's own
     config is 16 keys, so the GPU's tile is forced through FLASHATTN_DECODE_CONFIG and the
     call checked against the oracle (paged, appends, causal, splits, GQA)."""
-    from flashattn.triton import decode as dec
+    from flashattn.backends.triton import decode as dec
     from tests.settings import set_env
 
     c = replace(BASE, fp8=True, dtype=dtype, d=32, d_v=64, h=8, h_k=2, page=3, s_q=2,

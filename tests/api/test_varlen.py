@@ -419,7 +419,7 @@ SMALL_Q_CASES = [
 
 def _count_decode_calls(monkeypatch) -> list:
     """Count the decode kernel's calls (triton/decode.DecodeCall) from here on."""
-    from flashattn.triton import decode
+    from flashattn.backends.triton import decode
 
     calls = []
     original = decode.DecodeCall.__call__
@@ -483,7 +483,7 @@ def test_small_query_rows_outside_sequences_written_by_the_kernel(monkeypatch):
     poisoned with NaN here, and those rows still read 0 / -inf, with and without key splits."""
     import types
 
-    from flashattn.triton import decode
+    from flashattn.backends.triton import decode
 
     poisoned = types.SimpleNamespace(**{n: getattr(torch, n) for n in dir(torch)
                                         if not n.startswith("__")})
@@ -697,7 +697,7 @@ def test_kernel_launch_reads_no_tensor_values(monkeypatch):
     CUDA-graph capture). The launches are replaced by recorders and every host read of a
     tensor value raises."""
     pytest.importorskip("triton")
-    from flashattn.triton import bwd, fwd
+    from flashattn.backends.triton import bwd, fwd
 
     launched = []
 

@@ -1,4 +1,4 @@
-"""Every backend module implements the interface it promises (flashattn/dispatch/interface.py):
+"""Every backend module implements the interface it promises (flashattn/backends/interface.py):
 the required functions with the declared parameters (names, kinds, defaults; trailing extras
 only with defaults), the optional ones with their declared signature, nothing undeclared."""
 import importlib
@@ -6,7 +6,7 @@ import inspect
 
 import pytest
 
-from flashattn.dispatch import interface
+from flashattn.backends import interface
 
 
 def _protocol_functions(proto) -> dict:

@@ -179,9 +179,9 @@ def test_import_without_triton():
         from flashattn.dispatch import select as dispatch_select
         assert not dispatch_select.triton_available()
         assert dispatch_select.backend_for(torch.device("cpu")) == "cpu"
-        assert "flashattn.triton.fwd" not in sys.modules
+        assert "flashattn.backends.triton.fwd" not in sys.modules
         try:
-            import flashattn.cpu
+            import flashattn.backends.cpu
         except ModuleNotFoundError:
             print("no-cpu-module")
             raise SystemExit(0)
@@ -246,7 +246,7 @@ def _params(**kw):
 
 
 def test_call_coverage_rules():
-    from flashattn.sm90.support import call_unsupported
+    from flashattn.backends.sm90.support import call_unsupported
 
     q, k, v = _meta((2, 300, 8, 128)), _meta((2, 500, 2, 128)), _meta((2, 500, 2, 128))
     assert call_unsupported(q, k, v, _params()) is None
@@ -272,7 +272,7 @@ def test_call_coverage_rules():
 def test_mixed_head_dims_take_the_hopper_forward_only():
     """d != d_v (e.g. 192 / 128) is covered by the Hopper forward when both are Hopper head
     dims; the Hopper backward never takes it (the portable backward runs it)."""
-    from flashattn.sm90.support import backward_unsupported, call_unsupported
+    from flashattn.backends.sm90.support import backward_unsupported, call_unsupported
 
     q, k, v = _meta((2, 300, 8, 192)), _meta((2, 500, 2, 192)), _meta((2, 500, 2, 128))
     assert call_unsupported(q, k, v, _params()) is None
@@ -308,7 +308,7 @@ def test_forward_routes_hopper_and_falls_back(env, fake_sm90, fake_hopper, monke
     monkeypatch.setattr(dispatch_select, "family_for", lambda t: "hopper" if backend != "portable"
                         else "portable")
     monkeypatch.setattr(dispatch_select, "backend_for", lambda t: "portable")
-    from flashattn.sm90 import support
+    from flashattn.backends.sm90 import support
     monkeypatch.setattr(support, "MIN_SEQLEN_K_DENSE", 0)  # tiny shapes: skip auto's speed rule
     monkeypatch.setattr(support, "MIN_SEQLEN_K_MASKED", 0)
     monkeypatch.setattr(support, "MIN_SEQLEN_K_BWD_MASKED", 0)
@@ -343,7 +343,7 @@ def test_hopper_backward_env_switch_and_rules(env, monkeypatch):
     """FLASHATTN_HOPPER_BWD=0 keeps the backward portable; head dims outside 64/96/128/192/256,
     and deterministic=True outside d = 128, masked or with softcap, are not covered by the
     Hopper backward (reason strings name them)."""
-    from flashattn.sm90.support import backward_unsupported
+    from flashattn.backends.sm90.support import backward_unsupported
 
     env("hopper", None)
     monkeypatch.setattr(dispatch_select, "family_for", lambda t: "hopper")  # (fake) sm90 device
@@ -505,7 +505,7 @@ def test_varlen_reaches_the_hopper_backend(env, monkeypatch, fake_backends, kw, 
     (128, dict(dropout_p=0.1), False, "dropout"),
 ])
 def test_varlen_backward_coverage(d, kw, used, expected):
-    from flashattn.sm90.support import varlen_backward_unsupported
+    from flashattn.backends.sm90.support import varlen_backward_unsupported
 
     q = _meta((300, 8, d))
     k = _meta((500, 2, d))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flashattn.triton import decode, fwd, rotary
+from flashattn.backends.triton import decode, fwd, rotary
 
 pytestmark = pytest.mark.skipif(
     not __import__("flashattn.dispatch.select", fromlist=["interpreting"]).interpreting(),

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from flashattn.runtime import launch
-from flashattn.triton import decode, fwd
+from flashattn.backends.triton import decode, fwd
 
 
 class _Recorded:

@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 
-from flashattn.sm90 import support
+from flashattn.backends.sm90 import support
 
 
 @pytest.fixture

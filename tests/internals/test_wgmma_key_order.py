@@ -23,7 +23,7 @@ def test_positions_are_a_permutation_inside_each_group():
 @pytest.mark.parametrize("shape", [(2, 37, 3, 8), (1, 64, 2, 16), (1, 5, 1, 24), (2, 130, 2, 256)])
 def test_triton_pass_matches_torch(shape):
     pytest.importorskip("triton")
-    from flashattn.sm90 import v_layout
+    from flashattn.backends.sm90 import v_layout
 
     torch.manual_seed(0)
     v = torch.randn(*shape).to(torch.float8_e4m3fn)
@@ -47,7 +47,7 @@ def test_varlen_pass_starts_every_sequence_on_a_key_group(lens, block_n):
     position 32 (b + cu_k[b] // 32), every other position up to where the forward's key
     blocks read (block_n past each end) zero, whatever the memory held before."""
     pytest.importorskip("triton")
-    from flashattn.sm90 import v_layout
+    from flashattn.backends.sm90 import v_layout
 
     torch.manual_seed(0)
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
@@ -82,7 +82,7 @@ def test_varlen_pass_copies_only_the_used_keys():
     copied: those positions are zeros like the gaps (the FP8 forward's masked P is 0 there,
     and 0 x NaN would be NaN)."""
     pytest.importorskip("triton")
-    from flashattn.sm90 import v_layout
+    from flashattn.backends.sm90 import v_layout
 
     lens, used = (40, 70, 5), (33, 0, 5)
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
@@ -106,7 +106,7 @@ def test_clear_uncovered_rows(cu, total):
     """sm90/varlen_rows.py (interpreter): rows outside [cu[0], cu[-1]) become 0 / -inf, the
     others keep what the forward wrote; offsets past total_q are clamped."""
     pytest.importorskip("triton")
-    from flashattn.sm90.varlen_rows import clear_uncovered_rows
+    from flashattn.backends.sm90.varlen_rows import clear_uncovered_rows
 
     h, d = 3, 40
     out = torch.full((total, h, d), 7.0, dtype=torch.bfloat16)

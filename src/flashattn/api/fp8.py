@@ -2,8 +2,8 @@
 processing): ``flashattn.fp8.quantize``.
 
 The semantics (descale convention, block layout, the block-diagonal Hadamard for head dims that
-are not a power of two) are those of :mod:`flashattn.cpu.fp8`; on CUDA one fused Triton pass
-(:mod:`flashattn.triton.fp8_quantize`). Attention over the result: ``flashattn.fp8.attention``
+are not a power of two) are those of :mod:`flashattn.backends.cpu.fp8`; on CUDA one fused Triton pass
+(:mod:`flashattn.backends.triton.fp8_quantize`). Attention over the result: ``flashattn.fp8.attention``
 (:mod:`flashattn.api.fp8_attention`).
 """
 from __future__ import annotations

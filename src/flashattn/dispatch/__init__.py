@@ -1,7 +1,6 @@
-"""Dispatch: which backend runs a call, and the ops' bodies that run it.
+"""Dispatch: which backend runs a call, and the ops' bodies that run it (the backends and
+their declared interface live in :mod:`flashattn.backends`).
 
-    interface.py  the backend interface (typing.Protocol): what every ``<backend>/backend.py``
-                  offers, the optional recorded-call factories, each backend's module
     select.py     which backend covers which call, for every op: the one place that decides
     dense.py      dense forward / backward (+ sinks): empty shapes, few query rows on the
                   decode kernel, the rest on the selected backend

@@ -1,12 +1,12 @@
 """Which backend covers a call: the one place that decides, for every op (:data:`OPS`).
 
-Backends (packages with a ``backend.py`` interface, declared in :mod:`flashattn.dispatch.interface`:
+Backends (packages with a ``backend.py`` interface, declared in :mod:`flashattn.backends.interface`:
 one function per op, taking the normalised :class:`flashattn.params.AttnParams`)::
 
-    portable  flashattn.triton: Triton kernels. CUDA tensors, or CPU tensors when
+    portable  flashattn.backends.triton: Triton kernels. CUDA tensors, or CPU tensors when
               TRITON_INTERPRET=1 (the Triton interpreter). Every op.
-    cpu       flashattn.cpu: chunked torch. Any device torch runs on. Every op.
-    hopper    flashattn.sm90: Gluon kernels for sm90, the dense forward of the calls they cover
+    cpu       flashattn.backends.cpu: chunked torch. Any device torch runs on. Every op.
+    hopper    flashattn.backends.sm90: Gluon kernels for sm90, the dense forward of the calls they cover
               (fp16/bf16, head dims 64/96/128/192/256, causal, window, softcap, GQA, no dropout,
               alibi or return_softmax, TMA-aligned strides) and the backward of those with
               deterministic=False, and of unmasked deterministic=True calls at d = 128
@@ -40,7 +40,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from flashattn import fp8_format
-from flashattn.dispatch import interface
+from flashattn.backends import interface
 from flashattn.params import AttnParams, Fp8Scales
 from flashattn.runtime import env
 
@@ -152,7 +152,7 @@ def _backend_for(device: torch.device, requested: str) -> str:
 
 def _hopper_device_reason(device: torch.device) -> Optional[str]:
     """Why the Hopper kernels cannot run on ``device`` (None: they can). A seam for tests."""
-    from flashattn.sm90.support import device_unavailable
+    from flashattn.backends.sm90.support import device_unavailable
 
     return device_unavailable(device)
 
@@ -162,7 +162,7 @@ def family_for(tensor: "torch.Tensor | torch.device | str") -> str:
 
     'hopper' when :func:`backend_for` says 'portable', ``FLASHATTN_BACKEND`` is ``auto`` or
     ``hopper``, and the device is sm90 with a Triton whose Gluon API the kernels know
-    (``flashattn.sm90.support``). A call the Hopper kernels do not cover still falls back to
+    (``flashattn.backends.sm90.support``). A call the Hopper kernels do not cover still falls back to
     'portable' (:func:`forward_family`).
     """
     device = _device_of(tensor)
@@ -189,11 +189,11 @@ def hopper_reason(tensor: "torch.Tensor | torch.device | str") -> Optional[str]:
 
 def forward_family(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **params: Any) -> str:
     """The family whose forward runs this call: 'hopper' when the device allows it and the
-    Hopper kernel covers the call (``flashattn.sm90.support.call_unsupported``), else the
+    Hopper kernel covers the call (``flashattn.backends.sm90.support.call_unsupported``), else the
     device backend."""
     family = family_for(q)
     if family == "hopper":
-        from flashattn.sm90.support import call_unsupported, slower_than_portable
+        from flashattn.backends.sm90.support import call_unsupported, slower_than_portable
 
         if call_unsupported(q, k, v, params) is not None:
             return "portable"
@@ -208,10 +208,10 @@ def varlen_forward_family(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_s
                           return_softmax: bool = False) -> str:
     """The family whose packed forward runs this call (q (total_q, h, d), ``n_seqs``
     sequences): 'hopper' when the device allows it and the Hopper kernel's varlen mode covers
-    the call (``flashattn.sm90.support.varlen_unsupported``), else the device backend."""
+    the call (``flashattn.backends.sm90.support.varlen_unsupported``), else the device backend."""
     family = family_for(q)
     if family == "hopper":
-        from flashattn.sm90.support import varlen_slower_than_portable, varlen_unsupported
+        from flashattn.backends.sm90.support import varlen_slower_than_portable, varlen_unsupported
 
         if n_seqs < 1:
             return "portable"
@@ -229,10 +229,10 @@ def varlen_backward_family(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_
                            seqused_k: Optional[torch.Tensor], params: AttnParams) -> str:
     """The family whose packed backward runs this call: 'hopper' when the device allows it
     and bwd_kernel.py's varlen mode covers it
-    (``flashattn.sm90.support.varlen_backward_unsupported``), else the device backend."""
+    (``flashattn.backends.sm90.support.varlen_backward_unsupported``), else the device backend."""
     family = family_for(q)
     if family == "hopper":
-        from flashattn.sm90.support import (varlen_backward_unsupported,
+        from flashattn.backends.sm90.support import (varlen_backward_unsupported,
                                             varlen_slower_than_portable)
 
         kwargs = {**params.kernel_kwargs(), "deterministic": params.deterministic}
@@ -246,13 +246,13 @@ def varlen_backward_family(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_
 
 def backward_family(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **params: Any) -> str:
     """The family whose backward runs this call: 'hopper' when the device allows it and the
-    Hopper backward covers the call (``flashattn.sm90.support.backward_unsupported``:
+    Hopper backward covers the call (``flashattn.backends.sm90.support.backward_unsupported``:
     fp16/bf16, d in 64/96/128/192/256, no dropout / alibi, ``deterministic=False``, TMA-aligned
     strides;
     ``FLASHATTN_HOPPER_BWD=0`` turns it off), else the device backend."""
     family = family_for(q)
     if family == "hopper":
-        from flashattn.sm90.support import backward_unsupported, slower_than_portable
+        from flashattn.backends.sm90.support import backward_unsupported, slower_than_portable
 
         if backward_unsupported(q, k, v, params) is not None:
             return backend_for(q)
@@ -309,7 +309,7 @@ def fp8_on_hopper(x: torch.Tensor, q8: torch.Tensor, k8: torch.Tensor, v8: torch
     dtype."""
     if family_for(x) != "hopper":
         return False
-    from flashattn.sm90.support import fp8_unsupported
+    from flashattn.backends.sm90.support import fp8_unsupported
 
     return fp8_unsupported(q8, k8, v8, params, scales, out_dtype) is None
 
@@ -322,7 +322,7 @@ def fp8_varlen_on_hopper(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, n
     and key."""
     if family_for(q8) != "hopper" or n_seqs < 1 or q8.shape[0] == 0 or k8.shape[0] == 0:
         return False
-    from flashattn.sm90.support import fp8_unsupported
+    from flashattn.backends.sm90.support import fp8_unsupported
 
     views = (q8.unsqueeze(0), k8.unsqueeze(0), v8.unsqueeze(0))
     return fp8_unsupported(*views, params, scales, out_dtype, varlen=True) is None

@@ -4,7 +4,7 @@ The api's eager fast path (``api/fastpath.py``) keys a call once (shapes, stride
 device, alignment, scalars, settings) and keeps what these factories return; a later call of
 the same signature runs it, skipping argument checks, normalisation and :mod:`flashattn.dispatch`'s
 choices. They are built from dispatch's own bodies and the backends' recorded-call factories
-(``*_call``, declared optional in ``dispatch/interface.py``), so a call decides as the full path
+(``*_call``, declared optional in ``backends/interface.py``), so a call decides as the full path
 would.
 
     dense.py      forward_runner, backward_runner (dense calls, with a gradient to record too)

@@ -1,0 +1,248 @@
+"""The Hopper forward's tile configurations as data (CPU): every shipped config fits an sm90
+SM (shared memory, register file), and fwd_config rejects combinations the kernel cannot build
+with a message that names them."""
+from __future__ import annotations
+
+import pytest
+
+from flashattn.backends.sm90.config import FWD_CONFIGS, SMEM_LIMIT, SOFTCAP_CONFIGS, fp8_fwd_config, fwd_config
+from flashattn.backends.sm90.support import HEAD_DIMS
+
+REGISTER_FILE = 65536  # 32-bit registers per SM (sm90)
+
+
+@pytest.mark.parametrize("head_dim,softcap", [(d, False) for d in FWD_CONFIGS]
+                         + [(d, True) for d in SOFTCAP_CONFIGS])
+def test_shipped_configs_fit_an_sm(head_dim, softcap):
+    cfg = fwd_config(head_dim, softcap)
+    assert cfg.consumers in (2, 3) and cfg.block_m % cfg.consumers == 0
+    assert cfg.block_m // cfg.consumers == 64  # one wgmma M-tile of rows per warpgroup
+    assert cfg.smem_bytes(head_dim) <= SMEM_LIMIT
+    # warps are allocated per warpgroup: the producer's one warp occupies a whole one
+    threads = 128 * (cfg.consumers + 1)
+    assert cfg.maxnreg * threads <= REGISTER_FILE  # the launch itself must fit
+    # after setmaxnreg: consumers up, the producer's warpgroup down
+    assert 128 * (cfg.consumers * cfg.consumer_regs + cfg.producer_regs) <= REGISTER_FILE
+
+
+@pytest.mark.parametrize("head_dim_v", HEAD_DIMS)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_mixed_head_dim_configs_fit_an_sm(head_dim, head_dim_v):
+    """d != d_v takes the larger dim's config with O in its own slot; it fits shared memory."""
+    cfg = fwd_config(head_dim, head_dim_v=head_dim_v)
+    assert cfg.smem_bytes(head_dim, head_dim_v=head_dim_v) <= SMEM_LIMIT
+    if (head_dim_v - 1).bit_length() != (head_dim - 1).bit_length():  # other padded width
+        assert cfg.separate_o
+
+
+def test_three_consumers_reject_two_way_schedules():
+    assert fwd_config(64).consumers == 3
+    for bad in (dict(pingpong=True), dict(warp_specialized=False)):
+        with pytest.raises(ValueError, match="two consumer warpgroups"):
+            fwd_config(64, **bad)
+    two = dict(consumers=2, block_m=128, consumer_regs=240, maxnreg=168)
+    assert fwd_config(64, pingpong=True, **two).pingpong
+    with pytest.raises(ValueError, match="divide block_m"):
+        fwd_config(128, consumers=3)  # block_m 128 is not three warpgroups of rows
+    with pytest.raises(ValueError, match="consumers must be 2 or 3"):
+        fwd_config(128, consumers=4)
+
+
+def test_tile_queue_for_every_persistent_warp_specialised_call():
+    """Masked and unmasked calls alike: a CTA that starts late (its SM busy with an NCCL
+    transfer beside the call) must take fewer tiles, not delay the call."""
+    pytest.importorskip("triton.experimental.gluon")
+    from flashattn.backends.sm90.fwd import uses_tile_queue
+
+    cfg = fwd_config(128)
+    assert uses_tile_queue(cfg, window_right=0)  # causal
+    assert uses_tile_queue(cfg, window_right=-1)  # dense: equal tiles, still the queue
+    assert uses_tile_queue(cfg, window_right=-1, varlen=True)
+    # the FP8 forward keeps the static stride on unmasked calls (measured so), not on masked
+    fp8 = fp8_fwd_config(128)
+    assert not uses_tile_queue(fp8, window_right=-1)
+    assert uses_tile_queue(fp8, window_right=0)
+    assert uses_tile_queue(fp8, window_right=-1, varlen=True)
+    assert not uses_tile_queue(fwd_config(128, dynamic=False), 0)
+    assert not uses_tile_queue(fwd_config(128, persistent=False), 0)
+    assert not uses_tile_queue(fwd_config(128, warp_specialized=False), 0)
+
+
+def test_backward_runs_persistent_only_where_key_tiles_cost_the_same():
+    """Unmasked calls at d = 64 / 128 take the persistent backward schedule (measured faster
+    there); causal / windowed calls, d = 96 (spills), the wide kernel and explicit overrides
+    do not."""
+    from flashattn.backends.sm90.config import bwd_config
+
+    assert bwd_config(128, masked=False).persistent
+    assert bwd_config(64, masked=False).persistent
+    # with the tile queue (late CTAs take fewer tiles), but not the deterministic schedule,
+    # whose head-major static order the dQ turns need
+    assert bwd_config(128, masked=False).dynamic and bwd_config(64, masked=False).dynamic
+    assert not bwd_config(128, masked=False, dynamic=False).dynamic
+    assert not bwd_config(128, masked=False, deterministic=True).dynamic
+    assert not bwd_config(128, masked=True).dynamic
+    assert not bwd_config(128, masked=True).persistent
+    assert not bwd_config(96, masked=False).persistent
+    assert not bwd_config(256, masked=False).persistent  # bwd_wide_kernel: no such schedule
+    assert not bwd_config(128, masked=False, persistent=False).persistent
+    assert not bwd_config(128, masked=False, pipeline=True).persistent  # needs pipeline=False
+
+
+def test_backward_tile_queue_needs_the_persistent_schedule():
+    """BwdConfig.dynamic (persistent CTAs drawing tiles from a global queue) without
+    persistent=True is refused before any compile, naming the field."""
+    import torch
+
+    from tools import aot_sm90 as aot
+
+    with pytest.raises(ValueError, match="dynamic=True"):
+        aot.compile_bwd_variant(128, torch.bfloat16, causal=True, overrides={"dynamic": True})
+
+
+def test_deterministic_backward_runs_the_ordered_persistent_schedule():
+    """deterministic=True: persistent CTAs (static stride unmasked, the ticket queue masked:
+    tiles wait only on tiles handed out earlier, which are running or done), d = 64 / 128."""
+    from flashattn.backends.sm90.config import bwd_config
+
+    for d in (64, 128):
+        for masked in (False, True):
+            cfg = bwd_config(d, masked=masked, deterministic=True)
+            assert cfg.deterministic and cfg.persistent and not cfg.pipeline
+            assert cfg.dynamic == masked
+            assert bwd_config(d, masked, True) is cfg  # prebuilt: no per-call dataclass
+        assert bwd_config(d, masked=True, deterministic=True, num_stages=3).num_stages == 3
+    assert not bwd_config(128, masked=True).deterministic
+    for d in (96, 192, 256):
+        with pytest.raises(ValueError, match="deterministic"):
+            bwd_config(d, deterministic=True)
+
+
+def test_deterministic_backward_refuses_a_left_window():
+    """The ordered dQ relies on every key tile from 0 to the last one reaching a query block
+    visiting it: true without a left window. With one, the launch is refused, naming the rule."""
+    import torch
+
+    from tools import aot_sm90 as aot
+
+    with pytest.raises(ValueError, match="left window"):
+        aot.compile_bwd_variant(128, torch.bfloat16, window=(300, 0),
+                                overrides={"deterministic": True})
+
+
+def test_fp8_unmasked_overrides_change_only_the_schedule():
+    """FP8_UNMASKED_OVERRIDES (d = 256 without the intra-warpgroup overlap, measured faster on
+    unmasked calls only) leave the tiles alone, so the scale-block checks of
+    support.fp8_unsupported hold either way; masked calls, softcap and explicit overrides keep
+    what they ask for."""
+    from flashattn.backends.sm90.config import FP8_CONFIGS, FP8_UNMASKED_OVERRIDES, fp8_fwd_config
+
+    for d in FP8_CONFIGS:
+        masked, unmasked = fp8_fwd_config(d, masked=True), fp8_fwd_config(d, masked=False)
+        assert masked == FP8_CONFIGS[d]
+        tiles = lambda c: (c.block_m, c.block_n, c.consumers, c.num_stages)  # noqa: E731
+        assert tiles(masked) == tiles(unmasked)
+        assert unmasked.intra_overlap == (d not in FP8_UNMASKED_OVERRIDES)
+        assert unmasked.smem_bytes(d, elem=1) <= SMEM_LIMIT
+    assert fp8_fwd_config(256, softcap=True).intra_overlap  # softcap: its own tiles
+    assert fp8_fwd_config(256, masked=False, intra_overlap=True).intra_overlap
+
+
+def test_fp8_key_tiles_follow_the_descale_blocks():
+    """A K / V descale covers whole key tiles: tiles longer than the descale blocks shrink to
+    them (down to FP8_MIN_BLOCK_N, below which support.fp8_unsupported refuses the call), and
+    FP8_LONG_CAUSAL's longer tiles apply only to long causal calls whose blocks cover them."""
+    import torch
+
+    from flashattn.params import AttnParams, Fp8Scales
+    from flashattn.backends.sm90 import support
+    from flashattn.backends.sm90.config import (FP8_CONFIGS, FP8_LONG_CAUSAL, FP8_LONG_CAUSAL_MIN_KEYS,
+                                       FP8_MIN_BLOCK_N, FP8_NARROW_STAGES, fp8_fwd_config,
+                                       fp8_long_causal)
+
+    one_per_head = 1 << 31
+    assert fp8_long_causal(-1, 0, FP8_LONG_CAUSAL_MIN_KEYS)
+    assert not fp8_long_causal(-1, 0, FP8_LONG_CAUSAL_MIN_KEYS - 1)
+    assert not fp8_long_causal(256, 0, 16384)  # a left window: not the measured case
+    assert not fp8_long_causal(-1, -1, 16384)  # no mask
+    long = fp8_fwd_config(128, masked=True, kv_block_keys=one_per_head, long_causal=True)
+    assert (long.block_n, long.num_stages, long.intra_overlap) == (256, 2, False)
+    assert long == fp8_fwd_config(128, masked=True, kv_block_keys=256, long_causal=True)
+    assert long.smem_bytes(128, elem=1) <= SMEM_LIMIT
+    assert set(FP8_LONG_CAUSAL) <= set(FP8_CONFIGS)
+    # 128-key descales, a dense call, softcap or a short call: the table's tiles
+    for kw in (dict(kv_block_keys=128, long_causal=True, masked=True),
+               dict(kv_block_keys=one_per_head, long_causal=True, masked=False),
+               dict(kv_block_keys=one_per_head, long_causal=False, masked=True)):
+        assert fp8_fwd_config(128, **kw).block_n == FP8_CONFIGS[128].block_n, kw
+    assert fp8_fwd_config(128, softcap=True, masked=True, kv_block_keys=one_per_head,
+                          long_causal=True).block_n == 64
+    # shorter descale blocks: shorter tiles, every head dim
+    for d in FP8_CONFIGS:
+        cfg = fp8_fwd_config(d, kv_block_keys=FP8_MIN_BLOCK_N)
+        assert cfg.block_n == FP8_MIN_BLOCK_N
+        assert cfg.num_stages == (FP8_NARROW_STAGES if FP8_CONFIGS[d].block_n > FP8_MIN_BLOCK_N
+                                  else FP8_CONFIGS[d].num_stages)
+        assert cfg.smem_bytes(d, elem=1) <= SMEM_LIMIT
+    # support: 64-key descales at d = 192 (128-key tiles) run shorter tiles; 32 are refused
+    q = torch.empty((1, 256, 2, 192), dtype=torch.float8_e4m3fn, device="meta")
+    params = AttnParams(192 ** -0.5, False, -1, -1, 0.0, None, 0.0, 0)
+    table = torch.empty((1, 2, 8), device="meta")
+    for shift, ok in ((6, True), (7, True), (31, True), (5, False)):
+        why = support.fp8_unsupported(q, q, q, params, Fp8Scales(table, table, table, 7, shift))
+        assert (why is None) == ok, (shift, why)
+
+
+def test_fp8_float32_output_only_where_its_o_slot_fits():
+    """out_dtype=float32 doubles the FP8 forward's O slot: every config the launch may pick
+    (masks, softcap, narrow and long causal key tiles) fits an SM at d <= 128 and with a
+    128-wide V at d = 192; d = 192 / 256 with their own V width and 128-key tiles do not, and
+    support.fp8_unsupported sends those to the portable kernel with a reason. The 16-bit
+    outputs of the shipped configs fit by the same count (fp8_smem_bytes)."""
+    import torch
+
+    from flashattn.params import AttnParams, Fp8Scales
+    from flashattn.backends.sm90 import support
+    from flashattn.backends.sm90.config import FP8_CONFIGS, fp8_fwd_config, fp8_smem_bytes
+
+    for d in FP8_CONFIGS:
+        assert fp8_smem_bytes(fp8_fwd_config(d), d, d, 2) <= SMEM_LIMIT
+    table = torch.empty((1, 2, 8), device="meta")
+    for (d, d_v), fits in (((64, 64), True), ((96, 96), True), ((128, 128), True),
+                           ((192, 128), True), ((192, 192), False), ((256, 256), False)):
+        q = torch.empty((1, 8192, 2, d), dtype=torch.float8_e4m3fn, device="meta")
+        v = torch.empty((1, 8192, 2, d_v), dtype=torch.float8_e4m3fn, device="meta")
+        for causal in (False, True):
+            for softcap in (0.0, 20.0):
+                for shift in (6, 7, 31):
+                    params = AttnParams(d ** -0.5, causal, -1, 0 if causal else -1, softcap,
+                                        None, 0.0, 0)
+                    scales = Fp8Scales(table, table, table, 7, shift)
+                    assert support.fp8_unsupported(q, q, v, params, scales) is None
+                    why = support.fp8_unsupported(q, q, v, params, scales, torch.float32)
+                    cfg = fp8_fwd_config(d, d_v, softcap > 0, causal, kv_block_keys=1 << shift,
+                                         long_causal=causal)
+                    if fits:
+                        assert why is None, (d, d_v, causal, softcap, shift, why)
+                    elif softcap == 0.0 and shift >= 7:  # the 128-key tiles: refused
+                        assert "out_dtype float32" in why, (d, causal, shift, why)
+                    # (64-key tiles, softcap's or narrow descales', fit at d = 192)
+                    assert (why is None) == (fp8_smem_bytes(cfg, d, d_v, 4) <= SMEM_LIMIT)
+
+
+def test_one_wave_calls_keep_the_static_stride():
+    """A call of at most one tile per SM takes no tile queue (each CTA takes one tile either
+    way; the queue would only add its counter to the host time); larger unmasked calls do."""
+    pytest.importorskip("triton.experimental.gluon")
+    from flashattn.backends.sm90 import bwd as _bwd
+    from flashattn.backends.sm90 import fwd as _fwd
+    from flashattn.backends.sm90.config import bwd_config
+
+    cfg = fwd_config(128)
+    static = _fwd._static_stride(cfg)
+    assert static is _fwd._static_stride(cfg)  # cached: no dataclass copy per call
+    assert not _fwd.uses_tile_queue(static, window_right=-1)
+    assert _fwd.uses_tile_queue(static, window_right=0)  # masked calls keep the queue
+    bcfg = bwd_config(128, masked=False)
+    assert bcfg.dynamic and not _bwd._static_stride(bcfg).dynamic
+    assert _bwd._static_stride(bcfg).persistent

@@ -588,7 +588,7 @@ class DecodeCall:
     """:func:`decode_attention` for one *call signature*, its host work done once.
 
     Every decision of a decode launch (tile sizes, splits, TMA, grid, the kernel's 42 scalar
-    arguments and 23 constexprs, the output shapes) follows from the tensors' shapes, strides,
+    arguments and 24 constexprs, the output shapes) follows from the tensors' shapes, strides,
     dtypes, devices and 16-byte alignment, which optional tensors are given, the scalars and
     the runtime settings. A caller that keys its calls on all of those (the api's fast path per
     call signature, a decode plan per stride set) builds one DecodeCall per key and calls it

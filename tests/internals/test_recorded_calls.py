@@ -126,3 +126,41 @@ def test_split_counts_key_their_own_plans():
     keys = {n: call(n).key for n in (2, 3, 5)}
     assert len(set(keys.values())) == 3
     assert call(3).key == keys[3]
+
+
+@pytest.mark.parametrize("features", ["plain", "fp8-qv", "fp8-query"])
+def test_decode_call_fills_every_kernel_argument(features):
+    """DecodeCall's pieces match the decode kernel's signature: its tensor slots (_slots,
+    _N_TENSORS: ``Q ... VDescale, QV, QDescale``) are the parameters before the first stride,
+    its scalars the other non-constexpr ones, its kwargs the constexprs and launch options,
+    whichever optional tensors a call gives (multi-head latent attention's qv, an FP8 cache's
+    descales, an FP8 query's)."""
+    import inspect
+
+    # (the Python function under the JIT or interpreter wrapper: constexprs by annotation)
+    params = inspect.signature(decode._decode_kernel.fn).parameters
+    names = list(params)
+    n_tensors = names.index("stride_qb")
+    constexprs = {n for n, p in params.items() if "constexpr" in str(p.annotation)}
+    assert decode._N_TENSORS == n_tensors == len(decode._slots(*range(12)))
+    assert names[n_tensors - 3:n_tensors] == ["VDescale", "QV", "QDescale"]
+    b, h, h_k, d, d_v = 2, 8, 2, 32, 64
+    q = torch.randn(b, 1, h, d)
+    k_cache, v_cache = torch.randn(b, 64, h_k, d), torch.randn(b, 64, h_k, d_v)
+    extra = {}
+    if features != "plain":
+        e4m3 = torch.float8_e4m3fn
+        k_cache, v_cache = k_cache.to(e4m3), v_cache.to(e4m3)
+        extra = dict(k_descale=torch.ones(b, h_k), v_descale=torch.ones(b, h_k))
+        if features == "fp8-qv":
+            extra["qv"] = torch.randn(b, 1, h, d_v)
+        else:
+            q, extra["q_descale"] = q.to(e4m3), torch.ones(b, h_k)
+    call = decode.DecodeCall(q, k_cache, v_cache, torch.tensor([40, 64], dtype=torch.int32), 0,
+                             softmax_scale=0.2, window_left=-1, window_right=-1, softcap=0.0,
+                             alibi_slopes=None, num_splits=1, max_seqlen_k=64, **extra)
+    assert len(call.scalars) == len(params) - n_tensors - len(constexprs)
+    assert constexprs <= set(call.kwargs)
+    assert call.kwargs["HAS_QV"] == (features == "fp8-qv")
+    assert call.kwargs["Q_FP8"] == (features == "fp8-query")
+    assert call.kwargs["KV_FP8"] == (features != "plain")

@@ -54,9 +54,9 @@ FP8 cache ``qv . v8`` is scaled by ``v_descale / k_descale`` before it joins ``q
 ``k_descale`` rides in the score scale; there V is widened to qv's dtype (the math's: q's, fp32
 when upcast) by a plain cast (``_v_tile``), not to fp16 by ``_e4m3_to_f16``, since both dots
 take it and a dot's operands share a dtype. An FP8 query with qv is refused by the api
-(``Q_FP8`` and ``HAS_QV`` never meet: the kernel asserts it). V head dims past 256 (the latent cache's 512, with or
-without qv) take pointer loads (a TMA box is at most 256 elements wide) and their own launch
-configuration (``_WIDE_V_CONFIG``).
+(``Q_FP8`` and ``HAS_QV`` never meet: the kernel asserts it). V head dims past 256 (the latent
+cache's 512, with or without qv) take pointer loads (a TMA box is at most 256 elements wide)
+and their own launch configuration (``_WIDE_V_CONFIG``).
 """
 from __future__ import annotations
 
@@ -577,8 +577,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                 qv=qv, q_descale=q_descale)
 
 
-# the decode kernel's tensor arguments (``Q ... VDescale, QV, QDescale``), its launch plans' slots
-_N_TENSORS = 15
+_N_TENSORS = 15  # the kernel's tensor arguments (Q ... VDescale, QV, QDescale): plan slots
 # plain (unplanned) calls' launch plans, shared: a repeated call shape replays its launches
 _PLAIN_DECODE = LaunchPlans(slots=tuple(range(_N_TENSORS)))
 _PLAIN_COMBINE = LaunchPlans(slots=(0, 1, 2, 3))
@@ -589,7 +588,7 @@ class DecodeCall:
     """:func:`decode_attention` for one *call signature*, its host work done once.
 
     Every decision of a decode launch (tile sizes, splits, TMA, grid, the kernel's 42 scalar
-    arguments and 23 constexprs, the output shapes) follows from the tensors' shapes, strides,
+    arguments and 24 constexprs, the output shapes) follows from the tensors' shapes, strides,
     dtypes, devices and 16-byte alignment, which optional tensors are given, the scalars and
     the runtime settings. A caller that keys its calls on all of those (the api's fast path per
     call signature, a decode plan per stride set) builds one DecodeCall per key and calls it
@@ -715,7 +714,7 @@ class DecodeCall:
             Q_FP8=q_descale is not None, ASM_CVT=not config.INTERPRET,
             num_warps=num_warps, num_stages=num_stages,
         )
-        # the shared plans' key: the launch's every argument but the 14 tensors (the inputs'
+        # the shared plans' key: the launch's every argument but the 15 tensors (the inputs'
         # metadata, the scalars, the constexprs and options) and its grid, whose split count
         # no other part shows (the partials' strides are the same for any count > 1; a key
         # without it replayed another call's split count: wrong results, GPU suite 2026-11-24)

@@ -26,7 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def variant_list(scope: str) -> List[list]:
     from tools.ptx_fingerprint import _ast_lists
 
-    lists = _ast_lists(os.path.join(ROOT, "tests", "sm90", "test_hopper_aot.py"))
+    lists = _ast_lists(os.path.join(ROOT, "tests", "backends", "sm90", "test_hopper_aot.py"))
     variants = lists["VARIANTS"] + lists["BWD_VARIANTS"]
     if scope == "shipped":
         # the default configuration of every head dim, bf16 and FP8, plain and causal, forward

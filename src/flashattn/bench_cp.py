@@ -22,6 +22,12 @@ Modes (``--modes``, comma-separated):
 backward calls take the static persistent stride they had before 2026-11-28 instead of the
 global tile queue. A persistent CTA whose SM is held by an NCCL kernel starts late; with the
 static stride its share of tiles then finishes late, with the queue the others take it.
+``--nccl-priority normal,high`` (ring, varlen): the same calls over process groups whose NCCL
+streams have normal or high priority (``ProcessGroupNCCL.Options.is_high_priority_stream``),
+interleaved over ``--rounds`` rounds on the same inputs; each variant's times are the minimum
+over its rounds. A high-priority stream's pending kernel is dispatched before a normal one's,
+so a transfer that becomes ready together with the next step's persistent attention kernel
+takes its SMs first instead of waiting for that whole kernel.
 """
 from __future__ import annotations
 
@@ -57,6 +63,40 @@ def _apply_schedule(name: str) -> None:
             _cfg._BWD_DEFAULTS[key] = replace(cfg, dynamic=False)
 
 
+def _nccl_groups(priorities: str) -> Dict[str, object]:
+    """One process group over every rank per name in ``priorities`` ("normal": the default
+    group; "high": a group whose NCCL streams are high-priority)."""
+    groups: Dict[str, object] = {}
+    for name in priorities.split(","):
+        if name == "normal":
+            groups[name] = None
+        elif name == "high":
+            opts = dist.ProcessGroupNCCL.Options()
+            opts.is_high_priority_stream = True
+            groups[name] = dist.new_group(backend="nccl", pg_options=opts)
+        else:
+            raise SystemExit(f"--nccl-priority: expected normal or high, got {name!r}")
+    return groups
+
+
+def _variant_times(make_attn: Callable, local, groups: Dict[str, object], iters: int,
+                   rounds: int, forward_alone: bool) -> Dict[str, Dict[str, float]]:
+    """{variant: {"cp_s", ["cp_fwd_s"]}}: minimum over ``rounds`` interleaved rounds of the
+    fwd + bwd step (and the forward alone) with ``make_attn(group)``."""
+    out: Dict[str, Dict[str, List[float]]] = {name: {} for name in groups}
+    for _ in range(rounds):
+        for name, group in groups.items():
+            attn = make_attn(group)
+            out[name].setdefault("cp_s", []).append(_timed(_step(attn, *local), iters))
+            if forward_alone:
+                with torch.no_grad():
+                    out[name].setdefault("cp_fwd_s", []).append(
+                        _timed(lambda: attn(*local[:3]), iters))
+    return {name: dict({k: min(v) for k, v in times.items()},
+                       **{k + "_rounds": v for k, v in times.items()})
+            for name, times in out.items()}
+
+
 def _timed(fn: Callable[[], None], iters: int) -> float:
     fn()
     torch.cuda.synchronize()
@@ -82,7 +122,7 @@ def _step(attn: Callable, q, k, v, dout) -> Callable[[], None]:
 
 
 def _dense_row(mode: str, per_gpu: int, world: int, h: int, hk: int, d: int,
-               iters: int) -> Dict:
+               iters: int, groups: Dict[str, object], rounds: int = 1) -> Dict:
     seq = per_gpu * world
     gen = torch.Generator(device="cuda").manual_seed(0)
     mk = lambda heads: torch.randn(1, seq, heads, d, device="cuda", dtype=torch.bfloat16,
@@ -111,15 +151,27 @@ def _dense_row(mode: str, per_gpu: int, world: int, h: int, hk: int, d: int,
     local = [shard(t) for t in (q, k, v, dout)]
     del q, k, v, dout
     torch.cuda.empty_cache()
+    flops = 4 * h * d * _causal_pairs(seq) * 3.5
+    row["single_tflops"] = flops / row["single_s"] / 1e12
+    if mode == "ring" and len(groups) > 1:  # the NCCL-priority A/B, interleaved
+        row["variants"] = _variant_times(
+            lambda g: (lambda a, b, c: fp.ring_flash_attn_func(a, b, c, causal=True, group=g)),
+            local, groups, iters, rounds, forward_alone=True)
+        for times in row["variants"].values():
+            times["efficiency"] = row["single_s"] / world / times["cp_s"]
+            times["fwd_efficiency"] = row["single_fwd_s"] / world / times["cp_fwd_s"]
+            times["cp_tflops_per_gpu"] = flops / world / times["cp_s"] / 1e12
+        return row
+    if mode == "ring":
+        group = next(iter(groups.values()))
+        attn = lambda a, b, c: fp.ring_flash_attn_func(a, b, c, causal=True, group=group)
     row["cp_s"] = _timed(_step(attn, *local), iters)
     if mode == "ring":
         with torch.no_grad():
             row["cp_fwd_s"] = _timed(lambda: attn(*local[:3]), iters)
         row["fwd_efficiency"] = row["single_fwd_s"] / world / row["cp_fwd_s"]
-    flops = 4 * h * d * _causal_pairs(seq) * 3.5
     row["efficiency"] = row["single_s"] / world / row["cp_s"]
     row["cp_tflops_per_gpu"] = flops / world / row["cp_s"] / 1e12
-    row["single_tflops"] = flops / row["single_s"] / 1e12
     return row
 
 
@@ -157,7 +209,8 @@ def _doc_lengths(total: int, world: int, seed: int = 0) -> List[int]:
     return out
 
 
-def _varlen_row(per_gpu: int, world: int, h: int, hk: int, d: int, iters: int) -> Dict:
+def _varlen_row(per_gpu: int, world: int, h: int, hk: int, d: int, iters: int,
+                groups: Dict[str, object], rounds: int = 1) -> Dict:
     lengths = _doc_lengths(per_gpu * world, world)
     cu = torch.tensor([0] + lengths, device="cuda").cumsum(0).to(torch.int32)
     total, longest = int(cu[-1]), max(lengths)
@@ -171,11 +224,18 @@ def _varlen_row(per_gpu: int, world: int, h: int, hk: int, d: int, iters: int) -
         a, b, c, cu, cu, longest, longest, causal=True), q, k, v, dout)
     row["single_s"] = _timed(one, iters)
     local = [fp.zigzag_varlen_shard(t, cu) for t in (q, k, v, dout)]
-    attn = lambda a, b, c: fp.ring_flash_attn_varlen_func(a, b, c, cu, longest, causal=True)
-    row["cp_s"] = _timed(_step(attn, *local), iters)
     flops = 4 * h * d * sum(_causal_pairs(n) for n in lengths) * 3.5
-    row["efficiency"] = row["single_s"] / world / row["cp_s"]
-    row["cp_tflops_per_gpu"] = flops / world / row["cp_s"] / 1e12
+    variants = _variant_times(
+        lambda g: (lambda a, b, c: fp.ring_flash_attn_varlen_func(a, b, c, cu, longest,
+                                                                  causal=True, group=g)),
+        local, groups, iters, rounds, forward_alone=False)
+    for times in variants.values():
+        times["efficiency"] = row["single_s"] / world / times["cp_s"]
+        times["cp_tflops_per_gpu"] = flops / world / times["cp_s"] / 1e12
+    if len(variants) > 1:
+        row["variants"] = variants
+    else:
+        row.update(next(iter(variants.values())))
     return row
 
 
@@ -197,20 +257,29 @@ def _scale_row(per_gpu: int, world: int, h: int, hk: int, d: int) -> Dict:
     return row
 
 
-def _exposed_comm(per_gpu: int, world: int, h: int, d: int) -> Dict:
-    """Profile one ring fwd + bwd; the share of its span where NCCL runs alone."""
+def _exposed_comm(per_gpu: int, world: int, h: int, d: int, group=None,
+                  trace_dir: str = "") -> Dict:
+    """Profile one ring fwd + bwd; the share of its span where NCCL runs alone. With
+    ``trace_dir``, every rank also writes its Chrome trace there (``ring_<per_gpu>_rank<r>.json``:
+    each kernel's start, duration and stream, to read where a step waits)."""
     from torch.profiler import ProfilerActivity, profile
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     local = [torch.randn(1, per_gpu, h, d, device="cuda", dtype=torch.bfloat16, generator=gen)
              for _ in range(4)]
-    step = _step(lambda a, b, c: fp.ring_flash_attn_func(a, b, c, causal=True), *local)
+    step = _step(lambda a, b, c: fp.ring_flash_attn_func(a, b, c, causal=True, group=group),
+                 *local)
     step()
     torch.cuda.synchronize()
     dist.barrier()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         step()
         torch.cuda.synchronize()
+    if trace_dir:
+        import os
+
+        prof.export_chrome_trace(os.path.join(
+            trace_dir, f"ring_{per_gpu}_rank{dist.get_rank()}.json"))
     kernels = [(e.time_range.start, e.time_range.end, "nccl" in e.name.lower())
                for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
                and e.time_range.end > e.time_range.start]
@@ -285,20 +354,25 @@ def main() -> None:
     ap.add_argument("--ulysses-per-gpu", default="32768")
     ap.add_argument("--varlen-per-gpu", type=int, default=131072)
     ap.add_argument("--scale-per-gpu", type=int, default=262144)
-    ap.add_argument("--trace-per-gpu", type=int, default=32768)
+    ap.add_argument("--trace-per-gpu", default="32768", help="tokens per GPU, comma-separated")
+    ap.add_argument("--trace-dir", default="", help="write each rank's Chrome trace here")
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--kv-heads", type=int, default=8, help="KV heads of the scale run")
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--schedule", default="default", help="default or static (see above)")
+    ap.add_argument("--nccl-priority", default="normal",
+                    help="normal, high, or normal,high for an interleaved A/B (see above)")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds of an A/B (see above)")
     ap.add_argument("--out", default="cp_bench.json")
     args = ap.parse_args()
     _apply_schedule(args.schedule)
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.cuda.set_device(rank % torch.cuda.device_count())  # one host: local rank
+    groups = _nccl_groups(args.nccl_priority)
     modes = args.modes.split(",")
     h, d = args.heads, 128
-    res = dict(world=world, schedule=args.schedule, gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+    res = dict(world=world, schedule=args.schedule, nccl_priority=args.nccl_priority, gpu=torch.cuda.get_device_name(), torch=torch.__version__,
                date=time.strftime("%Y-%m-%d"), rows=[],
                nccl=".".join(str(x) for x in torch.cuda.nccl.version()))
 
@@ -316,17 +390,18 @@ def main() -> None:
             emit(dict(what, error=repr(e)[:300]))
 
     for per in ([int(x) for x in args.per_gpu.split(",")] if "ring" in modes else []):
-        guarded(lambda: _dense_row("ring", per, world, h, h, d, args.iters),
+        guarded(lambda: _dense_row("ring", per, world, h, h, d, args.iters, groups, args.rounds),
                 dict(mode="ring", per_gpu=per))
     for per in ([int(x) for x in args.ulysses_per_gpu.split(",")] if "ulysses" in modes else []):
-        guarded(lambda: _dense_row("ulysses", per, world, h, h, d, args.iters),
+        guarded(lambda: _dense_row("ulysses", per, world, h, h, d, args.iters, groups),
                 dict(mode="ulysses", per_gpu=per))
     for usp in (m for m in modes if m.startswith("usp")):
         for per in [int(x) for x in args.per_gpu.split(",")]:
-            guarded(lambda: _dense_row(usp, per, world, h, h, d, args.iters),
+            guarded(lambda: _dense_row(usp, per, world, h, h, d, args.iters, groups),
                     dict(mode=usp, per_gpu=per))
     if "varlen" in modes:
-        guarded(lambda: _varlen_row(args.varlen_per_gpu, world, h, h, d, args.iters),
+        guarded(lambda: _varlen_row(args.varlen_per_gpu, world, h, h, d, args.iters, groups,
+                                    args.rounds),
                 dict(mode="varlen", per_gpu=args.varlen_per_gpu))
     if "scale" in modes:
         guarded(lambda: _scale_row(args.scale_per_gpu, world, h, args.kv_heads, d),
@@ -335,7 +410,11 @@ def main() -> None:
         guarded(lambda: _ring_without_comm(per, world, h, d, args.iters),
                 dict(mode="ring_no_comm", per_gpu=per))
     if "trace" in modes:
-        guarded(lambda: _exposed_comm(args.trace_per_gpu, world, h, d), dict(mode="trace"))
+        for per in [int(x) for x in args.trace_per_gpu.split(",")]:
+            for name, group in groups.items():
+                guarded(lambda: dict(_exposed_comm(per, world, h, d, group, args.trace_dir),
+                                     nccl_priority=name),
+                        dict(mode="trace", per_gpu=per, nccl_priority=name))
     for per in ([int(x) for x in args.per_gpu.split(",")] if "blocks" in modes else []):
         guarded(lambda: _block_rates(per, world, h, d), dict(mode="blocks", per_gpu=per))
     if rank == 0:

@@ -355,9 +355,14 @@ def test_decode_kernels_compile_for_sm90() -> None:
     assert len(rows) >= 8
     for row in rows:
         assert row["error"] is None, f"{row['key']}: {row['error']}"
-        # no spills on the pinned Triton; other releases allocate registers their own way (the
-        # 512-wide qv variants spill 136 bytes on Triton 3.9): there only the qv rows may spill
-        if __import__("triton").__version__.startswith("3.6.") or "_qv_" not in row["key"]:
+        # no spills on the pinned Triton, but for the 512-wide qv variant's 64-key tile (40
+        # bytes, measured faster than the 32-key tile that does not spill: decode.py's
+        # _WIDE_V_CONFIG); other releases allocate registers their own way (the 512-wide qv
+        # variants spill 136 bytes on Triton 3.9): there only the qv rows may spill
+        pinned = __import__("triton").__version__.startswith("3.6.")
+        if "_dv512" in row["key"] and pinned:
+            assert row["spills"] <= 64, row
+        elif pinned or "_qv_" not in row["key"]:
             assert row["spills"] == 0, row
         if row["key"].startswith("decode_"):
             # K/V tiles stream asynchronously: TMA (contiguous, aligned) or cp.async

@@ -412,10 +412,14 @@ def launch_config(head_dim: int, elem_bytes: int, paged: bool, long_unsplit: boo
         # halve the per-key share of the step's fixed work (softmax bookkeeping, the
         # barriers of V's transposition). Pointer loads (16-byte cp.async); the sm_90 compile
         # of d = 128: 150 / 105 / 160 registers, 104 / 104 / 72 KiB shared for these three,
-        # no spills. Not yet swept on a GPU (benchmarks/probes/fp8_kvcache_probe.py --configs).
+        # no spills. Swept on an H100 on 2026-11-28 (fp8_kvcache_probe.py --configs, CUDA
+        # graphs, GQA 32 / 8): long unsplit streams at (64, 32k) 64 x 4 warps x 3 stages 1.54 ms
+        # against 1.63 for 128 x 8 x 3 (64 x 4 x 2 1.60, 32 x 4 x 4 1.68, 8 warps 1.83-1.85);
+        # split streams at (1, 128k) 128 x 4 x 3 stays (0.118 ms with two waves, below).
+        # Paged not swept.
         if paged:
             return (128, 4, 3, False)
-        return (128, 8, 3, False) if long_unsplit else (128, 4, 3, False)
+        return (64, 4, 3, False) if long_unsplit else (128, 4, 3, False)
     if kv_fp8 and elem_bytes >= 4:
         # fp32 math on an e4m3 cache (a rare pairing): the FMA dot takes the widened operands
         # from registers; 16 keys is the largest tile that does not spill at d <= 128 (sm_90
@@ -434,31 +438,35 @@ def launch_config(head_dim: int, elem_bytes: int, paged: bool, long_unsplit: boo
 
 # V head dim in (256, 512] (DeepSeek's MLA: d 64, d_v 512), 16-bit / fp32: (BLOCK_N, warps,
 # stages, TMA). Pointer loads (a TMA box is at most 256 wide). The fp32 accumulator is
-# BLOCK_M x 512 and the V tile BLOCK_N x 512 per stage, so 8 warps: from an sm_90 compile
-# report (registers / spills / shared memory, no GPU timing yet) at 128 heads over one KV
-# head, d 64, page 64, bf16: with qv, 32 keys x 2 stages 254 registers, no spill, 144 KiB
-# shared (64 KiB more than without qv: qv's tile, presumably a wgmma operand in shared
-# memory); 64 keys spill, 4 warps spill ~1.1 KB; without qv 203 registers, 80 KiB. An FP8
-# cache with qv spills ~300 bytes at every BLOCK_N tried (the widening of e4m3 to bf16 needs
-# registers; 32 query rows do not spill but lose wgmma). fp32: 16 keys (with 32 query rows,
-# _launch_plan).
-_WIDE_V_CONFIG = {False: (32, 8, 2, False), True: (16, 8, 2, False)}
+# BLOCK_M x 512 and the V tile BLOCK_N x 512 per stage, so 8 warps. 16-bit: 64 keys x 2
+# stages, from the H100 sweep of 2026-11-28 (benchmarks/probes/mla_decode_probe.py, 128 heads
+# over one latent head, d 64, page 64, CUDA graphs): 1.23-1.35x faster than 32 keys at every
+# point (b 4 / 32 / 64, 4k-32k keys; bf16 and FP8 latent caches; 16 keys slower still). Its
+# sm_90 compile with qv (bf16): 255 registers, 40 bytes spilled, 216 KiB shared, against 254
+# registers, no spill, 144 KiB at 32 keys: the spill costs less than the halved per-key
+# share of each step's fixed work. An FP8 cache with qv spills ~300 bytes at every BLOCK_N
+# tried (the widening of e4m3 to bf16 needs registers; 32 query rows do not spill but lose
+# wgmma). fp32: 16 keys (with 32 query rows, _launch_plan).
+_WIDE_V_CONFIG = {False: (64, 8, 2, False), True: (16, 8, 2, False)}
 _TMA_MAX_BOX = 256
 
 MAX_SPLITS = 128
 
 
 def num_splits_heuristic(batch: int, nheads_k: int, m_blocks: int, max_seqlen_k: int,
-                         block_n: int, device: torch.device, paged: bool = False) -> int:
+                         block_n: int, device: torch.device, paged: bool = False,
+                         kv_fp8: bool = False) -> int:
     """Splits of the key range so that the grid fills the GPU (from shapes only).
 
     Programs without a split: ``batch * nheads_k * m_blocks``. When they already cover most
     multiprocessors, one split (no combine pass). Otherwise fill ``waves`` programs per
-    multiprocessor (FLASHATTN_DECODE_WAVES; default 1 for a contiguous cache, 2 paged: the
-    H100 sweep of 2026-11-23 measured +2-4 % for 1 over 2 contiguous at (1, 16k), (1, 128k)
-    and (8, 8k), and -5 to -15 % paged), never giving a split fewer than 4 key blocks (the
-    fixed cost of loading q and writing a partial row must stay small next to its K/V
-    stream).
+    multiprocessor (FLASHATTN_DECODE_WAVES; default 1 for a contiguous 16-bit cache, 2 paged
+    or FP8: the H100 sweep of 2026-11-23 measured +2-4 % for 1 over 2 contiguous at (1, 16k),
+    (1, 128k) and (8, 8k), and -5 to -15 % paged; an e4m3 cache at (1, 128k) took 0.118 ms
+    with 2 against 0.139 with 1, 0.145 with 3 and 0.125 with 4 on 2026-11-28: a program
+    widens every value it reads, so one program per SM cannot keep the memory busy), never
+    giving a split fewer than 4 key blocks (the fixed cost of loading q and writing a partial
+    row must stay small next to its K/V stream).
     """
     sms = config.sm_count(device)
     base = max(1, batch * nheads_k * m_blocks)
@@ -467,7 +475,7 @@ def num_splits_heuristic(batch: int, nheads_k: int, m_blocks: int, max_seqlen_k:
         return 1
     # ``waves`` programs per SM are resident at once (shared memory allows 2-3): fill those
     # slots in one round; rounding down keeps the grid from spilling a sliver into a second.
-    waves = float(_env.settings().decode_waves or (2 if paged else 1))
+    waves = float(_env.settings().decode_waves or (2 if paged or kv_fp8 else 1))
     want = int(waves * sms) // base
     return int(max(1, min(want, n_blocks // 4, MAX_SPLITS)))
 
@@ -501,7 +509,7 @@ def _launch_plan(d: int, d_v: int, elem_bytes: int, paged: bool, g: int, s_q_gri
     m_blocks = config.cdiv(g * s_q_grid, block_m)
     if num_splits <= 0:
         num_splits = num_splits_heuristic(batch, nheads_k, m_blocks, max_seqlen_k, block_n,
-                                          device, paged)
+                                          device, paged, kv_fp8)
     num_splits = max(1, min(int(num_splits), MAX_SPLITS,
                             config.cdiv(max(1, max_seqlen_k), block_n)))
     full_grid = batch * nheads_k * m_blocks >= 0.8 * config.sm_count(device)

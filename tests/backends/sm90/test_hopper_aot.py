@@ -122,6 +122,12 @@ BWD_VARIANTS = (
     # with seqused_k (the producer and consumers read it; K / V rows past it zeroed)
     + [("bwd", d, "bfloat16", c, (-1, -1), 0.0, {"varlen": True, "seqused": True})
        for d, c in ((128, True), (256, False))]
+    # dQ GEMM before dK's, dQ staged while dK runs (BwdConfig.dq_first; Triton 3.6: at d = 64
+    # / 128 the same registers and spill bytes as the default order)
+    + [("bwd", d, "bfloat16", c, (-1, -1), 0.0, {"dq_first": True})
+       for d in (64, 128) for c in (False, True)]
+    + [("bwd", 128, "bfloat16", True, (-1, -1), 0.0, {"dq_first": True, "deterministic": True}),
+       ("bwd", 128, "bfloat16", True, (-1, -1), 0.0, {"dq_first": True, "varlen": True})]
 )
 
 

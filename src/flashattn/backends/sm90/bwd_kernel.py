@@ -51,6 +51,10 @@ Schedule switches (constexpr, measured in benchmarks/probes/hopper_probe.py --mo
     DQ_ASYNC   asynchronous reduce (d=128 16k: 568 vs 496)
     PIPELINE   the next block's S^T / dP^T issued before this block's dQ reduction: slower
                (more registers live; 519 vs 568), off
+    DQ_FIRST   per query block, the dQ GEMM issued before dK's, waited for with dK still in
+               flight, and dQ staged / handed on while dK runs (without PIPELINE): the
+               staging's barriers and shared-memory stores overlap a GEMM instead of
+               following all three. Not yet measured, off
 """
 from __future__ import annotations
 
@@ -203,6 +207,27 @@ def _add_dq(dq_desc, row, col, dq, dq_ptr, dq_offs, DQ_TMA: gl.constexpr):
 
 
 @gluon.jit
+def _send_dq(dq, sm_scale, dq_desc, dq_row0, m_start, dq_smem, dq_ptr, dq_offs, handoff, it,
+             n_block, WG: gl.constexpr, DQ_TMA: gl.constexpr, DQ_ASYNC: gl.constexpr,
+             DETERMINISTIC: gl.constexpr):
+    """This consumer's column half of query block ``m_start``'s dQ, times ``sm_scale``, on its
+    way to the workspace rows from ``dq_row0``: to the writer warp (DETERMINISTIC), through
+    the staging tile (DQ_ASYNC), or straight from registers."""
+    HALF_D: gl.constexpr = dq_desc.block_type.shape[1]
+    if DETERMINISTIC:
+        # the query block's counter starts at -(the last key block that reaches it) and
+        # the higher key blocks go first: this one's turn comes at -n_block
+        _hand_dq_to_writer(dq * sm_scale, dq_smem.index(WG), handoff, it,
+                           dq_row0 + m_start, -n_block, WG)
+    elif DQ_ASYNC:
+        _add_dq_async(dq_desc, dq_row0 + m_start, WG * HALF_D, dq * sm_scale,
+                      dq_smem.index(WG))
+    else:
+        _add_dq(dq_desc, dq_row0 + m_start, WG * HALF_D, dq * sm_scale, dq_ptr, dq_offs,
+                DQ_TMA)
+
+
+@gluon.jit
 def _issue_s_dp(k_mine, v_mine, q_smem, do_smem, q_ready, do_ready, s_zero, it, total,
                 BLOCK_M: gl.constexpr, D_PAD: gl.constexpr, dq_desc=None, dq_row=0, dq_col=0,
                 dq=None, dq_ptr=None, dq_offs=None, dq_buf=None, DQ_TMA: gl.constexpr = True,
@@ -244,7 +269,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
               PIPELINE: gl.constexpr, DQ_ASYNC: gl.constexpr, LONGEST_FIRST: gl.constexpr,
               PERSISTENT: gl.constexpr, DYNAMIC: gl.constexpr,
               DETERMINISTIC: gl.constexpr = False, handoff=None, varlen=None,
-              VARLEN: gl.constexpr = False):
+              VARLEN: gl.constexpr = False, DQ_FIRST: gl.constexpr = False):
     """One consumer warpgroup: keys [WG * HALF_N, (WG + 1) * HALF_N) of each key block (tile)
     it processes (one; with PERSISTENT every num_programs-th, or with DYNAMIC those the
     producer publishes). DETERMINISTIC: dQ goes to the writer warp through ``handoff``, and
@@ -294,7 +319,8 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
             it_base = _key_tile(WG, tile, tile_iter, it_base, descs, smem, bars, problem, window,
                                 scales, ptrs, schedule, consts, BLOCK_M, HEAD_DIM, HAS_LEFT,
                                 HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
-                                LONGEST_FIRST, PERSISTENT, handoff, DETERMINISTIC)
+                                LONGEST_FIRST, PERSISTENT, handoff, DETERMINISTIC,
+                                DQ_FIRST=DQ_FIRST)
             tile_iter += 1
             if DYNAMIC:
                 # the producer publishes the next index once both consumers have released
@@ -307,7 +333,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
         _key_tile(WG, gl.program_id(0), 0, gl.to_tensor(0), descs, smem, bars, problem, window,
                   scales, ptrs, schedule, consts, BLOCK_M, HEAD_DIM, HAS_LEFT, HAS_RIGHT,
                   HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC, LONGEST_FIRST, PERSISTENT,
-                  None, False, varlen, VARLEN)
+                  None, False, varlen, VARLEN, DQ_FIRST)
     if DETERMINISTIC:
         _end_dq_writer(handoff, it_base, WG)
     elif DQ_ASYNC:
@@ -320,7 +346,8 @@ def _key_tile(WG: gl.constexpr, tile, tile_iter, it_base, descs, smem, bars, pro
               HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
               DQ_TMA: gl.constexpr, PIPELINE: gl.constexpr, DQ_ASYNC: gl.constexpr,
               LONGEST_FIRST: gl.constexpr, PERSISTENT: gl.constexpr, handoff=None,
-              DETERMINISTIC: gl.constexpr = False, varlen=None, VARLEN: gl.constexpr = False):
+              DETERMINISTIC: gl.constexpr = False, varlen=None, VARLEN: gl.constexpr = False,
+              DQ_FIRST: gl.constexpr = False):
     """One consumer's work on key tile ``tile`` (the ``tile_iter``-th of this CTA): dK / dV over
     its query blocks, then stored. Returns the query-block count to continue from. VARLEN:
     the tile's sequence from tiles.varlen_key_tile (packed (1, total, h, d) tensors)."""
@@ -364,7 +391,8 @@ def _key_tile(WG: gl.constexpr, tile, tile_iter, it_base, descs, smem, bars, pro
                 WG, descs, smem, bars, problem, scales, ptrs, b, h_k, n_start, key0, lo_blk,
                 n_blocks, total, it_base, dk, dv, k_mine, v_mine, k_cols, s_zero, dq_zero,
                 dq_offs, window, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE,
-                DQ_ASYNC, n_block, handoff, DETERMINISTIC, (q_off, len_q, len_k), VARLEN, True)
+                DQ_ASYNC, n_block, handoff, DETERMINISTIC, (q_off, len_q, len_k), VARLEN, True,
+                DQ_FIRST)
         else:
             if varlen[3] is not None:  # seqused_k: keys past it are unused cache slots
                 zero_keys_past(smem[0].reshape([BLOCK_N, D_PAD]),
@@ -373,13 +401,14 @@ def _key_tile(WG: gl.constexpr, tile, tile_iter, it_base, descs, smem, bars, pro
                 WG, descs, smem, bars, problem, scales, ptrs, b, h_k, n_start, key0, lo_blk,
                 n_blocks, total, it_base, dk, dv, k_mine, v_mine, k_cols, s_zero, dq_zero,
                 dq_offs, window, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE,
-                DQ_ASYNC, n_block, handoff, DETERMINISTIC, (q_off, len_q, len_k), VARLEN, False)
+                DQ_ASYNC, n_block, handoff, DETERMINISTIC, (q_off, len_q, len_k), VARLEN, False,
+                DQ_FIRST)
     else:
         it_base, dk, dv = _consume_key_tile(
             WG, descs, smem, bars, problem, scales, ptrs, b, h_k, n_start, key0, lo_blk,
             n_blocks, total, it_base, dk, dv, k_mine, v_mine, k_cols, s_zero, dq_zero, dq_offs,
             window, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
-            n_block, handoff, DETERMINISTIC)
+            n_block, handoff, DETERMINISTIC, DQ_FIRST=DQ_FIRST)
     if PERSISTENT:
         mbarrier.arrive(kv_empty)  # every GEMM reading this K / V has completed
     # ---- epilogue: dK (times softmax_scale) and dV of this consumer's keys
@@ -397,7 +426,8 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
                       HAS_SOFTCAP: gl.constexpr, DQ_TMA: gl.constexpr, PIPELINE: gl.constexpr,
                       DQ_ASYNC: gl.constexpr, n_block=0, handoff=None,
                       DETERMINISTIC: gl.constexpr = False, span=None,
-                      VARLEN: gl.constexpr = False, GUARD: gl.constexpr = False):
+                      VARLEN: gl.constexpr = False, GUARD: gl.constexpr = False,
+                      DQ_FIRST: gl.constexpr = False):
     """The ``total`` query blocks of one key tile for one consumer: dK / dV accumulated in
     registers (returned), dQ added to the workspace. Ring slots and dS slots continue from
     ``it_base``; returns (it_base + total, dk, dv). DETERMINISTIC: dQ goes to the writer warp
@@ -425,6 +455,7 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
     COL_S: gl.constexpr = gl.SliceLayout(0, S_LAYOUT)
     if DETERMINISTIC:
         gl.static_assert(DQ_ASYNC and not PIPELINE and not HAS_LEFT)
+    gl.static_assert(not (DQ_FIRST and PIPELINE))  # PIPELINE sends dQ under the next S^T / dP^T
     if VARLEN:
         q_off, len_q, len_k = span
     else:
@@ -486,8 +517,9 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
         ds_lp = ds.to(dtype)
         p_op = gl.convert_layout(p.to(dtype), A_LAYOUT)
         dv_tok = warpgroup_mma(p_op, do_view, dv, is_async=True)
-        ds_op = gl.convert_layout(ds_lp, A_LAYOUT)
-        dk_tok = warpgroup_mma(ds_op, q_view, dk, is_async=True)
+        if not DQ_FIRST:
+            ds_op = gl.convert_layout(ds_lp, A_LAYOUT)
+            dk_tok = warpgroup_mma(ds_op, q_view, dk, is_async=True)
 
         # ---- dS^T of both consumers into shared memory, then this consumer's dQ half
         ds_slot = it % 2
@@ -501,28 +533,34 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
         mbarrier.wait(ds_ready.index(ds_slot), ds_phase)
         dq_tok = warpgroup_mma(ds_buf.permute((1, 0)), k_cols, dq_zero, use_acc=False,
                                is_async=True)
-        dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
-        mbarrier.arrive(ds_free.index(ds_slot))
-        mbarrier.arrive(q_empty.index(stage))
-        mbarrier.arrive(do_empty.index(stage))
-
-        if PIPELINE:
-            # next block's S^T / dP^T go to the tensor cores before this block's dQ leaves
-            s, dp = _issue_s_dp(k_mine, v_mine, q_smem, do_smem, q_ready, do_ready, s_zero,
-                                it + 1, total, BLOCK_M, D_PAD, dq_desc, dq_row0 + m_start,
-                                WG * HALF_D, dq * sm_scale, dq_ptr, dq_offs, dq_smem.index(WG),
-                                DQ_TMA, DQ_ASYNC)
-        elif DETERMINISTIC:
-            # the query block's counter starts at -(the last key block that reaches it) and
-            # the higher key blocks go first: this one's turn comes at -n_block
-            _hand_dq_to_writer(dq * sm_scale, dq_smem.index(WG), handoff, it,
-                               dq_row0 + m_start, -n_block, WG)
-        elif DQ_ASYNC:
-            _add_dq_async(dq_desc, dq_row0 + m_start, WG * HALF_D, dq * sm_scale,
-                          dq_smem.index(WG))
+        if DQ_FIRST:
+            # dK last: wgmma groups complete in issue order, so waiting to one group in
+            # flight leaves dV and dQ done and dK running while dQ is staged and sent
+            ds_op = gl.convert_layout(ds_lp, A_LAYOUT)
+            dk_tok = warpgroup_mma(ds_op, q_view, dk, is_async=True)
+            dv, dq = warpgroup_mma_wait(1, deps=(dv_tok, dq_tok))
+            # dS^T (read by dQ) and dO (by dV) are free now; Q waits for dK
+            mbarrier.arrive(ds_free.index(ds_slot))
+            mbarrier.arrive(do_empty.index(stage))
+            _send_dq(dq, sm_scale, dq_desc, dq_row0, m_start, dq_smem, dq_ptr, dq_offs,
+                     handoff, it, n_block, WG, DQ_TMA, DQ_ASYNC, DETERMINISTIC)
+            dk = warpgroup_mma_wait(0, deps=(dk_tok,))
+            mbarrier.arrive(q_empty.index(stage))
         else:
-            _add_dq(dq_desc, dq_row0 + m_start, WG * HALF_D, dq * sm_scale, dq_ptr, dq_offs,
-                    DQ_TMA)
+            dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
+            mbarrier.arrive(ds_free.index(ds_slot))
+            mbarrier.arrive(q_empty.index(stage))
+            mbarrier.arrive(do_empty.index(stage))
+
+            if PIPELINE:
+                # next block's S^T / dP^T go to the tensor cores before this block's dQ leaves
+                s, dp = _issue_s_dp(k_mine, v_mine, q_smem, do_smem, q_ready, do_ready, s_zero,
+                                    it + 1, total, BLOCK_M, D_PAD, dq_desc, dq_row0 + m_start,
+                                    WG * HALF_D, dq * sm_scale, dq_ptr, dq_offs,
+                                    dq_smem.index(WG), DQ_TMA, DQ_ASYNC)
+            else:
+                _send_dq(dq, sm_scale, dq_desc, dq_row0, m_start, dq_smem, dq_ptr, dq_offs,
+                         handoff, it, n_block, WG, DQ_TMA, DQ_ASYNC, DETERMINISTIC)
 
     return it_base + total, dk, dv
 
@@ -540,7 +578,7 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
                     PRODUCER_REGS: gl.constexpr, LONGEST_FIRST: gl.constexpr = False,
                     PERSISTENT: gl.constexpr = False, DYNAMIC: gl.constexpr = False,
                     DETERMINISTIC: gl.constexpr = False, DQ_RELEASE_LATE: gl.constexpr = False,
-                    VARLEN: gl.constexpr = False):
+                    VARLEN: gl.constexpr = False, DQ_FIRST: gl.constexpr = False):
     """Warp-specialised attention backward (see module docstring).
 
     Descriptors are rank 4 over (batch, seq, head, dim): q/do boxes [1, BLOCK_M, 1, D_PAD],
@@ -621,10 +659,12 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
         gl.warp_specialize([
             (_consumer, (0, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
                          HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
-                         LONGEST_FIRST, PERSISTENT, DYNAMIC, DETERMINISTIC, handoff)),
+                         LONGEST_FIRST, PERSISTENT, DYNAMIC, DETERMINISTIC, handoff, None,
+                         False, DQ_FIRST)),
             (_consumer, (1, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
                          HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
-                         LONGEST_FIRST, PERSISTENT, DYNAMIC, DETERMINISTIC, handoff)),
+                         LONGEST_FIRST, PERSISTENT, DYNAMIC, DETERMINISTIC, handoff, None,
+                         False, DQ_FIRST)),
             (producer, (descs, smem, bars, problem, window, ptrs, schedule, BLOCK_M, HAS_LEFT,
                          HAS_RIGHT, LONGEST_FIRST, PERSISTENT, DYNAMIC, DETERMINISTIC)),
             (_dq_writer, (dq_desc, dq_smem, handoff, tile_counter, DQ_RELEASE_LATE)),
@@ -634,10 +674,12 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
             # constexpr flags one by one (in a tuple they would reach the workers as i1 values)
             (_consumer, (0, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
                          HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
-                         LONGEST_FIRST, PERSISTENT, DYNAMIC, False, None, varlen, VARLEN)),
+                         LONGEST_FIRST, PERSISTENT, DYNAMIC, False, None, varlen, VARLEN,
+                         DQ_FIRST)),
             (_consumer, (1, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
                          HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
-                         LONGEST_FIRST, PERSISTENT, DYNAMIC, False, None, varlen, VARLEN)),
+                         LONGEST_FIRST, PERSISTENT, DYNAMIC, False, None, varlen, VARLEN,
+                         DQ_FIRST)),
             (producer, (descs, smem, bars, problem, window, ptrs, schedule, BLOCK_M, HAS_LEFT,
                          HAS_RIGHT, LONGEST_FIRST, PERSISTENT, DYNAMIC, False, varlen,
                          VARLEN)),

@@ -1,0 +1,168 @@
+"""Same-run A/B of the Hopper backward's GEMM order: BwdConfig.dq_first (the dQ GEMM issued
+before dK's, dQ staged and its reduce issued while dK runs) against the default order (dV, dK,
+dQ waited for together, then dQ staged). docs/fa4_comparison.md, hypothesis 4.
+
+Per point (bf16, ``--tokens`` per call: batch = tokens / s; hidden ``--hidden``: h = hidden / d;
+GQA groups from ``--groups``):
+
+- exactness: dk and dv of both orders should be bitwise equal (the same GEMMs, accumulated in
+  registers in the same order); dq only up to the order of the fp32 reduce-adds into the
+  workspace, which differs between two runs of the default order too (``dq_noise``: default
+  against itself). Both orders against a float64 reference (flashattn.reference.attention_ref)
+  on a slice (batch 0, the first ``--ref-kv-heads`` KV heads and their query heads: the full
+  probability tensor of an 8k call does not fit): flash-attn's rule, the error within 3x
+  PyTorch's own bf16 error (plus flashattn.check.atol_for) for gradients.
+- speed: flash_bwd_hopper (row statistics, kernel, dQ conversion) under do_bench, median per
+  round, ``--rounds`` rounds alternating which order goes first; the fastest round per order.
+  TFLOP/s with backward FLOPs = 2.5 x forward (4 b h s^2 d, halved when causal).
+
+One JSON line per point (``ratio`` = dq_first / default TFLOP/s); ``--out`` writes them all.
+
+    export PYTHONPATH=$PWD/src
+    python benchmarks/probes/bwd_dq_order_probe.py --out $OUT/bwd_dq_order.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any, Dict, List, Tuple
+
+import torch
+import triton
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hopper_probe import _bench, _params, _tflops  # noqa: E402
+
+from flashattn.backends.sm90.bwd import flash_bwd_hopper  # noqa: E402
+from flashattn.backends.sm90.fwd import flash_fwd_hopper  # noqa: E402
+from flashattn.check import atol_for  # noqa: E402
+from flashattn.reference import attention_ref  # noqa: E402
+
+ORDERS = {"default": None, "dq_first": {"dq_first": True}}
+GRADS = ("dq", "dk", "dv")
+
+
+def _max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).abs().max())
+
+
+def _reference_grads(q, k, v, dout, causal: bool, n_kv: int) -> Tuple[Tuple, Tuple]:
+    """(float64, bf16) gradients of attention_ref on batch 0, KV heads [0, n_kv) and their
+    query heads (heads of a group are contiguous: query head h reads KV head h // group)."""
+    group = q.shape[2] // k.shape[2]
+    sl = (slice(0, 1), slice(None))
+    qs, dos = q[sl + (slice(0, n_kv * group),)], dout[sl + (slice(0, n_kv * group),)]
+    ks, vs = k[sl + (slice(0, n_kv),)], v[sl + (slice(0, n_kv),)]
+    out = []
+    for upcast in (True, False):
+        leaves = [x.detach().clone().double() if upcast else x.detach().clone()
+                  for x in (qs, ks, vs)]
+        for x in leaves:
+            x.requires_grad_()
+        o, _ = attention_ref(*leaves, causal=causal, upcast=upcast)
+        out.append(torch.autograd.grad(o, leaves, dos.to(o.dtype)))
+        del o, leaves
+    return out[0], out[1]
+
+
+def _slice_grads(grads, group: int, n_kv: int) -> Tuple[torch.Tensor, ...]:
+    dq, dk, dv = grads
+    return dq[:1, :, :n_kv * group], dk[:1, :, :n_kv], dv[:1, :, :n_kv]
+
+
+def run_point(d: int, causal: bool, s: int, group: int, args) -> Dict[str, Any]:
+    b, h = max(1, args.tokens // s), args.hidden // d
+    h_k = h // group
+    q = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(b, s, h_k, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    p = _params(d, causal)
+    out, lse, _ = flash_fwd_hopper(q, k, v, **p)
+    dout = torch.randn_like(out)
+    bp = {kk: vv for kk, vv in p.items() if kk != "return_softmax"}
+
+    def bwd(order: str):
+        return flash_bwd_hopper(dout, q, k, v, out, lse, deterministic=False,
+                                config_overrides=ORDERS[order], **bp)
+
+    row: Dict[str, Any] = {"d": d, "causal": causal, "s": s, "b": b, "h": h, "h_k": h_k}
+    # ---- exactness
+    base, again, new = bwd("default"), bwd("default"), bwd("dq_first")
+    row["dk_dv_bitwise"] = bool(torch.equal(base[1], new[1]) and torch.equal(base[2], new[2]))
+    row["dq_bitwise"] = bool(torch.equal(base[0], new[0]))
+    row["dq_diff"] = _max_abs(base[0], new[0])
+    row["dq_noise"] = _max_abs(base[0], again[0])  # the default order against itself
+    row["dk_dv_diff"] = max(_max_abs(base[1], new[1]), _max_abs(base[2], new[2]))
+    row["nan"] = bool(any(torch.isnan(x).any().item() for x in base + new))
+    n_kv = min(args.ref_kv_heads, h_k)
+    ref64, ref_lp = _reference_grads(q, k, v, dout, causal, n_kv)
+    atol = atol_for(torch.bfloat16)
+    ok = not row["nan"]
+    for name, g64, glp, g0, g1 in zip(GRADS, ref64, ref_lp, _slice_grads(base, group, n_kv),
+                                      _slice_grads(new, group, n_kv)):
+        err_lp, err0, err1 = _max_abs(glp, g64), _max_abs(g0, g64), _max_abs(g1, g64)
+        row[f"{name}_err"] = {"bf16_ref": err_lp, "default": err0, "dq_first": err1}
+        ok = ok and err1 <= 3 * err_lp + atol and err0 <= 3 * err_lp + atol
+    row["ok"] = bool(ok)
+    del base, again, new, ref64, ref_lp
+    torch.cuda.empty_cache()
+    # ---- speed: interleaved rounds, the fastest round per order
+    ms: Dict[str, List[float]] = {order: [] for order in ORDERS}
+    for r in range(args.rounds):
+        for order in (list(ORDERS) if r % 2 == 0 else list(ORDERS)[::-1]):
+            ms[order].append(_bench(lambda: bwd(order), args.warmup, args.rep))
+    for order in ORDERS:
+        row[f"{order}_ms_rounds"] = [round(x, 4) for x in ms[order]]
+        row[f"{order}_tflops"] = 2.5 * _tflops(b, h, s, d, causal, min(ms[order]))
+    row["ratio"] = row["dq_first_tflops"] / row["default_tflops"]
+    del q, k, v, out, lse, dout
+    torch.cuda.empty_cache()
+    return row
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--d", default="64,128")
+    ap.add_argument("--causal", default="0,1")
+    ap.add_argument("--seqlens", default="2048,8192")
+    ap.add_argument("--groups", default="1,4", help="query heads per KV head (1: MHA)")
+    ap.add_argument("--tokens", type=int, default=16384, help="batch = tokens / s")
+    ap.add_argument("--hidden", type=int, default=2048, help="heads = hidden / d")
+    ap.add_argument("--ref-kv-heads", type=int, default=1,
+                    help="KV heads (batch 0) checked against the float64 reference")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=25)
+    ap.add_argument("--rep", type=int, default=100)
+    ap.add_argument("--out", default=None, help="write the rows as JSON here")
+    args = ap.parse_args(argv)
+    ints = lambda spec: [int(x) for x in spec.split(",") if x]  # noqa: E731
+    points = [(d, bool(c), s, g) for d in ints(args.d) for c in ints(args.causal)
+              for s in ints(args.seqlens) for g in ints(args.groups)]
+    rows = []
+    t0 = time.time()
+    for d, causal, s, group in points:
+        row = run_point(d, causal, s, group, args)
+        rows.append(row)
+        print(json.dumps({k: (round(v, 6) if isinstance(v, float) else v)
+                          for k, v in row.items()}), flush=True)
+    print(f"\n{'d':>4} {'causal':>6} {'s':>6} {'h/h_k':>6} {'default':>8} {'dq_first':>8} "
+          f"{'ratio':>6} {'ok':>3} {'dk/dv==':>7} {'dq diff':>8} {'dq noise':>8}")
+    for r in rows:
+        print(f"{r['d']:>4} {int(r['causal']):>6} {r['s']:>6} {r['h']:>3}/{r['h_k']:<2} "
+              f"{r['default_tflops']:>8.1f} {r['dq_first_tflops']:>8.1f} {r['ratio']:>6.3f} "
+              f"{int(r['ok']):>3} {int(r['dk_dv_bitwise']):>7} {r['dq_diff']:>8.1e} "
+              f"{r['dq_noise']:>8.1e}")
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "triton": triton.__version__, "seconds": round(time.time() - t0, 1)}
+    print(json.dumps(meta))
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump({"rows": rows, **meta}, f, indent=1)
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -23,7 +23,10 @@ Python entry points the api layer calls: :func:`attention`, :func:`varlen_attent
 :func:`kvcache_attention` and :func:`combine_splits`. For plain eager tensors they run the op
 bodies directly (same functions, same autograd formula; torch.library's dispatch measured
 ~86 us per call on the H100 host); under torch.compile / export, a dispatch mode or a tensor
-subclass they call the registered ops.
+subclass they call the registered ops. :func:`eager_call` is that test; the api asks it too
+before it keys a repeated call signature. The recorded calls (a signature's decisions made
+once, their autograd functions included) live in :mod:`flashattn.replay`, which this module
+never imports.
 
 This module imports only :mod:`flashattn.dispatch`'s op-family modules (``dense``, ``varlen``,
 ``kvcache``, ``fp8``, ``merge``) and the parameter object: each op body builds one
@@ -257,13 +260,6 @@ def _bwd_fake(dout, q, k, v, out, lse, alibi_slopes, philox_seed, softmax_scale,
             torch.empty(v.shape, dtype=v.dtype, device=v.device))
 
 
-def _unit_last_stride(dout: Tensor) -> Tensor:
-    # e.g. the expanded gradient of out.sum(); the backends need unit last-dim stride.
-    if dout.stride(-1) != 1 and dout.shape[-1] > 1:
-        return dout.contiguous()
-    return dout
-
-
 def _fwd_setup_context(ctx, inputs, output) -> None:
     (q, k, v, alibi_slopes, philox_seed, softmax_scale, causal, window_left, window_right,
      softcap, dropout_p, deterministic, _return_softmax) = inputs
@@ -277,7 +273,7 @@ def _fwd_setup_context(ctx, inputs, output) -> None:
 
 def _fwd_backward(ctx, dout, _dlse, _ds_dmask, backward_fn=bwd):
     q, k, v, out, lse, alibi_slopes, philox_seed = ctx.saved_tensors
-    dq, dk, dv = backward_fn(_unit_last_stride(dout), q, k, v, out, lse, alibi_slopes,
+    dq, dk, dv = backward_fn(_dense.unit_last_stride(dout), q, k, v, out, lse, alibi_slopes,
                              philox_seed, *ctx.params)
     return (dq, dk, dv) + (None,) * 10
 
@@ -435,7 +431,7 @@ def _varlen_backward(ctx, dout, _dlse, _ds_dmask, backward_fn=varlen_bwd):
         )
     (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes,
      philox_seed) = ctx.saved_tensors
-    dq, dk, dv = backward_fn(_unit_last_stride(dout), q, k, v, out, lse, cu_seqlens_q,
+    dq, dk, dv = backward_fn(_dense.unit_last_stride(dout), q, k, v, out, lse, cu_seqlens_q,
                              cu_seqlens_k, seqused_k, alibi_slopes, philox_seed, *ctx.params)
     return (dq, dk, dv) + (None,) * 16
 
@@ -485,65 +481,6 @@ def varlen_attention(
     out, lse, s_dmask = _run(varlen_fwd, _EagerVarlenAttention, _varlen_fwd_impl, inputs,
                              tensors, (q, k, v))
     return out, lse, (s_dmask if return_softmax else None)
-
-
-class _RecordedDense(torch.autograd.Function):
-    """A recorded dense signature's forward and backward (api/fastpath.DENSE's entries for
-    calls with a gradient to record, :class:`~flashattn.api.fastpath.DenseTrainEntry`):
-    differentiable in q, k, v; lse is not. The bodies of ``fwd`` / ``bwd`` for plain eager
-    tensors, with dispatch's decisions made once per signature."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, entry):
-        out, lse = entry.forward(q, k, v)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.entry = entry
-        ctx.mark_non_differentiable(lse)
-        return out, lse
-
-    @staticmethod
-    def backward(ctx, dout, _dlse):
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = ctx.entry.backward(_unit_last_stride(dout), q, k, v, out, lse)
-        return dq.contiguous(), dk.contiguous(), dv.contiguous(), None
-
-
-def dense_recorded(entry, q: Tensor, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor]:
-    """(out, lse) of a recorded dense signature with a gradient to record (``entry``: its
-    forward and backward runners), through autograd."""
-    return _RecordedDense.apply(q, k, v, entry)
-
-
-class _RecordedVarlen(torch.autograd.Function):
-    """A recorded packed signature's forward and backward (``replay.varlen.VarlenRunner``: the
-    api's fast path for a repeated ``flash_attn_varlen_func`` signature), differentiable in q,
-    k, v; lse is not. The same bodies as ``varlen_fwd`` / ``varlen_bwd`` for plain eager
-    tensors (the api checks :func:`eager_call`'s conditions before it keys a call)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, runner):
-        out, lse = runner.forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
-        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k)
-        ctx.runner = runner
-        ctx.mark_non_differentiable(lse)
-        return out, lse
-
-    @staticmethod
-    def backward(ctx, dout, _dlse):
-        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k = ctx.saved_tensors
-        dq, dk, dv = ctx.runner.backward(_unit_last_stride(dout), q, k, v, out, lse,
-                                         cu_seqlens_q, cu_seqlens_k, seqused_k)
-        return dq, dk, dv, None, None, None, None
-
-
-def varlen_recorded(runner, q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
-                    cu_seqlens_k: Tensor, seqused_k: Optional[Tensor]
-                    ) -> Tuple[Tensor, Tensor]:
-    """(out, lse) of a recorded packed signature (``runner``: its replay.varlen.VarlenRunner),
-    through autograd when a gradient is to be recorded."""
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return _RecordedVarlen.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, runner)
-    return runner.forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -809,7 +746,7 @@ class _SinkAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse, sink, alibi_slopes = ctx.saved_tensors
-        dout = _unit_last_stride(dout)
+        dout = _dense.unit_last_stride(dout)
         run = _bwd_impl if eager_call(dout, q, k, v, out, lse, alibi_slopes) else bwd
         dq, dk, dv = run(dout, q, k, v, out, lse, alibi_slopes, None, *ctx.params)
         dsink = _sink_grad(dout, out, lse, sink, False) if ctx.needs_input_grad[3] else None
@@ -839,7 +776,7 @@ class _SinkVarlenAttention(torch.autograd.Function):
     def backward(ctx, dout, _dlse):
         (q, k, v, out, lse, sink, cu_seqlens_q, cu_seqlens_k, seqused_k,
          alibi_slopes) = ctx.saved_tensors
-        dout = _unit_last_stride(dout)
+        dout = _dense.unit_last_stride(dout)
         tensors = (dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes)
         run = _varlen_bwd_impl if eager_call(*tensors) else varlen_bwd
         dq, dk, dv = run(*tensors, None, *ctx.params)
@@ -951,8 +888,6 @@ __all__ = [
     "attention_with_sink",
     "sink_apply",
     "varlen_attention_with_sink",
-    "varlen_recorded",
-    "dense_recorded",
     "fp8_attention",
     "fp8_fwd",
     "fp8_varlen_attention",

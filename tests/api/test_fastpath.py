@@ -131,9 +131,9 @@ DENSE_GRAD_CASES = [
                          ids=["prefill", "one_query", "no_keys"])
 def test_dense_grad_signature_matches_the_full_path(monkeypatch, kw, shape):
     """A repeated dense signature that records a gradient (a training step's layers) runs its
-    recorded forward and backward (fastpath.DenseTrainEntry through ops.dense_recorded): the
-    full path's outputs, lse and q / k / v gradients, bit for bit on the CPU; GQA, one query
-    row (the decode kernel's forward), no keys."""
+    recorded forward and backward (fastpath.DenseTrainEntry through
+    replay.autograd.dense_recorded): the full path's outputs, lse and q / k / v gradients, bit
+    for bit on the CPU; GQA, one query row (the decode kernel's forward), no keys."""
     b, s_q, s_k = shape
     gen = torch.Generator().manual_seed(2)
     q = torch.randn(b, s_q, 4, 16, generator=gen, requires_grad=True)

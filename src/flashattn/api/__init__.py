@@ -15,8 +15,8 @@ beyond views); everything below runs through the torch.library ops of :mod:`flas
     checks.py    the checked mode (``flashattn.checks``)
     out.py       the out= keyword of every public function
     segments.py, chunked.py   attention_chunk and seqused_q as a re-packed varlen call
-    fastpath.py  the eager fast path: a repeated call signature runs what flashattn.replay
-                 built for it
+    fastpath.py  the eager fast path: per entry function, its key (from flashattn.replay.keys'
+                 pieces), its cache and what its first call records (flashattn.replay)
     bert_padding.py   flash-attn's bert_padding helpers (unpad_input / pad_input ...),
                  public as ``flashattn.padding``
     backend_override.py   use_backend: force a backend at run time

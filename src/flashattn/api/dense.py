@@ -111,7 +111,7 @@ def _recorded(q: Tensor, k: Tensor, v: Tensor, dropout_p: float, softmax_scale: 
               return_attn_probs: bool, names: Tuple[str, str, str]) -> AttnOutput:
     """A dense call without ALiBi, sink, chunk or descales (the caller checks): a repeated call
     signature skips the checks and dispatch (api/fastpath.py; with a gradient to record too:
-    fastpath.DenseTrainEntry), its first call runs the full path and records it.
+    replay.dense.DenseTrainEntry), its first call runs the full path and records it.
     :data:`_NO_SIGNATURE` for a call that has none (dropout, FP8, other types: the caller
     takes the full path)."""
     key = _fast.dense_key(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,

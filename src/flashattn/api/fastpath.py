@@ -7,18 +7,21 @@ everything those decisions read, and later calls with the same key go straight t
 chosen backend. On the H100 host the checks and dispatch measured 40-60 µs of a 120-170 µs
 call (benchmarks/NOTES.md, 2026-11-24).
 
-What the key holds, so that no check whose outcome could differ is skipped:
+This module is the api's side of it: for each entry function, which calls have a signature
+(its key, built from :mod:`flashattn.replay.keys`' pieces and ``ops.eager_call``'s test, the
+op path's own condition, which the replay layer below ops cannot ask), the cache that keeps
+its entries, and what its first call records (:mod:`flashattn.replay`'s recorded calls). What
+the key holds, so that no check whose outcome could differ is skipped:
 
 - the exact Python types of the scalar arguments and their values (``causal=1`` and
   ``causal=True`` are different keys), and which optional tensors are given;
 - every tensor's type (plain ``torch.Tensor`` only: subclasses and fake tensors take the full
-  path), shape, strides, dtype, device and 16-byte alignment of its data pointer (the
-  Hopper kernels' TMA condition; Triton specialises on it);
-- the runtime settings object (``FLASHATTN_BACKEND``, ``use_backend``, ``checks``, ...),
-  by identity: every change of them makes a new object;
+  path) and its ``replay.keys.tensor_key`` (shape, strides, dtype, device, alignment);
+- the runtime settings object, by identity (``replay.keys.CallCache``);
 - whether a gradient is recorded (grad mode on and an input requires grad: the entry then
-  runs its own autograd function; FP8 calls, which have no backward, take the full path), and
-  that no tracer or dispatch mode is active (``ops.eager_call``'s test).
+  runs its own autograd function, ``replay.autograd``; FP8 calls, which have no backward,
+  take the full path), and that no tracer or dispatch mode is active (``ops.eager_call``'s
+  test).
 
 Values read from tensors are never in a key: they are checked where they always were, in the
 ops' bodies (``dispatch.kvcache.kvcache``'s value checks of CPU metadata and the checked mode run on
@@ -34,65 +37,32 @@ and ``flash_attn_varlen_func`` on float8_e4m3fn inputs (FlashAttention-3's desca
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Hashable, Optional, Tuple
+from typing import Any, Callable, Hashable, Optional, Tuple
 
 import torch
 
 from flashattn import ops as _ops
-from flashattn.replay import dense as _replay_dense
+from flashattn.api import kvcache_validation as _kv
+from flashattn.params import AttnParams
 from flashattn.replay import fp8 as _replay_fp8
 from flashattn.replay import kvcache as _replay_kvcache
 from flashattn.replay import varlen as _replay_varlen
-from flashattn.api import kvcache_validation as _kv
-from flashattn.params import AttnParams
-from flashattn.runtime import env
+from flashattn.replay.dense import DenseTrainEntry, dense_runner
+# (bound to module names: a key is built on every call, on a decode step's host path)
+from flashattn.replay.keys import (SCALARS as _SCALARS, CallCache, descale_key as _descale_key,
+                                   fp8_scalars as _fp8_scalars, records_grad as _records_grad,
+                                   tensor_key as _tensor_key)
 from flashattn.runtime.device import capturing
 
 Tensor = torch.Tensor
-MAX_ENTRIES = 512
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # call signatures kept per function (then dropped all at once)
-
-
-def _tensor_key(t: Tensor) -> tuple:
-    return (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16)
-
-
-# the scalar argument types a key takes as they are (type and value both in the key: causal=1
-# and causal=True are different signatures); other types, e.g. numpy scalars or lists, take
-# the full path, whose checks decide about them
-_SCALARS = (type(None), bool, int, float)
-
-
-class CallCache:
-    """Entries ``key -> (settings, value)``; a hit needs the same settings object."""
-
-    def __init__(self) -> None:
-        self._entries: Dict[Hashable, Tuple[Any, Any]] = {}
-
-    def get(self, key: Hashable) -> Any:
-        hit = self._entries.get(key)
-        if hit is not None and hit[0] is env.settings():
-            return hit[1]
-        return None
-
-    def put(self, key: Hashable, value: Any) -> None:
-        if len(self._entries) >= MAX_ENTRIES:
-            self._entries.clear()
-        self._entries[key] = (env.settings(), value)
-
-    def clear(self) -> None:
-        self._entries.clear()
+MAX_ENTRIES = 512  # call signatures kept per function (then all dropped at once)
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 # ---------------------------------------------------------------------------------------------
 # flash_attn_func
 # ---------------------------------------------------------------------------------------------
-DENSE = CallCache()
-
-
-def _records_grad(q: Tensor, k: Tensor, v: Tensor) -> bool:
-    """Whether a call on q, k, v records a gradient."""
-    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+DENSE = CallCache(MAX_ENTRIES)
 
 
 def _plain_qkv(q: Any, k: Any, v: Any, window_size: Any, grad_ok: bool = False) -> bool:
@@ -118,7 +88,7 @@ def dense_key(q: Any, k: Any, v: Any, dropout_p: Any, softmax_scale: Any, causal
     sink / chunk: the caller checks those are absent), or None (full path). Every test is
     written out (no generator, one helper): this is a decoding step's host path. Whether the
     call records a gradient is part of it (such a signature's entry is a
-    :class:`DenseTrainEntry`)."""
+    ``replay.dense.DenseTrainEntry``)."""
     if not _plain_qkv(q, k, v, window_size, grad_ok=True):
         return None
     if type(dropout_p) not in (float, int) or dropout_p != 0:
@@ -135,54 +105,18 @@ def dense_key(q: Any, k: Any, v: Any, dropout_p: Any, softmax_scale: Any, causal
             _records_grad(q, k, v))
 
 
-class DenseTrainEntry:
-    """A dense signature that records a gradient: replay's forward runner (with the LSE the
-    backward needs) and, from the signature's first backward on, its backward runner; a call
-    runs both through ``ops.dense_recorded``'s autograd function (a training step's every
-    layer repeats one signature, and the full path's checks and dispatch cost it ~100-200 µs
-    of host per call on the H100 host, benchmarks/NOTES.md 2026-11-25)."""
-
-    def __init__(self, q: Tensor, k: Tensor, v: Tensor, params: AttnParams) -> None:
-        self.params = params
-        self.forward = dense_runner(q, k, v, params, True)
-        self._backward = None
-
-    def backward(self, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
-                 lse: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
-        if self._backward is None:
-            self._backward = _replay_dense.backward_runner(q, k, v, self.params)
-        return self._backward(dout, q, k, v, out, lse)
-
-    def __call__(self, q: Tensor, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor]:
-        return _ops.dense_recorded(self, q, k, v)
-
-
 def dense_entry(q: Tensor, k: Tensor, v: Tensor, params: AttnParams, need_lse: bool):
-    """The entry of a dense signature: :func:`dense_runner`'s call, or for a call that records
-    a gradient a :class:`DenseTrainEntry`."""
+    """The entry of a dense signature: ``replay.dense.dense_runner``'s call, or for a call that
+    records a gradient a ``replay.dense.DenseTrainEntry``."""
     if _records_grad(q, k, v):
         return DenseTrainEntry(q, k, v, params)
     return dense_runner(q, k, v, params, need_lse)
 
 
-def dense_runner(q: Tensor, k: Tensor, v: Tensor, params: AttnParams, need_lse: bool = True
-                 ) -> Callable[[Tensor, Tensor, Tensor], Tuple[Tensor, Optional[Tensor]]]:
-    """What the full path decided for this signature, as a call: dispatch's choice of
-    backend and path for these (already validated and normalised) arguments. ``need_lse``
-    False (the signature does not return it): lse may come back None."""
-    run = _replay_dense.forward_runner(q, k, v, params, need_lse)
-
-    def call(q: Tensor, k: Tensor, v: Tensor) -> Tuple[Tensor, Optional[Tensor]]:
-        out, lse = run(q, k, v)
-        # (the op's contract; no-ops normally)
-        return out.contiguous(), (None if lse is None else lse.contiguous())
-    return call
-
-
 # ---------------------------------------------------------------------------------------------
 # flash_attn_varlen_func
 # ---------------------------------------------------------------------------------------------
-VARLEN = CallCache()
+VARLEN = CallCache(MAX_ENTRIES)
 
 
 def varlen_key(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: Any,
@@ -194,8 +128,8 @@ def varlen_key(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max
     (full path). As :func:`dense_key`, with the offsets (and seqused_k) keyed as tensors (their
     values are read by the kernels, or checked on every call where they are checkable) and
     the maxima as ints. Inputs that require grad are eligible: the recorded call runs through
-    ``ops.varlen_recorded``'s autograd function (a packed training step's every layer repeats
-    one signature)."""
+    ``replay.autograd.varlen_recorded``'s autograd function (a packed training step's every
+    layer repeats one signature)."""
     dense = dense_key(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
                       deterministic, return_attn_probs)
     packed = _packed_key(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k)
@@ -232,7 +166,7 @@ def varlen_record(key: Hashable, q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: 
 # ---------------------------------------------------------------------------------------------
 # flash_attn_with_kvcache
 # ---------------------------------------------------------------------------------------------
-KVCACHE = CallCache()
+KVCACHE = CallCache(MAX_ENTRIES)
 
 
 def kvcache_key(q: Any, k_cache: Any, v_cache: Any, k: Any, v: Any, rotary_cos: Any,
@@ -290,7 +224,7 @@ def kvcache_key(q: Any, k_cache: Any, v_cache: Any, k: Any, v: Any, rotary_cos: 
 
 def kvcache_descales_key(q_descale: Any, k_descale: Any, v_descale: Any) -> Optional[tuple]:
     """The descale part of an FP8 ``flash_attn_with_kvcache`` signature (appended to
-    :func:`kvcache_key`'s): each None or a plain tensor's metadata (:func:`_descale_key`), or
+    :func:`kvcache_key`'s): each None or a plain tensor's metadata (``replay.keys.descale_key``), or
     None when one is neither (the full path's checks decide about it)."""
     key = (_descale_key(q_descale), _descale_key(k_descale), _descale_key(v_descale))
     return None if False in key else key
@@ -333,27 +267,10 @@ def kvcache_args(template: tuple, q: Tensor, k_cache: Tensor, v_cache: Tensor,
 # ---------------------------------------------------------------------------------------------
 # flash_attn_fp8_func
 # ---------------------------------------------------------------------------------------------
-FP8 = CallCache()
+FP8 = CallCache(MAX_ENTRIES)
 # the entry of a signature no recorded call covers (the replay runner returned None):
 # its calls take the full path without asking again
 FP8_FULL_PATH = False
-
-
-def _fp8_scalars(softmax_scale: Any, causal: Any, window_size: Any, softcap: Any,
-                 out_dtype: Any, return_lse: Any) -> Optional[tuple]:
-    """The scalar part of an FP8 signature (types and values, as :func:`dense_key`'s), or
-    None when one takes the full path (a list window, a non-dtype out_dtype, numpy scalars)."""
-    if type(window_size) is not tuple or len(window_size) != 2:
-        return None
-    if not (out_dtype is None or type(out_dtype) is torch.dtype):
-        return None
-    left, right = window_size
-    if not (type(softmax_scale) in _SCALARS and type(causal) in _SCALARS
-            and type(softcap) in _SCALARS and type(return_lse) in _SCALARS
-            and type(left) in _SCALARS and type(right) in _SCALARS):
-        return None
-    return (type(softmax_scale), softmax_scale, type(causal), causal, type(left), left,
-            type(right), right, type(softcap), softcap, out_dtype, type(return_lse), return_lse)
 
 
 def fp8_key(q: Any, k: Any, v: Any, softmax_scale: Any, causal: Any, window_size: Any,
@@ -401,15 +318,7 @@ def fp8_record(key: Hashable, q: Tensor, k: Tensor, v: Tensor, params: AttnParam
 # ---------------------------------------------------------------------------------------------
 # flash_attn_func on FP8 inputs (FlashAttention-3's descale API)
 # ---------------------------------------------------------------------------------------------
-FA3_FP8 = CallCache()
-
-
-def _descale_key(x: Any) -> Any:
-    """A descale argument in a key: None, a plain tensor's _tensor_key, or False (the call
-    takes the full path, whose checks decide about it)."""
-    if x is None:
-        return None
-    return _tensor_key(x) if type(x) is Tensor else False
+FA3_FP8 = CallCache(MAX_ENTRIES)
 
 
 def _plain_fp8_qkv(q: Any, k: Any, v: Any) -> bool:
@@ -458,7 +367,7 @@ def fa3_fp8_record(key: Hashable, q: Tensor, k: Tensor, v: Tensor,
 # ---------------------------------------------------------------------------------------------
 # flash_attn_varlen_func on FP8 inputs (FlashAttention-3's descale API)
 # ---------------------------------------------------------------------------------------------
-FA3_FP8_VARLEN = CallCache()
+FA3_FP8_VARLEN = CallCache(MAX_ENTRIES)
 
 
 def fa3_fp8_varlen_key(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
@@ -492,7 +401,7 @@ def fa3_fp8_varlen_record(key: Hashable, q: Tensor, k: Tensor, v: Tensor,
 # ---------------------------------------------------------------------------------------------
 # fp8.attention on fp8.quantize's output (block descales)
 # ---------------------------------------------------------------------------------------------
-FP8_QUANTIZED = CallCache()
+FP8_QUANTIZED = CallCache(MAX_ENTRIES)
 
 
 def quantized_key(qkv: Any, softmax_scale: Any, causal: Any, window_size: Any, softcap: Any,
@@ -531,7 +440,7 @@ def quantized_record(key: Hashable, qkv: Any, params: AttnParams, out_dtype: tor
 # ---------------------------------------------------------------------------------------------
 # fp8.quantize
 # ---------------------------------------------------------------------------------------------
-QUANTIZE = CallCache()
+QUANTIZE = CallCache(MAX_ENTRIES)
 
 
 def quantize_key(q: Any, k: Any, v: Any, incoherent: Any, seed: Any, block_m: Any,
@@ -556,11 +465,9 @@ def quantize_record(key: Hashable, q: Tensor, k: Tensor, v: Tensor, signs: Optio
                                                                           block_m, block_n))
 
 
-__all__ = ["DENSE", "FA3_FP8", "FA3_FP8_VARLEN", "FP8", "FP8_FULL_PATH", "FP8_QUANTIZED", "KVCACHE", "QUANTIZE",
-           "VARLEN", "CallCache", "DenseTrainEntry", "dense_entry", "dense_key", "dense_runner",
-           "fa3_fp8_key", "fa3_fp8_record",
-           "fa3_fp8_varlen_key", "fa3_fp8_varlen_record", "fp8_key",
-           "fp8_record", "kvcache_args", "kvcache_descales_key", "kvcache_entry", "kvcache_key",
-           "quantize_key",
-           "quantize_record", "quantized_key", "quantized_record", "varlen_key",
-           "varlen_record"]
+__all__ = ["DENSE", "FA3_FP8", "FA3_FP8_VARLEN", "FP8", "FP8_FULL_PATH", "FP8_QUANTIZED",
+           "KVCACHE", "MAX_ENTRIES", "QUANTIZE", "VARLEN", "dense_entry", "dense_key",
+           "fa3_fp8_key", "fa3_fp8_record", "fa3_fp8_varlen_key", "fa3_fp8_varlen_record",
+           "fp8_key", "fp8_record", "kvcache_args", "kvcache_descales_key", "kvcache_entry",
+           "kvcache_key", "quantize_key", "quantize_record", "quantized_key", "quantized_record",
+           "varlen_key", "varlen_record"]

@@ -23,6 +23,7 @@ import torch
 from flashattn import metadata
 from flashattn import ops as _ops
 from flashattn.params import AttnParams
+from flashattn.replay import autograd as _replay_autograd
 from flashattn.api import fastpath as _fast
 from flashattn.api import out as _out
 from flashattn.api import chunked as _chunked
@@ -211,7 +212,8 @@ def _recorded(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_
         return res
     check_values(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, q.shape[0],
                  k.shape[0])
-    out, lse = _ops.varlen_recorded(runner, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
+    out, lse = _replay_autograd.varlen_recorded(runner, q, k, v, cu_seqlens_q, cu_seqlens_k,
+                                               seqused_k)
     return (out, lse, None) if return_attn_probs else out
 
 

@@ -16,6 +16,16 @@ from flashattn.params import AttnParams
 from flashattn.runtime.device import capturing
 
 
+def unit_last_stride(dout: torch.Tensor) -> torch.Tensor:
+    """The gradient of out as the backends take it: unit last-dim stride (e.g. the expanded
+    gradient of ``out.sum()`` has stride 0 there). Both autograd paths above dispatch apply it,
+    the op path (:mod:`flashattn.ops`) and the recorded calls
+    (:mod:`flashattn.replay.autograd`)."""
+    if dout.stride(-1) != 1 and dout.shape[-1] > 1:
+        return dout.contiguous()
+    return dout
+
+
 def is_degenerate(q: torch.Tensor, k: torch.Tensor) -> bool:
     return q.shape[0] == 0 or q.shape[1] == 0 or k.shape[1] == 0
 
@@ -125,4 +135,4 @@ def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
 
 
 __all__ = ["backward", "degenerate_fwd", "forward", "forward_with_sink", "is_degenerate",
-           "one_row_right_edge", "small_query", "small_query_runner"]
+           "one_row_right_edge", "small_query", "small_query_runner", "unit_last_stride"]

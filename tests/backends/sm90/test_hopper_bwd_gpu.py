@@ -346,10 +346,11 @@ def test_uncovered_backward_falls_back(monkeypatch, what):
 
 @pytest.mark.parametrize("d,causal", [(128, False), (128, True), (64, True), (256, False)])
 def test_dense_grad_recorded_call_matches_the_full_path(d, causal, monkeypatch):
-    """A repeated dense signature that records a gradient (api/fastpath.DenseTrainEntry: the
-    forward runner and a backward runner decided once, ops.dense_recorded) gives the full
-    path's out, lse, dk and dv bit for bit and dq within its reduce-order noise, with
-    autograd's expanded dout (out.sum()) and a plain one."""
+    """A repeated dense signature that records a gradient (replay.dense.DenseTrainEntry, kept
+    by api/fastpath: the forward runner and a backward runner decided once,
+    replay.autograd.dense_recorded) gives the full path's out, lse, dk and dv bit for bit and
+    dq within its reduce-order noise, with autograd's expanded dout (out.sum()) and a plain
+    one."""
     from flashattn.api import fastpath
 
     set_env(monkeypatch, FLASHATTN_BACKEND="hopper")

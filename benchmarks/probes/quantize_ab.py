@@ -16,7 +16,7 @@ import sys
 _CHILD = r"""
 import json, sys, torch
 from triton.testing import do_bench
-from flashattn.api.fp8 import random_signs
+from flashattn.api.fp8_quantize import random_signs
 from flashattn.backends.triton.fp8_quantize import quantize_qkv
 res = {}
 for d in [int(x) for x in sys.argv[1].split(",")]:

@@ -24,7 +24,7 @@ import json
 import torch
 from triton.testing import do_bench
 
-from flashattn.api.fp8 import random_signs
+from flashattn.api.fp8_quantize import random_signs
 from flashattn.fp8_format import wgmma_vt_empty
 from flashattn.backends.triton.fp8_quantize import _launch
 

@@ -306,7 +306,7 @@ def test_quantize_v_in_wgmma_order_feeds_the_forward(backend_name, s_k, block_n,
     order gets it back (dispatch), so attention over it equals attention over quantize's V."""
     from flashattn import fp8_format as F
     from flashattn import ops
-    from flashattn.api.fp8 import quantize_for_kernels
+    from flashattn.api.fp8_quantize import quantize_for_kernels
 
     torch.manual_seed(6)
     q = torch.randn(2, 40, 4, 64).bfloat16()

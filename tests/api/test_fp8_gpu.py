@@ -624,7 +624,7 @@ def test_recorded_quantize_matches_the_full_path():
     from flashattn.api import fastpath
 
     def full(*xs, seed, incoherent=True, block_m=128, block_n=128):
-        from flashattn.api.fp8 import quantize_for_kernels  # (quantize's body, no fast path)
+        from flashattn.api.fp8_quantize import quantize_for_kernels  # (quantize's body, no fast path)
 
         return quantize_for_kernels(*xs, incoherent, seed, block_m, block_n, v_wgmma=False)
 

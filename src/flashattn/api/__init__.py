@@ -7,7 +7,7 @@ beyond views); everything below runs through the torch.library ops of :mod:`flas
     combine.py   flash_attn_combine
     plan.py      plan_decode / DecodePlan (a decode step planned once)
     fa3_interface.py   FlashAttention-3's signatures (``flashattn.fa3``)
-    fp8.py       flashattn.fp8.quantize (block scales + incoherent processing)
+    fp8_quantize.py  flashattn.fp8.quantize (block scales + incoherent processing)
     fp8_attention.py   FP8 inputs of flash_attn_func / varlen (FA3's descales),
                  flashattn.fp8.attention, flash_attn_fp8_func
     normalise.py normalisation, once: softmax scale, window rule, ALiBi, dropout seed
@@ -21,6 +21,7 @@ beyond views); everything below runs through the torch.library ops of :mod:`flas
                  public as ``flashattn.padding``
     backend_override.py   use_backend: force a backend at run time
 
-The module names differ from the public top-level ones (``flashattn.fa3``, ``flashattn.padding``)
-and from the leaf ``flashattn.params`` so that a name says one thing in the package.
+The module names differ from the public top-level ones (``flashattn.fa3``, ``flashattn.fp8``,
+``flashattn.padding``) and from the leaf ``flashattn.params`` so that a name says one thing in
+the package.
 """

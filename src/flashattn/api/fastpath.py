@@ -407,7 +407,7 @@ FP8_QUANTIZED = CallCache(MAX_ENTRIES)
 def quantized_key(qkv: Any, softmax_scale: Any, causal: Any, window_size: Any, softcap: Any,
                   out_dtype: Any, return_lse: Any) -> Optional[tuple]:
     """The call signature of an ``fp8.attention`` call, or None (full path): the
-    QuantizedQKV's (the caller checks the type: api.fp8 imports this module) five tensors
+    QuantizedQKV's (the caller checks the type: api.fp8_quantize imports this module) five tensors
     keyed as :func:`fa3_fp8_key`'s (plain tensors only; q, k, v float8_e4m3fn, the descales
     float32), its blocks (ints) and the scalars. Anything else takes the full path, whose
     checks raise or decide."""

@@ -24,7 +24,7 @@ from flashattn.api import fastpath as _fast
 from flashattn.api import out as _out
 from flashattn.api import normalise as _p
 from flashattn.api import validation as _v
-from flashattn.api.fp8 import (QuantizedQKV, check_quantize_args, quantize_for_kernels,
+from flashattn.api.fp8_quantize import (QuantizedQKV, check_quantize_args, quantize_for_kernels,
                                random_signs)
 from flashattn.params import ONE_BLOCK_SHIFT, AttnParams
 

@@ -416,7 +416,7 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q8: torch.Tensor,
         had = _hadamard_pm1(d // n_chunks, d // n_chunks, had_dtype, q.device)
     else:
         had = _hadamard_pm1(d, block_d, had_dtype, q.device) if rotate else q_descale
-    sg = signs if rotate else q_descale  # (float32 (d,) on q's device: api/fp8.py)
+    sg = signs if rotate else q_descale  # (float32 (d,) on q's device: api/fp8_quantize.py)
     q_blocks, k_blocks = cdiv(s_q, block_m), cdiv(s_k, block_n)
     q_tiles, k_tiles = q_blocks * b * h, k_blocks * b * h_k
     v_tiles = k_tiles

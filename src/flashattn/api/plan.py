@@ -28,6 +28,14 @@ too with ``dtype=torch.float8_e4m3fn`` (out is then bfloat16):
 
 The descales are read by the kernel on every run (a captured graph reads their new values);
 None stands for ones, which the plan holds.
+
+Multi-head latent attention (FlashAttention-3's ``qv``): plan with ``has_qv=True`` (and
+``headdim_v`` up to 512) and pass each step's latent query to ``run``; the default scale is
+then ``(headdim + headdim_v) ** -0.5``, as in ``flash_attn_with_kvcache``:
+
+    plan = flashattn.plan_decode(64, 128, 1, 64, headdim_v=512, max_seqlen_k=8192,
+                                 page_size=64, has_qv=True)
+    out = plan.run(q, kv_cache[..., :64], kv_cache, cache_seqlens, block_table, qv=qv)
 """
 from __future__ import annotations
 
@@ -57,8 +65,10 @@ class DecodePlan:
     def __init__(self, batch: int, nheads: int, nheads_k: int, headdim: int, headdim_v: int,
                  seqlen_q: int, max_seqlen_k: int, page_size: Optional[int],
                  dtype: torch.dtype, device: torch.device, params: AttnParams,
-                 num_splits: int, kv_dtype: Optional[torch.dtype] = None) -> None:
+                 num_splits: int, kv_dtype: Optional[torch.dtype] = None,
+                 has_qv: bool = False) -> None:
         self.batch, self.nheads, self.nheads_k = batch, nheads, nheads_k
+        self.has_qv = has_qv
         self.headdim, self.headdim_v, self.seqlen_q = headdim, headdim_v, seqlen_q
         self.max_seqlen_k, self.page_size = max_seqlen_k, page_size
         self.dtype, self.device, self.params = dtype, device, params
@@ -75,9 +85,11 @@ class DecodePlan:
     def __repr__(self) -> str:
         paged = f", page_size={self.page_size}" if self.page_size else ""
         kv = f", kv_dtype={self.kv_dtype}" if self.kv_dtype != self.dtype else ""
+        dv = f", headdim_v={self.headdim_v}" if self.headdim_v != self.headdim else ""
+        qv = ", has_qv=True" if self.has_qv else ""
         return (f"DecodePlan(batch={self.batch}, nheads={self.nheads}, nheads_k={self.nheads_k}"
-                f", headdim={self.headdim}, seqlen_q={self.seqlen_q}, max_seqlen_k="
-                f"{self.max_seqlen_k}{paged}, dtype={self.dtype}{kv}, device={self.device})")
+                f", headdim={self.headdim}{dv}, seqlen_q={self.seqlen_q}, max_seqlen_k="
+                f"{self.max_seqlen_k}{paged}, dtype={self.dtype}{kv}{qv}, device={self.device})")
 
     def _check(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor,
                block_table: Optional[Tensor]) -> None:
@@ -123,6 +135,21 @@ class DecodePlan:
                              f"{self.device} (a tensor: a captured graph reads its new values), "
                              f"got {_v._describe(cache_seqlens)}")
 
+    def _latent(self, qv: Optional[Tensor]) -> dict:
+        """The backends' qv keyword of a run: {} without, {"qv": qv} for a plan with qv."""
+        if not self.has_qv:
+            if qv is not None:
+                raise ValueError("qv was given but the plan has none: plan with has_qv=True")
+            return {}
+        want = (self.batch, self.seqlen_q, self.nheads, self.headdim_v)
+        if not isinstance(qv, Tensor) or tuple(qv.shape) != want or qv.dtype != self.dtype \
+                or qv.device != self.device:
+            raise ValueError(f"qv must be a {self.dtype} tensor of shape {want} on "
+                             f"{self.device} (the plan has has_qv=True), got {_v._describe(qv)}")
+        if qv.stride(-1) != 1:
+            raise ValueError("qv must have a contiguous last dimension")
+        return dict(qv=qv)
+
     def _descales(self, q: Tensor, k_cache: Tensor, q_descale: Optional[Tensor],
                   k_descale: Optional[Tensor], v_descale: Optional[Tensor]) -> dict:
         """The backends' FP8 keywords of a run (None -> the plan's ones); {} without FP8."""
@@ -138,7 +165,8 @@ class DecodePlan:
     def run(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor,
             block_table: Optional[Tensor] = None, return_softmax_lse: bool = False, *,
             q_descale: Optional[Tensor] = None, k_descale: Optional[Tensor] = None,
-            v_descale: Optional[Tensor] = None) -> "Tensor | Tuple[Tensor, Tensor]":
+            v_descale: Optional[Tensor] = None, qv: Optional[Tensor] = None
+            ) -> "Tensor | Tuple[Tensor, Tensor]":
         """Attention of q over the first ``cache_seqlens[b]`` keys of each cache row (bottom-
         right aligned, as ``flash_attn_with_kvcache`` without new keys).
 
@@ -147,16 +175,19 @@ class DecodePlan:
         nheads_k, ...) with block_table int32 (batch, max_seqlen_k / page_size), in the plan's
         kv_dtype; cache_seqlens int32 (batch,). FP8 (keyword only, FlashAttention-3's):
         k_descale / v_descale float32 (batch, nheads_k) with float8_e4m3fn caches, q_descale
-        with a float8_e4m3fn q (real value = fp8 * descale; None = 1.0).
+        with a float8_e4m3fn q (real value = fp8 * descale; None = 1.0). qv (keyword only, a
+        plan with has_qv): the latent query (batch, seqlen_q, nheads, headdim_v) in q's dtype.
         Returns out (batch, seqlen_q, nheads, headdim_v) in q's dtype (bfloat16 for an FP8
         q) (and lse float32 (batch, nheads, seqlen_q)): the plan's buffers, overwritten by the
         next run.
         """
         self._check(q, k_cache, v_cache, cache_seqlens, block_table)
         fp8 = self._descales(q, k_cache, q_descale, k_descale, v_descale)
+        latent = self._latent(qv)
         out, lse = _replay_kvcache.kvcache_planned(q, k_cache, v_cache, cache_seqlens,
                                                    block_table, self.params, self.num_splits,
-                                                   self.max_seqlen_k, self._buffers, **fp8)
+                                                   self.max_seqlen_k, self._buffers,
+                                                   **fp8, **latent)
         return (out, lse) if return_softmax_lse else out
 
 
@@ -167,7 +198,7 @@ def plan_decode(batch: int, nheads: int, nheads_k: int, headdim: int, *,
                 device: "torch.device | str | None" = None,
                 softmax_scale: Optional[float] = None, causal: bool = True,
                 window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
-                num_splits: int = 0) -> DecodePlan:
+                num_splits: int = 0, has_qv: bool = False) -> DecodePlan:
     """Plan decode steps of one shape (see the module doc).
 
     Arguments:
@@ -175,8 +206,9 @@ def plan_decode(batch: int, nheads: int, nheads_k: int, headdim: int, *,
         max_seqlen_k: the cache capacity per sequence (contiguous cache: its length; paged:
             block_table columns x page_size). It sizes the split-KV decision, which the plan
             fixes: later calls may have any cache_seqlens up to it.
-        headdim_v: V's head dim (default headdim). seqlen_q: query rows per step (1 for
-            decode, up to 16 for speculative verification).
+        headdim_v: V's head dim (default headdim; up to 512, as flash_attn_with_kvcache).
+            seqlen_q: query rows per step (1 for decode, up to 16 for speculative
+            verification).
         page_size: None for a contiguous cache, else the paged cache's page size.
         dtype, device: of q and the caches (float16 / bfloat16 / float32, or float8_e4m3fn:
             FlashAttention-3's FP8 query, with FP8 caches; default device the current CUDA
@@ -185,6 +217,9 @@ def plan_decode(batch: int, nheads: int, nheads_k: int, headdim: int, *,
             its descales, see the module doc). Default: dtype.
         softmax_scale, causal, window_size, softcap: as flash_attn_with_kvcache.
         num_splits: 0 = the heuristic (from max_seqlen_k), else the number of key splits.
+        has_qv: each run takes FlashAttention-3's latent query ``qv`` (multi-head latent
+            attention: scores ``softmax_scale * (q . k + qv . v)``; default softmax_scale then
+            ``(headdim + headdim_v) ** -0.5``). Not with an FP8 query.
     """
     batch = _positive_int(batch, "batch")
     nheads, nheads_k = _positive_int(nheads, "nheads"), _positive_int(nheads_k, "nheads_k")
@@ -192,9 +227,10 @@ def plan_decode(batch: int, nheads: int, nheads_k: int, headdim: int, *,
         raise ValueError(f"nheads ({nheads}) must be a multiple of nheads_k ({nheads_k})")
     headdim = _positive_int(headdim, "headdim")
     headdim_v = headdim if headdim_v is None else _positive_int(headdim_v, "headdim_v")
-    for d, n in ((headdim, "headdim"), (headdim_v, "headdim_v")):
-        if d > _v.MAX_HEAD_DIM:
-            raise ValueError(f"{n} must be in 1..{_v.MAX_HEAD_DIM}, got {d}")
+    for d, n, most in ((headdim, "headdim", _v.MAX_HEAD_DIM),
+                       (headdim_v, "headdim_v", _v.MAX_HEAD_DIM_V_KVCACHE)):
+        if d > most:
+            raise ValueError(f"{n} must be in 1..{most}, got {d}")
     seqlen_q = _positive_int(seqlen_q, "seqlen_q")
     max_seqlen_k = _positive_int(max_seqlen_k, "max_seqlen_k")
     if page_size is not None:
@@ -219,14 +255,22 @@ def plan_decode(batch: int, nheads: int, nheads_k: int, headdim: int, *,
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     num_splits = _positive_int(num_splits, "num_splits", allow_zero=True)
-    scale = _p.softmax_scale_or_default(_v.check_softmax_scale(softmax_scale), headdim)
+    if not isinstance(has_qv, bool):
+        raise TypeError(f"has_qv must be a bool, got {has_qv!r}")
+    if has_qv and dtype == fp8:
+        raise NotImplementedError(
+            "has_qv (multi-head latent attention) with dtype=torch.float8_e4m3fn is not "
+            "supported: plan q and qv in bfloat16 / float16 (kv_dtype may stay float8_e4m3fn)")
+    # FlashAttention-3: with qv the score sums headdim + headdim_v products, so does the scale
+    scale = _p.softmax_scale_or_default(_v.check_softmax_scale(softmax_scale),
+                                        headdim + headdim_v if has_qv else headdim)
     causal = _v.check_causal(causal)
     left, right = _v.check_window_size(window_size)
     softcap = _v.check_softcap(softcap)
     left, right = _p.window(left, right, causal, max_seqlen_k)
     params = AttnParams(scale, causal, left, right, softcap, None, 0.0, 0)
     return DecodePlan(batch, nheads, nheads_k, headdim, headdim_v, seqlen_q, max_seqlen_k,
-                      page_size, dtype, device, params, num_splits, kv_dtype)
+                      page_size, dtype, device, params, num_splits, kv_dtype, has_qv)
 
 
 __all__ = ["DecodePlan", "plan_decode"]

@@ -99,17 +99,18 @@ def kvcache_runner(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
 def kvcache_planned(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     seqlens: torch.Tensor, block_table: Optional[torch.Tensor],
                     params: AttnParams, num_splits: int, capacity: int, buffers: dict,
-                    **fp8: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+                    **extra: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """A planned decode step (``flashattn.plan_decode``): attention of q (b, s_q, h, d) over
     the cache's first seqlens[b] keys, no new keys; the split count and the outputs come from
-    the plan (``buffers``, reused between calls where the backend can). ``fp8``: the FP8
+    the plan (``buffers``, reused between calls where the backend can). ``extra``: the FP8
     descales (k_descale, v_descale and an FP8 q's q_descale, float32 (b, h_k)), as
-    ``dispatch.kvcache.fp8_descales`` gives them to the full call."""
+    ``dispatch.kvcache.fp8_descales`` gives them to the full call, and the latent query
+    ``qv`` (b, s_q, h, d_v) of a plan with one."""
     params = _dense.one_row_right_edge(params, q.shape[1])
     return _select.backend(_select.backend_for(q)).kvcache_attention(
         q, k_cache, v_cache, seqlens, 0, p=params, leftpad=None, batch_idx=None,
         block_table=block_table, num_splits=num_splits, capacity=capacity, buffers=buffers,
-        **fp8)
+        **extra)
 
 
 def decode_splits(batch: int, seqlen_q: int, max_seqlen_k: int, nheads: int, nheads_k: int,

@@ -24,7 +24,9 @@ import triton.language as tl
 from flashattn.backends.triton import config
 from flashattn.runtime.launch import launch_jit, launch_tuned
 from flashattn.backends.triton.mask import (LOG2E, dropout_keep, key_range, query_range, score_mod,
-                                     score_scales, seq_bounds, visible_mask)
+                                     score_scales, visible_mask)
+from flashattn.backends.triton.prologue import (key_rows, program_ids, qkv_offsets, query_tile,
+                                         row_offset, seq_info, stats_base, tma_pair)
 from flashattn.philox import dropout_threshold
 
 
@@ -141,39 +143,23 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, DQ, Alibi, CuSeqQ, CuSeqK,
                      HAS_DROPOUT: tl.constexpr, ATOMIC_DQ: tl.constexpr,
                      UPCAST: tl.constexpr, DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr,
                      VARLEN: tl.constexpr, HAS_SEQUSED: tl.constexpr, BH_AXIS0: tl.constexpr):
-    if BH_AXIS0:
-        # (sequence, kv head) on axis 0: b * h_k can pass the 65535 limit of grid axis 1
-        # (config.bh_on_axis0: varlen calls, and dense calls with that many heads)
-        pid_n = tl.program_id(1)
-        pid_bhk = tl.program_id(0)
-    else:
-        pid_n = tl.program_id(0)
-        pid_bhk = tl.program_id(1)
-    off_b = pid_bhk // nheads_k
-    off_hk = pid_bhk % nheads_k
+    # (sequence, kv head) x key block; off_hk is the KV head
+    pid_n, pid_bhk, off_b, off_hk = program_ids(nheads_k, BH_AXIS0, False)
     n_start = pid_n * BLOCK_N
+    # varlen: off_b is a packed sequence (see the forward kernel). dK/dV of keys past its s_k
+    # (seqused_k) and of sequences without queries keep the caller's zero fill.
+    q_start, k_start, seqlen_q, seqlen_k = seq_info(CuSeqQ, CuSeqK, SeqUsedK, off_b, seqlen_q,
+                                                    seqlen_k, lse_stride_h, total_k, VARLEN,
+                                                    HAS_SEQUSED)
     if VARLEN:
-        # off_b is a packed sequence (see the forward kernel). dK/dV of keys past its s_k
-        # (seqused_k) and of sequences without queries keep the caller's zero fill.
-        q_start, k_start, seqlen_q, seqlen_k = seq_bounds(CuSeqQ, CuSeqK, SeqUsedK, off_b,
-                                                          lse_stride_h, total_k, HAS_SEQUSED)
         if (n_start >= seqlen_k) | (seqlen_q == 0):
             return
-        q_off = q_start * stride_qm
-        k_off = k_start * stride_kn
-        v_off = k_start * stride_vn
-        do_off = q_start * stride_dom
-        dq_off = q_start * stride_dqm
-        dk_off = k_start * stride_dkn
-        dv_off = k_start * stride_dvn
-    else:
-        q_off = off_b.to(tl.int64) * stride_qb
-        k_off = off_b.to(tl.int64) * stride_kb
-        v_off = off_b.to(tl.int64) * stride_vb
-        do_off = off_b.to(tl.int64) * stride_dob
-        dq_off = off_b.to(tl.int64) * stride_dqb
-        dk_off = off_b.to(tl.int64) * stride_dkb
-        dv_off = off_b.to(tl.int64) * stride_dvb
+    q_off, k_off, v_off = qkv_offsets(off_b, q_start, k_start, stride_qb, stride_qm, stride_kb,
+                                      stride_kn, stride_vb, stride_vn, VARLEN)
+    do_off = row_offset(off_b, q_start, stride_dob, stride_dom, VARLEN)
+    dq_off = row_offset(off_b, q_start, stride_dqb, stride_dqm, VARLEN)
+    dk_off = row_offset(off_b, k_start, stride_dkb, stride_dkn, VARLEN)
+    dv_off = row_offset(off_b, k_start, stride_dvb, stride_dvn, VARLEN)
     diag = seqlen_k - seqlen_q
     n_end = tl.minimum(n_start + BLOCK_N, seqlen_k)
     offs_n = n_start + tl.arange(0, BLOCK_N)
@@ -209,19 +195,13 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, DQ, Alibi, CuSeqQ, CuSeqK,
         q_base = Q + q_off + off_h.to(tl.int64) * stride_qh
         do_base = DO + do_off + off_h.to(tl.int64) * stride_doh
         dq_base = DQ + dq_off + off_h.to(tl.int64) * stride_dqh
-        if VARLEN:
-            lse_base = Lse + off_h.to(tl.int64) * lse_stride_h + q_start  # (h, total_q)
-            delta_base = Delta + off_h.to(tl.int64) * lse_stride_h + q_start
-        else:
-            lse_base = Lse + bh.to(tl.int64) * seqlen_q  # (b, h, s_q)
-            delta_base = Delta + bh.to(tl.int64) * seqlen_q
+        lse_base = stats_base(Lse, bh, off_h, q_start, lse_stride_h, seqlen_q, VARLEN)
+        delta_base = stats_base(Delta, bh, off_h, q_start, lse_stride_h, seqlen_q, VARLEN)
         q_desc = None
         do_desc = None
         if USE_TMA:
-            q_desc = tl.make_tensor_descriptor(q_base, shape=[seqlen_q, HEAD_DIM], strides=[stride_qm, 1],
-                                               block_shape=[BLOCK_M, BLOCK_D])
-            do_desc = tl.make_tensor_descriptor(do_base, shape=[seqlen_q, HEAD_DIM_V],
-                                                strides=[stride_dom, 1], block_shape=[BLOCK_M, BLOCK_DV])
+            q_desc, do_desc = tma_pair(q_base, do_base, seqlen_q, stride_qm, stride_dom,
+                                       HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_D, BLOCK_DV)
         slope_log2 = 0.0
         if HAS_ALIBI:
             slope_log2 = tl.load(Alibi + off_b * stride_ab + off_h * stride_ah) * LOG2E
@@ -329,47 +309,28 @@ def _bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, Alibi, CuSeqQ, CuSeqK, SeqUsedK,
                    HAS_DROPOUT: tl.constexpr, UPCAST: tl.constexpr, DOT_PREC: tl.constexpr,
                    USE_TMA: tl.constexpr, VARLEN: tl.constexpr, HAS_SEQUSED: tl.constexpr,
                    BH_AXIS0: tl.constexpr):
-    if BH_AXIS0:
-        # (sequence, head) on axis 0: b * h can pass the 65535 limit of grid axis 1
-        pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
-        pid_bh = tl.program_id(0)
-    else:
-        pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-        pid_bh = tl.program_id(1)
-    off_b = pid_bh // nheads
-    off_h = pid_bh % nheads
+    # heavy causal rows first, as in the forward kernel
+    pid_m, pid_bh, off_b, off_h = program_ids(nheads, BH_AXIS0, True)
     off_hk = off_h // group
     m_start = pid_m * BLOCK_M
+    # varlen: off_b is a packed sequence (see the forward kernel); dQ rows outside every
+    # sequence keep the caller's zero fill.
+    q_start, k_start, seqlen_q, seqlen_k = seq_info(CuSeqQ, CuSeqK, SeqUsedK, off_b, seqlen_q,
+                                                    seqlen_k, lse_stride_h, total_k, VARLEN,
+                                                    HAS_SEQUSED)
     if VARLEN:
-        # off_b is a packed sequence (see the forward kernel); dQ rows outside every
-        # sequence keep the caller's zero fill.
-        q_start, k_start, seqlen_q, seqlen_k = seq_bounds(CuSeqQ, CuSeqK, SeqUsedK, off_b,
-                                                          lse_stride_h, total_k, HAS_SEQUSED)
         if m_start >= seqlen_q:
             return
-        q_off = q_start * stride_qm
-        k_off = k_start * stride_kn
-        v_off = k_start * stride_vn
-        do_off = q_start * stride_dom
-        dq_off = q_start * stride_dqm
-        lse_base = Lse + off_h.to(tl.int64) * lse_stride_h + q_start  # (h, total_q)
-        delta_base = Delta + off_h.to(tl.int64) * lse_stride_h + q_start
-        desc_rows = tl.maximum(seqlen_k, 1)  # TMA bounded by the sequence's own keys
-    else:
-        q_off = off_b.to(tl.int64) * stride_qb
-        k_off = off_b.to(tl.int64) * stride_kb
-        v_off = off_b.to(tl.int64) * stride_vb
-        do_off = off_b.to(tl.int64) * stride_dob
-        dq_off = off_b.to(tl.int64) * stride_dqb
-        lse_base = Lse + pid_bh.to(tl.int64) * seqlen_q  # (b, h, s_q)
-        delta_base = Delta + pid_bh.to(tl.int64) * seqlen_q
-        desc_rows = seqlen_k
+    q_off, k_off, v_off = qkv_offsets(off_b, q_start, k_start, stride_qb, stride_qm, stride_kb,
+                                      stride_kn, stride_vb, stride_vn, VARLEN)
+    do_off = row_offset(off_b, q_start, stride_dob, stride_dom, VARLEN)
+    dq_off = row_offset(off_b, q_start, stride_dqb, stride_dqm, VARLEN)
+    lse_base = stats_base(Lse, pid_bh, off_h, q_start, lse_stride_h, seqlen_q, VARLEN)
+    delta_base = stats_base(Delta, pid_bh, off_h, q_start, lse_stride_h, seqlen_q, VARLEN)
+    desc_rows = key_rows(seqlen_k, VARLEN)
     diag = seqlen_k - seqlen_q
-    m_end = tl.minimum(m_start + BLOCK_M, seqlen_q)
-    offs_m = m_start + tl.arange(0, BLOCK_M)
-    offs_n0 = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
+    m_end, offs_m, offs_n0, offs_d, offs_dv = query_tile(m_start, seqlen_q, BLOCK_M, BLOCK_N,
+                                                         BLOCK_D, BLOCK_DV)
 
     q = tl.load(Q + q_off + off_h.to(tl.int64) * stride_qh
                 + offs_m[:, None].to(tl.int64) * stride_qm + offs_d[None, :],
@@ -387,10 +348,8 @@ def _bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, Alibi, CuSeqQ, CuSeqK, SeqUsedK,
     k_desc = None
     v_desc = None
     if USE_TMA:
-        k_desc = tl.make_tensor_descriptor(k_base, shape=[desc_rows, HEAD_DIM], strides=[stride_kn, 1],
-                                           block_shape=[BLOCK_N, BLOCK_D])
-        v_desc = tl.make_tensor_descriptor(v_base, shape=[desc_rows, HEAD_DIM_V], strides=[stride_vn, 1],
-                                           block_shape=[BLOCK_N, BLOCK_DV])
+        k_desc, v_desc = tma_pair(k_base, v_base, desc_rows, stride_kn, stride_vn,
+                                  HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DV)
 
     qk_scale, softcap_inv, softcap_log2 = score_scales(sm_scale, softcap, HAS_SOFTCAP)
     slope_log2 = 0.0

@@ -75,6 +75,7 @@ from flashattn.backends.triton import config
 from flashattn.backends.triton.combine import combine_launch
 from flashattn.backends.triton.mask import (LN2, LOG2E, chunk_start, key_range, score_mod, score_scales,
                                    visible_mask)
+from flashattn.backends.triton.prologue import cache_keys, packed_rows, tma_pair
 
 
 @triton.jit
@@ -185,8 +186,7 @@ def _decode_kernel(
     # the cache.
     offs_dv = tl.arange(0, BLOCK_DV)
     if VARLEN_Q:
-        q_start = tl.minimum(tl.maximum(tl.load(CuSeqQ + off_b), 0), total_q)
-        q_end = tl.minimum(tl.maximum(tl.load(CuSeqQ + off_b + 1), q_start), total_q)
+        q_start, q_end = packed_rows(CuSeqQ, CuSeqQ, off_b, total_q, False)
         s_q = (q_end - q_start).to(tl.int32)
         # Rows before the first sequence and after the last belong to none: out 0, lse -inf,
         # written here by the first / last sequence's programs (in every split: the combine
@@ -216,11 +216,7 @@ def _decode_kernel(
     row_ok = offs_i < s_q
     offs_d = tl.arange(0, BLOCK_D)
 
-    total_k = tl.minimum(tl.maximum(tl.load(SeqlensK + off_b) + seqlen_k_add, 0), cache_cap)
-    start_k = 0
-    if HAS_LEFTPAD:
-        start_k = tl.minimum(tl.maximum(tl.load(LeftPad + off_b), 0), total_k)
-    seqlen_k = total_k - start_k
+    start_k, seqlen_k = cache_keys(SeqlensK, LeftPad, off_b, seqlen_k_add, cache_cap, HAS_LEFTPAD)
     diag = seqlen_k - s_q
 
     # keys some row of this tile may see, then this split's equal share of them
@@ -267,14 +263,12 @@ def _decode_kernel(
             cache_b = tl.minimum(tl.maximum(tl.load(BatchIdx + off_b), 0), n_cache - 1)
         k_base = K + cache_b.to(tl.int64) * stride_kb + k_head
         v_base = V + cache_b.to(tl.int64) * stride_vb + v_head
+    # (s_cache, d) slab of this (cache row, kv head); rows past the cache read as zeros
     k_desc = None
     v_desc = None
     if USE_TMA:
-        # (s_cache, d) slab of this (cache row, kv head); rows past the cache read as zeros
-        k_desc = tl.make_tensor_descriptor(k_base, shape=[cache_rows, HEAD_DIM],
-                                           strides=[stride_kn, 1], block_shape=[BLOCK_N, BLOCK_D])
-        v_desc = tl.make_tensor_descriptor(v_base, shape=[cache_rows, HEAD_DIM_V],
-                                           strides=[stride_vn, 1], block_shape=[BLOCK_N, BLOCK_DV])
+        k_desc, v_desc = tma_pair(k_base, v_base, cache_rows, stride_kn, stride_vn,
+                                  HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DV)
 
     v_descale = 1.0
     qv_descale = 1.0

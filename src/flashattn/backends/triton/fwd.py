@@ -8,8 +8,8 @@ window diagonal or the sequence end pay for the mask. Output: O once, LSE once.
 
 Packed variable-length sequences use the same kernel with the constexpr ``VARLEN``: the batch
 index becomes a sequence index whose start row and lengths come from cu_seqlens on the device
-(``masks.seq_bounds``), the grid is sized by max_seqlen_q and programs past their sequence's
-end exit (``flash_varlen_fwd``).
+(``prologue.seq_bounds``), the grid is sized by max_seqlen_q and programs past their
+sequence's end exit (``flash_varlen_fwd``).
 """
 from __future__ import annotations
 
@@ -25,7 +25,9 @@ from flashattn.runtime.buffers import stream_buffer
 from flashattn.runtime.launch import LaunchPlan, LaunchPlans, launch_tuned_planned
 from flashattn.philox import dropout_threshold
 from flashattn.backends.triton.mask import (LN2, LOG2E, dropout_keep, key_range, score_mod,
-                                     score_scales, seq_bounds, visible_mask)
+                                     score_scales, visible_mask)
+from flashattn.backends.triton.prologue import (key_rows, program_ids, qkv_offsets, query_tile,
+                                         row_offset, seq_info, stats_base, tma_pair)
 
 
 @triton.jit
@@ -153,63 +155,38 @@ def _fwd_kernel(Q, K, V, Out, Lse, Alibi, P, CuSeqQ, CuSeqK, SeqUsedK,
                 UPCAST: tl.constexpr, DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr,
                 WARP_SPEC: tl.constexpr, VARLEN: tl.constexpr, HAS_SEQUSED: tl.constexpr,
                 BH_AXIS0: tl.constexpr):
-    # Heavy causal rows (high m) are scheduled first: program 0 takes the last query block.
-    if BH_AXIS0:
-        # (sequence, head) on axis 0: b * h can pass the 65535 limit of grid axis 1
-        # (config.bh_on_axis0: varlen calls, and dense calls with that many heads)
-        pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
-        pid_bh = tl.program_id(0)
-    else:
-        pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-        pid_bh = tl.program_id(1)
-    off_b = pid_bh // nheads
-    off_h = pid_bh % nheads
+    # heavy causal rows (high m) first: program 0 takes the last query block
+    pid_m, pid_bh, off_b, off_h = program_ids(nheads, BH_AXIS0, True)
     off_hk = off_h // group
     m_start = pid_m * BLOCK_M
 
+    # varlen: off_b is a packed sequence; seqlen_q / seqlen_k (max_seqlen, the grid's size)
+    # become its own lengths, and its rows start at q_start / k_start
+    q_start, k_start, seqlen_q, seqlen_k = seq_info(CuSeqQ, CuSeqK, SeqUsedK, off_b, seqlen_q,
+                                                    seqlen_k, lse_stride_h, total_k, VARLEN,
+                                                    HAS_SEQUSED)
     if VARLEN:
-        # off_b is a packed sequence; seqlen_q / seqlen_k (max_seqlen, the grid's size) are
-        # replaced by its own lengths, and its rows start at q_start / k_start.
-        q_start, k_start, seqlen_q, seqlen_k = seq_bounds(CuSeqQ, CuSeqK, SeqUsedK, off_b,
-                                                          lse_stride_h, total_k, HAS_SEQUSED)
         if m_start >= seqlen_q:
             return
-        q_off = q_start * stride_qm
-        k_off = k_start * stride_kn
-        v_off = k_start * stride_vn
-        o_off = q_start * stride_om
-        lse_base = Lse + off_h.to(tl.int64) * lse_stride_h + q_start  # lse (h, total_q)
-        # TMA bounds: the sequence's own keys (rows past its end belong to the next
-        # sequence and must read as zeros); at least one row for an empty sequence,
-        # which loads nothing.
-        desc_rows = tl.maximum(seqlen_k, 1)
-    else:
-        # 64-bit base offsets: b * stride_b can exceed 2**31 on long sequences.
-        q_off = off_b.to(tl.int64) * stride_qb
-        k_off = off_b.to(tl.int64) * stride_kb
-        v_off = off_b.to(tl.int64) * stride_vb
-        o_off = off_b.to(tl.int64) * stride_ob
-        lse_base = Lse + pid_bh.to(tl.int64) * seqlen_q  # lse (b, h, s_q)
-        desc_rows = seqlen_k
+    q_off, k_off, v_off = qkv_offsets(off_b, q_start, k_start, stride_qb, stride_qm, stride_kb,
+                                      stride_kn, stride_vb, stride_vn, VARLEN)
+    o_off = row_offset(off_b, q_start, stride_ob, stride_om, VARLEN)
+    lse_base = stats_base(Lse, pid_bh, off_h, q_start, lse_stride_h, seqlen_q, VARLEN)
+    desc_rows = key_rows(seqlen_k, VARLEN)
     diag = seqlen_k - seqlen_q
 
-    m_end = tl.minimum(m_start + BLOCK_M, seqlen_q)
-    offs_m = m_start + tl.arange(0, BLOCK_M)
-    offs_n0 = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
+    m_end, offs_m, offs_n0, offs_d, offs_dv = query_tile(m_start, seqlen_q, BLOCK_M, BLOCK_N,
+                                                         BLOCK_D, BLOCK_DV)
 
     q_base = Q + q_off + off_h.to(tl.int64) * stride_qh
     k_base = K + k_off + off_hk.to(tl.int64) * stride_kh
     v_base = V + v_off + off_hk.to(tl.int64) * stride_vh
+    # 2-D (s_k, d) views of this (batch, kv head): TMA streams the K/V tiles
     k_desc = None
     v_desc = None
     if USE_TMA:
-        # 2-D (s_k, d) views of this (batch, kv head): TMA streams the K/V tiles
-        k_desc = tl.make_tensor_descriptor(k_base, shape=[desc_rows, HEAD_DIM], strides=[stride_kn, 1],
-                                           block_shape=[BLOCK_N, BLOCK_D])
-        v_desc = tl.make_tensor_descriptor(v_base, shape=[desc_rows, HEAD_DIM_V], strides=[stride_vn, 1],
-                                           block_shape=[BLOCK_N, BLOCK_DV])
+        k_desc, v_desc = tma_pair(k_base, v_base, desc_rows, stride_kn, stride_vn,
+                                  HEAD_DIM, HEAD_DIM_V, BLOCK_N, BLOCK_D, BLOCK_DV)
     q_ptrs = q_base + offs_m[:, None].to(tl.int64) * stride_qm + offs_d[None, :]
     q = tl.load(q_ptrs, mask=(offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM), other=0.0)
     if UPCAST:

@@ -31,7 +31,9 @@ from flashattn.runtime import device as _device
 from flashattn.runtime.env import INTERPRET
 from flashattn.runtime.grid import bh_on_axis0, cdiv, next_pow2
 from flashattn.backends.triton.fp8_quantize import round_e4m3
-from flashattn.backends.triton.mask import LN2, LOG2E, key_range, seq_bounds, tanh_f32, visible_mask
+from flashattn.backends.triton.mask import LN2, LOG2E, key_range, tanh_f32, visible_mask
+from flashattn.backends.triton.prologue import (program_ids, qkv_offsets, query_tile, row_offset,
+                                         seq_info, stats_base)
 
 P_SCALE_LOG2 = tl.constexpr(_P_SCALE_LOG2)  # P is 2^8 larger before its e4m3 cast (fp8_format)
 
@@ -109,38 +111,23 @@ def _fwd_fp8_kernel(Q, K, V, Out, Lse, QD, KD, VD, CuSeqQ, CuSeqK, SeqUsedK,
                     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                     FP8_DOT: tl.constexpr, VARLEN: tl.constexpr, HAS_SEQUSED: tl.constexpr,
                     BH_AXIS0: tl.constexpr):
-    if BH_AXIS0:
-        pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
-        pid_bh = tl.program_id(0)
-    else:
-        pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-        pid_bh = tl.program_id(1)
-    off_b = pid_bh // nheads
-    off_h = pid_bh % nheads
+    # heavy causal rows first, as in the bf16 forward kernel (fwd.py)
+    pid_m, pid_bh, off_b, off_h = program_ids(nheads, BH_AXIS0, True)
     off_hk = off_h // group
     m_start = pid_m * BLOCK_M
+    q_start, k_start, seqlen_q, seqlen_k = seq_info(CuSeqQ, CuSeqK, SeqUsedK, off_b, seqlen_q,
+                                                    seqlen_k, lse_stride_h, total_k, VARLEN,
+                                                    HAS_SEQUSED)
     if VARLEN:
-        q_start, k_start, seqlen_q, seqlen_k = seq_bounds(CuSeqQ, CuSeqK, SeqUsedK, off_b,
-                                                          lse_stride_h, total_k, HAS_SEQUSED)
         if m_start >= seqlen_q:
             return
-        q_off = q_start * stride_qm
-        k_off = k_start * stride_kn
-        v_off = k_start * stride_vn
-        o_off = q_start * stride_om
-        lse_base = Lse + off_h.to(tl.int64) * lse_stride_h + q_start
-    else:
-        q_off = off_b.to(tl.int64) * stride_qb
-        k_off = off_b.to(tl.int64) * stride_kb
-        v_off = off_b.to(tl.int64) * stride_vb
-        o_off = off_b.to(tl.int64) * stride_ob
-        lse_base = Lse + pid_bh.to(tl.int64) * seqlen_q
+    q_off, k_off, v_off = qkv_offsets(off_b, q_start, k_start, stride_qb, stride_qm, stride_kb,
+                                      stride_kn, stride_vb, stride_vn, VARLEN)
+    o_off = row_offset(off_b, q_start, stride_ob, stride_om, VARLEN)
+    lse_base = stats_base(Lse, pid_bh, off_h, q_start, lse_stride_h, seqlen_q, VARLEN)
     diag = seqlen_k - seqlen_q
-    m_end = tl.minimum(m_start + BLOCK_M, seqlen_q)
-    offs_m = m_start + tl.arange(0, BLOCK_M)
-    offs_n0 = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
+    m_end, offs_m, offs_n0, offs_d, offs_dv = query_tile(m_start, seqlen_q, BLOCK_M, BLOCK_N,
+                                                         BLOCK_D, BLOCK_DV)
 
     q_base = Q + q_off + off_h.to(tl.int64) * stride_qh
     k_base = K + k_off + off_hk.to(tl.int64) * stride_kh

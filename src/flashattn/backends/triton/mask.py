@@ -2,7 +2,8 @@
 
 Everything that decides *which* scores exist and *what* they are lives here once:
 key visibility (causal / sliding window, bottom-right aligned), score modification
-(scale, softcap, ALiBi) and the dropout decision. The kernels inline these.
+(scale, softcap, ALiBi), the dropout decision and the key / query block ranges they imply.
+The kernels inline these; where a program's sequence lives is prologue.py's.
 
 Conventions (see docs/internals.md):
 - ``offs_m`` are query row indices (i), ``offs_n`` key column indices (j); ``diag = s_k - s_q``.
@@ -155,27 +156,3 @@ def query_range(n_start, n_end, seqlen_q, diag, window_left, window_right,
     mid_hi = tl.minimum(tl.maximum(full_hi, mid_lo), hi)
     return lo, mid_lo, mid_hi, hi
 
-
-@triton.jit
-def seq_bounds(CuSeqQ, CuSeqK, SeqUsedK, off_b, total_q, total_k, HAS_SEQUSED: tl.constexpr):
-    """Where packed sequence ``off_b`` lives (varlen mode): (q_start, k_start, s_q, s_k).
-
-    q_start / k_start are int64 row offsets into the (total, h, d) tensors (total * row
-    stride can exceed 2**31); s_q / s_k are the sequence's own lengths, from the int32
-    cumulative lengths ``cu_seqlens`` (b + 1,), or s_k = ``seqused_k[b]`` keys when given.
-    Everything inside the sequence (masks, alignment, dropout counters) then uses local
-    indices, exactly as a batch entry of the dense layout does.
-
-    The values are read from the device, so they are clamped before they form an address:
-    rows to [0, total_q) / [0, total_k) (the packed tensors' lengths). Bad metadata then gives
-    a wrong answer, never an access outside the tensors; ``flashattn.checks()`` reports it.
-    """
-    q_start = tl.minimum(tl.maximum(tl.load(CuSeqQ + off_b), 0), total_q)
-    q_end = tl.minimum(tl.maximum(tl.load(CuSeqQ + off_b + 1), q_start), total_q)
-    k_start = tl.minimum(tl.maximum(tl.load(CuSeqK + off_b), 0), total_k)
-    if HAS_SEQUSED:
-        k_end = tl.minimum(tl.maximum(k_start + tl.load(SeqUsedK + off_b), k_start), total_k)
-    else:
-        k_end = tl.minimum(tl.maximum(tl.load(CuSeqK + off_b + 1), k_start), total_k)
-    return (q_start.to(tl.int64), k_start.to(tl.int64), (q_end - q_start).to(tl.int32),
-            (k_end - k_start).to(tl.int32))

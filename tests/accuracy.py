@@ -1,74 +1,14 @@
-"""flash-attn's accuracy rule for tests.
-
-An implementation computed in low precision is accepted when its error against the float64
-oracle is at most ``factor`` times the error PyTorch itself makes computing the same thing
-naively in that low precision, plus a small absolute tolerance:
-
-    max|out - ref64| <= factor * max|out_lowprec_torch - ref64| + atol
-
-(factor 2 for outputs, 3 for gradients, as in flash-attn's tests). Non-finite entries
-(e.g. lse = -inf on rows that see no key) must match the reference exactly and are left out of
-the error; a NaN the reference lacks always fails.
-"""
+"""Accuracy helpers for tests, on flash-attn's rule (the rule and the float64 oracle are
+public: :mod:`flashattn.testing`, re-exported here): whole-call checks of out / lse / grads,
+and the absolute tolerances of sums the rule's naive baseline cannot bound."""
 from __future__ import annotations
 
 import torch
 
+from flashattn.testing import assert_close_rule, assert_same_nonfinite, max_abs_err
+
 __all__ = ["max_abs_err", "assert_close_rule", "assert_same_nonfinite",
            "assert_attention_close", "delta_residual_atols", "fp32_sum_atol"]
-
-
-def assert_same_nonfinite(out: torch.Tensor, ref: torch.Tensor, name: str = "out") -> None:
-    """Assert ``out`` has NaN / +inf / -inf exactly where ``ref`` has them."""
-    out = out.detach().double().cpu()
-    ref = ref.detach().double().cpu()
-    assert out.shape == ref.shape, f"{name}: shape {tuple(out.shape)} != reference {tuple(ref.shape)}"
-    for what, test in (("NaN", torch.isnan), ("+inf", torch.isposinf), ("-inf", torch.isneginf)):
-        a, b = test(out), test(ref)
-        if not torch.equal(a, b):
-            idx = (a != b).nonzero()[0].tolist()
-            raise AssertionError(
-                f"{name}: {what} pattern differs from the reference: {int(a.sum())} vs "
-                f"{int(b.sum())} entries; first mismatch at {idx}: "
-                f"out={out[tuple(idx)].item()!r} ref={ref[tuple(idx)].item()!r}")
-
-
-def max_abs_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """max|out - ref| in float64 over the entries where both are finite (0.0 if none)."""
-    out = out.detach().double().cpu()
-    ref = ref.detach().double().cpu()
-    finite = torch.isfinite(out) & torch.isfinite(ref)
-    if not bool(finite.any()):
-        return 0.0
-    return (out - ref).abs()[finite].max().item()
-
-
-def assert_close_rule(out: torch.Tensor, ref: torch.Tensor, lowprec: torch.Tensor,
-                      factor: float = 2.0, atol: float = 1e-5, name: str = "out") -> None:
-    """Assert ``max|out - ref| <= factor * max|lowprec - ref| + atol`` (flash-attn's rule).
-
-    out: the implementation under test (any dtype); ref: the float64 oracle; lowprec: the
-    oracle computed naively in out's low precision (``attention_ref(..., upcast=False)``).
-    All three must have the same shape. Non-finite entries must coincide with ref's.
-    """
-    assert_same_nonfinite(out, ref, name)
-    assert lowprec.shape == ref.shape, (
-        f"{name}: lowprec shape {tuple(lowprec.shape)} != reference {tuple(ref.shape)}")
-    err = max_abs_err(out, ref)
-    base = max_abs_err(lowprec, ref)
-    bound = factor * base + atol
-    if not err <= bound:
-        o = out.detach().double().cpu()
-        r = ref.detach().double().cpu()
-        diff = torch.where(torch.isfinite(o) & torch.isfinite(r), (o - r).abs(),
-                           torch.zeros_like(o))
-        idx = tuple(torch.unravel_index(diff.argmax(), diff.shape))
-        idx = tuple(int(i) for i in idx)
-        raise AssertionError(
-            f"{name}: max|out - ref| = {err:.3e} at {list(idx)} (out {o[idx].item():.6g}, "
-            f"ref {r[idx].item():.6g}) exceeds {factor:g} * max|lowprec - ref| "
-            f"({base:.3e}) + atol {atol:.1e} = {bound:.3e}; "
-            f"max|ref| = {r[torch.isfinite(r)].abs().max().item() if torch.isfinite(r).any() else 0:.3e}")
 
 
 def assert_attention_close(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,

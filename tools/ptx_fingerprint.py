@@ -406,6 +406,11 @@ def sm90_aux_jobs(lay: Layout) -> List[Job]:
         kind, d, dt, causal, window, softcap, ov = _sm90_parts(v)
         if kind != "bwd":
             continue
+        if ov and {"varlen", "seqused"} & set(dict(ov)):
+            # packed variants: their row statistics and dQ conversion are the packed kernels
+            # flash_bwd_hopper_varlen launches, not flash_bwd_hopper's (which has no varlen
+            # override: passing it failed every such recording)
+            continue
         wl, wr = window
         if causal:
             wr = 0

@@ -28,7 +28,11 @@ ops' bodies (``dispatch.kvcache.kvcache``'s value checks of CPU metadata and the
 every call, fast or not; ``flash_attn_varlen_func`` runs its value checks of cu_seqlens /
 seqused_k on every call where they run on the full path).
 
-Calls with dropout, ALiBi, sinks, chunking, paged KV or ``out=`` take the full path.
+Calls with dropout, ALiBi, sinks, chunking or ``out=`` take the full path, and so do paged
+``flash_attn_varlen_func`` calls (a ``block_table``); a paged KV cache in
+``flash_attn_with_kvcache`` is keyed (the block table as a tensor: its values are read by the
+kernel) and takes the fast path. Calls with ``qv`` take the full path (or a plan:
+``plan_decode(..., has_qv=True)``).
 ``flash_attn_with_kvcache`` over an FP8 cache (and with an FP8 query) keys its descales as
 :func:`fa3_fp8_key` does (presence and metadata; their values are read by the kernel, and CPU
 descales are value-checked on every call).

@@ -66,6 +66,12 @@ class FwdConfig:
     # instruction issue at small head dims (benchmarks/NOTES.md, 2026-11-24). l then sums the
     # same rounded P (bf16 / e4m3) that P·V multiplies.
     rowsum_mma: bool = False
+    # Independent FMNMX chains per thread for each block's row max (fwd_kernel MAX_CHAINS,
+    # softmax.row_max): 1 is one chain of BLOCK_N / 4 dependent FMNMX before the quad shuffles
+    # (the first exp2 waits for all of it), 4 is four chains of a quarter each, combined before
+    # the shuffles, as FlashAttention-4's sm90 softmax does. The max is exact either way.
+    # An experiment (docs/fa4_comparison.md, hypothesis 6): 1 in every shipped config.
+    max_chains: int = 1
     # Masked calls (causal / a right window bound): tiles aligned to the end of the query
     # sequence, in whole warpgroup pieces (fwd_kernel BOTTOM_ALIGN), so the partial tile of a
     # seqlen_q that BLOCK_M does not divide is the first one, which sees the fewest keys,
@@ -187,7 +193,9 @@ def fp8_fwd_config(head_dim: int, head_dim_v: Optional[int] = None, softcap: boo
         cfg = replace(cfg, **FP8_LONG_CAUSAL[key])
     if kv_block_keys is not None and FP8_MIN_BLOCK_N <= kv_block_keys < cfg.block_n:
         cfg = replace(cfg, block_n=kv_block_keys, num_stages=FP8_NARROW_STAGES)
-    cfg = replace(cfg, **overrides) if overrides else cfg
+    if overrides:
+        cfg = replace(cfg, **overrides)
+        _check_max_chains(cfg, overrides)
     if not cfg.separate_o or cfg.rescale_early:
         raise ValueError("FP8 forward configs need separate_o=True and rescale_early=False")
     return cfg
@@ -230,7 +238,17 @@ def fwd_config(head_dim: int, softcap: bool = False, head_dim_v: Optional[int] =
                          "maxnreg=168)")
     if cfg.consumers not in (2, 3) or cfg.block_m % cfg.consumers:
         raise ValueError(f"FwdConfig {overrides}: consumers must be 2 or 3 and divide block_m")
+    _check_max_chains(cfg, overrides)
     return cfg
+
+
+def _check_max_chains(cfg: FwdConfig, overrides) -> None:
+    """max_chains splits the 8-column groups a thread holds of each score row (block_n / 8 of
+    them, softmax.row_max) into equal runs, one per chain: a power of two dividing them."""
+    chains, groups = cfg.max_chains, cfg.block_n // 8
+    if chains < 1 or chains & (chains - 1) or groups % chains:
+        raise ValueError(f"FwdConfig {overrides}: max_chains must be a power of two dividing "
+                         f"block_n // 8 = {groups}")
 
 
 # ---------------------------------------------------------------------------------------------

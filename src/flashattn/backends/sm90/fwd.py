@@ -133,6 +133,7 @@ def launch_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Te
         CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
         CONSUMERS=cfg.consumers, THREAD_RELEASE=bool(cfg.thread_release),
         ROWSUM_MMA=bool(cfg.rowsum_mma),
+        MAX_CHAINS=int(cfg.max_chains),
         # (only when the shift is at least one warpgroup piece: other lengths keep the variant
         # without it, whose kernel is the one before BOTTOM_ALIGN existed)
         BOTTOM_ALIGN=(bool(cfg.bottom_align) and window_right >= 0 and varlen is None

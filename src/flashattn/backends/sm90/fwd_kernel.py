@@ -42,6 +42,11 @@ Scheduling knobs (constexpr, for the ablation table in benchmarks/NOTES.md):
                    not by the GEMMs (+5-8 % at d = 64 / 128, benchmarks/NOTES.md, 2026-11-24).
                    Each block's sum starts from zero and l adds them in fp32 registers. l then
                    sums the same rounded P that P·V multiplies (FA3 sums the fp32 P).
+    MAX_CHAINS     the row max of each key block as that many independent FMNMX chains per
+                   thread (softmax.row_max), combined before the quad shuffles, instead of one
+                   chain over all of the thread's BLOCK_N / 4 columns, whose whole latency the
+                   block's first exp2 waits for. Exact (bitwise the same max). 1 by default
+                   (config.py).
     BOTTOM_ALIGN   masked calls: query tiles are shifted up by whole warpgroup pieces
                    (_row_shift) so that the last ends within HALF_M rows of seqlen_q: when
                    BLOCK_M does not divide seqlen_q the partial tile is the first, which sees
@@ -499,7 +504,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
               SEPARATE_O: gl.constexpr, DYNAMIC: gl.constexpr, NO_WS: gl.constexpr,
               THREAD_RELEASE: gl.constexpr, ROWSUM_MMA: gl.constexpr,
               BOTTOM_ALIGN: gl.constexpr, varlen, VARLEN: gl.constexpr,
-              USED: gl.constexpr = False):
+              USED: gl.constexpr = False, MAX_CHAINS: gl.constexpr = 1):
     """One consumer warpgroup: rows [WG * HALF_M, (WG + 1) * HALF_M) of every tile
     (HALF_M = BLOCK_M // CONSUMERS: the name is from the two-consumer layout).
 
@@ -630,9 +635,10 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
                                 VARLEN and not FP8 and not USED)
             if FP8:
                 p, m_i, l_i, alpha = online_softmax(s, m_i, l_i, s_unit_j, P_SCALE_LOG2,
-                                                    not ROWSUM_MMA)
+                                                    not ROWSUM_MMA, MAX_CHAINS)
             else:
-                p, m_i, l_i, alpha = online_softmax(s, m_i, l_i, s_unit, 0.0, not ROWSUM_MMA)
+                p, m_i, l_i, alpha = online_softmax(s, m_i, l_i, s_unit, 0.0, not ROWSUM_MMA,
+                                                    MAX_CHAINS)
             p_op = _p_carry(p, dtype, P_LAYOUT, HALF_M, BLOCK_N, FP8)
             if INTRA_OVERLAP == 2:
                 alpha_o = gl.convert_layout(alpha, ROW_O)  # (acc is still zero: no-op rescale)
@@ -691,14 +697,14 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
                                     VARLEN and not FP8 and not USED)
                 if FP8:
                     p, m_i, l_i, alpha = online_softmax(s, m_i, l_i, s_unit_j, P_SCALE_LOG2,
-                                                        not ROWSUM_MMA)
+                                                        not ROWSUM_MMA, MAX_CHAINS)
                     alpha_l = alpha
                     # acc holds block j-1's P V in units of its V descale: carry the ratio
                     alpha = alpha * (vd_prev / vd)
                     vd_prev = vd
                 else:
                     p, m_i, l_i, alpha = online_softmax(s, m_i, l_i, s_unit, 0.0,
-                                                        not ROWSUM_MMA)
+                                                        not ROWSUM_MMA, MAX_CHAINS)
                     alpha_l = alpha
                 if INTRA_OVERLAP:
                     if ROWSUM_MMA:
@@ -936,7 +942,7 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
                     NO_WS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
                     CONSUMERS: gl.constexpr = 2, THREAD_RELEASE: gl.constexpr = False,
                     ROWSUM_MMA: gl.constexpr = False, BOTTOM_ALIGN: gl.constexpr = False,
-                    VARLEN: gl.constexpr = False):
+                    VARLEN: gl.constexpr = False, MAX_CHAINS: gl.constexpr = 1):
     """Persistent warp-specialised attention forward (see module docstring).
 
     Descriptors are rank 4 over (batch, seq, head, dim) with boxes [1, rows, 1, dim_pad] (dim_pad
@@ -1033,22 +1039,22 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
             (_consumer, (0, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
-                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED)),
+                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED, MAX_CHAINS)),
             (_consumer, (1, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
-                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED)),
+                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED, MAX_CHAINS)),
         ], [4], [CONSUMER_REGS])
     elif CONSUMERS == 2:
         gl.warp_specialize([
             (_consumer, (0, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
-                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED)),
+                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED, MAX_CHAINS)),
             (_consumer, (1, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
-                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED)),
+                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED, MAX_CHAINS)),
             (_producer, (descs, smem, bars, problem, window, tile_counter, BLOCK_M, HAS_LEFT,
                          HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG, INTRA_OVERLAP,
                          SEPARATE_O, DYNAMIC, BOTTOM_ALIGN, varlen, VARLEN, seqused_ptr)),
@@ -1058,15 +1064,15 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
             (_consumer, (0, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
-                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED)),
+                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED, MAX_CHAINS)),
             (_consumer, (1, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
-                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED)),
+                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED, MAX_CHAINS)),
             (_consumer, (2, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
-                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED)),
+                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED, MAX_CHAINS)),
             (_producer, (descs, smem, bars, problem, window, tile_counter, BLOCK_M, HAS_LEFT,
                          HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG, INTRA_OVERLAP,
                          SEPARATE_O, DYNAMIC, BOTTOM_ALIGN, varlen, VARLEN, seqused_ptr)),

@@ -274,3 +274,40 @@ def test_one_wave_calls_keep_the_static_stride():
     bcfg = bwd_config(128, masked=False)
     assert bcfg.dynamic and not _bwd._static_stride(bcfg).dynamic
     assert _bwd._static_stride(bcfg).persistent
+
+
+def test_forward_max_chains_is_off_and_reaches_the_kernel():
+    """FwdConfig.max_chains (the row max as independent FMNMX chains per thread) is 1 in every
+    shipped config, bf16 / fp16 and FP8, reaches the kernel as the MAX_CHAINS constexpr, and a
+    count that does not split a thread's 8-column groups evenly is refused naming the field."""
+    import torch
+
+    from flashattn.backends.sm90.config import (FP8_CONFIGS, FWD_CONFIGS, SOFTCAP_CONFIGS,
+                                                fp8_fwd_config, fwd_config)
+    from flashattn.backends.sm90.fwd import launch_args
+
+    for table in (FWD_CONFIGS, SOFTCAP_CONFIGS, FP8_CONFIGS):
+        for cfg in table.values():
+            assert cfg.max_chains == 1
+    for d in FWD_CONFIGS:
+        for softcap in (False, True):
+            assert fwd_config(d, softcap).max_chains == 1
+    for d in FP8_CONFIGS:
+        for masked in (False, True):
+            assert fp8_fwd_config(d, masked=masked).max_chains == 1
+    cfg = fwd_config(128, max_chains=4)
+    q = torch.empty((1, 256, 2, 128), dtype=torch.bfloat16)
+    lse = torch.empty((1, 2, 256), dtype=torch.float32)
+    _, constexprs, _, _ = launch_args(q, q, q, q, lse, cfg, softmax_scale=0.125,
+                                      window_left=-1, window_right=0, softcap=0.0, num_sms=132)
+    assert constexprs["MAX_CHAINS"] == 4
+    _, constexprs, _, _ = launch_args(q, q, q, q, lse, fwd_config(128), softmax_scale=0.125,
+                                      window_left=-1, window_right=0, softcap=0.0, num_sms=132)
+    assert constexprs["MAX_CHAINS"] == 1
+    for bad in (0, 3, 32):  # d = 128: 128-key blocks, 16 groups a row per thread
+        with pytest.raises(ValueError, match="max_chains"):
+            fwd_config(128, max_chains=bad)
+    with pytest.raises(ValueError, match="max_chains"):  # d = 256: 64-key blocks, 8 groups
+        fwd_config(256, max_chains=16)
+    with pytest.raises(ValueError, match="max_chains"):
+        fp8_fwd_config(128, masked=True, max_chains=3)

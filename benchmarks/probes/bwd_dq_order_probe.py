@@ -28,13 +28,14 @@ import json
 import os
 import sys
 import time
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, Tuple
 
 import torch
 import triton
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hopper_probe import _bench, _params, _tflops  # noqa: E402
+from ab_rounds import int_list, interleaved_ms, max_abs, write_rows  # noqa: E402
+from hopper_probe import _params, _tflops  # noqa: E402
 
 from flashattn.backends.sm90.bwd import flash_bwd_hopper  # noqa: E402
 from flashattn.backends.sm90.fwd import flash_fwd_hopper  # noqa: E402
@@ -43,10 +44,6 @@ from flashattn.reference import attention_ref  # noqa: E402
 
 ORDERS = {"default": None, "dq_first": {"dq_first": True}}
 GRADS = ("dq", "dk", "dv")
-
-
-def _max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b.double()).abs().max())
 
 
 def _reference_grads(q, k, v, dout, causal: bool, n_kv: int) -> Tuple[Tuple, Tuple]:
@@ -92,9 +89,9 @@ def run_point(d: int, causal: bool, s: int, group: int, args) -> Dict[str, Any]:
     base, again, new = bwd("default"), bwd("default"), bwd("dq_first")
     row["dk_dv_bitwise"] = bool(torch.equal(base[1], new[1]) and torch.equal(base[2], new[2]))
     row["dq_bitwise"] = bool(torch.equal(base[0], new[0]))
-    row["dq_diff"] = _max_abs(base[0], new[0])
-    row["dq_noise"] = _max_abs(base[0], again[0])  # the default order against itself
-    row["dk_dv_diff"] = max(_max_abs(base[1], new[1]), _max_abs(base[2], new[2]))
+    row["dq_diff"] = max_abs(base[0], new[0])
+    row["dq_noise"] = max_abs(base[0], again[0])  # the default order against itself
+    row["dk_dv_diff"] = max(max_abs(base[1], new[1]), max_abs(base[2], new[2]))
     row["nan"] = bool(any(torch.isnan(x).any().item() for x in base + new))
     n_kv = min(args.ref_kv_heads, h_k)
     ref64, ref_lp = _reference_grads(q, k, v, dout, causal, n_kv)
@@ -102,17 +99,15 @@ def run_point(d: int, causal: bool, s: int, group: int, args) -> Dict[str, Any]:
     ok = not row["nan"]
     for name, g64, glp, g0, g1 in zip(GRADS, ref64, ref_lp, _slice_grads(base, group, n_kv),
                                       _slice_grads(new, group, n_kv)):
-        err_lp, err0, err1 = _max_abs(glp, g64), _max_abs(g0, g64), _max_abs(g1, g64)
+        err_lp, err0, err1 = max_abs(glp, g64), max_abs(g0, g64), max_abs(g1, g64)
         row[f"{name}_err"] = {"bf16_ref": err_lp, "default": err0, "dq_first": err1}
         ok = ok and err1 <= 3 * err_lp + atol and err0 <= 3 * err_lp + atol
     row["ok"] = bool(ok)
     del base, again, new, ref64, ref_lp
     torch.cuda.empty_cache()
     # ---- speed: interleaved rounds, the fastest round per order
-    ms: Dict[str, List[float]] = {order: [] for order in ORDERS}
-    for r in range(args.rounds):
-        for order in (list(ORDERS) if r % 2 == 0 else list(ORDERS)[::-1]):
-            ms[order].append(_bench(lambda: bwd(order), args.warmup, args.rep))
+    ms = interleaved_ms({order: (lambda order=order: bwd(order)) for order in ORDERS},
+                        args.rounds, args.warmup, args.rep)
     for order in ORDERS:
         row[f"{order}_ms_rounds"] = [round(x, 4) for x in ms[order]]
         row[f"{order}_tflops"] = 2.5 * _tflops(b, h, s, d, causal, min(ms[order]))
@@ -137,9 +132,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rep", type=int, default=100)
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
     args = ap.parse_args(argv)
-    ints = lambda spec: [int(x) for x in spec.split(",") if x]  # noqa: E731
-    points = [(d, bool(c), s, g) for d in ints(args.d) for c in ints(args.causal)
-              for s in ints(args.seqlens) for g in ints(args.groups)]
+    points = [(d, bool(c), s, g) for d in int_list(args.d) for c in int_list(args.causal)
+              for s in int_list(args.seqlens) for g in int_list(args.groups)]
     rows = []
     t0 = time.time()
     for d, causal, s, group in points:
@@ -158,9 +152,7 @@ def main(argv=None) -> int:
             "triton": triton.__version__, "seconds": round(time.time() - t0, 1)}
     print(json.dumps(meta))
     if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump({"rows": rows, **meta}, f, indent=1)
+        write_rows(args.out, rows, meta)
     return 0 if all(r["ok"] for r in rows) else 1
 
 

@@ -1,0 +1,140 @@
+"""Same-run A/B of the Hopper forward's row max: FwdConfig.max_chains (the row max of each key
+block as that many independent FMNMX chains per thread, combined before the quad shuffles)
+against the default single chain. docs/fa4_comparison.md, hypothesis 6.
+
+Per point (bf16, ``--tokens`` per call: batch = tokens / s; hidden ``--hidden``: h = hidden / d):
+
+- exactness: out and lse of both variants should be bitwise equal. The max is exact in any
+  order, so the row max m, hence every exp2, alpha and the row sums, are the same values summed
+  in the same order; a difference would mean the flagged kernel computes something else.
+  Both against a float64 reference (flashattn.reference.attention_ref) on a slice (batch 0,
+  the first ``--ref-heads`` heads): flash-attn's rule, out within 2x PyTorch's own bf16 error
+  plus flashattn.check.atol_for, lse within 1e-3 (flashattn.check's rule).
+- speed: flash_fwd_hopper under do_bench, median per round, ``--rounds`` rounds alternating
+  which variant goes first (ab_rounds.interleaved_ms); the fastest round per variant. TFLOP/s
+  with forward FLOPs 4 b h s^2 d, halved when causal.
+
+One JSON line per point (``ratio`` = chains / default TFLOP/s); ``--out`` writes them all.
+
+    export PYTHONPATH=$PWD/src
+    python benchmarks/probes/fwd_rowmax_probe.py --out $OUT/fwd_rowmax.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any, Dict
+
+import torch
+import triton
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ab_rounds import int_list, interleaved_ms, max_abs, write_rows  # noqa: E402
+from hopper_probe import _params, _tflops  # noqa: E402
+
+from flashattn.backends.sm90.fwd import flash_fwd_hopper  # noqa: E402
+from flashattn.check import atol_for  # noqa: E402
+from flashattn.reference import attention_ref  # noqa: E402
+
+
+def _reference(q, k, v, causal: bool, n_heads: int):
+    """(float64, bf16) out and the float64 lse of attention_ref on batch 0, heads [0, n)."""
+    qs, ks, vs = (x[:1, :, :n_heads] for x in (q, k, v))
+    out64, lse64 = attention_ref(qs.double(), ks.double(), vs.double(), causal=causal)
+    out_lp, _ = attention_ref(qs, ks, vs, causal=causal, upcast=False)
+    return out64, lse64, out_lp
+
+
+def _ref_errors(out, lse, out64, lse64, n_heads: int) -> Dict[str, float]:
+    o = out[:1, :, :n_heads]
+    l_ = lse[:1, :n_heads]
+    finite = ~torch.isinf(lse64)
+    lse_err = float((l_.double() - lse64)[finite].abs().max()) if finite.any() else 0.0
+    return {"out": max_abs(o, out64), "lse": lse_err,
+            "lse_inf_ok": bool(torch.equal(torch.isinf(l_), ~finite))}
+
+
+def run_point(d: int, causal: bool, s: int, args) -> Dict[str, Any]:
+    b, h = max(1, args.tokens // s), args.hidden // d
+    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    p = _params(d, causal)
+    variants = {"default": None, "chains": {"max_chains": args.chains}}
+
+    def fwd(name: str):
+        return flash_fwd_hopper(q, k, v, config_overrides=variants[name], **p)
+
+    row: Dict[str, Any] = {"d": d, "causal": causal, "s": s, "b": b, "h": h,
+                           "max_chains": args.chains}
+    # ---- exactness
+    (out0, lse0, _), (out1, lse1, _) = fwd("default"), fwd("chains")
+    row["out_bitwise"] = bool(torch.equal(out0, out1))
+    row["lse_bitwise"] = bool(torch.equal(lse0, lse1))
+    row["out_diff"] = max_abs(out0, out1)
+    row["lse_diff"] = max_abs(lse0[~torch.isinf(lse0)], lse1[~torch.isinf(lse0)])
+    row["nan"] = bool(any(torch.isnan(x).any().item() for x in (out0, lse0, out1, lse1)))
+    n_ref = min(args.ref_heads, h)
+    out64, lse64, out_lp = _reference(q, k, v, causal, n_ref)
+    tol = 2 * max_abs(out_lp, out64) + atol_for(torch.bfloat16)
+    ok = not row["nan"]
+    for name, (out, lse) in (("default", (out0, lse0)), ("chains", (out1, lse1))):
+        err = _ref_errors(out, lse, out64, lse64, n_ref)
+        row[f"{name}_err"] = err
+        ok = ok and err["out"] <= tol and err["lse"] <= 1e-3 and err["lse_inf_ok"]
+    row["out_tol"] = tol
+    row["ok"] = bool(ok)
+    del out0, lse0, out1, lse1, out64, lse64, out_lp
+    torch.cuda.empty_cache()
+    # ---- speed: interleaved rounds, the fastest round per variant
+    ms = interleaved_ms({name: (lambda name=name: fwd(name)) for name in variants},
+                        args.rounds, args.warmup, args.rep)
+    for name in variants:
+        row[f"{name}_ms_rounds"] = [round(x, 4) for x in ms[name]]
+        row[f"{name}_tflops"] = _tflops(b, h, s, d, causal, min(ms[name]))
+    row["ratio"] = row["chains_tflops"] / row["default_tflops"]
+    return row
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--d", default="64,128,256")
+    ap.add_argument("--causal", default="0,1")
+    ap.add_argument("--seqlens", default="2048,8192,16384")
+    ap.add_argument("--chains", type=int, default=4, help="FwdConfig.max_chains of the A side")
+    ap.add_argument("--tokens", type=int, default=16384, help="batch = tokens / s")
+    ap.add_argument("--hidden", type=int, default=2048, help="heads = hidden / d")
+    ap.add_argument("--ref-heads", type=int, default=1,
+                    help="heads (batch 0) checked against the float64 reference")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=25)
+    ap.add_argument("--rep", type=int, default=100)
+    ap.add_argument("--out", default=None, help="write the rows as JSON here")
+    args = ap.parse_args(argv)
+    points = [(d, bool(c), s) for d in int_list(args.d) for c in int_list(args.causal)
+              for s in int_list(args.seqlens)]
+    rows = []
+    t0 = time.time()
+    for d, causal, s in points:
+        row = run_point(d, causal, s, args)
+        torch.cuda.empty_cache()  # (the point's tensors are gone with its frame)
+        rows.append(row)
+        print(json.dumps({k: (round(v, 6) if isinstance(v, float) else v)
+                          for k, v in row.items()}), flush=True)
+    print(f"\n{'d':>4} {'causal':>6} {'s':>6} {'h':>3} {'default':>8} {'chains':>8} "
+          f"{'ratio':>6} {'ok':>3} {'out==':>5} {'lse==':>5}")
+    for r in rows:
+        print(f"{r['d']:>4} {int(r['causal']):>6} {r['s']:>6} {r['h']:>3} "
+              f"{r['default_tflops']:>8.1f} {r['chains_tflops']:>8.1f} {r['ratio']:>6.3f} "
+              f"{int(r['ok']):>3} {int(r['out_bitwise']):>5} {int(r['lse_bitwise']):>5}")
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "triton": triton.__version__, "seconds": round(time.time() - t0, 1)}
+    print(json.dumps(meta))
+    if args.out:
+        write_rows(args.out, rows, meta)
+    return 0 if all(r["ok"] and r["out_bitwise"] and r["lse_bitwise"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

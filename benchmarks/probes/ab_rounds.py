@@ -41,3 +41,30 @@ def write_rows(path: str, rows: Sequence[Dict[str, Any]], meta: Dict[str, Any]) 
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         json.dump({"rows": list(rows), **meta}, f, indent=1)
+
+
+def run_points(points: Sequence[tuple], run_point: Callable[..., Dict[str, Any]],
+               header: str, line: Callable[[Dict[str, Any]], str],
+               out: str = "") -> List[Dict[str, Any]]:
+    """Run ``run_point(*p)`` for every point, printing each row as a JSON line as it comes,
+    then a summary table (``header``, then ``line(row)`` per row) and the device metadata;
+    with ``out``, write the rows and metadata there. Returns the rows."""
+    import time
+
+    rows: List[Dict[str, Any]] = []
+    t0 = time.time()
+    for p in points:
+        row = run_point(*p)
+        torch.cuda.empty_cache()  # (the point's tensors are gone with its frame)
+        rows.append(row)
+        print(json.dumps({k: (round(v, 6) if isinstance(v, float) else v)
+                          for k, v in row.items()}), flush=True)
+    print("\n" + header)
+    for r in rows:
+        print(line(r))
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "triton": triton.__version__, "seconds": round(time.time() - t0, 1)}
+    print(json.dumps(meta))
+    if out:
+        write_rows(out, rows, meta)
+    return rows

@@ -24,17 +24,14 @@ One JSON line per point (``ratio`` = dq_first / default TFLOP/s); ``--out`` writ
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import time
 from typing import Any, Dict, Tuple
 
 import torch
-import triton
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ab_rounds import int_list, interleaved_ms, max_abs, write_rows  # noqa: E402
+from ab_rounds import int_list, interleaved_ms, max_abs, run_points  # noqa: E402
 from hopper_probe import _params, _tflops  # noqa: E402
 
 from flashattn.backends.sm90.bwd import flash_bwd_hopper  # noqa: E402
@@ -134,25 +131,15 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     points = [(d, bool(c), s, g) for d in int_list(args.d) for c in int_list(args.causal)
               for s in int_list(args.seqlens) for g in int_list(args.groups)]
-    rows = []
-    t0 = time.time()
-    for d, causal, s, group in points:
-        row = run_point(d, causal, s, group, args)
-        rows.append(row)
-        print(json.dumps({k: (round(v, 6) if isinstance(v, float) else v)
-                          for k, v in row.items()}), flush=True)
-    print(f"\n{'d':>4} {'causal':>6} {'s':>6} {'h/h_k':>6} {'default':>8} {'dq_first':>8} "
-          f"{'ratio':>6} {'ok':>3} {'dk/dv==':>7} {'dq diff':>8} {'dq noise':>8}")
-    for r in rows:
-        print(f"{r['d']:>4} {int(r['causal']):>6} {r['s']:>6} {r['h']:>3}/{r['h_k']:<2} "
-              f"{r['default_tflops']:>8.1f} {r['dq_first_tflops']:>8.1f} {r['ratio']:>6.3f} "
-              f"{int(r['ok']):>3} {int(r['dk_dv_bitwise']):>7} {r['dq_diff']:>8.1e} "
-              f"{r['dq_noise']:>8.1e}")
-    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "triton": triton.__version__, "seconds": round(time.time() - t0, 1)}
-    print(json.dumps(meta))
-    if args.out:
-        write_rows(args.out, rows, meta)
+    rows = run_points(
+        points, lambda d, causal, s, group: run_point(d, causal, s, group, args),
+        f"{'d':>4} {'causal':>6} {'s':>6} {'h/h_k':>6} {'default':>8} {'dq_first':>8} "
+        f"{'ratio':>6} {'ok':>3} {'dk/dv==':>7} {'dq diff':>8} {'dq noise':>8}",
+        lambda r: (f"{r['d']:>4} {int(r['causal']):>6} {r['s']:>6} {r['h']:>3}/{r['h_k']:<2} "
+                   f"{r['default_tflops']:>8.1f} {r['dq_first_tflops']:>8.1f} "
+                   f"{r['ratio']:>6.3f} {int(r['ok']):>3} {int(r['dk_dv_bitwise']):>7} "
+                   f"{r['dq_diff']:>8.1e} {r['dq_noise']:>8.1e}"),
+        args.out)
     return 0 if all(r["ok"] for r in rows) else 1
 
 

@@ -22,17 +22,14 @@ One JSON line per point (``ratio`` = chains / default TFLOP/s); ``--out`` writes
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import time
 from typing import Any, Dict
 
 import torch
-import triton
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ab_rounds import int_list, interleaved_ms, max_abs, write_rows  # noqa: E402
+from ab_rounds import int_list, interleaved_ms, max_abs, run_points  # noqa: E402
 from hopper_probe import _params, _tflops  # noqa: E402
 
 from flashattn.backends.sm90.fwd import flash_fwd_hopper  # noqa: E402
@@ -114,25 +111,15 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     points = [(d, bool(c), s) for d in int_list(args.d) for c in int_list(args.causal)
               for s in int_list(args.seqlens)]
-    rows = []
-    t0 = time.time()
-    for d, causal, s in points:
-        row = run_point(d, causal, s, args)
-        torch.cuda.empty_cache()  # (the point's tensors are gone with its frame)
-        rows.append(row)
-        print(json.dumps({k: (round(v, 6) if isinstance(v, float) else v)
-                          for k, v in row.items()}), flush=True)
-    print(f"\n{'d':>4} {'causal':>6} {'s':>6} {'h':>3} {'default':>8} {'chains':>8} "
-          f"{'ratio':>6} {'ok':>3} {'out==':>5} {'lse==':>5}")
-    for r in rows:
-        print(f"{r['d']:>4} {int(r['causal']):>6} {r['s']:>6} {r['h']:>3} "
-              f"{r['default_tflops']:>8.1f} {r['chains_tflops']:>8.1f} {r['ratio']:>6.3f} "
-              f"{int(r['ok']):>3} {int(r['out_bitwise']):>5} {int(r['lse_bitwise']):>5}")
-    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "triton": triton.__version__, "seconds": round(time.time() - t0, 1)}
-    print(json.dumps(meta))
-    if args.out:
-        write_rows(args.out, rows, meta)
+    rows = run_points(
+        points, lambda d, causal, s: run_point(d, causal, s, args),
+        f"{'d':>4} {'causal':>6} {'s':>6} {'h':>3} {'default':>8} {'chains':>8} "
+        f"{'ratio':>6} {'ok':>3} {'out==':>5} {'lse==':>5}",
+        lambda r: (f"{r['d']:>4} {int(r['causal']):>6} {r['s']:>6} {r['h']:>3} "
+                   f"{r['default_tflops']:>8.1f} {r['chains_tflops']:>8.1f} "
+                   f"{r['ratio']:>6.3f} {int(r['ok']):>3} {int(r['out_bitwise']):>5} "
+                   f"{int(r['lse_bitwise']):>5}"),
+        args.out)
     return 0 if all(r["ok"] and r["out_bitwise"] and r["lse_bitwise"] for r in rows) else 1
 
 

@@ -9,9 +9,9 @@ variants (``_kv8``: e4m3 cache, bf16 q; ``_q8kv8``: FA3's FP8 q too) the shared-
 loads (``ld_shared_b8``: a dot operand gathered byte by byte; 0 expected) and the copies
 narrower than 16 bytes (``cp_narrow``, the page table's 4-byte loads aside). The ``_qv``
 variants are multi-head latent attention's (FA3's ``qv``): DeepSeek's d 64 / d_v 512 over one
-KV head (``_dv512``), and qv over an FP8 cache through the FP8 launch configs, bf16 / fp16 /
-fp32 (there V is widened to qv's dtype by a plain cast, the operand of both of its dots, so
-its byte loads are expected).
+KV head (``_dv512``), bf16 and FP8 latent caches, and qv over an FP8 cache through the FP8
+launch configs, bf16 / fp16 / fp32 (V widened to qv's dtype, the operand of both of its dots,
+in the loaded layout: no byte loads expected either).
 
     env -u TRITON_INTERPRET PYTHONPATH=src python benchmarks/decode_aot.py [--ptx DIR]
 
@@ -130,9 +130,11 @@ def main() -> int:
                     for paged in (False, True) for s_q in (1, 4) for q8 in (False, True)]
     fp8_variants += [(False, 1, False, "", dict(kv8=True, dtype=dt, d=d))
                      for dt, d in ((torch.float16, 64), (torch.float32, 128), (bf, 256))]
-    # qv (HAS_QV): the 16-bit latent cache (the wide-V config), and qv over an FP8 cache at
-    # d_v <= 256 (the FP8 configs); every math dtype, so that each pair of dot operands meets
+    # qv (HAS_QV): the bf16 and FP8 latent caches (the wide-V config), and qv over an FP8
+    # cache at d_v <= 256 (the FP8 configs); every math dtype, so that each pair of dot
+    # operands meets
     qv_variants = [(True, 1, False, "", dict(qv=True, d=64, dv=512, h=128, h_k=1)),
+                   (True, 1, False, "", dict(qv=True, kv8=True, d=64, dv=512, h=128, h_k=1)),
                    (True, 1, False, "", dict(qv=True, kv8=True)),
                    (False, 1, False, "", dict(qv=True, kv8=True, dtype=torch.float16, d=64)),
                    (False, 1, False, "", dict(qv=True, kv8=True, dtype=torch.float32))]

@@ -360,7 +360,12 @@ def test_decode_kernels_compile_for_sm90() -> None:
         # _WIDE_V_CONFIG); other releases allocate registers their own way (the 512-wide qv
         # variants spill 136 bytes on Triton 3.9): there only the qv rows may spill
         pinned = __import__("triton").__version__.startswith("3.6.")
-        if "_dv512" in row["key"] and pinned:
+        if "_dv512" in row["key"] and "_kv8" in row["key"] and pinned:
+            # the FP8 latent cache with qv: 392 bytes at _WIDE_V_CONFIG's 64 keys x 2 stages,
+            # 288-392 at every BLOCK_N / stage count tried (608 with 16 warps); the same before
+            # and after V's widening moved to the loaded layout (decode.py's _WIDE_V_CONFIG)
+            assert row["spills"] <= 400, row
+        elif "_dv512" in row["key"] and pinned:
             assert row["spills"] <= 64, row
         elif pinned or "_qv_" not in row["key"]:
             assert row["spills"] == 0, row
@@ -368,15 +373,16 @@ def test_decode_kernels_compile_for_sm90() -> None:
             # K/V tiles stream asynchronously: TMA (contiguous, aligned) or cp.async
             assert row["tma"] if row["key"].endswith("_tma") else row["cp_async"], row
             assert row["shared"] <= 227 * 1024, row
-        if "_kv8" in row["key"] and "_qv" not in row["key"]:
-            # an FP8 cache: V transposed through shared memory as fp16 (ldmatrix), not
-            # gathered byte by byte into the dot operand; 16-byte copies of 16/32-bit math
-            # (with qv, V is widened to qv's dtype by a plain cast for both of its dots)
+        if "_kv8" in row["key"]:
+            # an FP8 cache: V widened in the loaded layout and transposed through shared
+            # memory as 16-bit values (ldmatrix), not gathered byte by byte into the dot
+            # operand (with qv too: widened to qv's dtype for both of its dots); 16-byte
+            # copies of 16/32-bit math
             assert row["ld_shared_b8"] == 0, row
             assert row["cp_narrow"] == 0 or "float32" in row["key"], row
-    # multi-head latent attention's variants compiled too (every math dtype over an FP8
-    # cache: each dot's operands share a dtype), without spills (above)
-    assert sum("_qv" in row["key"] for row in rows) == 4, [row["key"] for row in rows]
+    # multi-head latent attention's variants compiled too (bf16 and FP8 latent caches, and
+    # every math dtype over an FP8 cache: each dot's operands share a dtype)
+    assert sum("_qv" in row["key"] for row in rows) == 5, [row["key"] for row in rows]
 
 
 def test_decode_host_helpers_match_triton(monkeypatch):

@@ -52,8 +52,11 @@ V row itself. The V tile is loaded before the softmax instead of after it and se
 products, so the latent part costs one more dot per tile and no extra K / V traffic. With an
 FP8 cache ``qv . v8`` is scaled by ``v_descale / k_descale`` before it joins ``q . k8``, whose
 ``k_descale`` rides in the score scale; there V is widened to qv's dtype (the math's: q's, fp32
-when upcast) by a plain cast (``_v_tile``), not to fp16 by ``_e4m3_to_f16``, since both dots
-take it and a dot's operands share a dtype. An FP8 query with qv is refused by the api
+when upcast), not always to fp16, since both dots take it and a dot's operands share a dtype.
+16-bit math still widens it with ``_e4m3_to_f16`` (then fp16 -> bf16 for a bf16 qv, exact), in
+the loaded layout, so that both dots' operands are built from 16-bit values by ldmatrix, not
+gathered byte by byte as a plain cast's are (``_v_tile``); fp32 math casts plainly (its FMA
+dot takes the operands from registers). An FP8 query with qv is refused by the api
 (``Q_FP8`` and ``HAS_QV`` never meet: the kernel asserts it). V head dims past 256 (the latent
 cache's 512, with or without qv) take pointer loads (a TMA box is at most 256 elements wide)
 and their own launch configuration (``_WIDE_V_CONFIG``).
@@ -116,12 +119,24 @@ def _v_load(v_desc, v_base, v_rows, n_ok, offs_dv, row, HEAD_DIM_V: tl.constexpr
 
 @triton.jit
 def _v_tile(qv, v_desc, v_base, v_rows, n_ok, offs_dv, row, HEAD_DIM_V: tl.constexpr,
-            USE_TMA: tl.constexpr, KV_FP8: tl.constexpr, UPCAST: tl.constexpr):
+            USE_TMA: tl.constexpr, KV_FP8: tl.constexpr, UPCAST: tl.constexpr,
+            ASM: tl.constexpr):
     """With qv: the V tile in qv's dtype (the math's: q's, fp32 when upcast; an FP8 tile
-    widened to it, exact), the one operand of both qv . v^T and P V."""
+    widened to it, exact), the one operand of both qv . v^T and P V.
+
+    An FP8 tile goes through ``_e4m3_to_f16`` for a 16-bit qv, so that it is widened in the
+    layout it was loaded in and both dots' operands are built from 16-bit values (ldmatrix),
+    not gathered from shared memory byte by byte as a plain cast's would be (module doc).
+    fp16 -> bf16 is then exact too (e4m3 has 3 mantissa bits and exponents -9..8, inside
+    both formats) and cheap (sm_90: through fp32, ``HADD2.F32`` and a ``F2FP`` pack, where
+    Triton's own e4m3 -> bf16 takes the conversion unit's ``F2F.BF16.F16``); fp32 math takes
+    its FMA operands from registers and casts plainly."""
     v = _v_load(v_desc, v_base, v_rows, n_ok, offs_dv, row, HEAD_DIM_V, USE_TMA)
     if KV_FP8:
-        v = v.to(qv.dtype)
+        if qv.dtype == tl.float32:
+            v = v.to(tl.float32)
+        else:
+            v = _e4m3_to_f16(v, ASM).to(qv.dtype)
     if UPCAST:
         v = v.to(tl.float32)
     return v
@@ -321,7 +336,7 @@ def _decode_kernel(
             # multi-head latent attention: the latent query scores against the V tile itself,
             # loaded here (before the softmax) and reused by the PV product below
             v = _v_tile(qv, v_desc, v_base, v_rows, n_ok, offs_dv, start_k + start_n,
-                        HEAD_DIM_V, USE_TMA, KV_FP8, UPCAST)
+                        HEAD_DIM_V, USE_TMA, KV_FP8, UPCAST, ASM_CVT)
             qvv = tl.dot(qv, tl.trans(v), input_precision=DOT_PREC)
             if KV_FP8:
                 qvv = qvv * qv_descale
@@ -438,9 +453,13 @@ def launch_config(head_dim: int, elem_bytes: int, paged: bool, long_unsplit: boo
 # point (b 4 / 32 / 64, 4k-32k keys; bf16 and FP8 latent caches; 16 keys slower still). Its
 # sm_90 compile with qv (bf16): 255 registers, 40 bytes spilled, 216 KiB shared, against 254
 # registers, no spill, 144 KiB at 32 keys: the spill costs less than the halved per-key
-# share of each step's fixed work. An FP8 cache with qv spills ~300 bytes at every BLOCK_N
-# tried (the widening of e4m3 to bf16 needs registers; 32 query rows do not spill but lose
-# wgmma). fp32: 16 keys (with 32 query rows, _launch_plan).
+# share of each step's fixed work. An FP8 cache with qv (bf16) spills at every BLOCK_N tried:
+# 392 bytes here (368 with one stage, 312 / 288 at 32 keys, 608 with 16 warps), the same
+# whether V is widened by a plain cast or in the loaded layout (_v_tile): wgmma reads both
+# operands from shared memory, so this variant had no byte gathers to remove; the widened
+# bf16 tile passes through registers on its way back to shared memory, next to the 128
+# accumulator registers per thread. 32 query rows do not spill but lose wgmma. fp32: 16 keys
+# (with 32 query rows, _launch_plan).
 _WIDE_V_CONFIG = {False: (64, 8, 2, False), True: (16, 8, 2, False)}
 _TMA_MAX_BOX = 256
 

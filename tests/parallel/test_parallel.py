@@ -20,7 +20,8 @@ F32, BF16 = torch.float32, torch.bfloat16
 
 # every case on 2 and 4 ranks; a subset on 1 and 3 (odd ring sizes, the one-rank ring)
 _SUBSET = {"ring causal fp32", "ring sliding window", "ring contiguous causal",
-           "varlen ring causal", "ulysses causal", "ring alibi one rank", "ring alibi refused",
+           "varlen ring causal", "ulysses causal", "ring alibi one rank",
+           "ring alibi one rank full", "ring alibi refused",
            "bad inputs"}
 
 
@@ -49,6 +50,8 @@ def _cases(world):
     ]
     if world == 1:
         out.append(("ring alibi one rank", c.ring_dense, dict(alibi=True)))
+        # the backward's split of the local block would misalign ALiBi here: computed whole
+        out.append(("ring alibi one rank full", c.ring_dense, dict(alibi=True, causal=False)))
     else:
         out.append(("ring alibi refused", c.ring_alibi_refused, dict()))
     if world == 2:
@@ -69,37 +72,48 @@ def test_parallel_calls(world, request):
     assert not failures, "\n".join(failures)
 
 
+def _global(layout, r, world, s_local):
+    segs = blocks.segments(layout, r, world, s_local)
+    return np.concatenate([np.arange(s.global_start, s.global_start + s.length) for s in segs])
+
+
+def _check_cover(calls, gq, gk, left, right, where):
+    """``calls`` compute every visible (query, key) cell of global positions gq x gk once."""
+    dist = gk[None, :] - gq[:, None]
+    want = np.ones_like(dist, bool)
+    if left is not None:
+        want &= dist >= -left
+    if right is not None:
+        want &= dist <= right
+    got = np.zeros(want.shape, int)
+    for call in calls:
+        lq, lk = call.q1 - call.q0, call.k1 - call.k0
+        i, j = np.arange(lq)[:, None], np.arange(lk)[None, :]
+        m = np.ones((lq, lk), bool)
+        if call.window_left >= 0:
+            m &= j - i >= lk - lq - call.window_left
+        if call.window_right >= 0:
+            m &= j - i <= lk - lq + call.window_right
+        assert call.causal == (call.window_left == -1 and call.window_right == 0)
+        got[call.q0:call.q1, call.k0:call.k1] += m
+        if call.alibi_aligned:
+            d = np.abs(gq[call.q0:call.q1, None] - gk[None, call.k0:call.k1])
+            assert (np.abs(i + lk - lq - j)[m] == d[m]).all()
+    assert (got <= 1).all(), (where, calls)
+    assert ((got == 1) == want).all(), (where, calls)
+
+
 def _brute(layout, world, s_local, left, right):
     for r in range(world):
         plan = blocks.ring_plan(layout, r, world, s_local, left, right)
-        segs = blocks.segments(layout, r, world, s_local)
-        gq = np.concatenate([np.arange(s.global_start, s.global_start + s.length) for s in segs])
+        gq = _global(layout, r, world, s_local)
         for t in range(world):
-            kseg = blocks.segments(layout, (r - t) % world, world, s_local)
-            gk = np.concatenate([np.arange(s.global_start, s.global_start + s.length)
-                                 for s in kseg])
-            dist = gk[None, :] - gq[:, None]
-            want = np.ones_like(dist, bool)
-            if left is not None:
-                want &= dist >= -left
-            if right is not None:
-                want &= dist <= right
-            got = np.zeros(want.shape, int)
-            for call in (plan[t] if t < len(plan) else ()):
-                lq, lk = call.q1 - call.q0, call.k1 - call.k0
-                i, j = np.arange(lq)[:, None], np.arange(lk)[None, :]
-                m = np.ones((lq, lk), bool)
-                if call.window_left >= 0:
-                    m &= j - i >= lk - lq - call.window_left
-                if call.window_right >= 0:
-                    m &= j - i <= lk - lq + call.window_right
-                assert call.causal == (call.window_left == -1 and call.window_right == 0)
-                got[call.q0:call.q1, call.k0:call.k1] += m
-                if call.alibi_aligned:
-                    d = np.abs(gq[call.q0:call.q1, None] - gk[None, call.k0:call.k1])
-                    assert (np.abs(i + lk - lq - j)[m] == d[m]).all()
-            assert (got <= 1).all(), (r, t, plan)
-            assert ((got == 1) == want).all(), (r, t, plan)
+            gk = _global(layout, (r - t) % world, world, s_local)
+            _check_cover(plan[t] if t < len(plan) else (), gq, gk, left, right, (r, t))
+        first, last = blocks.own_parts(layout, r, world, s_local, left, right)
+        _check_cover(first + last, gq, gq, left, right, (r, "own parts"))
+        half = s_local // 2
+        assert all(c.q1 <= half for c in first) and all(c.q0 >= half for c in last)
 
 
 def test_block_plan_covers_the_global_mask_once():
@@ -120,6 +134,15 @@ def test_zigzag_causal_plan_is_one_call_per_step():
         assert plan[0][0].causal
         areas = {(c.q1 - c.q0) * (c.k1 - c.k0) for calls in plan[1:] for c in calls}
         assert areas == {s_local * s_local // 2}
+
+
+def test_zigzag_causal_local_block_splits_into_its_chunks():
+    """The backward's two parts of the local block under a causal mask: the early query chunk
+    against the early key chunk (causal), then the late query chunk against both (causal,
+    bottom-right aligned): one call each, a quarter and three quarters of the cells."""
+    first, last = blocks.own_parts("zigzag", 1, 4, 8, None, 0)
+    assert [tuple(c[:6]) for c in first] == [(0, 4, 0, 4, True, -1)]
+    assert [tuple(c[:6]) for c in last] == [(4, 8, 0, 8, True, -1)]
 
 
 def test_window_ends_the_ring_early():

@@ -213,8 +213,42 @@ def ring_plan(layout: str, rank: int, world: int, s_local: int, left: Optional[i
                  for t in range(max(steps, 1)))
 
 
+
+@functools.lru_cache(maxsize=256)
+def split_rows(q_segs: Tuple[Segment, ...], k_segs: Tuple[Segment, ...], left: Optional[int],
+               right: Optional[int], at: int
+               ) -> Tuple[Tuple[BlockCall, ...], Tuple[BlockCall, ...]]:
+    """The cells of :func:`plan_step` in two groups of calls: local query rows ``[0, at)`` and
+    ``[at, s_q)`` (each as few calls as fit: one per group where a band does, else one per
+    segment pair). The ring's backward computes the local block this way, one part first and
+    one last (see :func:`flashattn.parallel.ring.run_backward`)."""
+    pairs = _pairs(q_segs, k_segs, left, right)
+    sq = sum(s.length for s in q_segs)
+    sk = sum(s.length for s in k_segs)
+
+    def group(r0: int, r1: int) -> Tuple[BlockCall, ...]:
+        if r0 >= r1:
+            return ()
+        calls = _cover(pairs, [(r0, r1, 0, sk)])
+        if calls is None:  # one call per pair, clipped to the rows: a pair's band always fits
+            calls = _cover(pairs, [(max(p.r0, r0), min(p.r1, r1), p.c0, p.c1) for p in pairs
+                                   if max(p.r0, r0) < min(p.r1, r1)])
+            assert calls is not None
+        return tuple(calls)
+
+    return group(0, at), group(at, sq)
+
+
+def own_parts(layout: str, rank: int, world: int, s_local: int, left: Optional[int],
+              right: Optional[int]) -> Tuple[Tuple[BlockCall, ...], Tuple[BlockCall, ...]]:
+    """The local block's calls (step 0 of :func:`ring_plan`) cut at the middle row: zigzag's
+    two chunks (early queries against early keys, then the late chunk against both), or the
+    two halves of a contiguous shard."""
+    mine = segments(layout, rank, world, s_local)
+    return split_rows(mine, mine, left, right, s_local // 2)
+
+
 LAYOUTS = ("zigzag", "contiguous")
 
-__all__ = ["BlockCall", "LAYOUTS", "Segment", "contiguous_segments", "plan_step", "ring_plan",
-           "segments",
-           "zigzag_segments"]
+__all__ = ["BlockCall", "LAYOUTS", "Segment", "contiguous_segments", "own_parts", "plan_step",
+           "ring_plan", "segments", "split_rows", "zigzag_segments"]

@@ -62,6 +62,16 @@ def _block_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
                     opt.deterministic)
 
 
+class RingPlan(NamedTuple):
+    """The kernel calls of one rank's ring: ``steps[t]`` against the block of rank
+    ``(rank - t) % world`` (:func:`flashattn.parallel.blocks.ring_plan`); ``own_first`` /
+    ``own_last``: step 0's cells in the backward's two parts (:func:`.blocks.own_parts`)."""
+
+    steps: Tuple[Tuple[_blocks.BlockCall, ...], ...]
+    own_first: Tuple[_blocks.BlockCall, ...]
+    own_last: Tuple[_blocks.BlockCall, ...]
+
+
 class Ring(NamedTuple):
     """The group a ring runs over: process group, this rank, world size."""
 
@@ -81,32 +91,50 @@ def run_forward(kv: Tuple[Tensor, ...], steps: int, ring: Ring, compute: Callabl
             kv = tuple(pending.wait())
 
 
-def run_backward(k: Tensor, v: Tensor, steps: int, ring: Ring, compute: Callable
-                 ) -> Tuple[Tensor, ...]:
-    """The backward ring. ``compute(step, *kv)`` returns ``add(*dkv)``, which adds the step's
-    dK / dV into the float32 accumulators of the block in hand (and dQ into the caller's).
-    The accumulators travel with their block (one step behind, overlapping the next step's
-    compute) and are sent home after the last step, rounded to K / V's dtype first (home
-    rounds them to it anyway, so the result is the same and the one transfer that no compute
-    hides is half as long); returns dK / dV in K / V's dtype."""
+def run_backward(k: Tensor, v: Tensor, steps: int, ring: Ring, compute: Callable,
+                 own_first: Callable, own_last: Callable) -> Tuple[Tensor, ...]:
+    """The backward ring; returns dK / dV of the local K / V in their dtype.
+
+    ``compute(step, *kv)`` (steps 1 .. ``steps`` - 1, the blocks of the other ranks) and
+    ``own_first(*kv)`` / ``own_last(*kv)`` (the local block, in two parts) each return
+    ``add(*dkv)``, which adds their dK / dV into the float32 accumulators of the block they
+    saw (and dQ into the caller's).
+
+    Schedule: the local block is computed in two parts, one first and one last. Its first
+    part covers the transfer of the first block from the rank before; the other blocks'
+    accumulators travel with them (one step behind their block, overlapping the next step's
+    compute) and, after their last visitor, go home, where that transfer overlaps the local
+    block's second part. So no transfer is left uncovered at the end of the ring, where the
+    plain schedule (local block first, then a home-send after the last step) waits for one.
+    The local block's own share stays at home in float32 and meets the others' sum last."""
     kv = (k.contiguous(), v.contiguous())
-    dkv = tuple(torch.zeros(x.shape, dtype=torch.float32, device=x.device) for x in kv)
+    own = tuple(torch.zeros(x.shape, dtype=torch.float32, device=x.device) for x in kv)
+    kv_pending = _comm.exchange(kv, ring.group, ring.rank, ring.world) if steps > 1 else None
+    own_first(*kv)(*own)
     dkv_pending = None
-    for step in range(steps):
-        kv_pending = (_comm.exchange(kv, ring.group, ring.rank, ring.world)
-                      if step + 1 < steps else None)
-        add = compute(step, *kv)
-        if dkv_pending is not None:  # this block's dK / dV so far, from the rank before
-            dkv = tuple(dkv_pending.wait())
-        add(*dkv)
-        if kv_pending is not None:
-            dkv_pending = _comm.exchange(dkv, ring.group, ring.rank, ring.world)
-            kv = tuple(kv_pending.wait())
-    dkv = tuple(acc.to(x.dtype) for acc, x in zip(dkv, kv))
-    if steps > 1:  # the last block belongs to rank - (steps - 1): send its gradients home
-        dkv = tuple(_comm.exchange(dkv, ring.group, ring.rank, ring.world,
-                                   distance=-(steps - 1)).wait())
-    return dkv
+    if kv_pending is not None:
+        held = tuple(kv_pending.wait())
+        for step in range(1, steps):
+            last = step + 1 == steps
+            kv_pending = (None if last else
+                          _comm.exchange(held, ring.group, ring.rank, ring.world))
+            add = compute(step, *held)
+            # this block's dK / dV so far, from the rank before (none: this rank is its first
+            # visitor after its owner)
+            dkv = (tuple(dkv_pending.wait()) if dkv_pending is not None else
+                   tuple(torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+                         for x in held))
+            add(*dkv)
+            # on to the next visitor, or after the last one home to its owner
+            dkv_pending = _comm.exchange(dkv, ring.group, ring.rank, ring.world,
+                                         distance=-(steps - 1) if last else 1)
+            if kv_pending is not None:
+                held = tuple(kv_pending.wait())
+    own_last(*kv)(*own)
+    if dkv_pending is not None:  # the local block's dK / dV from every other rank
+        for acc, others in zip(own, dkv_pending.wait()):
+            acc.add_(others)
+    return tuple(acc.to(x.dtype) for acc, x in zip(own, kv))
 
 
 def ring_forward(q: Tensor, k: Tensor, v: Tensor, plan, opt: RingOptions, ring: Ring
@@ -117,11 +145,11 @@ def ring_forward(q: Tensor, k: Tensor, v: Tensor, plan, opt: RingOptions, ring: 
     lse = torch.full((b, h, s), float("-inf"), dtype=torch.float32, device=q.device)
 
     def compute(step: int, k_blk: Tensor, v_blk: Tensor) -> None:
-        for call in plan[step]:
+        for call in plan.steps[step]:
             o_b, lse_b = _block_forward(q, k_blk, v_blk, call, opt)
             merge_into(out[:, call.q0:call.q1], lse[:, :, call.q0:call.q1], o_b, lse_b)
 
-    run_forward((k.contiguous(), v.contiguous()), len(plan), ring, compute)
+    run_forward((k.contiguous(), v.contiguous()), len(plan.steps), ring, compute)
     return out.to(q.dtype), lse
 
 
@@ -130,18 +158,19 @@ def ring_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
     """(dq, dk, dv) of the local shards, typed like q, k, v."""
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
 
-    def compute(step: int, k_blk: Tensor, v_blk: Tensor) -> Callable:
-        grads = [(c, _block_backward(dout, q, k_blk, v_blk, out, lse, c, opt))
-                 for c in plan[step]]
+    def grads(calls, k_blk: Tensor, v_blk: Tensor) -> Callable:
+        done = [(c, _block_backward(dout, q, k_blk, v_blk, out, lse, c, opt)) for c in calls]
 
         def add(dk_acc: Tensor, dv_acc: Tensor) -> None:
-            for c, (dq_b, dk_b, dv_b) in grads:
+            for c, (dq_b, dk_b, dv_b) in done:
                 dq[:, c.q0:c.q1].add_(dq_b)
                 dk_acc[:, c.k0:c.k1].add_(dk_b)
                 dv_acc[:, c.k0:c.k1].add_(dv_b)
         return add
 
-    dk, dv = run_backward(k, v, len(plan), ring, compute)
+    dk, dv = run_backward(
+        k, v, len(plan.steps), ring, lambda step, *kv: grads(plan.steps[step], *kv),
+        lambda *kv: grads(plan.own_first, *kv), lambda *kv: grads(plan.own_last, *kv))
     return dq.to(q.dtype), dk, dv
 
 
@@ -210,7 +239,7 @@ def normalise(q: Tensor, k: Tensor, v: Tensor, group: Group, causal: bool,
     return Ring(pg, rank, world), opt
 
 
-def plan_for(layout: str, rank: int, world: int, s_local: int, opt: RingOptions):
+def plan_for(layout: str, rank: int, world: int, s_local: int, opt: RingOptions) -> RingPlan:
     """The ring plan of this rank; NotImplementedError where ALiBi's distances cannot be
     expressed by the kernel's bottom-right alignment on some block."""
     plan = _blocks.ring_plan(layout, rank, world, s_local, opt.left, opt.right)
@@ -223,7 +252,10 @@ def plan_for(layout: str, rank: int, world: int, s_local: int, opt: RingOptions)
                         "ALiBi's global distances with the one-GPU kernel's alignment; use "
                         "ulysses_flash_attn_func (head-parallel, full sequences per rank), "
                         "which supports ALiBi")
-    return plan
+    first, last = _blocks.own_parts(layout, rank, world, s_local, opt.left, opt.right)
+    if opt.alibi_slopes is not None and not all(c.alibi_aligned for c in first + last):
+        first, last = plan[0], ()  # the local block whole: its one call is aligned
+    return RingPlan(plan, first, last)
 
 
 def ring_flash_attn_func(
@@ -277,5 +309,6 @@ def ring_flash_attn_func(
     return (out, lse, None) if return_attn_probs else out
 
 
-__all__ = ["LAYOUTS", "Ring", "RingFunction", "attend", "RingOptions", "normalise", "plan_for", "ring_backward",
-           "ring_flash_attn_func", "ring_forward", "run_backward", "run_forward"]
+__all__ = ["LAYOUTS", "Ring", "RingFunction", "RingOptions", "RingPlan", "attend", "normalise",
+           "plan_for", "ring_backward", "ring_flash_attn_func", "ring_forward", "run_backward",
+           "run_forward"]

@@ -130,40 +130,51 @@ def varlen_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
                     ) -> Tuple[Tensor, Tensor, Tensor]:
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
 
+    def grads(rows: Optional[Tensor], keys: Optional[Tensor], k_blk: Tensor, v_blk: Tensor,
+              causal: bool) -> Callable:
+        """The gradients of the local query rows ``rows`` against the key rows ``keys`` of the
+        block in hand (None: every row; else ``lay.early`` / ``lay.late``, one chunk of every
+        document), and their ``add`` into dQ and the block's accumulators."""
+        pick = (lambda x, idx, dim=0: x if idx is None else x.index_select(dim, idx))
+        cu_q, max_q = ((lay.cu_local, lay.max_local) if rows is None
+                       else (lay.cu_half, lay.max_half))
+        cu_k, max_k = ((lay.cu_local, lay.max_local) if keys is None
+                       else (lay.cu_half, lay.max_half))
+        dq_b, dk_b, dv_b = _bwd(pick(dout, rows), pick(q, rows), pick(k_blk, keys),
+                                pick(v_blk, keys), pick(out, rows),
+                                lse if rows is None else lse[:, rows].contiguous(),
+                                cu_q, cu_k, max_q, max_k, causal, opt)
+
+        def add(dk_acc: Tensor, dv_acc: Tensor) -> None:
+            if rows is None:
+                dq.add_(dq_b)
+            else:
+                dq.index_add_(0, rows, dq_b.float())
+            for acc, d_b in ((dk_acc, dk_b), (dv_acc, dv_b)):
+                if keys is None:
+                    acc.add_(d_b)
+                else:
+                    acc.index_add_(0, keys, d_b.float())
+        return add
+
     def compute(step: int, k_blk: Tensor, v_blk: Tensor) -> Callable:
         case = _case(step, ring, opt.causal)
         if case == "late_queries":
-            late = lay.late
-            dq_b, dk_b, dv_b = _bwd(dout[late], q[late], k_blk, v_blk, out[late],
-                                    lse[:, late].contiguous(), lay.cu_half, lay.cu_local,
-                                    lay.max_half, lay.max_local, False, opt)
-
-            def add(dk_acc: Tensor, dv_acc: Tensor) -> None:
-                dq.index_add_(0, late, dq_b.float())
-                dk_acc.add_(dk_b)
-                dv_acc.add_(dv_b)
-            return add
+            return grads(lay.late, None, k_blk, v_blk, False)
         if case == "early_keys":
-            early = lay.early
-            dq_b, dk_b, dv_b = _bwd(dout, q, k_blk[early], v_blk[early], out, lse,
-                                    lay.cu_local, lay.cu_half, lay.max_local, lay.max_half,
-                                    False, opt)
+            return grads(None, lay.early, k_blk, v_blk, False)
+        return grads(None, None, k_blk, v_blk, False)
 
-            def add(dk_acc: Tensor, dv_acc: Tensor) -> None:
-                dq.add_(dq_b)
-                dk_acc.index_add_(0, early, dk_b.float())
-                dv_acc.index_add_(0, early, dv_b.float())
-            return add
-        dq_b, dk_b, dv_b = _bwd(dout, q, k_blk, v_blk, out, lse, lay.cu_local, lay.cu_local,
-                                lay.max_local, lay.max_local, case == "diagonal", opt)
+    # the local block in two parts (see run_backward): the early query chunks against the
+    # early key chunks (causal) or all keys, then the late query chunks against all keys (the
+    # causal mask, bottom-right aligned per document, keeps the late chunk's own diagonal)
+    def own_first(k_own: Tensor, v_own: Tensor) -> Callable:
+        return grads(lay.early, lay.early if opt.causal else None, k_own, v_own, opt.causal)
 
-        def add(dk_acc: Tensor, dv_acc: Tensor) -> None:
-            dq.add_(dq_b)
-            dk_acc.add_(dk_b)
-            dv_acc.add_(dv_b)
-        return add
+    def own_last(k_own: Tensor, v_own: Tensor) -> Callable:
+        return grads(lay.late, None, k_own, v_own, opt.causal)
 
-    dk, dv = run_backward(k, v, ring.world, ring, compute)
+    dk, dv = run_backward(k, v, ring.world, ring, compute, own_first, own_last)
     return dq.to(q.dtype), dk, dv
 
 

@@ -28,14 +28,18 @@ interleaved over ``--rounds`` rounds on the same inputs; each variant's times ar
 over its rounds. A high-priority stream's pending kernel is dispatched before a normal one's,
 so a transfer that becomes ready together with the next step's persistent attention kernel
 takes its SMs first instead of waiting for that whole kernel.
+``--local-block split,whole`` (ring, varlen, trace): the backward's local block in two parts
+(the library's schedule) or whole (first, with the other ranks' dK / dV sent home after the
+ring, uncovered), interleaved the same way.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import time
-from typing import Callable, Dict, List
+from typing import Callable, Dict, Iterator, List, Tuple
 
 import torch
 import torch.distributed as dist
@@ -79,15 +83,55 @@ def _nccl_groups(priorities: str) -> Dict[str, object]:
     return groups
 
 
-def _variant_times(make_attn: Callable, local, groups: Dict[str, object], iters: int,
-                   rounds: int, forward_alone: bool) -> Dict[str, Dict[str, float]]:
+LOCAL_BLOCKS = ("split", "whole")
+
+
+@contextlib.contextmanager
+def _local_block(name: str) -> Iterator[None]:
+    """The ring backward's local block (``--local-block``): "split" (the library's schedule:
+    one part first, one last, the home transfer under the second) or "whole" (the ablation:
+    the local block first in one part, the other ranks' dK / dV sent home after the ring)."""
+    if name not in LOCAL_BLOCKS:
+        raise SystemExit(f"--local-block: expected one of {LOCAL_BLOCKS}, got {name!r}")
+    if name == "split":
+        yield
+        return
+    from flashattn.parallel import blocks as _blocks
+
+    real = _blocks.own_parts
+    _blocks.own_parts = lambda *a: (_blocks.ring_plan(*a)[0], ())
+    try:
+        yield
+    finally:
+        _blocks.own_parts = real
+
+
+def _variants(priorities: str, local_blocks: str) -> Dict[str, Tuple[object, str]]:
+    """{name: (process group, local block)}: every NCCL priority with every local-block
+    schedule; a name lists the options given more than one value."""
+    groups = _nccl_groups(priorities)
+    blocks = local_blocks.split(",")
+    out: Dict[str, Tuple[object, str]] = {}
+    for p, group in groups.items():
+        for b in blocks:
+            name = "+".join(x for x, many in ((p, len(groups) > 1), (b, len(blocks) > 1))
+                            if many) or p
+            out[name] = (group, b)
+    return out
+
+
+def _variant_times(make_attn: Callable, local, groups: Dict[str, Tuple[object, str]],
+                   iters: int, rounds: int, forward_alone: bool
+                   ) -> Dict[str, Dict[str, float]]:
     """{variant: {"cp_s", ["cp_fwd_s"]}}: minimum over ``rounds`` interleaved rounds of the
-    fwd + bwd step (and the forward alone) with ``make_attn(group)``."""
+    fwd + bwd step (and the forward alone) with ``make_attn(group)`` under each variant's
+    local-block schedule."""
     out: Dict[str, Dict[str, List[float]]] = {name: {} for name in groups}
     for _ in range(rounds):
-        for name, group in groups.items():
+        for name, (group, local_block) in groups.items():
             attn = make_attn(group)
-            out[name].setdefault("cp_s", []).append(_timed(_step(attn, *local), iters))
+            with _local_block(local_block):
+                out[name].setdefault("cp_s", []).append(_timed(_step(attn, *local), iters))
             if forward_alone:
                 with torch.no_grad():
                     out[name].setdefault("cp_fwd_s", []).append(
@@ -153,7 +197,7 @@ def _dense_row(mode: str, per_gpu: int, world: int, h: int, hk: int, d: int,
     torch.cuda.empty_cache()
     flops = 4 * h * d * _causal_pairs(seq) * 3.5
     row["single_tflops"] = flops / row["single_s"] / 1e12
-    if mode == "ring" and len(groups) > 1:  # the NCCL-priority A/B, interleaved
+    if mode == "ring" and len(groups) > 1:  # an A/B (NCCL priority, local block), interleaved
         row["variants"] = _variant_times(
             lambda g: (lambda a, b, c: fp.ring_flash_attn_func(a, b, c, causal=True, group=g)),
             local, groups, iters, rounds, forward_alone=True)
@@ -162,10 +206,12 @@ def _dense_row(mode: str, per_gpu: int, world: int, h: int, hk: int, d: int,
             times["fwd_efficiency"] = row["single_fwd_s"] / world / times["cp_fwd_s"]
             times["cp_tflops_per_gpu"] = flops / world / times["cp_s"] / 1e12
         return row
+    local_block = "split"
     if mode == "ring":
-        group = next(iter(groups.values()))
+        group, local_block = next(iter(groups.values()))
         attn = lambda a, b, c: fp.ring_flash_attn_func(a, b, c, causal=True, group=group)
-    row["cp_s"] = _timed(_step(attn, *local), iters)
+    with _local_block(local_block):
+        row["cp_s"] = _timed(_step(attn, *local), iters)
     if mode == "ring":
         with torch.no_grad():
             row["cp_fwd_s"] = _timed(lambda: attn(*local[:3]), iters)
@@ -258,10 +304,11 @@ def _scale_row(per_gpu: int, world: int, h: int, hk: int, d: int) -> Dict:
 
 
 def _exposed_comm(per_gpu: int, world: int, h: int, d: int, group=None,
-                  trace_dir: str = "") -> Dict:
+                  trace_dir: str = "", local_block: str = "split") -> Dict:
     """Profile one ring fwd + bwd; the share of its span where NCCL runs alone. With
-    ``trace_dir``, every rank also writes its Chrome trace there (``ring_<per_gpu>_rank<r>.json``:
-    each kernel's start, duration and stream, to read where a step waits)."""
+    ``trace_dir``, every rank also writes its Chrome trace there
+    (``ring_<per_gpu>_<local_block>_rank<r>.json``: each kernel's start, duration and stream,
+    to read where a step waits)."""
     from torch.profiler import ProfilerActivity, profile
 
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -269,17 +316,18 @@ def _exposed_comm(per_gpu: int, world: int, h: int, d: int, group=None,
              for _ in range(4)]
     step = _step(lambda a, b, c: fp.ring_flash_attn_func(a, b, c, causal=True, group=group),
                  *local)
-    step()
-    torch.cuda.synchronize()
-    dist.barrier()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with _local_block(local_block):
         step()
         torch.cuda.synchronize()
+        dist.barrier()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            step()
+            torch.cuda.synchronize()
     if trace_dir:
         import os
 
         prof.export_chrome_trace(os.path.join(
-            trace_dir, f"ring_{per_gpu}_rank{dist.get_rank()}.json"))
+            trace_dir, f"ring_{per_gpu}_{local_block}_rank{dist.get_rank()}.json"))
     kernels = [(e.time_range.start, e.time_range.end, "nccl" in e.name.lower())
                for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
                and e.time_range.end > e.time_range.start]
@@ -362,6 +410,8 @@ def main() -> None:
     ap.add_argument("--schedule", default="default", help="default or static (see above)")
     ap.add_argument("--nccl-priority", default="normal",
                     help="normal, high, or normal,high for an interleaved A/B (see above)")
+    ap.add_argument("--local-block", default="split",
+                    help="split, whole, or split,whole for an interleaved A/B (see above)")
     ap.add_argument("--rounds", type=int, default=1, help="rounds of an A/B (see above)")
     ap.add_argument("--out", default="cp_bench.json")
     args = ap.parse_args()
@@ -369,10 +419,11 @@ def main() -> None:
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.cuda.set_device(rank % torch.cuda.device_count())  # one host: local rank
-    groups = _nccl_groups(args.nccl_priority)
+    groups = _variants(args.nccl_priority, args.local_block)
     modes = args.modes.split(",")
     h, d = args.heads, 128
-    res = dict(world=world, schedule=args.schedule, nccl_priority=args.nccl_priority, gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+    res = dict(world=world, schedule=args.schedule, nccl_priority=args.nccl_priority,
+               local_block=args.local_block, gpu=torch.cuda.get_device_name(), torch=torch.__version__,
                date=time.strftime("%Y-%m-%d"), rows=[],
                nccl=".".join(str(x) for x in torch.cuda.nccl.version()))
 
@@ -411,10 +462,10 @@ def main() -> None:
                 dict(mode="ring_no_comm", per_gpu=per))
     if "trace" in modes:
         for per in [int(x) for x in args.trace_per_gpu.split(",")]:
-            for name, group in groups.items():
-                guarded(lambda: dict(_exposed_comm(per, world, h, d, group, args.trace_dir),
-                                     nccl_priority=name),
-                        dict(mode="trace", per_gpu=per, nccl_priority=name))
+            for name, (group, local_block) in groups.items():
+                guarded(lambda: dict(_exposed_comm(per, world, h, d, group, args.trace_dir,
+                                                   local_block), variant=name),
+                        dict(mode="trace", per_gpu=per, variant=name))
     for per in ([int(x) for x in args.per_gpu.split(",")] if "blocks" in modes else []):
         guarded(lambda: _block_rates(per, world, h, d), dict(mode="blocks", per_gpu=per))
     if rank == 0:

@@ -149,3 +149,18 @@ def test_window_ends_the_ring_early():
     """A window shorter than one rank's shard needs only the neighbour's block."""
     plan = blocks.ring_plan("contiguous", 0, 4, 8, 3, 0)
     assert len(plan) == 2
+
+
+def test_bench_cp_local_block_ablation():
+    """``bench_cp --local-block whole`` computes the local block in one part, first (the
+    schedule the split replaces), and restores the library's split afterwards."""
+    from flashattn import bench_cp
+
+    split = blocks.own_parts("zigzag", 0, 2, 8, None, 0)
+    with bench_cp._local_block("whole"):
+        assert blocks.own_parts("zigzag", 0, 2, 8, None, 0) == (
+            blocks.ring_plan("zigzag", 0, 2, 8, None, 0)[0], ())
+    assert blocks.own_parts("zigzag", 0, 2, 8, None, 0) == split and split[1]
+    with pytest.raises(SystemExit, match="--local-block"):
+        with bench_cp._local_block("halves"):
+            pass

@@ -106,11 +106,11 @@ def run_backward(k: Tensor, v: Tensor, steps: int, ring: Ring, compute: Callable
     compute) and, after their last visitor, go home, where that transfer overlaps the local
     block's second part. So no transfer is left uncovered at the end of the ring, where the
     plain schedule (local block first, then a home-send after the last step) waits for one.
-    The local block's own share stays at home in float32 and meets the others' sum last."""
+    The local block's two parts are added last, into the sum that came home (their dK / dV
+    wait in K / V's dtype: no float32 buffer of their own, no extra pass to add one)."""
     kv = (k.contiguous(), v.contiguous())
-    own = tuple(torch.zeros(x.shape, dtype=torch.float32, device=x.device) for x in kv)
     kv_pending = _comm.exchange(kv, ring.group, ring.rank, ring.world) if steps > 1 else None
-    own_first(*kv)(*own)
+    first = own_first(*kv)
     dkv_pending = None
     if kv_pending is not None:
         held = tuple(kv_pending.wait())
@@ -130,11 +130,13 @@ def run_backward(k: Tensor, v: Tensor, steps: int, ring: Ring, compute: Callable
                                          distance=-(steps - 1) if last else 1)
             if kv_pending is not None:
                 held = tuple(kv_pending.wait())
-    own_last(*kv)(*own)
-    if dkv_pending is not None:  # the local block's dK / dV from every other rank
-        for acc, others in zip(own, dkv_pending.wait()):
-            acc.add_(others)
-    return tuple(acc.to(x.dtype) for acc, x in zip(own, kv))
+    second = own_last(*kv)
+    # the local block's dK / dV from every other rank (zeros on a ring of one step)
+    acc = (tuple(dkv_pending.wait()) if dkv_pending is not None else
+           tuple(torch.zeros(x.shape, dtype=torch.float32, device=x.device) for x in kv))
+    first(*acc)
+    second(*acc)
+    return tuple(a.to(x.dtype) for a, x in zip(acc, kv))
 
 
 def ring_forward(q: Tensor, k: Tensor, v: Tensor, plan, opt: RingOptions, ring: Ring

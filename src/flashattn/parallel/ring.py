@@ -25,6 +25,7 @@ from flashattn.api import validation as _v
 from flashattn.parallel import blocks as _blocks
 from flashattn.parallel import checks as _checks
 from flashattn.parallel import comm as _comm
+from flashattn.parallel.accumulate import RowSum, fresh
 from flashattn.parallel.groups import Group, check_device, resolve
 from flashattn.parallel.merge import merge_into
 
@@ -92,13 +93,14 @@ def run_forward(kv: Tuple[Tensor, ...], steps: int, ring: Ring, compute: Callabl
 
 
 def run_backward(k: Tensor, v: Tensor, steps: int, ring: Ring, compute: Callable,
-                 own_first: Callable, own_last: Callable) -> Tuple[Tensor, ...]:
+                 own_first: Callable, own_last: Callable, row_dim: int = 1
+                 ) -> Tuple[Tensor, ...]:
     """The backward ring; returns dK / dV of the local K / V in their dtype.
 
     ``compute(step, *kv)`` (steps 1 .. ``steps`` - 1, the blocks of the other ranks) and
     ``own_first(*kv)`` / ``own_last(*kv)`` (the local block, in two parts) each return
-    ``add(*dkv)``, which adds their dK / dV into the float32 accumulators of the block they
-    saw (and dQ into the caller's).
+    ``add(*dkv)``, which adds their dK / dV into the float32 sums (:class:`RowSum`, rows along
+    ``row_dim``: the sequence) of the block they saw (and dQ into the caller's).
 
     Schedule: the local block is computed in two parts, one first and one last. Its first
     part covers the transfer of the first block from the rank before; the other blocks'
@@ -121,22 +123,21 @@ def run_backward(k: Tensor, v: Tensor, steps: int, ring: Ring, compute: Callable
             add = compute(step, *held)
             # this block's dK / dV so far, from the rank before (none: this rank is its first
             # visitor after its owner)
-            dkv = (tuple(dkv_pending.wait()) if dkv_pending is not None else
-                   tuple(torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-                         for x in held))
+            dkv = (tuple(RowSum.of(x, row_dim) for x in dkv_pending.wait())
+                   if dkv_pending is not None else fresh(held, row_dim))
             add(*dkv)
             # on to the next visitor, or after the last one home to its owner
-            dkv_pending = _comm.exchange(dkv, ring.group, ring.rank, ring.world,
-                                         distance=-(steps - 1) if last else 1)
+            dkv_pending = _comm.exchange([x.tensor() for x in dkv], ring.group, ring.rank,
+                                         ring.world, distance=-(steps - 1) if last else 1)
             if kv_pending is not None:
                 held = tuple(kv_pending.wait())
     second = own_last(*kv)
     # the local block's dK / dV from every other rank (zeros on a ring of one step)
-    acc = (tuple(dkv_pending.wait()) if dkv_pending is not None else
-           tuple(torch.zeros(x.shape, dtype=torch.float32, device=x.device) for x in kv))
+    acc = (tuple(RowSum.of(x, row_dim) for x in dkv_pending.wait())
+           if dkv_pending is not None else fresh(kv, row_dim))
     first(*acc)
     second(*acc)
-    return tuple(a.to(x.dtype) for a, x in zip(acc, kv))
+    return tuple(a.tensor().to(x.dtype) for a, x in zip(acc, kv))
 
 
 def ring_forward(q: Tensor, k: Tensor, v: Tensor, plan, opt: RingOptions, ring: Ring
@@ -158,22 +159,22 @@ def ring_forward(q: Tensor, k: Tensor, v: Tensor, plan, opt: RingOptions, ring: 
 def ring_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                   plan, opt: RingOptions, ring: Ring) -> Tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) of the local shards, typed like q, k, v."""
-    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    dq = RowSum(q.shape, q.device)
 
     def grads(calls, k_blk: Tensor, v_blk: Tensor) -> Callable:
         done = [(c, _block_backward(dout, q, k_blk, v_blk, out, lse, c, opt)) for c in calls]
 
-        def add(dk_acc: Tensor, dv_acc: Tensor) -> None:
+        def add(dk_acc: RowSum, dv_acc: RowSum) -> None:
             for c, (dq_b, dk_b, dv_b) in done:
-                dq[:, c.q0:c.q1].add_(dq_b)
-                dk_acc[:, c.k0:c.k1].add_(dk_b)
-                dv_acc[:, c.k0:c.k1].add_(dv_b)
+                dq.add(c.q0, dq_b)
+                dk_acc.add(c.k0, dk_b)
+                dv_acc.add(c.k0, dv_b)
         return add
 
     dk, dv = run_backward(
         k, v, len(plan.steps), ring, lambda step, *kv: grads(plan.steps[step], *kv),
         lambda *kv: grads(plan.own_first, *kv), lambda *kv: grads(plan.own_last, *kv))
-    return dq.to(q.dtype), dk, dv
+    return dq.tensor().to(q.dtype), dk, dv
 
 
 class RingFunction(torch.autograd.Function):

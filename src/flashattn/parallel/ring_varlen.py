@@ -26,6 +26,7 @@ from flashattn import ops as _ops
 from flashattn.api import normalise as _p
 from flashattn.api import validation as _v
 from flashattn.parallel import checks as _checks
+from flashattn.parallel.accumulate import RowSum
 from flashattn.parallel.groups import Group, check_device, resolve
 from flashattn.parallel.layout import zigzag_doc_lengths
 from flashattn.parallel.merge import merge_varlen_into
@@ -128,7 +129,7 @@ def varlen_forward(q: Tensor, k: Tensor, v: Tensor, lay: VarlenLayout, opt: _Opt
 def varlen_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                     lay: VarlenLayout, opt: _Options, ring: Ring
                     ) -> Tuple[Tensor, Tensor, Tensor]:
-    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    dq = RowSum(q.shape, q.device, dim=0)
 
     def grads(rows: Optional[Tensor], keys: Optional[Tensor], k_blk: Tensor, v_blk: Tensor,
               causal: bool) -> Callable:
@@ -145,16 +146,16 @@ def varlen_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
                                 lse if rows is None else lse[:, rows].contiguous(),
                                 cu_q, cu_k, max_q, max_k, causal, opt)
 
-        def add(dk_acc: Tensor, dv_acc: Tensor) -> None:
+        def add(dk_acc: RowSum, dv_acc: RowSum) -> None:
             if rows is None:
-                dq.add_(dq_b)
+                dq.add(0, dq_b)
             else:
-                dq.index_add_(0, rows, dq_b.float())
+                dq.index_add(rows, dq_b)
             for acc, d_b in ((dk_acc, dk_b), (dv_acc, dv_b)):
                 if keys is None:
-                    acc.add_(d_b)
+                    acc.add(0, d_b)
                 else:
-                    acc.index_add_(0, keys, d_b.float())
+                    acc.index_add(keys, d_b)
         return add
 
     def compute(step: int, k_blk: Tensor, v_blk: Tensor) -> Callable:
@@ -174,8 +175,8 @@ def varlen_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
     def own_last(k_own: Tensor, v_own: Tensor) -> Callable:
         return grads(lay.late, None, k_own, v_own, opt.causal)
 
-    dk, dv = run_backward(k, v, ring.world, ring, compute, own_first, own_last)
-    return dq.to(q.dtype), dk, dv
+    dk, dv = run_backward(k, v, ring.world, ring, compute, own_first, own_last, row_dim=0)
+    return dq.tensor().to(q.dtype), dk, dv
 
 
 def ring_flash_attn_varlen_func(

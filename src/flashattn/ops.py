@@ -603,6 +603,16 @@ def combine_splits(out_partial: Tensor, lse_partial: Tensor, out: Optional[Tenso
     return res, lse
 
 
+def lse_merge(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor,
+              dest: Tensor) -> None:
+    """Two partial attention results over disjoint keys merged through their lse, in place:
+    ``lse_a`` (b, h, s) float32 becomes the merged lse and ``dest`` (b, s, h, d_v, any float
+    dtype; may be ``out_a``) the merged output of ``out_a`` / ``out_b`` (b, s, h, d_v).
+    Eager only, not an op: it mutates its arguments, and its caller (context parallelism's
+    ring, inside its own autograd.Function) runs eagerly."""
+    _merge.lse_merge(out_a, lse_a, out_b, lse_b, dest)
+
+
 # ---------------------------------------------------------------------------------------------
 # FP8 block quantization (flashattn.fp8.quantize): not differentiable
 # ---------------------------------------------------------------------------------------------

@@ -111,6 +111,12 @@ class DeviceBackend(KernelFamily, Protocol):
                 out_dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
         """Merge key splits: (out (b, s_q, h, d_v), lse (b, h, s_q))."""
 
+    def lse_merge(self, out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor,
+                  dest: Tensor) -> None:
+        """Two partial results over disjoint keys merged through their lse: ``lse_a`` (b, h, s)
+        float32 becomes the merged lse, ``dest`` (b, s, h, d_v; may be ``out_a``) the merged
+        output, in place."""
+
     def sink_apply(self, out: Tensor, lse: Tensor, sink: Tensor,
                    packed: bool) -> Tuple[Tensor, Tensor]:
         """Learnable sinks on a finished output: (out', lse')."""

@@ -17,6 +17,15 @@ def combine(out_partial: torch.Tensor, lse_partial: torch.Tensor, out: Optional[
     return _select.backend(name).combine(out_partial, lse_partial, out, out_dtype)
 
 
+def lse_merge(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
+              lse_b: torch.Tensor, dest: torch.Tensor) -> None:
+    """Two partial results over disjoint keys merged through their lse, in place: ``lse_a``
+    (b, h, s) float32 becomes the merged lse, ``dest`` (b, s, h, d_v), which may be ``out_a``,
+    the merged output (float32 math, stored in dest's dtype)."""
+    _select.backend(_select.select("lse_merge", out_a)).lse_merge(out_a, lse_a, out_b, lse_b,
+                                                                   dest)
+
+
 def sink_apply(out: torch.Tensor, lse: torch.Tensor, sink: torch.Tensor, packed: bool
                ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Learnable sinks on a finished attention output: (out * exp(lse - lse'), lse' =
@@ -30,4 +39,4 @@ def sink_grad(dout: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, sink: to
     return _select.backend(_select.select("sink_grad", out)).sink_grad(dout, out, lse, sink, packed)
 
 
-__all__ = ["combine", "sink_apply", "sink_grad"]
+__all__ = ["combine", "lse_merge", "sink_apply", "sink_grad"]

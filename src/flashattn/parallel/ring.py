@@ -142,18 +142,37 @@ def run_backward(k: Tensor, v: Tensor, steps: int, ring: Ring, compute: Callable
 
 def ring_forward(q: Tensor, k: Tensor, v: Tensor, plan, opt: RingOptions, ring: Ring
                  ) -> Tuple[Tensor, Tensor]:
-    """out (b, s, h, d_v) in q's dtype and lse (b, h, s) float32 of the local queries."""
-    b, s, h, _ = q.shape
-    out = torch.zeros(b, s, h, v.shape[-1], dtype=torch.float32, device=q.device)
-    lse = torch.full((b, h, s), float("-inf"), dtype=torch.float32, device=q.device)
+    """out (b, s, h, d_v) in q's dtype and lse (b, h, s) float32 of the local queries.
+
+    The first call's output becomes the running sum as it is when it covers every row (the
+    local block's, under zigzag: no fill, no merge); a float32 copy is made only before a
+    merge that another follows, and the ring's last merge writes into the running sum in its
+    own dtype. Each merge is one pass (:func:`merge_into`), in float32 math: a 16-bit sum
+    that holds one block's output is that output exactly, so merging it last gives the bits
+    a float32 sum would, rounded once."""
+    s = q.shape[1]
+    last = max(((t, len(calls) - 1) for t, calls in enumerate(plan.steps) if calls),
+               default=None)
+    acc: list = []  # [out, lse] once the first call has run
 
     def compute(step: int, k_blk: Tensor, v_blk: Tensor) -> None:
-        for call in plan.steps[step]:
+        for i, call in enumerate(plan.steps[step]):
             o_b, lse_b = _block_forward(q, k_blk, v_blk, call, opt)
+            if not acc:
+                if (call.q0, call.q1) == (0, s):
+                    acc.extend((o_b, lse_b))
+                    continue
+                acc.extend((torch.zeros(*q.shape[:3], v.shape[-1], dtype=torch.float32,
+                                        device=q.device),
+                            torch.full((q.shape[0], q.shape[2], s), float("-inf"),
+                                       dtype=torch.float32, device=q.device)))
+            if acc[0].dtype != torch.float32 and (step, i) != last:
+                acc[0] = acc[0].float()
+            out, lse = acc
             merge_into(out[:, call.q0:call.q1], lse[:, :, call.q0:call.q1], o_b, lse_b)
 
     run_forward((k.contiguous(), v.contiguous()), len(plan.steps), ring, compute)
-    return out.to(q.dtype), lse
+    return acc[0].to(q.dtype), acc[1]
 
 
 def ring_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,

@@ -203,6 +203,25 @@ def varlen_paged_fwd(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens_q: 
                                 softcap=p.softcap, alibi_slopes=p.alibi_slopes)
 
 
+def lse_merge(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor, dest: Tensor) -> None:
+    """Two partial results merged through their lse, in place (torch ops, float32 math; see
+    triton/lse_merge.py): a side whose lse is -inf weighs exactly 0 and is never multiplied
+    in; a row with no key on either side gets out 0, lse -inf."""
+    hi = torch.maximum(lse_a, lse_b)
+    ref = torch.where(torch.isinf(hi), torch.zeros_like(hi), hi)  # -inf only if both are
+    e_a, e_b = torch.exp(lse_a - ref), torch.exp(lse_b - ref)
+    total = e_a + e_b
+    any_key = total > 0
+    total = torch.where(any_key, total, torch.ones_like(total))
+    terms = []
+    for o, e in ((out_a, e_a), (out_b, e_b)):
+        w = (e / total).transpose(1, 2).unsqueeze(-1)  # (b, s, h, 1)
+        terms.append(torch.where(w > 0, o.float() * w, torch.zeros((), device=o.device)))
+    dest.copy_(terms[0] + terms[1])
+    lse_a.copy_(torch.where(any_key, ref + torch.log(total),
+                            torch.full_like(ref, float("-inf"))))
+
+
 def sink_apply(out: Tensor, lse: Tensor, sink: Tensor, packed: bool) -> Tuple[Tensor, Tensor]:
     """Learnable sinks on a finished (out, lse): out * exp(lse - lse'), lse' = logaddexp(lse,
     sink) (torch ops; see triton/sink.py for the derivation)."""
@@ -244,4 +263,4 @@ def fp8_quantize(q: Tensor, k: Tensor, v: Tensor, signs: Optional[Tensor], block
 
 
 __all__ = ["append_kv", "bwd", "combine", "fp8_fwd", "fp8_quantize", "fp8_varlen_fwd", "fwd",
-           "kvcache_attention", "sink_apply", "sink_grad", "varlen_bwd", "varlen_fwd", "varlen_paged_fwd"]
+           "kvcache_attention", "lse_merge", "sink_apply", "sink_grad", "varlen_bwd", "varlen_fwd", "varlen_paged_fwd"]

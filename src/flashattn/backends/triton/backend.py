@@ -15,6 +15,7 @@ from flashattn.params import AttnParams, Fp8Scales
 # replaces a kernel module's entry point is then the one that runs
 from flashattn.backends.triton import bwd as _bwd
 from flashattn.backends.triton import combine as _combine
+from flashattn.backends.triton import lse_merge as _lse_merge
 from flashattn.backends.triton import decode as _decode
 from flashattn.backends.triton import fp8_quantize as _quantize
 from flashattn.backends.triton import fwd as _fwd
@@ -212,6 +213,11 @@ def varlen_paged_fwd(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens_q: 
                                     alibi_slopes=p.alibi_slopes)
 
 
+def lse_merge(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor, dest: Tensor) -> None:
+    """Two partial results merged through their lse, in place (one Triton pass)."""
+    _lse_merge.lse_merge(out_a, lse_a, out_b, lse_b, dest)
+
+
 def sink_apply(out: Tensor, lse: Tensor, sink: Tensor, packed: bool) -> Tuple[Tensor, Tensor]:
     """Learnable sinks on a finished (out, lse): one fused pass (triton/sink.py)."""
     return _sink.sink_apply(out, lse, sink, packed)
@@ -234,4 +240,4 @@ def combine(out_partial: Tensor, lse_partial: Tensor, out: Optional[Tensor],
 
 
 __all__ = ["append_kv", "bwd", "combine", "decode_splits", "fp8_fwd", "fp8_quantize", "fp8_quantize_call", "fp8_varlen_fwd", "fwd",
-           "fwd_call", "kvcache_attention", "kvcache_call", "sink_apply", "sink_grad", "varlen_bwd", "varlen_fwd", "varlen_paged_fwd"]
+           "fwd_call", "kvcache_attention", "kvcache_call", "lse_merge", "sink_apply", "sink_grad", "varlen_bwd", "varlen_fwd", "varlen_paged_fwd"]

@@ -100,30 +100,38 @@ def _case(step: int, ring: Ring, causal: bool) -> str:
 
 def varlen_forward(q: Tensor, k: Tensor, v: Tensor, lay: VarlenLayout, opt: _Options,
                    ring: Ring) -> Tuple[Tensor, Tensor]:
-    total, h, _ = q.shape
-    out = torch.zeros(total, h, v.shape[-1], dtype=torch.float32, device=q.device)
-    lse = torch.full((h, total), float("-inf"), dtype=torch.float32, device=q.device)
+    """out (total, h, d_v) in q's dtype and lse (h, total) float32 of the local rows. The
+    local block's output (every row) is the running sum as it is, made float32 only before a
+    merge that another follows (as the dense ring's forward)."""
+    acc: list = []  # [out, lse] after step 0
 
     def compute(step: int, k_blk: Tensor, v_blk: Tensor) -> None:
         case = _case(step, ring, opt.causal)
         if case == "late_queries":
             o_b, lse_b = _fwd(q[lay.late], k_blk, v_blk, lay.cu_half, lay.cu_local,
                               lay.max_half, lay.max_local, False, opt)
-            acc, acc_lse = out[lay.late], lse[:, lay.late]
-            merge_varlen_into(acc, acc_lse, o_b, lse_b)
-            out.index_copy_(0, lay.late, acc)
-            lse.index_copy_(1, lay.late, acc_lse)
-            return
-        if case == "early_keys":
+        elif case == "early_keys":
             o_b, lse_b = _fwd(q, k_blk[lay.early], v_blk[lay.early], lay.cu_local, lay.cu_half,
                               lay.max_local, lay.max_half, False, opt)
         else:
             o_b, lse_b = _fwd(q, k_blk, v_blk, lay.cu_local, lay.cu_local, lay.max_local,
                               lay.max_local, case == "diagonal", opt)
-        merge_varlen_into(out, lse, o_b, lse_b)
+        if step == 0:  # the local block: every row
+            acc.extend((o_b, lse_b))
+            return
+        if acc[0].dtype != torch.float32 and step + 1 < ring.world:
+            acc[0] = acc[0].float()
+        out, lse = acc
+        if case == "late_queries":  # the late rows gathered, merged, put back
+            rows, rows_lse = out[lay.late], lse[:, lay.late]
+            merge_varlen_into(rows, rows_lse, o_b, lse_b)
+            out.index_copy_(0, lay.late, rows)
+            lse.index_copy_(1, lay.late, rows_lse)
+        else:
+            merge_varlen_into(out, lse, o_b, lse_b)
 
     run_forward((k.contiguous(), v.contiguous()), ring.world, ring, compute)
-    return out.to(q.dtype), lse
+    return acc[0].to(q.dtype), acc[1]
 
 
 def varlen_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,

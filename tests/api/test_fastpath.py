@@ -662,3 +662,37 @@ def test_dense_packed_variants_are_recorded_too():
     assert "RecordedDense" in type(results[1][0].grad_fn).__name__
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16-cache", "fp8-cache"])
+def test_kvcache_with_qv_hits_and_matches_the_full_path(fp8, backend):
+    """MLA decode steps (a latent query qv over one KV head): a repeated signature is keyed
+    with qv as a tensor and replays (the portable backend's recorded decode call under the
+    interpreter, the op's body on 'cpu') to the full path's bits, and a qv of another width is
+    another signature."""
+    torch.manual_seed(7)
+    b, h, d, d_v, s_k = 2, 4, 16, 32, 20
+    kc = torch.randn(b, s_k, 1, d).bfloat16()
+    vc = torch.randn(b, s_k, 1, d_v).bfloat16()
+    kw = dict(cache_seqlens=torch.tensor([20, 7], dtype=torch.int32), causal=True,
+              return_softmax_lse=True)
+    if fp8:
+        kc, vc = kc.to(torch.float8_e4m3fn), vc.to(torch.float8_e4m3fn)
+        kw.update(k_descale=torch.full((b, 1), 0.5), v_descale=torch.full((b, 1), 2.0))
+
+    def draw():
+        return torch.randn(b, 1, h, d).bfloat16(), torch.randn(b, 1, h, d_v).bfloat16()
+
+    flashattn.flash_attn_with_kvcache(*draw()[:1], kc, vc, qv=draw()[1], **kw)
+    (_, (_, runner)), = fastpath.KVCACHE._entries.values()  # (settings, (template, runner))
+    assert (runner is not None) == (backend == "portable")  # the recorded decode call
+    for _ in range(2):
+        q, qv = draw()
+        out, lse = flashattn.flash_attn_with_kvcache(q, kc, vc, qv=qv, **kw)
+        assert len(fastpath.KVCACHE._entries) == 1  # a hit
+        fastpath.KVCACHE.clear()
+        ref, ref_lse = flashattn.flash_attn_with_kvcache(q, kc, vc, qv=qv, **kw)  # full path
+        assert torch.equal(out, ref) and torch.equal(lse, ref_lse)
+    narrow = vc[..., :16].contiguous()  # d_v 16: qv of another width
+    flashattn.flash_attn_with_kvcache(q, kc, narrow, qv=qv[..., :16].contiguous(), **kw)
+    assert len(fastpath.KVCACHE._entries) == 2

@@ -396,7 +396,7 @@ def test_mla_fp8_cache_through_the_fp8_launch_config(dtype, backend: str,
 def test_fp8_query_with_qv_is_refused(cpu_backend: str) -> None:
     """FA3's FP8 query (float8_e4m3fn q, q_descale) with qv raises NotImplementedError naming
     qv (whatever qv's dtype), in both APIs and after the same signature without qv has been
-    recorded by the fast path (qv calls take the full path, which checks)."""
+    recorded by the fast path (an FP8 query with qv is never recorded: its first call raises)."""
     from flashattn.api import fastpath
 
     q, kc, vc, qv, lens = _small(d=16, d_v=32, dtype=torch.bfloat16)
@@ -421,9 +421,10 @@ def test_fp8_query_with_qv_is_refused(cpu_backend: str) -> None:
     assert out.shape == (2, 1, 4, 32) and out.dtype == torch.bfloat16
 
 
-def test_qv_calls_over_an_fp8_cache_take_the_full_path(backend: str) -> None:
-    """The recorded-call fast path keys FP8 calls but not qv ones: repeated qv calls over an
-    FP8 cache record nothing and give the same output every time."""
+def test_qv_calls_over_an_fp8_cache_replay_their_signature(backend: str) -> None:
+    """The recorded-call fast path keys qv calls (qv as a tensor): repeated qv calls over an
+    FP8 cache make one entry and give the same output every time; the same call without qv
+    is another signature."""
     from flashattn.api import fastpath
 
     c = replace(BASE, fp8=True, dtype=torch.bfloat16, s_new=0, num_splits=2)
@@ -434,9 +435,9 @@ def test_qv_calls_over_an_fp8_cache_take_the_full_path(backend: str) -> None:
     try:
         outs = [flash_attn_with_kvcache(x["q"], x["k_cache"], x["v_cache"], qv=x["qv"], **kw)
                 for _ in range(3)]
-        assert len(fastpath.KVCACHE._entries) == 0
-        assert all(torch.equal(outs[0], o) for o in outs[1:])
-        flash_attn_with_kvcache(x["q"], x["k_cache"], x["v_cache"], **kw)  # (no qv: recorded)
         assert len(fastpath.KVCACHE._entries) == 1
+        assert all(torch.equal(outs[0], o) for o in outs[1:])
+        flash_attn_with_kvcache(x["q"], x["k_cache"], x["v_cache"], **kw)  # (no qv)
+        assert len(fastpath.KVCACHE._entries) == 2
     finally:
         fastpath.KVCACHE.clear()

@@ -31,8 +31,8 @@ seqused_k on every call where they run on the full path).
 Calls with dropout, ALiBi, sinks, chunking or ``out=`` take the full path, and so do paged
 ``flash_attn_varlen_func`` calls (a ``block_table``); a paged KV cache in
 ``flash_attn_with_kvcache`` is keyed (the block table as a tensor: its values are read by the
-kernel) and takes the fast path. Calls with ``qv`` take the full path (or a plan:
-``plan_decode(..., has_qv=True)``).
+kernel) and takes the fast path, with or without ``qv`` (MLA's latent query, keyed as a
+tensor).
 ``flash_attn_with_kvcache`` over an FP8 cache (and with an FP8 query) keys its descales as
 :func:`fa3_fp8_key` does (presence and metadata; their values are read by the kernel, and CPU
 descales are value-checked on every call).
@@ -234,11 +234,18 @@ def kvcache_descales_key(q_descale: Any, k_descale: Any, v_descale: Any) -> Opti
     return None if False in key else key
 
 
+def kvcache_qv_key(qv: Tensor) -> tuple:
+    """The key part of ``flash_attn_with_kvcache``'s latent query (a plain tensor, keyed after
+    :func:`kvcache_key`, which refuses traced calls)."""
+    return (_tensor_key(qv),)
+
+
 def kvcache_entry(args: tuple) -> Tuple[tuple, Optional[Callable[..., Tuple[Tensor, Tensor]]]]:
     """What a repeated ``flash_attn_with_kvcache`` signature keeps, from the full path's op
     arguments (``flashattn::fwd_kvcache``'s, no packed lengths): the normalised scalars after
     the 11 tensors, and the replay runner for the signature (None: the op's body runs on every
-    call, see ``replay.kvcache.kvcache_runner``)."""
+    call, see ``replay.kvcache.kvcache_runner``; a latent query ``qv`` is given to each call
+    of either)."""
     (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, seqlens, batch_idx, leftpad,
      block_table, alibi, scale, causal, left, right, softcap, interleaved, num_splits) = args
     params = AttnParams(scale, causal, left, right, softcap, alibi, 0.0, 0)
@@ -253,18 +260,21 @@ def kvcache_args(template: tuple, q: Tensor, k_cache: Tensor, v_cache: Tensor,
                  rotary_sin: Optional[Tensor], cache_seqlens: Any,
                  cache_batch_idx: Optional[Tensor], cache_leftpad: Optional[Tensor],
                  block_table: Optional[Tensor],
-                 descales: Optional[Tuple[Optional[Tensor], ...]] = None) -> tuple:
+                 descales: Optional[Tuple[Optional[Tensor], ...]] = None,
+                 qv: Optional[Tensor] = None) -> tuple:
     """The ``flashattn::fwd_kvcache`` arguments of this call from the signature's template
     (the normalised scalars): the tensors of this call, an int cache_seqlens as the same
     (b,) int32 tensor the full path makes; an FP8 call's ``descales`` (q_descale,
-    k_descale, v_descale) after the (unused) packed-length arguments, as the full path
-    passes them."""
+    k_descale, v_descale) after the (unused) packed-length arguments, then the latent query
+    ``qv``, as the full path passes them."""
     args = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
             _kv.seqlens_tensor(cache_seqlens, q.shape[0], q.device), cache_batch_idx,
             cache_leftpad, block_table) + template
-    if descales is not None:
-        q_descale, k_descale, v_descale = descales
+    if descales is not None or qv is not None:
+        q_descale, k_descale, v_descale = descales or (None, None, None)
         args = args + (0, None, 0, None, None, k_descale, v_descale, q_descale)
+    if qv is not None:
+        args = args + (qv,)
     return args
 
 
@@ -473,5 +483,6 @@ __all__ = ["DENSE", "FA3_FP8", "FA3_FP8_VARLEN", "FP8", "FP8_FULL_PATH", "FP8_QU
            "KVCACHE", "MAX_ENTRIES", "QUANTIZE", "VARLEN", "dense_entry", "dense_key",
            "fa3_fp8_key", "fa3_fp8_record", "fa3_fp8_varlen_key", "fa3_fp8_varlen_record",
            "fp8_key", "fp8_record", "kvcache_args", "kvcache_descales_key", "kvcache_entry",
+           "kvcache_qv_key",
            "kvcache_key", "quantize_key", "quantize_record", "quantized_key", "quantized_record",
            "varlen_key", "varlen_record"]

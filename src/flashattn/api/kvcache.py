@@ -164,11 +164,12 @@ def flash_attn_with_kvcache(
     key = None
     fp8 = _kv.is_fp8_cache(k_cache) or _kv.is_fp8_cache(v_cache) or _kv.is_fp8_query(q)
     # FP8 signatures key their descales too (presence and metadata; the values are read by
-    # the kernel); a 16/32-bit call with a descale takes the full path, which raises; so do
-    # calls with qv (multi-head latent attention: the fast path keys calls without it)
+    # the kernel); a 16/32-bit call with a descale takes the full path, which raises; a
+    # latent query (qv, multi-head latent attention) is keyed as a tensor
     descales = _fast.kvcache_descales_key(q_descale, k_descale, v_descale) if fp8 else None
-    if (qv is None and (descales is not None if fp8 else
-                        k_descale is None and v_descale is None and q_descale is None)
+    if ((qv is None or type(qv) is torch.Tensor)
+            and (descales is not None if fp8 else
+                 k_descale is None and v_descale is None and q_descale is None)
             and alibi_slopes is None and learnable_sink is None and type(attention_chunk) is int
             and attention_chunk == 0 and cu_seqlens_q is None and max_seqlen_q is None
             and cu_seqlens_k_new is None and rotary_seqlens is None):
@@ -180,6 +181,8 @@ def flash_attn_with_kvcache(
                                 rotary_interleaved, num_splits, return_softmax_lse)
         if key is not None and fp8:
             key = key + descales
+        if key is not None and qv is not None:  # (after kvcache_key: never while tracing)
+            key = key + _fast.kvcache_qv_key(qv)
         entry = None if key is None else _fast.KVCACHE.get(key)
         if entry is not None:
             template, runner = entry
@@ -193,11 +196,11 @@ def flash_attn_with_kvcache(
                     cache_seqlens = _kv.seqlens_tensor(cache_seqlens, q.shape[0], q.device)
                 out, lse = runner(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
                                   cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
-                                  need_lse=bool(return_softmax_lse), descales=fp8_args)
+                                  need_lse=bool(return_softmax_lse), descales=fp8_args, qv=qv)
             else:
                 out, lse = _ops.kvcache_attention(*_fast.kvcache_args(
                     template, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                    cache_batch_idx, cache_leftpad, block_table, fp8_args))
+                    cache_batch_idx, cache_leftpad, block_table, fp8_args, qv))
             return (out, lse) if return_softmax_lse else out
     varlen = (cu_seqlens_q, max_seqlen_q, cu_seqlens_k_new, rotary_seqlens)
     args = _prepare(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,

@@ -35,7 +35,8 @@ def kvcache_runner(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     ``dispatch.kvcache.append_descales`` does. The value checks run in it as in
     :func:`kvcache` (always for CPU metadata). None where the full body must run on every
     call: the checked mode on a GPU (its checks depend on capture), empty shapes, or a backend
-    without decode kernels (the torch path)."""
+    without decode kernels (the torch path). ``qv``: the call's latent query (FlashAttention-3's
+    multi-head latent attention), given to every call of a signature that has one."""
     batch, s_q, _, _ = q.shape
     metas = (cache_seqlens, cache_leftpad, cache_batch_idx, block_table)
     on_cpu = all(t.device.type == "cpu" for t in (q, *metas) if t is not None)
@@ -74,7 +75,7 @@ def kvcache_runner(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
                           v_descale=ones if fp8_rows[1] else vd)
 
     def run(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-            cache_leftpad, block_table, need_lse=True, descales=None):
+            cache_leftpad, block_table, need_lse=True, descales=None, qv=None):
         seqlens = full if cache_seqlens is None else cache_seqlens
         fp8, append_fp8 = fp8_keywords(descales)
         if on_cpu:
@@ -90,9 +91,10 @@ def kvcache_runner(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
             calls.append(impl.kvcache_call(q_rot, k_cache, v_cache, seqlens, s_new,
                                            p=row_params, leftpad=cache_leftpad,
                                            batch_idx=cache_batch_idx, block_table=block_table,
-                                           num_splits=num_splits, capacity=capacity, **fp8))
+                                           num_splits=num_splits, capacity=capacity, qv=qv,
+                                           **fp8))
         return calls[0](q_rot, k_cache, v_cache, seqlens, cache_leftpad, cache_batch_idx,
-                        block_table, row_params.alibi_slopes, need_lse=need_lse, **fp8)
+                        block_table, row_params.alibi_slopes, need_lse=need_lse, qv=qv, **fp8)
     return run
 
 

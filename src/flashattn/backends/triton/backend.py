@@ -172,14 +172,15 @@ def kvcache_call(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens: Tensor, s
                  block_table: Optional[Tensor], num_splits: int, capacity: int,
                  cu_seqlens_q: Optional[Tensor] = None, max_seqlen_q: int = 0,
                  k_descale: Optional[Tensor] = None, v_descale: Optional[Tensor] = None,
-                 q_descale: Optional[Tensor] = None) -> "_decode.DecodeCall":
+                 q_descale: Optional[Tensor] = None,
+                 qv: Optional[Tensor] = None) -> "_decode.DecodeCall":
     """:func:`kvcache_attention`'s decisions for tensors like these, made once: a
     ``DecodeCall``, called as ``call(q, k_cache, v_cache, seqlens, leftpad, batch_idx,
     block_table, p.alibi_slopes)`` (and ``cu_seqlens_q`` for packed q (total_q, h, d), whose
     longest sequence has ``max_seqlen_q`` rows) with each later call's tensors of the same
     shapes, strides, dtypes, devices and alignment (the caller keys on them). FP8: the
     descales as :func:`kvcache_attention` takes them, given to every call of the DecodeCall
-    too (presence fixed by this first call)."""
+    too (presence fixed by this first call); ``qv`` (the latent query) likewise."""
     return _decode.DecodeCall(q, k_cache, v_cache, seqlens, s_new, num_splits=num_splits,
                               max_seqlen_k=capacity, softmax_scale=p.softmax_scale,
                               window_left=p.window_left, window_right=p.window_right,
@@ -187,7 +188,7 @@ def kvcache_call(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens: Tensor, s
                               batch_idx=batch_idx, block_table=block_table,
                               cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
                               attention_chunk=p.attention_chunk, k_descale=k_descale,
-                              v_descale=v_descale, q_descale=q_descale)
+                              v_descale=v_descale, q_descale=q_descale, qv=qv)
 
 
 def decode_splits(batch: int, seqlen_q: int, max_seqlen_k: int, nheads: int, nheads_k: int,

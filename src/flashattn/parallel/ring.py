@@ -9,8 +9,9 @@ hides every later block ends the ring early, so those blocks are not sent either
 
 Backward: the recomputation of FlashAttention with the *global* lse and output (so a block's
 softmax weights are the global ones and each block's dQ / dK / dV are exact shares of the
-sum). dQ accumulates at home in float32; dK / dV accumulate in float32 buffers that travel
-with their K / V and are sent home after the last step.
+sum). dQ accumulates at home in float32; dK / dV accumulate in float32 sums that travel with
+their K / V and go home after their last visitor, while the rank computes the second part of
+its own block (:func:`run_backward`), so no transfer waits at the end of the ring.
 """
 from __future__ import annotations
 

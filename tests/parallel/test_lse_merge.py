@@ -100,10 +100,19 @@ def test_lse_merge_kernel_refuses_what_it_cannot_write(monkeypatch):
     lse_a, lse_b = torch.randn(1, 2, 4), torch.randn(1, 2, 4)
     with pytest.raises(ValueError, match="contiguous last dim"):
         ops.lse_merge(out_a, lse_a, out_b, lse_b, _no_unit_last_stride(out_a))
+
+
+def test_lse_merge_refuses_mismatched_shapes(backend):
+    """Checked in dispatch for every backend: the kernel would read out of bounds, torch ops
+    would broadcast an lse with size-1 dims silently."""
+    out_a, out_b = torch.randn(1, 4, 2, 16), torch.randn(1, 4, 2, 16)
+    lse_a, lse_b = torch.randn(1, 2, 4), torch.randn(1, 2, 4)
     with pytest.raises(ValueError, match="must be"):
         ops.lse_merge(out_a, lse_a, out_b[:, :3], lse_b[:, :, :3], out_a)
     with pytest.raises(ValueError, match="must be"):
         ops.lse_merge(out_a, lse_a, out_b, lse_b[:, :1], out_a)
+    with pytest.raises(ValueError, match="must be"):
+        ops.lse_merge(out_a, lse_a, out_b, lse_b[:, :, :1], out_a)  # would broadcast
 
 
 @pytest.mark.parametrize("dest_dtype", [None, torch.bfloat16])

@@ -21,7 +21,15 @@ def lse_merge(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
               lse_b: torch.Tensor, dest: torch.Tensor) -> None:
     """Two partial results over disjoint keys merged through their lse, in place: ``lse_a``
     (b, h, s) float32 becomes the merged lse, ``dest`` (b, s, h, d_v), which may be ``out_a``,
-    the merged output (float32 math, stored in dest's dtype)."""
+    the merged output (float32 math, stored in dest's dtype). Mismatched shapes raise
+    ValueError on every backend (a kernel would read out of bounds, torch would broadcast)."""
+    b, s, h, d_v = out_a.shape
+    if (tuple(out_b.shape) != (b, s, h, d_v) or tuple(dest.shape) != (b, s, h, d_v)
+            or tuple(lse_a.shape) != (b, h, s) or tuple(lse_b.shape) != (b, h, s)):
+        raise ValueError(
+            f"lse_merge: out_a {tuple(out_a.shape)}, out_b {tuple(out_b.shape)} and dest "
+            f"{tuple(dest.shape)} must be (b, s, h, d_v) alike, lse_a {tuple(lse_a.shape)} and "
+            f"lse_b {tuple(lse_b.shape)} (b, h, s)")
     _select.backend(_select.select("lse_merge", out_a)).lse_merge(out_a, lse_a, out_b, lse_b,
                                                                    dest)
 

@@ -8,7 +8,7 @@ over the buffer for every fresh sum. Rows that no term reached are zeroed once, 
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Sequence, Tuple
 
 import torch
 
@@ -84,10 +84,9 @@ class RowSum:
         return self.data
 
 
-def fresh(like: Sequence[Tensor], dim: int = 1, shape: Optional[Sequence[int]] = None
-          ) -> Tuple[RowSum, ...]:
+def fresh(like: Sequence[Tensor], dim: int = 1) -> Tuple[RowSum, ...]:
     """A fresh :class:`RowSum` shaped like each of ``like``."""
-    return tuple(RowSum(x.shape if shape is None else shape, x.device, dim) for x in like)
+    return tuple(RowSum(x.shape, x.device, dim) for x in like)
 
 
 __all__ = ["RowSum", "fresh"]

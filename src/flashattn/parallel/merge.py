@@ -27,6 +27,15 @@ def merge_into(out_acc: Tensor, lse_acc: Tensor, out_b: Tensor, lse_b: Tensor,
     _ops.lse_merge(out_acc, lse_acc, out_b, lse_b, out_acc if dest is None else dest)
 
 
+def ready_to_merge(out: Tensor, last: bool) -> Tensor:
+    """The ring forward's running output, ready for a merge: as it is for the ring's last
+    merge, else float32 (one copy, the first time, of a 16-bit first output kept as the
+    running sum). A merge computes in float32 and rounds once into its destination, and a
+    16-bit running sum that holds one block's output is that output exactly, so the last
+    merge into it gives the bits a float32 sum would."""
+    return out if last or out.dtype == torch.float32 else out.float()
+
+
 def merge_varlen_into(out_acc: Tensor, lse_acc: Tensor, out_b: Tensor, lse_b: Tensor,
                       dest: Optional[Tensor] = None) -> None:
     """:func:`merge_into` for packed rows: out (total, h, d_v), lse (h, total)."""
@@ -34,4 +43,4 @@ def merge_varlen_into(out_acc: Tensor, lse_acc: Tensor, out_b: Tensor, lse_b: Te
                lse_b.unsqueeze(0), None if dest is None else dest.unsqueeze(0))
 
 
-__all__ = ["merge_into", "merge_varlen_into"]
+__all__ = ["merge_into", "merge_varlen_into", "ready_to_merge"]

@@ -28,7 +28,7 @@ from flashattn.parallel import checks as _checks
 from flashattn.parallel import comm as _comm
 from flashattn.parallel.accumulate import RowSum, fresh
 from flashattn.parallel.groups import Group, check_device, resolve
-from flashattn.parallel.merge import merge_into
+from flashattn.parallel.merge import merge_into, ready_to_merge
 
 Tensor = torch.Tensor
 LAYOUTS = ("zigzag", "contiguous")
@@ -146,11 +146,8 @@ def ring_forward(q: Tensor, k: Tensor, v: Tensor, plan, opt: RingOptions, ring: 
     """out (b, s, h, d_v) in q's dtype and lse (b, h, s) float32 of the local queries.
 
     The first call's output becomes the running sum as it is when it covers every row (the
-    local block's, under zigzag: no fill, no merge); a float32 copy is made only before a
-    merge that another follows, and the ring's last merge writes into the running sum in its
-    own dtype. Each merge is one pass (:func:`merge_into`), in float32 math: a 16-bit sum
-    that holds one block's output is that output exactly, so merging it last gives the bits
-    a float32 sum would, rounded once."""
+    local block's, under zigzag: no fill, no merge); see :func:`ready_to_merge` for its
+    dtype. Each merge is one pass (:func:`merge_into`)."""
     s = q.shape[1]
     last = max(((t, len(calls) - 1) for t, calls in enumerate(plan.steps) if calls),
                default=None)
@@ -167,8 +164,7 @@ def ring_forward(q: Tensor, k: Tensor, v: Tensor, plan, opt: RingOptions, ring: 
                                         device=q.device),
                             torch.full((q.shape[0], q.shape[2], s), float("-inf"),
                                        dtype=torch.float32, device=q.device)))
-            if acc[0].dtype != torch.float32 and (step, i) != last:
-                acc[0] = acc[0].float()
+            acc[0] = ready_to_merge(acc[0], (step, i) == last)
             out, lse = acc
             merge_into(out[:, call.q0:call.q1], lse[:, :, call.q0:call.q1], o_b, lse_b)
 

@@ -29,7 +29,7 @@ from flashattn.parallel import checks as _checks
 from flashattn.parallel.accumulate import RowSum
 from flashattn.parallel.groups import Group, check_device, resolve
 from flashattn.parallel.layout import zigzag_doc_lengths
-from flashattn.parallel.merge import merge_varlen_into
+from flashattn.parallel.merge import merge_varlen_into, ready_to_merge
 from flashattn.parallel.ring import Ring, RingFunction, run_backward, run_forward
 
 Tensor = torch.Tensor
@@ -101,8 +101,8 @@ def _case(step: int, ring: Ring, causal: bool) -> str:
 def varlen_forward(q: Tensor, k: Tensor, v: Tensor, lay: VarlenLayout, opt: _Options,
                    ring: Ring) -> Tuple[Tensor, Tensor]:
     """out (total, h, d_v) in q's dtype and lse (h, total) float32 of the local rows. The
-    local block's output (every row) is the running sum as it is, made float32 only before a
-    merge that another follows (as the dense ring's forward)."""
+    local block's output (every row) is the running sum as it is (see
+    :func:`ready_to_merge` for its dtype)."""
     acc: list = []  # [out, lse] after step 0
 
     def compute(step: int, k_blk: Tensor, v_blk: Tensor) -> None:
@@ -119,8 +119,7 @@ def varlen_forward(q: Tensor, k: Tensor, v: Tensor, lay: VarlenLayout, opt: _Opt
         if step == 0:  # the local block: every row
             acc.extend((o_b, lse_b))
             return
-        if acc[0].dtype != torch.float32 and step + 1 < ring.world:
-            acc[0] = acc[0].float()
+        acc[0] = ready_to_merge(acc[0], step + 1 == ring.world)
         out, lse = acc
         if case == "late_queries":  # the late rows gathered, merged, put back
             rows, rows_lse = out[lay.late], lse[:, lay.late]

@@ -9,12 +9,24 @@ points, benchmarks/NOTES.md).
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 from typing import Any, Callable, Dict, List, Sequence
 
 import torch
 import triton
+
+
+def add_common_arguments(ap: argparse.ArgumentParser) -> None:
+    """The options every A/B probe takes: the call size (``--tokens`` per call, ``--hidden``
+    = heads x d), the interleaved rounds and do_bench's warmup / rep, and ``--out``."""
+    ap.add_argument("--tokens", type=int, default=16384, help="batch = tokens / s")
+    ap.add_argument("--hidden", type=int, default=2048, help="heads = hidden / d")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=25)
+    ap.add_argument("--rep", type=int, default=100)
+    ap.add_argument("--out", default=None, help="write the rows as JSON here")
 
 
 def max_abs(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -31,7 +31,8 @@ from typing import Any, Dict, Tuple
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ab_rounds import int_list, interleaved_ms, max_abs, run_points  # noqa: E402
+from ab_rounds import (add_common_arguments, int_list, interleaved_ms, max_abs,  # noqa: E402
+                       run_points)
 from hopper_probe import _params, _tflops  # noqa: E402
 
 from flashattn.backends.sm90.bwd import flash_bwd_hopper  # noqa: E402
@@ -120,14 +121,9 @@ def main(argv=None) -> int:
     ap.add_argument("--causal", default="0,1")
     ap.add_argument("--seqlens", default="2048,8192")
     ap.add_argument("--groups", default="1,4", help="query heads per KV head (1: MHA)")
-    ap.add_argument("--tokens", type=int, default=16384, help="batch = tokens / s")
-    ap.add_argument("--hidden", type=int, default=2048, help="heads = hidden / d")
     ap.add_argument("--ref-kv-heads", type=int, default=1,
                     help="KV heads (batch 0) checked against the float64 reference")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--warmup", type=int, default=25)
-    ap.add_argument("--rep", type=int, default=100)
-    ap.add_argument("--out", default=None, help="write the rows as JSON here")
+    add_common_arguments(ap)
     args = ap.parse_args(argv)
     points = [(d, bool(c), s, g) for d in int_list(args.d) for c in int_list(args.causal)
               for s in int_list(args.seqlens) for g in int_list(args.groups)]

@@ -29,7 +29,8 @@ from typing import Any, Dict
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ab_rounds import int_list, interleaved_ms, max_abs, run_points  # noqa: E402
+from ab_rounds import (add_common_arguments, int_list, interleaved_ms, max_abs,  # noqa: E402
+                       run_points)
 from hopper_probe import _params, _tflops  # noqa: E402
 
 from flashattn.backends.sm90.fwd import flash_fwd_hopper  # noqa: E402
@@ -100,14 +101,9 @@ def main(argv=None) -> int:
     ap.add_argument("--causal", default="0,1")
     ap.add_argument("--seqlens", default="2048,8192,16384")
     ap.add_argument("--chains", type=int, default=4, help="FwdConfig.max_chains of the A side")
-    ap.add_argument("--tokens", type=int, default=16384, help="batch = tokens / s")
-    ap.add_argument("--hidden", type=int, default=2048, help="heads = hidden / d")
     ap.add_argument("--ref-heads", type=int, default=1,
                     help="heads (batch 0) checked against the float64 reference")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--warmup", type=int, default=25)
-    ap.add_argument("--rep", type=int, default=100)
-    ap.add_argument("--out", default=None, help="write the rows as JSON here")
+    add_common_arguments(ap)
     args = ap.parse_args(argv)
     points = [(d, bool(c), s) for d in int_list(args.d) for c in int_list(args.causal)
               for s in int_list(args.seqlens)]

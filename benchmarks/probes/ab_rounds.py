@@ -1,5 +1,5 @@
-"""What the same-run A/B probes of one kernel switch share (bwd_dq_order_probe.py,
-fwd_rowmax_probe.py): the largest elementwise difference, comma-separated integer lists, and
+"""What the same-run A/B probes of one kernel switch share (bwd_config_ab.py,
+fwd_config_ab.py): the largest elementwise difference, comma-separated integer lists, and
 the timing of two or more variants in interleaved rounds.
 
 Interleaving: round r runs the variants in their given order when r is even and reversed when

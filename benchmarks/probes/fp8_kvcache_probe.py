@@ -21,8 +21,9 @@ layouts; where that backend refuses the call, EFFICIENT then FLASH are tried, an
     python benchmarks/probes/fp8_kvcache_probe.py --out $OUT/x.json --page 16 \\
         --configs "128,4,3;128,8,3;64,4,3;256,8,2" --fp8-query     # (more rows, ~2 min more)
 
-``--configs`` times our FP8 cache under each decode launch config ("BLOCK_N,num_warps,
-num_stages", FLASHATTN_DECODE_CONFIG's format) too, as CUDA-graph rows only (captured under
+``--configs`` times our FP8 cache (contiguous, and paged with ``--page``) under each decode
+launch config ("BLOCK_N,num_warps, num_stages", FLASHATTN_DECODE_CONFIG's format) too, as
+CUDA-graph rows only (captured under
 the override; an eager row would time the settings switch); ``--page N`` adds paged-cache rows (shuffled pages of
 N positions); ``--fp8-query`` adds FA3's FP8 query over the FP8 cache. Runs in under three
 minutes on one H100 with the defaults; on a machine without CUDA it prints why and exits 2.
@@ -169,10 +170,6 @@ def measure_shape(b: int, s: int, args: argparse.Namespace) -> List[dict]:
         q, kc, vc, cache_seqlens=lens), 2, {})
     impls["flashattn-fp8"] = (lambda: flashattn.flash_attn_with_kvcache(
         q, k8, v8, cache_seqlens=lens, k_descale=kd, v_descale=vd), 1, {})
-    for cfg in [c.strip() for c in args.configs.split(";") if c.strip()]:
-        name = f"flashattn-fp8[{cfg}]"
-        impls[name] = (impls["flashattn-fp8"][0], 1, dict(config=cfg))
-        configs[name] = cfg
     if q8 is not None:
         impls["flashattn-fp8-q8"] = (lambda: flashattn.flash_attn_with_kvcache(
             q8, k8, v8, cache_seqlens=lens, q_descale=qd, k_descale=kd, v_descale=vd), 1, {})
@@ -187,6 +184,11 @@ def measure_shape(b: int, s: int, args: argparse.Namespace) -> List[dict]:
         impls[f"flashattn-fp8-page{args.page}"] = (lambda: flashattn.flash_attn_with_kvcache(
             q, kp8, vp8, cache_seqlens=lens, block_table=table, k_descale=kd, v_descale=vd),
             1, {})
+    for cfg in [c.strip() for c in args.configs.split(";") if c.strip()]:
+        for base in [n for n in ("flashattn-fp8", f"flashattn-fp8-page{args.page}") if n in impls]:
+            name = f"{base}[{cfg}]"
+            impls[name] = (impls[base][0], 1, dict(config=cfg))
+            configs[name] = cfg
     qt = q.transpose(1, 2).contiguous()
     kt, vt = kc.transpose(1, 2).contiguous(), vc.transpose(1, 2).contiguous()
     sdpa_fn, sdpa_backend, sdpa_refused = _sdpa(qt, kt, vt)
@@ -232,7 +234,10 @@ def measure_shape(b: int, s: int, args: argparse.Namespace) -> List[dict]:
             nbytes = cache_bytes(b, s, H_K, D, itemsize)
             row.update(rounds_ms=times[key], min_ms=t_min, median_ms=t_med,
                        cache_bytes=nbytes, tbps=nbytes / t_med / 1e9)
-            bf16 = times.get(("flashattn-bf16", mode))
+            # paged FP8 rows against the paged bf16 cache, the rest against the contiguous one
+            paged_row = name.startswith(f"flashattn-fp8-page{args.page}")
+            bf16 = times.get((f"flashattn-bf16-page{args.page}" if paged_row
+                              else "flashattn-bf16", mode))
             if itemsize == 1 and bf16:
                 row["ratio_vs_bf16"] = t_med / summarize(bf16)[1]
                 row["meets_ratio"] = row["ratio_vs_bf16"] <= TARGET_RATIO

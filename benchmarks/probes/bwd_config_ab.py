@@ -1,25 +1,27 @@
-"""Same-run A/B of the Hopper backward's GEMM order: BwdConfig.dq_first (the dQ GEMM issued
-before dK's, dQ staged and its reduce issued while dK runs) against the default order (dV, dK,
-dQ waited for together, then dQ staged). docs/fa4_comparison.md, hypothesis 4.
+"""Same-run A/B of one Hopper backward switch: the BwdConfig fields given by ``--override``
+(e.g. ``dq_first=1``, the dQ GEMM issued before dK's, dQ staged and its reduce issued while dK
+runs; ``stats_early=1``, lse2 / delta read from shared memory under S^T's GEMM) against the
+default config. docs/fa4_comparison.md.
 
 Per point (bf16, ``--tokens`` per call: batch = tokens / s; hidden ``--hidden``: h = hidden / d;
 GQA groups from ``--groups``):
 
-- exactness: dk and dv of both orders should be bitwise equal (the same GEMMs, accumulated in
-  registers in the same order); dq only up to the order of the fp32 reduce-adds into the
-  workspace, which differs between two runs of the default order too (``dq_noise``: default
-  against itself). Both orders against a float64 reference (flashattn.reference.attention_ref)
+- exactness: dk and dv of both variants compared bitwise (for the switches above: the same
+  GEMMs, accumulated in registers in the same order); dq only up to the order of the fp32
+  reduce-adds into the workspace, which differs between two runs of the default config too
+  (``dq_noise``: default against itself). Both variants against a float64 reference (flashattn.reference.attention_ref)
   on a slice (batch 0, the first ``--ref-kv-heads`` KV heads and their query heads: the full
   probability tensor of an 8k call does not fit): flash-attn's rule, the error within 3x
   PyTorch's own bf16 error (plus flashattn.check.atol_for) for gradients.
 - speed: flash_bwd_hopper (row statistics, kernel, dQ conversion) under do_bench, median per
-  round, ``--rounds`` rounds alternating which order goes first; the fastest round per order.
+  round, ``--rounds`` rounds alternating which variant goes first; the fastest round of each.
   TFLOP/s with backward FLOPs = 2.5 x forward (4 b h s^2 d, halved when causal).
 
-One JSON line per point (``ratio`` = dq_first / default TFLOP/s); ``--out`` writes them all.
+One JSON line per point (``ratio`` = variant / default TFLOP/s); ``--out`` writes them all.
 
     export PYTHONPATH=$PWD/src
-    python benchmarks/probes/bwd_dq_order_probe.py --out $OUT/bwd_dq_order.json
+    python benchmarks/probes/bwd_config_ab.py --override dq_first=1 --out $OUT/bwd_dq_order.json
+    python benchmarks/probes/bwd_config_ab.py --override stats_early=1 --d 64 --out $OUT/se.json
 """
 from __future__ import annotations
 
@@ -40,7 +42,6 @@ from flashattn.backends.sm90.fwd import flash_fwd_hopper  # noqa: E402
 from flashattn.check import atol_for  # noqa: E402
 from flashattn.reference import attention_ref  # noqa: E402
 
-ORDERS = {"default": None, "dq_first": {"dq_first": True}}
 GRADS = ("dq", "dk", "dv")
 
 
@@ -78,17 +79,20 @@ def run_point(d: int, causal: bool, s: int, group: int, args) -> Dict[str, Any]:
     dout = torch.randn_like(out)
     bp = {kk: vv for kk, vv in p.items() if kk != "return_softmax"}
 
-    def bwd(order: str):
-        return flash_bwd_hopper(dout, q, k, v, out, lse, deterministic=False,
-                                config_overrides=ORDERS[order], **bp)
+    variants = {"default": None, "variant": args.overrides}
 
-    row: Dict[str, Any] = {"d": d, "causal": causal, "s": s, "b": b, "h": h, "h_k": h_k}
+    def bwd(name: str):
+        return flash_bwd_hopper(dout, q, k, v, out, lse, deterministic=False,
+                                config_overrides=variants[name], **bp)
+
+    row: Dict[str, Any] = {"d": d, "causal": causal, "s": s, "b": b, "h": h, "h_k": h_k,
+                           "overrides": args.overrides}
     # ---- exactness
-    base, again, new = bwd("default"), bwd("default"), bwd("dq_first")
+    base, again, new = bwd("default"), bwd("default"), bwd("variant")
     row["dk_dv_bitwise"] = bool(torch.equal(base[1], new[1]) and torch.equal(base[2], new[2]))
     row["dq_bitwise"] = bool(torch.equal(base[0], new[0]))
     row["dq_diff"] = max_abs(base[0], new[0])
-    row["dq_noise"] = max_abs(base[0], again[0])  # the default order against itself
+    row["dq_noise"] = max_abs(base[0], again[0])  # the default config against itself
     row["dk_dv_diff"] = max(max_abs(base[1], new[1]), max_abs(base[2], new[2]))
     row["nan"] = bool(any(torch.isnan(x).any().item() for x in base + new))
     n_kv = min(args.ref_kv_heads, h_k)
@@ -98,18 +102,18 @@ def run_point(d: int, causal: bool, s: int, group: int, args) -> Dict[str, Any]:
     for name, g64, glp, g0, g1 in zip(GRADS, ref64, ref_lp, _slice_grads(base, group, n_kv),
                                       _slice_grads(new, group, n_kv)):
         err_lp, err0, err1 = max_abs(glp, g64), max_abs(g0, g64), max_abs(g1, g64)
-        row[f"{name}_err"] = {"bf16_ref": err_lp, "default": err0, "dq_first": err1}
+        row[f"{name}_err"] = {"bf16_ref": err_lp, "default": err0, "variant": err1}
         ok = ok and err1 <= 3 * err_lp + atol and err0 <= 3 * err_lp + atol
     row["ok"] = bool(ok)
     del base, again, new, ref64, ref_lp
     torch.cuda.empty_cache()
-    # ---- speed: interleaved rounds, the fastest round per order
-    ms = interleaved_ms({order: (lambda order=order: bwd(order)) for order in ORDERS},
+    # ---- speed: interleaved rounds, the fastest round per variant
+    ms = interleaved_ms({name: (lambda name=name: bwd(name)) for name in variants},
                         args.rounds, args.warmup, args.rep)
-    for order in ORDERS:
-        row[f"{order}_ms_rounds"] = [round(x, 4) for x in ms[order]]
-        row[f"{order}_tflops"] = 2.5 * _tflops(b, h, s, d, causal, min(ms[order]))
-    row["ratio"] = row["dq_first_tflops"] / row["default_tflops"]
+    for name in variants:
+        row[f"{name}_ms_rounds"] = [round(x, 4) for x in ms[name]]
+        row[f"{name}_tflops"] = 2.5 * _tflops(b, h, s, d, causal, min(ms[name]))
+    row["ratio"] = row["variant_tflops"] / row["default_tflops"]
     del q, k, v, out, lse, dout
     torch.cuda.empty_cache()
     return row
@@ -124,15 +128,20 @@ def main(argv=None) -> int:
     ap.add_argument("--ref-kv-heads", type=int, default=1,
                     help="KV heads (batch 0) checked against the float64 reference")
     add_common_arguments(ap)
+    ap.add_argument("--override", action="append", default=[], metavar="FIELD=INT",
+                    help="a BwdConfig field of the variant (repeatable), e.g. dq_first=1")
     args = ap.parse_args(argv)
+    if not args.override:
+        ap.error("--override FIELD=INT: the variant's BwdConfig field(s)")
+    args.overrides = {k.strip(): int(v) for k, v in (o.split("=", 1) for o in args.override)}
     points = [(d, bool(c), s, g) for d in int_list(args.d) for c in int_list(args.causal)
               for s in int_list(args.seqlens) for g in int_list(args.groups)]
     rows = run_points(
         points, lambda d, causal, s, group: run_point(d, causal, s, group, args),
-        f"{'d':>4} {'causal':>6} {'s':>6} {'h/h_k':>6} {'default':>8} {'dq_first':>8} "
+        f"{'d':>4} {'causal':>6} {'s':>6} {'h/h_k':>6} {'default':>8} {'variant':>8} "
         f"{'ratio':>6} {'ok':>3} {'dk/dv==':>7} {'dq diff':>8} {'dq noise':>8}",
         lambda r: (f"{r['d']:>4} {int(r['causal']):>6} {r['s']:>6} {r['h']:>3}/{r['h_k']:<2} "
-                   f"{r['default_tflops']:>8.1f} {r['dq_first_tflops']:>8.1f} "
+                   f"{r['default_tflops']:>8.1f} {r['variant_tflops']:>8.1f} "
                    f"{r['ratio']:>6.3f} {int(r['ok']):>3} {int(r['dk_dv_bitwise']):>7} "
                    f"{r['dq_diff']:>8.1e} {r['dq_noise']:>8.1e}"),
         args.out)

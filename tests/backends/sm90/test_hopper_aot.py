@@ -85,6 +85,11 @@ VARIANTS = (
     + [(d, "bfloat16", c, (-1, -1), 0.0, {"max_chains": 4}) for d in (64, 128, 256)
        for c in (False, True)]
     + [(128, "float8_e4m3fn", True, (-1, -1), 0.0, {"max_chains": 4})]
+    # the P·V wait kept after the softmax by a predicate on its result (FwdConfig.late_pv_wait;
+    # Triton 3.6: the same registers and spill bytes as the default, all 66 exp2 of a
+    # 128-key block before the wait instead of none)
+    + [(d, "bfloat16", c, (-1, -1), 0.0, {"late_pv_wait": True}) for d in (64, 128, 256)
+       for c in (False, True)]
 )
 
 
@@ -134,6 +139,9 @@ BWD_VARIANTS = (
        for d in (64, 128) for c in (False, True)]
     + [("bwd", 128, "bfloat16", True, (-1, -1), 0.0, {"dq_first": True, "deterministic": True}),
        ("bwd", 128, "bfloat16", True, (-1, -1), 0.0, {"dq_first": True, "varlen": True})]
+    # lse2 / delta read under S^T's GEMM (BwdConfig.stats_early; Triton 3.6: d = 64 without
+    # spills, d = 128 spills 152-176 bytes, so d = 64 only)
+    + [("bwd", 64, "bfloat16", c, (-1, -1), 0.0, {"stats_early": True}) for c in (False, True)]
 )
 
 
@@ -179,6 +187,10 @@ SPILL_ALLOWANCE = {"fwd_d192_bfloat16_causal": 8, "fwd_d256_bfloat16_causal": 8,
                    # (FwdConfig.max_chains = 4: the single chain's allowances)
                    "fwd_d64_bfloat16_max_chains4": 8,
                    "fwd_d256_bfloat16_causal_max_chains4": 8,
+                   # (FwdConfig.late_pv_wait: d = 64 24 bytes, 16 more than the default order;
+                   # measured 0.91-0.99x of it, not adopted, 2026-11-28)
+                   "fwd_d64_bfloat16_late_pv_wait1": 24,
+                   "fwd_d256_bfloat16_causal_late_pv_wait1": 8,
                    # packed sequences (2026-11-25): the dense variants' allowances, FP8
                    # d = 256 causal 24 bytes more (the per-tile sequence geometry), FP8 d = 64
                    # / 128 causal 8 (GPU-measured at 0.97-0.98x the dense bf16 call's speed

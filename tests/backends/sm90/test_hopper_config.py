@@ -276,6 +276,65 @@ def test_one_wave_calls_keep_the_static_stride():
     assert _bwd._static_stride(bcfg).persistent
 
 
+def test_backward_stats_early_is_off_and_refused_where_it_has_no_meaning():
+    """BwdConfig.stats_early (lse2 / delta read under S^T's GEMM) is off in every shipped
+    config and reaches the kernel as the STATS_EARLY constexpr; with PIPELINE (S^T / dP^T
+    issued a block ahead) or on bwd_wide_kernel the launch is refused, naming the field."""
+    import torch
+
+    from flashattn.backends.sm90.bwd import dq_workspace, launch_args
+    from flashattn.backends.sm90.config import BWD_CONFIGS, bwd_config
+    from tools import aot_sm90 as aot
+
+    for d in BWD_CONFIGS:
+        for masked in (False, True):
+            for det in ((False, True) if d in (64, 128) else (False,)):
+                assert not bwd_config(d, masked=masked, deterministic=det).stats_early
+    q = torch.empty((1, 256, 2, 64), dtype=torch.bfloat16)
+    lse = torch.empty((1, 2, 256), dtype=torch.float32)
+    for flag in (False, True):
+        cfg = bwd_config(64, masked=True, stats_early=flag)
+        _, constexprs, _, _ = launch_args(q, q, q, q, lse, lse, dq_workspace(q, 256), q, q,
+                                          cfg, softmax_scale=0.125, window_left=-1,
+                                          window_right=0, softcap=0.0)
+        assert constexprs["STATS_EARLY"] is flag
+    with pytest.raises(ValueError, match="stats_early"):
+        aot.compile_bwd_variant(64, torch.bfloat16, causal=True,
+                                overrides={"stats_early": True, "pipeline": True})
+    with pytest.raises(ValueError, match="stats_early"):
+        aot.compile_bwd_variant(256, torch.bfloat16, overrides={"stats_early": True})
+
+
+def test_forward_late_pv_wait_is_off_and_reaches_the_kernel():
+    """FwdConfig.late_pv_wait (the P·V wait kept after the softmax) is off in every shipped
+    config, reaches the kernel as the LATE_PV_WAIT constexpr, and without the intra-warpgroup
+    overlap (no P·V in flight during the softmax) it is refused, naming the field."""
+    import torch
+
+    from flashattn.backends.sm90.config import (FP8_CONFIGS, FWD_CONFIGS, SOFTCAP_CONFIGS,
+                                                fp8_fwd_config, fwd_config)
+    from flashattn.backends.sm90.fwd import launch_args
+
+    for table in (FWD_CONFIGS, SOFTCAP_CONFIGS, FP8_CONFIGS):
+        for cfg in table.values():
+            assert not cfg.late_pv_wait
+    for d in FWD_CONFIGS:
+        for softcap in (False, True):
+            assert not fwd_config(d, softcap).late_pv_wait
+    for d in FP8_CONFIGS:
+        for masked in (False, True):
+            assert not fp8_fwd_config(d, masked=masked).late_pv_wait
+    q = torch.empty((1, 256, 2, 128), dtype=torch.bfloat16)
+    lse = torch.empty((1, 2, 256), dtype=torch.float32)
+    for flag in (False, True):
+        _, constexprs, _, _ = launch_args(q, q, q, q, lse, fwd_config(128, late_pv_wait=flag),
+                                          softmax_scale=0.125, window_left=-1, window_right=0,
+                                          softcap=0.0, num_sms=132)
+        assert constexprs["LATE_PV_WAIT"] is flag
+    with pytest.raises(ValueError, match="late_pv_wait"):
+        fwd_config(128, late_pv_wait=True, intra_overlap=False)
+
+
 def test_forward_max_chains_is_off_and_reaches_the_kernel():
     """FwdConfig.max_chains (the row max as independent FMNMX chains per thread) is 1 in every
     shipped config, bf16 / fp16 and FP8, reaches the kernel as the MAX_CHAINS constexpr, and a

@@ -218,8 +218,9 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
         if why is not None:
             raise ValueError(f"BwdConfig: deterministic=True with {why}")
     if wide:
-        if cfg.dq_first:
-            raise ValueError("bwd_wide_kernel has one GEMM order (dq_first=False)")
+        if cfg.dq_first or cfg.stats_early:
+            raise ValueError("bwd_wide_kernel has one GEMM order and one place for the row "
+                             "statistics (dq_first=False, stats_early=False)")
         if cfg.persistent:
             raise ValueError("bwd_wide_kernel has no persistent schedule (persistent=False)")
         if not (cfg.dq_tma and cfg.dq_async):
@@ -229,14 +230,14 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     else:
         if cfg.persistent and cfg.pipeline:
             raise ValueError("BwdConfig: persistent=True needs pipeline=False")
-        if cfg.dq_first and cfg.pipeline:
-            raise ValueError("BwdConfig: dq_first=True needs pipeline=False")
+        if (cfg.dq_first or cfg.stats_early) and cfg.pipeline:
+            raise ValueError("BwdConfig: dq_first=True and stats_early=True need pipeline=False")
         constexprs.update(DQ_TMA=cfg.dq_tma, PIPELINE=cfg.pipeline,
                           DQ_ASYNC=cfg.dq_tma and cfg.dq_async, PERSISTENT=cfg.persistent,
                           DYNAMIC=cfg.dynamic,
                           DETERMINISTIC=cfg.det_order if cfg.deterministic else 0,
                           DQ_RELEASE_LATE=cfg.det_release_late, VARLEN=cu_seqlens is not None,
-                          DQ_FIRST=cfg.dq_first)
+                          DQ_FIRST=cfg.dq_first, STATS_EARLY=cfg.stats_early)
     # (bwd_wide_kernel's pipeline guards an empty tile; bwd_kernel's issues its first block
     # unconditionally)
     if cu_seqlens is not None and (cfg.persistent or cfg.deterministic

@@ -72,6 +72,10 @@ class FwdConfig:
     # the shuffles, as FlashAttention-4's sm90 softmax does. The max is exact either way.
     # An experiment (docs/fa4_comparison.md, hypothesis 6): 1 in every shipped config.
     max_chains: int = 1
+    # intra_overlap only: the wait for block j-1's P·V made to depend on block j's softmax
+    # result (fwd_kernel._wait_pv_after), so that ptxas keeps it after the softmax instead of
+    # hoisting it to the top of the block: the exp2 then run under the warpgroup's own P·V.
+    late_pv_wait: bool = False
     # Masked calls (causal / a right window bound): tiles aligned to the end of the query
     # sequence, in whole warpgroup pieces (fwd_kernel BOTTOM_ALIGN), so the partial tile of a
     # seqlen_q that BLOCK_M does not divide is the first one, which sees the fewest keys,
@@ -244,11 +248,15 @@ def fwd_config(head_dim: int, softcap: bool = False, head_dim_v: Optional[int] =
 
 def _check_max_chains(cfg: FwdConfig, overrides) -> None:
     """max_chains splits the 8-column groups a thread holds of each score row (block_n / 8 of
-    them, softmax.row_max) into equal runs, one per chain: a power of two dividing them."""
+    them, softmax.row_max) into equal runs, one per chain: a power of two dividing them.
+    (Also the check of late_pv_wait, the other softmax-loop switch: it moves the wait of the
+    intra-warpgroup overlap, which must be on.)"""
     chains, groups = cfg.max_chains, cfg.block_n // 8
     if chains < 1 or chains & (chains - 1) or groups % chains:
         raise ValueError(f"FwdConfig {overrides}: max_chains must be a power of two dividing "
                          f"block_n // 8 = {groups}")
+    if cfg.late_pv_wait and not cfg.intra_overlap:
+        raise ValueError(f"FwdConfig {overrides}: late_pv_wait=True needs intra_overlap=True")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -309,6 +317,11 @@ class BwdConfig:
     # workspace may change (as between any two runs). Off until measured
     # (docs/fa4_comparison.md, hypothesis 4).
     dq_first: bool = False
+    # d <= 128 (bwd_kernel.py), pipeline=False: per query block, read lse2 / delta from shared
+    # memory right after issuing S^T / dP^T, so their latency runs under S^T's GEMM, instead of
+    # just before each is used (where ncu showed the consumers stalled on those loads).
+    # Exact: the same values, read earlier.
+    stats_early: bool = False
 
     def smem_bytes(self, head_dim: int, elem: int = 2) -> int:
         head_dim = _box_width(head_dim)

@@ -413,6 +413,17 @@ def _rowsum_issue(p_in, ones_view, l_zero, P_L_LAYOUT: gl.constexpr):
 
 
 @gluon.jit
+def _wait_pv_after(alpha):
+    """``alpha`` unchanged, after a ``wgmma.wait_group 0`` predicated on alpha's own bits (a
+    predicate that is always true: no rescale factor is the all-ones NaN pattern). The
+    predicate makes the wait depend on the softmax's result, so ptxas cannot hoist it above
+    the softmax: the warpgroup's exp2 run while its own P·V is still on the tensor core."""
+    return gl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.b32 p, $1, -1; @p wgmma.wait_group.sync.aligned 0; "
+        "mov.b32 $0, $1; }", "=r,r", [alpha], dtype=gl.float32, is_pure=False, pack=1)
+
+
+@gluon.jit
 def _release(empty_bar, THREAD_RELEASE: gl.constexpr):
     """A consumer warpgroup is done reading a K or V slot: arrive on its *empty* barrier.
 
@@ -504,7 +515,8 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
               SEPARATE_O: gl.constexpr, DYNAMIC: gl.constexpr, NO_WS: gl.constexpr,
               THREAD_RELEASE: gl.constexpr, ROWSUM_MMA: gl.constexpr,
               BOTTOM_ALIGN: gl.constexpr, varlen, VARLEN: gl.constexpr,
-              USED: gl.constexpr = False, MAX_CHAINS: gl.constexpr = 1):
+              USED: gl.constexpr = False, MAX_CHAINS: gl.constexpr = 1,
+              LATE_PV_WAIT: gl.constexpr = False):
     """One consumer warpgroup: rows [WG * HALF_M, (WG + 1) * HALF_M) of every tile
     (HALF_M = BLOCK_M // CONSUMERS: the name is from the two-consumer layout).
 
@@ -707,6 +719,8 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
                                                         not ROWSUM_MMA, MAX_CHAINS)
                     alpha_l = alpha
                 if INTRA_OVERLAP:
+                    if LATE_PV_WAIT:
+                        alpha = _wait_pv_after(alpha)
                     if ROWSUM_MMA:
                         acc, l_blk = warpgroup_mma_wait(0, deps=(acc_tok, l_tok))
                     else:
@@ -942,7 +956,8 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
                     NO_WS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
                     CONSUMERS: gl.constexpr = 2, THREAD_RELEASE: gl.constexpr = False,
                     ROWSUM_MMA: gl.constexpr = False, BOTTOM_ALIGN: gl.constexpr = False,
-                    VARLEN: gl.constexpr = False, MAX_CHAINS: gl.constexpr = 1):
+                    VARLEN: gl.constexpr = False, MAX_CHAINS: gl.constexpr = 1,
+                    LATE_PV_WAIT: gl.constexpr = False):
     """Persistent warp-specialised attention forward (see module docstring).
 
     Descriptors are rank 4 over (batch, seq, head, dim) with boxes [1, rows, 1, dim_pad] (dim_pad
@@ -1039,22 +1054,26 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
             (_consumer, (0, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
-                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED, MAX_CHAINS)),
+                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED, MAX_CHAINS,
+                         LATE_PV_WAIT)),
             (_consumer, (1, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
-                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED, MAX_CHAINS)),
+                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED, MAX_CHAINS,
+                         LATE_PV_WAIT)),
         ], [4], [CONSUMER_REGS])
     elif CONSUMERS == 2:
         gl.warp_specialize([
             (_consumer, (0, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
-                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED, MAX_CHAINS)),
+                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED, MAX_CHAINS,
+                         LATE_PV_WAIT)),
             (_consumer, (1, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
-                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED, MAX_CHAINS)),
+                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED, MAX_CHAINS,
+                         LATE_PV_WAIT)),
             (_producer, (descs, smem, bars, problem, window, tile_counter, BLOCK_M, HAS_LEFT,
                          HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG, INTRA_OVERLAP,
                          SEPARATE_O, DYNAMIC, BOTTOM_ALIGN, varlen, VARLEN, seqused_ptr)),
@@ -1064,15 +1083,18 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
             (_consumer, (0, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
-                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED, MAX_CHAINS)),
+                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED, MAX_CHAINS,
+                         LATE_PV_WAIT)),
             (_consumer, (1, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
-                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED, MAX_CHAINS)),
+                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED, MAX_CHAINS,
+                         LATE_PV_WAIT)),
             (_consumer, (2, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
-                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED, MAX_CHAINS)),
+                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED, MAX_CHAINS,
+                         LATE_PV_WAIT)),
             (_producer, (descs, smem, bars, problem, window, tile_counter, BLOCK_M, HAS_LEFT,
                          HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG, INTRA_OVERLAP,
                          SEPARATE_O, DYNAMIC, BOTTOM_ALIGN, varlen, VARLEN, seqused_ptr)),

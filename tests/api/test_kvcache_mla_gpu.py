@@ -81,3 +81,45 @@ def test_cuda_graph_mla_decode_step(fp8: bool) -> None:
         low, low_lse = mla_reference(before, c, k_after, v_after, upcast=False)
         assert_close_rule(out, ref, low, name=f"out, replay {i}")
         assert_close_rule(lse, ref_lse, low_lse.float(), atol=1e-4, name=f"lse, replay {i}")
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_repeated_qv_calls_replay_the_recorded_decode(fp8: bool, monkeypatch) -> None:
+    """MLA decode steps of one signature at DeepSeek's sizes (FA3's API, pages of 64): calls 2
+    and 3, with fresh q / qv and new lengths, replay the recorded decode launches (the eager
+    fast path), give the full path's bits, and match the oracle."""
+    from flashattn.api import fastpath
+    from flashattn.runtime.launch import LaunchPlan
+
+    replays = []
+    replay = LaunchPlan.replay
+    monkeypatch.setattr(LaunchPlan, "replay",
+                        lambda self, values: replays.append(1) or replay(self, values))
+    c = replace(DEEPSEEK, fp8=fp8, s_new=0, s_cache=4096)
+    x = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in mla_inputs(c).items()}
+    kw = dict(cache_seqlens=x["cache_seqlens"], page_table=x["block_table"],
+              k_descale=x.get("k_descale"), v_descale=x.get("v_descale"),
+              return_softmax_lse=True)
+    fastpath.KVCACHE.clear()
+    try:
+        for i in range(3):
+            x["cache_seqlens"].copy_(torch.randint(1, 4096, (c.b,), dtype=torch.int32))
+            for n in ("q", "qv"):
+                x[n].copy_(torch.randn_like(x[n]))
+            before = {n: t.cpu() if isinstance(t, torch.Tensor) else t for n, t in x.items()}
+            out, lse = fa3.flash_attn_with_kvcache(x["q"], x["k_cache"], x["v_cache"],
+                                                   qv=x["qv"], **kw)
+            assert len(fastpath.KVCACHE._entries) == 1, f"call {i}: one signature"
+            if i > 0:
+                assert replays, f"call {i} did not replay the recorded launch"
+                fastpath.KVCACHE.clear()  # the full path, for its bits
+                full, full_lse = fa3.flash_attn_with_kvcache(x["q"], x["k_cache"], x["v_cache"],
+                                                             qv=x["qv"], **kw)
+                assert torch.equal(out, full) and torch.equal(lse, full_lse), f"call {i}"
+            k_after, v_after = _expected_caches(before, c)
+            ref, ref_lse = mla_reference(before, c, k_after, v_after, upcast=True)
+            low, low_lse = mla_reference(before, c, k_after, v_after, upcast=False)
+            assert_close_rule(out, ref, low, name=f"out, call {i}")
+            assert_close_rule(lse, ref_lse, low_lse.float(), atol=1e-4, name=f"lse, call {i}")
+    finally:
+        fastpath.KVCACHE.clear()

@@ -29,6 +29,19 @@ def add_common_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
 
 
+def add_override_argument(ap: argparse.ArgumentParser, config: str, example: str) -> None:
+    """``--override FIELD=INT`` (repeatable): the config fields of the variant side."""
+    ap.add_argument("--override", action="append", default=[], metavar="FIELD=INT",
+                    help=f"a {config} field of the variant (repeatable), e.g. {example}")
+
+
+def parse_overrides(ap: argparse.ArgumentParser, args: argparse.Namespace) -> Dict[str, int]:
+    """``args.override`` as a dict, FIELD -> int; at least one is required."""
+    if not args.override:
+        ap.error("--override FIELD=INT: the variant's config field(s)")
+    return {k.strip(): int(v) for k, v in (o.split("=", 1) for o in args.override)}
+
+
 def max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).abs().max())
 

@@ -33,8 +33,8 @@ from typing import Any, Dict, Tuple
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ab_rounds import (add_common_arguments, int_list, interleaved_ms, max_abs,  # noqa: E402
-                       run_points)
+from ab_rounds import (add_common_arguments, add_override_argument, int_list,  # noqa: E402
+                       interleaved_ms, max_abs, parse_overrides, run_points)
 from hopper_probe import _params, _tflops  # noqa: E402
 
 from flashattn.backends.sm90.bwd import flash_bwd_hopper  # noqa: E402
@@ -128,12 +128,9 @@ def main(argv=None) -> int:
     ap.add_argument("--ref-kv-heads", type=int, default=1,
                     help="KV heads (batch 0) checked against the float64 reference")
     add_common_arguments(ap)
-    ap.add_argument("--override", action="append", default=[], metavar="FIELD=INT",
-                    help="a BwdConfig field of the variant (repeatable), e.g. dq_first=1")
+    add_override_argument(ap, "BwdConfig", "dq_first=1")
     args = ap.parse_args(argv)
-    if not args.override:
-        ap.error("--override FIELD=INT: the variant's BwdConfig field(s)")
-    args.overrides = {k.strip(): int(v) for k, v in (o.split("=", 1) for o in args.override)}
+    args.overrides = parse_overrides(ap, args)
     points = [(d, bool(c), s, g) for d in int_list(args.d) for c in int_list(args.causal)
               for s in int_list(args.seqlens) for g in int_list(args.groups)]
     rows = run_points(

@@ -49,6 +49,18 @@ def make_call(impl: str, mode: str, d: int, s: int, causal: bool):
     return backward
 
 
+def profile_last(call, calls: int) -> None:
+    """Run ``call`` ``calls`` times; only the last runs between cudaProfilerStart / Stop (the
+    range ``ncu --profile-from-start off`` captures): the ones before compile and warm."""
+    for i in range(calls):
+        if i == calls - 1:
+            torch.cuda.synchronize()
+            torch.cuda.profiler.start()
+        call()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--impl", default="ours", choices=["ours", "fa4", "cudnn"])
@@ -66,13 +78,7 @@ def main() -> int:
         ms = do_bench(call, warmup=25, rep=100, return_mode="median")
         print(f"{args.impl} {args.mode} d={args.d} s={args.s} causal={args.causal}: {ms:.4f} ms")
         return 0
-    for i in range(args.calls):
-        if i == args.calls - 1:
-            torch.cuda.synchronize()
-            torch.cuda.profiler.start()
-        call()
-    torch.cuda.synchronize()
-    torch.cuda.profiler.stop()
+    profile_last(call, args.calls)
     return 0
 
 

@@ -21,6 +21,9 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "src"))
 sys.path.insert(0, HERE)
 
 
+from fa4_profile import profile_last  # noqa: E402
+
+
 def make_call(impl: str, d: int, s: int, causal: bool):
     b, h = 1, 2048 // d
     torch.manual_seed(0)
@@ -57,13 +60,7 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=3)
     args = ap.parse_args()
     call = make_call(args.impl, args.d, args.s, args.causal)
-    for i in range(args.calls):
-        if i == args.calls - 1:
-            torch.cuda.synchronize()
-            torch.cuda.profiler.start()
-        call()
-    torch.cuda.synchronize()
-    torch.cuda.profiler.stop()
+    profile_last(call, args.calls)
     return 0
 
 

@@ -33,8 +33,8 @@ from typing import Any, Dict
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ab_rounds import (add_common_arguments, int_list, interleaved_ms, max_abs,  # noqa: E402
-                       run_points)
+from ab_rounds import (add_common_arguments, add_override_argument, int_list,  # noqa: E402
+                       interleaved_ms, max_abs, parse_overrides, run_points)
 from hopper_probe import _params, _tflops  # noqa: E402
 
 from flashattn.backends.sm90.fwd import flash_fwd_hopper  # noqa: E402
@@ -104,17 +104,14 @@ def main(argv=None) -> int:
     ap.add_argument("--d", default="64,128,256")
     ap.add_argument("--causal", default="0,1")
     ap.add_argument("--seqlens", default="2048,8192,16384")
-    ap.add_argument("--override", action="append", default=[], metavar="FIELD=INT",
-                    help="a FwdConfig field of the variant (repeatable), e.g. max_chains=4")
+    add_override_argument(ap, "FwdConfig", "max_chains=4")
     ap.add_argument("--no-bitwise", dest="bitwise", action="store_false",
                     help="the switch changes arithmetic: do not require equal bits")
     ap.add_argument("--ref-heads", type=int, default=1,
                     help="heads (batch 0) checked against the float64 reference")
     add_common_arguments(ap)
     args = ap.parse_args(argv)
-    if not args.override:
-        ap.error("--override FIELD=INT: the variant's FwdConfig field(s)")
-    args.overrides = {k.strip(): int(v) for k, v in (o.split("=", 1) for o in args.override)}
+    args.overrides = parse_overrides(ap, args)
     points = [(d, bool(c), s) for d in int_list(args.d) for c in int_list(args.causal)
               for s in int_list(args.seqlens)]
     rows = run_points(

@@ -253,26 +253,10 @@ def _decode_kernel(
         + off_h.to(tl.int64) * stride_qh
     q = tl.load(Q + q_row[:, None] + offs_d[None, :],
                 mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
-    if Q_FP8:  # (every e4m3 value is a bf16 and an fp16 value: exact; a rotated q arrives in
-        q = q.to(tl.bfloat16)  # bf16 already)
+    if Q_FP8:  # (every e4m3 value is a bf16 value: exact; a rotated q arrives in bf16 already)
+        q = q.to(tl.bfloat16)
     if UPCAST:
         q = q.to(tl.float32)
-    # FP8 cache, 16-bit math, no qv: Q K^T in fp16, so that K is widened by one cvt per two
-    # values in the loaded layout (_e4m3_to_f16, as V is) instead of e4m3 -> bf16 casts built
-    # byte by byte in the dot's operand layout. A bf16 q becomes fp16 exactly after a scaling by
-    # a power of two that puts the tile's largest |q| in [2^14, 2^15) (bf16's 8-bit significand
-    # fits fp16's 11; only elements below 2^-24 of that maximum round, into fp16 subnormals);
-    # the inverse power of two joins the score scale.
-    K_F16: tl.constexpr = KV_FP8 and not UPCAST and not HAS_QV and q.dtype != tl.float32
-    if K_F16:
-        if q.dtype == tl.bfloat16:
-            amax = tl.max(tl.max(tl.abs(q.to(tl.float32)), 1), 0)
-            biased = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
-            # 2^(14 - floor(log2 amax)), within 2^-126 .. 2^64 (an all-zero tile takes 2^64)
-            q_scale = (tl.minimum(tl.maximum(268 - biased, 1), 191) << 23).to(tl.float32,
-                                                                              bitcast=True)
-            q = (q.to(tl.float32) * q_scale).to(tl.float16)
-            sm_scale = sm_scale / q_scale
     qv = None
     if HAS_QV:  # the latent query: read once, scored against every V tile
         qv_row = off_b.to(tl.int64) * stride_qvb + (q_start + offs_i) * stride_qvm \
@@ -343,9 +327,7 @@ def _decode_kernel(
         else:
             k = tl.load(k_base + k_rows[None, :] + offs_d[:, None],
                         mask=n_ok[None, :] & (offs_d[:, None] < HEAD_DIM), other=0.0)
-        if K_F16:  # (fp16 q: one cvt per two values, in the loaded layout)
-            k = _e4m3_to_f16(k, ASM_CVT)
-        elif KV_FP8:  # widened to the math's dtype (fp32 when upcast, qv's dtype with qv)
+        if KV_FP8:  # widened to the math's dtype (q's: bf16 for an FP8 q, fp32 when upcast)
             k = k.to(q.dtype)
         if UPCAST:
             k = k.to(tl.float32)

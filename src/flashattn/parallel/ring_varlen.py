@@ -12,8 +12,11 @@ kernel call per step covers every document:
   chunk lies after both query chunks);
 - src > rank: the *late* query chunk of each document against all its keys.
 
-The half-chunks are gathered into packed tensors (rows of O(n d), against the O(n^2 d) of the
-attention). Without a causal mask every step is one full varlen call.
+The early key chunks are never gathered: a document's early chunk is the first half of its
+local rows, so the calls take the block as it is with ``seqused_k`` = the half lengths (the
+kernels read only those keys, and give dK / dV = 0 past them). The late query chunks are
+gathered into packed tensors (rows of O(n d), against the O(n^2 d) of the attention). Without
+a causal mask every step is one full varlen call.
 """
 from __future__ import annotations
 
@@ -44,6 +47,7 @@ class VarlenLayout(NamedTuple):
     max_half: int
     early: Tensor         # (total_local / 2,) int64 local rows of the early chunks
     late: Tensor          # (total_local / 2,) int64 local rows of the late chunks
+    used_half: Tensor     # (n_docs,) int32: seqused_k selecting each document's early chunk
 
 
 @functools.lru_cache(maxsize=64)
@@ -65,7 +69,7 @@ def _layout(bounds: Tuple[int, ...], world: int, device: torch.device) -> Varlen
                              ).to(device))
     i32 = (lambda xs: torch.tensor(xs, dtype=torch.int32, device=device))
     return VarlenLayout(i32(starts), max(local, default=0), i32(cu_half),
-                        max(halves, default=0), as_device(early), as_device(late))
+                        max(halves, default=0), as_device(early), as_device(late), i32(halves))
 
 
 class _Options(NamedTuple):
@@ -75,17 +79,18 @@ class _Options(NamedTuple):
     deterministic: bool
 
 
-def _fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, opt: _Options):
-    out, lse, _ = _ops.varlen_fwd(q, k, v, cu_q, cu_k, None, None, None, None, max_q, max_k,
+def _fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, opt: _Options, used_k=None):
+    out, lse, _ = _ops.varlen_fwd(q, k, v, cu_q, cu_k, used_k, None, None, None, max_q, max_k,
                                   opt.softmax_scale, causal, -1, 0 if causal else -1,
                                   opt.softcap, 0.0, opt.deterministic, False)
     return out, lse
 
 
-def _bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, opt: _Options):
-    return _ops.varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, None, None, None, max_q, max_k,
-                           opt.softmax_scale, causal, -1, 0 if causal else -1, opt.softcap,
-                           0.0, opt.deterministic)
+def _bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, opt: _Options,
+         used_k=None):
+    return _ops.varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, used_k, None, None, max_q,
+                           max_k, opt.softmax_scale, causal, -1, 0 if causal else -1,
+                           opt.softcap, 0.0, opt.deterministic)
 
 
 def _case(step: int, ring: Ring, causal: bool) -> str:
@@ -110,9 +115,9 @@ def varlen_forward(q: Tensor, k: Tensor, v: Tensor, lay: VarlenLayout, opt: _Opt
         if case == "late_queries":
             o_b, lse_b = _fwd(q[lay.late], k_blk, v_blk, lay.cu_half, lay.cu_local,
                               lay.max_half, lay.max_local, False, opt)
-        elif case == "early_keys":
-            o_b, lse_b = _fwd(q, k_blk[lay.early], v_blk[lay.early], lay.cu_local, lay.cu_half,
-                              lay.max_local, lay.max_half, False, opt)
+        elif case == "early_keys":  # (each document's first local half: seqused_k)
+            o_b, lse_b = _fwd(q, k_blk, v_blk, lay.cu_local, lay.cu_local, lay.max_local,
+                              lay.max_local, False, opt, lay.used_half)
         else:
             o_b, lse_b = _fwd(q, k_blk, v_blk, lay.cu_local, lay.cu_local, lay.max_local,
                               lay.max_local, case == "diagonal", opt)
@@ -138,49 +143,46 @@ def varlen_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
                     ) -> Tuple[Tensor, Tensor, Tensor]:
     dq = RowSum(q.shape, q.device, dim=0)
 
-    def grads(rows: Optional[Tensor], keys: Optional[Tensor], k_blk: Tensor, v_blk: Tensor,
+    def grads(rows: Optional[Tensor], early_keys: bool, k_blk: Tensor, v_blk: Tensor,
               causal: bool) -> Callable:
-        """The gradients of the local query rows ``rows`` against the key rows ``keys`` of the
-        block in hand (None: every row; else ``lay.early`` / ``lay.late``, one chunk of every
-        document), and their ``add`` into dQ and the block's accumulators."""
-        pick = (lambda x, idx, dim=0: x if idx is None else x.index_select(dim, idx))
+        """The gradients of the local query rows ``rows`` (None: every row; else ``lay.early``
+        / ``lay.late``, one chunk of every document, gathered) against the keys of the block in
+        hand (``early_keys``: each document's early chunk, by ``seqused_k``, so dK / dV come
+        back block-shaped with zeros past it), and their ``add`` into dQ and the block's
+        accumulators."""
+        pick = (lambda x: x if rows is None else x.index_select(0, rows))
         cu_q, max_q = ((lay.cu_local, lay.max_local) if rows is None
                        else (lay.cu_half, lay.max_half))
-        cu_k, max_k = ((lay.cu_local, lay.max_local) if keys is None
-                       else (lay.cu_half, lay.max_half))
-        dq_b, dk_b, dv_b = _bwd(pick(dout, rows), pick(q, rows), pick(k_blk, keys),
-                                pick(v_blk, keys), pick(out, rows),
+        dq_b, dk_b, dv_b = _bwd(pick(dout), pick(q), k_blk, v_blk, pick(out),
                                 lse if rows is None else lse[:, rows].contiguous(),
-                                cu_q, cu_k, max_q, max_k, causal, opt)
+                                cu_q, lay.cu_local, max_q, lay.max_local, causal, opt,
+                                lay.used_half if early_keys else None)
 
         def add(dk_acc: RowSum, dv_acc: RowSum) -> None:
             if rows is None:
                 dq.add(0, dq_b)
             else:
                 dq.index_add(rows, dq_b)
-            for acc, d_b in ((dk_acc, dk_b), (dv_acc, dv_b)):
-                if keys is None:
-                    acc.add(0, d_b)
-                else:
-                    acc.index_add(keys, d_b)
+            dk_acc.add(0, dk_b)
+            dv_acc.add(0, dv_b)
         return add
 
     def compute(step: int, k_blk: Tensor, v_blk: Tensor) -> Callable:
         case = _case(step, ring, opt.causal)
         if case == "late_queries":
-            return grads(lay.late, None, k_blk, v_blk, False)
+            return grads(lay.late, False, k_blk, v_blk, False)
         if case == "early_keys":
-            return grads(None, lay.early, k_blk, v_blk, False)
-        return grads(None, None, k_blk, v_blk, False)
+            return grads(None, True, k_blk, v_blk, False)
+        return grads(None, False, k_blk, v_blk, False)
 
     # the local block in two parts (see run_backward): the early query chunks against the
     # early key chunks (causal) or all keys, then the late query chunks against all keys (the
     # causal mask, bottom-right aligned per document, keeps the late chunk's own diagonal)
     def own_first(k_own: Tensor, v_own: Tensor) -> Callable:
-        return grads(lay.early, lay.early if opt.causal else None, k_own, v_own, opt.causal)
+        return grads(lay.early, opt.causal, k_own, v_own, opt.causal)
 
     def own_last(k_own: Tensor, v_own: Tensor) -> Callable:
-        return grads(lay.late, None, k_own, v_own, opt.causal)
+        return grads(lay.late, False, k_own, v_own, opt.causal)
 
     dk, dv = run_backward(k, v, ring.world, ring, compute, own_first, own_last, row_dim=0)
     return dq.tensor().to(q.dtype), dk, dv

@@ -47,6 +47,10 @@ Scheduling knobs (constexpr, for the ablation table in benchmarks/NOTES.md):
                    chain over all of the thread's BLOCK_N / 4 columns, whose whole latency the
                    block's first exp2 waits for. Exact (bitwise the same max). 1 by default
                    (config.py).
+    LATE_PV_WAIT   with the intra-warpgroup overlap: the wait for block j-1's P·V made to
+                   depend on block j's softmax result (_wait_pv_after), so that ptxas keeps it
+                   after the exp2 instead of hoisting it above the row max. Bitwise the same;
+                   measured 0.91-1.01x (H200, 2026-11-28), off (config.py).
     BOTTOM_ALIGN   masked calls: query tiles are shifted up by whole warpgroup pieces
                    (_row_shift) so that the last ends within HALF_M rows of seqlen_q: when
                    BLOCK_M does not divide seqlen_q the partial tile is the first, which sees

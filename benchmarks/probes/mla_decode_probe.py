@@ -10,7 +10,9 @@ or past the H100's ridge point, so the FLOP rate is the one to watch.
 Launch-config variants: ``--configs "32,8,2,0;16,8,2,0"`` (FLASHATTN_DECODE_CONFIG:
 BLOCK_N, warps, stages, TMA) times ``--block-m 64,32`` (the packed query tile; patched into
 the decode wrapper for this probe only). Each variant's output is checked against a float32
-torch computation once.
+torch computation once. ``--families hopper,portable``: the default routing (the Hopper MLA
+decode kernel where it covers the call) and ``use_backend("portable")`` (the portable decode
+kernel), points interleaved; the launch-config variants apply to the portable kernel only.
 
     python benchmarks/probes/mla_decode_probe.py --out $OUT/mla.json
 """
@@ -26,6 +28,7 @@ import triton
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 
+import flashattn  # noqa: E402
 from flashattn import fa3  # noqa: E402
 from flashattn.runtime.env import override  # noqa: E402
 from flashattn.backends.triton import decode as _decode  # noqa: E402
@@ -81,6 +84,7 @@ def main() -> int:
     ap.add_argument("--configs", default="")
     ap.add_argument("--block-m", default="64")
     ap.add_argument("--fp8", default="0,1")
+    ap.add_argument("--families", default="hopper,portable")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     rows = []
@@ -92,22 +96,26 @@ def main() -> int:
             elem = 1 if fp8 else 2
             nbytes = b * s_k * H_K * (D + D_V) * elem
             flops = 2 * b * H * s_k * (D + 2 * D_V)
-            for cfg in [""] + [c for c in args.configs.split(";") if c.strip()]:
-                for bm in (int(t) for t in args.block_m.split(",")):
-                    _decode.block_m_for = lambda rows, d_v=0, bm=bm: max(16, min(
-                        bm, triton.next_power_of_2(max(1, rows))))
-                    _decode._launch_plan.cache_clear()
-                    with override(decode_config=cfg):
-                        fn = lambda: fa3.flash_attn_with_kvcache(**x)  # noqa: E731
-                        err = _check(fn(), x)
-                        ms = triton.testing.do_bench(_graphed(fn), warmup=25, rep=100,
-                                                     return_mode="median")
-                    row = dict(b=b, s_k=s_k, fp8=fp8, config=cfg or "default", block_m=bm,
-                               ms=round(ms, 4), tbps=round(nbytes / ms / 1e9, 3),
-                               tflops=round(flops / ms / 1e9, 1),
-                               max_err=round(err, 5))
-                    print(json.dumps(row), flush=True)
-                    rows.append(row)
+            variants = [("hopper", "", 64)] if "hopper" in args.families else []
+            if "portable" in args.families:
+                variants += [("portable", cfg, bm)
+                             for cfg in [""] + [c for c in args.configs.split(";") if c.strip()]
+                             for bm in (int(t) for t in args.block_m.split(","))]
+            for family, cfg, bm in variants:
+                _decode.block_m_for = lambda rows, d_v=0, bm=bm: max(16, min(
+                    bm, triton.next_power_of_2(max(1, rows))))
+                _decode._launch_plan.cache_clear()
+                backend = "auto" if family == "hopper" else "portable"
+                with override(decode_config=cfg), flashattn.use_backend(backend):
+                    fn = lambda: fa3.flash_attn_with_kvcache(**x)  # noqa: E731
+                    err = _check(fn(), x)
+                    ms = triton.testing.do_bench(_graphed(fn), warmup=25, rep=100,
+                                                 return_mode="median")
+                row = dict(b=b, s_k=s_k, fp8=fp8, family=family, config=cfg or "default",
+                           block_m=bm, ms=round(ms, 4), tbps=round(nbytes / ms / 1e9, 3),
+                           tflops=round(flops / ms / 1e9, 1), max_err=round(err, 5))
+                print(json.dumps(row), flush=True)
+                rows.append(row)
     _decode.block_m_for = default_block_m
     if args.out:
         meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,

@@ -28,7 +28,7 @@ wgmma key order); dispatch passes them only to the backend it chose for that rea
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Protocol, Tuple, runtime_checkable
+from typing import Any, Callable, Dict, Optional, Protocol, Tuple, runtime_checkable
 
 import torch
 
@@ -143,7 +143,8 @@ class _Optional(Protocol):
                      num_splits: int, capacity: int, cu_seqlens_q: Optional[Tensor] = None,
                      max_seqlen_q: int = 0, k_descale: Optional[Tensor] = None,
                      v_descale: Optional[Tensor] = None,
-                     q_descale: Optional[Tensor] = None, qv: Optional[Tensor] = None) -> Any: ...
+                     q_descale: Optional[Tensor] = None, qv: Optional[Tensor] = None,
+                     partials: Optional[Callable[..., None]] = None) -> Any: ...
 
     def fp8_quantize_call(self, signs: Optional[Tensor], block_m: int, block_n: int,
                           v_wgmma: bool = True) -> Any: ...
@@ -168,6 +169,17 @@ class _Optional(Protocol):
 
     def fp8_vt_call(self) -> Any: ...
 
+    # hopper: multi-head latent attention's decode partials (the portable DecodeCall owns the
+    # outputs and the combine pass)
+    def latent_unsupported(self, q: Tensor, k_cache: Tensor, v_cache: Tensor,
+                           qv: Optional[Tensor], block_table: Optional[Tensor], *,
+                           p: AttnParams, leftpad: Optional[Tensor],
+                           batch_idx: Optional[Tensor], k_descale: Optional[Tensor] = None,
+                           q_descale: Optional[Tensor] = None,
+                           varlen: bool = False) -> Optional[str]: ...
+
+    def latent_partials(self, p: AttnParams, capacity: int) -> Callable[..., None]: ...
+
 
 # optional function -> why it is optional (which backends have it)
 OPTIONAL: Dict[str, str] = {
@@ -181,6 +193,8 @@ OPTIONAL: Dict[str, str] = {
     "fp8_varlen_call": "hopper: the packed FP8 forward's passes recorded per signature",
     "fp8_fwd_call": "hopper: the FP8 forward recorded per signature (FP8 workspaces)",
     "fp8_vt_call": "hopper: the V^T pass into wgmma key order, recorded",
+    "latent_unsupported": "hopper: which KV-cache calls with qv its MLA decode kernel covers",
+    "latent_partials": "hopper: the MLA decode kernel, as the split partials of a DecodeCall",
 }
 
 # each backend name (select's answers): its interface module, imported on first use, and the

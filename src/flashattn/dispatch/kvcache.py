@@ -8,6 +8,7 @@ import torch
 
 from flashattn import metadata
 from flashattn.dispatch import dense as _dense
+from flashattn.dispatch import latent as _latent
 from flashattn.dispatch import select as _select
 from flashattn.params import AttnParams
 
@@ -76,6 +77,9 @@ def kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         q_rot = impl.append_kv(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
                                rotary_interleaved, seqlens, cache_batch_idx, block_table,
                                rotary_q_step, **rot)
+    if qv is not None and impl is _select.backend("portable"):
+        latent.update(_latent.latent_kernel(q_rot, k_cache, v_cache, qv, block_table, params,
+                                            cache_leftpad, cache_batch_idx, capacity, fp8))
     return impl.kvcache_attention(q_rot, k_cache, v_cache, seqlens, s_new, p=params,
                                   leftpad=cache_leftpad, batch_idx=cache_batch_idx,
                                   block_table=block_table, num_splits=num_splits,

@@ -10,6 +10,7 @@ import torch
 from flashattn import metadata
 from flashattn.dispatch import dense as _dense
 from flashattn.dispatch import kvcache as _kvcache
+from flashattn.dispatch import latent as _latent
 from flashattn.dispatch import select as _select
 from flashattn.params import AttnParams
 from flashattn.runtime import env
@@ -88,11 +89,14 @@ def kvcache_runner(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
                                    rotary_interleaved, seqlens, cache_batch_idx, block_table,
                                    rotary_q_step, **append_fp8)
         if not calls:
+            hopper = _latent.latent_kernel(q_rot, k_cache, v_cache, qv, block_table,
+                                           row_params, cache_leftpad, cache_batch_idx,
+                                           capacity, fp8)
             calls.append(impl.kvcache_call(q_rot, k_cache, v_cache, seqlens, s_new,
                                            p=row_params, leftpad=cache_leftpad,
                                            batch_idx=cache_batch_idx, block_table=block_table,
                                            num_splits=num_splits, capacity=capacity, qv=qv,
-                                           **fp8))
+                                           **fp8, **hopper))
         return calls[0](q_rot, k_cache, v_cache, seqlens, cache_leftpad, cache_batch_idx,
                         block_table, row_params.alibi_slopes, need_lse=need_lse, qv=qv, **fp8)
     return run
@@ -109,10 +113,15 @@ def kvcache_planned(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     ``dispatch.kvcache.fp8_descales`` gives them to the full call, and the latent query
     ``qv`` (b, s_q, h, d_v) of a plan with one."""
     params = _dense.one_row_right_edge(params, q.shape[1])
-    return _select.backend(_select.backend_for(q)).kvcache_attention(
+    name = _select.backend_for(q)
+    hopper = {}
+    if name == "portable":
+        hopper = _latent.latent_kernel(q, k_cache, v_cache, extra.get("qv"), block_table,
+                                       params, None, None, capacity, extra)
+    return _select.backend(name).kvcache_attention(
         q, k_cache, v_cache, seqlens, 0, p=params, leftpad=None, batch_idx=None,
         block_table=block_table, num_splits=num_splits, capacity=capacity, buffers=buffers,
-        **extra)
+        **extra, **hopper)
 
 
 def decode_splits(batch: int, seqlen_q: int, max_seqlen_k: int, nheads: int, nheads_k: int,

@@ -4,7 +4,7 @@ fp16, and FP8) and backward (16-bit), for the calls
 Every other op runs on the portable backend."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -13,6 +13,7 @@ from flashattn.params import AttnParams, Fp8Scales
 # replaces a kernel module's entry point is then the one that runs
 from flashattn.backends.sm90 import bwd as _bwd
 from flashattn.backends.sm90 import fwd as _fwd
+from flashattn.backends.sm90 import latent as _latent
 from flashattn.backends.sm90 import v_layout as _v_layout
 
 Tensor = torch.Tensor
@@ -127,5 +128,29 @@ def fp8_vt_call() -> "_v_layout.VtCall":
     return _v_layout.VtCall()
 
 
+def latent_unsupported(q: Tensor, k_cache: Tensor, v_cache: Tensor, qv: Optional[Tensor],
+                       block_table: Optional[Tensor], *, p: AttnParams,
+                       leftpad: Optional[Tensor], batch_idx: Optional[Tensor],
+                       k_descale: Optional[Tensor] = None, q_descale: Optional[Tensor] = None,
+                       varlen: bool = False) -> Optional[str]:
+    """Why the MLA decode kernel (latent_kernel.py) does not cover this KV-cache call with
+    ``qv`` (None: it does)."""
+    return _latent.latent_unsupported(q, k_cache, v_cache, qv, block_table,
+                                      window_left=p.window_left, window_right=p.window_right,
+                                      softcap=p.softcap, alibi_slopes=p.alibi_slopes,
+                                      leftpad=leftpad, batch_idx=batch_idx,
+                                      attention_chunk=p.attention_chunk, k_descale=k_descale,
+                                      q_descale=q_descale, varlen=varlen)
+
+
+def latent_partials(p: AttnParams, capacity: int) -> Callable[..., None]:
+    """The MLA decode kernel for calls with these params over caches of ``capacity`` keys,
+    as the portable DecodeCall's split partials: ``partials(q, qv, k_cache, v_cache, seqlens,
+    seqlen_k_add, block_table, out_k, lse_k, num_splits)`` writes every split's output and
+    LSE (:func:`flashattn.backends.sm90.latent.latent_decode`)."""
+    return _latent.Partials(p.softmax_scale, p.window_right == 0, capacity)
+
+
 __all__ = ["bwd", "fp8_fwd", "fp8_fwd_call", "fp8_varlen_call", "fp8_varlen_fwd", "fp8_vt_call", "fwd",
-           "varlen_bwd", "varlen_bwd_call", "varlen_fwd", "varlen_fwd_call"]
+           "latent_partials", "latent_unsupported", "varlen_bwd", "varlen_bwd_call", "varlen_fwd",
+           "varlen_fwd_call"]

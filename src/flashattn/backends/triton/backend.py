@@ -6,7 +6,7 @@ under ``TRITON_INTERPRET=1``.
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 
@@ -147,7 +147,8 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens: Tens
                       capacity: int, buffers: Optional[dict] = None,
                       cu_seqlens_q: Optional[Tensor] = None, max_seqlen_q: int = 0,
                       k_descale: Optional[Tensor] = None, v_descale: Optional[Tensor] = None,
-                      q_descale: Optional[Tensor] = None, qv: Optional[Tensor] = None
+                      q_descale: Optional[Tensor] = None, qv: Optional[Tensor] = None,
+                      partials: Optional[Callable[..., None]] = None
                       ) -> Tuple[Tensor, Tensor]:
     """Split-KV attention of q against the cache (keys already appended): (out, lse).
     ``buffers``: a decode plan's outputs / workspaces, reused between calls. With
@@ -155,7 +156,9 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens: Tens
     (h, total_q). ``k_descale`` / ``v_descale`` (b, h_k) float32: float8_e4m3fn caches, read
     as FP8 and dequantized in the kernel; ``q_descale`` (b, h_k) float32 with a float8_e4m3fn
     (or its rotated bf16) q: out is then bfloat16. ``qv`` (q's shape with d_v):
-    FlashAttention-3's latent query, its ``qv . v`` added to the scores in the kernel."""
+    FlashAttention-3's latent query, its ``qv . v`` added to the scores in the kernel.
+    ``partials``: another family's kernel for the split partials (dispatch's choice: the Hopper
+    MLA decode kernel), run instead of the decode kernel."""
     return _decode.decode_attention(q, k_cache, v_cache, seqlens, s_new, num_splits=num_splits,
                                     cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
                                     max_seqlen_k=capacity, softmax_scale=p.softmax_scale,
@@ -164,7 +167,8 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens: Tens
                                     leftpad=leftpad, batch_idx=batch_idx,
                                     block_table=block_table, buffers=buffers,
                                     attention_chunk=p.attention_chunk, k_descale=k_descale,
-                                    v_descale=v_descale, q_descale=q_descale, qv=qv)
+                                    v_descale=v_descale, q_descale=q_descale, qv=qv,
+                                    partials=partials)
 
 
 def kvcache_call(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens: Tensor, s_new: int, *,
@@ -172,8 +176,8 @@ def kvcache_call(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens: Tensor, s
                  block_table: Optional[Tensor], num_splits: int, capacity: int,
                  cu_seqlens_q: Optional[Tensor] = None, max_seqlen_q: int = 0,
                  k_descale: Optional[Tensor] = None, v_descale: Optional[Tensor] = None,
-                 q_descale: Optional[Tensor] = None,
-                 qv: Optional[Tensor] = None) -> "_decode.DecodeCall":
+                 q_descale: Optional[Tensor] = None, qv: Optional[Tensor] = None,
+                 partials: Optional[Callable[..., None]] = None) -> "_decode.DecodeCall":
     """:func:`kvcache_attention`'s decisions for tensors like these, made once: a
     ``DecodeCall``, called as ``call(q, k_cache, v_cache, seqlens, leftpad, batch_idx,
     block_table, p.alibi_slopes)`` (and ``cu_seqlens_q`` for packed q (total_q, h, d), whose
@@ -188,7 +192,8 @@ def kvcache_call(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens: Tensor, s
                               batch_idx=batch_idx, block_table=block_table,
                               cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
                               attention_chunk=p.attention_chunk, k_descale=k_descale,
-                              v_descale=v_descale, q_descale=q_descale, qv=qv)
+                              v_descale=v_descale, q_descale=q_descale, qv=qv,
+                              partials=partials)
 
 
 def decode_splits(batch: int, seqlen_q: int, max_seqlen_k: int, nheads: int, nheads_k: int,

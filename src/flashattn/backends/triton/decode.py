@@ -65,7 +65,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 import triton
@@ -547,6 +547,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      v_descale: Optional[torch.Tensor] = None,
                      qv: Optional[torch.Tensor] = None,
                      q_descale: Optional[torch.Tensor] = None,
+                     partials: Optional[Callable[..., None]] = None,
                      ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Attention of q against a KV cache (Triton). Inputs are validated and normalised.
 
@@ -566,9 +567,12 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     loaded for the PV product.
     q_descale: float32 (b, h_k), given exactly when q is float8_e4m3fn (or its rotated bf16
     copy) over an FP8 cache: the math runs in bf16 and out is bf16.
-    buffers: None, or a dict the caller keeps between calls of one shape (a decode plan): the
+    buffers: None, or a dict the caller keys between calls of one shape (a decode plan): the
     outputs and split workspaces are allocated into it on the first call and reused after
     (dense queries only; the returned out / lse are those buffers).
+    partials: None, or another kernel family's launcher of the split partials for this call
+    (the Hopper MLA decode kernel, chosen by dispatch): it runs instead of the decode kernel
+    (:class:`DecodeCall`).
 
     Returns out like q (dtype of q; bf16 with q_descale) and lse float32 (b, h, s_q)
     (packed: (h, total_q)).
@@ -590,7 +594,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                           cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
                           attention_chunk=attention_chunk, plans=buffers,
                           k_descale=k_descale, v_descale=v_descale, qv=qv,
-                          q_descale=q_descale)
+                          q_descale=q_descale, partials=partials)
         if planned:
             buffers[sig] = call
     return call(q, k_cache, v_cache, seqlens_k, leftpad, batch_idx, block_table, alibi_slopes,
@@ -634,7 +638,8 @@ class DecodeCall:
                  k_descale: Optional[torch.Tensor] = None,
                  v_descale: Optional[torch.Tensor] = None,
                  qv: Optional[torch.Tensor] = None,
-                 q_descale: Optional[torch.Tensor] = None) -> None:
+                 q_descale: Optional[torch.Tensor] = None,
+                 partials: Optional[Callable[..., None]] = None) -> None:
         varlen = cu_seqlens_q is not None
         if varlen:
             _, h, d = q.shape
@@ -673,6 +678,9 @@ class DecodeCall:
                         and block_dv <= _TMA_MAX_BOX)
         self.varlen, self.num_splits, self.device, self.dtype = (varlen, num_splits, device,
                                                                  math_dtype)
+        # another family's kernel for the split partials (the Hopper MLA decode kernel), given
+        # this call's tensors and the partial outputs; the combine pass stays this one's
+        self.partials, self.seqlen_k_add = partials, int(seqlen_k_add)
         self.grid = (batch * nheads_k * m_blocks, 1, num_splits)
         # outputs: out (q's shape with d_v), lse (b, h, s_q) or packed (h, total_q); with
         # splits the float32 partials (splits, *out) and (splits, *lse4), lse4 = lse as 4-D
@@ -799,6 +807,10 @@ class DecodeCall:
             if replayed is not None:
                 return replayed
         out, lse, lse4, out_k, lse_k, _ = self._outputs(buffers, q)
+        if self.partials is not None:  # (never recorded: self._decode stays None)
+            self.partials(q, qv, k_cache, v_cache, seqlens_k, self.seqlen_k_add, block_table,
+                          out_k, lse_k, self.num_splits)
+            return self._combine_splits(out, lse, lse4, out_k, lse_k)
         if self.use_tma:
             config.install_allocator()
         tensors = _slots(q.unsqueeze(0) if self.varlen else q, k_cache, v_cache, out_k, lse_k,
@@ -806,15 +818,19 @@ class DecodeCall:
                          lse, k_descale, v_descale,
                          None if qv is None else (qv.unsqueeze(0) if self.varlen else qv),
                          q_descale)
-        decode_plans, combine_plans = self.plans
+        decode_plans = self.plans[0]
         self._decode = decode_plans.launch(
             self.key, tensors,
             lambda: (_decode_kernel, self.grid, tensors + self.scalars, self.kwargs))
+        return self._combine_splits(out, lse, lse4, out_k, lse_k)
+
+    def _combine_splits(self, out, lse, lse4, out_k, lse_k):
+        """With splits, the combine pass of the partials into out / lse (recorded); the
+        call's (out, lse)."""
         if self.num_splits > 1:
             parts = (out_k, lse_k, out, lse4)
             key = tuple((t.shape, t.stride(), t.dtype) for t in parts)
-            self._combine = combine_plans.launch(key, parts,
-                                                 lambda: combine_launch(*parts))
+            self._combine = self.plans[1].launch(key, parts, lambda: combine_launch(*parts))
         return (out[0] if self.varlen else out), lse
 
     def _replay(self, q, k_cache, v_cache, seqlens_k, leftpad, batch_idx, block_table,

@@ -1,0 +1,163 @@
+"""Host side of the Hopper MLA decode (latent_kernel.py): what it covers, TMA descriptors,
+launch.
+
+The kernel computes the split-KV partials of a KV-cache call with FlashAttention-3's ``qv``
+(multi-head latent attention): the caller (the portable backend's DecodeCall, which owns the
+outputs, the split workspace and the combine pass) hands it the tensors of one call.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+
+from flashattn.backends.sm90.descriptors import LOG2E, _GL_DTYPE, nvmma_layout
+from flashattn.backends.sm90.support import DTYPES, device_unavailable, tma_ok
+from flashattn.runtime.launch import launch_jit
+
+ROPE_DIM = 64
+LATENT_DIM = 512
+BLOCK_M = 64
+BLOCK_N = 64
+HALF_V = 256
+NUM_STAGES = 2  # two 72 KiB key blocks: with q / qv (72 KiB) the shared memory is full
+CONSUMER_REGS = 240
+PRODUCER_REGS = 24
+MAXNREG = 168
+
+
+def latent_unsupported(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                       qv: Optional[torch.Tensor], block_table: Optional[torch.Tensor], *,
+                       window_left: int, window_right: int, softcap: float,
+                       alibi_slopes: Optional[torch.Tensor], leftpad: Optional[torch.Tensor],
+                       batch_idx: Optional[torch.Tensor], attention_chunk: int = 0,
+                       k_descale: Optional[torch.Tensor] = None,
+                       q_descale: Optional[torch.Tensor] = None,
+                       varlen: bool = False) -> Optional[str]:
+    """Why the Hopper MLA decode kernel does not cover this KV-cache call (None: it does).
+
+    Covered: a dense q (b, s_q, h, 64) and ``qv`` (b, s_q, h, 512) of the caches' 16-bit
+    dtype over one KV head, rotary cache (.., 1, 64) and latent cache (.., 1, 512), contiguous
+    or paged with pages of a multiple of 64 keys, no mask but causal (bottom-right aligned),
+    TMA-addressable tensors, on an sm90 device."""
+    if qv is None:
+        return "no qv"
+    if varlen:
+        return "packed (varlen) queries"
+    reason = device_unavailable(q.device)
+    if reason is not None:
+        return reason
+    if q.dtype not in DTYPES or any(t.dtype != q.dtype for t in (qv, k_cache, v_cache)):
+        return f"dtypes {q.dtype} / {qv.dtype} / {k_cache.dtype} / {v_cache.dtype} (16-bit, one)"
+    if k_descale is not None or q_descale is not None:
+        return "FP8 caches"
+    if q.dim() != 4 or q.shape[3] != ROPE_DIM or qv.shape[3] != LATENT_DIM:
+        return f"head dims {q.shape[-1]} / {qv.shape[-1]} (64 / 512)"
+    if k_cache.shape[2] != 1 or k_cache.shape[3] != ROPE_DIM or v_cache.shape[3] != LATENT_DIM:
+        return "caches other than one KV head of 64 / 512"
+    if window_left >= 0 or window_right > 0 or softcap > 0.0 or alibi_slopes is not None:
+        return "window, softcap or alibi"
+    if attention_chunk > 0 or leftpad is not None or batch_idx is not None:
+        return "attention_chunk, cache_leftpad or cache_batch_idx"
+    if block_table is not None and k_cache.shape[1] % BLOCK_N:
+        return f"page size {k_cache.shape[1]} (a multiple of {BLOCK_N})"
+    if q.shape[1] * q.shape[2] >= 2**31 or q.shape[0] > 65535:
+        return "too many query rows or sequences"
+    # q and qv as (b, s_q * h, d): their (s_q, h) dimensions must merge
+    for t in (q, qv):
+        if t.stride(1) != t.shape[2] * t.stride(2) and t.shape[1] > 1:
+            return "q / qv strides that do not merge (s_q, h)"
+    if not all(tma_ok(t) for t in (q, qv, k_cache, v_cache)):
+        return "strides or base not 16-byte aligned (TMA)"
+    return None
+
+
+def _desc(t: torch.Tensor, box_rows: int, box_cols: int) -> Any:
+    """Rank-3 TMA descriptor over ``t`` (n, rows, cols) with a [1, box_rows, box_cols] box."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    block = [1, box_rows, box_cols]
+    layout = nvmma_layout(tuple(block), _GL_DTYPE[t.dtype])
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
+
+
+def _rows3(t: torch.Tensor) -> torch.Tensor:
+    """(n, a, b, d) with (a, b) mergeable -> (n, a * b, d), as a strided view."""
+    n, a, b, d = t.shape
+    return t.as_strided((n, a * b, d), (t.stride(0), t.stride(2), t.stride(3)))
+
+
+def launch_args(q: torch.Tensor, qv: torch.Tensor, k_cache: torch.Tensor,
+                v_cache: torch.Tensor, seqlens: torch.Tensor, seqlen_k_add: int,
+                block_table: Optional[torch.Tensor], out: torch.Tensor, lse: torch.Tensor,
+                o_strides: Tuple[int, int, int, int], l_strides: Tuple[int, int, int, int],
+                num_splits: int, softmax_scale: float, causal: bool, cache_cap: int
+                ) -> Tuple[list, Dict[str, Any], Tuple[int, int, int]]:
+    """(positional args, constexprs and options, grid) of latent_decode_kernel. Shared by the
+    launch and the ahead-of-time compile (tools/aot_sm90.py)."""
+    batch, s_q, h, _ = q.shape
+    paged = block_table is not None
+    kc = k_cache[:, :, 0]  # (pages or cache rows, rows, d): one KV head
+    vc = v_cache[:, :, 0]
+    args = [
+        _desc(_rows3(q), BLOCK_M, ROPE_DIM), _desc(_rows3(qv), BLOCK_M, HALF_V),
+        _desc(kc, BLOCK_N, ROPE_DIM), _desc(vc, BLOCK_N, HALF_V),
+        out, lse, seqlens, block_table if paged else seqlens,
+        block_table.stride(0) if paged else 0, int(seqlen_k_add), int(cache_cap),
+        k_cache.shape[0], block_table.shape[1] if paged else 1,
+        s_q, h, s_q * h, float(softmax_scale * LOG2E),
+        *o_strides, *l_strides,
+    ]
+    constexprs = dict(PAGE_SIZE=k_cache.shape[1] if paged else 1, PAGED=paged,
+                      CAUSAL=bool(causal) and s_q > 1, NUM_STAGES=NUM_STAGES,
+                      CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS,
+                      num_warps=4, maxnreg=MAXNREG)
+    grid = (math.ceil(s_q * h / BLOCK_M), batch, num_splits)
+    return args, constexprs, grid
+
+
+def latent_decode(q: torch.Tensor, qv: torch.Tensor, k_cache: torch.Tensor,
+                  v_cache: torch.Tensor, seqlens: torch.Tensor, seqlen_k_add: int,
+                  block_table: Optional[torch.Tensor], out: torch.Tensor, lse: torch.Tensor,
+                  o_strides: Tuple[int, int, int, int], l_strides: Tuple[int, int, int, int],
+                  num_splits: int, *, softmax_scale: float, causal: bool,
+                  cache_cap: int) -> None:
+    """Launch the MLA decode kernel for one call (a call :func:`latent_unsupported` covers).
+
+    q (b, s_q, h, 64), qv (b, s_q, h, 512); k_cache (n, rows, 1, 64) and v_cache (n, rows, 1,
+    512), paged with ``block_table`` (b, pages) int32, or contiguous; seqlens int32 (b,): keys
+    before the ``seqlen_k_add`` appended this call. Writes split s's output rows of sequence
+    b, position i, head into ``out`` at s * o_strides[0] + b * o_strides[1] + i * o_strides[2]
+    + head * o_strides[3] (fp32 partials, or with one split the output in q's dtype) and the
+    natural-log LSE into ``lse`` by ``l_strides`` (split, b, head, i)."""
+    from flashattn.backends.sm90.latent_kernel import latent_decode_kernel
+
+    args, constexprs, grid = launch_args(q, qv, k_cache, v_cache, seqlens, seqlen_k_add,
+                                         block_table, out, lse, o_strides, l_strides,
+                                         num_splits, softmax_scale, causal, cache_cap)
+    launch_jit(latent_decode_kernel, grid, args, constexprs)
+
+
+class Partials:
+    """:func:`latent_decode` with a call's scalars bound (softmax scale, causal, the caches'
+    capacity), called by the portable DecodeCall with each call's tensors and its split
+    outputs: ``out_k`` (splits, b, s_q, h, 512) float32 and ``lse_k`` (splits, b, h, s_q), or
+    with one split the output (b, s_q, h, 512) and LSE (b, h, s_q) themselves."""
+
+    def __init__(self, softmax_scale: float, causal: bool, capacity: int) -> None:
+        self.softmax_scale, self.causal, self.capacity = softmax_scale, causal, capacity
+
+    def __call__(self, q: torch.Tensor, qv: torch.Tensor, k_cache: torch.Tensor,
+                 v_cache: torch.Tensor, seqlens: torch.Tensor, seqlen_k_add: int,
+                 block_table: Optional[torch.Tensor], out_k: torch.Tensor,
+                 lse_k: torch.Tensor, num_splits: int) -> None:
+        o_strides = out_k.stride()[:4] if out_k.dim() == 5 else (0,) + out_k.stride()[:3]
+        l_strides = lse_k.stride() if lse_k.dim() == 4 else (0,) + lse_k.stride()
+        latent_decode(q, qv, k_cache, v_cache, seqlens, seqlen_k_add, block_table, out_k,
+                      lse_k, o_strides, l_strides, num_splits,
+                      softmax_scale=self.softmax_scale, causal=self.causal,
+                      cache_cap=self.capacity)
+
+
+__all__ = ["Partials", "latent_decode", "latent_unsupported", "launch_args"]

@@ -1,0 +1,37 @@
+"""Which kernel computes the attention of a KV-cache call with FlashAttention-3's ``qv``
+(multi-head latent attention): the Hopper MLA decode kernel where it covers the call, given
+to the portable backend's decode call as its split partials (that call keeps the outputs, the
+split workspace and the combine pass); otherwise the portable decode kernel."""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+import torch
+
+from flashattn.dispatch import select as _select
+from flashattn.params import AttnParams
+
+
+def latent_kernel(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  qv: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
+                  params: AttnParams, leftpad: Optional[torch.Tensor],
+                  batch_idx: Optional[torch.Tensor], capacity: int, fp8: Dict[str, Any],
+                  varlen: bool = False) -> Dict[str, Any]:
+    """The portable KV-cache functions' ``partials`` keyword for this call: ``{}`` (the
+    portable decode kernel computes it) or ``{"partials": launcher}`` when the device starts
+    from the Hopper family (``FLASHATTN_BACKEND`` auto or hopper, sm90) and its MLA decode
+    kernel covers the call (``backends.sm90.latent.latent_unsupported``). ``params``: the
+    call's, after ``dense.one_row_right_edge``; ``fp8``: the descales as
+    ``kvcache.fp8_descales`` gives them."""
+    if qv is None or _select.family_for(q) != "hopper":
+        return {}
+    hopper = _select.backend("hopper")
+    if hopper.latent_unsupported(q, k_cache, v_cache, qv, block_table, p=params,
+                                 leftpad=leftpad, batch_idx=batch_idx,
+                                 k_descale=fp8.get("k_descale"),
+                                 q_descale=fp8.get("q_descale"), varlen=varlen) is not None:
+        return {}
+    return {"partials": hopper.latent_partials(params, capacity)}
+
+
+__all__ = ["latent_kernel"]

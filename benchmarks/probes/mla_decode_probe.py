@@ -32,7 +32,6 @@ import flashattn  # noqa: E402
 from flashattn import fa3  # noqa: E402
 from flashattn.runtime.env import override  # noqa: E402
 from flashattn.backends.triton import decode as _decode  # noqa: E402
-from flashattn.backends.sm90 import latent as _latent  # noqa: E402
 
 H, H_K, D, D_V, PAGE = 128, 1, 64, 512, 64
 
@@ -86,13 +85,10 @@ def main() -> int:
     ap.add_argument("--block-m", default="64")
     ap.add_argument("--fp8", default="0,1")
     ap.add_argument("--families", default="hopper,portable")
-    ap.add_argument("--prefetch", default="",
-                    help="Hopper kernel's L2 prefetch distances to A/B (latent.PREFETCH), e.g. 0,2,4")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     rows = []
     default_block_m = _decode.block_m_for
-    default_prefetch = _latent.PREFETCH
     for point in args.points.split(","):
         b, s_k = (int(t) for t in point.split("x"))
         for fp8 in (bool(int(f)) for f in args.fp8.split(",")):
@@ -100,16 +96,12 @@ def main() -> int:
             elem = 1 if fp8 else 2
             nbytes = b * s_k * H_K * (D + D_V) * elem
             flops = 2 * b * H * s_k * (D + 2 * D_V)
-            distances = [int(t) for t in args.prefetch.split(",") if t.strip()] or [None]
-            variants = ([("hopper", "", 64, pf) for pf in distances]
-                        if "hopper" in args.families else [])
+            variants = [("hopper", "", 64)] if "hopper" in args.families else []
             if "portable" in args.families:
-                variants += [("portable", cfg, bm, None)
+                variants += [("portable", cfg, bm)
                              for cfg in [""] + [c for c in args.configs.split(";") if c.strip()]
                              for bm in (int(t) for t in args.block_m.split(","))]
-            for family, cfg, bm, pf in variants:
-                if pf is not None:
-                    _latent.PREFETCH = pf
+            for family, cfg, bm in variants:
                 _decode.block_m_for = lambda rows, d_v=0, bm=bm: max(16, min(
                     bm, triton.next_power_of_2(max(1, rows))))
                 _decode._launch_plan.cache_clear()
@@ -119,14 +111,12 @@ def main() -> int:
                     err = _check(fn(), x)
                     ms = triton.testing.do_bench(_graphed(fn), warmup=25, rep=100,
                                                  return_mode="median")
-                row = dict(b=b, s_k=s_k, fp8=fp8, family=family, prefetch=_latent.PREFETCH,
-                           config=cfg or "default",
+                row = dict(b=b, s_k=s_k, fp8=fp8, family=family, config=cfg or "default",
                            block_m=bm, ms=round(ms, 4), tbps=round(nbytes / ms / 1e9, 3),
                            tflops=round(flops / ms / 1e9, 1), max_err=round(err, 5))
                 print(json.dumps(row), flush=True)
                 rows.append(row)
     _decode.block_m_for = default_block_m
-    _latent.PREFETCH = default_prefetch
     if args.out:
         meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
                     triton=triton.__version__)

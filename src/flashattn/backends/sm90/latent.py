@@ -25,9 +25,6 @@ NUM_STAGES = 2  # two 72 KiB key blocks: with q / qv (72 KiB) the shared memory 
 CONSUMER_REGS = 240
 PRODUCER_REGS = 24
 MAXNREG = 168
-# L2 prefetch distance in key blocks past the ring's two (the kernel's PREFETCH; 0: none).
-# Module-level so that probes can A/B it (benchmarks/probes/mla_decode_probe.py --prefetch).
-PREFETCH = 2
 
 
 def latent_unsupported(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -111,12 +108,10 @@ def launch_args(q: torch.Tensor, qv: torch.Tensor, k_cache: torch.Tensor,
         k_cache.shape[0], block_table.shape[1] if paged else 1,
         s_q, h, s_q * h, float(softmax_scale * LOG2E),
         *o_strides, *l_strides,
-        kc, vc, kc.stride(0), kc.stride(1), vc.stride(0), vc.stride(1), k_cache.shape[1],
     ]
     constexprs = dict(PAGE_SIZE=k_cache.shape[1] if paged else 1, PAGED=paged,
                       CAUSAL=bool(causal) and s_q > 1, NUM_STAGES=NUM_STAGES,
                       CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS,
-                      PREFETCH=PREFETCH,
                       num_warps=4, maxnreg=MAXNREG)
     grid = (math.ceil(s_q * h / BLOCK_M), batch, num_splits)
     return args, constexprs, grid

@@ -85,10 +85,8 @@ def _split(seqlens_ptr, seqlen_k_add, cache_cap):
 @gluon.jit
 def _producer(q_desc, qv_desc, k_desc, v_desc, q_smem, qv_smem, k_smem, v_smem, q_ready,
               kv_ready, kv_empty, seqlens_ptr, block_table_ptr, stride_btb, seqlen_k_add,
-              cache_cap, n_cache, n_pages_row, k_ptr, v_ptr, cache_strides, slab_rows,
-              PAGE_SIZE: gl.constexpr, PAGED: gl.constexpr, PREFETCH: gl.constexpr):
-    """Every TMA load of the CTA, in the order the consumers use them; with PREFETCH > 0 the
-    L2 prefetch of the block PREFETCH blocks past the ring's depth as each block is loaded."""
+              cache_cap, n_cache, n_pages_row, PAGE_SIZE: gl.constexpr, PAGED: gl.constexpr):
+    """Every TMA load of the CTA, in the order the consumers use them."""
     NUM_STAGES: gl.constexpr = k_smem.shape[0]
     b, pid_s, first, n_blk, seqlen, k_end = _split(seqlens_ptr, seqlen_k_add, cache_cap)
     m_first = gl.program_id(0) * BLOCK_M
@@ -97,74 +95,24 @@ def _producer(q_desc, qv_desc, k_desc, v_desc, q_smem, qv_smem, k_smem, v_smem, 
     tma_load(qv_desc, [b, m_first, 0], q_ready, qv_smem.index(0))
     tma_load(qv_desc, [b, m_first, HALF_V], q_ready, qv_smem.index(1))
     kv_bytes: gl.constexpr = k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes
-    if PREFETCH > 0:  # the first blocks past the ring's depth
-        for j in range(NUM_STAGES, gl.minimum(n_blk, NUM_STAGES + PREFETCH)):
-            p0, p1 = _block_rows(block_table_ptr, b, stride_btb, (first + j) * BLOCK_N,
-                                 n_cache, n_pages_row, PAGE_SIZE, PAGED)
-            _prefetch_rows(k_ptr, v_ptr, p0, p1, cache_strides, slab_rows)
     for j in range(n_blk):
         stage = j % NUM_STAGES
         phase = (j // NUM_STAGES) & 1
         pos = (first + j) * BLOCK_N
-        row0, row1 = _block_rows(block_table_ptr, b, stride_btb, pos, n_cache, n_pages_row,
-                                 PAGE_SIZE, PAGED)
-        if PREFETCH > 0:
-            ahead = j + NUM_STAGES + PREFETCH
-            if ahead < n_blk:
-                p0, p1 = _block_rows(block_table_ptr, b, stride_btb, (first + ahead) * BLOCK_N,
-                                     n_cache, n_pages_row, PAGE_SIZE, PAGED)
-                _prefetch_rows(k_ptr, v_ptr, p0, p1, cache_strides, slab_rows)
+        if PAGED:  # (the page number is clamped: a bad table entry reads a wrong page, no OOB)
+            idx = gl.minimum(pos // PAGE_SIZE, n_pages_row - 1)
+            page = gl.load(block_table_ptr + b.to(gl.int64) * stride_btb + idx)
+            row0 = gl.minimum(gl.maximum(page, 0), n_cache - 1)
+            row1 = pos % PAGE_SIZE
+        else:
+            row0 = b
+            row1 = pos
         mbarrier.wait(kv_empty.index(stage), phase ^ 1)
         mbarrier.expect(kv_ready.index(stage), kv_bytes)
         tma_load(k_desc, [row0, row1, 0], kv_ready.index(stage), k_smem.index(stage))
         tma_load(v_desc, [row0, row1, 0], kv_ready.index(stage), v_smem.index(2 * stage))
         tma_load(v_desc, [row0, row1, HALF_V], kv_ready.index(stage),
                  v_smem.index(2 * stage + 1))
-
-
-@gluon.jit
-def _prefetch_l2(ptr, row_stride, WIDTH: gl.constexpr):
-    """Ask L2 for the BLOCK_N cache rows of WIDTH elements from ``ptr`` on (``row_stride``
-    elements apart): the 32 lanes of the producer warp each issue one bulk prefetch of
-    BLOCK_N / 32 rows (``cp.async.bulk.prefetch.L2``: no shared memory, no barrier, nothing to
-    wait for; the last lane stops at the last row's end), so that the TMA load of the block a
-    few steps later reads L2 instead of HBM."""
-    layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
-    PER_LANE: gl.constexpr = BLOCK_N // 32
-    ELEM: gl.constexpr = ptr.dtype.element_ty.primitive_bitwidth // 8
-    lane = gl.arange(0, 32, layout=layout)
-    span = gl.where(lane == 31, (PER_LANE - 1) * row_stride + WIDTH, PER_LANE * row_stride)
-    gl.inline_asm_elementwise(
-        "mov.b32 $0, 0;\n\tcp.async.bulk.prefetch.L2.global [$1], $2;", "=r,l,r",
-        [ptr + lane.to(gl.int64) * (PER_LANE * row_stride), span * ELEM], dtype=gl.int32,
-        is_pure=False, pack=1)
-
-
-@gluon.jit
-def _prefetch_rows(k_ptr, v_ptr, row0, row1, cache_strides, slab_rows):
-    """L2 prefetch of one key block's rotary and latent rows (page or cache row ``row0``,
-    rows ``row1`` on), when the block lies whole inside its page / cache row."""
-    k_s0, k_s1, v_s0, v_s1 = cache_strides
-    if row1 + BLOCK_N <= slab_rows:
-        _prefetch_l2(k_ptr + row0.to(gl.int64) * k_s0 + row1.to(gl.int64) * k_s1, k_s1, 64)
-        _prefetch_l2(v_ptr + row0.to(gl.int64) * v_s0 + row1.to(gl.int64) * v_s1, v_s1,
-                     2 * HALF_V)
-
-
-@gluon.jit
-def _block_rows(block_table_ptr, b, stride_btb, pos, n_cache, n_pages_row,
-                PAGE_SIZE: gl.constexpr, PAGED: gl.constexpr):
-    """(page or cache row, first row in it) of the key block at position ``pos`` of sequence
-    b (the page number clamped: a bad table entry reads a wrong page, never out of bounds)."""
-    if PAGED:
-        idx = gl.minimum(pos // PAGE_SIZE, n_pages_row - 1)
-        page = gl.load(block_table_ptr + b.to(gl.int64) * stride_btb + idx)
-        row0 = gl.minimum(gl.maximum(page, 0), n_cache - 1)
-        row1 = pos % PAGE_SIZE
-    else:
-        row0 = b
-        row1 = pos
-    return row0, row1
 
 
 @gluon.jit
@@ -370,10 +318,9 @@ def latent_decode_kernel(q_desc, qv_desc, k_desc, v_desc, out_ptr, lse_ptr, seql
                          n_pages_row, seqlen_q, G, n_rows, qk_scale,
                          stride_os, stride_ob, stride_om, stride_oh,
                          stride_ls, stride_lb, stride_lh, stride_lm,
-                         k_ptr, v_ptr, stride_k0, stride_k1, stride_v0, stride_v1, slab_rows,
                          PAGE_SIZE: gl.constexpr, PAGED: gl.constexpr, CAUSAL: gl.constexpr,
                          NUM_STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                         PRODUCER_REGS: gl.constexpr, PREFETCH: gl.constexpr = 0):
+                         PRODUCER_REGS: gl.constexpr):
     """Split-KV MLA decode (module doc). Grid (cdiv(s_q * h, 64), batch, splits), 4 warps.
 
     q_desc: rank 3 over q (b, s_q * h, 64) with a [1, 64, 64] box; qv_desc over qv (b, s_q * h,
@@ -384,9 +331,6 @@ def latent_decode_kernel(q_desc, qv_desc, k_desc, v_desc, out_ptr, lse_ptr, seql
     (pages clamped to [0, n_cache)); else unread. out_ptr / lse_ptr: (split, b, i, head, col)
     and (split, b, head, i) by the given strides (fp32 partials, or with one split the output
     in q's dtype and the float32 LSE). qk_scale: softmax_scale * log2(e).
-    k_ptr / v_ptr: the caches' first rows, ``stride_k0`` / ``stride_k1`` (and v's) their page
-    (or cache row) and row strides in elements, ``slab_rows`` the rows of a page / cache row:
-    the L2 prefetch's addresses (PREFETCH blocks ahead of the ring; 0: none).
     """
     q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
     qv_smem = gl.allocate_shared_memory(qv_desc.dtype, [2] + qv_desc.block_type.shape,
@@ -428,7 +372,5 @@ def latent_decode_kernel(q_desc, qv_desc, k_desc, v_desc, out_ptr, lse_ptr, seql
                      CAUSAL)),
         (_producer, (q_desc, qv_desc, k_desc, v_desc, q_smem, qv_smem, k_smem, v_smem,
                      q_ready, kv_ready, kv_empty, seqlens_ptr, block_table_ptr, stride_btb,
-                     seqlen_k_add, cache_cap, n_cache, n_pages_row, k_ptr, v_ptr,
-                     (stride_k0, stride_k1, stride_v0, stride_v1), slab_rows, PAGE_SIZE, PAGED,
-                     PREFETCH)),
+                     seqlen_k_add, cache_cap, n_cache, n_pages_row, PAGE_SIZE, PAGED)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

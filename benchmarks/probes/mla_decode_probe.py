@@ -32,6 +32,7 @@ import flashattn  # noqa: E402
 from flashattn import fa3  # noqa: E402
 from flashattn.runtime.env import override  # noqa: E402
 from flashattn.backends.triton import decode as _decode  # noqa: E402
+from flashattn.backends.sm90 import latent as _latent  # noqa: E402
 
 H, H_K, D, D_V, PAGE = 128, 1, 64, 512, 64
 
@@ -85,10 +86,14 @@ def main() -> int:
     ap.add_argument("--block-m", default="64")
     ap.add_argument("--fp8", default="0,1")
     ap.add_argument("--families", default="hopper,portable")
+    ap.add_argument("--knob", default="",
+                    help="NAME=v1,v2: the Hopper kernel's module-level switch "
+                         "(backends/sm90/latent.py, e.g. SERIAL=0,1) at each value, interleaved")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     rows = []
     default_block_m = _decode.block_m_for
+    defaults = {k: v for k, v in vars(_latent).items() if k.isupper()}
     for point in args.points.split(","):
         b, s_k = (int(t) for t in point.split("x"))
         for fp8 in (bool(int(f)) for f in args.fp8.split(",")):
@@ -96,12 +101,17 @@ def main() -> int:
             elem = 1 if fp8 else 2
             nbytes = b * s_k * H_K * (D + D_V) * elem
             flops = 2 * b * H * s_k * (D + 2 * D_V)
-            variants = [("hopper", "", 64)] if "hopper" in args.families else []
+            knob, values = (args.knob.split("=") + [""])[:2] if args.knob else ("", "")
+            settings = [int(v) for v in values.split(",") if v.strip()] or [None]
+            variants = ([("hopper", "", 64, v) for v in settings]
+                        if "hopper" in args.families else [])
             if "portable" in args.families:
-                variants += [("portable", cfg, bm)
+                variants += [("portable", cfg, bm, None)
                              for cfg in [""] + [c for c in args.configs.split(";") if c.strip()]
                              for bm in (int(t) for t in args.block_m.split(","))]
-            for family, cfg, bm in variants:
+            for family, cfg, bm, value in variants:
+                if value is not None:
+                    setattr(_latent, knob, type(defaults[knob])(value))
                 _decode.block_m_for = lambda rows, d_v=0, bm=bm: max(16, min(
                     bm, triton.next_power_of_2(max(1, rows))))
                 _decode._launch_plan.cache_clear()
@@ -111,12 +121,16 @@ def main() -> int:
                     err = _check(fn(), x)
                     ms = triton.testing.do_bench(_graphed(fn), warmup=25, rep=100,
                                                  return_mode="median")
-                row = dict(b=b, s_k=s_k, fp8=fp8, family=family, config=cfg or "default",
+                row = dict(b=b, s_k=s_k, fp8=fp8, family=family,
+                           knob=f"{knob}={getattr(_latent, knob)}" if knob else "",
+                           config=cfg or "default",
                            block_m=bm, ms=round(ms, 4), tbps=round(nbytes / ms / 1e9, 3),
                            tflops=round(flops / ms / 1e9, 1), max_err=round(err, 5))
                 print(json.dumps(row), flush=True)
                 rows.append(row)
     _decode.block_m_for = default_block_m
+    for k, v in defaults.items():
+        setattr(_latent, k, v)
     if args.out:
         meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
                     triton=triton.__version__)

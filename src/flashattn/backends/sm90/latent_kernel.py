@@ -91,7 +91,7 @@ def _producer(q_desc, qv_desc, k_desc, v_desc, q_smem, qv_smem, k_smem, v_smem, 
     b, pid_s, first, n_blk, seqlen, k_end = _split(seqlens_ptr, seqlen_k_add, cache_cap)
     m_first = gl.program_id(0) * BLOCK_M
     mbarrier.expect(q_ready, q_desc.block_type.nbytes + 2 * qv_desc.block_type.nbytes)
-    tma_load(q_desc, [b, m_first, 0], q_ready, q_smem)
+    tma_load(q_desc, [b, m_first, 0], q_ready, q_smem.index(0))
     tma_load(qv_desc, [b, m_first, 0], q_ready, qv_smem.index(0))
     tma_load(qv_desc, [b, m_first, HALF_V], q_ready, qv_smem.index(1))
     kv_bytes: gl.constexpr = k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes
@@ -116,18 +116,28 @@ def _producer(q_desc, qv_desc, k_desc, v_desc, q_smem, qv_smem, k_smem, v_smem, 
 
 
 @gluon.jit
-def _scores(q_view, qv_smem, k_smem, v_smem, stage, s_zero):
+def _scores(q_smem, qv_smem, k_smem, v_smem, stage, s_zero, z):
     """S = q K^T + qv V^T of ring slot ``stage`` (64 x 64, fp32, wgmma layout): three GEMMs
-    into one accumulator (K = 64 + 256 + 256), waited for."""
-    k_t = k_smem.index(stage).reshape([BLOCK_N, 64]).permute((1, 0))
-    v0_t = v_smem.index(2 * stage).reshape([BLOCK_N, HALF_V]).permute((1, 0))
-    v1_t = v_smem.index(2 * stage + 1).reshape([BLOCK_N, HALF_V]).permute((1, 0))
-    qv0 = qv_smem.index(0).reshape([BLOCK_M, HALF_V])
-    qv1 = qv_smem.index(1).reshape([BLOCK_M, HALF_V])
+    into one accumulator (K = 64 + 256 + 256), waited for. ``z``: a zero the compiler cannot
+    see through (_loop_zero), added to every shared-memory index: the 36 wgmma descriptors
+    are then rebuilt in the loop from one base instead of being hoisted out of it, where 72
+    64-bit values did not fit the warpgroup's registers and were spilled."""
+    q_view = q_smem.index(z).reshape([BLOCK_M, 64])
+    k_t = k_smem.index(stage + z).reshape([BLOCK_N, 64]).permute((1, 0))
+    v0_t = v_smem.index(2 * stage + z).reshape([BLOCK_N, HALF_V]).permute((1, 0))
+    v1_t = v_smem.index(2 * stage + 1 + z).reshape([BLOCK_N, HALF_V]).permute((1, 0))
+    qv0 = qv_smem.index(z).reshape([BLOCK_M, HALF_V])
+    qv1 = qv_smem.index(1 + z).reshape([BLOCK_M, HALF_V])
     tok = warpgroup_mma(q_view, k_t, s_zero, use_acc=False, is_async=True)
     tok = warpgroup_mma(qv0, v0_t, tok, is_async=True)
     tok = warpgroup_mma(qv1, v1_t, tok, is_async=True)
     return warpgroup_mma_wait(0, deps=(tok,))
+
+
+@gluon.jit
+def _loop_zero(t):
+    """0 for any pair index t < 2**30 (every real one), but not a constant to the compiler."""
+    return t >> 30
 
 
 @gluon.jit
@@ -183,7 +193,8 @@ def _consumer(WG: gl.constexpr, q_smem, qv_smem, k_smem, v_smem, m_smem, l_smem,
               kv_ready, kv_empty, p_ready, l_ready, out_ptr, lse_ptr, seqlens_ptr,
               seqlen_k_add, cache_cap, seqlen_q, G, n_rows, qk_scale,
               stride_os, stride_ob, stride_om, stride_oh, stride_ls, stride_lb, stride_lh,
-              stride_lm, CAUSAL: gl.constexpr):
+              stride_lm, CAUSAL: gl.constexpr, SERIAL: gl.constexpr,
+              NO_HOIST: gl.constexpr):
     """Consumer warpgroup ``WG``: the seesaw schedule of the module doc; output columns
     [WG * 256, WG * 256 + 256)."""
     NUM_STAGES: gl.constexpr = k_smem.shape[0]
@@ -199,7 +210,6 @@ def _consumer(WG: gl.constexpr, q_smem, qv_smem, k_smem, v_smem, m_smem, l_smem,
     b, pid_s, first, n_blk, seqlen, k_end = _split(seqlens_ptr, seqlen_k_add, cache_cap)
     m_first = gl.program_id(0) * BLOCK_M
     diag = seqlen - seqlen_q
-    q_view = q_smem.reshape([BLOCK_M, 64])
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, S_LAYOUT)
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, ROW_S)
     l_i = gl.zeros([BLOCK_M], gl.float32, ROW_S)
@@ -207,6 +217,10 @@ def _consumer(WG: gl.constexpr, q_smem, qv_smem, k_smem, v_smem, m_smem, l_smem,
     mbarrier.wait(q_ready, 0)
 
     for t in range(gl.cdiv(n_blk, 2)):
+        if NO_HOIST:
+            z = _loop_zero(t)
+        else:
+            z = 0
         ja = 2 * t
         jb = ja + 1
         sa = ja % NUM_STAGES
@@ -222,7 +236,7 @@ def _consumer(WG: gl.constexpr, q_smem, qv_smem, k_smem, v_smem, m_smem, l_smem,
         pb_smem = k_smem.index(sb).reshape([BLOCK_M, BLOCK_N])
         if WG == 0:
             mbarrier.wait(kv_ready.index(sa), pa)
-            s = _scores(q_view, qv_smem, k_smem, v_smem, sa, s_zero)
+            s = _scores(q_smem, qv_smem, k_smem, v_smem, sa, s_zero, z)
             if _block_needs_mask(na, k_end, diag, m_first, G, CAUSAL):
                 s = _mask(s, na, k_end, diag, m_first, G, CAUSAL, S_LAYOUT)
             p, m_a, l_i, alpha = _softmax(s, m_i, l_i, qk_scale)
@@ -234,12 +248,16 @@ def _consumer(WG: gl.constexpr, q_smem, qv_smem, k_smem, v_smem, m_smem, l_smem,
             _guard_v(v_smem, sa, WG, na, seqlen)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, ROW_O), 1)
             tok = warpgroup_mma(gl.convert_layout(p16, P_LAYOUT), va, acc, is_async=True)
+            if SERIAL:  # block a's slot goes back to the producer before P_b is waited for
+                acc = warpgroup_mma_wait(0, deps=(tok,))
+                mbarrier.arrive(kv_empty.index(sa))
             if has_b:
                 mbarrier.wait(p_ready.index(1), t & 1)
                 mbarrier.wait(kv_ready.index(sb), pb)
                 m_b = m_smem[1].load(ROW_S)
-                acc = warpgroup_mma_wait(0, deps=(tok,))
-                mbarrier.arrive(kv_empty.index(sa))
+                if not SERIAL:
+                    acc = warpgroup_mma_wait(0, deps=(tok,))
+                    mbarrier.arrive(kv_empty.index(sa))
                 alpha_b = _rescale(m_a, m_b)
                 l_i = l_i * alpha_b
                 acc = acc * gl.expand_dims(gl.convert_layout(alpha_b, ROW_O), 1)
@@ -249,16 +267,16 @@ def _consumer(WG: gl.constexpr, q_smem, qv_smem, k_smem, v_smem, m_smem, l_smem,
                 mbarrier.arrive(kv_empty.index(sb))
                 m_i = m_b
             else:
-                acc = warpgroup_mma_wait(0, deps=(tok,))
-                mbarrier.arrive(kv_empty.index(sa))
+                if not SERIAL:
+                    acc = warpgroup_mma_wait(0, deps=(tok,))
+                    mbarrier.arrive(kv_empty.index(sa))
                 m_i = m_a
         else:
             s = s_zero
-            if has_b:
-                mbarrier.wait(kv_ready.index(sb), pb)
-                s = _scores(q_view, qv_smem, k_smem, v_smem, sb, s_zero)
-                if _block_needs_mask(nb, k_end, diag, m_first, G, CAUSAL):
-                    s = _mask(s, nb, k_end, diag, m_first, G, CAUSAL, S_LAYOUT)
+            if not SERIAL:
+                if has_b:
+                    mbarrier.wait(kv_ready.index(sb), pb)
+                    s = _scores(q_smem, qv_smem, k_smem, v_smem, sb, s_zero, z)
             mbarrier.wait(p_ready.index(0), t & 1)
             mbarrier.wait(kv_ready.index(sa), pa)
             m_a = m_smem[0].load(ROW_S)
@@ -268,14 +286,22 @@ def _consumer(WG: gl.constexpr, q_smem, qv_smem, k_smem, v_smem, m_smem, l_smem,
             _guard_v(v_smem, sa, WG, na, seqlen)
             tok = warpgroup_mma(pa_smem, va, acc, is_async=True)
             if has_b:
+                if SERIAL:  # S_b queues behind P_a V_a on the tensor cores
+                    mbarrier.wait(kv_ready.index(sb), pb)
+                    s = _scores(q_smem, qv_smem, k_smem, v_smem, sb, s_zero, z)
+                    acc = warpgroup_mma_wait(0, deps=(tok,))
+                    mbarrier.arrive(kv_empty.index(sa))
+                if _block_needs_mask(nb, k_end, diag, m_first, G, CAUSAL):
+                    s = _mask(s, nb, k_end, diag, m_first, G, CAUSAL, S_LAYOUT)
                 p, m_b, l_i, alpha_b = _softmax(s, m_a, l_i, qk_scale)
                 p16 = p.to(dtype)
                 m_smem[1].store(m_b)
                 pb_smem.store(p16)
                 fence_async_shared()
                 mbarrier.arrive(p_ready.index(1))
-                acc = warpgroup_mma_wait(0, deps=(tok,))
-                mbarrier.arrive(kv_empty.index(sa))
+                if not SERIAL:
+                    acc = warpgroup_mma_wait(0, deps=(tok,))
+                    mbarrier.arrive(kv_empty.index(sa))
                 acc = acc * gl.expand_dims(gl.convert_layout(alpha_b, ROW_O), 1)
                 _guard_v(v_smem, sb, WG, nb, seqlen)
                 tok = warpgroup_mma(gl.convert_layout(p16, P_LAYOUT), vb, acc, is_async=True)
@@ -320,7 +346,8 @@ def latent_decode_kernel(q_desc, qv_desc, k_desc, v_desc, out_ptr, lse_ptr, seql
                          stride_ls, stride_lb, stride_lh, stride_lm,
                          PAGE_SIZE: gl.constexpr, PAGED: gl.constexpr, CAUSAL: gl.constexpr,
                          NUM_STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                         PRODUCER_REGS: gl.constexpr):
+                         PRODUCER_REGS: gl.constexpr, SERIAL: gl.constexpr = False,
+                         NO_HOIST: gl.constexpr = True):
     """Split-KV MLA decode (module doc). Grid (cdiv(s_q * h, 64), batch, splits), 4 warps.
 
     q_desc: rank 3 over q (b, s_q * h, 64) with a [1, 64, 64] box; qv_desc over qv (b, s_q * h,
@@ -332,7 +359,8 @@ def latent_decode_kernel(q_desc, qv_desc, k_desc, v_desc, out_ptr, lse_ptr, seql
     and (split, b, head, i) by the given strides (fp32 partials, or with one split the output
     in q's dtype and the float32 LSE). qk_scale: softmax_scale * log2(e).
     """
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [1] + q_desc.block_type.shape,
+                                       q_desc.layout)
     qv_smem = gl.allocate_shared_memory(qv_desc.dtype, [2] + qv_desc.block_type.shape,
                                         qv_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [NUM_STAGES] + k_desc.block_type.shape,
@@ -364,12 +392,12 @@ def latent_decode_kernel(q_desc, qv_desc, k_desc, v_desc, out_ptr, lse_ptr, seql
                      kv_empty, p_ready, l_ready, out_ptr, lse_ptr, seqlens_ptr, seqlen_k_add,
                      cache_cap, seqlen_q, G, n_rows, qk_scale, stride_os, stride_ob,
                      stride_om, stride_oh, stride_ls, stride_lb, stride_lh, stride_lm,
-                     CAUSAL)),
+                     CAUSAL, SERIAL, NO_HOIST)),
         (_consumer, (1, q_smem, qv_smem, k_smem, v_smem, m_smem, l_smem, q_ready, kv_ready,
                      kv_empty, p_ready, l_ready, out_ptr, lse_ptr, seqlens_ptr, seqlen_k_add,
                      cache_cap, seqlen_q, G, n_rows, qk_scale, stride_os, stride_ob,
                      stride_om, stride_oh, stride_ls, stride_lb, stride_lh, stride_lm,
-                     CAUSAL)),
+                     CAUSAL, SERIAL, NO_HOIST)),
         (_producer, (q_desc, qv_desc, k_desc, v_desc, q_smem, qv_smem, k_smem, v_smem,
                      q_ready, kv_ready, kv_empty, seqlens_ptr, block_table_ptr, stride_btb,
                      seqlen_k_add, cache_cap, n_cache, n_pages_row, PAGE_SIZE, PAGED)),

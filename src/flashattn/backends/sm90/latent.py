@@ -25,9 +25,6 @@ NUM_STAGES = 2  # two 72 KiB key blocks: with q / qv (72 KiB) the shared memory 
 CONSUMER_REGS = 240
 PRODUCER_REGS = 24
 MAXNREG = 168
-# the consumers' order (latent_kernel SERIAL); module-level for the probe's A/B
-SERIAL = False
-NO_HOIST = True
 
 
 def latent_unsupported(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -115,7 +112,7 @@ def launch_args(q: torch.Tensor, qv: torch.Tensor, k_cache: torch.Tensor,
     constexprs = dict(PAGE_SIZE=k_cache.shape[1] if paged else 1, PAGED=paged,
                       CAUSAL=bool(causal) and s_q > 1, NUM_STAGES=NUM_STAGES,
                       CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS,
-                      SERIAL=SERIAL, NO_HOIST=NO_HOIST, num_warps=4, maxnreg=MAXNREG)
+                      num_warps=4, maxnreg=MAXNREG)
     grid = (math.ceil(s_q * h / BLOCK_M), batch, num_splits)
     return args, constexprs, grid
 

@@ -120,8 +120,10 @@ def _scores(q_smem, qv_smem, k_smem, v_smem, stage, s_zero, z):
     """S = q K^T + qv V^T of ring slot ``stage`` (64 x 64, fp32, wgmma layout): three GEMMs
     into one accumulator (K = 64 + 256 + 256), waited for. ``z``: a zero the compiler cannot
     see through (_loop_zero), added to every shared-memory index: the 36 wgmma descriptors
-    are then rebuilt in the loop from one base instead of being hoisted out of it, where 72
-    64-bit values did not fit the warpgroup's registers and were spilled."""
+    are then rebuilt in the loop from one base instead of being hoisted out of it, where they
+    did not fit consumer0's registers (296 bytes spilled, reloaded before every S GEMM: 30 %
+    of that warpgroup's stall samples under ncu; rebuilt: no spills, 1.20-1.24x faster,
+    benchmarks/NOTES.md)."""
     q_view = q_smem.index(z).reshape([BLOCK_M, 64])
     k_t = k_smem.index(stage + z).reshape([BLOCK_N, 64]).permute((1, 0))
     v0_t = v_smem.index(2 * stage + z).reshape([BLOCK_N, HALF_V]).permute((1, 0))
@@ -193,8 +195,7 @@ def _consumer(WG: gl.constexpr, q_smem, qv_smem, k_smem, v_smem, m_smem, l_smem,
               kv_ready, kv_empty, p_ready, l_ready, out_ptr, lse_ptr, seqlens_ptr,
               seqlen_k_add, cache_cap, seqlen_q, G, n_rows, qk_scale,
               stride_os, stride_ob, stride_om, stride_oh, stride_ls, stride_lb, stride_lh,
-              stride_lm, CAUSAL: gl.constexpr, SERIAL: gl.constexpr,
-              NO_HOIST: gl.constexpr):
+              stride_lm, CAUSAL: gl.constexpr):
     """Consumer warpgroup ``WG``: the seesaw schedule of the module doc; output columns
     [WG * 256, WG * 256 + 256)."""
     NUM_STAGES: gl.constexpr = k_smem.shape[0]
@@ -217,10 +218,7 @@ def _consumer(WG: gl.constexpr, q_smem, qv_smem, k_smem, v_smem, m_smem, l_smem,
     mbarrier.wait(q_ready, 0)
 
     for t in range(gl.cdiv(n_blk, 2)):
-        if NO_HOIST:
-            z = _loop_zero(t)
-        else:
-            z = 0
+        z = _loop_zero(t)
         ja = 2 * t
         jb = ja + 1
         sa = ja % NUM_STAGES
@@ -248,16 +246,12 @@ def _consumer(WG: gl.constexpr, q_smem, qv_smem, k_smem, v_smem, m_smem, l_smem,
             _guard_v(v_smem, sa, WG, na, seqlen)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, ROW_O), 1)
             tok = warpgroup_mma(gl.convert_layout(p16, P_LAYOUT), va, acc, is_async=True)
-            if SERIAL:  # block a's slot goes back to the producer before P_b is waited for
-                acc = warpgroup_mma_wait(0, deps=(tok,))
-                mbarrier.arrive(kv_empty.index(sa))
             if has_b:
                 mbarrier.wait(p_ready.index(1), t & 1)
                 mbarrier.wait(kv_ready.index(sb), pb)
                 m_b = m_smem[1].load(ROW_S)
-                if not SERIAL:
-                    acc = warpgroup_mma_wait(0, deps=(tok,))
-                    mbarrier.arrive(kv_empty.index(sa))
+                acc = warpgroup_mma_wait(0, deps=(tok,))
+                mbarrier.arrive(kv_empty.index(sa))
                 alpha_b = _rescale(m_a, m_b)
                 l_i = l_i * alpha_b
                 acc = acc * gl.expand_dims(gl.convert_layout(alpha_b, ROW_O), 1)
@@ -267,16 +261,18 @@ def _consumer(WG: gl.constexpr, q_smem, qv_smem, k_smem, v_smem, m_smem, l_smem,
                 mbarrier.arrive(kv_empty.index(sb))
                 m_i = m_b
             else:
-                if not SERIAL:
-                    acc = warpgroup_mma_wait(0, deps=(tok,))
-                    mbarrier.arrive(kv_empty.index(sa))
+                acc = warpgroup_mma_wait(0, deps=(tok,))
+                mbarrier.arrive(kv_empty.index(sa))
                 m_i = m_a
         else:
+            # (S_b before P_a V_a: S_b then runs under consumer0's softmax; the other order,
+            # P_a V_a first, measured 0.91-0.99x, benchmarks/NOTES.md)
             s = s_zero
-            if not SERIAL:
-                if has_b:
-                    mbarrier.wait(kv_ready.index(sb), pb)
-                    s = _scores(q_smem, qv_smem, k_smem, v_smem, sb, s_zero, z)
+            if has_b:
+                mbarrier.wait(kv_ready.index(sb), pb)
+                s = _scores(q_smem, qv_smem, k_smem, v_smem, sb, s_zero, z)
+                if _block_needs_mask(nb, k_end, diag, m_first, G, CAUSAL):
+                    s = _mask(s, nb, k_end, diag, m_first, G, CAUSAL, S_LAYOUT)
             mbarrier.wait(p_ready.index(0), t & 1)
             mbarrier.wait(kv_ready.index(sa), pa)
             m_a = m_smem[0].load(ROW_S)
@@ -286,22 +282,14 @@ def _consumer(WG: gl.constexpr, q_smem, qv_smem, k_smem, v_smem, m_smem, l_smem,
             _guard_v(v_smem, sa, WG, na, seqlen)
             tok = warpgroup_mma(pa_smem, va, acc, is_async=True)
             if has_b:
-                if SERIAL:  # S_b queues behind P_a V_a on the tensor cores
-                    mbarrier.wait(kv_ready.index(sb), pb)
-                    s = _scores(q_smem, qv_smem, k_smem, v_smem, sb, s_zero, z)
-                    acc = warpgroup_mma_wait(0, deps=(tok,))
-                    mbarrier.arrive(kv_empty.index(sa))
-                if _block_needs_mask(nb, k_end, diag, m_first, G, CAUSAL):
-                    s = _mask(s, nb, k_end, diag, m_first, G, CAUSAL, S_LAYOUT)
                 p, m_b, l_i, alpha_b = _softmax(s, m_a, l_i, qk_scale)
                 p16 = p.to(dtype)
                 m_smem[1].store(m_b)
                 pb_smem.store(p16)
                 fence_async_shared()
                 mbarrier.arrive(p_ready.index(1))
-                if not SERIAL:
-                    acc = warpgroup_mma_wait(0, deps=(tok,))
-                    mbarrier.arrive(kv_empty.index(sa))
+                acc = warpgroup_mma_wait(0, deps=(tok,))
+                mbarrier.arrive(kv_empty.index(sa))
                 acc = acc * gl.expand_dims(gl.convert_layout(alpha_b, ROW_O), 1)
                 _guard_v(v_smem, sb, WG, nb, seqlen)
                 tok = warpgroup_mma(gl.convert_layout(p16, P_LAYOUT), vb, acc, is_async=True)
@@ -346,8 +334,7 @@ def latent_decode_kernel(q_desc, qv_desc, k_desc, v_desc, out_ptr, lse_ptr, seql
                          stride_ls, stride_lb, stride_lh, stride_lm,
                          PAGE_SIZE: gl.constexpr, PAGED: gl.constexpr, CAUSAL: gl.constexpr,
                          NUM_STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                         PRODUCER_REGS: gl.constexpr, SERIAL: gl.constexpr = False,
-                         NO_HOIST: gl.constexpr = True):
+                         PRODUCER_REGS: gl.constexpr):
     """Split-KV MLA decode (module doc). Grid (cdiv(s_q * h, 64), batch, splits), 4 warps.
 
     q_desc: rank 3 over q (b, s_q * h, 64) with a [1, 64, 64] box; qv_desc over qv (b, s_q * h,
@@ -392,12 +379,12 @@ def latent_decode_kernel(q_desc, qv_desc, k_desc, v_desc, out_ptr, lse_ptr, seql
                      kv_empty, p_ready, l_ready, out_ptr, lse_ptr, seqlens_ptr, seqlen_k_add,
                      cache_cap, seqlen_q, G, n_rows, qk_scale, stride_os, stride_ob,
                      stride_om, stride_oh, stride_ls, stride_lb, stride_lh, stride_lm,
-                     CAUSAL, SERIAL, NO_HOIST)),
+                     CAUSAL)),
         (_consumer, (1, q_smem, qv_smem, k_smem, v_smem, m_smem, l_smem, q_ready, kv_ready,
                      kv_empty, p_ready, l_ready, out_ptr, lse_ptr, seqlens_ptr, seqlen_k_add,
                      cache_cap, seqlen_q, G, n_rows, qk_scale, stride_os, stride_ob,
                      stride_om, stride_oh, stride_ls, stride_lb, stride_lh, stride_lm,
-                     CAUSAL, SERIAL, NO_HOIST)),
+                     CAUSAL)),
         (_producer, (q_desc, qv_desc, k_desc, v_desc, q_smem, qv_smem, k_smem, v_smem,
                      q_ready, kv_ready, kv_empty, seqlens_ptr, block_table_ptr, stride_btb,
                      seqlen_k_add, cache_cap, n_cache, n_pages_row, PAGE_SIZE, PAGED)),

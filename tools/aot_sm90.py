@@ -218,6 +218,42 @@ def compile_bwd_variant(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, c
                     _bwd_variant_key(head_dim, dtype, causal, window, softcap, overrides))
 
 
+def compile_latent_variant(head_dim: Any = (64, 512), dtype: torch.dtype = torch.bfloat16, *,
+                           causal: bool = False, window: tuple = (-1, -1), softcap: float = 0.0,
+                           overrides: Optional[Dict[str, Any]] = None) -> CompileReport:
+    """Compile one variant of the MLA decode kernel (backends/sm90/latent_kernel.py) for sm_90:
+    128 query heads over one latent KV head of ``head_dim`` = (64, 512), causal with 2 query
+    rows per sequence (``causal``), two key splits; ``overrides``: {"paged": bool} (pages of
+    64 keys, or a contiguous cache). ``window`` / ``softcap`` must be off (not covered)."""
+    from flashattn.backends.sm90.latent import launch_args
+    from flashattn.backends.sm90.latent_kernel import latent_decode_kernel
+
+    if tuple(window) != (-1, -1) or softcap:
+        raise ValueError("the MLA decode kernel takes no window or softcap")
+    d, d_v = head_dim
+    paged = bool((overrides or {}).get("paged"))
+    b, s_q, h, splits = 4, 2 if causal else 1, 128, 2
+    q = torch.empty(b, s_q, h, d, dtype=dtype)
+    qv = torch.empty(b, s_q, h, d_v, dtype=dtype)
+    if paged:
+        kc = torch.empty(64, 64, 1, d, dtype=dtype)
+        vc = torch.empty(64, 64, 1, d_v, dtype=dtype)
+        table = torch.zeros(b, 16, dtype=torch.int32)
+    else:
+        kc = torch.empty(b, 1024, 1, d, dtype=dtype)
+        vc = torch.empty(b, 1024, 1, d_v, dtype=dtype)
+        table = None
+    out = torch.empty(splits, b, s_q, h, d_v)
+    lse = torch.empty(splits, b, h, s_q)
+    args, constexprs, _ = launch_args(q, qv, kc, vc, torch.zeros(b, dtype=torch.int32), 0, table,
+                                      out, lse, out.stride()[:4], lse.stride(), splits,
+                                      (d + d_v) ** -0.5, causal, 1024)
+    options = {k: constexprs.pop(k) for k in ("num_warps", "maxnreg")}
+    return _compile(latent_decode_kernel, args, constexprs, options,
+                    "latent" + _variant_key(head_dim, dtype, causal, window, softcap,
+                                            overrides)[3:])
+
+
 def main(argv=None) -> int:
     """``python -m tools.aot_sm90 VARIANTS_JSON``: compile each variant, print one JSON
     report per line. Runs in its own process because Triton's language functions are
@@ -230,11 +266,14 @@ def main(argv=None) -> int:
               "float8_e4m3fn": torch.float8_e4m3fn}
     for variant in variants:
         # a variant is (d, dtype, causal, window, softcap, overrides), optionally led by
-        # "fwd" / "bwd" (the kernel; fwd when absent)
+        # "fwd" / "bwd" / "latent" (the kernel; fwd when absent)
         kind = variant[0] if isinstance(variant[0], str) else "fwd"
         d, dt, causal, window, softcap, overrides = variant[1:] if kind == variant[0] else variant
-        compile_fn = compile_bwd_variant if kind == "bwd" else compile_fwd_variant
-        key_fn = _bwd_variant_key if kind == "bwd" else _variant_key
+        compile_fn = {"fwd": compile_fwd_variant, "bwd": compile_bwd_variant,
+                      "latent": compile_latent_variant}[kind]
+        key_fn = {"fwd": _variant_key, "bwd": _bwd_variant_key,
+                  "latent": lambda *a: "latent" + _variant_key(*a)[3:]}[kind]
+        d = tuple(d) if isinstance(d, list) else d
         try:
             rep = compile_fn(d, dtypes[dt], causal=causal, window=tuple(window),
                              softcap=softcap, overrides=overrides)

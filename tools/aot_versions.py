@@ -27,12 +27,14 @@ def variant_list(scope: str) -> List[list]:
     from tools.ptx_fingerprint import _ast_lists
 
     lists = _ast_lists(os.path.join(ROOT, "tests", "backends", "sm90", "test_hopper_aot.py"))
-    variants = lists["VARIANTS"] + lists["BWD_VARIANTS"]
+    variants = lists["VARIANTS"] + lists["BWD_VARIANTS"] + lists.get("LATENT_VARIANTS", [])
     if scope == "shipped":
         # the default configuration of every head dim, bf16 and FP8, plain and causal, forward
         # and backward (the mask / softcap / fp16 / d != d_v extras compile from the same code
         # paths; the newest release compiles them all)
         def plain(v):
+            if v[0] == "latent":  # (the MLA decode kernel: every variant is shipped)
+                return True
             d, dt, _causal, window, softcap, overrides = v[-6:]
             return (not overrides and tuple(window) == (-1, -1) and not softcap
                     and not isinstance(d, (list, tuple)) and dt in ("bfloat16", "float8_e4m3fn"))

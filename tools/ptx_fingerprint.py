@@ -321,7 +321,8 @@ def sm90_jobs(lay: Layout) -> List[Job]:
     jobs = []
     for v in sm90_variant_list(lay):
         kind, d, dt, causal, window, softcap, ov = _sm90_parts(v)
-        fn = {"fwd": aot.compile_fwd_variant, "bwd": aot.compile_bwd_variant}.get(kind)
+        fn = {"fwd": aot.compile_fwd_variant, "bwd": aot.compile_bwd_variant,
+              "latent": getattr(aot, "compile_latent_variant", None)}.get(kind)
         if fn is None:
             jobs.append(Job(sm90_key(v), "sm90", None, f"unknown variant kind {kind!r}"))
             continue

@@ -75,6 +75,11 @@ def _check(out: torch.Tensor, x: dict) -> float:
     v = x["v_cache"][rows].float().reshape(b, n_pages * PAGE, D_V)
     s = (torch.einsum("bqhd,bkd->bhqk", x["q"].float(), k)
          + torch.einsum("bqhd,bkd->bhqk", x["qv"].float(), v)) * (D + D_V) ** -0.5
+    if x.get("causal"):  # (bottom-right: query row i sees keys <= i + s_k - s_q)
+        s_q, s_k = s.shape[2], s.shape[3]
+        hidden = torch.arange(s_k, device=s.device) > (torch.arange(s_q, device=s.device)
+                                                       + s_k - s_q)[:, None]
+        s = s.masked_fill(hidden, float("-inf"))
     ref = torch.einsum("bhqk,bkd->bqhd", torch.softmax(s, dim=-1), v)
     return (out.float() - ref).abs().max().item()
 
@@ -86,6 +91,8 @@ def main() -> int:
     ap.add_argument("--block-m", default="64")
     ap.add_argument("--fp8", default="0,1")
     ap.add_argument("--families", default="hopper,portable")
+    ap.add_argument("--splits", default="0", help="num_splits values (0: the heuristic's)")
+    ap.add_argument("--s-q", type=int, default=1, help="query rows per sequence (causal when > 1)")
     ap.add_argument("--knob", default="",
                     help="NAME=v1,v2: the Hopper kernel's module-level switch "
                          "(backends/sm90/latent.py, e.g. SERIAL=0,1) at each value, interleaved")
@@ -97,19 +104,22 @@ def main() -> int:
     for point in args.points.split(","):
         b, s_k = (int(t) for t in point.split("x"))
         for fp8 in (bool(int(f)) for f in args.fp8.split(",")):
-            x = _inputs(b, s_k, fp8)
+            x = _inputs(b, s_k, fp8, args.s_q)
+            if args.s_q > 1:  # (speculative decoding: the new rows see the keys before them)
+                x["causal"] = True
             elem = 1 if fp8 else 2
             nbytes = b * s_k * H_K * (D + D_V) * elem
-            flops = 2 * b * H * s_k * (D + 2 * D_V)
+            flops = 2 * b * args.s_q * H * s_k * (D + 2 * D_V)
             knob, values = (args.knob.split("=") + [""])[:2] if args.knob else ("", "")
             settings = [int(v) for v in values.split(",") if v.strip()] or [None]
-            variants = ([("hopper", "", 64, v) for v in settings]
+            splits = [int(t) for t in args.splits.split(",")]
+            variants = ([("hopper", "", 64, v, n) for v in settings for n in splits]
                         if "hopper" in args.families else [])
             if "portable" in args.families:
-                variants += [("portable", cfg, bm, None)
+                variants += [("portable", cfg, bm, None, n) for n in splits
                              for cfg in [""] + [c for c in args.configs.split(";") if c.strip()]
                              for bm in (int(t) for t in args.block_m.split(","))]
-            for family, cfg, bm, value in variants:
+            for family, cfg, bm, value, n_splits in variants:
                 if value is not None:
                     setattr(_latent, knob, type(defaults[knob])(value))
                 _decode.block_m_for = lambda rows, d_v=0, bm=bm: max(16, min(
@@ -117,11 +127,11 @@ def main() -> int:
                 _decode._launch_plan.cache_clear()
                 backend = "auto" if family == "hopper" else "portable"
                 with override(decode_config=cfg), flashattn.use_backend(backend):
-                    fn = lambda: fa3.flash_attn_with_kvcache(**x)  # noqa: E731
+                    fn = lambda: fa3.flash_attn_with_kvcache(**x, num_splits=n_splits)  # noqa: E731
                     err = _check(fn(), x)
                     ms = triton.testing.do_bench(_graphed(fn), warmup=25, rep=100,
                                                  return_mode="median")
-                row = dict(b=b, s_k=s_k, fp8=fp8, family=family,
+                row = dict(b=b, s_k=s_k, s_q=args.s_q, fp8=fp8, family=family, splits=n_splits,
                            knob=f"{knob}={getattr(_latent, knob)}" if knob else "",
                            config=cfg or "default",
                            block_m=bm, ms=round(ms, 4), tbps=round(nbytes / ms / 1e9, 3),

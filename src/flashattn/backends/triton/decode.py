@@ -468,7 +468,7 @@ MAX_SPLITS = 128
 
 def num_splits_heuristic(batch: int, nheads_k: int, m_blocks: int, max_seqlen_k: int,
                          block_n: int, device: torch.device, paged: bool = False,
-                         kv_fp8: bool = False) -> int:
+                         kv_fp8: bool = False, waves: Optional[float] = None) -> int:
     """Splits of the key range so that the grid fills the GPU (from shapes only).
 
     Programs without a split: ``batch * nheads_k * m_blocks``. When they already cover most
@@ -479,7 +479,8 @@ def num_splits_heuristic(batch: int, nheads_k: int, m_blocks: int, max_seqlen_k:
     with 2 against 0.139 with 1, 0.145 with 3 and 0.125 with 4 on 2026-11-28: a program
     widens every value it reads, so one program per SM cannot keep the memory busy), never
     giving a split fewer than 4 key blocks (the fixed cost of loading q and writing a partial
-    row must stay small next to its K/V stream).
+    row must stay small next to its K/V stream). ``waves``: the caller's own count (the Hopper
+    MLA decode kernel, one CTA per SM: 1).
     """
     sms = config.sm_count(device)
     base = max(1, batch * nheads_k * m_blocks)
@@ -488,7 +489,8 @@ def num_splits_heuristic(batch: int, nheads_k: int, m_blocks: int, max_seqlen_k:
         return 1
     # ``waves`` programs per SM are resident at once (shared memory allows 2-3): fill those
     # slots in one round; rounding down keeps the grid from spilling a sliver into a second.
-    waves = float(_env.settings().decode_waves or (2 if paged or kv_fp8 else 1))
+    if waves is None:
+        waves = float(_env.settings().decode_waves or (2 if paged or kv_fp8 else 1))
     want = int(waves * sms) // base
     return int(max(1, min(want, n_blocks // 4, MAX_SPLITS)))
 
@@ -502,7 +504,8 @@ def block_m_for(rows: int, cap: int = 64) -> int:
 @functools.lru_cache(maxsize=1024)
 def _launch_plan(d: int, d_v: int, elem_bytes: int, paged: bool, g: int, s_q_grid: int,
                  batch: int, nheads_k: int, max_seqlen_k: int, num_splits: int,
-                 device: torch.device, env_config: str, env_waves: str, kv_fp8: bool = False
+                 device: torch.device, env_config: str, env_waves: str, kv_fp8: bool = False,
+                 waves: Optional[float] = None
                  ) -> Tuple[int, int, int, bool, int, int, int, int, int]:
     """Every launch decision that depends only on shapes, cached per shape key.
 
@@ -522,7 +525,7 @@ def _launch_plan(d: int, d_v: int, elem_bytes: int, paged: bool, g: int, s_q_gri
     m_blocks = config.cdiv(g * s_q_grid, block_m)
     if num_splits <= 0:
         num_splits = num_splits_heuristic(batch, nheads_k, m_blocks, max_seqlen_k, block_n,
-                                          device, paged, kv_fp8)
+                                          device, paged, kv_fp8, waves)
     num_splits = max(1, min(int(num_splits), MAX_SPLITS,
                             config.cdiv(max(1, max_seqlen_k), block_n)))
     full_grid = batch * nheads_k * m_blocks >= 0.8 * config.sm_count(device)
@@ -663,7 +666,10 @@ class DecodeCall:
          block_dv) = _launch_plan(d, d_v, math_t.element_size(), paged, g, s_q_grid, batch,
                                   nheads_k, int(max_seqlen_k), int(num_splits), device,
                                   _env.settings().decode_config,
-                                  _env.settings().decode_waves, k_descale is not None)
+                                  _env.settings().decode_waves, k_descale is not None,
+                                  # the Hopper MLA kernel (one CTA per SM): one wave of splits,
+                                  # 1.15-1.28x faster than two on the H200 (NOTES, 2026-11-28)
+                                  None if partials is None else 1.0)
         k_strides = k_cache.stride()
         kv_fp8 = k_descale is not None
         # (FP8 caches take pointer loads: the TMA tile path was sized and verified for 16/32-bit

@@ -14,7 +14,7 @@ import torch
 
 from flashattn.backends.sm90.descriptors import LOG2E, _GL_DTYPE, nvmma_layout
 from flashattn.backends.sm90.support import DTYPES, device_unavailable, tma_ok
-from flashattn.runtime.launch import launch_jit
+from flashattn.runtime.launch import LaunchPlans
 
 ROPE_DIM = 64
 LATENT_DIM = 512
@@ -25,6 +25,11 @@ NUM_STAGES = 2  # two 72 KiB key blocks: with q / qv (72 KiB) the shared memory 
 CONSUMER_REGS = 240
 PRODUCER_REGS = 24
 MAXNREG = 168
+
+
+# recorded launches by call signature: a repeated decode step replays its launch with the new
+# tensors (no descriptor validation, no binder), as the portable decode kernel's DecodeCall does
+_PLANS = LaunchPlans(slots=tuple(range(8)))
 
 
 def latent_unsupported(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -133,10 +138,24 @@ def latent_decode(q: torch.Tensor, qv: torch.Tensor, k_cache: torch.Tensor,
     natural-log LSE into ``lse`` by ``l_strides`` (split, b, head, i)."""
     from flashattn.backends.sm90.latent_kernel import latent_decode_kernel
 
-    args, constexprs, grid = launch_args(q, qv, k_cache, v_cache, seqlens, seqlen_k_add,
-                                         block_table, out, lse, o_strides, l_strides,
-                                         num_splits, softmax_scale, causal, cache_cap)
-    launch_jit(latent_decode_kernel, grid, args, constexprs)
+    # the launch's tensors and the tensors its descriptors cover, in the kernel's first eight
+    # argument positions (_PLANS' slots); everything else is in the key
+    paged = block_table is not None
+    tensors = (_rows3(q), _rows3(qv), k_cache[:, :, 0], v_cache[:, :, 0], out, lse, seqlens,
+               block_table if paged else seqlens)
+    key = (q.shape, q.stride(), qv.stride(), k_cache.shape, k_cache.stride(), v_cache.shape,
+           v_cache.stride(), q.dtype, q.device, out.shape, out.dtype, tuple(o_strides),
+           tuple(l_strides), block_table.shape if paged else None,
+           block_table.stride() if paged else None, int(seqlen_k_add), int(num_splits),
+           float(softmax_scale), bool(causal), int(cache_cap))
+
+    def build():
+        args, constexprs, grid = launch_args(q, qv, k_cache, v_cache, seqlens, seqlen_k_add,
+                                             block_table, out, lse, o_strides, l_strides,
+                                             num_splits, softmax_scale, causal, cache_cap)
+        return latent_decode_kernel, grid, args, constexprs
+
+    _PLANS.launch(key, tensors, build)
 
 
 class Partials:

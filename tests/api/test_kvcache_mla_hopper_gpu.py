@@ -45,9 +45,13 @@ NOT_COVERED = {
 
 @pytest.fixture
 def hopper_calls(monkeypatch):
-    """The MLA decode kernel's launches during the test (a list that grows by one per call)."""
+    """The MLA decode kernel's full launches during the test (a list that grows by one per
+    launch that is not a replay: every call here is its signature's first, the eager fast
+    path's cache emptied first)."""
+    from flashattn.api import fastpath
     from flashattn.backends.sm90 import latent
 
+    fastpath.KVCACHE.clear()
     calls = []
     launch = latent.latent_decode
     monkeypatch.setattr(latent, "latent_decode",

@@ -60,7 +60,15 @@ def compile_all(version: str, scope: str) -> int:
     t0 = time.time()
     proc = subprocess.run([sys.executable, "-m", "tools.aot_sm90", json.dumps(variants)],
                           capture_output=True, text=True, env=env, cwd=ROOT)
-    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    rows, unreadable = [], []
+    for line in proc.stdout.splitlines():
+        if line.startswith("{"):
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:  # (a compile that died mid-line: e.g. a full disk)
+                unreadable.append(line)
+    for line in unreadable:
+        print(f"  UNREADABLE report line: {line[:300]}")
     bad = [r for r in rows if r.get("error")]
     for r in rows:
         if r.get("error"):
@@ -71,7 +79,7 @@ def compile_all(version: str, scope: str) -> int:
     spilled = sum(1 for r in rows if not r.get("error") and r["spills"])
     print(f"  {len(rows) - len(bad)} compiled, {len(bad)} failed, {spilled} with spills "
           f"({time.time() - t0:.0f} s)", flush=True)
-    if proc.returncode != 0 or len(rows) != len(variants):
+    if proc.returncode != 0 or len(rows) != len(variants) or unreadable:
         print(proc.stderr[-3000:])
         return 1
     return 1 if bad else 0

@@ -19,6 +19,7 @@ import json
 import os
 import sys
 import time
+from unittest import mock
 
 import torch
 
@@ -86,7 +87,6 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     rows = []
-    get, put = fastpath.KVCACHE.get, fastpath.KVCACHE.put
     for fp8 in (False, True):
         call = make_call(args.batch, args.keys, fp8)
         row = dict(batch=args.batch, keys=args.keys, fp8_latent=fp8, gpu_us=graph_us(call),
@@ -94,12 +94,9 @@ def main() -> int:
         for _ in range(args.rounds):  # (paths alternating)
             fastpath.KVCACHE.clear()
             row["fast_us"].append(wall_us(call, args.calls))
-            fastpath.KVCACHE.get = lambda key: None
-            fastpath.KVCACHE.put = lambda key, value: None
-            try:
+            with mock.patch.object(fastpath.KVCACHE, "get", lambda key: None), \
+                    mock.patch.object(fastpath.KVCACHE, "put", lambda key, value: None):
                 row["full_us"].append(wall_us(call, args.calls))
-            finally:
-                fastpath.KVCACHE.get, fastpath.KVCACHE.put = get, put
         rows.append(row)
         print(f"fp8 latent {int(fp8)}: GPU {row['gpu_us']:.1f} us, fast path "
               f"{min(row['fast_us']):.1f} us / call, full path {min(row['full_us']):.1f} us / call")

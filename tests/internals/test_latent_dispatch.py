@@ -170,3 +170,32 @@ def test_decode_call_runs_the_partials_and_combines_them(case, monkeypatch, on_s
                         lambda *a, **kw: calls.append(1) or _split_partials(*a, **kw))
     check_mla(case, "cpu")
     assert calls, "the partials launcher did not run"
+
+
+@pytest.mark.parametrize("shapes, waves", [
+    (dict(nheads_k=1, headdim=64, headdim_v=512, page_size=64), 1.0),
+    (dict(nheads_k=1, headdim=64, headdim_v=512, page_size=None), 1.0),
+    (dict(nheads_k=1, headdim=64, headdim_v=512, page_size=64, window_right=0), 1.0),
+    (dict(nheads_k=1, headdim=64, headdim_v=512, page_size=16), None),
+    (dict(nheads_k=1, headdim=64, headdim_v=512, page_size=64, softcap=1.0), None),
+    (dict(nheads_k=8, headdim=128, headdim_v=128, page_size=64), None),
+], ids=["mla-page64", "mla-contiguous", "mla-causal", "mla-page16", "mla-softcap", "gqa-d128"])
+def test_scheduler_splits_follow_the_kernel_that_runs(shapes, waves, monkeypatch):
+    """FA3's get_scheduler_metadata on sm90: MLA's shapes get the Hopper kernel's one-wave
+    split count, every other shape the portable decode kernel's rule."""
+    from flashattn.dispatch import latent as dispatch_latent
+    from flashattn.replay import kvcache as replay_kvcache
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(replay_kvcache._select, "triton_available", lambda: True)
+    monkeypatch.setattr(dispatch_latent._select, "family_for", lambda device: "hopper")
+    seen = []
+    portable = dispatch_latent._select.backend("portable")
+    monkeypatch.setattr(portable, "decode_splits", lambda *a: seen.append(a[-1]) or 7)
+    window = dict(window_left=-1, window_right=shapes.pop("window_right", -1),
+                  softcap=shapes.pop("softcap", 0.0))
+    splits = replay_kvcache.decode_splits(4, 1, 8192, 128, shapes["nheads_k"],
+                                          shapes["headdim"], shapes["headdim_v"],
+                                          torch.bfloat16, shapes["page_size"], 0, **window)
+    assert splits == 7 and seen == [waves]

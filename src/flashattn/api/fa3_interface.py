@@ -260,10 +260,14 @@ def get_scheduler_metadata(batch_size: int, max_seqlen_q: int, max_seqlen_k: int
     it as ``scheduler_metadata``). ``num_splits`` > 0 is returned as given; the decision
     does not depend on ``attention_chunk``."""
     from flashattn.replay import kvcache as _replay_kvcache
+    window_left, window_right = window_size
+    if causal:
+        window_right = 0
     splits = _replay_kvcache.decode_splits(batch_size, max_seqlen_q, max_seqlen_k,
                                            num_heads_q, num_heads_kv, headdim,
                                            headdim_v or headdim, qkv_dtype, page_size,
-                                           num_splits)
+                                           num_splits, int(window_left), int(window_right),
+                                           1.0 if has_softcap else 0.0)
     return torch.tensor([splits], dtype=torch.int32)
 
 

@@ -151,7 +151,8 @@ class _Optional(Protocol):
 
     def decode_splits(self, batch: int, seqlen_q: int, max_seqlen_k: int, nheads: int,
                       nheads_k: int, headdim: int, headdim_v: int, dtype: torch.dtype,
-                      page_size: Optional[int], device: torch.device) -> int: ...
+                      page_size: Optional[int], device: torch.device,
+                      waves: Optional[float] = None) -> int: ...
 
     # hopper: recorded packed and FP8 calls
     def varlen_fwd_call(self, q: Tensor, k: Tensor, v: Tensor, n_seqs: int, seqused: bool,
@@ -180,6 +181,11 @@ class _Optional(Protocol):
 
     def latent_partials(self, p: AttnParams, capacity: int) -> Callable[..., None]: ...
 
+    def latent_shapes_unsupported(self, nheads_k: int, headdim: int, headdim_v: int,
+                                  dtype: torch.dtype, page_size: Optional[int], *,
+                                  window_left: int = -1, window_right: int = -1,
+                                  softcap: float = 0.0) -> Optional[str]: ...
+
 
 # optional function -> why it is optional (which backends have it)
 OPTIONAL: Dict[str, str] = {
@@ -195,6 +201,8 @@ OPTIONAL: Dict[str, str] = {
     "fp8_vt_call": "hopper: the V^T pass into wgmma key order, recorded",
     "latent_unsupported": "hopper: which KV-cache calls with qv its MLA decode kernel covers",
     "latent_partials": "hopper: the MLA decode kernel, as the split partials of a DecodeCall",
+    "latent_shapes_unsupported": "hopper: which call shapes its MLA decode kernel covers (the "
+                                 "split decision of FA3's get_scheduler_metadata)",
 }
 
 # each backend name (select's answers): its interface module, imported on first use, and the

@@ -34,4 +34,20 @@ def latent_kernel(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     return {"partials": hopper.latent_partials(params, capacity)}
 
 
-__all__ = ["latent_kernel"]
+def latent_split_waves(device: torch.device, nheads_k: int, headdim: int, headdim_v: int,
+                       dtype: torch.dtype, page_size: Optional[int], window_left: int = -1,
+                       window_right: int = -1, softcap: float = 0.0) -> Optional[float]:
+    """The ``waves`` of the portable split decision for KV-cache calls of these shapes: 1.0
+    where they are the Hopper MLA decode kernel's (one CTA per SM: its DecodeCall fills one
+    wave of splits), None (the decode kernel's own rule) elsewhere. For FA3's
+    ``get_scheduler_metadata``, which does not know whether ``qv`` will be given: MLA's shapes
+    (one KV head of 64 / 512) are taken to be a qv call."""
+    if _select.family_for(device) != "hopper":
+        return None
+    reason = _select.backend("hopper").latent_shapes_unsupported(
+        nheads_k, headdim, headdim_v, dtype, page_size, window_left=window_left,
+        window_right=window_right, softcap=softcap)
+    return 1.0 if reason is None else None
+
+
+__all__ = ["latent_kernel", "latent_split_waves"]

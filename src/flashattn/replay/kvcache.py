@@ -126,18 +126,23 @@ def kvcache_planned(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 
 def decode_splits(batch: int, seqlen_q: int, max_seqlen_k: int, nheads: int, nheads_k: int,
                   headdim: int, headdim_v: int, dtype: torch.dtype, page_size: Optional[int],
-                  num_splits: int) -> int:
+                  num_splits: int, window_left: int = -1, window_right: int = -1,
+                  softcap: float = 0.0) -> int:
     """The number of key splits a KV-cache call of these shapes runs on the current CUDA
     device (FA3's get_scheduler_metadata); 1 where the call would not run split-KV kernels
-    (no CUDA device or no Triton: the torch path has no splits). ``num_splits`` > 0 as given."""
+    (no CUDA device or no Triton: the torch path has no splits). ``num_splits`` > 0 as given.
+    MLA's shapes on sm90 get the Hopper MLA decode kernel's split count
+    (``dispatch.latent.latent_split_waves``)."""
     if num_splits > 0:
         return int(num_splits)
     if not (torch.cuda.is_available() and _select.triton_available()):
         return 1
     device = torch.device("cuda", torch.cuda.current_device())
+    waves = _latent.latent_split_waves(device, nheads_k, headdim, headdim_v, dtype, page_size,
+                                       window_left, window_right, softcap)
     return _select.backend("portable").decode_splits(batch, seqlen_q, max_seqlen_k, nheads,
                                                      nheads_k, headdim, headdim_v, dtype,
-                                                     page_size, device)
+                                                     page_size, device, waves)
 
 
 __all__ = ["decode_splits", "kvcache_planned", "kvcache_runner"]

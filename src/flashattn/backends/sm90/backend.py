@@ -151,6 +151,16 @@ def latent_partials(p: AttnParams, capacity: int) -> Callable[..., None]:
     return _latent.Partials(p.softmax_scale, p.window_right == 0, capacity)
 
 
+def latent_shapes_unsupported(nheads_k: int, headdim: int, headdim_v: int, dtype: torch.dtype,
+                              page_size: Optional[int], *, window_left: int = -1,
+                              window_right: int = -1, softcap: float = 0.0) -> Optional[str]:
+    """Why KV-cache calls with ``qv`` of these shapes are not the MLA decode kernel's (None:
+    they are, tensors and device permitting)."""
+    return _latent.latent_shapes_unsupported(nheads_k, headdim, headdim_v, dtype, page_size,
+                                             window_left=window_left,
+                                             window_right=window_right, softcap=softcap)
+
+
 __all__ = ["bwd", "fp8_fwd", "fp8_fwd_call", "fp8_varlen_call", "fp8_varlen_fwd", "fp8_vt_call", "fwd",
-           "latent_partials", "latent_unsupported", "varlen_bwd", "varlen_bwd_call", "varlen_fwd",
+           "latent_partials", "latent_shapes_unsupported", "latent_unsupported", "varlen_bwd", "varlen_bwd_call", "varlen_fwd",
            "varlen_fwd_call"]

@@ -32,6 +32,27 @@ MAXNREG = 168
 _PLANS = LaunchPlans(slots=tuple(range(8)))
 
 
+def latent_shapes_unsupported(nheads_k: int, headdim: int, headdim_v: int,
+                              dtype: torch.dtype, page_size: Optional[int], *,
+                              window_left: int = -1, window_right: int = -1,
+                              softcap: float = 0.0) -> Optional[str]:
+    """Why KV-cache calls with ``qv`` of these shapes are not the Hopper MLA decode kernel's
+    (None: they are, tensors and device permitting): 16-bit, one KV head, head dims 64 / 512,
+    a contiguous cache (``page_size`` None) or pages of a multiple of 64 keys, no mask but
+    causal (``window_right`` 0), no softcap."""
+    if dtype not in DTYPES:
+        return f"dtype {dtype} (16-bit)"
+    if headdim != ROPE_DIM or headdim_v != LATENT_DIM:
+        return f"head dims {headdim} / {headdim_v} (64 / 512)"
+    if nheads_k != 1:
+        return "caches other than one KV head of 64 / 512"
+    if window_left >= 0 or window_right > 0 or softcap > 0.0:
+        return "window or softcap"
+    if page_size is not None and page_size % BLOCK_N:
+        return f"page size {page_size} (a multiple of {BLOCK_N})"
+    return None
+
+
 def latent_unsupported(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                        qv: Optional[torch.Tensor], block_table: Optional[torch.Tensor], *,
                        window_left: int, window_right: int, softcap: float,
@@ -45,7 +66,8 @@ def latent_unsupported(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     Covered: a dense q (b, s_q, h, 64) and ``qv`` (b, s_q, h, 512) of the caches' 16-bit
     dtype over one KV head, rotary cache (.., 1, 64) and latent cache (.., 1, 512), contiguous
     or paged with pages of a multiple of 64 keys, no mask but causal (bottom-right aligned),
-    TMA-addressable tensors, on an sm90 device."""
+    TMA-addressable tensors, on an sm90 device (:func:`latent_shapes_unsupported` and the
+    tensors' own checks)."""
     if qv is None:
         return "no qv"
     if varlen:
@@ -53,20 +75,22 @@ def latent_unsupported(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     reason = device_unavailable(q.device)
     if reason is not None:
         return reason
-    if q.dtype not in DTYPES or any(t.dtype != q.dtype for t in (qv, k_cache, v_cache)):
+    if any(t.dtype != q.dtype for t in (qv, k_cache, v_cache)):
         return f"dtypes {q.dtype} / {qv.dtype} / {k_cache.dtype} / {v_cache.dtype} (16-bit, one)"
     if k_descale is not None or q_descale is not None:
         return "FP8 caches"
-    if q.dim() != 4 or q.shape[3] != ROPE_DIM or qv.shape[3] != LATENT_DIM:
-        return f"head dims {q.shape[-1]} / {qv.shape[-1]} (64 / 512)"
-    if k_cache.shape[2] != 1 or k_cache.shape[3] != ROPE_DIM or v_cache.shape[3] != LATENT_DIM:
-        return "caches other than one KV head of 64 / 512"
-    if window_left >= 0 or window_right > 0 or softcap > 0.0 or alibi_slopes is not None:
-        return "window, softcap or alibi"
+    if q.dim() != 4 or k_cache.shape[3] != q.shape[3] or v_cache.shape[3] != qv.shape[3]:
+        return "caches whose head dims differ from q's / qv's"
+    if alibi_slopes is not None:
+        return "alibi"
+    reason = latent_shapes_unsupported(k_cache.shape[2], q.shape[3], qv.shape[3], q.dtype,
+                                       None if block_table is None else k_cache.shape[1],
+                                       window_left=window_left, window_right=window_right,
+                                       softcap=softcap)
+    if reason is not None:
+        return reason
     if attention_chunk > 0 or leftpad is not None or batch_idx is not None:
         return "attention_chunk, cache_leftpad or cache_batch_idx"
-    if block_table is not None and k_cache.shape[1] % BLOCK_N:
-        return f"page size {k_cache.shape[1]} (a multiple of {BLOCK_N})"
     if q.shape[1] * q.shape[2] >= 2**31 or q.shape[0] > 65535:
         return "too many query rows or sequences"
     # q and qv as (b, s_q * h, d): their (s_q, h) dimensions must merge
@@ -179,4 +203,5 @@ class Partials:
                       cache_cap=self.capacity)
 
 
-__all__ = ["Partials", "latent_decode", "latent_unsupported", "launch_args"]
+__all__ = ["Partials", "latent_decode", "latent_shapes_unsupported", "latent_unsupported",
+           "launch_args"]

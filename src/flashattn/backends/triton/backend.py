@@ -198,10 +198,12 @@ def kvcache_call(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens: Tensor, s
 
 def decode_splits(batch: int, seqlen_q: int, max_seqlen_k: int, nheads: int, nheads_k: int,
                   headdim: int, headdim_v: int, dtype: torch.dtype, page_size: Optional[int],
-                  device: torch.device) -> int:
-    """The split-KV decode kernel's key splits for these shapes (its heuristic, from shapes)."""
+                  device: torch.device, waves: Optional[float] = None) -> int:
+    """The split-KV decode kernel's key splits for these shapes (its heuristic, from shapes);
+    ``waves``: programs per SM to fill when another family's kernel computes the splits (the
+    Hopper MLA decode kernel: 1), None for the decode kernel's own rule."""
     return _decode.planned_splits(batch, seqlen_q, max_seqlen_k, nheads, nheads_k, headdim,
-                                  headdim_v, dtype, page_size is not None, device)
+                                  headdim_v, dtype, page_size is not None, device, waves)
 
 
 def varlen_paged_fwd(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens_q: Tensor,

@@ -904,16 +904,18 @@ def _slots(q4, k_cache, v_cache, out_k, lse_k, seqlens_k, leftpad, batch_idx, bl
 
 def planned_splits(batch: int, seqlen_q: int, max_seqlen_k: int, nheads: int, nheads_k: int,
                    headdim: int, headdim_v: int, dtype: torch.dtype, paged: bool,
-                   device: torch.device) -> int:
+                   device: torch.device, waves: Optional[float] = None) -> int:
     """The key splits decode_attention would choose for these shapes (num_splits = 0); an FP8
-    ``dtype`` (FlashAttention-3's qkv_dtype) computes in bf16."""
+    ``dtype`` (FlashAttention-3's qkv_dtype) computes in bf16; ``waves`` as the DecodeCall of
+    a call with ``partials`` passes it (1: the Hopper MLA decode kernel's one wave)."""
     kv_fp8 = dtype == torch.float8_e4m3fn
     if kv_fp8:
         dtype = torch.bfloat16
     elem = torch.empty((), dtype=dtype).element_size()
     plan = _launch_plan(headdim, headdim_v, elem, paged, nheads // nheads_k, max(1, seqlen_q),
                         batch, nheads_k, int(max_seqlen_k), 0, device,
-                        _env.settings().decode_config, _env.settings().decode_waves, kv_fp8)
+                        _env.settings().decode_config, _env.settings().decode_waves, kv_fp8,
+                        waves)
     return plan[6]
 
 

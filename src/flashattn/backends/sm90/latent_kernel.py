@@ -191,6 +191,33 @@ def _rescale(m_from, m_to):
 
 
 @gluon.jit
+def _publish(p, m_new, m_slot, p_slot, ready, dtype: gl.constexpr):
+    """Hand this warpgroup's block probabilities to the other one: the running max it reached
+    and P in ``dtype`` (over the block's rotary slot), then the arrive on ``ready``. Returns P
+    in ``dtype`` (this warpgroup's own P V operand)."""
+    p16 = p.to(dtype)
+    m_slot.store(m_new)
+    p_slot.store(p16)
+    fence_async_shared()  # (the other warpgroup's wgmma reads P through the async proxy)
+    mbarrier.arrive(ready)
+    return p16
+
+
+@gluon.jit
+def _finish_pv(tok, empty):
+    """Wait for this warpgroup's P V and release its ring slot: the accumulator."""
+    acc = warpgroup_mma_wait(0, deps=(tok,))
+    mbarrier.arrive(empty)
+    return acc
+
+
+@gluon.jit
+def _rescaled(acc, alpha, ROW_O: gl.constexpr):
+    """acc with each row times alpha (a row vector in the score layout)."""
+    return acc * gl.expand_dims(gl.convert_layout(alpha, ROW_O), 1)
+
+
+@gluon.jit
 def _consumer(WG: gl.constexpr, q_smem, qv_smem, k_smem, v_smem, m_smem, l_smem, q_ready,
               kv_ready, kv_empty, p_ready, l_ready, out_ptr, lse_ptr, seqlens_ptr,
               seqlen_k_add, cache_cap, seqlen_q, G, n_rows, qk_scale,
@@ -238,31 +265,24 @@ def _consumer(WG: gl.constexpr, q_smem, qv_smem, k_smem, v_smem, m_smem, l_smem,
             if _block_needs_mask(na, k_end, diag, m_first, G, CAUSAL):
                 s = _mask(s, na, k_end, diag, m_first, G, CAUSAL, S_LAYOUT)
             p, m_a, l_i, alpha = _softmax(s, m_i, l_i, qk_scale)
-            p16 = p.to(dtype)
-            m_smem[0].store(m_a)
-            pa_smem.store(p16)
-            fence_async_shared()
-            mbarrier.arrive(p_ready.index(0))
+            p16 = _publish(p, m_a, m_smem[0], pa_smem, p_ready.index(0), dtype)
             _guard_v(v_smem, sa, WG, na, seqlen)
-            acc = acc * gl.expand_dims(gl.convert_layout(alpha, ROW_O), 1)
+            acc = _rescaled(acc, alpha, ROW_O)
             tok = warpgroup_mma(gl.convert_layout(p16, P_LAYOUT), va, acc, is_async=True)
             if has_b:
                 mbarrier.wait(p_ready.index(1), t & 1)
                 mbarrier.wait(kv_ready.index(sb), pb)
                 m_b = m_smem[1].load(ROW_S)
-                acc = warpgroup_mma_wait(0, deps=(tok,))
-                mbarrier.arrive(kv_empty.index(sa))
+                acc = _finish_pv(tok, kv_empty.index(sa))
                 alpha_b = _rescale(m_a, m_b)
                 l_i = l_i * alpha_b
-                acc = acc * gl.expand_dims(gl.convert_layout(alpha_b, ROW_O), 1)
+                acc = _rescaled(acc, alpha_b, ROW_O)
                 _guard_v(v_smem, sb, WG, nb, seqlen)
                 tok = warpgroup_mma(pb_smem, vb, acc, is_async=True)
-                acc = warpgroup_mma_wait(0, deps=(tok,))
-                mbarrier.arrive(kv_empty.index(sb))
+                acc = _finish_pv(tok, kv_empty.index(sb))
                 m_i = m_b
             else:
-                acc = warpgroup_mma_wait(0, deps=(tok,))
-                mbarrier.arrive(kv_empty.index(sa))
+                acc = _finish_pv(tok, kv_empty.index(sa))
                 m_i = m_a
         else:
             # (S_b before P_a V_a: S_b then runs under consumer0's softmax; the other order,
@@ -278,27 +298,20 @@ def _consumer(WG: gl.constexpr, q_smem, qv_smem, k_smem, v_smem, m_smem, l_smem,
             m_a = m_smem[0].load(ROW_S)
             alpha_a = _rescale(m_i, m_a)
             l_i = l_i * alpha_a
-            acc = acc * gl.expand_dims(gl.convert_layout(alpha_a, ROW_O), 1)
+            acc = _rescaled(acc, alpha_a, ROW_O)
             _guard_v(v_smem, sa, WG, na, seqlen)
             tok = warpgroup_mma(pa_smem, va, acc, is_async=True)
             if has_b:
                 p, m_b, l_i, alpha_b = _softmax(s, m_a, l_i, qk_scale)
-                p16 = p.to(dtype)
-                m_smem[1].store(m_b)
-                pb_smem.store(p16)
-                fence_async_shared()
-                mbarrier.arrive(p_ready.index(1))
-                acc = warpgroup_mma_wait(0, deps=(tok,))
-                mbarrier.arrive(kv_empty.index(sa))
-                acc = acc * gl.expand_dims(gl.convert_layout(alpha_b, ROW_O), 1)
+                p16 = _publish(p, m_b, m_smem[1], pb_smem, p_ready.index(1), dtype)
+                acc = _finish_pv(tok, kv_empty.index(sa))
+                acc = _rescaled(acc, alpha_b, ROW_O)
                 _guard_v(v_smem, sb, WG, nb, seqlen)
                 tok = warpgroup_mma(gl.convert_layout(p16, P_LAYOUT), vb, acc, is_async=True)
-                acc = warpgroup_mma_wait(0, deps=(tok,))
-                mbarrier.arrive(kv_empty.index(sb))
+                acc = _finish_pv(tok, kv_empty.index(sb))
                 m_i = m_b
             else:
-                acc = warpgroup_mma_wait(0, deps=(tok,))
-                mbarrier.arrive(kv_empty.index(sa))
+                acc = _finish_pv(tok, kv_empty.index(sa))
                 m_i = m_a
 
     # ---- epilogue: the two running sums added (same order in both), O / l, LSE

@@ -1,7 +1,7 @@
 """MLA decode probe: FlashAttention-3's ``qv`` through ``flashattn.fa3.flash_attn_with_kvcache``.
 
 DeepSeek's decode shape: 128 query heads over one latent KV head, q 64 wide, qv / v_cache 512
-wide, pages of 64 (shuffled), one new token per step (no append here: attention only), bf16
+wide, pages of 64 (``--page``; shuffled), one new token per step (no append here: attention only), bf16
 or an FP8 (e4m3) latent cache. Two rates per row, CUDA-graph replays (``triton.testing.do_bench``
 median): bandwidth = bytes of the K / V cache read once (b * s_k * (64 + 512) * element size)
 / time, and TFLOP/s = 2 * b * 128 * s_k * (64 + 512 + 512) / time (scores and PV). With 128
@@ -50,11 +50,11 @@ def _graphed(fn):
     return graph.replay
 
 
-def _inputs(b: int, s_k: int, fp8: bool, s_q: int = 1):
+def _inputs(b: int, s_k: int, fp8: bool, s_q: int = 1, page: int = PAGE):
     dev, bf = "cuda", torch.bfloat16
-    n_pages = s_k // PAGE
-    k = torch.randn(b * n_pages, PAGE, H_K, D, device=dev, dtype=bf)
-    v = torch.randn(b * n_pages, PAGE, H_K, D_V, device=dev, dtype=bf)
+    n_pages = s_k // page
+    k = torch.randn(b * n_pages, page, H_K, D, device=dev, dtype=bf)
+    v = torch.randn(b * n_pages, page, H_K, D_V, device=dev, dtype=bf)
     table = torch.randperm(b * n_pages, device=dev).view(b, n_pages).to(torch.int32)
     x = dict(q=torch.randn(b, s_q, H, D, device=dev, dtype=bf),
              qv=torch.randn(b, s_q, H, D_V, device=dev, dtype=bf),
@@ -70,9 +70,10 @@ def _inputs(b: int, s_k: int, fp8: bool, s_q: int = 1):
 def _check(out: torch.Tensor, x: dict) -> float:
     """max |out - float32 torch| over the batch (the absorbed MLA formula, no paging)."""
     b, n_pages = x["page_table"].shape
+    page = x["k_cache"].shape[1]
     rows = x["page_table"].long()
-    k = x["k_cache"][rows].float().reshape(b, n_pages * PAGE, D)
-    v = x["v_cache"][rows].float().reshape(b, n_pages * PAGE, D_V)
+    k = x["k_cache"][rows].float().reshape(b, n_pages * page, D)
+    v = x["v_cache"][rows].float().reshape(b, n_pages * page, D_V)
     s = (torch.einsum("bqhd,bkd->bhqk", x["q"].float(), k)
          + torch.einsum("bqhd,bkd->bhqk", x["qv"].float(), v)) * (D + D_V) ** -0.5
     if x.get("causal"):  # (bottom-right: query row i sees keys <= i + s_k - s_q)
@@ -93,6 +94,7 @@ def main() -> int:
     ap.add_argument("--families", default="hopper,portable")
     ap.add_argument("--splits", default="0", help="num_splits values (0: the heuristic's)")
     ap.add_argument("--s-q", type=int, default=1, help="query rows per sequence (causal when > 1)")
+    ap.add_argument("--page", type=int, default=PAGE, help="keys per page (default 64)")
     ap.add_argument("--knob", default="",
                     help="NAME=v1,v2: the Hopper kernel's module-level switch "
                          "(backends/sm90/latent.py, e.g. SERIAL=0,1) at each value, interleaved")
@@ -104,7 +106,7 @@ def main() -> int:
     for point in args.points.split(","):
         b, s_k = (int(t) for t in point.split("x"))
         for fp8 in (bool(int(f)) for f in args.fp8.split(",")):
-            x = _inputs(b, s_k, fp8, args.s_q)
+            x = _inputs(b, s_k, fp8, args.s_q, args.page)
             if args.s_q > 1:  # (speculative decoding: the new rows see the keys before them)
                 x["causal"] = True
             elem = 1 if fp8 else 2
@@ -131,7 +133,8 @@ def main() -> int:
                     err = _check(fn(), x)
                     ms = triton.testing.do_bench(_graphed(fn), warmup=25, rep=100,
                                                  return_mode="median")
-                row = dict(b=b, s_k=s_k, s_q=args.s_q, fp8=fp8, family=family, splits=n_splits,
+                row = dict(b=b, s_k=s_k, s_q=args.s_q, page=args.page, fp8=fp8, family=family,
+                           splits=n_splits,
                            knob=f"{knob}={getattr(_latent, knob)}" if knob else "",
                            config=cfg or "default",
                            block_m=bm, ms=round(ms, 4), tbps=round(nbytes / ms / 1e9, 3),

@@ -1,8 +1,8 @@
 """MLA decode probe: FlashAttention-3's ``qv`` through ``flashattn.fa3.flash_attn_with_kvcache``.
 
 DeepSeek's decode shape: 128 query heads over one latent KV head, q 64 wide, qv / v_cache 512
-wide, pages of 64 (``--page``; shuffled), one new token per step (no append here: attention only), bf16
-or an FP8 (e4m3) latent cache. Two rates per row, CUDA-graph replays (``triton.testing.do_bench``
+wide, pages of 64 (``--page``; shuffled), one new token per step (no append here: attention
+only), bf16 or an FP8 (e4m3) latent cache. Two rates per row, CUDA-graph replays (``triton.testing.do_bench``
 median): bandwidth = bytes of the K / V cache read once (b * s_k * (64 + 512) * element size)
 / time, and TFLOP/s = 2 * b * 128 * s_k * (64 + 512 + 512) / time (scores and PV). With 128
 heads over one latent head a key costs ~242 FLOP per byte of bf16 cache (~480 for FP8), near

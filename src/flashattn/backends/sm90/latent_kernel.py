@@ -47,6 +47,12 @@ slots that may hold anything, NaN included) are zeroed before a P V multiplies t
 Caches: paged (num_pages, PAGE_SIZE, 1, d) with PAGE_SIZE a multiple of 64 (a key block lies in
 one page: block_table[b, pos // PAGE_SIZE], rows pos % PAGE_SIZE on), or contiguous
 (b_cache, s_cache, 1, d). The host (latent.py) checks what this kernel covers.
+
+Measured (H200, 2026-11-28, benchmarks/NOTES.md): 2.2-2.3 TB/s of bf16 cache at batch 64
+(533-563 TFLOP/s), 2.0-2.5x the portable decode kernel. What mattered: the S GEMM's wgmma
+descriptors rebuilt in the loop (_scores: 1.20-1.24x, no spills), one wave of key splits
+(the host: 1.15-1.28x at small batches). What did not: an L2 prefetch of the blocks past
+the ring (0.72-0.92x), consumer1 running P_a V_a before S_b (0.91-0.99x).
 """
 from __future__ import annotations
 

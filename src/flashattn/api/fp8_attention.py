@@ -9,8 +9,9 @@
 - :func:`flash_attn_fp8_func`: bf16 / fp16 in, quantize (block scales + incoherent
   processing) and FP8 attention, out in the input dtype: the drop-in for inference prefill.
 
-Forward only: FP8 inputs (or ``flash_attn_fp8_func`` inputs) that require grad raise, naming
-the bf16 path. Dropout, ALiBi and S_dmask are not part of FA3's FP8 path and raise too.
+Forward only: inputs that require grad run the forward (as FlashAttention-3's do); a backward
+through the output raises NotImplementedError naming the bf16 path (``ops.forward_only``).
+Dropout, ALiBi and S_dmask are not part of FA3's FP8 path and raise.
 """
 from __future__ import annotations
 

@@ -62,7 +62,8 @@ def kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                              k_cache, block_table, rotary_cos, s_q if rotary_q_step else 1,
                              rotary_seqlens)
 
-    impl = _select.backend(_select.select("kvcache", q))
+    name = _select.select("kvcache", q)
+    impl = _select.backend(name)
     rot = dict(rotary_seqlens=rotary_seqlens) if rotary_seqlens is not None else {}
     rot.update(append_descales(fp8, k, v))
     if batch == 0 or s_q == 0:
@@ -77,7 +78,7 @@ def kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         q_rot = impl.append_kv(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
                                rotary_interleaved, seqlens, cache_batch_idx, block_table,
                                rotary_q_step, **rot)
-    if qv is not None and impl is _select.backend("portable"):
+    if qv is not None and name == "portable":  # (the cpu backend: no Triton to import)
         latent.update(_latent.latent_kernel(q_rot, k_cache, v_cache, qv, block_table, params,
                                             cache_leftpad, cache_batch_idx, capacity, fp8))
     return impl.kvcache_attention(q_rot, k_cache, v_cache, seqlens, s_new, p=params,

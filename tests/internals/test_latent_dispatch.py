@@ -199,3 +199,21 @@ def test_scheduler_splits_follow_the_kernel_that_runs(shapes, waves, monkeypatch
                                           shapes["headdim"], shapes["headdim_v"],
                                           torch.bfloat16, shapes["page_size"], 0, **window)
     assert splits == 7 and seen == [waves]
+
+
+def test_qv_on_the_cpu_backend_never_asks_for_the_portable_backend(monkeypatch):
+    """The torch path (a laptop without Triton) runs qv calls without the portable backend,
+    which imports Triton: dispatch's MLA kernel choice must not ask for it by module."""
+    import flashattn
+    from flashattn.dispatch import select
+
+    backend = select.backend
+
+    def no_portable(name):
+        if name == "portable":
+            raise ImportError("the portable backend needs Triton")
+        return backend(name)
+
+    monkeypatch.setattr(select, "backend", no_portable)
+    with flashattn.use_backend("cpu"):
+        check_mla(replace(DEEPSEEK_SMALL, num_splits=0), "cpu")

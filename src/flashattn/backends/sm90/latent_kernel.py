@@ -63,7 +63,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from flashattn.runtime.gluon_api import tma_load
 from flashattn.backends.sm90.row_guard import zero_rows_from
-from flashattn.backends.sm90.softmax import LN2
+from flashattn.backends.sm90.softmax import LN2, online_softmax
 
 BLOCK_M = gl.constexpr(64)  # packed query rows of a CTA (one wgmma M)
 BLOCK_N = gl.constexpr(64)  # keys per block
@@ -178,19 +178,6 @@ def _guard_v(v_smem, stage, WG: gl.constexpr, n_start, seqlen):
 
 
 @gluon.jit
-def _softmax(s, m_ref, l_i, qk_scale):
-    """One block's online softmax against the running max ``m_ref`` (log2 units, may be
-    -inf): (p, m_new, l_new, alpha) with p = exp2(s * scale - m_new), alpha = exp2(m_ref -
-    m_new) (a row with no visible key yet subtracts 0: p = 0, no NaN)."""
-    m_new = gl.maximum(m_ref, gl.max(s, axis=1) * qk_scale)
-    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-    p = gl.exp2(s * qk_scale - gl.expand_dims(m_use, 1))
-    alpha = gl.exp2(m_ref - m_use)
-    l_new = l_i * alpha + gl.sum(p, axis=1)
-    return p, m_new, l_new, alpha
-
-
-@gluon.jit
 def _rescale(m_from, m_to):
     """exp2(m_from - m_to) with m_to = -inf read as 0 (then m_from is -inf too: 0)."""
     return gl.exp2(m_from - gl.where(m_to == float("-inf"), 0.0, m_to))
@@ -270,7 +257,7 @@ def _consumer(WG: gl.constexpr, q_smem, qv_smem, k_smem, v_smem, m_smem, l_smem,
             s = _scores(q_smem, qv_smem, k_smem, v_smem, sa, s_zero, z)
             if _block_needs_mask(na, k_end, diag, m_first, G, CAUSAL):
                 s = _mask(s, na, k_end, diag, m_first, G, CAUSAL, S_LAYOUT)
-            p, m_a, l_i, alpha = _softmax(s, m_i, l_i, qk_scale)
+            p, m_a, l_i, alpha = online_softmax(s, m_i, l_i, qk_scale)
             p16 = _publish(p, m_a, m_smem[0], pa_smem, p_ready.index(0), dtype)
             _guard_v(v_smem, sa, WG, na, seqlen)
             acc = _rescaled(acc, alpha, ROW_O)
@@ -308,7 +295,7 @@ def _consumer(WG: gl.constexpr, q_smem, qv_smem, k_smem, v_smem, m_smem, l_smem,
             _guard_v(v_smem, sa, WG, na, seqlen)
             tok = warpgroup_mma(pa_smem, va, acc, is_async=True)
             if has_b:
-                p, m_b, l_i, alpha_b = _softmax(s, m_a, l_i, qk_scale)
+                p, m_b, l_i, alpha_b = online_softmax(s, m_a, l_i, qk_scale)
                 p16 = _publish(p, m_b, m_smem[1], pb_smem, p_ready.index(1), dtype)
                 acc = _finish_pv(tok, kv_empty.index(sa))
                 acc = _rescaled(acc, alpha_b, ROW_O)

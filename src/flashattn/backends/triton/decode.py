@@ -570,7 +570,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     loaded for the PV product.
     q_descale: float32 (b, h_k), given exactly when q is float8_e4m3fn (or its rotated bf16
     copy) over an FP8 cache: the math runs in bf16 and out is bf16.
-    buffers: None, or a dict the caller keys between calls of one shape (a decode plan): the
+    buffers: None, or a dict the caller keeps between calls of one shape (a decode plan): the
     outputs and split workspaces are allocated into it on the first call and reused after
     (dense queries only; the returned out / lse are those buffers).
     partials: None, or another kernel family's launcher of the split partials for this call

@@ -12,15 +12,16 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
+from flashattn.backends.sm90 import latent_kernel as _kernel
 from flashattn.backends.sm90.descriptors import LOG2E, _GL_DTYPE, nvmma_layout
 from flashattn.backends.sm90.support import DTYPES, device_unavailable, tma_ok
 from flashattn.runtime.launch import LaunchPlans
 
 ROPE_DIM = 64
 LATENT_DIM = 512
-BLOCK_M = 64
-BLOCK_N = 64
-HALF_V = 256
+# the kernel's tile (its constexprs: the descriptors' boxes and the grid follow them)
+BLOCK_M, BLOCK_N, HALF_V = (int(c.value) for c in (_kernel.BLOCK_M, _kernel.BLOCK_N,
+                                                    _kernel.HALF_V))
 NUM_STAGES = 2  # two 72 KiB key blocks: with q / qv (72 KiB) the shared memory is full
 CONSUMER_REGS = 240
 PRODUCER_REGS = 24
@@ -160,8 +161,6 @@ def latent_decode(q: torch.Tensor, qv: torch.Tensor, k_cache: torch.Tensor,
     b, position i, head into ``out`` at s * o_strides[0] + b * o_strides[1] + i * o_strides[2]
     + head * o_strides[3] (fp32 partials, or with one split the output in q's dtype) and the
     natural-log LSE into ``lse`` by ``l_strides`` (split, b, head, i)."""
-    from flashattn.backends.sm90.latent_kernel import latent_decode_kernel
-
     # the launch's tensors and the tensors its descriptors cover, in the kernel's first eight
     # argument positions (_PLANS' slots); everything else is in the key
     paged = block_table is not None
@@ -177,7 +176,7 @@ def latent_decode(q: torch.Tensor, qv: torch.Tensor, k_cache: torch.Tensor,
         args, constexprs, grid = launch_args(q, qv, k_cache, v_cache, seqlens, seqlen_k_add,
                                              block_table, out, lse, o_strides, l_strides,
                                              num_splits, softmax_scale, causal, cache_cap)
-        return latent_decode_kernel, grid, args, constexprs
+        return _kernel.latent_decode_kernel, grid, args, constexprs
 
     _PLANS.launch(key, tensors, build)
 

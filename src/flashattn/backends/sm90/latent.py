@@ -15,7 +15,7 @@ import torch
 from flashattn.backends.sm90 import latent_kernel as _kernel
 from flashattn.backends.sm90.descriptors import LOG2E, _GL_DTYPE, nvmma_layout
 from flashattn.backends.sm90.support import DTYPES, device_unavailable, tma_ok
-from flashattn.runtime.launch import LaunchPlans
+from flashattn.runtime.launch import LaunchPlan, LaunchPlans
 
 ROPE_DIM = 64
 LATENT_DIM = 512
@@ -152,7 +152,7 @@ def latent_decode(q: torch.Tensor, qv: torch.Tensor, k_cache: torch.Tensor,
                   block_table: Optional[torch.Tensor], out: torch.Tensor, lse: torch.Tensor,
                   o_strides: Tuple[int, int, int, int], l_strides: Tuple[int, int, int, int],
                   num_splits: int, *, softmax_scale: float, causal: bool,
-                  cache_cap: int) -> None:
+                  cache_cap: int) -> Optional[LaunchPlan]:
     """Launch the MLA decode kernel for one call (a call :func:`latent_unsupported` covers).
 
     q (b, s_q, h, 64), qv (b, s_q, h, 512); k_cache (n, rows, 1, 64) and v_cache (n, rows, 1,
@@ -160,7 +160,8 @@ def latent_decode(q: torch.Tensor, qv: torch.Tensor, k_cache: torch.Tensor,
     before the ``seqlen_k_add`` appended this call. Writes split s's output rows of sequence
     b, position i, head into ``out`` at s * o_strides[0] + b * o_strides[1] + i * o_strides[2]
     + head * o_strides[3] (fp32 partials, or with one split the output in q's dtype) and the
-    natural-log LSE into ``lse`` by ``l_strides`` (split, b, head, i)."""
+    natural-log LSE into ``lse`` by ``l_strides`` (split, b, head, i). Returns the launch's
+    recorded plan (None where Triton's own path ran: interpreter, a profiler listening)."""
     # the launch's tensors and the tensors its descriptors cover, in the kernel's first eight
     # argument positions (_PLANS' slots); everything else is in the key
     paged = block_table is not None
@@ -178,28 +179,39 @@ def latent_decode(q: torch.Tensor, qv: torch.Tensor, k_cache: torch.Tensor,
                                              num_splits, softmax_scale, causal, cache_cap)
         return _kernel.latent_decode_kernel, grid, args, constexprs
 
-    _PLANS.launch(key, tensors, build)
+    return _PLANS.launch(key, tensors, build)
 
 
 class Partials:
     """:func:`latent_decode` with a call's scalars bound (softmax scale, causal, the caches'
     capacity), called by the portable DecodeCall with each call's tensors and its split
     outputs: ``out_k`` (splits, b, s_q, h, 512) float32 and ``lse_k`` (splits, b, h, s_q), or
-    with one split the output (b, s_q, h, 512) and LSE (b, h, s_q) themselves."""
+    with one split the output (b, s_q, h, 512) and LSE (b, h, s_q) themselves.
+
+    One Partials serves one DecodeCall, whose calls all have the same signature (shapes,
+    strides, dtypes, 16-byte alignment): its first call's recorded launch is replayed by the
+    tensors' addresses after that (no views, no key, no descriptor objects per call; a
+    replay the runtime refuses takes the full launch)."""
 
     def __init__(self, softmax_scale: float, causal: bool, capacity: int) -> None:
         self.softmax_scale, self.causal, self.capacity = softmax_scale, causal, capacity
+        self._plan: Optional[LaunchPlan] = None
 
     def __call__(self, q: torch.Tensor, qv: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, seqlens: torch.Tensor, seqlen_k_add: int,
                  block_table: Optional[torch.Tensor], out_k: torch.Tensor,
                  lse_k: torch.Tensor, num_splits: int) -> None:
+        if self._plan is not None and self._plan.replay_addresses((
+                q.data_ptr(), qv.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+                out_k.data_ptr(), lse_k.data_ptr(), seqlens.data_ptr(),
+                (seqlens if block_table is None else block_table).data_ptr())):
+            return
         o_strides = out_k.stride()[:4] if out_k.dim() == 5 else (0,) + out_k.stride()[:3]
         l_strides = lse_k.stride() if lse_k.dim() == 4 else (0,) + lse_k.stride()
-        latent_decode(q, qv, k_cache, v_cache, seqlens, seqlen_k_add, block_table, out_k,
-                      lse_k, o_strides, l_strides, num_splits,
-                      softmax_scale=self.softmax_scale, causal=self.causal,
-                      cache_cap=self.capacity)
+        self._plan = latent_decode(q, qv, k_cache, v_cache, seqlens, seqlen_k_add,
+                                   block_table, out_k, lse_k, o_strides, l_strides,
+                                   num_splits, softmax_scale=self.softmax_scale,
+                                   causal=self.causal, cache_cap=self.capacity)
 
 
 __all__ = ["Partials", "latent_decode", "latent_shapes_unsupported", "latent_unsupported",

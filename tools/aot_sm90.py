@@ -223,8 +223,9 @@ def compile_latent_variant(head_dim: Any = (64, 512), dtype: torch.dtype = torch
                            overrides: Optional[Dict[str, Any]] = None) -> CompileReport:
     """Compile one variant of the MLA decode kernel (backends/sm90/latent_kernel.py) for sm_90:
     128 query heads over one latent KV head of ``head_dim`` = (64, 512), causal with 2 query
-    rows per sequence (``causal``), two key splits; ``overrides``: {"paged": bool} (pages of
-    64 keys, or a contiguous cache). ``window`` / ``softcap`` must be off (not covered)."""
+    rows per sequence (``causal``), two key splits; ``overrides``: {"paged": bool, "page":
+    int} (pages of ``page`` keys, 64 by default, or a contiguous cache). ``window`` /
+    ``softcap`` must be off (not covered)."""
     from flashattn.backends.sm90.latent import launch_args
     from flashattn.backends.sm90.latent_kernel import latent_decode_kernel
 
@@ -232,13 +233,14 @@ def compile_latent_variant(head_dim: Any = (64, 512), dtype: torch.dtype = torch
         raise ValueError("the MLA decode kernel takes no window or softcap")
     d, d_v = head_dim
     paged = bool((overrides or {}).get("paged"))
+    page = int((overrides or {}).get("page", 64))
     b, s_q, h, splits = 4, 2 if causal else 1, 128, 2
     q = torch.empty(b, s_q, h, d, dtype=dtype)
     qv = torch.empty(b, s_q, h, d_v, dtype=dtype)
     if paged:
-        kc = torch.empty(64, 64, 1, d, dtype=dtype)
-        vc = torch.empty(64, 64, 1, d_v, dtype=dtype)
-        table = torch.zeros(b, 16, dtype=torch.int32)
+        kc = torch.empty(64, page, 1, d, dtype=dtype)
+        vc = torch.empty(64, page, 1, d_v, dtype=dtype)
+        table = torch.zeros(b, 1024 // page, dtype=torch.int32)
     else:
         kc = torch.empty(b, 1024, 1, d, dtype=dtype)
         vc = torch.empty(b, 1024, 1, d_v, dtype=dtype)

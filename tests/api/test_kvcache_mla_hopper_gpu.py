@@ -35,9 +35,14 @@ COVERED = {
     "h16-sq8-causal-splits": replace(DEEPSEEK, h=16, s_q=8, s_new=8, causal=True,
                                      s_cache=900, num_splits=4),
     "batch64-one-wave": replace(DEEPSEEK, b=64, s_cache=1024, s_new=0),
+    # pages smaller than a key block: one TMA box per page
+    "page16-append": replace(DEEPSEEK, b=3, page=16, s_cache=1000),
+    "page32-sq2-causal-splits": replace(DEEPSEEK, b=3, page=32, s_cache=700, s_q=2, s_new=2,
+                                        causal=True, num_splits=5),
+    "page8-empty-row": replace(DEEPSEEK, b=3, page=8, s_cache=300, s_new=0, empty_row=True),
 }
 NOT_COVERED = {
-    "page16": replace(DEEPSEEK, b=2, page=16, s_cache=600),
+    "page12": replace(DEEPSEEK, b=2, page=12, s_cache=600),
     "fp8": replace(DEEPSEEK, b=2, fp8=True, s_cache=600),
     "two-kv-heads": replace(DEEPSEEK, b=2, h=32, h_k=2, s_cache=600),
 }
@@ -71,7 +76,7 @@ def test_other_calls_run_the_portable_kernel(case: MLACase, hopper_calls) -> Non
     assert not hopper_calls
 
 
-@pytest.mark.parametrize("page", [64, None], ids=["page64", "contiguous"])
+@pytest.mark.parametrize("page", [64, 16, None], ids=["page64", "page16", "contiguous"])
 def test_nan_in_unused_cache_slots_changes_nothing(page, hopper_calls) -> None:
     """Cache slots past each row's keys hold NaN (a freshly allocated cache may): the last
     key block of a row reads them, masks their scores and must zero their V rows before

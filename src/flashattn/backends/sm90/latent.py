@@ -22,6 +22,9 @@ LATENT_DIM = 512
 # the kernel's tile (its constexprs: the descriptors' boxes and the grid follow them)
 BLOCK_M, BLOCK_N, HALF_V = (int(c.value) for c in (_kernel.BLOCK_M, _kernel.BLOCK_N,
                                                     _kernel.HALF_V))
+# pages smaller than a key block that it loads page by page (one TMA box per page; a page at
+# least 8 rows tall keeps the boxes on the 128-byte swizzle's 8-row period)
+SMALL_PAGES = (8, 16, 32)
 NUM_STAGES = 2  # two 72 KiB key blocks: with q / qv (72 KiB) the shared memory is full
 CONSUMER_REGS = 240
 PRODUCER_REGS = 24
@@ -49,8 +52,8 @@ def latent_shapes_unsupported(nheads_k: int, headdim: int, headdim_v: int,
         return "caches other than one KV head of 64 / 512"
     if window_left >= 0 or window_right > 0 or softcap > 0.0:
         return "window or softcap"
-    if page_size is not None and page_size % BLOCK_N:
-        return f"page size {page_size} (a multiple of {BLOCK_N})"
+    if page_size is not None and page_size % BLOCK_N and page_size not in SMALL_PAGES:
+        return f"page size {page_size} (a multiple of {BLOCK_N}, or one of {SMALL_PAGES})"
     return None
 
 
@@ -129,10 +132,11 @@ def launch_args(q: torch.Tensor, qv: torch.Tensor, k_cache: torch.Tensor,
     batch, s_q, h, _ = q.shape
     paged = block_table is not None
     kc = k_cache[:, :, 0]  # (pages or cache rows, rows, d): one KV head
+    box = min(BLOCK_N, k_cache.shape[1]) if paged else BLOCK_N  # (one page per box)
     vc = v_cache[:, :, 0]
     args = [
         _desc(_rows3(q), BLOCK_M, ROPE_DIM), _desc(_rows3(qv), BLOCK_M, HALF_V),
-        _desc(kc, BLOCK_N, ROPE_DIM), _desc(vc, BLOCK_N, HALF_V),
+        _desc(kc, box, ROPE_DIM), _desc(vc, box, HALF_V),
         out, lse, seqlens, block_table if paged else seqlens,
         block_table.stride(0) if paged else 0, int(seqlen_k_add), int(cache_cap),
         k_cache.shape[0], block_table.shape[1] if paged else 1,

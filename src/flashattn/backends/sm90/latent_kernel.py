@@ -100,25 +100,67 @@ def _producer(q_desc, qv_desc, k_desc, v_desc, q_smem, qv_smem, k_smem, v_smem, 
     tma_load(q_desc, [b, m_first, 0], q_ready, q_smem.index(0))
     tma_load(qv_desc, [b, m_first, 0], q_ready, qv_smem.index(0))
     tma_load(qv_desc, [b, m_first, HALF_V], q_ready, qv_smem.index(1))
-    kv_bytes: gl.constexpr = k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes
+    # a key block is BOXES TMA boxes of BOX rows (pages of fewer than 64 keys: one per page)
+    BOX: gl.constexpr = k_desc.block_type.shape[1]
+    BOXES: gl.constexpr = BLOCK_N // BOX
+    kv_bytes: gl.constexpr = BOXES * (k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
     for j in range(n_blk):
         stage = j % NUM_STAGES
         phase = (j // NUM_STAGES) & 1
         pos = (first + j) * BLOCK_N
-        if PAGED:  # (the page number is clamped: a bad table entry reads a wrong page, no OOB)
-            idx = gl.minimum(pos // PAGE_SIZE, n_pages_row - 1)
-            page = gl.load(block_table_ptr + b.to(gl.int64) * stride_btb + idx)
-            row0 = gl.minimum(gl.maximum(page, 0), n_cache - 1)
-            row1 = pos % PAGE_SIZE
+        if BOXES == 1:  # (the block's page read before the slot is waited for)
+            row0, row1 = _box_rows(block_table_ptr, b, stride_btb, pos, n_cache, n_pages_row,
+                                   PAGE_SIZE, PAGED)
+            mbarrier.wait(kv_empty.index(stage), phase ^ 1)
+            mbarrier.expect(kv_ready.index(stage), kv_bytes)
+            _load_box(k_desc, v_desc, k_smem, v_smem, kv_ready, stage, row0, row1, 0, BOX,
+                      BOXES)
         else:
-            row0 = b
-            row1 = pos
-        mbarrier.wait(kv_empty.index(stage), phase ^ 1)
-        mbarrier.expect(kv_ready.index(stage), kv_bytes)
-        tma_load(k_desc, [row0, row1, 0], kv_ready.index(stage), k_smem.index(stage))
-        tma_load(v_desc, [row0, row1, 0], kv_ready.index(stage), v_smem.index(2 * stage))
-        tma_load(v_desc, [row0, row1, HALF_V], kv_ready.index(stage),
-                 v_smem.index(2 * stage + 1))
+            mbarrier.wait(kv_empty.index(stage), phase ^ 1)
+            mbarrier.expect(kv_ready.index(stage), kv_bytes)
+            for i in gl.static_range(BOXES):
+                row0, row1 = _box_rows(block_table_ptr, b, stride_btb, pos + i * BOX, n_cache,
+                                       n_pages_row, PAGE_SIZE, PAGED)
+                _load_box(k_desc, v_desc, k_smem, v_smem, kv_ready, stage, row0, row1, i, BOX,
+                          BOXES)
+
+
+@gluon.jit
+def _box_rows(block_table_ptr, b, stride_btb, pos, n_cache, n_pages_row,
+              PAGE_SIZE: gl.constexpr, PAGED: gl.constexpr):
+    """(page or cache row, first row in it) of the keys from position ``pos`` of sequence b
+    (the page number clamped: a bad table entry reads a wrong page, never out of bounds)."""
+    if PAGED:
+        idx = gl.minimum(pos // PAGE_SIZE, n_pages_row - 1)
+        page = gl.load(block_table_ptr + b.to(gl.int64) * stride_btb + idx)
+        row0 = gl.minimum(gl.maximum(page, 0), n_cache - 1)
+        row1 = pos % PAGE_SIZE
+    else:
+        row0 = b
+        row1 = pos
+    return row0, row1
+
+
+@gluon.jit
+def _load_box(k_desc, v_desc, k_smem, v_smem, kv_ready, stage, row0, row1, i,
+              BOX: gl.constexpr, BOXES: gl.constexpr):
+    """TMA loads of box i of a key block (K, then V's two halves) into ring slot ``stage``."""
+    tma_load(k_desc, [row0, row1, 0], kv_ready.index(stage),
+             _rows(k_smem.index(stage), i, BOX, BOXES))
+    tma_load(v_desc, [row0, row1, 0], kv_ready.index(stage),
+             _rows(v_smem.index(2 * stage), i, BOX, BOXES))
+    tma_load(v_desc, [row0, row1, HALF_V], kv_ready.index(stage),
+             _rows(v_smem.index(2 * stage + 1), i, BOX, BOXES))
+
+
+@gluon.jit
+def _rows(slot, i, BOX: gl.constexpr, BOXES: gl.constexpr):
+    """Rows [i * BOX, (i + 1) * BOX) of a ring slot (1, BLOCK_N, cols): the slot itself when
+    one box fills it."""
+    if BOXES == 1:
+        return slot
+    else:
+        return slot.slice(i * BOX, BOX, dim=1)
 
 
 @gluon.jit
@@ -356,9 +398,11 @@ def latent_decode_kernel(q_desc, qv_desc, k_desc, v_desc, out_ptr, lse_ptr, seql
                                        q_desc.layout)
     qv_smem = gl.allocate_shared_memory(qv_desc.dtype, [2] + qv_desc.block_type.shape,
                                         qv_desc.layout)
-    k_smem = gl.allocate_shared_memory(k_desc.dtype, [NUM_STAGES] + k_desc.block_type.shape,
+    # (a page of fewer than 64 keys: the descriptors' boxes are a page tall, the ring slots a
+    # whole key block; the NVMMA layout is the same: it depends on the row width only)
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [NUM_STAGES, 1, BLOCK_N, 64],
                                        k_desc.layout)
-    v_smem = gl.allocate_shared_memory(v_desc.dtype, [2 * NUM_STAGES] + v_desc.block_type.shape,
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [2 * NUM_STAGES, 1, BLOCK_N, HALF_V],
                                        v_desc.layout)
     # the running max each warpgroup publishes (m_a, m_b) and the final running sums
     row_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])

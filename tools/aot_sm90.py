@@ -224,7 +224,8 @@ def compile_latent_variant(head_dim: Any = (64, 512), dtype: torch.dtype = torch
     """Compile one variant of the MLA decode kernel (backends/sm90/latent_kernel.py) for sm_90:
     128 query heads over one latent KV head of ``head_dim`` = (64, 512), causal with 2 query
     rows per sequence (``causal``), two key splits; ``overrides``: {"paged": bool, "page":
-    int} (pages of ``page`` keys, 64 by default, or a contiguous cache). ``window`` /
+    int, "fp8": bool} (pages of ``page`` keys, 64 by default, or a contiguous cache; e4m3
+    caches with their descales). ``window`` /
     ``softcap`` must be off (not covered)."""
     from flashattn.backends.sm90.latent import launch_args
     from flashattn.backends.sm90.latent_kernel import latent_decode_kernel
@@ -234,22 +235,24 @@ def compile_latent_variant(head_dim: Any = (64, 512), dtype: torch.dtype = torch
     d, d_v = head_dim
     paged = bool((overrides or {}).get("paged"))
     page = int((overrides or {}).get("page", 64))
+    cache_dtype = torch.float8_e4m3fn if (overrides or {}).get("fp8") else dtype
     b, s_q, h, splits = 4, 2 if causal else 1, 128, 2
     q = torch.empty(b, s_q, h, d, dtype=dtype)
     qv = torch.empty(b, s_q, h, d_v, dtype=dtype)
     if paged:
-        kc = torch.empty(64, page, 1, d, dtype=dtype)
-        vc = torch.empty(64, page, 1, d_v, dtype=dtype)
+        kc = torch.empty(64, page, 1, d, dtype=cache_dtype)
+        vc = torch.empty(64, page, 1, d_v, dtype=cache_dtype)
         table = torch.zeros(b, 1024 // page, dtype=torch.int32)
     else:
-        kc = torch.empty(b, 1024, 1, d, dtype=dtype)
-        vc = torch.empty(b, 1024, 1, d_v, dtype=dtype)
+        kc = torch.empty(b, 1024, 1, d, dtype=cache_dtype)
+        vc = torch.empty(b, 1024, 1, d_v, dtype=cache_dtype)
         table = None
     out = torch.empty(splits, b, s_q, h, d_v)
     lse = torch.empty(splits, b, h, s_q)
     args, constexprs, _ = launch_args(q, qv, kc, vc, torch.zeros(b, dtype=torch.int32), 0, table,
                                       out, lse, out.stride()[:4], lse.stride(), splits,
-                                      (d + d_v) ** -0.5, causal, 1024)
+                                      (d + d_v) ** -0.5, causal, 1024,
+                                      *([torch.ones(b, 1)] * 2 if cache_dtype != dtype else []))
     options = {k: constexprs.pop(k) for k in ("num_warps", "maxnreg")}
     return _compile(latent_decode_kernel, args, constexprs, options,
                     "latent" + _variant_key(head_dim, dtype, causal, window, softcap,

@@ -40,10 +40,15 @@ COVERED = {
     "page32-sq2-causal-splits": replace(DEEPSEEK, b=3, page=32, s_cache=700, s_q=2, s_new=2,
                                         causal=True, num_splits=5),
     "page8-empty-row": replace(DEEPSEEK, b=3, page=8, s_cache=300, s_new=0, empty_row=True),
+    # e4m3 latent caches, widened in shared memory (appends quantized with the descales)
+    "fp8-page64-append": replace(DEEPSEEK, b=3, fp8=True, s_cache=1000),
+    "fp8-contiguous-sq2-causal-splits": replace(DEEPSEEK, b=3, fp8=True, page=None,
+                                                s_cache=700, s_q=2, s_new=2, causal=True,
+                                                num_splits=5),
+    "fp8-page16": replace(DEEPSEEK, b=2, fp8=True, page=16, s_cache=600),
 }
 NOT_COVERED = {
     "page12": replace(DEEPSEEK, b=2, page=12, s_cache=600),
-    "fp8": replace(DEEPSEEK, b=2, fp8=True, s_cache=600),
     "two-kv-heads": replace(DEEPSEEK, b=2, h=32, h_k=2, s_cache=600),
 }
 

@@ -63,6 +63,10 @@ def _unsupported(x, kw):
 
 
 def test_covered_call(on_sm90):
+    fp8 = dict(k_cache=torch.zeros(8, 64, 1, 64, dtype=torch.float8_e4m3fn),
+               v_cache=torch.zeros(8, 64, 1, 512, dtype=torch.float8_e4m3fn),
+               k_descale=torch.ones(2, 1), v_descale=torch.ones(2, 1))
+    assert _unsupported(*_call(**fp8)) is None  # e4m3 caches, widened on chip
     assert _unsupported(*_call()) is None
     assert _unsupported(*_call(block_table=None)) is None  # contiguous cache
     assert _unsupported(*_call(block_table=None, p=_params(window_right=0))) is None  # causal
@@ -75,7 +79,11 @@ REFUSED = {
     "no qv": dict(qv=None),
     "page size 48": dict(k_cache=torch.zeros(8, 48, 1, 64, dtype=_BF),
                          v_cache=torch.zeros(8, 48, 1, 512, dtype=_BF)),
-    "FP8 caches": dict(k_descale=torch.ones(2, 1)),
+    "FP8 caches without both descales": dict(
+        k_cache=torch.zeros(8, 64, 1, 64, dtype=torch.float8_e4m3fn),
+        v_cache=torch.zeros(8, 64, 1, 512, dtype=torch.float8_e4m3fn),
+        k_descale=torch.ones(2, 1)),
+    "descales over 16-bit caches": dict(k_descale=torch.ones(2, 1), v_descale=torch.ones(2, 1)),
     "head dims 128 / 512": dict(q=torch.zeros(2, 1, 128, 128, dtype=_BF)),
     "one KV head": dict(k_cache=torch.zeros(8, 64, 2, 64, dtype=_BF),
                         v_cache=torch.zeros(8, 64, 2, 512, dtype=_BF)),
@@ -119,7 +127,8 @@ def test_dispatch_hands_the_kernel_over_only_on_the_hopper_family(monkeypatch, o
 
 
 def _split_partials(q, qv, k_cache, v_cache, seqlens, seqlen_k_add, block_table, out, lse,
-                    o_strides, l_strides, num_splits, *, softmax_scale, causal, cache_cap):
+                    o_strides, l_strides, num_splits, *, softmax_scale, causal, cache_cap,
+                    k_descale=None, v_descale=None):
     """A torch stand-in for ``latent.latent_decode``: the kernel's split rule (whole 64-key
     blocks, equal shares), each split's normalised output and natural-log LSE (0 / -inf
     where a row sees no key of it), written through the given strides as the kernel does."""
@@ -137,6 +146,8 @@ def _split_partials(q, qv, k_cache, v_cache, seqlens, seqlen_k_add, block_table,
             rows = torch.full_like(pos, bi), pos
         k = k_cache[rows[0], rows[1], 0].double()
         v = v_cache[rows[0], rows[1], 0].double()
+        if k_descale is not None:  # (an e4m3 cache: real value = fp8 x descale)
+            k, v = k * float(k_descale[bi, 0]), v * float(v_descale[bi, 0])
         per = math.ceil(math.ceil(n / 64) / num_splits)
         for s in range(num_splits):
             lo, hi = min(s * per * 64, n), min((s + 1) * per * 64, n)
@@ -159,7 +170,10 @@ def _split_partials(q, qv, k_cache, v_cache, seqlens, seqlen_k_add, block_table,
     replace(DEEPSEEK_SMALL, s_q=2, s_new=2, causal=True, num_splits=2),
     replace(DEEPSEEK_SMALL, page=None, s_new=0, empty_row=True),
     replace(DEEPSEEK_SMALL, page=16),
-], ids=["page64-splits3", "one-split", "sq2-causal", "contiguous-empty-row", "page16"])
+    replace(DEEPSEEK_SMALL, fp8=True),
+    replace(DEEPSEEK_SMALL, fp8=True, page=16),
+], ids=["page64-splits3", "one-split", "sq2-causal", "contiguous-empty-row", "page16", "fp8",
+        "fp8-page16"])
 def test_decode_call_runs_the_partials_and_combines_them(case, monkeypatch, on_sm90):
     """The full API call with the kernel stood in for: what comes out is the oracle's."""
     from flashattn.backends.sm90 import latent

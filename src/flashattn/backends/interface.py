@@ -177,7 +177,8 @@ class _Optional(Protocol):
                            p: AttnParams, leftpad: Optional[Tensor],
                            batch_idx: Optional[Tensor], k_descale: Optional[Tensor] = None,
                            q_descale: Optional[Tensor] = None,
-                           varlen: bool = False) -> Optional[str]: ...
+                           varlen: bool = False,
+                           v_descale: Optional[Tensor] = None) -> Optional[str]: ...
 
     def latent_partials(self, p: AttnParams, capacity: int) -> Callable[..., None]: ...
 

@@ -29,7 +29,8 @@ def latent_kernel(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if hopper.latent_unsupported(q, k_cache, v_cache, qv, block_table, p=params,
                                  leftpad=leftpad, batch_idx=batch_idx,
                                  k_descale=fp8.get("k_descale"),
-                                 q_descale=fp8.get("q_descale"), varlen=varlen) is not None:
+                                 q_descale=fp8.get("q_descale"), varlen=varlen,
+                                 v_descale=fp8.get("v_descale")) is not None:
         return {}
     return {"partials": hopper.latent_partials(params, capacity)}
 

@@ -155,13 +155,21 @@ LATENT_VARIANTS = (
     # pages smaller than a key block (one TMA box per page)
     + [("latent", (64, 512), "bfloat16", False, (-1, -1), 0.0, {"paged": True, "page": p})
        for p in (8, 16, 32)]
+    # e4m3 latent caches (widened in shared memory)
+    + [("latent", (64, 512), "bfloat16", c, (-1, -1), 0.0, {"paged": True, "fp8": True})
+       for c in (False, True)]
+    + [("latent", (64, 512), "bfloat16", False, (-1, -1), 0.0,
+        {"paged": True, "fp8": True, "page": 16})]
 )
-# the producer warp (24 registers) of the small-page variants keeps its per-page row
-# indices in local memory (sm_90 compile, Triton 3.6: 16 / 24 / 8 bytes at pages of 8 / 16
-# / 32); the consumers have none
+# sm_90 compile, Triton 3.6: the producer warp (24 registers) of the small-page variants keeps
+# its per-page row indices in local memory (16 / 24 / 8 bytes at pages of 8 / 16 / 32; the
+# consumers have none); the e4m3 variants spill 16 bytes (not profiled)
 LATENT_SPILL_ALLOWANCE = {"latent_d64x512_bfloat16_paged1_page8": 16,
                           "latent_d64x512_bfloat16_paged1_page16": 24,
-                          "latent_d64x512_bfloat16_paged1_page32": 8}
+                          "latent_d64x512_bfloat16_paged1_page32": 8,
+                          "latent_d64x512_bfloat16_paged1_fp81": 16,
+                          "latent_d64x512_bfloat16_causal_paged1_fp81": 16,
+                          "latent_d64x512_bfloat16_paged1_fp81_page16": 16}
 
 
 def _key(v):

@@ -132,7 +132,7 @@ def latent_unsupported(q: Tensor, k_cache: Tensor, v_cache: Tensor, qv: Optional
                        block_table: Optional[Tensor], *, p: AttnParams,
                        leftpad: Optional[Tensor], batch_idx: Optional[Tensor],
                        k_descale: Optional[Tensor] = None, q_descale: Optional[Tensor] = None,
-                       varlen: bool = False) -> Optional[str]:
+                       varlen: bool = False, v_descale: Optional[Tensor] = None) -> Optional[str]:
     """Why the MLA decode kernel (latent_kernel.py) does not cover this KV-cache call with
     ``qv`` (None: it does)."""
     return _latent.latent_unsupported(q, k_cache, v_cache, qv, block_table,
@@ -140,7 +140,8 @@ def latent_unsupported(q: Tensor, k_cache: Tensor, v_cache: Tensor, qv: Optional
                                       softcap=p.softcap, alibi_slopes=p.alibi_slopes,
                                       leftpad=leftpad, batch_idx=batch_idx,
                                       attention_chunk=p.attention_chunk, k_descale=k_descale,
-                                      q_descale=q_descale, varlen=varlen)
+                                      q_descale=q_descale, varlen=varlen,
+                                      v_descale=v_descale)
 
 
 def latent_partials(p: AttnParams, capacity: int) -> Callable[..., None]:

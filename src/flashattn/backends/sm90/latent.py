@@ -31,9 +31,11 @@ PRODUCER_REGS = 24
 MAXNREG = 168
 
 
+# positions of the FP8 descales among the kernel's arguments (launch_args' order)
+DESCALE_SLOTS = (25, 26)
 # recorded launches by call signature: a repeated decode step replays its launch with the new
 # tensors (no descriptor validation, no binder), as the portable decode kernel's DecodeCall does
-_PLANS = LaunchPlans(slots=tuple(range(8)))
+_PLANS = LaunchPlans(slots=tuple(range(8)) + DESCALE_SLOTS)
 
 
 def latent_shapes_unsupported(nheads_k: int, headdim: int, headdim_v: int,
@@ -42,8 +44,8 @@ def latent_shapes_unsupported(nheads_k: int, headdim: int, headdim_v: int,
                               softcap: float = 0.0) -> Optional[str]:
     """Why KV-cache calls with ``qv`` of these shapes are not the Hopper MLA decode kernel's
     (None: they are, tensors and device permitting): 16-bit, one KV head, head dims 64 / 512,
-    a contiguous cache (``page_size`` None) or pages of a multiple of 64 keys, no mask but
-    causal (``window_right`` 0), no softcap."""
+    a contiguous cache (``page_size`` None) or pages of a multiple of 64 keys or of 8 / 16 / 32
+    keys, no mask but causal (``window_right`` 0), no softcap."""
     if dtype not in DTYPES:
         return f"dtype {dtype} (16-bit)"
     if headdim != ROPE_DIM or headdim_v != LATENT_DIM:
@@ -64,12 +66,14 @@ def latent_unsupported(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
                        batch_idx: Optional[torch.Tensor], attention_chunk: int = 0,
                        k_descale: Optional[torch.Tensor] = None,
                        q_descale: Optional[torch.Tensor] = None,
-                       varlen: bool = False) -> Optional[str]:
+                       varlen: bool = False,
+                       v_descale: Optional[torch.Tensor] = None) -> Optional[str]:
     """Why the Hopper MLA decode kernel does not cover this KV-cache call (None: it does).
 
     Covered: a dense q (b, s_q, h, 64) and ``qv`` (b, s_q, h, 512) of the caches' 16-bit
-    dtype over one KV head, rotary cache (.., 1, 64) and latent cache (.., 1, 512), contiguous
-    or paged with pages of a multiple of 64 keys, no mask but causal (bottom-right aligned),
+    dtype (or over float8_e4m3fn caches with their (b, 1) float32 descales) over one KV head,
+    rotary cache (.., 1, 64) and latent cache (.., 1, 512), contiguous or paged with pages of
+    a multiple of 64 keys or of 8 / 16 / 32 keys, no mask but causal (bottom-right aligned),
     TMA-addressable tensors, on an sm90 device (:func:`latent_shapes_unsupported` and the
     tensors' own checks)."""
     if qv is None:
@@ -79,10 +83,20 @@ def latent_unsupported(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     reason = device_unavailable(q.device)
     if reason is not None:
         return reason
-    if any(t.dtype != q.dtype for t in (qv, k_cache, v_cache)):
-        return f"dtypes {q.dtype} / {qv.dtype} / {k_cache.dtype} / {v_cache.dtype} (16-bit, one)"
-    if k_descale is not None or q_descale is not None:
-        return "FP8 caches"
+    fp8 = k_cache.dtype == torch.float8_e4m3fn
+    cache_dtype = torch.float8_e4m3fn if fp8 else q.dtype
+    if qv.dtype != q.dtype or k_cache.dtype != cache_dtype or v_cache.dtype != cache_dtype:
+        return (f"dtypes {q.dtype} / {qv.dtype} / {k_cache.dtype} / {v_cache.dtype} (16-bit q "
+                "and qv; caches in their dtype or both float8_e4m3fn)")
+    if q_descale is not None:
+        return "an FP8 query (q_descale)"
+    if fp8 and (k_descale is None or v_descale is None):
+        return "FP8 caches without both descales"
+    if not fp8 and (k_descale is not None or v_descale is not None):
+        return "descales over 16-bit caches"
+    if fp8 and any(t.dtype != torch.float32 or t.shape != (q.shape[0], 1) or t.stride(1) != 1
+                   for t in (k_descale, v_descale)):
+        return "FP8 descales other than float32 (batch, 1)"
     if q.dim() != 4 or k_cache.shape[3] != q.shape[3] or v_cache.shape[3] != qv.shape[3]:
         return "caches whose head dims differ from q's / qv's"
     if alibi_slopes is not None:
@@ -125,7 +139,9 @@ def launch_args(q: torch.Tensor, qv: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, seqlens: torch.Tensor, seqlen_k_add: int,
                 block_table: Optional[torch.Tensor], out: torch.Tensor, lse: torch.Tensor,
                 o_strides: Tuple[int, int, int, int], l_strides: Tuple[int, int, int, int],
-                num_splits: int, softmax_scale: float, causal: bool, cache_cap: int
+                num_splits: int, softmax_scale: float, causal: bool, cache_cap: int,
+                k_descale: Optional[torch.Tensor] = None,
+                v_descale: Optional[torch.Tensor] = None
                 ) -> Tuple[list, Dict[str, Any], Tuple[int, int, int]]:
     """(positional args, constexprs and options, grid) of latent_decode_kernel. Shared by the
     launch and the ahead-of-time compile (tools/aot_sm90.py)."""
@@ -142,6 +158,11 @@ def launch_args(q: torch.Tensor, qv: torch.Tensor, k_cache: torch.Tensor,
         k_cache.shape[0], block_table.shape[1] if paged else 1,
         s_q, h, s_q * h, float(softmax_scale * LOG2E),
         *o_strides, *l_strides,
+        # FP8 caches: the (b, 1) float32 descales and their batch strides (else stand-ins)
+        seqlens if k_descale is None else k_descale,
+        seqlens if v_descale is None else v_descale,
+        0 if k_descale is None else k_descale.stride(0),
+        0 if v_descale is None else v_descale.stride(0),
     ]
     constexprs = dict(PAGE_SIZE=k_cache.shape[1] if paged else 1, PAGED=paged,
                       CAUSAL=bool(causal) and s_q > 1, NUM_STAGES=NUM_STAGES,
@@ -156,7 +177,8 @@ def latent_decode(q: torch.Tensor, qv: torch.Tensor, k_cache: torch.Tensor,
                   block_table: Optional[torch.Tensor], out: torch.Tensor, lse: torch.Tensor,
                   o_strides: Tuple[int, int, int, int], l_strides: Tuple[int, int, int, int],
                   num_splits: int, *, softmax_scale: float, causal: bool,
-                  cache_cap: int) -> Optional[LaunchPlan]:
+                  cache_cap: int, k_descale: Optional[torch.Tensor] = None,
+                  v_descale: Optional[torch.Tensor] = None) -> Optional[LaunchPlan]:
     """Launch the MLA decode kernel for one call (a call :func:`latent_unsupported` covers).
 
     q (b, s_q, h, 64), qv (b, s_q, h, 512); k_cache (n, rows, 1, 64) and v_cache (n, rows, 1,
@@ -164,23 +186,28 @@ def latent_decode(q: torch.Tensor, qv: torch.Tensor, k_cache: torch.Tensor,
     before the ``seqlen_k_add`` appended this call. Writes split s's output rows of sequence
     b, position i, head into ``out`` at s * o_strides[0] + b * o_strides[1] + i * o_strides[2]
     + head * o_strides[3] (fp32 partials, or with one split the output in q's dtype) and the
-    natural-log LSE into ``lse`` by ``l_strides`` (split, b, head, i). Returns the launch's
-    recorded plan (None where Triton's own path ran: interpreter, a profiler listening)."""
-    # the launch's tensors and the tensors its descriptors cover, in the kernel's first eight
-    # argument positions (_PLANS' slots); everything else is in the key
+    natural-log LSE into ``lse`` by ``l_strides`` (split, b, head, i). float8_e4m3fn caches
+    take ``k_descale`` / ``v_descale`` (b, 1) float32. Returns the launch's recorded plan
+    (None where Triton's own path ran: interpreter, a profiler listening)."""
+    # the launch's tensors and the tensors its descriptors cover, in _PLANS' slots (the kernel's
+    # first eight arguments and the descales); everything else is in the key
     paged = block_table is not None
     tensors = (_rows3(q), _rows3(qv), k_cache[:, :, 0], v_cache[:, :, 0], out, lse, seqlens,
-               block_table if paged else seqlens)
+               block_table if paged else seqlens,
+               seqlens if k_descale is None else k_descale,
+               seqlens if v_descale is None else v_descale)
     key = (q.shape, q.stride(), qv.stride(), k_cache.shape, k_cache.stride(), v_cache.shape,
            v_cache.stride(), q.dtype, q.device, out.shape, out.dtype, tuple(o_strides),
            tuple(l_strides), block_table.shape if paged else None,
            block_table.stride() if paged else None, int(seqlen_k_add), int(num_splits),
-           float(softmax_scale), bool(causal), int(cache_cap))
+           float(softmax_scale), bool(causal), int(cache_cap),
+           None if k_descale is None else (k_descale.stride(), v_descale.stride()))
 
     def build():
         args, constexprs, grid = launch_args(q, qv, k_cache, v_cache, seqlens, seqlen_k_add,
                                              block_table, out, lse, o_strides, l_strides,
-                                             num_splits, softmax_scale, causal, cache_cap)
+                                             num_splits, softmax_scale, causal, cache_cap,
+                                             k_descale, v_descale)
         return _kernel.latent_decode_kernel, grid, args, constexprs
 
     return _PLANS.launch(key, tensors, build)
@@ -204,18 +231,23 @@ class Partials:
     def __call__(self, q: torch.Tensor, qv: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, seqlens: torch.Tensor, seqlen_k_add: int,
                  block_table: Optional[torch.Tensor], out_k: torch.Tensor,
-                 lse_k: torch.Tensor, num_splits: int) -> None:
+                 lse_k: torch.Tensor, num_splits: int,
+                 k_descale: Optional[torch.Tensor] = None,
+                 v_descale: Optional[torch.Tensor] = None) -> None:
         if self._plan is not None and self._plan.replay_addresses((
                 q.data_ptr(), qv.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
                 out_k.data_ptr(), lse_k.data_ptr(), seqlens.data_ptr(),
-                (seqlens if block_table is None else block_table).data_ptr())):
+                (seqlens if block_table is None else block_table).data_ptr(),
+                (seqlens if k_descale is None else k_descale).data_ptr(),
+                (seqlens if v_descale is None else v_descale).data_ptr())):
             return
         o_strides = out_k.stride()[:4] if out_k.dim() == 5 else (0,) + out_k.stride()[:3]
         l_strides = lse_k.stride() if lse_k.dim() == 4 else (0,) + lse_k.stride()
         self._plan = latent_decode(q, qv, k_cache, v_cache, seqlens, seqlen_k_add,
                                    block_table, out_k, lse_k, o_strides, l_strides,
                                    num_splits, softmax_scale=self.softmax_scale,
-                                   causal=self.causal, cache_cap=self.capacity)
+                                   causal=self.causal, cache_cap=self.capacity,
+                                   k_descale=k_descale, v_descale=v_descale)
 
 
 __all__ = ["Partials", "latent_decode", "latent_shapes_unsupported", "latent_unsupported",

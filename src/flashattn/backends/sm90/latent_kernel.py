@@ -61,7 +61,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier,
                                                                warpgroup_mma, warpgroup_mma_wait)
 
-from flashattn.runtime.gluon_api import tma_load
+from flashattn.runtime.gluon_api import cta_barrier, tma_load
 from flashattn.backends.sm90.row_guard import zero_rows_from
 from flashattn.backends.sm90.softmax import LN2, online_softmax
 
@@ -144,13 +144,27 @@ def _box_rows(block_table_ptr, b, stride_btb, pos, n_cache, n_pages_row,
 @gluon.jit
 def _load_box(k_desc, v_desc, k_smem, v_smem, kv_ready, stage, row0, row1, i,
               BOX: gl.constexpr, BOXES: gl.constexpr):
-    """TMA loads of box i of a key block (K, then V's two halves) into ring slot ``stage``."""
-    tma_load(k_desc, [row0, row1, 0], kv_ready.index(stage),
-             _rows(k_smem.index(stage), i, BOX, BOXES))
-    tma_load(v_desc, [row0, row1, 0], kv_ready.index(stage),
-             _rows(v_smem.index(2 * stage), i, BOX, BOXES))
-    tma_load(v_desc, [row0, row1, HALF_V], kv_ready.index(stage),
-             _rows(v_smem.index(2 * stage + 1), i, BOX, BOXES))
+    """TMA loads of box i of a key block (K, then V's two halves) into ring slot ``stage``.
+    An e4m3 cache's bytes land in the slot's upper halves (_widen_block widens them in place):
+    K's in the rotary slot's second half, V's two column halves in half 1's two halves."""
+    if k_desc.dtype == gl.float8e4nv:
+        k8 = k_smem.index(stage)._reinterpret(gl.float8e4nv, [2, 1, BLOCK_N, 64],
+                                              k_desc.layout)
+        v8 = v_smem.index(2 * stage + 1)._reinterpret(gl.float8e4nv, [2, 1, BLOCK_N, HALF_V],
+                                                      v_desc.layout)
+        tma_load(k_desc, [row0, row1, 0], kv_ready.index(stage),
+                 _rows(k8.index(1), i, BOX, BOXES))
+        tma_load(v_desc, [row0, row1, 0], kv_ready.index(stage),
+                 _rows(v8.index(0), i, BOX, BOXES))
+        tma_load(v_desc, [row0, row1, HALF_V], kv_ready.index(stage),
+                 _rows(v8.index(1), i, BOX, BOXES))
+    else:
+        tma_load(k_desc, [row0, row1, 0], kv_ready.index(stage),
+                 _rows(k_smem.index(stage), i, BOX, BOXES))
+        tma_load(v_desc, [row0, row1, 0], kv_ready.index(stage),
+                 _rows(v_smem.index(2 * stage), i, BOX, BOXES))
+        tma_load(v_desc, [row0, row1, HALF_V], kv_ready.index(stage),
+                 _rows(v_smem.index(2 * stage + 1), i, BOX, BOXES))
 
 
 @gluon.jit
@@ -164,7 +178,8 @@ def _rows(slot, i, BOX: gl.constexpr, BOXES: gl.constexpr):
 
 
 @gluon.jit
-def _scores(q_smem, qv_smem, k_smem, v_smem, stage, s_zero, z):
+def _scores(q_smem, qv_smem, k_smem, v_smem, stage, s_zero, z, v_ratio,
+            FP8: gl.constexpr = False):
     """S = q K^T + qv V^T of ring slot ``stage`` (64 x 64, fp32, wgmma layout): three GEMMs
     into one accumulator (K = 64 + 256 + 256), waited for. ``z``: a zero the compiler cannot
     see through (_loop_zero), added to every shared-memory index: the 36 wgmma descriptors
@@ -178,10 +193,64 @@ def _scores(q_smem, qv_smem, k_smem, v_smem, stage, s_zero, z):
     v1_t = v_smem.index(2 * stage + 1 + z).reshape([BLOCK_N, HALF_V]).permute((1, 0))
     qv0 = qv_smem.index(z).reshape([BLOCK_M, HALF_V])
     qv1 = qv_smem.index(1 + z).reshape([BLOCK_M, HALF_V])
-    tok = warpgroup_mma(q_view, k_t, s_zero, use_acc=False, is_async=True)
-    tok = warpgroup_mma(qv0, v0_t, tok, is_async=True)
-    tok = warpgroup_mma(qv1, v1_t, tok, is_async=True)
-    return warpgroup_mma_wait(0, deps=(tok,))
+    if FP8:  # q . k8 and qv . v8 apart: their descales differ (v_ratio = v_descale / k_descale)
+        tok_k = warpgroup_mma(q_view, k_t, s_zero, use_acc=False, is_async=True)
+        tok_v = warpgroup_mma(qv0, v0_t, s_zero, use_acc=False, is_async=True)
+        tok_v = warpgroup_mma(qv1, v1_t, tok_v, is_async=True)
+        s_k, s_v = warpgroup_mma_wait(0, deps=(tok_k, tok_v))
+        return s_k + s_v * v_ratio
+    else:
+        tok = warpgroup_mma(q_view, k_t, s_zero, use_acc=False, is_async=True)
+        tok = warpgroup_mma(qv0, v0_t, tok, is_async=True)
+        tok = warpgroup_mma(qv1, v1_t, tok, is_async=True)
+        return warpgroup_mma_wait(0, deps=(tok,))
+
+
+@gluon.jit
+def _widen_copy(src, dst, ROWS: gl.constexpr, COLS: gl.constexpr, OVERLAP: gl.constexpr):
+    """dst (1, ROWS, COLS), 16-bit = src (1, ROWS, COLS), e4m3, widened (exact: every e4m3
+    value is a bf16 and an fp16 value) by the calling warpgroup, 16 contiguous values a
+    thread. OVERLAP: dst covers src's bytes, so all of src is read into registers before any
+    of dst is written (a partition barrier between); otherwise 16 rows at a time (fewer
+    registers)."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 1, 16], [1, 512 // COLS, COLS // 16],
+                                            [1, 4, 1], [2, 1, 0])
+    if OVERLAP:
+        x = src.load(layout)
+        cta_barrier()
+        dst.store(x.to(dst.dtype))
+    else:
+        for r in gl.static_range(ROWS // 16):
+            x = src.slice(r * 16, 16, dim=1).load(layout)
+            dst.slice(r * 16, 16, dim=1).store(x.to(dst.dtype))
+
+
+@gluon.jit
+def _widen_block(k_smem, v_smem, stage, k8_layout: gl.constexpr, v8_layout: gl.constexpr):
+    """FP8 caches: the key block in ring slot ``stage``, landed as e4m3 in the upper half of
+    its K slot (64 x 64) and in its V half 1 (64 x 512), widened in place into the 16-bit
+    slot the GEMMs read. Ordered so that no e4m3 byte is overwritten before it is read: V's
+    columns 0-255 go to half 0 (free), 256-383 to half 1's first 16 KiB (e4m3 columns 0-255,
+    already read), 384-511 after being held in registers; K's rows 0-31 to the slot's first
+    4 KiB (free), rows 32-63 held. Ends with the async-proxy fence and a barrier: the
+    warpgroup's wgmma reads the result next, the other warpgroup after this one's arrive."""
+    k16 = k_smem.index(stage)
+    k8 = k16._reinterpret(gl.float8e4nv, [2, 1, BLOCK_N, 64], k8_layout).index(1)
+    v16_0 = v_smem.index(2 * stage)
+    v16_1 = v_smem.index(2 * stage + 1)
+    v8 = v16_1._reinterpret(gl.float8e4nv, [2, 1, BLOCK_N, HALF_V], v8_layout)
+    _widen_copy(v8.index(0), v16_0, BLOCK_N, HALF_V, False)
+    cta_barrier()  # (every thread has read e4m3 columns 0-255: their bytes are written next)
+    _widen_copy(v8.index(1).slice(0, HALF_V // 2, dim=2),
+                v16_1.slice(0, HALF_V // 2, dim=2), BLOCK_N, HALF_V // 2, False)
+    _widen_copy(v8.index(1).slice(HALF_V // 2, HALF_V // 2, dim=2),
+                v16_1.slice(HALF_V // 2, HALF_V // 2, dim=2), BLOCK_N, HALF_V // 2, True)
+    _widen_copy(k8.slice(0, BLOCK_N // 2, dim=1), k16.slice(0, BLOCK_N // 2, dim=1),
+                BLOCK_N // 2, 64, False)
+    _widen_copy(k8.slice(BLOCK_N // 2, BLOCK_N // 2, dim=1),
+                k16.slice(BLOCK_N // 2, BLOCK_N // 2, dim=1), BLOCK_N // 2, 64, True)
+    fence_async_shared()
+    cta_barrier()
 
 
 @gluon.jit
@@ -257,9 +326,15 @@ def _consumer(WG: gl.constexpr, q_smem, qv_smem, k_smem, v_smem, m_smem, l_smem,
               kv_ready, kv_empty, p_ready, l_ready, out_ptr, lse_ptr, seqlens_ptr,
               seqlen_k_add, cache_cap, seqlen_q, G, n_rows, qk_scale,
               stride_os, stride_ob, stride_om, stride_oh, stride_ls, stride_lb, stride_lh,
-              stride_lm, CAUSAL: gl.constexpr):
+              stride_lm, fp8_args, CAUSAL: gl.constexpr, FP8: gl.constexpr):
     """Consumer warpgroup ``WG``: the seesaw schedule of the module doc; output columns
-    [WG * 256, WG * 256 + 256)."""
+    [WG * 256, WG * 256 + 256). FP8 caches: ``fp8_args`` = (k_descale, v_descale pointers,
+    their batch strides)."""
+    # (the e4m3 tiles' layouts as they land: the host's descriptors take the same defaults)
+    K8_LAYOUT: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, BLOCK_N, 64],
+                                                                   gl.float8e4nv)
+    V8_LAYOUT: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, BLOCK_N, HALF_V],
+                                                                   gl.float8e4nv)
     NUM_STAGES: gl.constexpr = k_smem.shape[0]
     dtype: gl.constexpr = q_smem.dtype
     S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -277,6 +352,15 @@ def _consumer(WG: gl.constexpr, q_smem, qv_smem, k_smem, v_smem, m_smem, l_smem,
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, ROW_S)
     l_i = gl.zeros([BLOCK_M], gl.float32, ROW_S)
     acc = gl.zeros([BLOCK_M, HALF_V], gl.float32, O_LAYOUT)
+    v_ratio = 1.0
+    out_scale = 1.0
+    if FP8:  # q . (k8 kd) + qv . (v8 vd) = kd (q . k8 + (vd / kd) qv . v8); O = vd P v8 / l
+        kd_ptr, vd_ptr, stride_kdb, stride_vdb = fp8_args
+        k_descale = gl.load(kd_ptr + b.to(gl.int64) * stride_kdb)
+        v_descale = gl.load(vd_ptr + b.to(gl.int64) * stride_vdb)
+        qk_scale = qk_scale * k_descale
+        v_ratio = v_descale / k_descale
+        out_scale = v_descale
     mbarrier.wait(q_ready, 0)
 
     for t in range(gl.cdiv(n_blk, 2)):
@@ -296,7 +380,9 @@ def _consumer(WG: gl.constexpr, q_smem, qv_smem, k_smem, v_smem, m_smem, l_smem,
         pb_smem = k_smem.index(sb).reshape([BLOCK_M, BLOCK_N])
         if WG == 0:
             mbarrier.wait(kv_ready.index(sa), pa)
-            s = _scores(q_smem, qv_smem, k_smem, v_smem, sa, s_zero, z)
+            if FP8:
+                _widen_block(k_smem, v_smem, sa, K8_LAYOUT, V8_LAYOUT)
+            s = _scores(q_smem, qv_smem, k_smem, v_smem, sa, s_zero, z, v_ratio, FP8)
             if _block_needs_mask(na, k_end, diag, m_first, G, CAUSAL):
                 s = _mask(s, na, k_end, diag, m_first, G, CAUSAL, S_LAYOUT)
             p, m_a, l_i, alpha = online_softmax(s, m_i, l_i, qk_scale)
@@ -325,7 +411,9 @@ def _consumer(WG: gl.constexpr, q_smem, qv_smem, k_smem, v_smem, m_smem, l_smem,
             s = s_zero
             if has_b:
                 mbarrier.wait(kv_ready.index(sb), pb)
-                s = _scores(q_smem, qv_smem, k_smem, v_smem, sb, s_zero, z)
+                if FP8:
+                    _widen_block(k_smem, v_smem, sb, K8_LAYOUT, V8_LAYOUT)
+                s = _scores(q_smem, qv_smem, k_smem, v_smem, sb, s_zero, z, v_ratio, FP8)
                 if _block_needs_mask(nb, k_end, diag, m_first, G, CAUSAL):
                     s = _mask(s, nb, k_end, diag, m_first, G, CAUSAL, S_LAYOUT)
             mbarrier.wait(p_ready.index(0), t & 1)
@@ -355,7 +443,7 @@ def _consumer(WG: gl.constexpr, q_smem, qv_smem, k_smem, v_smem, m_smem, l_smem,
     mbarrier.wait(l_ready, 0)
     l_tot = l_smem[0].load(ROW_S) + l_smem[1].load(ROW_S)
     l_o = gl.convert_layout(l_tot, ROW_O)
-    inv_l = gl.where(l_o > 0.0, 1.0 / l_o, 0.0)
+    inv_l = gl.where(l_o > 0.0, out_scale / l_o, 0.0)
     out = acc * gl.expand_dims(inv_l, 1)
     r = m_first + gl.arange(0, BLOCK_M, layout=ROW_O)
     c = WG * HALF_V + gl.arange(0, HALF_V, layout=gl.SliceLayout(0, O_LAYOUT))
@@ -380,6 +468,7 @@ def latent_decode_kernel(q_desc, qv_desc, k_desc, v_desc, out_ptr, lse_ptr, seql
                          n_pages_row, seqlen_q, G, n_rows, qk_scale,
                          stride_os, stride_ob, stride_om, stride_oh,
                          stride_ls, stride_lb, stride_lh, stride_lm,
+                         kd_ptr, vd_ptr, stride_kdb, stride_vdb,
                          PAGE_SIZE: gl.constexpr, PAGED: gl.constexpr, CAUSAL: gl.constexpr,
                          NUM_STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                          PRODUCER_REGS: gl.constexpr):
@@ -398,12 +487,17 @@ def latent_decode_kernel(q_desc, qv_desc, k_desc, v_desc, out_ptr, lse_ptr, seql
                                        q_desc.layout)
     qv_smem = gl.allocate_shared_memory(qv_desc.dtype, [2] + qv_desc.block_type.shape,
                                         qv_desc.layout)
-    # (a page of fewer than 64 keys: the descriptors' boxes are a page tall, the ring slots a
+    # (the ring holds 16-bit blocks in q's dtype; e4m3 caches land in the slots' upper halves;
+    # a page of fewer than 64 keys: the descriptors' boxes are a page tall, the ring slots a
     # whole key block; the NVMMA layout is the same: it depends on the row width only)
-    k_smem = gl.allocate_shared_memory(k_desc.dtype, [NUM_STAGES, 1, BLOCK_N, 64],
-                                       k_desc.layout)
-    v_smem = gl.allocate_shared_memory(v_desc.dtype, [2 * NUM_STAGES, 1, BLOCK_N, HALF_V],
-                                       v_desc.layout)
+    FP8: gl.constexpr = k_desc.dtype == gl.float8e4nv
+    k_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, BLOCK_N, 64],
+                                                                  q_desc.dtype)
+    v_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, BLOCK_N, HALF_V],
+                                                                  q_desc.dtype)
+    k_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_STAGES, 1, BLOCK_N, 64], k_layout)
+    v_smem = gl.allocate_shared_memory(q_desc.dtype, [2 * NUM_STAGES, 1, BLOCK_N, HALF_V],
+                                       v_layout)
     # the running max each warpgroup publishes (m_a, m_b) and the final running sums
     row_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     m_smem = (gl.allocate_shared_memory(gl.float32, [BLOCK_M], row_layout),
@@ -429,12 +523,12 @@ def latent_decode_kernel(q_desc, qv_desc, k_desc, v_desc, out_ptr, lse_ptr, seql
                      kv_empty, p_ready, l_ready, out_ptr, lse_ptr, seqlens_ptr, seqlen_k_add,
                      cache_cap, seqlen_q, G, n_rows, qk_scale, stride_os, stride_ob,
                      stride_om, stride_oh, stride_ls, stride_lb, stride_lh, stride_lm,
-                     CAUSAL)),
+                     (kd_ptr, vd_ptr, stride_kdb, stride_vdb), CAUSAL, FP8)),
         (_consumer, (1, q_smem, qv_smem, k_smem, v_smem, m_smem, l_smem, q_ready, kv_ready,
                      kv_empty, p_ready, l_ready, out_ptr, lse_ptr, seqlens_ptr, seqlen_k_add,
                      cache_cap, seqlen_q, G, n_rows, qk_scale, stride_os, stride_ob,
                      stride_om, stride_oh, stride_ls, stride_lb, stride_lh, stride_lm,
-                     CAUSAL)),
+                     (kd_ptr, vd_ptr, stride_kdb, stride_vdb), CAUSAL, FP8)),
         (_producer, (q_desc, qv_desc, k_desc, v_desc, q_smem, qv_smem, k_smem, v_smem,
                      q_ready, kv_ready, kv_empty, seqlens_ptr, block_table_ptr, stride_btb,
                      seqlen_k_add, cache_cap, n_cache, n_pages_row, PAGE_SIZE, PAGED)),

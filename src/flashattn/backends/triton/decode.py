@@ -815,7 +815,8 @@ class DecodeCall:
         out, lse, lse4, out_k, lse_k, _ = self._outputs(buffers, q)
         if self.partials is not None:  # (never recorded: self._decode stays None)
             self.partials(q, qv, k_cache, v_cache, seqlens_k, self.seqlen_k_add, block_table,
-                          out_k, lse_k, self.num_splits)
+                          out_k, lse_k, self.num_splits, k_descale=k_descale,
+                          v_descale=v_descale)
             return self._combine_splits(out, lse, lse4, out_k, lse_k)
         if self.use_tma:
             config.install_allocator()

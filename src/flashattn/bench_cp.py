@@ -16,8 +16,9 @@ Modes (``--modes``, comma-separated):
 - scale: one long sequence (``--scale-per-gpu`` per GPU, GQA ``--kv-heads``): time, TFLOP/s
   per GPU and peak memory, no one-GPU baseline (it would not fit);
 - nocomm: the ring with every exchange replaced by the block in hand (its kernels alone);
-- trace: a profiler trace of one ring step (rank 0): the share of the step where an NCCL
-  kernel runs with no compute kernel beside it (communication not hidden).
+- trace: profiler traces of one ring step and of one forward alone (rank 0): the share of each
+  where an NCCL kernel runs with no compute kernel beside it (communication not hidden), the
+  time with no kernel at all, and the attention kernels' durations in order.
 ``--schedule static`` (an ablation of the Hopper kernels' tile schedule): unmasked forward and
 backward calls take the static persistent stride they had before 2026-11-28 instead of the
 global tile queue. A persistent CTA whose SM is held by an NCCL kernel starts late; with the
@@ -305,63 +306,88 @@ def _scale_row(per_gpu: int, world: int, h: int, hk: int, d: int) -> Dict:
 
 def _exposed_comm(per_gpu: int, world: int, h: int, d: int, group=None,
                   trace_dir: str = "", local_block: str = "split") -> Dict:
-    """Profile one ring fwd + bwd; the share of its span where NCCL runs alone. With
-    ``trace_dir``, every rank also writes its Chrome trace there
-    (``ring_<per_gpu>_<local_block>_rank<r>.json``: each kernel's start, duration and stream,
-    to read where a step waits)."""
-    from torch.profiler import ProfilerActivity, profile
-
+    """Profile one ring fwd + bwd, then one forward alone (no grad, as ``cp_fwd_s`` times it):
+    for each, the share of its span where NCCL runs alone, the time with no kernel at all
+    (``idle_ms``: the GPU waiting on the host or on a peer) and the attention kernels'
+    durations in launch order. With ``trace_dir``, every rank also writes its Chrome traces
+    there (``ring_<per_gpu>_<local_block>[_fwd]_rank<r>.json``: each kernel's start, duration
+    and stream, to read where a step waits)."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     local = [torch.randn(1, per_gpu, h, d, device="cuda", dtype=torch.bfloat16, generator=gen)
              for _ in range(4)]
-    step = _step(lambda a, b, c: fp.ring_flash_attn_func(a, b, c, causal=True, group=group),
-                 *local)
+
+    def attn(a, b, c):
+        return fp.ring_flash_attn_func(a, b, c, causal=True, group=group)
+
+    def forward_alone() -> None:
+        with torch.no_grad():
+            attn(*local[:3])
+
+    name = f"ring_{per_gpu}_{local_block}"
     with _local_block(local_block):
-        step()
+        row = _profiled(_step(attn, *local), trace_dir, name)
+        fwd = _profiled(forward_alone, trace_dir, name + "_fwd")
+    row = dict(mode="trace", per_gpu=per_gpu, **row)
+    row.update({"fwd_" + k: v for k, v in fwd.items() if k != "top_kernels_ms"})
+    return row
+
+
+def _profiled(fn: Callable[[], None], trace_dir: str, name: str) -> Dict:
+    """One warm call of ``fn`` under the profiler (ranks aligned by a barrier first): span,
+    NCCL time, NCCL time with no other kernel beside it, time with no kernel at all, the
+    attention kernels' durations in order and the top kernels by total time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    dist.barrier()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
         torch.cuda.synchronize()
-        dist.barrier()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            step()
-            torch.cuda.synchronize()
     if trace_dir:
         import os
 
-        prof.export_chrome_trace(os.path.join(
-            trace_dir, f"ring_{per_gpu}_{local_block}_rank{dist.get_rank()}.json"))
+        prof.export_chrome_trace(os.path.join(trace_dir, f"{name}_rank{dist.get_rank()}.json"))
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+              and e.time_range.end > e.time_range.start]
+    if not events:
+        return dict(error="no kernel events")
     kernels = [(e.time_range.start, e.time_range.end, "nccl" in e.name.lower())
-               for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
-               and e.time_range.end > e.time_range.start]
-    if not kernels:
-        return dict(mode="trace", per_gpu=per_gpu, error="no kernel events")
+               for e in events]
     span0 = min(s for s, _, _ in kernels)
     span1 = max(e for _, e, _ in kernels)
-
-    def union(iv):
-        merged: List[List[float]] = []
-        for s, e in sorted(iv):
-            if merged and s <= merged[-1][1]:
-                merged[-1][1] = max(merged[-1][1], e)
-            else:
-                merged.append([s, e])
-        return merged
-
     by_name: Dict[str, List[float]] = {}
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            slot = by_name.setdefault(e.name[:80], [0.0, 0])
-            slot[0] += (e.time_range.end - e.time_range.start) / 1e3
-            slot[1] += 1
+    for e in events:
+        slot = by_name.setdefault(e.name[:80], [0.0, 0])
+        slot[0] += (e.time_range.end - e.time_range.start) / 1e3
+        slot[1] += 1
     top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:12]
-    comm = union([(s, e) for s, e, nc in kernels if nc])
-    compute = union([(s, e) for s, e, nc in kernels if not nc])
+    comm = _union([(s, e) for s, e, nc in kernels if nc])
+    compute = _union([(s, e) for s, e, nc in kernels if not nc])
+    busy = _union([(s, e) for s, e, _ in kernels])
     exposed = 0.0
     for s, e in comm:
         covered = sum(max(0.0, min(e, ce) - max(s, cs)) for cs, ce in compute)
         exposed += (e - s) - covered
-    return dict(mode="trace", per_gpu=per_gpu, span_ms=(span1 - span0) / 1e3,
-                nccl_ms=sum(e - s for s, e in comm) / 1e3, exposed_nccl_ms=exposed / 1e3,
-                exposed_fraction=exposed / (span1 - span0),
+    attention = [round((e.time_range.end - e.time_range.start) / 1e3, 3)
+                 for e in sorted(events, key=lambda e: e.time_range.start)
+                 if e.name.startswith("attn_")]
+    return dict(span_ms=(span1 - span0) / 1e3, nccl_ms=sum(e - s for s, e in comm) / 1e3,
+                exposed_nccl_ms=exposed / 1e3, exposed_fraction=exposed / (span1 - span0),
+                idle_ms=((span1 - span0) - sum(e - s for s, e in busy)) / 1e3,
+                attention_kernels_ms=attention,
                 top_kernels_ms=[(n, round(t, 3), c) for n, (t, c) in top])
+
+
+def _union(intervals: List[Tuple[float, float]]) -> List[List[float]]:
+    """Overlapping intervals merged (sorted by start)."""
+    merged: List[List[float]] = []
+    for s, e in sorted(intervals):
+        if merged and s <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], e)
+        else:
+            merged.append([s, e])
+    return merged
 
 
 def _block_rates(per_gpu: int, world: int, h: int, d: int) -> Dict:

@@ -18,7 +18,8 @@ Modes (``--modes``, comma-separated):
 - nocomm: the ring with every exchange replaced by the block in hand (its kernels alone);
 - trace: profiler traces of one ring step and of one forward alone (rank 0): the share of each
   where an NCCL kernel runs with no compute kernel beside it (communication not hidden), the
-  time with no kernel at all, and the attention kernels' durations in order.
+  time with no kernel at all, and the attention kernels' durations in order;
+- trace_varlen: the same for the varlen ring on the varlen row's documents.
 ``--schedule static`` (an ablation of the Hopper kernels' tile schedule): unmasked forward and
 backward calls take the static persistent stride they had before 2026-11-28 instead of the
 global tile queue. A persistent CTA whose SM is held by an NCCL kernel starts late; with the
@@ -256,15 +257,23 @@ def _doc_lengths(total: int, world: int, seed: int = 0) -> List[int]:
     return out
 
 
-def _varlen_row(per_gpu: int, world: int, h: int, hk: int, d: int, iters: int,
-                groups: Dict[str, object], rounds: int = 1) -> Dict:
+def _packed_documents(per_gpu: int, world: int, h: int, hk: int, d: int
+                      ) -> Tuple[List[int], torch.Tensor, List[torch.Tensor]]:
+    """The varlen rows' inputs: document lengths, global cu_seqlens (int32) and packed q, k,
+    v, dout (total, heads, d) bf16."""
     lengths = _doc_lengths(per_gpu * world, world)
     cu = torch.tensor([0] + lengths, device="cuda").cumsum(0).to(torch.int32)
-    total, longest = int(cu[-1]), max(lengths)
+    total = int(cu[-1])
     gen = torch.Generator(device="cuda").manual_seed(0)
     mk = lambda heads: torch.randn(total, heads, d, device="cuda", dtype=torch.bfloat16,
                                    generator=gen)
-    q, k, v, dout = mk(h), mk(hk), mk(hk), mk(h)
+    return lengths, cu, [mk(h), mk(hk), mk(hk), mk(h)]
+
+
+def _varlen_row(per_gpu: int, world: int, h: int, hk: int, d: int, iters: int,
+                groups: Dict[str, object], rounds: int = 1) -> Dict:
+    lengths, cu, (q, k, v, dout) = _packed_documents(per_gpu, world, h, hk, d)
+    total, longest = int(cu[-1]), max(lengths)
     row = dict(mode="varlen", per_gpu=per_gpu, total=total, h=h, hk=hk, d=d,
                n_docs=len(lengths), longest=longest)
     one = _step(lambda a, b, c: flashattn.flash_attn_varlen_func(
@@ -328,6 +337,28 @@ def _exposed_comm(per_gpu: int, world: int, h: int, d: int, group=None,
         row = _profiled(_step(attn, *local), trace_dir, name)
         fwd = _profiled(forward_alone, trace_dir, name + "_fwd")
     row = dict(mode="trace", per_gpu=per_gpu, **row)
+    row.update({"fwd_" + k: v for k, v in fwd.items() if k != "top_kernels_ms"})
+    return row
+
+
+def _varlen_trace(per_gpu: int, world: int, h: int, d: int, group=None,
+                  trace_dir: str = "") -> Dict:
+    """:func:`_exposed_comm` for the varlen zigzag ring on the varlen row's packed documents."""
+    lengths, cu, tensors = _packed_documents(per_gpu, world, h, h, d)
+    local = [fp.zigzag_varlen_shard(t, cu) for t in tensors]
+    longest = max(lengths)
+
+    def attn(a, b, c):
+        return fp.ring_flash_attn_varlen_func(a, b, c, cu, longest, causal=True, group=group)
+
+    def forward_alone() -> None:
+        with torch.no_grad():
+            attn(*local[:3])
+
+    name = f"varlen_{per_gpu}"
+    row = _profiled(_step(attn, *local), trace_dir, name)
+    fwd = _profiled(forward_alone, trace_dir, name + "_fwd")
+    row = dict(mode="trace_varlen", per_gpu=per_gpu, n_docs=len(lengths), **row)
     row.update({"fwd_" + k: v for k, v in fwd.items() if k != "top_kernels_ms"})
     return row
 
@@ -492,6 +523,9 @@ def main() -> None:
                 guarded(lambda: dict(_exposed_comm(per, world, h, d, group, args.trace_dir,
                                                    local_block), variant=name),
                         dict(mode="trace", per_gpu=per, variant=name))
+    if "trace_varlen" in modes:
+        guarded(lambda: _varlen_trace(args.varlen_per_gpu, world, h, d, None, args.trace_dir),
+                dict(mode="trace_varlen", per_gpu=args.varlen_per_gpu))
     for per in ([int(x) for x in args.per_gpu.split(",")] if "blocks" in modes else []):
         guarded(lambda: _block_rates(per, world, h, d), dict(mode="blocks", per_gpu=per))
     if rank == 0:

@@ -61,7 +61,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier,
                                                                warpgroup_mma, warpgroup_mma_wait)
 
-from flashattn.runtime.gluon_api import cta_barrier, tma_load
+from flashattn.runtime.gluon_api import cta_barrier, smem_reinterpret, tma_load
 from flashattn.backends.sm90.row_guard import zero_rows_from
 from flashattn.backends.sm90.softmax import LN2, online_softmax
 
@@ -148,10 +148,10 @@ def _load_box(k_desc, v_desc, k_smem, v_smem, kv_ready, stage, row0, row1, i,
     An e4m3 cache's bytes land in the slot's upper halves (_widen_block widens them in place):
     K's in the rotary slot's second half, V's two column halves in half 1's two halves."""
     if k_desc.dtype == gl.float8e4nv:
-        k8 = k_smem.index(stage)._reinterpret(gl.float8e4nv, [2, 1, BLOCK_N, 64],
-                                              k_desc.layout)
-        v8 = v_smem.index(2 * stage + 1)._reinterpret(gl.float8e4nv, [2, 1, BLOCK_N, HALF_V],
-                                                      v_desc.layout)
+        k8 = smem_reinterpret(k_smem.index(stage), gl.float8e4nv, [2, 1, BLOCK_N, 64],
+                              k_desc.layout)
+        v8 = smem_reinterpret(v_smem.index(2 * stage + 1), gl.float8e4nv,
+                              [2, 1, BLOCK_N, HALF_V], v_desc.layout)
         tma_load(k_desc, [row0, row1, 0], kv_ready.index(stage),
                  _rows(k8.index(1), i, BOX, BOXES))
         tma_load(v_desc, [row0, row1, 0], kv_ready.index(stage),
@@ -235,10 +235,10 @@ def _widen_block(k_smem, v_smem, stage, k8_layout: gl.constexpr, v8_layout: gl.c
     4 KiB (free), rows 32-63 held. Ends with the async-proxy fence and a barrier: the
     warpgroup's wgmma reads the result next, the other warpgroup after this one's arrive."""
     k16 = k_smem.index(stage)
-    k8 = k16._reinterpret(gl.float8e4nv, [2, 1, BLOCK_N, 64], k8_layout).index(1)
+    k8 = smem_reinterpret(k16, gl.float8e4nv, [2, 1, BLOCK_N, 64], k8_layout).index(1)
     v16_0 = v_smem.index(2 * stage)
     v16_1 = v_smem.index(2 * stage + 1)
-    v8 = v16_1._reinterpret(gl.float8e4nv, [2, 1, BLOCK_N, HALF_V], v8_layout)
+    v8 = smem_reinterpret(v16_1, gl.float8e4nv, [2, 1, BLOCK_N, HALF_V], v8_layout)
     _widen_copy(v8.index(0), v16_0, BLOCK_N, HALF_V, False)
     cta_barrier()  # (every thread has read e4m3 columns 0-255: their bytes are written next)
     _widen_copy(v8.index(1).slice(0, HALF_V // 2, dim=2),

@@ -81,7 +81,7 @@ with the real strides, and, if differentiable, ``register_autograd``; check it w
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple, Union
+from typing import Any, Callable, Optional, Tuple, Union
 
 import torch
 
@@ -129,6 +129,23 @@ def _eager_autograd(name: str, fwd_impl, setup_context, backward, bwd_impl):
                 {"forward": staticmethod(forward), "backward": staticmethod(backward_)})
 
 
+def _no_backward_impl(grad: Tensor, message: str) -> Tensor:
+    """Raises NotImplementedError(message) (its 0-d output, in grad's dtype, is never made)."""
+    raise NotImplementedError(message)
+
+
+# the refusal as an op: torch.compile traces a backward when it compiles the forward, so a
+# Python raise there would fail the compile of a forward that is fine; the op raises when the
+# compiled backward runs, as the eager one does
+no_backward = torch.library.custom_op("flashattn::no_backward", _no_backward_impl,
+                                      mutates_args=())
+
+
+@no_backward.register_fake
+def _(grad: Tensor, message: str) -> Tensor:
+    return grad.new_empty(())
+
+
 class _ForwardOnly(torch.autograd.Function):
     """``out`` as an output of ``inputs`` whose backward raises (forward-only computations, such
     as FP8 attention, called on inputs that require grad: FlashAttention-3 runs the forward
@@ -137,20 +154,44 @@ class _ForwardOnly(torch.autograd.Function):
     @staticmethod
     def forward(ctx, out, message, *inputs):
         ctx.message = message
+        ctx.inputs = [None if x is None else (x.shape, x.dtype) for x in inputs]
         return out.view_as(out)
 
     @staticmethod
     def backward(ctx, *grads):
-        raise NotImplementedError(ctx.message)
+        if not tracing():
+            raise NotImplementedError(ctx.message)
+        refused = no_backward(grads[0], ctx.message)
+        # every input's gradient is read from the refusal's output, so the compiled backward
+        # keeps it (a custom op whose output nobody reads would be dropped)
+        return (None, None) + tuple(None if spec is None else refused.to(spec[1]).expand(spec[0])
+                                    for spec in ctx.inputs)
 
 
 def forward_only(out: Tensor, inputs: Tuple[Optional[Tensor], ...], message: str) -> Tensor:
     """``out``, attached to ``inputs`` by a backward that raises NotImplementedError(message)
     when any of them requires grad under grad mode; ``out`` unchanged otherwise."""
-    if torch.is_grad_enabled() and any(isinstance(x, Tensor) and x.requires_grad
-                                       for x in inputs):
+    if grad_recorded(*inputs):
         return _ForwardOnly.apply(out, message, *inputs)
     return out
+
+
+def grad_recorded(*inputs: Optional[Tensor]) -> bool:
+    """Autograd would record a graph through ``inputs`` (grad mode on, one requires grad)."""
+    return torch.is_grad_enabled() and any(isinstance(x, Tensor) and x.requires_grad
+                                           for x in inputs)
+
+
+def without_backward(run: Callable[[], Any], inputs: Tuple[Optional[Tensor], ...],
+                     message: str) -> Any:
+    """``run()`` with no autograd graph, its output (a tensor, or a tuple's first item)
+    attached to ``inputs`` by :func:`forward_only`: a backward raises
+    NotImplementedError(message). For forwards whose backward no kernel takes."""
+    with torch.no_grad():
+        res = run()
+    if isinstance(res, tuple):
+        return (forward_only(res[0], inputs, message),) + res[1:]
+    return forward_only(res, inputs, message)
 
 
 def tracing() -> bool:

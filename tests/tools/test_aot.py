@@ -182,3 +182,41 @@ def test_record_launches_refuses_the_interpreter():
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
         with _aot.record_launches():
             pass
+
+
+_WIDE_V_PROBE = r"""
+import json, torch
+from tools import aot_portable as ap
+from flashattn.backends.triton import fwd
+rows = []
+for dtype, d in ((torch.bfloat16, 64), (torch.bfloat16, 256), (torch.float32, 64)):
+    q, k = (torch.randn(2, 256, 4, d, dtype=dtype) for _ in range(2))
+    v = torch.randn(2, 256, 4, 512, dtype=dtype)
+    with ap.sm90_launch_setup(), ap.record_launches() as records:
+        fwd.flash_fwd(q, k, v, softmax_scale=d ** -0.5, causal=True, window_left=-1,
+                      window_right=0, softcap=0.0, alibi_slopes=None, dropout_p=0.0,
+                      philox_seed=0, return_softmax=False)
+    for r in records:  # (autotuning records one launch per candidate config)
+        rep = ap.compile_launch(r)
+        rows.append(dict(rep.to_json(), dtype=str(dtype), d=d, config=ap.config_label(r),
+                         use_tma=r.kwargs.get("USE_TMA")))
+print(json.dumps(rows))
+"""
+
+
+@needs_ptxas
+def test_wide_v_forward_compiles_for_sm90_without_spills():
+    """V 512 wide (the forward only): every candidate config of the (512, ...) autotune spaces
+    compiles for sm_90 without spills, with pointer loads (no TMA box is 512 wide)."""
+    res = subprocess.run([sys.executable, "-c", _WIDE_V_PROBE], capture_output=True, text=True,
+                         env=_env_without_interpreter(), timeout=900, cwd=_ROOT)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = json.loads(res.stdout.strip().splitlines()[-1])
+    assert len(rows) == 2 + 2 + 1, rows  # bf16 at d 64 and 256: two candidates; fp32: one
+    for row in rows:
+        label = f"fwd d{row['d']}/512 {row['dtype']} [{row['config']}]"
+        assert row["ok"], f"{label} failed:\n{row['error']}"
+        assert row["use_tma"] is False, label
+        assert row["spill_stores"] == 0 and row["spill_loads"] == 0, \
+            f"{label} spills {row['spill_stores']} / {row['spill_loads']} B"
+        assert 0 < row["shared_bytes"] <= _aot.SM90_SHARED_LIMIT, label

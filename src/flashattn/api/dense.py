@@ -54,7 +54,14 @@ def _attention(
     """Validate, normalise (flash-attn 2 semantics), run. q, k, v may be views of packed inputs.
     ``record``: a list that receives the normalised :class:`AttnParams` of a plain call (the
     fast path's entry for this call signature)."""
-    _v.check_qkv(q, k, v, names)
+    _v.check_qkv(q, k, v, names, max_head_dim_v=_v.MAX_HEAD_DIM_V)
+    if v.shape[-1] > _v.MAX_HEAD_DIM and _ops.grad_recorded(q, k, v, learnable_sink):
+        # a forward only: no backward kernel takes V this wide
+        return _ops.without_backward(
+            lambda: _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                               alibi_slopes, deterministic, return_attn_probs, names,
+                               learnable_sink, attention_chunk),
+            (q, k, v, learnable_sink), _v.WIDE_V_NO_BACKWARD)
     attention_chunk = _v.check_attention_chunk(attention_chunk)
     dropout_p = _v.check_dropout_p(dropout_p)
     scale, causal, window_left, window_right, softcap, deterministic = _v.check_options(

@@ -71,12 +71,13 @@ def _unsupported(name: str, value: object, default: object = None) -> None:
 
 
 def _check_head_dims(q: Tensor, v: Optional[Tensor]) -> None:
-    """Head dims the dense / varlen kernels do not take (v None: the KV-cache call, whose
-    v_cache head dim goes to 512 and is checked with its other arguments)."""
-    for x, n in ((q, "q"), (v, "v")):
-        if isinstance(x, Tensor) and x.dim() >= 1 and x.shape[-1] > _v.MAX_HEAD_DIM:
+    """Head dims the dense / varlen kernels do not take: q's past MAX_HEAD_DIM, v's past
+    MAX_HEAD_DIM_V (its forward; v None: the KV-cache call, whose v_cache is checked with its
+    other arguments)."""
+    for x, n, most in ((q, "q", _v.MAX_HEAD_DIM), (v, "v", _v.MAX_HEAD_DIM_V)):
+        if isinstance(x, Tensor) and x.dim() >= 1 and x.shape[-1] > most:
             raise NotImplementedError(f"flashattn.fa3: head dim {x.shape[-1]} of {n} is not "
-                                      f"supported (at most {_v.MAX_HEAD_DIM})")
+                                      f"supported (at most {most})")
 
 
 def _check_window_rule(window_size: object, causal: object, seqlen_q: object,

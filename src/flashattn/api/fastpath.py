@@ -47,6 +47,7 @@ import torch
 
 from flashattn import ops as _ops
 from flashattn.api import kvcache_validation as _kv
+from flashattn.api import validation as _v
 from flashattn.params import AttnParams
 from flashattn.replay import fp8 as _replay_fp8
 from flashattn.replay import kvcache as _replay_kvcache
@@ -61,6 +62,7 @@ from flashattn.runtime.device import capturing
 Tensor = torch.Tensor
 MAX_ENTRIES = 512  # call signatures kept per function (then all dropped at once)
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_MAX_HEAD_DIM = _v.MAX_HEAD_DIM  # (V wider than this: a forward only)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -95,6 +97,8 @@ def dense_key(q: Any, k: Any, v: Any, dropout_p: Any, softmax_scale: Any, causal
     ``replay.dense.DenseTrainEntry``)."""
     if not _plain_qkv(q, k, v, window_size, grad_ok=True):
         return None
+    if v.shape[-1] > _MAX_HEAD_DIM and _records_grad(q, k, v):
+        return None  # (a forward whose backward raises: the full path attaches it)
     if type(dropout_p) not in (float, int) or dropout_p != 0:
         return None
     left, right = window_size

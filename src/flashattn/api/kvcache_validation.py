@@ -113,7 +113,7 @@ def check_cache(q: Any, k_cache: Any, v_cache: Any, paged: bool) -> None:
         k_view = k_cache[:1].expand(max(b, 1), -1, -1, -1)[:b]
         v_view = v_cache[:1].expand(max(b, 1), -1, -1, -1)[:b]
     _v.check_qkv(q, k_view, v_view, ("q", "k_cache", "v_cache"),
-                 max_head_dim_v=_v.MAX_HEAD_DIM_V_KVCACHE)
+                 max_head_dim_v=_v.MAX_HEAD_DIM_V)
 
 
 def check_qv(qv: Any, q: torch.Tensor, v_cache: torch.Tensor) -> None:

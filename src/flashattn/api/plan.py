@@ -228,7 +228,7 @@ def plan_decode(batch: int, nheads: int, nheads_k: int, headdim: int, *,
     headdim = _positive_int(headdim, "headdim")
     headdim_v = headdim if headdim_v is None else _positive_int(headdim_v, "headdim_v")
     for d, n, most in ((headdim, "headdim", _v.MAX_HEAD_DIM),
-                       (headdim_v, "headdim_v", _v.MAX_HEAD_DIM_V_KVCACHE)):
+                       (headdim_v, "headdim_v", _v.MAX_HEAD_DIM_V)):
         if d > most:
             raise ValueError(f"{n} must be in 1..{most}, got {d}")
     seqlen_q = _positive_int(seqlen_q, "seqlen_q")

@@ -18,10 +18,15 @@ import torch
 
 SUPPORTED_DTYPES: Tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
-# V's head dim in the KV-cache call: its split-KV decode kernel keeps a (rows x d_v) fp32
-# accumulator and streams (keys x d_v) V tiles, sized for d_v up to 512 (multi-head latent
-# attention's latent width); the dense / varlen kernels stop at MAX_HEAD_DIM
-MAX_HEAD_DIM_V_KVCACHE = 512
+# V's head dim in a forward: the split-KV decode kernel (KV-cache calls) and the portable
+# forward keep a (rows x d_v) fp32 accumulator and stream (keys x d_v) V tiles, sized for d_v
+# up to 512 (multi-head latent attention's latent width, FlashAttention-3's hdimv 512). A
+# backward stops at MAX_HEAD_DIM.
+MAX_HEAD_DIM_V = 512
+# the backward's refusal past MAX_HEAD_DIM (the forward runs; FlashAttention-3 has no backward
+# there either)
+WIDE_V_NO_BACKWARD = (f"the backward of attention with v's head dim above {MAX_HEAD_DIM} is "
+                      f"not supported (the forward takes up to {MAX_HEAD_DIM_V})")
 
 _DTYPE_NAMES = "torch.float16, torch.bfloat16 or torch.float32"
 
@@ -77,7 +82,8 @@ def check_qkv(
     """Check q (b, s_q, h, d_qk), k (b, s_k, h_k, d_qk), v (b, s_k, h_k, d_v).
 
     Same dtype (fp16/bf16/fp32) and device for all three, h % h_k == 0, head dims in
-    1..256 (d_v in 1..``max_head_dim_v``: the KV-cache call takes 512), last-dim stride 1.
+    1..256 (d_v in 1..``max_head_dim_v``: forwards take up to MAX_HEAD_DIM_V), last-dim
+    stride 1.
     b = 0 (and empty sequences) are allowed.
     """
     qn, kn, vn = names
@@ -319,6 +325,7 @@ def check_varlen_qkv(
     k: Any,
     v: Any,
     names: Tuple[str, str, str] = ("q", "k", "v"),
+    max_head_dim_v: int = MAX_HEAD_DIM,
 ) -> None:
     """Check packed q (total_q, h, d_qk), k (total_k, h_k, d_qk), v (total_k, h_k, d_v).
 
@@ -337,7 +344,7 @@ def check_varlen_qkv(
             f"total_k mismatch: {kn} has {k.shape[0]} rows but {vn} has {v.shape[0]} "
             f"(shapes {kn} {tuple(k.shape)}, {vn} {tuple(v.shape)}); they must be equal"
         )
-    check_qkv(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), names)
+    check_qkv(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), names, max_head_dim_v)
 
 
 def check_paged_qkv(q: Any, k_cache: Any, v_cache: Any,
@@ -490,7 +497,8 @@ def check_varlen_values(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
 __all__: Sequence[str] = (
     "SUPPORTED_DTYPES",
     "MAX_HEAD_DIM",
-    "MAX_HEAD_DIM_V_KVCACHE",
+    "MAX_HEAD_DIM_V",
+    "WIDE_V_NO_BACKWARD",
     "check_tensor",
     "check_qkv",
     "check_qkvpacked",

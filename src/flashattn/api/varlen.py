@@ -97,7 +97,17 @@ def _varlen_attention(
             raise ValueError("block_table (paged KV) is not supported with FP8 inputs")
         _fp8.check_fp8_qkv(q, k, v, names, varlen=True)
     elif block_table is None:
-        _v.check_varlen_qkv(q, k, v, names)
+        _v.check_varlen_qkv(q, k, v, names, max_head_dim_v=_v.MAX_HEAD_DIM_V)
+        if v.shape[-1] > _v.MAX_HEAD_DIM and _ops.grad_recorded(q, k, v, learnable_sink):
+            # a forward only: no backward kernel takes V this wide
+            return _ops.without_backward(
+                lambda: _varlen_attention(
+                    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                    dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                    deterministic, return_attn_probs, block_table, seqused_k, names, cu_names,
+                    max_names, descales, out_dtype, learnable_sink, seqused_q,
+                    attention_chunk),
+                (q, k, v, learnable_sink), _v.WIDE_V_NO_BACKWARD)
     else:
         _v.check_paged_qkv(q, k, v, names)
     batch = _v.check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q.device, cu_names)

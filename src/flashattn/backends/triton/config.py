@@ -64,6 +64,12 @@ _FWD_SPACE = {
     (64, 4): [_fcfg(64, 64, 4, 3), _fcfg(64, 32, 4, 1)],
     (128, 4): [_fcfg(64, 32, 4, 3), _fcfg(64, 32, 4, 1)],
     (256, 4): [_fcfg(32, 32, 4, 1), _fcfg(64, 32, 4, 1)],
+    # V 257-512 wide (forward only; pointer loads: no TMA box is that wide). sm_90 compile
+    # (tools/aot_portable.py, Triton 3.6) at d 64 / 128 / 256 with V 512: M64 N32 w8 s2 223-242
+    # registers, no spill, 80-128 KiB shared; M64 N64 w8 s2 244-255, no spill, up to 224 KiB;
+    # one stage spills at d 256; fp32 M32 N16 w8 spills ~900 bytes, M16 N16 w4 none
+    (512, 2): [_fcfg(64, 32, 8, 2), _fcfg(64, 64, 8, 2)],
+    (512, 4): [_fcfg(16, 16, 4, 1)],
 }
 # Backward (dK/dV pass): BLOCK_N keys stay on chip, BLOCK_M query rows stream.
 _BWD_KV_SPACE = {
@@ -94,7 +100,7 @@ _INTERPRET_CFG = _cfg(16, 16, 4, 1)
 
 def _space_key(named_args, kwargs):
     d = max(kwargs["BLOCK_D"], kwargs["BLOCK_DV"])
-    d = 64 if d <= 64 else (128 if d <= 128 else 256)
+    d = 64 if d <= 64 else (128 if d <= 128 else (256 if d <= 256 else 512))
     q = named_args.get("Q")
     elem = q.element_size() if q is not None else 2
     return d, (4 if elem >= 4 else 2)
@@ -161,6 +167,12 @@ def use_tma(*tensors: torch.Tensor) -> bool:
         return False
     index = t.device.index
     return _device.capability_major(torch.cuda.current_device() if index is None else index) >= 9
+
+
+def fwd_use_tma(k: torch.Tensor, v: torch.Tensor) -> bool:
+    """:func:`use_tma` for the forward's K / V tiles: a TMA box is at most 256 elements a side,
+    so V wider than 256 streams through pointer loads."""
+    return v.shape[-1] <= 256 and use_tma(k, v)
 
 
 def sm_count(device: torch.device) -> int:

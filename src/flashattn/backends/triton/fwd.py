@@ -307,7 +307,7 @@ def _launch_fwd(q, k, v, out, lse, p_mat, strides, n_seqs, seqlen_q, seqlen_k, l
         HAS_SOFTCAP=softcap > 0.0, HAS_ALIBI=alibi_slopes is not None,
         HAS_DROPOUT=has_dropout, RETURN_P=return_softmax,
         UPCAST=config.upcast_dots(q), DOT_PREC=config.dot_precision(q),
-        USE_TMA=config.use_tma(k, v), VARLEN=varlen, HAS_SEQUSED=has_seqused,
+        USE_TMA=config.fwd_use_tma(k, v), VARLEN=varlen, HAS_SEQUSED=has_seqused,
         BH_AXIS0=bh_axis0,
     )
 
@@ -373,7 +373,7 @@ class FwdCall:
         self.out_shape = (batch, seqlen_q, nheads, v.shape[-1])
         self.lse_shape = (batch, nheads, seqlen_q)
         self.dtype, self.device = q.dtype, q.device
-        self.use_tma = config.use_tma(k, v)
+        self.use_tma = config.fwd_use_tma(k, v)
         self.need_lse = need_lse
         self.plan: Optional[LaunchPlan] = None
 

@@ -13,6 +13,7 @@ import torch
 import flashattn
 from flashattn.reference import attention_ref
 from tests.accuracy import assert_close_rule
+from tests.api.test_wide_v import _check
 
 pytestmark = pytest.mark.gpu
 
@@ -21,13 +22,6 @@ def _inputs(b, s_q, s_k, h, h_k, d, d_v, dtype):
     g = torch.Generator(device="cuda").manual_seed(0)
     mk = lambda *shape: torch.randn(*shape, device="cuda", dtype=dtype, generator=g)
     return mk(b, s_q, h, d), mk(b, s_k, h_k, d), mk(b, s_k, h_k, d_v)
-
-
-def _check(out, lse, q, k, v, **kw):
-    ref, lse_ref = attention_ref(q.double(), k.double(), v.double(), **kw)
-    lp, lse_lp = attention_ref(q, k, v, upcast=False, **kw)
-    assert_close_rule(out, ref, lp, name="out")
-    assert_close_rule(lse, lse_ref, lse_lp, name="lse")
 
 
 @pytest.mark.parametrize("b, s_q, s_k, h, h_k, d, d_v, dtype, causal", [

@@ -279,14 +279,18 @@ def _varlen_row(per_gpu: int, world: int, h: int, hk: int, d: int, iters: int,
     one = _step(lambda a, b, c: flashattn.flash_attn_varlen_func(
         a, b, c, cu, cu, longest, longest, causal=True), q, k, v, dout)
     row["single_s"] = _timed(one, iters)
+    with torch.no_grad():  # the forward alone too (where a loss sits: forward or backward)
+        row["single_fwd_s"] = _timed(lambda: flashattn.flash_attn_varlen_func(
+            q, k, v, cu, cu, longest, longest, causal=True), iters)
     local = [fp.zigzag_varlen_shard(t, cu) for t in (q, k, v, dout)]
     flops = 4 * h * d * sum(_causal_pairs(n) for n in lengths) * 3.5
     variants = _variant_times(
         lambda g: (lambda a, b, c: fp.ring_flash_attn_varlen_func(a, b, c, cu, longest,
                                                                   causal=True, group=g)),
-        local, groups, iters, rounds, forward_alone=False)
+        local, groups, iters, rounds, forward_alone=True)
     for times in variants.values():
         times["efficiency"] = row["single_s"] / world / times["cp_s"]
+        times["fwd_efficiency"] = row["single_fwd_s"] / world / times["cp_fwd_s"]
         times["cp_tflops_per_gpu"] = flops / world / times["cp_s"] / 1e12
     if len(variants) > 1:
         row["variants"] = variants

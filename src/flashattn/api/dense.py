@@ -168,7 +168,8 @@ def flash_attn_func(
         q: (batch, seqlen_q, nheads, headdim), float16, bfloat16 or float32; last dim
             contiguous, other strides arbitrary. headdim in 1..256.
         k: (batch, seqlen_k, nheads_k, headdim), same dtype and device as q.
-        v: (batch, seqlen_k, nheads_k, headdim_v), same dtype and device; headdim_v in 1..256.
+        v: (batch, seqlen_k, nheads_k, headdim_v), same dtype and device; headdim_v in 1..512
+            (past 256 a forward only: a backward raises NotImplementedError).
         dropout_p: float in [0, 1). Dropout probability, applied as given (pass 0.0 at
             evaluation, as flash-attn's modules do). The Philox seed is drawn from torch's
             default CPU generator (``torch.manual_seed`` reproduces it) only when dropout_p > 0.

@@ -377,8 +377,9 @@ flash_attn_varlen_func.__doc__ = """Exact attention over packed variable-length 
             headdim in 1..256.
         k: (total_k, nheads_k, headdim), same dtype and device as q; or, with block_table,
             the paged cache (num_blocks, page_size, nheads_k, headdim).
-        v: (total_k, nheads_k, headdim_v), same dtype and device; headdim_v in 1..256; or
-            the paged cache (num_blocks, page_size, nheads_k, headdim_v).
+        v: (total_k, nheads_k, headdim_v), same dtype and device; headdim_v in 1..512 (past
+            256 a forward only: a backward raises NotImplementedError); or the paged cache
+            (num_blocks, page_size, nheads_k, headdim_v), headdim_v in 1..256.
         cu_seqlens_q: (batch + 1,) torch.int32, cumulative query lengths (row offsets into q).
         cu_seqlens_k: (batch + 1,) torch.int32, cumulative key lengths (row offsets into k, v).
         max_seqlen_q: int >= 0, the longest query sequence (sizes the launch grid).

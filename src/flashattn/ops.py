@@ -81,7 +81,7 @@ with the real strides, and, if differentiable, ``register_autograd``; check it w
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Tuple, Union
+from typing import Any, Optional, Tuple, Union
 
 import torch
 
@@ -180,18 +180,6 @@ def grad_recorded(*inputs: Optional[Tensor]) -> bool:
     """Autograd would record a graph through ``inputs`` (grad mode on, one requires grad)."""
     return torch.is_grad_enabled() and any(isinstance(x, Tensor) and x.requires_grad
                                            for x in inputs)
-
-
-def without_backward(run: Callable[[], Any], inputs: Tuple[Optional[Tensor], ...],
-                     message: str) -> Any:
-    """``run()`` with no autograd graph, its output (a tensor, or a tuple's first item)
-    attached to ``inputs`` by :func:`forward_only`: a backward raises
-    NotImplementedError(message). For forwards whose backward no kernel takes."""
-    with torch.no_grad():
-        res = run()
-    if isinstance(res, tuple):
-        return (forward_only(res[0], inputs, message),) + res[1:]
-    return forward_only(res, inputs, message)
 
 
 def tracing() -> bool:

@@ -2,8 +2,8 @@
 multi-head latent attention's latent width, e.g. q / k 64 wide and v 512): the forward of
 ``flash_attn_func`` / ``flash_attn_varlen_func`` (and ``flashattn.fa3``'s) up to 512, against
 the float64 oracle by flash-attn's rule, on both CPU-runnable backends; inputs that require
-grad run the forward and a backward raises NotImplementedError naming the head dim; past 512
-a ValueError names v (``fa3``: NotImplementedError, as FA3)."""
+grad go by V's column slices (api/wide_v.py) and every gradient is checked; past 512 a
+ValueError names v (``fa3``: NotImplementedError, as FA3)."""
 from __future__ import annotations
 
 import pytest
@@ -12,7 +12,7 @@ import torch
 import flashattn
 from flashattn import fa3
 from flashattn.reference import attention_ref
-from tests.accuracy import assert_close_rule
+from tests.accuracy import assert_attention_close, assert_close_rule
 
 
 def _dense(b, s_q, s_k, h, h_k, d, d_v, dtype=torch.bfloat16):
@@ -70,24 +70,84 @@ def test_fa3_forward_wide_v(backend):
     _check(out, lse, q, k, v, causal=True)
 
 
-@pytest.mark.parametrize("varlen", [False, True])
-def test_backward_of_wide_v_raises(cpu_backend, varlen):
+@pytest.mark.parametrize("d, d_v, causal, sink", [
+    (32, 320, True, False),     # two slices of 160
+    (64, 512, False, False),    # two slices of 256
+    (16, 600 - 88, True, True),  # a learnable sink: its gradient sums over the slices too
+])
+def test_gradients_of_wide_v_by_column_slices(backend, d, d_v, causal, sink):
+    """Inputs that require grad run by V's column slices: out, lse and every gradient
+    against the float64 oracle (2x / 3x rule)."""
+    q, k, v = (x.requires_grad_() for x in _dense(2, 19, 23, 4, 2, d, d_v))
+    if sink:
+        s = torch.randn(4, requires_grad=True)
+        out = flashattn.flash_attn_func(q, k, v, causal=causal, learnable_sink=s)
+        dout = torch.randn_like(out)
+        grads = torch.autograd.grad(out, (q, k, v, s), dout)
+        # the sink's oracle: a virtual key of score s_h and value 0 (flash-attn's sink)
+        x64 = [t.detach().double().requires_grad_() for t in (q, k, v, s)]
+
+        def sink_ref(q_, k_, v_, s_, upcast=True):
+            scores = torch.einsum("bqhd,bkhd->bhqk", q_, k_.repeat_interleave(2, 2))
+            scores = scores * d ** -0.5
+            if causal:
+                mask = torch.ones(19, 23, dtype=torch.bool).tril(23 - 19)
+                scores = scores.masked_fill(~mask, float("-inf"))
+            virtual = s_.view(1, -1, 1, 1).expand(2, 4, 19, 1).to(scores.dtype)
+            p = torch.softmax(torch.cat([scores, virtual], -1), -1)[..., :-1]
+            return torch.einsum("bhqk,bkhd->bqhd", p, v_.repeat_interleave(2, 2).to(p.dtype))
+        ref = sink_ref(*x64)
+        ref_grads = torch.autograd.grad(ref, x64, dout.double())
+        xlp = [t.detach().clone().requires_grad_() for t in (q, k, v, s)]
+        lp = sink_ref(*xlp)
+        lp_grads = torch.autograd.grad(lp, xlp, dout)
+        assert_close_rule(out, ref, lp, name="out")
+        for name, got, r, l in zip(("dq", "dk", "dv", "dsink"), grads, ref_grads, lp_grads):
+            assert_close_rule(got, r, l, factor=3.0, name=name)
+        return
+    out, lse, _ = flashattn.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+    dout = torch.randn_like(out)
+    assert_attention_close(q, k, v, out, dout, torch.autograd.grad(out, (q, k, v), dout),
+                           lse=lse, window_size=(-1, 0) if causal else (-1, -1))
+
+
+def test_varlen_gradients_of_wide_v(backend):
+    lengths = [7, 0, 16, 9]
+    cu = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
+    h, h_k, d, d_v = 2, 1, 32, 384
+    total = int(cu[-1])
+    q = torch.randn(total, h, d, dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(total, h_k, d, dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(total, h_k, d_v, dtype=torch.bfloat16, requires_grad=True)
+    out = flashattn.flash_attn_varlen_func(q, k, v, cu, cu, max(lengths), max(lengths),
+                                           causal=True)
+    dout = torch.randn_like(out)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+    for i, n in enumerate(lengths):
+        if n == 0:
+            continue
+        rows = slice(int(cu[i]), int(cu[i + 1]))
+        qs, ks, vs = (x.detach()[rows][None].requires_grad_() for x in (q, k, v))
+        assert_attention_close(qs, ks, vs, out[rows][None], dout[rows][None],
+                               (dq[rows][None], dk[rows][None], dv[rows][None]),
+                               window_size=(-1, 0))
+
+
+def test_column_slices():
+    from flashattn.api.wide_v import column_slices
+
+    assert column_slices(512) == [(0, 256), (256, 512)]
+    assert column_slices(384) == [(0, 192), (192, 384)]
+    assert column_slices(257) == [(0, 129), (129, 257)]
+    assert column_slices(300) == [(0, 150), (150, 300)]
+
+
+def test_dropout_with_wide_v_and_grad_is_refused(cpu_backend):
     q, k, v = (x.requires_grad_() for x in _dense(1, 8, 8, 2, 1, 32, 320))
-    if varlen:
-        cu = torch.tensor([0, 8], dtype=torch.int32)
-        out = flashattn.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 8, 8)
-    else:
-        out = flashattn.flash_attn_func(q, k, v)
-    ref, _ = attention_ref(q.detach().double(), k.detach().double(), v.detach().double())
-    assert (out.detach().double() - ref[0 if varlen else slice(None)]).abs().max() < 0.05
-    assert out.requires_grad
-    with pytest.raises(NotImplementedError, match="head dim above 256"):
-        out.sum().backward()
-    # the same call without grad is a plain forward (the fast path may record it)
-    with torch.no_grad():
-        again = flashattn.flash_attn_func(q, k, v) if not varlen else None
-    if again is not None:
-        assert torch.equal(again, out.detach())
+    with pytest.raises(NotImplementedError, match="dropout_p"):
+        flashattn.flash_attn_func(q, k, v, dropout_p=0.1)
+    with torch.no_grad():  # one kernel, one mask: fine without a gradient
+        assert flashattn.flash_attn_func(q, k, v, dropout_p=0.1).shape == (1, 8, 2, 320)
 
 
 def test_v_wider_than_512_is_refused(cpu_backend):
@@ -102,13 +162,13 @@ def test_v_wider_than_512_is_refused(cpu_backend):
 
 
 def test_wide_v_under_torch_compile(cpu_backend):
-    """torch.compile(fullgraph=True) compiles the forward of inputs that require grad (it
-    traces a backward at compile time: the refusal is an op that raises when it runs)."""
+    """torch.compile(fullgraph=True) traces the slices, forward and backward."""
     q = torch.randn(1, 8, 2, 32, requires_grad=True)
-    k, v = torch.randn(1, 8, 1, 32), torch.randn(1, 8, 1, 320)
+    k, v = torch.randn(1, 8, 1, 32), torch.randn(1, 8, 1, 320, requires_grad=True)
     compiled = torch.compile(lambda q, k, v: flashattn.flash_attn_func(q, k, v, causal=True),
                              fullgraph=True)
     out = compiled(q, k, v)
-    assert torch.equal(out.detach(), flashattn.flash_attn_func(q.detach(), k, v, causal=True))
-    with pytest.raises(NotImplementedError, match="head dim above 256"):
-        out.sum().backward()
+    eager = flashattn.flash_attn_func(q, k, v, causal=True)
+    assert torch.equal(out, eager)
+    assert all(torch.equal(a, b) for a, b in zip(torch.autograd.grad(out.sum(), (q, v)),
+                                                 torch.autograd.grad(eager.sum(), (q, v))))

@@ -1,7 +1,7 @@
 """V head dims past 256 in the dense and varlen forwards on the GPU (the portable forward
 kernel with V up to 512 wide; the Hopper kernels take V up to 256 and hand these calls on):
 realistic sizes against the float64 oracle by flash-attn's rule, a CUDA-graph capture, and
-the backward's refusal. CPU twin: tests/api/test_wide_v.py.
+gradients by V's column slices. CPU twin: tests/api/test_wide_v.py.
 
 Run on the device machine: ``python3 -m pytest -q -m gpu tests/api/test_wide_v_gpu.py``.
 """
@@ -12,7 +12,7 @@ import torch
 
 import flashattn
 from flashattn.reference import attention_ref
-from tests.accuracy import assert_close_rule
+from tests.accuracy import assert_attention_close, assert_close_rule
 from tests.api.test_wide_v import _check
 
 pytestmark = pytest.mark.gpu
@@ -55,7 +55,7 @@ def test_varlen_forward_wide_v_gpu():
         assert_close_rule(out[rows][None], ref, lp, name=f"out of sequence {i}")
 
 
-def test_wide_v_under_cuda_graphs_and_backward_refused():
+def test_wide_v_under_cuda_graphs_and_gradients_by_slices():
     q, k, v = _inputs(2, 256, 256, 8, 1, 64, 512, torch.bfloat16)
     eager = flashattn.flash_attn_func(q, k, v, causal=True)
     graph = torch.cuda.CUDAGraph()
@@ -64,8 +64,9 @@ def test_wide_v_under_cuda_graphs_and_backward_refused():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured, eager)
-    qg = q.clone().requires_grad_()
-    out = flashattn.flash_attn_func(qg, k, v, causal=True)
-    assert torch.equal(out.detach(), eager)
-    with pytest.raises(NotImplementedError, match="head dim above 256"):
-        out.sum().backward()
+    # with a gradient: by V's column slices on the Hopper kernels (api/wide_v.py)
+    qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
+    out = flashattn.flash_attn_func(qg, kg, vg, causal=True)
+    dout = torch.randn_like(out)
+    assert_attention_close(qg, kg, vg, out, dout, torch.autograd.grad(out, (qg, kg, vg), dout),
+                           window_size=(-1, 0))

@@ -25,6 +25,7 @@ from flashattn.api import fp8_attention as _fp8
 from flashattn.api import normalise as _p
 from flashattn.api import segments as _segments
 from flashattn.api import validation as _v
+from flashattn.api import wide_v as _wide_v
 from flashattn.params import AttnParams
 
 Tensor = torch.Tensor
@@ -56,12 +57,12 @@ def _attention(
     fast path's entry for this call signature)."""
     _v.check_qkv(q, k, v, names, max_head_dim_v=_v.MAX_HEAD_DIM_V)
     if v.shape[-1] > _v.MAX_HEAD_DIM and _ops.grad_recorded(q, k, v, learnable_sink):
-        # a forward only: no backward kernel takes V this wide
-        return _ops.without_backward(
-            lambda: _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
-                               alibi_slopes, deterministic, return_attn_probs, names,
-                               learnable_sink, attention_chunk),
-            (q, k, v, learnable_sink), _v.WIDE_V_NO_BACKWARD)
+        # no backward kernel takes V this wide: by V's column slices (api/wide_v.py)
+        _wide_v.refuse_dropout(_v.check_dropout_p(dropout_p))
+        return _wide_v.by_slices(
+            lambda v_s: _attention(q, k, v_s, dropout_p, softmax_scale, causal, window_size,
+                                   softcap, alibi_slopes, deterministic, return_attn_probs,
+                                   names, learnable_sink, attention_chunk), v)
     attention_chunk = _v.check_attention_chunk(attention_chunk)
     dropout_p = _v.check_dropout_p(dropout_p)
     scale, causal, window_left, window_right, softcap, deterministic = _v.check_options(
@@ -169,7 +170,7 @@ def flash_attn_func(
             contiguous, other strides arbitrary. headdim in 1..256.
         k: (batch, seqlen_k, nheads_k, headdim), same dtype and device as q.
         v: (batch, seqlen_k, nheads_k, headdim_v), same dtype and device; headdim_v in 1..512
-            (past 256 a forward only: a backward raises NotImplementedError).
+            (past 256 a call with a gradient runs by V's column slices; no dropout then).
         dropout_p: float in [0, 1). Dropout probability, applied as given (pass 0.0 at
             evaluation, as flash-attn's modules do). The Philox seed is drawn from torch's
             default CPU generator (``torch.manual_seed`` reproduces it) only when dropout_p > 0.

@@ -62,7 +62,7 @@ from flashattn.runtime.device import capturing
 Tensor = torch.Tensor
 MAX_ENTRIES = 512  # call signatures kept per function (then all dropped at once)
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_MAX_HEAD_DIM = _v.MAX_HEAD_DIM  # (V wider than this: a forward only)
+_MAX_HEAD_DIM = _v.MAX_HEAD_DIM  # (V wider than this with a gradient: by column slices)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -98,7 +98,7 @@ def dense_key(q: Any, k: Any, v: Any, dropout_p: Any, softmax_scale: Any, causal
     if not _plain_qkv(q, k, v, window_size, grad_ok=True):
         return None
     if v.shape[-1] > _MAX_HEAD_DIM and _records_grad(q, k, v):
-        return None  # (a forward whose backward raises: the full path attaches it)
+        return None  # (the full path runs it by V's column slices: api/wide_v.py)
     if type(dropout_p) not in (float, int) or dropout_p != 0:
         return None
     left, right = window_size

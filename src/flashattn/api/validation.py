@@ -20,13 +20,10 @@ SUPPORTED_DTYPES: Tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torc
 MAX_HEAD_DIM = 256
 # V's head dim in a forward: the split-KV decode kernel (KV-cache calls) and the portable
 # forward keep a (rows x d_v) fp32 accumulator and stream (keys x d_v) V tiles, sized for d_v
-# up to 512 (multi-head latent attention's latent width, FlashAttention-3's hdimv 512). A
-# backward stops at MAX_HEAD_DIM.
+# up to 512 (multi-head latent attention's latent width, FlashAttention-3's hdimv 512). The
+# backward kernels stop at MAX_HEAD_DIM: a call that records a gradient goes by V's column
+# slices (api/wide_v.py).
 MAX_HEAD_DIM_V = 512
-# the backward's refusal past MAX_HEAD_DIM (the forward runs; FlashAttention-3 has no backward
-# there either)
-WIDE_V_NO_BACKWARD = (f"the backward of attention with v's head dim above {MAX_HEAD_DIM} is "
-                      f"not supported (the forward takes up to {MAX_HEAD_DIM_V})")
 
 _DTYPE_NAMES = "torch.float16, torch.bfloat16 or torch.float32"
 
@@ -498,7 +495,6 @@ __all__: Sequence[str] = (
     "SUPPORTED_DTYPES",
     "MAX_HEAD_DIM",
     "MAX_HEAD_DIM_V",
-    "WIDE_V_NO_BACKWARD",
     "check_tensor",
     "check_qkv",
     "check_qkvpacked",

@@ -31,6 +31,7 @@ from flashattn.api import normalise as _p
 from flashattn.api import fp8_attention as _fp8
 from flashattn.api import segments as _segments
 from flashattn.api import validation as _v
+from flashattn.api import wide_v as _wide_v
 
 Tensor = torch.Tensor
 AttnOutput = Union[Tensor, Tuple[Tensor, Tensor, Optional[Tensor]]]
@@ -99,15 +100,15 @@ def _varlen_attention(
     elif block_table is None:
         _v.check_varlen_qkv(q, k, v, names, max_head_dim_v=_v.MAX_HEAD_DIM_V)
         if v.shape[-1] > _v.MAX_HEAD_DIM and _ops.grad_recorded(q, k, v, learnable_sink):
-            # a forward only: no backward kernel takes V this wide
-            return _ops.without_backward(
-                lambda: _varlen_attention(
-                    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+            # no backward kernel takes V this wide: by V's column slices (api/wide_v.py)
+            _wide_v.refuse_dropout(_v.check_dropout_p(dropout_p))
+            return _wide_v.by_slices(
+                lambda v_s: _varlen_attention(
+                    q, k, v_s, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                     dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                     deterministic, return_attn_probs, block_table, seqused_k, names, cu_names,
                     max_names, descales, out_dtype, learnable_sink, seqused_q,
-                    attention_chunk),
-                (q, k, v, learnable_sink), _v.WIDE_V_NO_BACKWARD)
+                    attention_chunk), v)
     else:
         _v.check_paged_qkv(q, k, v, names)
     batch = _v.check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q.device, cu_names)
@@ -378,7 +379,7 @@ flash_attn_varlen_func.__doc__ = """Exact attention over packed variable-length 
         k: (total_k, nheads_k, headdim), same dtype and device as q; or, with block_table,
             the paged cache (num_blocks, page_size, nheads_k, headdim).
         v: (total_k, nheads_k, headdim_v), same dtype and device; headdim_v in 1..512 (past
-            256 a forward only: a backward raises NotImplementedError); or the paged cache
+            256 a call with a gradient runs by V's column slices, no dropout); or the paged cache
             (num_blocks, page_size, nheads_k, headdim_v), headdim_v in 1..256.
         cu_seqlens_q: (batch + 1,) torch.int32, cumulative query lengths (row offsets into q).
         cu_seqlens_k: (batch + 1,) torch.int32, cumulative key lengths (row offsets into k, v).

@@ -211,3 +211,19 @@ def test_opcheck_combine(backend):
     res, lse = ops.combine_splits(out_partial, lse_partial, out=out)
     ref, ref_lse = flashattn.flash_attn_combine(out_partial, lse_partial, out_dtype=torch.float16)
     assert res is out and torch.equal(res, ref) and torch.equal(lse, ref_lse)
+
+
+def test_forward_only_refuses_the_backward_also_when_compiled():
+    """ops.forward_only's backward raises in eager mode, and under torch.compile (which traces
+    the backward when it compiles the forward) it compiles and raises when the backward runs:
+    the refusal is the flashattn::no_backward op there."""
+
+    def f(x):
+        return ops.forward_only(x * 2, (x,), "no backward here")
+
+    for fn in (f, torch.compile(f, fullgraph=True)):
+        x = torch.randn(4, requires_grad=True)
+        out = fn(x)
+        assert torch.equal(out.detach(), x.detach() * 2) and out.requires_grad
+        with pytest.raises(NotImplementedError, match="no backward here"):
+            out.sum().backward()

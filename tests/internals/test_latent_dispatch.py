@@ -187,19 +187,10 @@ def test_decode_call_runs_the_partials_and_combines_them(case, monkeypatch, on_s
     assert calls, "the partials launcher did not run"
 
 
-@pytest.mark.parametrize("shapes, waves", [
-    (dict(nheads_k=1, headdim=64, headdim_v=512, page_size=64), 1.0),
-    (dict(nheads_k=1, headdim=64, headdim_v=512, page_size=None), 1.0),
-    (dict(nheads_k=1, headdim=64, headdim_v=512, page_size=64, window_right=0), 1.0),
-    (dict(nheads_k=1, headdim=64, headdim_v=512, page_size=16), 1.0),
-    (dict(nheads_k=1, headdim=64, headdim_v=512, page_size=12), None),
-    (dict(nheads_k=1, headdim=64, headdim_v=512, page_size=64, softcap=1.0), None),
-    (dict(nheads_k=8, headdim=128, headdim_v=128, page_size=64), None),
-], ids=["mla-page64", "mla-contiguous", "mla-causal", "mla-page16", "mla-page12", "mla-softcap",
-         "gqa-d128"])
-def test_scheduler_splits_follow_the_kernel_that_runs(shapes, waves, monkeypatch):
-    """FA3's get_scheduler_metadata on sm90: MLA's shapes get the Hopper kernel's one-wave
-    split count, every other shape the portable decode kernel's rule."""
+@pytest.fixture
+def scheduler_waves(monkeypatch):
+    """(replay.kvcache.decode_splits as on an sm90 GPU, the list of ``waves`` it passes on to
+    the portable split rule, which answers 7)."""
     from flashattn.dispatch import latent as dispatch_latent
     from flashattn.replay import kvcache as replay_kvcache
 
@@ -210,11 +201,27 @@ def test_scheduler_splits_follow_the_kernel_that_runs(shapes, waves, monkeypatch
     seen = []
     portable = dispatch_latent._select.backend("portable")
     monkeypatch.setattr(portable, "decode_splits", lambda *a: seen.append(a[-1]) or 7)
+    return replay_kvcache.decode_splits, seen
+
+
+@pytest.mark.parametrize("shapes, waves", [
+    (dict(nheads_k=1, headdim=64, headdim_v=512, page_size=64), 1.0),
+    (dict(nheads_k=1, headdim=64, headdim_v=512, page_size=None), 1.0),
+    (dict(nheads_k=1, headdim=64, headdim_v=512, page_size=64, window_right=0), 1.0),
+    (dict(nheads_k=1, headdim=64, headdim_v=512, page_size=16), 1.0),
+    (dict(nheads_k=1, headdim=64, headdim_v=512, page_size=12), None),
+    (dict(nheads_k=1, headdim=64, headdim_v=512, page_size=64, softcap=1.0), None),
+    (dict(nheads_k=8, headdim=128, headdim_v=128, page_size=64), None),
+], ids=["mla-page64", "mla-contiguous", "mla-causal", "mla-page16", "mla-page12", "mla-softcap",
+         "gqa-d128"])
+def test_scheduler_splits_follow_the_kernel_that_runs(shapes, waves, scheduler_waves):
+    """FA3's get_scheduler_metadata on sm90: MLA's shapes get the Hopper kernel's one-wave
+    split count, every other shape the portable decode kernel's rule."""
+    decode_splits, seen = scheduler_waves
     window = dict(window_left=-1, window_right=shapes.pop("window_right", -1),
                   softcap=shapes.pop("softcap", 0.0))
-    splits = replay_kvcache.decode_splits(4, 1, 8192, 128, shapes["nheads_k"],
-                                          shapes["headdim"], shapes["headdim_v"],
-                                          torch.bfloat16, shapes["page_size"], 0, **window)
+    splits = decode_splits(4, 1, 8192, 128, shapes["nheads_k"], shapes["headdim"],
+                           shapes["headdim_v"], torch.bfloat16, shapes["page_size"], 0, **window)
     assert splits == 7 and seen == [waves]
 
 
@@ -234,3 +241,12 @@ def test_qv_on_the_cpu_backend_never_asks_for_the_portable_backend(monkeypatch):
     monkeypatch.setattr(select, "backend", no_portable)
     with flashattn.use_backend("cpu"):
         check_mla(replace(DEEPSEEK_SMALL, num_splits=0), "cpu")
+
+
+def test_scheduler_splits_for_an_fp8_latent_cache(scheduler_waves):
+    """An e4m3 latent cache (FA3's qkv_dtype float8_e4m3fn) runs on the Hopper MLA kernel too:
+    get_scheduler_metadata gives it the kernel's one-wave split count."""
+    decode_splits, seen = scheduler_waves
+    decode_splits(4, 1, 8192, 128, 1, 64, 512, torch.float8_e4m3fn, 64, 0)
+    decode_splits(4, 1, 8192, 128, 1, 64, 512, torch.float32, 64, 0)
+    assert seen == [1.0, None]

@@ -43,11 +43,12 @@ def latent_shapes_unsupported(nheads_k: int, headdim: int, headdim_v: int,
                               window_left: int = -1, window_right: int = -1,
                               softcap: float = 0.0) -> Optional[str]:
     """Why KV-cache calls with ``qv`` of these shapes are not the Hopper MLA decode kernel's
-    (None: they are, tensors and device permitting): 16-bit, one KV head, head dims 64 / 512,
-    a contiguous cache (``page_size`` None) or pages of a multiple of 64 keys or of 8 / 16 / 32
-    keys, no mask but causal (``window_right`` 0), no softcap."""
-    if dtype not in DTYPES:
-        return f"dtype {dtype} (16-bit)"
+    (None: they are, tensors and device permitting): caches (``dtype``, FA3's qkv_dtype) 16-bit
+    or float8_e4m3fn, one KV head, head dims 64 / 512, a contiguous cache (``page_size`` None)
+    or pages of a multiple of 64 keys or of 8 / 16 / 32 keys, no mask but causal
+    (``window_right`` 0), no softcap."""
+    if dtype not in DTYPES and dtype != torch.float8_e4m3fn:
+        return f"cache dtype {dtype} (16-bit or float8_e4m3fn)"
     if headdim != ROPE_DIM or headdim_v != LATENT_DIM:
         return f"head dims {headdim} / {headdim_v} (64 / 512)"
     if nheads_k != 1:
@@ -85,7 +86,8 @@ def latent_unsupported(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
         return reason
     fp8 = k_cache.dtype == torch.float8_e4m3fn
     cache_dtype = torch.float8_e4m3fn if fp8 else q.dtype
-    if qv.dtype != q.dtype or k_cache.dtype != cache_dtype or v_cache.dtype != cache_dtype:
+    if (q.dtype not in DTYPES or qv.dtype != q.dtype or k_cache.dtype != cache_dtype
+            or v_cache.dtype != cache_dtype):
         return (f"dtypes {q.dtype} / {qv.dtype} / {k_cache.dtype} / {v_cache.dtype} (16-bit q "
                 "and qv; caches in their dtype or both float8_e4m3fn)")
     if q_descale is not None:
@@ -101,7 +103,7 @@ def latent_unsupported(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
         return "caches whose head dims differ from q's / qv's"
     if alibi_slopes is not None:
         return "alibi"
-    reason = latent_shapes_unsupported(k_cache.shape[2], q.shape[3], qv.shape[3], q.dtype,
+    reason = latent_shapes_unsupported(k_cache.shape[2], q.shape[3], qv.shape[3], k_cache.dtype,
                                        None if block_table is None else k_cache.shape[1],
                                        window_left=window_left, window_right=window_right,
                                        softcap=softcap)

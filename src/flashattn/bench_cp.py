@@ -332,17 +332,9 @@ def _exposed_comm(per_gpu: int, world: int, h: int, d: int, group=None,
     def attn(a, b, c):
         return fp.ring_flash_attn_func(a, b, c, causal=True, group=group)
 
-    def forward_alone() -> None:
-        with torch.no_grad():
-            attn(*local[:3])
-
-    name = f"ring_{per_gpu}_{local_block}"
     with _local_block(local_block):
-        row = _profiled(_step(attn, *local), trace_dir, name)
-        fwd = _profiled(forward_alone, trace_dir, name + "_fwd")
-    row = dict(mode="trace", per_gpu=per_gpu, **row)
-    row.update({"fwd_" + k: v for k, v in fwd.items() if k != "top_kernels_ms"})
-    return row
+        row = _step_and_forward(attn, local, trace_dir, f"ring_{per_gpu}_{local_block}")
+    return dict(mode="trace", per_gpu=per_gpu, **row)
 
 
 def _varlen_trace(per_gpu: int, world: int, h: int, d: int, group=None,
@@ -355,14 +347,19 @@ def _varlen_trace(per_gpu: int, world: int, h: int, d: int, group=None,
     def attn(a, b, c):
         return fp.ring_flash_attn_varlen_func(a, b, c, cu, longest, causal=True, group=group)
 
+    row = _step_and_forward(attn, local, trace_dir, f"varlen_{per_gpu}")
+    return dict(mode="trace_varlen", per_gpu=per_gpu, n_docs=len(lengths), **row)
+
+
+def _step_and_forward(attn: Callable, local, trace_dir: str, name: str) -> Dict:
+    """:func:`_profiled` of one fwd + bwd step of ``attn`` on ``local`` (q, k, v, dout), then
+    of its forward alone (no grad), the latter's keys prefixed ``fwd_`` (top kernels left out)."""
     def forward_alone() -> None:
         with torch.no_grad():
             attn(*local[:3])
 
-    name = f"varlen_{per_gpu}"
     row = _profiled(_step(attn, *local), trace_dir, name)
     fwd = _profiled(forward_alone, trace_dir, name + "_fwd")
-    row = dict(mode="trace_varlen", per_gpu=per_gpu, n_docs=len(lengths), **row)
     row.update({"fwd_" + k: v for k, v in fwd.items() if k != "top_kernels_ms"})
     return row
 

@@ -16,9 +16,11 @@ Modes (``--modes``, comma-separated):
 - scale: one long sequence (``--scale-per-gpu`` per GPU, GQA ``--kv-heads``): time, TFLOP/s
   per GPU and peak memory, no one-GPU baseline (it would not fit);
 - nocomm: the ring with every exchange replaced by the block in hand (its kernels alone);
-- trace: profiler traces of one ring step and of one forward alone (rank 0): the share of each
-  where an NCCL kernel runs with no compute kernel beside it (communication not hidden), the
-  time with no kernel at all, and the attention kernels' durations in order;
+- trace: profiler traces of one ring step, of one forward alone and of three forwards back
+  to back (as ``cp_fwd_s`` times them; host runtime calls that can stall the launch queue
+  too), rank 0's summary: the share of each where an NCCL kernel runs with no compute kernel
+  beside it (communication not hidden), the time with no kernel at all, and the attention
+  kernels' durations in order;
 - trace_varlen: the same for the varlen ring on the varlen row's documents.
 ``--schedule static`` (an ablation of the Hopper kernels' tile schedule): unmasked forward and
 backward calls take the static persistent stride they had before 2026-11-28 instead of the
@@ -358,28 +360,51 @@ def _step_and_forward(attn: Callable, local, trace_dir: str, name: str) -> Dict:
         with torch.no_grad():
             attn(*local[:3])
 
+    def forward_loop() -> None:  # as ``cp_fwd_s`` times it: calls back to back, no sync
+        for _ in range(_LOOP_CALLS):
+            forward_alone()
+
     row = _profiled(_step(attn, *local), trace_dir, name)
     fwd = _profiled(forward_alone, trace_dir, name + "_fwd")
     row.update({"fwd_" + k: v for k, v in fwd.items() if k != "top_kernels_ms"})
+    loop = _profiled(forward_loop, trace_dir, name + "_fwdloop", host=True)
+    row.update({"fwdloop_" + k: v for k, v in loop.items() if k != "top_kernels_ms"})
+    row["fwdloop_calls"] = _LOOP_CALLS
+    row["fwd_timed_ms"] = _timed(forward_alone, _LOOP_CALLS) * 1e3
     return row
 
 
-def _profiled(fn: Callable[[], None], trace_dir: str, name: str) -> Dict:
+_LOOP_CALLS = 3
+# host-side runtime calls that can stall the launch queue (a sync, an allocation, a free)
+_HOST_STALLS = ("Synchronize", "cudaMalloc", "cudaFree", "cudaHostAlloc", "Query")
+
+
+def _profiled(fn: Callable[[], None], trace_dir: str, name: str, host: bool = False) -> Dict:
     """One warm call of ``fn`` under the profiler (ranks aligned by a barrier first): span,
     NCCL time, NCCL time with no other kernel beside it, time with no kernel at all, the
-    attention kernels' durations in order and the top kernels by total time."""
+    attention kernels' durations in order and the top kernels by total time. ``host``: the
+    host's runtime calls too (``host_stalls``: total ms and count of each call that can hold
+    the launch queue: syncs, allocations, frees, event queries)."""
     from torch.profiler import ProfilerActivity, profile
 
     fn()
     torch.cuda.synchronize()
     dist.barrier()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    activities = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if host else [])
+    with profile(activities=activities) as prof:
         fn()
         torch.cuda.synchronize()
     if trace_dir:
         import os
 
         prof.export_chrome_trace(os.path.join(trace_dir, f"{name}_rank{dist.get_rank()}.json"))
+    stalls: Dict[str, List[float]] = {}
+    for e in prof.events() if host else ():
+        if (e.device_type == torch.autograd.DeviceType.CPU
+                and any(k in e.name for k in _HOST_STALLS)):
+            slot = stalls.setdefault(e.name[:60], [0.0, 0])
+            slot[0] += (e.time_range.end - e.time_range.start) / 1e3
+            slot[1] += 1
     events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
               and e.time_range.end > e.time_range.start]
     if not events:
@@ -408,7 +433,9 @@ def _profiled(fn: Callable[[], None], trace_dir: str, name: str) -> Dict:
                 exposed_nccl_ms=exposed / 1e3, exposed_fraction=exposed / (span1 - span0),
                 idle_ms=((span1 - span0) - sum(e - s for s, e in busy)) / 1e3,
                 attention_kernels_ms=attention,
-                top_kernels_ms=[(n, round(t, 3), c) for n, (t, c) in top])
+                top_kernels_ms=[(n, round(t, 3), c) for n, (t, c) in top],
+                **({"host_stalls": {n: (round(t, 3), c) for n, (t, c) in stalls.items()}}
+                   if host else {}))
 
 
 def _union(intervals: List[Tuple[float, float]]) -> List[List[float]]:

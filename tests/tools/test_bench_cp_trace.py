@@ -47,3 +47,24 @@ def test_profiled_summary(monkeypatch):
     assert row["idle_ms"] == pytest.approx(5.0)
     assert row["attention_kernels_ms"] == [10.0, 8.0]
     assert row["top_kernels_ms"][0] == ("attn_fwd_kernel", 18.0, 2)
+
+
+def test_profiled_host_stalls(monkeypatch):
+    # host=True: the host's runtime calls that can hold the launch queue, by name (total ms,
+    # count); launches are not stalls; without host the key is absent
+    cpu = lambda name, a, b: SimpleNamespace(name=name, device_type=torch.autograd.DeviceType.CPU,
+                                             time_range=SimpleNamespace(start=a, end=b))
+    events = [_event("attn_fwd_kernel", 0, 10_000), cpu("cudaStreamSynchronize", 0, 4_000),
+              cpu("cudaStreamSynchronize", 5_000, 5_500), cpu("cudaMalloc", 6_000, 8_000),
+              cpu("cudaLaunchKernel", 8_000, 8_010)]
+
+    @contextlib.contextmanager
+    def fake_profile(activities):
+        yield SimpleNamespace(events=lambda: events)
+
+    monkeypatch.setattr("torch.profiler.profile", fake_profile)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(bench_cp.dist, "barrier", lambda: None)
+    row = bench_cp._profiled(lambda: None, "", "unused", host=True)
+    assert row["host_stalls"] == {"cudaStreamSynchronize": (4.5, 2), "cudaMalloc": (2.0, 1)}
+    assert "host_stalls" not in bench_cp._profiled(lambda: None, "", "unused")

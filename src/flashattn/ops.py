@@ -792,6 +792,31 @@ class _SinkAttention(torch.autograd.Function):
         return (dq, dk, dv, dsink) + (None,) * 7
 
 
+def _varlen_fwd_sink_impl(q: Tensor, k: Tensor, v: Tensor, sink: Tensor, cu_seqlens_q: Tensor,
+                          cu_seqlens_k: Tensor, seqused_k: Optional[Tensor],
+                          alibi_slopes: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
+                          softmax_scale: float, causal: bool, window_left: int,
+                          window_right: int, softcap: float) -> Tuple[Tensor, Tensor]:
+    params = AttnParams(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
+                        0.0, 0, False)
+    return _fresh(*_varlen.varlen_forward_with_sink(  # type: ignore
+        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, params,
+        sink))
+
+
+varlen_fwd_sink = torch.library.custom_op("flashattn::varlen_fwd_sink", _varlen_fwd_sink_impl,
+                                          mutates_args=())
+
+
+@varlen_fwd_sink.register_fake
+def _varlen_fwd_sink_fake(q, k, v, sink, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes,
+                          max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+                          window_right, softcap):
+    total_q, h, _ = q.shape
+    return (q.new_empty((total_q, h, v.shape[-1])),
+            q.new_empty((h, total_q), dtype=torch.float32))
+
+
 class _SinkVarlenAttention(torch.autograd.Function):
     """Packed variable-length attention with a learnable sink: (out, lse with the sink)."""
 
@@ -799,11 +824,15 @@ class _SinkVarlenAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, sink, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes,
                 max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
                 softcap, deterministic):
-        out, lse, _ = varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, None,
-                                       alibi_slopes, max_seqlen_q, max_seqlen_k, softmax_scale,
-                                       causal, window_left, window_right, softcap, 0.0, None,
-                                       deterministic, False)
-        out, lse = sink_apply(out, lse, sink, packed=True)
+        detached = sink.detach()
+        args = (q, k, v, detached, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes,
+                max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
+                softcap)
+        run = (_varlen_fwd_sink_impl
+               if eager_call(q, k, v, detached, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                             alibi_slopes)
+               else varlen_fwd_sink)
+        out, lse = run(*args)
         ctx.save_for_backward(q, k, v, out, lse, sink, cu_seqlens_q, cu_seqlens_k, seqused_k,
                               alibi_slopes)
         ctx.params = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,

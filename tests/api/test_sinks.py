@@ -105,6 +105,43 @@ def test_kvcache_forward(backend):
         torch.testing.assert_close(lse[i:i + 1].double(), ref_lse, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("backend", ["cpu", "portable"])
+@pytest.mark.parametrize("d_v", [16, 256])
+@pytest.mark.parametrize("seed", range(5))
+def test_bf16_forward_meets_the_rule(backend, d_v, seed):
+    """bf16 with sinks, dense and packed, on flash-attn's rule against the float64 sink
+    oracle (baseline: the oracle in bf16). The portable kernel writes its output in float32
+    for the sink pass, which rounds once: rounding to bf16 before the pass and again after it
+    missed the rule in 3 of these 10 portable calls, and came within 10 % of it in 4 more
+    (benchmarks/NOTES.md, 2026-11-28)."""
+    from tests.accuracy import assert_close_rule
+
+    gen = torch.Generator().manual_seed(seed)
+    b, s_q, s_k, h, h_k, d = 2, 19, 23, 4, 2, 16
+    bf = dict(dtype=torch.bfloat16)
+    q = torch.randn(b, s_q, h, d, generator=gen).to(**bf)
+    k = torch.randn(b, s_k, h_k, d, generator=gen).to(**bf)
+    v = torch.randn(b, s_k, h_k, d_v, generator=gen).to(**bf)
+    sink = torch.randn(h, generator=gen)
+    cu_q = torch.tensor([0, s_q, 2 * s_q], dtype=torch.int32)
+    cu_k = torch.tensor([0, s_k, 2 * s_k], dtype=torch.int32)
+    with flashattn.use_backend(backend):
+        out, lse, _ = flashattn.flash_attn_func(q, k, v, causal=True, learnable_sink=sink,
+                                                return_attn_probs=True)
+        packed, packed_lse, _ = flashattn.flash_attn_varlen_func(
+            q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu_q, cu_k, s_q, s_k,
+            causal=True, learnable_sink=sink, return_attn_probs=True)
+    ref, ref_lse = _ref(q, k, v, sink, causal=True)
+    lp, lp_lse = _ref(q, k, v, sink, causal=True, dtype=torch.bfloat16)
+    assert out.dtype == packed.dtype == torch.bfloat16
+    assert_close_rule(out, ref, lp)
+    assert_close_rule(lse, ref_lse, lp_lse, name="lse")
+    assert_close_rule(packed, ref.flatten(0, 1), lp.flatten(0, 1), name="packed out")
+    # packed lse (h, b * s_q) against the dense (b, h, s_q)
+    assert_close_rule(packed_lse, ref_lse.transpose(0, 1).flatten(1),
+                      lp_lse.transpose(0, 1).flatten(1), name="packed lse")
+
+
 def test_row_without_keys_gets_zero_and_the_sink_as_lse():
     q, k = torch.randn(1, 3, 2, 8), torch.randn(1, 3, 2, 8)
     sink = torch.tensor([0.5, -1.0])
@@ -204,3 +241,38 @@ def test_varlen_and_kvcache_gpu():
     for i, n in enumerate(lens.tolist()):
         ref, _ = _ref(qd[i:i + 1], cache[i:i + 1, :n], cache[i:i + 1, :n], sink)
         torch.testing.assert_close(out[i:i + 1].double(), ref, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["auto", "portable"])
+def test_varlen_bf16_gpu_meets_the_rule(backend, monkeypatch):
+    """Packed bf16 with sinks on flash-attn's rule, sequence by sequence; on sm90 (auto) the
+    Hopper kernel folds the sink into its epilogue in its varlen mode too (the separate sink
+    pass must not run), the portable kernel's float32 output is rounded once by the pass."""
+    from flashattn.dispatch import merge as dispatch_merge
+    from flashattn.dispatch import select as dispatch_select
+    from tests.accuracy import assert_close_rule
+
+    torch.manual_seed(7)
+    dev, dt, h, h_k, d = "cuda", torch.bfloat16, 8, 2, 128
+    bounds = [0, 300, 301, 1000, 2024]
+    cu = torch.tensor(bounds, dtype=torch.int32, device=dev)
+    q = torch.randn(bounds[-1], h, d, device=dev, dtype=dt)
+    k, v = (torch.randn(bounds[-1], h_k, d, device=dev, dtype=dt) for _ in range(2))
+    sink = torch.randn(h, device=dev)
+    params = AttnParams(d ** -0.5, True, -1, 0, 0.0, None, 0.0, 0)
+    with flashattn.use_backend(backend):
+        family = dispatch_select.varlen_forward_family(q, k, v, len(bounds) - 1, None, params)
+        if family == "hopper":
+            def no_pass(*args, **kwargs):
+                raise AssertionError("the packed Hopper forward ran the separate sink pass")
+            monkeypatch.setattr(dispatch_merge, "sink_apply", no_pass)
+        out, lse, _ = flashattn.flash_attn_varlen_func(q, k, v, cu, cu, 1024, 1024, causal=True,
+                                                       learnable_sink=sink,
+                                                       return_attn_probs=True)
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        part = [x[lo:hi][None] for x in (q, k, v)]
+        ref, ref_lse = _ref(*part, sink, causal=True)
+        lp, lp_lse = _ref(*part, sink, causal=True, dtype=torch.bfloat16)
+        assert_close_rule(out[lo:hi][None], ref, lp, name=f"out [{lo}, {hi})")
+        assert_close_rule(lse[:, lo:hi][None], ref_lse, lp_lse, name=f"lse [{lo}, {hi})")

@@ -117,9 +117,10 @@ class DeviceBackend(KernelFamily, Protocol):
         float32 becomes the merged lse, ``dest`` (b, s, h, d_v; may be ``out_a``) the merged
         output, in place."""
 
-    def sink_apply(self, out: Tensor, lse: Tensor, sink: Tensor,
-                   packed: bool) -> Tuple[Tensor, Tensor]:
-        """Learnable sinks on a finished output: (out', lse')."""
+    def sink_apply(self, out: Tensor, lse: Tensor, sink: Tensor, packed: bool,
+                   out_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor]:
+        """Learnable sinks on a finished output: (out', lse'), out' in ``out_dtype`` (default
+        out's)."""
 
     def sink_grad(self, dout: Tensor, out: Tensor, lse: Tensor, sink: Tensor,
                   packed: bool) -> Tensor:

@@ -111,11 +111,19 @@ def forward_with_sink(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params:
                       sink: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """Dense forward with learnable sinks (h,): (out, lse) of attention whose softmax
     denominators include exp(sink[h]). The Hopper kernel folds the sink into its epilogue
-    (no extra pass); the other paths run the plain forward and then :func:`sink_apply`."""
-    if not is_degenerate(q, k) and not small_query(q, k, v, params, False) \
-            and _select.select("fwd", q, k, v, params) == "hopper":
-        out, lse, _ = _select.backend("hopper").fwd(q, k, v, params, False, sink=sink)
-        return out, lse
+    (no extra pass); the portable kernel writes its output in float32 and the sink pass rounds
+    it once, to q's dtype (a 16-bit output rounded before the pass and again after it missed
+    flash-attn's accuracy rule in bf16); the other paths (the cpu backend, the few-query
+    route) run the plain forward and then :func:`sink_apply`."""
+    if not is_degenerate(q, k) and not small_query(q, k, v, params, False):
+        name = _select.select("fwd", q, k, v, params)
+        if name == "hopper":
+            out, lse, _ = _select.backend("hopper").fwd(q, k, v, params, False, sink=sink)
+            return out, lse
+        if name == "portable":
+            out, lse, _ = _select.backend(name).fwd(q, k, v, params, False,
+                                                    out_dtype=torch.float32)
+            return _merge.sink_apply(out, lse, sink, packed=False, out_dtype=q.dtype)
     out, lse, _ = forward(q, k, v, params)
     return _merge.sink_apply(out, lse, sink, packed=False)
 

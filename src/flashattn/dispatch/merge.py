@@ -34,11 +34,13 @@ def lse_merge(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
                                                                    dest)
 
 
-def sink_apply(out: torch.Tensor, lse: torch.Tensor, sink: torch.Tensor, packed: bool
-               ) -> Tuple[torch.Tensor, torch.Tensor]:
+def sink_apply(out: torch.Tensor, lse: torch.Tensor, sink: torch.Tensor, packed: bool,
+               out_dtype: Optional[torch.dtype] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """Learnable sinks on a finished attention output: (out * exp(lse - lse'), lse' =
-    logaddexp(lse, sink)); out (b, s, h, d_v) / lse (b, h, s), or packed (t, h, d_v) / (h, t)."""
-    return _select.backend(_select.select("sink_apply", out)).sink_apply(out, lse, sink, packed)
+    logaddexp(lse, sink)); out (b, s, h, d_v) / lse (b, h, s), or packed (t, h, d_v) / (h, t);
+    the new out in ``out_dtype`` (default out's)."""
+    return _select.backend(_select.select("sink_apply", out)).sink_apply(out, lse, sink, packed,
+                                                                         out_dtype)
 
 
 def sink_grad(dout: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, sink: torch.Tensor,

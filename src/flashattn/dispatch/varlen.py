@@ -8,6 +8,7 @@ from typing import Optional, Tuple
 import torch
 
 from flashattn.dispatch import dense as _dense
+from flashattn.dispatch import merge as _merge
 from flashattn.dispatch import select as _select
 from flashattn.params import AttnParams
 
@@ -96,6 +97,36 @@ def varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
     return _select.backend(family).varlen_fwd(
         q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, params,
         return_softmax)
+
+
+def varlen_forward_with_sink(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                             seqused_k: Optional[torch.Tensor], max_seqlen_q: int,
+                             max_seqlen_k: int, params: AttnParams, sink: torch.Tensor
+                             ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Packed forward with learnable sinks (h,): (out (total_q, h, d_v), lse (h, total_q)) of
+    attention whose softmax denominators include exp(sink[h]). As the dense
+    :func:`flashattn.dispatch.dense.forward_with_sink`: the Hopper kernel folds the sink into
+    its epilogue, the portable kernel's float32 output is rounded once by the sink pass, the
+    other paths (cpu backend, few-query route, no key anywhere) run the plain forward and then
+    the sink pass."""
+    n_seqs = cu_seqlens_q.shape[0] - 1
+    if (max_seqlen_q > 0 and max_seqlen_k > 0
+            and not small_query_varlen(q, n_seqs, max_seqlen_q, params, False)):
+        family = _select.varlen_forward_family(q, k, v, n_seqs, seqused_k, params)
+        if family == "hopper":
+            out, lse, _ = _select.backend("hopper").varlen_fwd(
+                q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                params, False, sink=sink)
+            return out, lse
+        if family == "portable":
+            out, lse, _ = _select.backend(family).varlen_fwd(
+                q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                params, False, out_dtype=torch.float32)
+            return _merge.sink_apply(out, lse, sink, packed=True, out_dtype=q.dtype)
+    out, lse, _ = varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, None,
+                                 max_seqlen_q, max_seqlen_k, params)
+    return _merge.sink_apply(out, lse, sink, packed=True)
 
 
 def varlen_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

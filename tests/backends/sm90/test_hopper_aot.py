@@ -59,6 +59,8 @@ VARIANTS = (
        for d, c in ((128, False), (128, True), (64, True), (96, False), (256, True),
                     ((192, 128), True))]
     + [(128, "bfloat16", True, (-1, -1), 0.0, {"varlen": True, "seqused": True})]
+    # packed sequences with learnable sinks folded into the epilogue (2026-11-28)
+    + [(d, "bfloat16", True, (-1, -1), 0.0, {"varlen": True, "sink": True}) for d in (64, 128)]
     # FP8 (e4m3 Q, K, V^T; bf16 O): every head dim, masks, softcap, d != d_v
     + [(d, "float8_e4m3fn", c, (-1, -1), 0.0, None) for d in (64, 96, 128, 192, 256)
        for c in (False, True)]
@@ -229,6 +231,10 @@ SPILL_ALLOWANCE = {"fwd_d192_bfloat16_causal": 8, "fwd_d256_bfloat16_causal": 8,
                    "fwd_d64_bfloat16_causal_varlen1": 8,
                    "fwd_d192x128_bfloat16_causal_varlen1": 8,
                    "fwd_d64_float8_e4m3fn_causal_varlen1": 8,
+                   # (2026-11-28: packed with sinks, 8 bytes at d = 64 as without them and 8
+                   # at d = 128: the sink's head offset, as in the dense sink variant)
+                   "fwd_d64_bfloat16_causal_varlen1_sink1": 8,
+                   "fwd_d128_bfloat16_causal_varlen1_sink1": 8,
                    "fwd_d128_float8_e4m3fn_causal_varlen1": 8,
                    "fwd_d256_float8_e4m3fn_causal_varlen1": 112,
                    "fwd_d64_float8_e4m3fn": 112, "fwd_d64_float8_e4m3fn_causal": 16,

@@ -45,16 +45,21 @@ def _check_slots(rec):
         assert held.data_ptr() == t.data_ptr(), f"slot {slot}: another tensor's address"
 
 
+@pytest.mark.parametrize("sink", [False, True])
 @pytest.mark.parametrize("used", [False, True])
-def test_bf16_packed_plan_slots(recorders, used):
+def test_bf16_packed_plan_slots(recorders, used, sink):
     cu = torch.tensor([0, 100, 300], dtype=torch.int32)
     q = torch.randn(300, 4, 128).bfloat16()
     k = torch.randn(300, 2, 128).bfloat16()
     seqused = torch.tensor([50, 200], dtype=torch.int32) if used else None
+    sinks = torch.randn(4) if sink else None
     sm90_fwd.flash_fwd_hopper_varlen(q, k, k.clone(), cu, cu.clone(), softmax_scale=0.1,
                                      causal=True, window_left=-1, window_right=0, softcap=0.0,
-                                     seqused_k=seqused)
-    _check_slots(recorders[(False, used)])
+                                     seqused_k=seqused, sink=sinks)
+    rec = recorders[(False, used, sink)]
+    _check_slots(rec)
+    (_, (_, _, args, _)), = rec.calls
+    assert args[sm90_fwd.SINK_ARG] is sinks  # (None: the kernel's variant without sinks)
 
 
 @pytest.mark.parametrize("used", [False, True])
@@ -69,7 +74,7 @@ def test_fp8_packed_plan_slots(recorders, used):
                                          softmax_scale=0.1, window_left=-1, window_right=0,
                                          softcap=0.0,
                                          out_dtype=torch.bfloat16, seqused_k=seqused)
-    _check_slots(recorders[(True, used)])
+    _check_slots(recorders[(True, used, False)])
 
 
 @pytest.mark.parametrize("d", [128, 256])

@@ -222,14 +222,16 @@ def lse_merge(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor, dest: 
                             torch.full_like(ref, float("-inf"))))
 
 
-def sink_apply(out: Tensor, lse: Tensor, sink: Tensor, packed: bool) -> Tuple[Tensor, Tensor]:
+def sink_apply(out: Tensor, lse: Tensor, sink: Tensor, packed: bool,
+               out_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor]:
     """Learnable sinks on a finished (out, lse): out * exp(lse - lse'), lse' = logaddexp(lse,
-    sink) (torch ops; see triton/sink.py for the derivation)."""
+    sink) (torch ops; see triton/sink.py for the derivation); out' in ``out_dtype`` (default
+    out's)."""
     s_h = sink.float()[:, None] if packed else sink.float()[None, :, None]
     lse_new = torch.logaddexp(lse, s_h)
     scale = torch.exp(lse - lse_new)  # 0 where lse = -inf
     scale_o = scale.transpose(0, 1) if packed else scale.transpose(1, 2)
-    return (out.float() * scale_o.unsqueeze(-1)).to(out.dtype), lse_new
+    return (out.float() * scale_o.unsqueeze(-1)).to(out_dtype or out.dtype), lse_new
 
 
 def sink_grad(dout: Tensor, out: Tensor, lse: Tensor, sink: Tensor, packed: bool) -> Tensor:

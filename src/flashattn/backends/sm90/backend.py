@@ -29,14 +29,15 @@ def fwd(q: Tensor, k: Tensor, v: Tensor, p: AttnParams, return_softmax: bool,
 
 def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                seqused_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
-               p: AttnParams, return_softmax: bool):
+               p: AttnParams, return_softmax: bool, sink: Optional[Tensor] = None):
     """Packed variable-length forward (the kernel's VARLEN mode): (out (total_q, h, d_v), lse
     (h, total_q), None). The portable backend's signature; the maxima are not needed (the
-    kernel reads the lengths) and return_softmax is never covered (support.varlen_unsupported)."""
+    kernel reads the lengths) and return_softmax is never covered (support.varlen_unsupported).
+    ``sink`` (h,): learnable sinks folded into the softmax in the kernel's epilogue."""
     return _fwd.flash_fwd_hopper_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k,
                                         softmax_scale=p.softmax_scale, causal=p.causal,
                                         window_left=p.window_left, window_right=p.window_right,
-                                        softcap=p.softcap, seqused_k=seqused_k)
+                                        softcap=p.softcap, seqused_k=seqused_k, sink=sink)
 
 
 def varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,

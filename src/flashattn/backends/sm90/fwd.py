@@ -202,7 +202,8 @@ def flash_fwd_hopper_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             softmax_scale: float, causal: bool, window_left: int,
                             window_right: int, softcap: float,
                             seqused_k: Optional[torch.Tensor] = None,
-                            config_overrides: Optional[Dict[str, Any]] = None):
+                            config_overrides: Optional[Dict[str, Any]] = None,
+                            sink: Optional[torch.Tensor] = None):
     """Packed variable-length attention forward with the Gluon sm90 kernel (VARLEN mode).
 
     q (total_q, h, d), k (total_k, h_k, d), v (total_k, h_k, d_v); fp16/bf16, TMA-aligned
@@ -213,13 +214,16 @@ def flash_fwd_hopper_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     is read on the host (the tile count follows from total_q and b; offsets are clamped to the
     tensors in the kernel). Returns out (total_q, h, d_v) in q's dtype (0 on rows outside
     every sequence), lse float32 (h, total_q) (-inf there and on rows that see no key), None:
-    the portable varlen forward's contract, so either backward serves it.
+    the portable varlen forward's contract, so either backward serves it. ``sink``: learnable
+    sinks (h,) folded into the epilogue as in :func:`flash_fwd_hopper` (rows outside every
+    sequence keep 0 / -inf).
     """
     call = PackedFwdCall(q, k, v, cu_seqlens_q.shape[0] - 1, seqused_k is not None,
                          softmax_scale=softmax_scale, window_left=window_left,
                          window_right=window_right, softcap=softcap,
-                         config_overrides=config_overrides)
-    out, lse = call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
+                         config_overrides=config_overrides,
+                         sink=None if sink is None else sink.dtype)
+    out, lse = call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, sink=sink)
     return out, lse, None
 
 
@@ -251,7 +255,7 @@ class PackedFwdCall:
     def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_seqs: int,
                  seqused: bool, *, softmax_scale: float, window_left: int, window_right: int,
                  softcap: float, config_overrides: Optional[Dict[str, Any]] = None,
-                 fp8: Optional[PackedFp8] = None) -> None:
+                 fp8: Optional[PackedFp8] = None, sink: Optional[torch.dtype] = None) -> None:
         total_q, n_heads, head_dim = q.shape
         head_dim_v = v.shape[2]
         overrides = tuple(sorted(config_overrides.items())) if config_overrides else None
@@ -262,7 +266,7 @@ class PackedFwdCall:
             self.out_dtype = q.dtype
             self.key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype,
                         q.device, n_seqs + 1, softmax_scale, window_left, window_right,
-                        softcap, overrides)
+                        softcap, overrides, sink)
         else:
             self.cfg = fp8_fwd_config(head_dim, head_dim_v, softcap > 0.0,
                                       masked=window_left >= 0 or window_right >= 0,
@@ -283,7 +287,8 @@ class PackedFwdCall:
         self.queue = uses_tile_queue(self.cfg, window_right, True)
         self.params = dict(softmax_scale=softmax_scale, window_left=window_left,
                            window_right=window_right, softcap=softcap)
-        self.plans = _PACKED_PLANS[(fp8 is not None, seqused)]
+        self.sink = sink
+        self.plans = _PACKED_PLANS[(fp8 is not None, seqused, sink is not None)]
         self.plan = None  # the recorded launch, replayed directly on later calls
 
     @classmethod
@@ -301,9 +306,14 @@ class PackedFwdCall:
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
                  seqused_k: Optional[torch.Tensor] = None,
-                 scales: Optional[Fp8Scales] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                 scales: Optional[Fp8Scales] = None, sink: Optional[torch.Tensor] = None
+                 ) -> Tuple[torch.Tensor, torch.Tensor]:
         """(out (total_q, h, d_v), lse float32 (h, total_q)) of this call; ``scales``: the
-        FP8 signature's descale tables (contiguous, of the recorded shapes)."""
+        FP8 signature's descale tables (contiguous, of the recorded shapes); ``sink``: the
+        learnable sinks (h,) of a signature made with their dtype."""
+        if (sink is None) != (self.sink is None):
+            raise ValueError("PackedFwdCall: sink must be given exactly when the call was made "
+                             "with its dtype")
         device = self.device
         cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
         if seqused_k is not None:
@@ -322,20 +332,25 @@ class PackedFwdCall:
         tensors = (q, k, v, out, lse, counter)
         if scales is not None:
             tensors += (scales.q_descale, scales.k_descale, scales.v_descale)
+        if sink is not None:
+            sink = sink.contiguous()
+            tensors += (sink,)
         tensors += (cu_seqlens_q, cu_seqlens_k, out)
         if seqused_k is not None:
             tensors += (seqused_k,)
         if self.plan is None or not self.plan.launch(*tensors):
             layout = VarlenLayout(cu_seqlens_q, cu_seqlens_k, out, seqused_k)
             self.plan = _launch_packed(self.plans, self.key, q, k, v, out, lse, counter,
-                                       self.cfg, layout, scales, tensors, **self.params)
+                                       self.cfg, layout, scales, tensors, sink=sink,
+                                       **self.params)
         return out, lse
 
 
 def _launch_packed(plans: LaunchPlans, key: Any, q: torch.Tensor, k: torch.Tensor,
                    v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, counter: torch.Tensor,
                    cfg: FwdConfig, layout: VarlenLayout, scales: Optional[Fp8Scales],
-                   tensors: Tuple[torch.Tensor, ...], **params: Any):
+                   tensors: Tuple[torch.Tensor, ...], sink: Optional[torch.Tensor] = None,
+                   **params: Any):
     """The launch of a packed forward (16-bit, or FP8 with ``scales``) through ``plans``
     (_PACKED_PLANS[(FP8, seqused_k given)]): q (total_q, h, d), k (total_k, h_k, d), v
     (total_k, h_k, d_v) or the FP8 V^T view (1, s_total, h_k, d_v), out / lse / counter as
@@ -348,7 +363,7 @@ def _launch_packed(plans: LaunchPlans, key: Any, q: torch.Tensor, k: torch.Tenso
     def build():
         args, constexprs, options, grid = launch_args(
             q4, k4, v4, out4, lse, cfg, num_sms=sm_count(q.device), counter=counter,
-            scales=scales, varlen=layout, **params)
+            scales=scales, sink=sink, varlen=layout, **params)
         return attn_fwd_kernel, (grid,), args, {**constexprs, **options}
 
     return plans.launch(key, tensors, build)
@@ -484,12 +499,13 @@ SINK_ARG = 27  # position of the sinks in launch_args' list
 _SINK_PLANS = LaunchPlans(slots=(0, 1, 2, 3, 4, 5, SINK_ARG))
 # FP8: the same six, then the three descale tables (after the 13 other scalar arguments)
 _FP8_PLANS = LaunchPlans(slots=(0, 1, 2, 3, 4, 5, 19, 20, 21))
-# packed calls (_launch_packed), by (FP8, seqused_k): the six, the descale tables (FP8), the
-# offsets and O's pointer, seqused_k (after O's row stride and d_v)
+# packed calls (_launch_packed), by (FP8, seqused_k, sinks): the six, the descale tables
+# (FP8), the sinks, the offsets and O's pointer, seqused_k (after O's row stride and d_v)
 VARLEN_ARGS = SINK_ARG + 1
 SEQUSED_ARG = VARLEN_ARGS + 5
 _PACKED_PLANS = {
-    (fp8, used): LaunchPlans(slots=(0, 1, 2, 3, 4, 5) + ((19, 20, 21) if fp8 else ())
-                             + (VARLEN_ARGS, VARLEN_ARGS + 1, VARLEN_ARGS + 2)
-                             + ((SEQUSED_ARG,) if used else ()))
-    for fp8 in (False, True) for used in (False, True)}
+    (fp8, used, sink): LaunchPlans(slots=(0, 1, 2, 3, 4, 5) + ((19, 20, 21) if fp8 else ())
+                                   + ((SINK_ARG,) if sink else ())
+                                   + (VARLEN_ARGS, VARLEN_ARGS + 1, VARLEN_ARGS + 2)
+                                   + ((SEQUSED_ARG,) if used else ()))
+    for fp8 in (False, True) for used in (False, True) for sink in (False, True)}

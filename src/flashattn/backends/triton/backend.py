@@ -26,9 +26,12 @@ from flashattn.backends.triton import sink as _sink
 Tensor = torch.Tensor
 
 
-def fwd(q: Tensor, k: Tensor, v: Tensor, p: AttnParams, return_softmax: bool):
-    """Dense forward: (out, lse, S_dmask | None)."""
-    return _fwd.flash_fwd(q, k, v, **p.kernel_kwargs(), return_softmax=return_softmax)
+def fwd(q: Tensor, k: Tensor, v: Tensor, p: AttnParams, return_softmax: bool,
+        out_dtype: Optional[torch.dtype] = None):
+    """Dense forward: (out, lse, S_dmask | None); out in ``out_dtype`` when given (float32:
+    unrounded, for the learnable-sink pass), else q's."""
+    return _fwd.flash_fwd(q, k, v, **p.kernel_kwargs(), return_softmax=return_softmax,
+                          out_dtype=out_dtype)
 
 
 def fwd_call(q: Tensor, k: Tensor, v: Tensor, p: AttnParams,
@@ -52,10 +55,12 @@ def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
 
 def varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                seqused_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
-               p: AttnParams, return_softmax: bool):
-    """Packed variable-length forward: (out (total_q, h, d_v), lse (h, total_q), S_dmask)."""
+               p: AttnParams, return_softmax: bool, out_dtype: Optional[torch.dtype] = None):
+    """Packed variable-length forward: (out (total_q, h, d_v), lse (h, total_q), S_dmask);
+    ``out_dtype`` as in :func:`fwd`."""
     return _fwd.flash_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
-                                 max_seqlen_k, **p.kernel_kwargs(), return_softmax=return_softmax)
+                                 max_seqlen_k, **p.kernel_kwargs(), return_softmax=return_softmax,
+                                 out_dtype=out_dtype)
 
 
 def varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
@@ -226,9 +231,11 @@ def lse_merge(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor, dest: 
     _lse_merge.lse_merge(out_a, lse_a, out_b, lse_b, dest)
 
 
-def sink_apply(out: Tensor, lse: Tensor, sink: Tensor, packed: bool) -> Tuple[Tensor, Tensor]:
-    """Learnable sinks on a finished (out, lse): one fused pass (triton/sink.py)."""
-    return _sink.sink_apply(out, lse, sink, packed)
+def sink_apply(out: Tensor, lse: Tensor, sink: Tensor, packed: bool,
+               out_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor]:
+    """Learnable sinks on a finished (out, lse): one fused pass (triton/sink.py); the new out
+    in ``out_dtype`` (default out's)."""
+    return _sink.sink_apply(out, lse, sink, packed, out_dtype)
 
 
 def sink_grad(dout: Tensor, out: Tensor, lse: Tensor, sink: Tensor, packed: bool) -> Tensor:

@@ -319,7 +319,8 @@ _FWD_PLANS = LaunchPlans(slots=tuple(range(10)))
 def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_scale: float,
               causal: bool, window_left: int, window_right: int, softcap: float,
               alibi_slopes: Optional[torch.Tensor], dropout_p: float, philox_seed: int,
-              return_softmax: bool, plan_out: Optional[list] = None):
+              return_softmax: bool, plan_out: Optional[list] = None,
+              out_dtype: Optional[torch.dtype] = None):
     """Attention forward with the portable Triton kernel.
 
     q (b, s_q, h, d), k (b, s_k, h_k, d), v (b, s_k, h_k, d_v); fp16/bf16/fp32, last dim
@@ -327,10 +328,13 @@ def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_scal
     ``return_softmax``, S_dmask (b, h, s_q, s_k) in q's dtype (else None).
     Parameters are the normalised ones of docs/internals.md. ``plan_out``: None, or a list
     that receives the launch's plan when one was recorded or replayed (FwdCall keeps it).
+    ``out_dtype``: out's dtype when not q's (float32: the accumulator unrounded, for a pass
+    that still scales it, e.g. learnable sinks).
     """
     batch, seqlen_q, nheads, head_dim = q.shape
     _, seqlen_k, nheads_k, head_dim_v = v.shape
-    out = torch.empty((batch, seqlen_q, nheads, head_dim_v), dtype=q.dtype, device=q.device)
+    out = torch.empty((batch, seqlen_q, nheads, head_dim_v), dtype=out_dtype or q.dtype,
+                      device=q.device)
     lse = torch.empty((batch, nheads, seqlen_q), dtype=torch.float32, device=q.device)
     p_mat = None
     if return_softmax:
@@ -407,7 +411,8 @@ def flash_varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      seqused_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int, *,
                      softmax_scale: float, causal: bool, window_left: int, window_right: int,
                      softcap: float, alibi_slopes: Optional[torch.Tensor], dropout_p: float,
-                     philox_seed: int, return_softmax: bool):
+                     philox_seed: int, return_softmax: bool,
+                     out_dtype: Optional[torch.dtype] = None):
     """Forward over packed variable-length sequences (the kernel's VARLEN mode).
 
     q (total_q, h, d), k (total_k, h_k, d), v (total_k, h_k, d_v); cu_seqlens_q /
@@ -418,9 +423,10 @@ def flash_varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     No tensor value is read on the host: the grid comes from max_seqlen_q, programs past
     their sequence's end exit (CUDA-graph friendly).
 
-    Returns out (total_q, h, d_v) in q's dtype (0 on rows outside every sequence), lse
-    float32 (h, total_q) (-inf there) and, when ``return_softmax``, S_dmask
-    (b, h, max_seqlen_q, max_seqlen_k) in q's dtype, sequence-local and zero-padded.
+    Returns out (total_q, h, d_v) in q's dtype (``out_dtype`` when given, as in
+    :func:`flash_fwd`; 0 on rows outside every sequence), lse float32 (h, total_q) (-inf
+    there) and, when ``return_softmax``, S_dmask (b, h, max_seqlen_q, max_seqlen_k) in q's
+    dtype, sequence-local and zero-padded.
     """
     total_q, nheads, _ = q.shape
     head_dim_v = v.shape[-1]
@@ -428,7 +434,8 @@ def flash_varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     # the kernels index the length vectors with unit stride
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     seqused_k = seqused_k.contiguous() if seqused_k is not None else None
-    out = torch.zeros((total_q, nheads, head_dim_v), dtype=q.dtype, device=q.device)
+    out = torch.zeros((total_q, nheads, head_dim_v), dtype=out_dtype or q.dtype,
+                      device=q.device)
     lse = torch.full((nheads, total_q), float("-inf"), dtype=torch.float32, device=q.device)
     p_mat = None
     if return_softmax:

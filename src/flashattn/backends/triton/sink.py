@@ -11,7 +11,7 @@ whole cost of a sink is this one memory pass (the unfused torch composition made
 """
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 import triton
@@ -92,17 +92,19 @@ def sink_grad(dout: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, sink: to
     return contrib[:n_rows].view(-1, h).sum(0).to(sink.dtype)
 
 
-def sink_apply(out: torch.Tensor, lse: torch.Tensor, sink: torch.Tensor, packed: bool
-               ) -> Tuple[torch.Tensor, torch.Tensor]:
+def sink_apply(out: torch.Tensor, lse: torch.Tensor, sink: torch.Tensor, packed: bool,
+               out_dtype: Optional[torch.dtype] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """(out', lse') of module doc. out (b, s, h, d_v) / lse float32 (b, h, s), or packed out
-    (t, h, d_v) / lse (h, t); sink float (h,). New tensors, out' in out's dtype."""
+    (t, h, d_v) / lse (h, t); sink float (h,). New tensors, out' in ``out_dtype`` (default
+    out's). A float32 out (the forward's accumulator, unrounded) rounded here once gives the
+    accuracy of a kernel that folds the sink into its epilogue; a 16-bit out is rounded twice."""
     out = out.contiguous()
     lse = lse.contiguous()
     sink = sink.contiguous()
     h, d_v = out.shape[-2], out.shape[-1]
     seqlen = out.shape[0] if packed else out.shape[1]
     n_rows = out.numel() // d_v if d_v else 0
-    out_new = torch.empty_like(out)
+    out_new = torch.empty(out.shape, dtype=out_dtype or out.dtype, device=out.device)
     lse_new = torch.empty_like(lse)
     if n_rows == 0:  # no rows (or d_v = 0): nothing to rescale
         return out_new, torch.logaddexp(lse, sink.float().view((-1, 1) if packed else (1, -1, 1)))

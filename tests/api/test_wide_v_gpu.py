@@ -1,7 +1,8 @@
 """V head dims past 256 in the dense and varlen forwards on the GPU (the portable forward
-kernel with V up to 512 wide; the Hopper kernels take V up to 256 and hand these calls on):
-realistic sizes against the float64 oracle by flash-attn's rule, a CUDA-graph capture, and
-gradients by V's column slices. CPU twin: tests/api/test_wide_v.py.
+kernel with V up to 512 wide; on sm90 dense calls go by V's column slices on the Hopper
+kernels, which take V up to 256): realistic sizes against the float64 oracle by flash-attn's
+rule, a CUDA-graph capture, and gradients by V's column slices. CPU twin:
+tests/api/test_wide_v.py.
 
 Run on the device machine: ``python3 -m pytest -q -m gpu tests/api/test_wide_v_gpu.py``.
 """
@@ -31,9 +32,12 @@ def _inputs(b, s_q, s_k, h, h_k, d, d_v, dtype):
     (1, 300, 300, 4, 1, 64, 512, torch.float32, True),
     (3, 5, 4000, 16, 1, 64, 512, torch.bfloat16, True),       # few query rows: the decode kernel
 ])
-def test_dense_forward_wide_v_gpu(b, s_q, s_k, h, h_k, d, d_v, dtype, causal):
+@pytest.mark.parametrize("backend", ["auto", "portable"])  # (auto on sm90: by slices)
+def test_dense_forward_wide_v_gpu(b, s_q, s_k, h, h_k, d, d_v, dtype, causal, backend):
     q, k, v = _inputs(b, s_q, s_k, h, h_k, d, d_v, dtype)
-    out, lse, _ = flashattn.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+    with flashattn.use_backend(backend):
+        out, lse, _ = flashattn.flash_attn_func(q, k, v, causal=causal,
+                                                return_attn_probs=True)
     _check(out, lse, q, k, v, causal=causal)
 
 

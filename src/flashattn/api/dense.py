@@ -56,8 +56,11 @@ def _attention(
     ``record``: a list that receives the normalised :class:`AttnParams` of a plain call (the
     fast path's entry for this call signature)."""
     _v.check_qkv(q, k, v, names, max_head_dim_v=_v.MAX_HEAD_DIM_V)
-    if v.shape[-1] > _v.MAX_HEAD_DIM and _ops.grad_recorded(q, k, v, learnable_sink):
-        # no backward kernel takes V this wide: by V's column slices (api/wide_v.py)
+    if v.shape[-1] > _v.MAX_HEAD_DIM and (
+            _ops.grad_recorded(q, k, v, learnable_sink)
+            or _wide_v.faster_by_slices(q, v, alibi_slopes, _v.check_dropout_p(dropout_p))):
+        # no backward kernel takes V this wide, and the Hopper forward does not either: by
+        # V's column slices (api/wide_v.py)
         _wide_v.refuse_dropout(_v.check_dropout_p(dropout_p))
         return _wide_v.by_slices(
             lambda v_s: _attention(q, k, v_s, dropout_p, softmax_scale, causal, window_size,

@@ -7,7 +7,9 @@ sum of the slices' own ``dS_s``, so the whole call's dQ / dK are the sums of the
 autograd forms) and dV_s is the slice's own. Each slice recomputes Q K^T and the softmax (at
 q / k 64 and v 512 wide: two slices of 256, 11 % more FLOPs than one pass). Calls without a
 gradient take one kernel instead (the portable forward takes V up to 512). Dropout would need
-the same mask in every slice: refused with a gradient.
+the same mask in every slice: refused with a gradient. Calls without a gradient go by slices
+too where each slice runs on the Hopper kernel (:func:`faster_by_slices`): the recomputed
+Q K^T costs less there than the portable kernel's one pass saves.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from typing import Callable, List, Tuple, Union
 
 import torch
 
+from flashattn import ops as _ops
 from flashattn.api import validation as _v
 
 Tensor = torch.Tensor
@@ -26,6 +29,13 @@ def column_slices(d_v: int) -> List[Tuple[int, int]]:
     n = -(-d_v // _v.MAX_HEAD_DIM)
     width = -(-d_v // n)
     return [(a, min(a + width, d_v)) for a in range(0, d_v, width)]
+
+
+def faster_by_slices(q: Tensor, v: Tensor, alibi_slopes, dropout_p: float) -> bool:
+    """A call without a gradient runs faster by slices than in one pass (the slices' kernel is
+    the Hopper one: ``flashattn.ops.wide_v_slices_faster``)."""
+    a, b = column_slices(v.shape[-1])[0]
+    return _ops.wide_v_slices_faster(q, b - a, alibi_slopes is not None, dropout_p)
 
 
 def by_slices(run: Callable[[Tensor], Union[Tensor, tuple]], v: Tensor
@@ -48,4 +58,4 @@ def refuse_dropout(dropout_p: float) -> None:
             f"dropout_p={dropout_p}")
 
 
-__all__ = ["by_slices", "column_slices", "refuse_dropout"]
+__all__ = ["by_slices", "column_slices", "faster_by_slices", "refuse_dropout"]

@@ -128,6 +128,20 @@ def forward_with_sink(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params:
     return _merge.sink_apply(out, lse, sink, packed=False)
 
 
+def wide_v_slices_on_hopper(q: torch.Tensor, slice_width: int, has_alibi: bool,
+                            dropout_p: float) -> bool:
+    """Whether a dense forward with V wider than the Hopper kernel takes would run its column
+    slices (``slice_width`` wide, :mod:`flashattn.api.wide_v`) on the Hopper kernel: on the
+    H200 the slices took 0.75-0.85x the portable kernel's one pass over all of V at d 64 / 128,
+    d_v 512, 4k-16k, causal or not (benchmarks/NOTES.md, 2026-11-28), the recomputed Q K^T
+    included. ALiBi and dropout take the portable kernel, where slices would only add work."""
+    from flashattn.backends.sm90.support import DTYPES, HEAD_DIMS
+
+    return (not has_alibi and dropout_p == 0.0 and q.dtype in DTYPES
+            and q.shape[-1] in HEAD_DIMS and slice_width in HEAD_DIMS
+            and _select.family_for(q) == "hopper")
+
+
 def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              out: torch.Tensor, lse: torch.Tensor, params: AttnParams
              ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -143,4 +157,5 @@ def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
 
 
 __all__ = ["backward", "degenerate_fwd", "forward", "forward_with_sink", "is_degenerate",
-           "one_row_right_edge", "small_query", "small_query_runner", "unit_last_stride"]
+           "one_row_right_edge", "small_query", "small_query_runner", "unit_last_stride",
+           "wide_v_slices_on_hopper"]

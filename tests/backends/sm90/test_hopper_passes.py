@@ -60,13 +60,11 @@ def test_dq_from_packed_workspace(lens, lead, tail):
     torch.testing.assert_close(dq, want, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("d,transposed,keys", [(64, False, None), (96, False, 37),
-                                               (192, True, 1000)])
-def test_row_stats(d, transposed, keys):
+@pytest.mark.parametrize("d,transposed", [(64, False), (96, False), (192, True)])
+def test_row_stats(d, transposed):
     """lse2 = lse * log2(e) (+inf where lse = -inf and on padding rows), delta = rowsum(dO * O)
     (0 where lse = -inf, even over a NaN dO row: a packed call's padding rows, and on padding
-    rows), and the dQ workspace zeroed in either layout; with ``zero`` (the packed backward)
-    dK and dV zeroed too, whatever their size against the programs' shares."""
+    rows), and the dQ workspace zeroed in either layout."""
     b, s, h, s_pad = 2, 70, 3, 128
     d_pad = 1 << (d - 1).bit_length()
     out = torch.randn(b, s, h, d, dtype=torch.bfloat16)
@@ -76,11 +74,7 @@ def test_row_stats(d, transposed, keys):
     dout[0, 5, 1] = float("nan")
     shape = (b, h, d_pad, s_pad) if transposed else (b, h, s_pad, d_pad)
     dq_acc = torch.full(shape, float("nan"))
-    zero = None if keys is None else tuple(torch.full((keys, 2, d), float("nan"),
-                                                      dtype=torch.bfloat16) for _ in range(2))
-    lse2, delta = row_stats(out, dout, lse, s_pad, dq_acc, transposed, zero=zero)
-    if zero is not None:
-        assert all(torch.all(t == 0) for t in zero)
+    lse2, delta = row_stats(out, dout, lse, s_pad, dq_acc, transposed)
     assert lse2.shape == delta.shape == (b, h, s_pad)
     assert lse2.is_contiguous() and delta.is_contiguous()
     want_delta = (out.float() * dout.float()).sum(-1).transpose(1, 2)
@@ -139,3 +133,35 @@ def test_backward_host_path_fills_the_launch_slots(monkeypatch, d, causal, overr
     else:
         assert counter is tensors[5]  # lse2 stands in
     assert seen["grid"] == ((min(n_tiles, sm_count(q.device)) if cfg.persistent else n_tiles),)
+
+
+@pytest.mark.parametrize("cu, used", [
+    ([0, 100, 300], None),                    # every key covered
+    ([5, 100, 290], None),                    # keys before the first and after the last offset
+    ([0, 100, 300], [50, 200]),               # seqused_k: each sequence's tail
+    ([0, 0, 64, 64, 300], [7, 9, 0, 1000]),   # empty sequences, 0 used, used past the length
+    ([10, 500, 700], [30, -4]),               # offsets past total_k (clamped), negative used
+])
+def test_clear_uncovered_keys(cu, used):
+    """The packed backward's dK / dV keys that no tile covers become 0 and no other key is
+    touched: before cu_seqlens_k[0], from cu_seqlens_k[-1] on and, with seqused_k, past each
+    sequence's used keys, with the offsets clamped to [0, total_k] as the kernels clamp them
+    (sequence i covers [c_i, c_i + min(max(used_i, 0), max(c_{i+1} - c_i, 0))), c = clamp(cu))."""
+    from flashattn.backends.sm90.varlen_rows import clear_uncovered_keys
+
+    total, h_k, d = 300, 3, 40
+    dk = torch.full((total, h_k, d), 7.0, dtype=torch.bfloat16)
+    dv = torch.full((total, h_k, d), 5.0, dtype=torch.bfloat16)
+    cu_t = torch.tensor(cu, dtype=torch.int32)
+    used_t = None if used is None else torch.tensor(used, dtype=torch.int32)
+    clear_uncovered_keys(dk, dv, cu_t, used_t)
+    c = [min(max(x, 0), total) for x in cu]
+    covered = torch.zeros(total, dtype=torch.bool)
+    for i in range(len(cu) - 1):
+        n = max(c[i + 1] - c[i], 0)
+        if used is not None:
+            n = min(max(used[i], 0), n)
+        covered[c[i]:c[i] + n] = True
+    for t, fill in ((dk, 7.0), (dv, 5.0)):
+        assert torch.all(t[covered] == fill)
+        assert torch.all(t[~covered] == 0)

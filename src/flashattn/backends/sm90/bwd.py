@@ -24,6 +24,7 @@ from flashattn.backends.sm90.config import BwdConfig, bwd_config, ordered_dq_uns
 from flashattn.backends.sm90.descriptors import (LOG2E, heads_per_group, nvmma_layout, padded_head_dim,
                                        tensor_desc)
 from flashattn.backends.sm90.support import tma_ok
+from flashattn.backends.sm90.varlen_rows import clear_uncovered_keys
 from flashattn.runtime.device import sm_count
 from flashattn.runtime.grid import cdiv
 from flashattn.runtime.launch import LaunchPlans
@@ -381,15 +382,17 @@ class PackedBwdCall:
         cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
         q4, dout4 = q.unsqueeze(0), dout.unsqueeze(0)
         dq_acc = dq_workspace(q4, self.seqlen_q_pad)
-        # (keys of no sequence get no tile: their gradients stay 0, set by the same pass)
         dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
         dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
         lse2, delta = row_stats(out.unsqueeze(0), dout4, lse.contiguous().unsqueeze(0),
-                                self.seqlen_q_pad, dq_acc, transposed=self.wide,
-                                zero=(dk, dv))
+                                self.seqlen_q_pad, dq_acc, transposed=self.wide)
+        if seqused_k is not None:
+            seqused_k = seqused_k.contiguous()
+        # keys of no sequence (or past seqused_k) get no tile: 0, written here and only there
+        clear_uncovered_keys(dk, dv, cu_seqlens_k, seqused_k)
         offsets = (cu_seqlens_q, cu_seqlens_k)
         if seqused_k is not None:
-            offsets += (seqused_k.contiguous(),)
+            offsets += (seqused_k,)
         # descriptor slots take the tensor they cover (only its address is read on a replay)
         tensors = (q, k, v, dout, dq_acc, lse2, delta, dq_acc, dk, dv, lse2) + offsets
         if self.plan is None or not self.plan.launch(*tensors):

@@ -11,14 +11,12 @@ nothing to dK / dV / dQ and produce no NaN.
 
 The same pass zeroes the fp32 dQ workspace the Gluon kernel then reduce-adds into (each
 program its query block's rows, all padded head-dim columns): one launch and one Python
-allocation path fewer than a separate ``torch.zeros`` (the bytes written are the same). For a
-packed (varlen) backward it also zeroes dK and dV (each program an equal flat share): keys of
-no sequence, or past seqused_k, get no tile, and two ``torch.zeros`` cost two more launches
-(~20-40 µs of host per backward on the H100 host, 2026-11-25).
+allocation path fewer than a separate ``torch.zeros`` (the bytes written are the same). (A
+packed backward's dK / dV keys that no tile covers are cleared by
+``varlen_rows.clear_uncovered_keys``, which writes only those keys; this pass zeroed all of
+dK and dV before 2026-11-28.)
 """
 from __future__ import annotations
-
-from typing import Optional, Tuple
 
 import torch
 import triton
@@ -29,28 +27,16 @@ from flashattn.runtime.grid import cdiv, next_pow2
 from flashattn.runtime.launch import LaunchPlans
 
 
-_ZERO_BLOCK = 2048  # elements of dK / dV one store of the zeroing covers
-
 
 @triton.jit
-def _row_stats_kernel(Out, DO, Lse, Lse2, Delta, DQAcc, DK, DV, stride_ob, stride_om, stride_oh,
+def _row_stats_kernel(Out, DO, Lse, Lse2, Delta, DQAcc, stride_ob, stride_om, stride_oh,
                       stride_dob, stride_dom, stride_doh, stride_acc_bh, stride_acc_s,
-                      stride_acc_d, n_heads, seqlen_q, seqlen_q_pad, kv_numel,
+                      stride_acc_d, n_heads, seqlen_q, seqlen_q_pad,
                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                      ACC_TRANSPOSED: tl.constexpr, ZERO_BLOCK: tl.constexpr):
+                      ACC_TRANSPOSED: tl.constexpr):
     # (batch, head) on grid axis 0: b * h can pass the 65535 limit of axis 1
     bh = tl.program_id(0)
     pid_m = tl.program_id(1)
-    if DK is not None:  # this program's flat share of dK and dV (contiguous, kv_numel each)
-        n_programs = tl.num_programs(0).to(tl.int64) * tl.num_programs(1)
-        share = tl.cdiv(kv_numel, n_programs)
-        start = (pid_m.to(tl.int64) * tl.num_programs(0) + bh) * share
-        end = tl.minimum(start + share, kv_numel)
-        zeros = tl.zeros([ZERO_BLOCK], dtype=DK.dtype.element_ty)
-        for offset in range(start, end, ZERO_BLOCK):
-            idx = offset + tl.arange(0, ZERO_BLOCK)
-            tl.store(DK + idx, zeros, mask=idx < end)
-            tl.store(DV + idx, zeros, mask=idx < end)
     b = bh // n_heads
     h = bh % n_heads
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -86,35 +72,31 @@ def _row_stats_kernel(Out, DO, Lse, Lse2, Delta, DQAcc, DK, DV, stride_ob, strid
 
 
 def row_stats(out: torch.Tensor, dout: torch.Tensor, lse: torch.Tensor, seqlen_q_pad: int,
-              dq_acc: torch.Tensor, transposed: bool,
-              zero: Optional[Tuple[torch.Tensor, torch.Tensor]] = None):
+              dq_acc: torch.Tensor, transposed: bool):
     """(lse2, delta), float32 (b, h, seqlen_q_pad) each (views of one allocation); out/dout
     (b, s_q, h, d) with unit last stride, lse float32 (b, h, s_q) contiguous. Zeroes
     ``dq_acc``, the fp32 dQ workspace (b, h, seqlen_q_pad, d_pad), or (b, h, d_pad,
     seqlen_q_pad) when ``transposed``, d_pad = next_pow2(d), contiguous; seqlen_q_pad a
-    multiple of 64. ``zero``: (dk, dv), contiguous, of one shape and dtype, zeroed too."""
+    multiple of 64."""
     batch, seqlen_q, n_heads, head_dim = out.shape
     stats = torch.empty((2, batch, n_heads, seqlen_q_pad), dtype=torch.float32,
                         device=out.device)
     lse2, delta = stats[0], stats[1]
     block_m = 64
     stride_bh, stride_s, stride_d = workspace_strides(dq_acc, transposed)
-    dk, dv = zero if zero is not None else (None, None)
-    kv_numel = 0 if dk is None else dk.numel()
     key = (out.shape, out.stride(), dout.stride(), out.dtype, dout.dtype, out.device,
-           seqlen_q_pad, dq_acc.shape, dq_acc.stride(), transposed,
-           None if dk is None else (dk.dtype, kv_numel))
-    tensors = (out, dout, lse, lse2, delta, dq_acc) + (() if dk is None else (dk, dv))
-    _PLANS[dk is not None].launch(key, tensors, lambda: (
+           seqlen_q_pad, dq_acc.shape, dq_acc.stride(), transposed)
+    tensors = (out, dout, lse, lse2, delta, dq_acc)
+    _PLANS.launch(key, tensors, lambda: (
         _row_stats_kernel, (batch * n_heads, cdiv(seqlen_q_pad, block_m)), (
-            out, dout, lse, lse2, delta, dq_acc, dk, dv, out.stride(0), out.stride(1),
+            out, dout, lse, lse2, delta, dq_acc, out.stride(0), out.stride(1),
             out.stride(2), dout.stride(0), dout.stride(1), dout.stride(2), stride_bh, stride_s,
-            stride_d, n_heads, seqlen_q, seqlen_q_pad, kv_numel),
+            stride_d, n_heads, seqlen_q, seqlen_q_pad),
         dict(HEAD_DIM=head_dim, BLOCK_D=next_pow2(head_dim), BLOCK_M=block_m,
-             ACC_TRANSPOSED=transposed, ZERO_BLOCK=_ZERO_BLOCK)))
+             ACC_TRANSPOSED=transposed)))
     return lse2, delta
 
 
-# launch plans by call shape (runtime/launch.py), by whether dK / dV are zeroed too; slots:
-# out, dout, lse, lse2, delta, the dQ workspace (and dK, dV)
-_PLANS = {False: LaunchPlans(slots=range(6)), True: LaunchPlans(slots=range(8))}
+# launch plans by call shape (runtime/launch.py); slots: out, dout, lse, lse2, delta, the dQ
+# workspace
+_PLANS = LaunchPlans(slots=range(6))

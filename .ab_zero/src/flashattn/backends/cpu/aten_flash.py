@@ -1,0 +1,94 @@
+"""PyTorch's own CPU flash-attention kernel (``aten::_scaled_dot_product_flash_attention_for_cpu``
+and its backward) for the CPU calls it computes exactly as flash-attn defines them.
+
+It returns the output and the natural-log LSE (b, h, s_q) float32, and its backward takes the
+LSE back: the same contract as our chunked path (so either forward's lse serves either
+backward), O(s) memory, and torch's intra-op threads (no oversubscription with our own). It is
+the kernel behind ``F.scaled_dot_product_attention`` on CPU; calling it directly skips SDPA's
+backend selection and the (b, s, h, d) <-> (b, h, s, d) copies are views.
+
+Covered (:func:`covers`): CPU tensors of fp16 / bf16 / fp32, head_dim_v == head_dim, GQA / MQA
+(the kernel maps query head i to kv head i // (h / h_k), as flash-attn), no dropout (flash-attn's
+Philox stream is ours to reproduce), no softcap, no ALiBi, and no mask other than causal with
+seqlen_q == seqlen_k (the kernel's causal mask is top-left aligned; flash-attn's bottom-right
+one coincides with it only there). Everything else runs the chunked path.
+
+Backward in fp32 (:func:`covers_backward`): not routed. Against the float64 oracle, aten's fp32
+backward errs 2-5.8x as much as plain fp32 attention does (dV worst; b 2, s 97, h 4, d 64,
+scale 0.3, six draws), past flash-attn's 3x rule (``python -m flashattn check`` failed on it);
+the chunked backward reads 0.9-1.9x on the same draws. Its fp32 forward passes the rule and
+stays (either forward's lse serves either backward).
+
+GQA backward in fp16 / bf16: the kernel adds each query head's dK / dV into the kv head's
+output in that dtype, one rounding per head, so the error grows with the group size (measured:
+2.1-2.4 ulps of max|dV| at 8 heads per kv head, against 0.4 for one rounding). :func:`bwd`
+gives it expanded k / v instead (one kv head per query head) and sums each group in float32,
+as flash-attn 2 does (per-head dK / dV, then one float32-accumulated sum): 0.96 ulps at 8 heads,
+for 0-12 % more backward time at (1, 1k, 8-16 heads, d 64).
+"""
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+
+from flashattn.params import AttnParams
+
+Tensor = torch.Tensor
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def covers(q: Tensor, k: Tensor, v: Tensor, p: AttnParams) -> bool:
+    """Whether the aten kernel computes this call exactly (see the module doc)."""
+    if q.device.type != "cpu" or q.dtype not in _DTYPES or v.shape[-1] != q.shape[-1]:
+        return False
+    if p.dropout_p != 0.0 or p.softcap != 0.0 or p.alibi_slopes is not None:
+        return False
+    if p.window_left == -1 and p.window_right == -1:
+        return True
+    return p.window_left == -1 and p.window_right == 0 and q.shape[1] == k.shape[1]
+
+
+def covers_backward(q: Tensor, k: Tensor, v: Tensor, p: AttnParams) -> bool:
+    """Whether the aten backward serves this call: :func:`covers`, and not fp32 (module doc)."""
+    return q.dtype != torch.float32 and covers(q, k, v, p)
+
+
+def _causal(p: AttnParams) -> bool:
+    return p.window_right == 0
+
+
+def fwd(q: Tensor, k: Tensor, v: Tensor, p: AttnParams) -> Tuple[Tensor, Tensor]:
+    """out (b, s_q, h, d) in q's dtype, lse (b, h, s_q) float32."""
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 0.0, _causal(p),
+        attn_mask=None, scale=p.softmax_scale)
+    return out.transpose(1, 2), lse
+
+
+def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+        p: AttnParams) -> Tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv) shaped and typed like q, k, v (dk / dv summed over a GQA group in float32).
+
+    dout, out (b, s_q, h, d); q (b, s_q, h, d); k, v (b, s_k, h_k, d); lse (b, h, s_q) float32.
+    """
+    group = q.shape[2] // k.shape[2]
+    expand = group > 1 and k.dtype != torch.float32
+    if expand:  # one rounding per group, not one per head (module doc)
+        k, v = (t.repeat_interleave(group, dim=2) for t in (k, v))
+    dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        dout.transpose(1, 2), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+        out.transpose(1, 2), lse, 0.0, _causal(p), attn_mask=None, scale=p.softmax_scale)
+    dq, dk, dv = (t.transpose(1, 2) for t in (dq, dk, dv))
+    if expand:
+        dk, dv = (_group_sum(t, group) for t in (dk, dv))
+    return dq, dk, dv
+
+
+def _group_sum(t: Tensor, group: int) -> Tensor:
+    """(b, s, h_k * group, e) -> (b, s, h_k, e), summed in float32 and rounded once."""
+    b, s, h, e = t.shape
+    return t.reshape(b, s, h // group, group, e).sum(3, dtype=torch.float32).to(t.dtype)
+
+
+__all__ = ["bwd", "covers", "covers_backward", "fwd"]

@@ -1,0 +1,422 @@
+"""Tile configurations of the Hopper forward, per head dim (data, not code).
+
+BLOCK_M query rows per CTA (``consumers`` warpgroups of BLOCK_M // consumers rows each: two, or
+three at d = 64), BLOCK_N keys
+per pipeline slot, NUM_STAGES slots. Shared memory per CTA (16-bit elements):
+Q 2 * BLOCK_M * d + K/V 2 * 2 * NUM_STAGES * BLOCK_N * d bytes (+ O 2 * BLOCK_M * d when
+SEPARATE_O; otherwise O leaves through Q's slot), within the 227 KB an sm90 CTA may use.
+Registers per consumer thread ~ fp32 O (HALF_M * d / 128) + S twice (HALF_M * BLOCK_N / 128
+for block j and j+1 under intra-warpgroup overlap) + P, within CONSUMER_REGS.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, replace
+from typing import Any, Dict, Optional
+
+SMEM_LIMIT = 227 * 1024
+
+
+def _box_width(head_dim: int) -> int:
+    """A head dim as a TMA box holds it: rounded up to a power of two."""
+    return 1 << (head_dim - 1).bit_length()
+
+
+@dataclass(frozen=True)
+class FwdConfig:
+    block_m: int
+    block_n: int
+    num_stages: int
+    separate_o: bool
+    consumer_regs: int = 240
+    producer_regs: int = 24
+    maxnreg: int = 168  # kernel cap: 3 warpgroups x 128 threads x 168 <= 64K registers
+    # Ping-pong between the consumer warpgroups (fwd_kernel PINGPONG): 0 off, 1 (or True) the
+    # token passes through mbarriers, 2 through hardware named barriers. 1 measured slower on
+    # H100 with this kernel (d=128 causal 16k: 593 vs 645 TFLOP/s; d=64: -4..-6%); 2 equal or
+    # 1-3% slower at d = 128 / 256 (H200, 2026-11-23: benchmarks/NOTES.md).
+    pingpong: int = 0
+    intra_overlap: bool = True
+    # intra_overlap only: rescale O by block j's alpha between the QK^T and PV issues of the
+    # next iteration (under QK^T) instead of right after PV lands (fwd_kernel INTRA_OVERLAP 2).
+    # Measured equal (+-1%) at d = 128, -2% at d = 256 dense (H200, 2026-11-23): off.
+    rescale_early: bool = False
+    persistent: bool = True
+    dynamic: bool = True  # persistent tile queue for causal / windowed calls
+    # the tile queue for unmasked calls too (equal-cost tiles): a CTA that starts late, its SM
+    # busy with an NCCL transfer beside the call, then takes fewer tiles instead of delaying
+    # the call (4x H100, 2026-11-28, benchmarks/NOTES.md). bf16 / fp16 only: the FP8 forward
+    # keeps the static stride it was measured with.
+    queue_unmasked: bool = True
+    # Ablation only (benchmarks/NOTES.md): False drops the producer warp; consumer warpgroup 0
+    # issues the TMA loads between its own GEMMs (static tile order).
+    warp_specialized: bool = True
+    # consumer warpgroups of BLOCK_M // consumers rows each: 2, or 3 (BLOCK_M = 192, small head
+    # dims: each K/V block loaded serves 192 query rows; registers: 3 x 128 consumer threads
+    # + the producer's warp, padded to a warpgroup, share the file: 16 warps, so maxnreg <= 128
+    # and consumer_regs <= 160)
+    consumers: int = 2
+    # True: every consumer thread releases K / V slots by itself (fwd_kernel._release), with no
+    # warpgroup bar.sync. Measured slower (H100, 2026-11-24, kernel alone at 16k, TFLOP/s with /
+    # without): FP8 d128 826 / 853, d256 1110 / 1174, d64 562 / 602; bf16 d128 627 / 637,
+    # causal 572 / 604 (benchmarks/NOTES.md): off, kept as a tested switch.
+    thread_release: bool = False
+    # True: the softmax's row sum l = P · ones on the tensor core (one more wgmma of N = 8 per
+    # key block, fwd_kernel ROWSUM_MMA) instead of one FADD per score: the kernel is bound by
+    # instruction issue at small head dims (benchmarks/NOTES.md, 2026-11-24). l then sums the
+    # same rounded P (bf16 / e4m3) that P·V multiplies.
+    rowsum_mma: bool = False
+    # Independent FMNMX chains per thread for each block's row max (fwd_kernel MAX_CHAINS,
+    # softmax.row_max): 1 is one chain of BLOCK_N / 4 dependent FMNMX before the quad shuffles
+    # (the first exp2 waits for all of it), 4 is four chains of a quarter each, combined before
+    # the shuffles, as FlashAttention-4's sm90 softmax does. The max is exact either way.
+    # An experiment (docs/fa4_comparison.md, hypothesis 6): 1 in every shipped config.
+    max_chains: int = 1
+    # intra_overlap only: the wait for block j-1's P·V made to depend on block j's softmax
+    # result (fwd_kernel._wait_pv_after), so that ptxas keeps it after the softmax instead of
+    # hoisting it to the top of the block: the exp2 then run under the warpgroup's own P·V.
+    late_pv_wait: bool = False
+    # Masked calls (causal / a right window bound): tiles aligned to the end of the query
+    # sequence, in whole warpgroup pieces (fwd_kernel BOTTOM_ALIGN), so the partial tile of a
+    # seqlen_q that BLOCK_M does not divide is the first one, which sees the fewest keys,
+    # instead of the last, which sees them all. Kernel alone, 16k tokens, d = 64 causal
+    # (192-row tiles), TFLOP/s with / without: bf16 1k 255 / 233, 2k 343 / 332, 4k 424 / 413;
+    # FP8 1k 303 / 275, 2k 434 / 414, 4k 527 / 503 (H100, 2026-11-24, benchmarks/NOTES.md).
+    bottom_align: bool = True
+
+    def smem_bytes(self, head_dim: int, elem: int = 2, head_dim_v: Optional[int] = None) -> int:
+        """Shared memory of the Q / K / V (/ O) tiles, head dims padded to powers of two
+        (TMA boxes); ``head_dim_v``: of V and O when it differs from Q and K's."""
+        d = _box_width(head_dim)
+        d_v = _box_width(head_dim_v or head_dim)
+        q = self.block_m * d * elem
+        kv = self.num_stages * self.block_n * (d + d_v) * elem
+        o = self.block_m * d_v * elem if self.separate_o else 0
+        return q + kv + o + 1024
+
+
+# d = 64: three consumer warpgroups (BLOCK_M = 192) against two (128), H100 2026-11-23, TFLOP/s
+# at 2k / 8k / 16k: dense 455 / 518 / 515 vs 418 / 474 / 461, causal 342 / 468 / 481 vs
+# 353 / 438 / 447 (benchmarks/NOTES.md).
+FWD_CONFIGS: Dict[int, FwdConfig] = {
+    64: FwdConfig(block_m=192, block_n=128, num_stages=3, separate_o=True, consumers=3,
+                  consumer_regs=160, maxnreg=128),
+    96: FwdConfig(block_m=128, block_n=128, num_stages=2, separate_o=True),
+    128: FwdConfig(block_m=128, block_n=128, num_stages=2, separate_o=True),
+    192: FwdConfig(block_m=128, block_n=64, num_stages=2, separate_o=False),
+    256: FwdConfig(block_m=128, block_n=64, num_stages=2, separate_o=False),
+}
+
+
+# Softcap's tanh needs registers: at d = 96/128 the 64 x 128 score tile spills, 64 x 64 fits;
+# at d = 64 the three 160-register consumers spill (56 bytes), so softcap keeps two.
+SOFTCAP_CONFIGS: Dict[int, FwdConfig] = {
+    64: FwdConfig(block_m=128, block_n=128, num_stages=3, separate_o=True),
+    96: FwdConfig(block_m=128, block_n=64, num_stages=3, separate_o=True),
+    128: FwdConfig(block_m=128, block_n=64, num_stages=3, separate_o=True),
+}
+
+
+# FP8 (e4m3 Q, K, V^T, bf16 O): tiles of half the bytes. O has its own slot (Q's is fp8).
+# H100, 16k tokens (benchmarks/NOTES.md, 2026-11-24), TFLOP/s non-causal / causal:
+# d = 256 BLOCK_N 128: 1040 / 944 against 831-852 / 789-804 with 64 (it spills 120 / 24 bytes:
+# O is 128 registers and two S tiles 128 more; without the intra-warpgroup overlap 24 / 0
+# bytes but 1013 / 889); d = 128: 2 / 3 / 4 stages, ping-pong 1 / 2 and no overlap all
+# measured equal or slower than this (706-726 non-causal); d = 64: two consumers 377 / 400
+# against three 443 / 422.
+# rowsum_mma (l = P · ones on the tensor core) at d <= 192. Kernel alone, 16k tokens, min of 3
+# interleaved rounds, TFLOP/s with / without (H100, 2026-11-24; benchmarks/NOTES.md):
+# d = 64 651 / 602 (causal 644 / 589), d = 96 684 / 649 (647 / 641), d = 128 893 / 851
+# (841 / 848), d = 192 794 / 793 (755 / 734). d = 256 is slower with it (1124 / 1203, causal
+# 1072 / 1118): there the GEMMs, not instruction issue, bound the kernel.
+FP8_CONFIGS: Dict[int, FwdConfig] = {
+    64: FwdConfig(block_m=192, block_n=128, num_stages=3, separate_o=True, consumers=3,
+                  consumer_regs=160, maxnreg=128, rowsum_mma=True),
+    96: FwdConfig(block_m=128, block_n=128, num_stages=3, separate_o=True, rowsum_mma=True),
+    128: FwdConfig(block_m=128, block_n=128, num_stages=3, separate_o=True, rowsum_mma=True),
+    # d = 192: 128-key blocks, 2 stages (226.5 KiB of shared memory; 184 / 112 bytes of
+    # spills) against 64 x 3 stages, kernel alone, 16k tokens, min of 3 interleaved rounds,
+    # TFLOP/s (H100, 2026-11-25): non-causal 16k 906 / 824, 4k 883 / 788; causal 16k 861 / 753,
+    # 4k 734 / 681. Without the intra-warpgroup overlap: 892 / 839 / 799 / 706.
+    192: FwdConfig(block_m=128, block_n=128, num_stages=2, separate_o=True, rowsum_mma=True),
+    256: FwdConfig(block_m=128, block_n=128, num_stages=2, separate_o=True),
+}
+# (the static stride on unmasked calls, as measured: FwdConfig.queue_unmasked)
+FP8_CONFIGS = {d: replace(cfg, queue_unmasked=False) for d, cfg in FP8_CONFIGS.items()}
+
+# Key blocks of 256 without the intra-warpgroup overlap (352 bytes of spills) for causal calls
+# over >= FP8_LONG_CAUSAL_MIN_KEYS keys at d = 128, where the K / V descales cover >= 256 keys
+# (a key block must not straddle two descales: FlashAttention-3's API, one descale per head,
+# or fp8.quantize(block_n=256)). Kernel alone, min of 3 interleaved rounds, TFLOP/s with / the
+# table's config (H100, 2026-11-25, two runs): causal 16k 941 / 843 and 933 / 837, 8k 848 /
+# 791, 4k 750 / 734 and 750 / 737, 2k 593 / 628; non-causal 16k 861 / 913, 4k 787 / 841 (so
+# dense calls keep 128-key blocks). With the overlap, 256-key blocks spill 432 bytes: 670 / 843.
+FP8_LONG_CAUSAL: Dict[int, Dict[str, Any]] = {
+    128: dict(block_n=256, num_stages=2, intra_overlap=False)}
+FP8_LONG_CAUSAL_MIN_KEYS = 4096
+# When the K / V descale blocks are shorter than a config's key block, the key block shrinks
+# to theirs (never below FP8_MIN_BLOCK_N: support.fp8_unsupported) with this many stages.
+FP8_MIN_BLOCK_N = 64
+FP8_NARROW_STAGES = 3
+
+
+# Unmasked calls (no causal mask, no window) at d = 256: without the intra-warpgroup overlap
+# (one S tile live instead of two: 72 bytes of spills instead of 176). Kernel alone, 16k
+# tokens, min of interleaved rounds, TFLOP/s without / with: 1104 / 1036 (2026-11-24), 1177 /
+# 1144 (2026-11-24), 1165 / 1135 at 16k and 1110 / 1094 at 4k (2026-11-24). Masked calls keep
+# the overlap, which hides the masked blocks' extra softmax work: causal 986 / 1011, 1047 /
+# 1110, 1058 / 1092 (benchmarks/NOTES.md). d = 128 and 64 measured equal or slower without it.
+FP8_UNMASKED_OVERRIDES: Dict[int, Dict[str, Any]] = {256: dict(intra_overlap=False)}
+
+
+@functools.lru_cache(maxsize=256)
+def fp8_fwd_config(head_dim: int, head_dim_v: Optional[int] = None, softcap: bool = False,
+                   masked: bool = False, *, kv_block_keys: Optional[int] = None,
+                   long_causal: bool = False, **overrides) -> FwdConfig:
+    """The FP8 forward's config, with overrides.
+
+    Cached (FwdConfig is frozen): a packed FP8 call asks for it twice, in the coverage check
+    and in the launch, and each answer costs up to three dataclass ``replace`` calls.
+
+    FP8_CONFIGS by the larger head dim; softcap's tanh needs the registers of a 64-key block,
+    as in bf16. ``masked``: a causal mask or a window, else FP8_UNMASKED_OVERRIDES apply (the
+    tile sizes do not depend on it). ``kv_block_keys``: keys per K / V descale (None: any);
+    a key block longer than that shrinks to it (>= FP8_MIN_BLOCK_N), and FP8_LONG_CAUSAL
+    applies only where it covers the longer block. ``long_causal``: a causal mask (no left
+    window) over >= FP8_LONG_CAUSAL_MIN_KEYS keys (:func:`fp8_long_causal`)."""
+    key = max(head_dim, head_dim_v or head_dim)
+    cfg = FP8_CONFIGS[key]
+    if softcap and key in SOFTCAP_CONFIGS and cfg.consumers == 3:
+        cfg = replace(SOFTCAP_CONFIGS[key], separate_o=True, queue_unmasked=False)
+    elif softcap:  # tanh's registers: 64-key blocks (d = 256 with 128 spills 112 bytes)
+        cfg = replace(cfg, block_n=64)
+    elif not masked and key in FP8_UNMASKED_OVERRIDES:
+        cfg = replace(cfg, **FP8_UNMASKED_OVERRIDES[key])
+    elif (masked and long_causal and key in FP8_LONG_CAUSAL and kv_block_keys is not None
+          and kv_block_keys >= FP8_LONG_CAUSAL[key]["block_n"]):
+        cfg = replace(cfg, **FP8_LONG_CAUSAL[key])
+    if kv_block_keys is not None and FP8_MIN_BLOCK_N <= kv_block_keys < cfg.block_n:
+        cfg = replace(cfg, block_n=kv_block_keys, num_stages=FP8_NARROW_STAGES)
+    if overrides:
+        cfg = replace(cfg, **overrides)
+        _check_max_chains(cfg, overrides)
+    if not cfg.separate_o or cfg.rescale_early:
+        raise ValueError("FP8 forward configs need separate_o=True and rescale_early=False")
+    return cfg
+
+
+def fp8_smem_bytes(cfg: FwdConfig, head_dim: int, head_dim_v: int, out_bytes: int) -> int:
+    """Shared memory of the FP8 forward with ``cfg``: e4m3 Q and K / V^T tiles (head dims
+    padded to powers of two), O's slot of ``out_bytes`` per element (2 for bf16 / fp16, 4 for
+    out_dtype=float32), the row-sum GEMM's ones, barriers and the tile slot."""
+    d, d_v = _box_width(head_dim), _box_width(head_dim_v)
+    ones = cfg.consumers * 8 * cfg.block_n if cfg.rowsum_mma else 0
+    return (cfg.block_m * d + cfg.num_stages * cfg.block_n * (d + d_v)
+            + cfg.block_m * d_v * out_bytes + ones + 1024)
+
+
+def fp8_long_causal(window_left: int, window_right: int, seqlen_k: int) -> bool:
+    """Whether an FP8 call is FP8_LONG_CAUSAL's case: a causal mask (a right bound, no left
+    one) over at least FP8_LONG_CAUSAL_MIN_KEYS keys."""
+    return window_right >= 0 and window_left < 0 and seqlen_k >= FP8_LONG_CAUSAL_MIN_KEYS
+
+
+def fwd_config(head_dim: int, softcap: bool = False, head_dim_v: Optional[int] = None,
+               **overrides) -> FwdConfig:
+    """The config for ``head_dim`` (a key of FWD_CONFIGS), with overrides (ablations, tuning).
+
+    ``head_dim_v`` (V / O) other than ``head_dim`` (Q / K), both keys of FWD_CONFIGS: the larger
+    one's config, O in its own shared-memory slot when the padded widths differ (Q's slot has
+    the other width)."""
+    key = max(head_dim, head_dim_v or head_dim)
+    cfg = SOFTCAP_CONFIGS.get(key, FWD_CONFIGS[key]) if softcap else FWD_CONFIGS[key]
+    if (head_dim_v is not None and _box_width(head_dim_v) != _box_width(head_dim)
+            and not cfg.separate_o):
+        cfg = replace(cfg, separate_o=True)
+    if not overrides:
+        return cfg
+    cfg = replace(cfg, **overrides)
+    if cfg.consumers == 3 and (cfg.pingpong or not cfg.warp_specialized):
+        raise ValueError(f"FwdConfig {overrides}: pingpong and warp_specialized=False need two "
+                         "consumer warpgroups (pass consumers=2, block_m=128, consumer_regs=240, "
+                         "maxnreg=168)")
+    if cfg.consumers not in (2, 3) or cfg.block_m % cfg.consumers:
+        raise ValueError(f"FwdConfig {overrides}: consumers must be 2 or 3 and divide block_m")
+    _check_max_chains(cfg, overrides)
+    return cfg
+
+
+def _check_max_chains(cfg: FwdConfig, overrides) -> None:
+    """max_chains splits the 8-column groups a thread holds of each score row (block_n / 8 of
+    them, softmax.row_max) into equal runs, one per chain: a power of two dividing them.
+    (Also the check of late_pv_wait, the other softmax-loop switch: it moves the wait of the
+    intra-warpgroup overlap, which must be on.)"""
+    chains, groups = cfg.max_chains, cfg.block_n // 8
+    if chains < 1 or chains & (chains - 1) or groups % chains:
+        raise ValueError(f"FwdConfig {overrides}: max_chains must be a power of two dividing "
+                         f"block_n // 8 = {groups}")
+    if cfg.late_pv_wait and not cfg.intra_overlap:
+        raise ValueError(f"FwdConfig {overrides}: late_pv_wait=True needs intra_overlap=True")
+
+
+# ---------------------------------------------------------------------------------------------
+# Backward (bwd_kernel.py): one CTA per BLOCK_N keys; two consumer warpgroups of BLOCK_N // 2
+# keys each keep fp32 dK and dV (2 * (BLOCK_N // 2) * d / 128 registers per thread), so the
+# head dims whose dK + dV + S^T + dP^T + dQ half fit in 240 registers: d <= 128. d = 192 / 256
+# run bwd_wide_kernel.py (BLOCK_N = 64, the consumers split dK / dV by head-dim columns).
+# Shared memory: K, V (2 * BLOCK_N * d) + Q, dO rings (2 * NUM_STAGES * BLOCK_M * d) + dS^T
+# (2 slots * BLOCK_N * BLOCK_M), 16-bit elements, + fp32 dQ staging (BLOCK_M * d): 193.5 KiB
+# at d = 128.
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BwdConfig:
+    block_m: int = 64
+    block_n: int = 128
+    num_stages: int = 2
+    consumer_regs: int = 240
+    producer_regs: int = 24
+    maxnreg: int = 168
+    # dQ into the fp32 workspace by TMA reduce-add (staged through shared memory) instead of
+    # fp32 atomics from registers
+    dq_tma: bool = True
+    # dq_tma only: stage dQ in a per-consumer shared buffer and let the reduce run
+    # asynchronously (waited for at the next block) instead of waiting for it at once
+    dq_async: bool = True
+    # issue the next query block's S^T / dP^T GEMMs before this block's dQ reduction
+    pipeline: bool = False
+    # program order: key blocks ascending across groups of KV heads sized to keep their Q / dO
+    # in L2 (tiles.key_block_coords), instead of one head's key blocks after another. Off:
+    # measured equal or slower (H100, 2026-11-23: -4% at d = 128 causal 16k, -8% dense 2k).
+    longest_first: bool = False
+    # a grid of at most one CTA per SM taking key tiles in turn: the next tile's K / V (and its
+    # first Q / dO blocks) load while the consumers still write the previous dK / dV. Needs
+    # pipeline=False. bwd_config turns it on for unmasked calls at d = 64 / 128 (measured there).
+    persistent: bool = False
+    # persistent only: CTAs take tiles from a global atomic queue (the producer warp draws a
+    # ticket and publishes the index) instead of a static stride, for tiles of unequal cost
+    # (causal). Off: measured slower than one CTA per tile on causal calls (H200, 2026-11-23,
+    # d = 128 2k / 8k / 16k: 368 / 462 / 492 vs 386 / 488 / 530 TFLOP/s; d = 64 -2..-4%);
+    # bwd_config turns it on for unmasked persistent calls (equal-cost tiles: no loss there,
+    # and robust to SMs held by other work, e.g. NCCL beside a context-parallel ring).
+    dynamic: bool = False
+    # dQ added in descending key-block order, tiles handed out key-block major (bitwise
+    # repeatable: deterministic=True). Needs persistent, dq_tma + dq_async, no pipeline, and
+    # no left window (the host checks); bwd_config turns on persistent (and dynamic for
+    # masked calls) with it.
+    deterministic: bool = False
+    # deterministic only: the tile order (tiles.key_block_coords DESCENDING): 1 key-block
+    # major across heads, 2 head major (bwd_config picks per mask); and whether the dQ writer
+    # passes a block's turn after issuing the next block's reduce (late) instead of at once.
+    # Late measured equal to -25% (H100, 2026-11-23: dense d = 128 16k 396 vs 474, causal
+    # 333 vs 303 TFLOP/s): off.
+    det_order: int = 1
+    det_release_late: bool = False
+    # d <= 128 (bwd_kernel.py), pipeline=False: per query block, issue the dQ GEMM before dK's
+    # and stage dQ (and issue its reduce) while dK still runs, instead of waiting for dV, dK
+    # and dQ together. Exact: the same GEMMs, only the order of the fp32 adds into the dQ
+    # workspace may change (as between any two runs). Off until measured
+    # (docs/fa4_comparison.md, hypothesis 4).
+    dq_first: bool = False
+    # d <= 128 (bwd_kernel.py), pipeline=False: per query block, read lse2 / delta from shared
+    # memory right after issuing S^T / dP^T, so their latency runs under S^T's GEMM, instead of
+    # just before each is used (where ncu showed the consumers stalled on those loads).
+    # Exact: the same values, read earlier.
+    stats_early: bool = False
+
+    def smem_bytes(self, head_dim: int, elem: int = 2) -> int:
+        head_dim = _box_width(head_dim)
+        kv = 2 * self.block_n * head_dim * elem
+        ring = 2 * self.num_stages * self.block_m * head_dim * elem
+        ds = 2 * self.block_n * self.block_m * elem
+        dq = self.block_m * head_dim * 4 if self.dq_tma else 0  # 2 consumers x fp32 half
+        return kv + ring + ds + dq + 1024
+
+
+# Measured on H100 (hopper_probe --mode bwd, 16k tokens per call): d = 64 with BLOCK_M = 128 was
+# +8% at s = 2k..8k dense, -4% at 16k and equal causal, and spills 112 bytes: kept at 64.
+BWD_CONFIGS: Dict[int, BwdConfig] = {
+    64: BwdConfig(num_stages=2),
+    96: BwdConfig(num_stages=2),
+    128: BwdConfig(num_stages=2),
+    # bwd_wide_kernel.py: 64 keys per CTA, the consumers split dK / dV by columns; pipelining
+    # the next block's S^T / dP^T under the dQ^T staging measured +1-4% at d = 256 (2k-16k)
+    192: BwdConfig(block_m=64, block_n=64, num_stages=2, pipeline=True),
+    256: BwdConfig(block_m=64, block_n=64, num_stages=2, pipeline=True),
+}
+
+
+# Head dims whose unmasked backward runs persistent (measured at both; d = 96 spills 328 bytes
+# with the loop, d = 192 / 256 run bwd_wide_kernel, which has no persistent schedule)
+PERSISTENT_BWD_HEAD_DIMS = (64, 128)
+
+
+def ordered_dq_unsupported(head_dim: int, window_left: int, softcap: float) -> Optional[str]:
+    """Why a deterministic=True backward cannot take the ordered dQ (None when it can); the
+    one rule for dispatch (support.backward_unsupported) and the launch (bwd.launch_args).
+
+    The turn waits need the persistent schedule (PERSISTENT_BWD_HEAD_DIMS) and every key tile
+    from 0 up to the last one that reaches a query block visiting it (no left window);
+    softcap's tanh on top of the turn logic spilled 368 bytes at d = 128 (2026-11-23)."""
+    if head_dim not in PERSISTENT_BWD_HEAD_DIMS:
+        return f"head dim {head_dim} (ordered dQ: {PERSISTENT_BWD_HEAD_DIMS})"
+    if window_left >= 0:
+        return "a left window (ordered dQ)"
+    if softcap > 0.0:
+        return "softcap (ordered dQ)"
+    return None
+
+
+def bwd_config(head_dim: int, masked: bool = True, deterministic: bool = False,
+               **overrides) -> BwdConfig:
+    """The backward config for ``head_dim`` (a key of BWD_CONFIGS), with overrides.
+
+    ``deterministic``: dQ in descending key-block order (``BwdConfig.deterministic``), on the
+    persistent schedule, static (unmasked) or the ticket queue (masked), both of which hand
+    out tiles in order (the turn waits are deadlock-free only so). Head dims in
+    PERSISTENT_BWD_HEAD_DIMS only; head-major tiles unmasked, key-block major masked.
+
+    ``masked``: the call has a causal or sliding-window mask. Unmasked calls at d = 64 / 128
+    run the persistent schedule, where every key tile costs the same. Measured on H100
+    (hopper_probe --mode bwd, 2026-11-23), persistent / one CTA per tile: dense 2k d = 128
+    490 / 475, d = 64 387 / 370; 8k and 16k within +-1%. Causal: 284 / 361 at 2k and
+    329 / 541 at 16k (d = 128): the static tile stride lets CTAs drift apart in work, so
+    concurrent CTAs no longer share one head's Q / dO in L2.
+    """
+    if not overrides:  # the per-call path: no dict to sort, no dataclass to rebuild
+        cfg = _BWD_DEFAULTS.get((head_dim, bool(masked), bool(deterministic)))
+        if cfg is not None:
+            return cfg
+    if deterministic:
+        overrides = {"deterministic": True, **overrides}
+    return _bwd_config(head_dim, masked, overrides)
+
+
+def _bwd_config(head_dim: int, masked: bool, overrides: Dict[str, Any]) -> BwdConfig:
+    cfg = replace(BWD_CONFIGS[head_dim], **overrides) if overrides else BWD_CONFIGS[head_dim]
+    if (not masked and "persistent" not in overrides and head_dim in PERSISTENT_BWD_HEAD_DIMS
+            and not cfg.pipeline):
+        # with the tile queue: equal-cost tiles too, so that CTAs which start late (SMs held by
+        # an NCCL transfer beside the call) take fewer tiles instead of delaying the call
+        # (4x H100, 2026-11-28: unmasked 128k x 64k blocks 485 -> 549 TFLOP/s, and the ring's
+        # backward with them, benchmarks/NOTES.md)
+        cfg = replace(cfg, persistent=True,
+                      dynamic=cfg.dynamic if "dynamic" in overrides else True)
+    if cfg.deterministic:
+        if head_dim not in PERSISTENT_BWD_HEAD_DIMS:
+            raise ValueError(f"bwd_config: deterministic=True covers head dims "
+                             f"{PERSISTENT_BWD_HEAD_DIMS}, not {head_dim}")
+        # head-major on unmasked calls (each head's key tiles start together and pass their
+        # turns down the chain one block apart), key-block major across heads on masked ones
+        # (H100, 2026-11-23: dense 16k 498 vs 474 TFLOP/s, 2k 364 vs 245; causal 16k 96 vs
+        # 303: one head's 128 key tiles at once serialise on the diagonal's counters)
+        cfg = replace(cfg, persistent=True, pipeline=False,
+                      dynamic=cfg.dynamic if "dynamic" in overrides else masked,
+                      det_order=(cfg.det_order if "det_order" in overrides
+                                 else 1 if masked else 2))
+    return cfg
+
+
+# bwd_config without overrides, built once (dataclasses.replace costs ~4 us per call)
+_BWD_DEFAULTS = {(d, m, False): _bwd_config(d, m, {}) for d in BWD_CONFIGS for m in (False, True)}
+_BWD_DEFAULTS.update({(d, m, True): _bwd_config(d, m, {"deterministic": True})
+                      for d in PERSISTENT_BWD_HEAD_DIMS for m in (False, True)})

@@ -1,0 +1,256 @@
+"""Ring attention over packed documents, each document zigzag-split across the ranks.
+
+Every rank holds, for every document of length n, its chunks ``rank`` and
+``2 * world - 1 - rank`` of ``2 * world`` (``n / (2 * world)`` tokens each): the local
+``cu_seqlens`` is the same on every rank and every rank has the same causal work whatever the
+mix of lengths. At ring step t the block in hand comes from rank ``src = (rank - t) % world``,
+and under a causal mask the three zigzag cases hold for every document at once, so one varlen
+kernel call per step covers every document:
+
+- t = 0: the local queries against the local keys, causal;
+- src < rank: every local query against the *early* chunk of each document's keys (the late
+  chunk lies after both query chunks);
+- src > rank: the *late* query chunk of each document against all its keys.
+
+The early key chunks are never gathered: a document's early chunk is the first half of its
+local rows, so the calls take the block as it is with ``seqused_k`` = the half lengths (the
+kernels read only those keys, and give dK / dV = 0 past them). The late query chunks are
+gathered into packed tensors (rows of O(n d), against the O(n^2 d) of the attention). Without
+a causal mask every step is one full varlen call.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Callable, NamedTuple, Optional, Tuple
+
+import torch
+
+from flashattn import ops as _ops
+from flashattn.api import normalise as _p
+from flashattn.api import validation as _v
+from flashattn.parallel import checks as _checks
+from flashattn.parallel.accumulate import RowSum
+from flashattn.parallel.groups import Group, check_device, resolve
+from flashattn.parallel.layout import zigzag_doc_lengths
+from flashattn.parallel.merge import merge_varlen_into, ready_to_merge
+from flashattn.parallel.ring import Ring, RingFunction, run_backward, run_forward
+
+Tensor = torch.Tensor
+
+
+class VarlenLayout(NamedTuple):
+    """The local packed layout (the same on every rank)."""
+
+    cu_local: Tensor      # (n_docs + 1,) int32: each document's 2 local chunks
+    max_local: int
+    cu_half: Tensor       # (n_docs + 1,) int32: one chunk per document
+    max_half: int
+    early: Tensor         # (total_local / 2,) int64 local rows of the early chunks
+    late: Tensor          # (total_local / 2,) int64 local rows of the late chunks
+    used_half: Tensor     # (n_docs,) int32: seqused_k selecting each document's early chunk
+
+
+@functools.lru_cache(maxsize=64)
+def _layout(bounds: Tuple[int, ...], world: int, device: torch.device) -> VarlenLayout:
+    """The local layout of global document bounds ``bounds`` (the same on every rank), built
+    once per batch shape: a training loop repeats its packing, and this is host work plus
+    small copies to the device."""
+    local = [n // world for n in zigzag_doc_lengths(bounds, world)]
+    starts = [0]
+    for n in local:
+        starts.append(starts[-1] + n)
+    early = [torch.arange(s, s + n // 2) for s, n in zip(starts[:-1], local)]
+    late = [torch.arange(s + n // 2, s + n) for s, n in zip(starts[:-1], local)]
+    halves = [n // 2 for n in local]
+    cu_half = [0]
+    for n in halves:
+        cu_half.append(cu_half[-1] + n)
+    as_device = (lambda xs: (torch.cat(xs) if xs else torch.zeros(0, dtype=torch.int64)
+                             ).to(device))
+    i32 = (lambda xs: torch.tensor(xs, dtype=torch.int32, device=device))
+    return VarlenLayout(i32(starts), max(local, default=0), i32(cu_half),
+                        max(halves, default=0), as_device(early), as_device(late), i32(halves))
+
+
+class _Options(NamedTuple):
+    softmax_scale: float
+    causal: bool
+    softcap: float
+    deterministic: bool
+
+
+def _fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, opt: _Options, used_k=None):
+    out, lse, _ = _ops.varlen_fwd(q, k, v, cu_q, cu_k, used_k, None, None, None, max_q, max_k,
+                                  opt.softmax_scale, causal, -1, 0 if causal else -1,
+                                  opt.softcap, 0.0, opt.deterministic, False)
+    return out, lse
+
+
+def _bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, opt: _Options,
+         used_k=None):
+    return _ops.varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, used_k, None, None, max_q,
+                           max_k, opt.softmax_scale, causal, -1, 0 if causal else -1,
+                           opt.softcap, 0.0, opt.deterministic)
+
+
+def _case(step: int, ring: Ring, causal: bool) -> str:
+    """Which rows meet which keys at ``step``: "diagonal", "all", "early_keys", "late_queries"."""
+    if not causal:
+        return "all"
+    if step == 0:
+        return "diagonal"
+    src = (ring.rank - step) % ring.world
+    return "early_keys" if src < ring.rank else "late_queries"
+
+
+def varlen_forward(q: Tensor, k: Tensor, v: Tensor, lay: VarlenLayout, opt: _Options,
+                   ring: Ring) -> Tuple[Tensor, Tensor]:
+    """out (total, h, d_v) in q's dtype and lse (h, total) float32 of the local rows. The
+    local block's output (every row) is the running sum as it is (see
+    :func:`ready_to_merge` for its dtype)."""
+    acc: list = []  # [out, lse] after step 0
+
+    def compute(step: int, k_blk: Tensor, v_blk: Tensor) -> None:
+        case = _case(step, ring, opt.causal)
+        if case == "late_queries":
+            o_b, lse_b = _fwd(q[lay.late], k_blk, v_blk, lay.cu_half, lay.cu_local,
+                              lay.max_half, lay.max_local, False, opt)
+        elif case == "early_keys":  # (each document's first local half: seqused_k)
+            o_b, lse_b = _fwd(q, k_blk, v_blk, lay.cu_local, lay.cu_local, lay.max_local,
+                              lay.max_local, False, opt, lay.used_half)
+        else:
+            o_b, lse_b = _fwd(q, k_blk, v_blk, lay.cu_local, lay.cu_local, lay.max_local,
+                              lay.max_local, case == "diagonal", opt)
+        if step == 0:  # the local block: every row
+            acc.extend((o_b, lse_b))
+            return
+        acc[0] = ready_to_merge(acc[0], step + 1 == ring.world)
+        out, lse = acc
+        if case == "late_queries":  # the late rows gathered, merged, put back
+            rows, rows_lse = out[lay.late], lse[:, lay.late]
+            merge_varlen_into(rows, rows_lse, o_b, lse_b)
+            out.index_copy_(0, lay.late, rows)
+            lse.index_copy_(1, lay.late, rows_lse)
+        else:
+            merge_varlen_into(out, lse, o_b, lse_b)
+
+    run_forward((k.contiguous(), v.contiguous()), ring.world, ring, compute)
+    return acc[0].to(q.dtype), acc[1]
+
+
+def varlen_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                    lay: VarlenLayout, opt: _Options, ring: Ring
+                    ) -> Tuple[Tensor, Tensor, Tensor]:
+    dq = RowSum(q.shape, q.device, dim=0)
+
+    def grads(rows: Optional[Tensor], early_keys: bool, k_blk: Tensor, v_blk: Tensor,
+              causal: bool) -> Callable:
+        """The gradients of the local query rows ``rows`` (None: every row; else ``lay.early``
+        / ``lay.late``, one chunk of every document, gathered) against the keys of the block in
+        hand (``early_keys``: each document's early chunk, by ``seqused_k``, so dK / dV come
+        back block-shaped with zeros past it), and their ``add`` into dQ and the block's
+        accumulators."""
+        pick = (lambda x: x if rows is None else x.index_select(0, rows))
+        cu_q, max_q = ((lay.cu_local, lay.max_local) if rows is None
+                       else (lay.cu_half, lay.max_half))
+        dq_b, dk_b, dv_b = _bwd(pick(dout), pick(q), k_blk, v_blk, pick(out),
+                                lse if rows is None else lse[:, rows].contiguous(),
+                                cu_q, lay.cu_local, max_q, lay.max_local, causal, opt,
+                                lay.used_half if early_keys else None)
+
+        def add(dk_acc: RowSum, dv_acc: RowSum) -> None:
+            if rows is None:
+                dq.add(0, dq_b)
+            else:
+                dq.index_add(rows, dq_b)
+            dk_acc.add(0, dk_b)
+            dv_acc.add(0, dv_b)
+        return add
+
+    def compute(step: int, k_blk: Tensor, v_blk: Tensor) -> Callable:
+        case = _case(step, ring, opt.causal)
+        if case == "late_queries":
+            return grads(lay.late, False, k_blk, v_blk, False)
+        if case == "early_keys":
+            return grads(None, True, k_blk, v_blk, False)
+        return grads(None, False, k_blk, v_blk, False)
+
+    # the local block in two parts (see run_backward): the early query chunks against the
+    # early key chunks (causal) or all keys, then the late query chunks against all keys (the
+    # causal mask, bottom-right aligned per document, keeps the late chunk's own diagonal)
+    def own_first(k_own: Tensor, v_own: Tensor) -> Callable:
+        return grads(lay.early, opt.causal, k_own, v_own, opt.causal)
+
+    def own_last(k_own: Tensor, v_own: Tensor) -> Callable:
+        return grads(lay.late, False, k_own, v_own, opt.causal)
+
+    dk, dv = run_backward(k, v, ring.world, ring, compute, own_first, own_last, row_dim=0)
+    return dq.tensor().to(q.dtype), dk, dv
+
+
+def ring_flash_attn_varlen_func(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens: Tensor,
+    max_seqlen: int,
+    *,
+    group: Group = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Optional[Tensor] = None,
+    softmax_scale: Optional[float] = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+):
+    """Ring attention of packed documents, each zigzag-split over ``group`` (fwd and bwd).
+
+    Arguments:
+        q: (total / world, nheads, headdim): this rank's rows, as
+            :func:`zigzag_varlen_shard` lays them out (per document: its chunk ``rank``, then
+            its chunk ``2 * world - 1 - rank``).
+        k, v: (total / world, nheads_k, headdim / headdim_v), laid out like q.
+        cu_seqlens: (n_docs + 1,) int32 *global* cumulative document lengths, the same on
+            every rank; every document's length divisible by ``2 * world``.
+        max_seqlen: the longest global document (validated against cu_seqlens).
+        causal, softcap, softmax_scale, deterministic: flash-attn 2's meaning per document.
+        window_size, alibi_slopes: not supported by the varlen ring (NotImplementedError):
+            :func:`ulysses_flash_attn_varlen_func` supports both.
+        return_attn_probs: also return the local lse (nheads, total / world).
+
+    Returns:
+        out (total / world, nheads, headdim_v) in q's dtype, or ``(out, lse, None)``.
+    """
+    for x, name in ((q, "q"), (k, "k"), (v, "v")):
+        _v.check_tensor(x, name, 3, "(total_tokens, nheads, headdim)")
+    _v.check_qkv(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), ("q", "k", "v"))
+    ring = Ring(*resolve(group))
+    check_device(ring.group, q, "q")
+    scale, causal, window_left, window_right, softcap, deterministic = _v.check_options(
+        softmax_scale, causal, window_size, softcap, deterministic)
+    return_attn_probs = _v.check_bool(return_attn_probs, "return_attn_probs")
+    if window_left >= 0 or (window_right >= 0 and not causal):
+        raise NotImplementedError("window_size: the varlen ring supports causal or full "
+                                  "attention only; ulysses_flash_attn_varlen_func supports "
+                                  "windows")
+    if alibi_slopes is not None:
+        raise NotImplementedError("alibi_slopes: not supported by the varlen ring; "
+                                  "ulysses_flash_attn_varlen_func supports ALiBi")
+    bounds = _checks.global_cu_seqlens(cu_seqlens, q.shape[0], ring.world, q.device,
+                                       max_seqlen)
+    _checks.same_on_every_rank(ring.group, ring.world, q.device, [
+        ("q.shape[0] (local tokens)", q.shape[0]), ("q.shape[1]", q.shape[1]),
+        ("q.shape[2]", q.shape[2]), ("k.shape[1]", k.shape[1]), ("v.shape[2]", v.shape[2]),
+        ("q.dtype", _checks.dtype_code(q.dtype)), ("causal", int(causal)),
+        ("softcap", _checks.float_bits(softcap)), ("deterministic", int(deterministic)),
+        ("len(cu_seqlens)", len(bounds)), ("cu_seqlens[-1]", bounds[-1])],
+        "ring_flash_attn_varlen_func")
+    lay = _layout(tuple(bounds), ring.world, q.device)
+    opt = _Options(_p.softmax_scale_or_default(scale, q.shape[-1]), causal, softcap,
+                   deterministic)
+    out, lse = RingFunction.apply(q, k, v, varlen_forward, varlen_backward, (lay, opt, ring))
+    return (out, lse, None) if return_attn_probs else out
+
+
+__all__ = ["VarlenLayout", "ring_flash_attn_varlen_func", "varlen_backward", "varlen_forward"]

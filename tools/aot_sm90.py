@@ -198,7 +198,7 @@ def compile_bwd_variant(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, c
     seqused = bool((overrides or {}).get("seqused"))  # varlen with seqused_k
     fields = {k: v for k, v in (overrides or {}).items() if k not in ("varlen", "seqused")}
     cfg = bwd_config(head_dim, masked=varlen or window_left >= 0 or window_right >= 0,
-                     **fields)
+                     softcap=softcap > 0.0, **fields)
     b, s, h = 2, 1000, 4
     q = torch.empty((b, s, h, head_dim), dtype=dtype)
     s_pad = -(-s // cfg.block_m) * cfg.block_m

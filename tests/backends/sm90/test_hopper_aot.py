@@ -314,6 +314,13 @@ def test_fwd_variant_compiles_without_spills(variant, reports, capsys):
 # The tile queue on unmasked calls, 2026-11-28: d = 128 16 -> 88 bytes, with softcap 160 -> 200;
 # measured faster all the same, benchmarks/NOTES.md.)
 BWD_SPILL_ALLOWANCE = 200
+# d = 64 unmasked without softcap runs 128-row query blocks (config.UNMASKED_D64_BLOCK_M,
+# 2026-11-28: measured +2.6-3.0 % on the H200 with these 152 bytes in place); the ablation
+# switches on top of it spill more (every other d = 64 variant: none)
+D64_ROWS128_SPILL_ALLOWANCE = {"bwd_d64_bfloat16": 152,
+                               "bwd_d64_bfloat16_persistent1_longest_first1": 104,
+                               "bwd_d64_bfloat16_dq_first1": 160,
+                               "bwd_d64_bfloat16_stats_early1": 344}
 # deterministic=True: the dQ writer warp's handoff (2026-11-23) leaves consumer 0 more 64-bit
 # values in local memory (d = 128: 272 bytes causal, 256 dense; d = 64: 64); measured as is
 DET_SPILL_ALLOWANCE = 288
@@ -339,7 +346,8 @@ def test_bwd_variant_compiles(variant, reports, capsys):
     if variant[1] > 128:
         allowed = BWD_WIDE_SPILL_ALLOWANCE.get(rep["key"], 0)
     else:
-        allowed = 0 if variant[1] == 64 and not variant[5] else BWD_SPILL_ALLOWANCE
+        allowed = (D64_ROWS128_SPILL_ALLOWANCE.get(rep["key"], 0)
+                   if variant[1] == 64 and not variant[5] else BWD_SPILL_ALLOWANCE)
         if (variant[6] or {}).get("deterministic"):
             allowed = DET_SPILL_ALLOWANCE
     if not _PINNED:  # other releases allocate registers their own way (tools/aot_versions.py)

@@ -370,3 +370,19 @@ def test_forward_max_chains_is_off_and_reaches_the_kernel():
         fwd_config(256, max_chains=16)
     with pytest.raises(ValueError, match="max_chains"):
         fp8_fwd_config(128, masked=True, max_chains=3)
+
+
+def test_unmasked_d64_backward_takes_128_query_rows():
+    """d = 64 unmasked without softcap (not deterministic) runs 128-row query blocks (measured
+    faster on the H200 there; with softcap they spill 464 bytes, masked calls gained nothing);
+    every other call keeps 64, and an explicit block_m wins."""
+    from flashattn.backends.sm90.config import UNMASKED_D64_BLOCK_M, bwd_config
+
+    assert bwd_config(64, masked=False).block_m == UNMASKED_D64_BLOCK_M == 128
+    assert bwd_config(64, masked=False) is bwd_config(64, masked=False)  # prebuilt
+    assert bwd_config(64, masked=False, softcap=True).block_m == 64
+    assert bwd_config(64, masked=True).block_m == 64
+    assert bwd_config(64, masked=False, deterministic=True).block_m == 64
+    assert bwd_config(128, masked=False).block_m == 64
+    assert bwd_config(64, masked=False, block_m=64).block_m == 64
+    assert bwd_config(64, masked=False, dq_first=True).block_m == 128

@@ -270,7 +270,8 @@ def flash_bwd_hopper(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     overrides = dict(config_overrides or {})
     deterministic = bool(overrides.pop("deterministic", False)) or deterministic
     masked = window_left >= 0 or window_right >= 0
-    cfg = bwd_config(head_dim, masked=masked, deterministic=deterministic, **overrides)
+    cfg = bwd_config(head_dim, masked=masked, deterministic=deterministic,
+                     softcap=softcap > 0.0, **overrides)
     if (cfg.dynamic and not masked and not cfg.deterministic and "dynamic" not in overrides
             and _n_tiles(cfg, k) <= sm_count(k.device)):
         cfg = _static_stride(cfg)

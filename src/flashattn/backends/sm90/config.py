@@ -333,7 +333,10 @@ class BwdConfig:
 
 
 # Measured on H100 (hopper_probe --mode bwd, 16k tokens per call): d = 64 with BLOCK_M = 128 was
-# +8% at s = 2k..8k dense, -4% at 16k and equal causal, and spills 112 bytes: kept at 64.
+# +8% at s = 2k..8k dense, -4% at 16k and equal causal, and spills 112 bytes: kept at 64. On the
+# H200 with the persistent tile queue (2026-11-28, bwd_config_ab.py, 3 interleaved rounds): +2.6-
+# 3.0 % unmasked at 2k / 8k / 16k, 0.995-1.011 causal, 152 bytes spilled (464 with softcap):
+# bwd_config takes 128 rows for unmasked d = 64 calls without softcap (not deterministic).
 BWD_CONFIGS: Dict[int, BwdConfig] = {
     64: BwdConfig(num_stages=2),
     96: BwdConfig(num_stages=2),
@@ -367,7 +370,7 @@ def ordered_dq_unsupported(head_dim: int, window_left: int, softcap: float) -> O
 
 
 def bwd_config(head_dim: int, masked: bool = True, deterministic: bool = False,
-               **overrides) -> BwdConfig:
+               softcap: bool = False, **overrides) -> BwdConfig:
     """The backward config for ``head_dim`` (a key of BWD_CONFIGS), with overrides.
 
     ``deterministic``: dQ in descending key-block order (``BwdConfig.deterministic``), on the
@@ -376,23 +379,32 @@ def bwd_config(head_dim: int, masked: bool = True, deterministic: bool = False,
     PERSISTENT_BWD_HEAD_DIMS only; head-major tiles unmasked, key-block major masked.
 
     ``masked``: the call has a causal or sliding-window mask. Unmasked calls at d = 64 / 128
-    run the persistent schedule, where every key tile costs the same. Measured on H100
+    run the persistent schedule, where every key tile costs the same; at d = 64 without
+    ``softcap`` with 128-row query blocks (UNMASKED_D64_BLOCK_M). Measured on H100
     (hopper_probe --mode bwd, 2026-11-23), persistent / one CTA per tile: dense 2k d = 128
     490 / 475, d = 64 387 / 370; 8k and 16k within +-1%. Causal: 284 / 361 at 2k and
     329 / 541 at 16k (d = 128): the static tile stride lets CTAs drift apart in work, so
     concurrent CTAs no longer share one head's Q / dO in L2.
     """
     if not overrides:  # the per-call path: no dict to sort, no dataclass to rebuild
-        cfg = _BWD_DEFAULTS.get((head_dim, bool(masked), bool(deterministic)))
+        cfg = _BWD_DEFAULTS.get((head_dim, bool(masked), bool(deterministic), bool(softcap)))
         if cfg is not None:
             return cfg
     if deterministic:
         overrides = {"deterministic": True, **overrides}
-    return _bwd_config(head_dim, masked, overrides)
+    return _bwd_config(head_dim, masked, overrides, softcap)
 
 
-def _bwd_config(head_dim: int, masked: bool, overrides: Dict[str, Any]) -> BwdConfig:
+# query rows per block of the unmasked d = 64 backward without softcap (see BWD_CONFIGS)
+UNMASKED_D64_BLOCK_M = 128
+
+
+def _bwd_config(head_dim: int, masked: bool, overrides: Dict[str, Any],
+                softcap: bool = False) -> BwdConfig:
     cfg = replace(BWD_CONFIGS[head_dim], **overrides) if overrides else BWD_CONFIGS[head_dim]
+    if (head_dim == 64 and not masked and not softcap and not cfg.deterministic
+            and "block_m" not in overrides):
+        cfg = replace(cfg, block_m=UNMASKED_D64_BLOCK_M)
     if (not masked and "persistent" not in overrides and head_dim in PERSISTENT_BWD_HEAD_DIMS
             and not cfg.pipeline):
         # with the tile queue: equal-cost tiles too, so that CTAs which start late (SMs held by
@@ -417,6 +429,8 @@ def _bwd_config(head_dim: int, masked: bool, overrides: Dict[str, Any]) -> BwdCo
 
 
 # bwd_config without overrides, built once (dataclasses.replace costs ~4 us per call)
-_BWD_DEFAULTS = {(d, m, False): _bwd_config(d, m, {}) for d in BWD_CONFIGS for m in (False, True)}
-_BWD_DEFAULTS.update({(d, m, True): _bwd_config(d, m, {"deterministic": True})
-                      for d in PERSISTENT_BWD_HEAD_DIMS for m in (False, True)})
+_BWD_DEFAULTS = {(d, m, False, c): _bwd_config(d, m, {}, c) for d in BWD_CONFIGS
+                 for m in (False, True) for c in (False, True)}
+_BWD_DEFAULTS.update({(d, m, True, c): _bwd_config(d, m, {"deterministic": True}, c)
+                      for d in PERSISTENT_BWD_HEAD_DIMS for m in (False, True)
+                      for c in (False, True)})

@@ -17,6 +17,17 @@ def _event(name, start_us, end_us):
                            time_range=SimpleNamespace(start=start_us, end=end_us))
 
 
+def _fake_profiler(monkeypatch, events):
+    """torch.profiler.profile yielding ``events``; no CUDA sync, no process group."""
+    @contextlib.contextmanager
+    def fake_profile(activities):
+        yield SimpleNamespace(events=lambda: events)
+
+    monkeypatch.setattr("torch.profiler.profile", fake_profile)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(bench_cp.dist, "barrier", lambda: None)
+
+
 def test_union_merges_overlapping_intervals():
     assert bench_cp._union([(5, 7), (0, 2), (1, 3), (3, 4)]) == [[0, 4], [5, 7]]
     assert bench_cp._union([]) == []
@@ -31,13 +42,7 @@ def test_profiled_summary(monkeypatch):
               SimpleNamespace(name="cpu op", device_type=torch.autograd.DeviceType.CPU,
                               time_range=SimpleNamespace(start=0, end=99_000))]
 
-    @contextlib.contextmanager
-    def fake_profile(activities):
-        yield SimpleNamespace(events=lambda: events)
-
-    monkeypatch.setattr("torch.profiler.profile", fake_profile)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    monkeypatch.setattr(bench_cp.dist, "barrier", lambda: None)
+    _fake_profiler(monkeypatch, events)
     calls = []
     row = bench_cp._profiled(lambda: calls.append(1), "", "unused")
     assert calls == [1, 1]  # a warm call, then the profiled one
@@ -58,13 +63,7 @@ def test_profiled_host_stalls(monkeypatch):
               cpu("cudaStreamSynchronize", 5_000, 5_500), cpu("cudaMalloc", 6_000, 8_000),
               cpu("cudaLaunchKernel", 8_000, 8_010)]
 
-    @contextlib.contextmanager
-    def fake_profile(activities):
-        yield SimpleNamespace(events=lambda: events)
-
-    monkeypatch.setattr("torch.profiler.profile", fake_profile)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    monkeypatch.setattr(bench_cp.dist, "barrier", lambda: None)
+    _fake_profiler(monkeypatch, events)
     row = bench_cp._profiled(lambda: None, "", "unused", host=True)
     assert row["host_stalls"] == {"cudaStreamSynchronize": (4.5, 2), "cudaMalloc": (2.0, 1)}
     assert "host_stalls" not in bench_cp._profiled(lambda: None, "", "unused")

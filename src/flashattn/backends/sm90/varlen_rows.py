@@ -24,22 +24,40 @@ _BLOCK_ROWS = 64
 
 
 @triton.jit
+def _clamped(cu, i, total):
+    """cu[i] clamped to [0, total], as the Hopper kernels read sequence offsets."""
+    return tl.minimum(tl.maximum(tl.load(cu + i), 0), total)
+
+
+@triton.jit
+def _outside_sequences(rows, cu, n_seqs, total):
+    """Rows (of [0, total)) before the first offset or from the last one on."""
+    first = _clamped(cu, 0, total)
+    last = tl.maximum(_clamped(cu, n_seqs, total), first)
+    return ((rows < first) | (rows >= last)) & (rows < total)
+
+
+@triton.jit
+def _zero_rows(X, rows, mask_rows, row_elems, BLOCK_R: tl.constexpr, BLOCK_E: tl.constexpr):
+    """Rows ``rows`` (where ``mask_rows``) of a contiguous (n, row_elems) tensor X set to 0."""
+    row_off = rows.to(tl.int64) * row_elems
+    for e in range(0, row_elems, BLOCK_E):
+        cols = e + tl.arange(0, BLOCK_E)
+        mask = mask_rows[:, None] & (cols[None, :] < row_elems)
+        tl.store(X + row_off[:, None] + cols[None, :],
+                 tl.zeros([BLOCK_R, BLOCK_E], dtype=X.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _clear_uncovered_rows_kernel(Out, Lse, cu_q, counter, n_seqs, total_q, n_heads, row_elems,
                                  BLOCK_R: tl.constexpr, BLOCK_E: tl.constexpr):
     if counter is not None:
         if tl.program_id(0) == 0:
             tl.store(counter, 0)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    first = tl.minimum(tl.maximum(tl.load(cu_q), 0), total_q)
-    last = tl.minimum(tl.maximum(tl.load(cu_q + n_seqs), first), total_q)
-    uncovered = ((rows < first) | (rows >= last)) & (rows < total_q)
+    uncovered = _outside_sequences(rows, cu_q, n_seqs, total_q)
     if tl.max(uncovered.to(tl.int32), axis=0) > 0:
-        row_off = rows.to(tl.int64) * row_elems
-        for e in range(0, row_elems, BLOCK_E):
-            cols = e + tl.arange(0, BLOCK_E)
-            mask = uncovered[:, None] & (cols[None, :] < row_elems)
-            zeros = tl.zeros([BLOCK_R, BLOCK_E], dtype=Out.dtype.element_ty)
-            tl.store(Out + row_off[:, None] + cols[None, :], zeros, mask=mask)
+        _zero_rows(Out, rows, uncovered, row_elems, BLOCK_R, BLOCK_E)
         neg_inf = tl.full([BLOCK_R], float("-inf"), tl.float32)
         lse_ptr = Lse + rows.to(tl.int64)
         for _ in range(0, n_heads):  # (pointer steps: 64-bit, h * total_q may pass 2^31)
@@ -72,17 +90,10 @@ _PLANS = {False: LaunchPlans(slots=(0, 1, 2)), True: LaunchPlans(slots=(0, 1, 2,
 
 
 @triton.jit
-def _clamped(cu, i, total):
-    return tl.minimum(tl.maximum(tl.load(cu + i), 0), total)
-
-
-@triton.jit
 def _clear_uncovered_keys_kernel(DK, DV, cu_k, used_k, n_seqs, total_k, row_elems,
                                  BLOCK_R: tl.constexpr, BLOCK_E: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    first = _clamped(cu_k, 0, total_k)
-    last = tl.maximum(_clamped(cu_k, n_seqs, total_k), first)
-    uncovered = ((rows < first) | (rows >= last)) & (rows < total_k)
+    uncovered = _outside_sequences(rows, cu_k, n_seqs, total_k)
     if used_k is not None:
         # each row's sequence: the last one starting at or before it (offsets clamped as the
         # kernels clamp them; non-decreasing for any valid cu_seqlens_k), by binary search
@@ -98,13 +109,8 @@ def _clear_uncovered_keys_kernel(DK, DV, cu_k, used_k, n_seqs, total_k, row_elem
         used = tl.minimum(tl.maximum(tl.load(used_k + lo), 0), length)
         uncovered = uncovered | ((rows < total_k) & (rows >= start + used))
     if tl.max(uncovered.to(tl.int32), axis=0) > 0:
-        row_off = rows.to(tl.int64) * row_elems
-        for e in range(0, row_elems, BLOCK_E):
-            cols = e + tl.arange(0, BLOCK_E)
-            mask = uncovered[:, None] & (cols[None, :] < row_elems)
-            zeros = tl.zeros([BLOCK_R, BLOCK_E], dtype=DK.dtype.element_ty)
-            tl.store(DK + row_off[:, None] + cols[None, :], zeros, mask=mask)
-            tl.store(DV + row_off[:, None] + cols[None, :], zeros, mask=mask)
+        _zero_rows(DK, rows, uncovered, row_elems, BLOCK_R, BLOCK_E)
+        _zero_rows(DV, rows, uncovered, row_elems, BLOCK_R, BLOCK_E)
 
 
 def clear_uncovered_keys(dk: torch.Tensor, dv: torch.Tensor, cu_seqlens_k: torch.Tensor,

@@ -1,6 +1,0 @@
-"""``python -m flashattn bench|check|info``: see :mod:`flashattn.cli`."""
-import sys
-
-from flashattn.cli import main
-
-sys.exit(main())

@@ -183,6 +183,33 @@ def test_sinks_under_compile():
     assert sink.grad is not None and torch.isfinite(sink.grad).all()
 
 
+@pytest.mark.parametrize("backend", ["cpu", "portable"])
+def test_varlen_sinks_under_compile(backend):
+    """The packed forward with sinks is one op (flashattn::varlen_fwd_sink) under a fullgraph
+    compile, with the sink's gradient (distinct cu_seqlens tensors: Dynamo does not trace an
+    autograd.Function given the same tensor twice)."""
+    torch.manual_seed(4)
+    h, d = 2, 16
+    cu_q = torch.tensor([0, 4, 11], dtype=torch.int32)
+    cu_k = cu_q.clone()
+    q = torch.randn(11, h, d, requires_grad=True)
+    k, v = torch.randn(11, h, d), torch.randn(11, h, d)
+    sink = torch.randn(h, requires_grad=True)
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def f(q, k, v, sink):
+        return flashattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 7, 7, causal=True,
+                                                learnable_sink=sink)
+
+    with flashattn.use_backend(backend):
+        out = f(q, k, v, sink)
+        out.sum().backward()
+        ref = flashattn.flash_attn_varlen_func(q.detach(), k, v, cu_q, cu_k, 7, 7, causal=True,
+                                               learnable_sink=sink.detach())
+    torch.testing.assert_close(out, ref)
+    assert sink.grad is not None and torch.isfinite(sink.grad).all()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
 def test_dense_gpu(causal, monkeypatch):

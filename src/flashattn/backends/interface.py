@@ -145,7 +145,8 @@ class _Optional(Protocol):
                      max_seqlen_q: int = 0, k_descale: Optional[Tensor] = None,
                      v_descale: Optional[Tensor] = None,
                      q_descale: Optional[Tensor] = None, qv: Optional[Tensor] = None,
-                     partials: Optional[Callable[..., None]] = None) -> Any: ...
+                     partials: Optional[Callable[..., None]] = None,
+                     out_dtype: Optional[torch.dtype] = None) -> Any: ...
 
     def fp8_quantize_call(self, signs: Optional[Tensor], block_m: int, block_n: int,
                           v_wgmma: bool = True) -> Any: ...

@@ -60,12 +60,13 @@ def one_row_right_edge(params: AttnParams, s_q: int) -> AttnParams:
 
 
 def small_query_runner(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: AttnParams,
-                       need_lse: bool = True):
+                       need_lse: bool = True, out_dtype: Optional[torch.dtype] = None):
     """The dense forward through the decode kernel (k / v a full 'cache' of s_k keys), as a
     call ``run(q, k, v) -> (out, lse)`` for tensors of these shapes. What depends only on the
     shapes is made once: the bottom-right params and the (b,) int32 key counts, which the
     kernel only reads (a repeated call, e.g. a generate() step without padding through the
-    fast path's runner, saves an allocation and a fill launch)."""
+    fast path's runner, saves an allocation and a fill launch). ``out_dtype``: out's dtype
+    when not q's (float32 for the learnable-sink pass)."""
     row_params = one_row_right_edge(params, q.shape[1])
     seqlens = torch.full((q.shape[0],), k.shape[1], dtype=torch.int32, device=q.device)
     if capturing():
@@ -75,12 +76,12 @@ def small_query_runner(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params
             lens = torch.full((q.shape[0],), k.shape[1], dtype=torch.int32, device=q.device)
             return _select.backend("portable").kvcache_attention(
                 q, k, v, lens, 0, p=row_params, leftpad=None, batch_idx=None, block_table=None,
-                num_splits=0, capacity=k.shape[1])
+                num_splits=0, capacity=k.shape[1], out_dtype=out_dtype)
         return run_capture
     call = _select.backend("portable").kvcache_call(q, k, v, seqlens, 0, p=row_params,
                                                     leftpad=None, batch_idx=None,
                                                     block_table=None, num_splits=0,
-                                                    capacity=k.shape[1])
+                                                    capacity=k.shape[1], out_dtype=out_dtype)
 
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         return call(q, k, v, seqlens, None, None, None, row_params.alibi_slopes,
@@ -113,9 +114,12 @@ def forward_with_sink(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params:
     denominators include exp(sink[h]). The Hopper kernel folds the sink into its epilogue
     (no extra pass); the portable kernel writes its output in float32 and the sink pass rounds
     it once, to q's dtype (a 16-bit output rounded before the pass and again after it missed
-    flash-attn's accuracy rule in bf16); the other paths (the cpu backend, the few-query
-    route) run the plain forward and then :func:`sink_apply`."""
-    if not is_degenerate(q, k) and not small_query(q, k, v, params, False):
+    flash-attn's accuracy rule in bf16); so does the few-query route's decode kernel; the other
+    paths (the cpu backend, no key) run the plain forward and then :func:`sink_apply`."""
+    if not is_degenerate(q, k) and small_query(q, k, v, params, False):
+        out, lse = small_query_runner(q, k, v, params, out_dtype=torch.float32)(q, k, v)
+        return _merge.sink_apply(out, lse, sink, packed=False, out_dtype=q.dtype)
+    if not is_degenerate(q, k):
         name = _select.select("fwd", q, k, v, params)
         if name == "hopper":
             out, lse, _ = _select.backend("hopper").fwd(q, k, v, params, False, sink=sink)

@@ -44,13 +44,15 @@ def _unit_stride(lengths: torch.Tensor) -> torch.Tensor:
     return lengths if lengths.stride(0) == 1 else lengths.contiguous()
 
 
-def small_query_varlen_runner(max_seqlen_q: int, max_seqlen_k: int, params: AttnParams):
+def small_query_varlen_runner(max_seqlen_q: int, max_seqlen_k: int, params: AttnParams,
+                              out_dtype: Optional[torch.dtype] = None):
     """The packed forward through the decode kernel (split-KV, the GQA group packed into the
     query rows), as a call ``run(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k) -> (out
     (total_q, h, d_v), lse float32 (h, total_q))``; rows outside every sequence get out 0 /
     lse -inf, as from the prefill kernels. Its first call makes the kernel's ``DecodeCall``
     from that call's tensors, later calls of the same signature replay it. The split count
-    follows from ``max_seqlen_k`` (the host's bound: no value is read on the host)."""
+    follows from ``max_seqlen_k`` (the host's bound: no value is read on the host).
+    ``out_dtype``: out's dtype when not q's (float32 for the learnable-sink pass)."""
     row_params = _dense.one_row_right_edge(params, max_seqlen_q)
     call = None
 
@@ -63,7 +65,7 @@ def small_query_varlen_runner(max_seqlen_q: int, max_seqlen_k: int, params: Attn
             call = _select.backend("portable").kvcache_call(
                 q, k_cache, v_cache, ends, 0, p=row_params, leftpad=starts, batch_idx=None,
                 block_table=None, num_splits=0, capacity=max(1, max_seqlen_k),
-                cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q)
+                cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, out_dtype=out_dtype)
         return call(q, k_cache, v_cache, ends, starts, None, None, row_params.alibi_slopes,
                     cu_seqlens_q)
     return run
@@ -107,12 +109,17 @@ def varlen_forward_with_sink(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """Packed forward with learnable sinks (h,): (out (total_q, h, d_v), lse (h, total_q)) of
     attention whose softmax denominators include exp(sink[h]). As the dense
     :func:`flashattn.dispatch.dense.forward_with_sink`: the Hopper kernel folds the sink into
-    its epilogue, the portable kernel's float32 output is rounded once by the sink pass, the
-    other paths (cpu backend, few-query route, no key anywhere) run the plain forward and then
-    the sink pass."""
+    its epilogue, the portable kernel's float32 output is rounded once by the sink pass, and
+    so is the few-query route's; the other paths (cpu backend, no key anywhere) run the plain
+    forward and then the sink pass."""
     n_seqs = cu_seqlens_q.shape[0] - 1
     if (max_seqlen_q > 0 and max_seqlen_k > 0
-            and not small_query_varlen(q, n_seqs, max_seqlen_q, params, False)):
+            and small_query_varlen(q, n_seqs, max_seqlen_q, params, False)):
+        out, lse = small_query_varlen_runner(max_seqlen_q, max_seqlen_k, params,
+                                             out_dtype=torch.float32)(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
+        return _merge.sink_apply(out, lse, sink, packed=True, out_dtype=q.dtype)
+    if max_seqlen_q > 0 and max_seqlen_k > 0:
         family = _select.varlen_forward_family(q, k, v, n_seqs, seqused_k, params)
         if family == "hopper":
             out, lse, _ = _select.backend("hopper").varlen_fwd(

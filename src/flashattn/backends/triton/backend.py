@@ -153,7 +153,8 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens: Tens
                       cu_seqlens_q: Optional[Tensor] = None, max_seqlen_q: int = 0,
                       k_descale: Optional[Tensor] = None, v_descale: Optional[Tensor] = None,
                       q_descale: Optional[Tensor] = None, qv: Optional[Tensor] = None,
-                      partials: Optional[Callable[..., None]] = None
+                      partials: Optional[Callable[..., None]] = None,
+                      out_dtype: Optional[torch.dtype] = None
                       ) -> Tuple[Tensor, Tensor]:
     """Split-KV attention of q against the cache (keys already appended): (out, lse).
     ``buffers``: a decode plan's outputs / workspaces, reused between calls. With
@@ -163,7 +164,8 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens: Tens
     (or its rotated bf16) q: out is then bfloat16. ``qv`` (q's shape with d_v):
     FlashAttention-3's latent query, its ``qv . v`` added to the scores in the kernel.
     ``partials``: another family's kernel for the split partials (dispatch's choice: the Hopper
-    MLA decode kernel), run instead of the decode kernel."""
+    MLA decode kernel), run instead of the decode kernel. ``out_dtype``: out's dtype when not
+    the math's (float32 for the learnable-sink pass)."""
     return _decode.decode_attention(q, k_cache, v_cache, seqlens, s_new, num_splits=num_splits,
                                     cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
                                     max_seqlen_k=capacity, softmax_scale=p.softmax_scale,
@@ -173,7 +175,7 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens: Tens
                                     block_table=block_table, buffers=buffers,
                                     attention_chunk=p.attention_chunk, k_descale=k_descale,
                                     v_descale=v_descale, q_descale=q_descale, qv=qv,
-                                    partials=partials)
+                                    partials=partials, out_dtype=out_dtype)
 
 
 def kvcache_call(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens: Tensor, s_new: int, *,
@@ -182,7 +184,8 @@ def kvcache_call(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens: Tensor, s
                  cu_seqlens_q: Optional[Tensor] = None, max_seqlen_q: int = 0,
                  k_descale: Optional[Tensor] = None, v_descale: Optional[Tensor] = None,
                  q_descale: Optional[Tensor] = None, qv: Optional[Tensor] = None,
-                 partials: Optional[Callable[..., None]] = None) -> "_decode.DecodeCall":
+                 partials: Optional[Callable[..., None]] = None,
+                 out_dtype: Optional[torch.dtype] = None) -> "_decode.DecodeCall":
     """:func:`kvcache_attention`'s decisions for tensors like these, made once: a
     ``DecodeCall``, called as ``call(q, k_cache, v_cache, seqlens, leftpad, batch_idx,
     block_table, p.alibi_slopes)`` (and ``cu_seqlens_q`` for packed q (total_q, h, d), whose
@@ -198,7 +201,7 @@ def kvcache_call(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens: Tensor, s
                               cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
                               attention_chunk=p.attention_chunk, k_descale=k_descale,
                               v_descale=v_descale, q_descale=q_descale, qv=qv,
-                              partials=partials)
+                              partials=partials, out_dtype=out_dtype)
 
 
 def decode_splits(batch: int, seqlen_q: int, max_seqlen_k: int, nheads: int, nheads_k: int,

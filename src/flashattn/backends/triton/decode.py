@@ -551,6 +551,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      qv: Optional[torch.Tensor] = None,
                      q_descale: Optional[torch.Tensor] = None,
                      partials: Optional[Callable[..., None]] = None,
+                     out_dtype: Optional[torch.dtype] = None,
                      ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Attention of q against a KV cache (Triton). Inputs are validated and normalised.
 
@@ -577,8 +578,11 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     (the Hopper MLA decode kernel, chosen by dispatch): it runs instead of the decode kernel
     (:class:`DecodeCall`).
 
-    Returns out like q (dtype of q; bf16 with q_descale) and lse float32 (b, h, s_q)
-    (packed: (h, total_q)).
+    out_dtype: None, or out's dtype when not the math's (float32: the result unrounded, for
+    a pass that still scales it: learnable sinks).
+
+    Returns out like q (dtype of q; bf16 with q_descale; ``out_dtype`` when given) and lse
+    float32 (b, h, s_q) (packed: (h, total_q)).
     """
     planned = buffers is not None and cu_seqlens_q is None
     call = None
@@ -597,7 +601,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                           cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
                           attention_chunk=attention_chunk, plans=buffers,
                           k_descale=k_descale, v_descale=v_descale, qv=qv,
-                          q_descale=q_descale, partials=partials)
+                          q_descale=q_descale, partials=partials, out_dtype=out_dtype)
         if planned:
             buffers[sig] = call
     return call(q, k_cache, v_cache, seqlens_k, leftpad, batch_idx, block_table, alibi_slopes,
@@ -642,7 +646,8 @@ class DecodeCall:
                  v_descale: Optional[torch.Tensor] = None,
                  qv: Optional[torch.Tensor] = None,
                  q_descale: Optional[torch.Tensor] = None,
-                 partials: Optional[Callable[..., None]] = None) -> None:
+                 partials: Optional[Callable[..., None]] = None,
+                 out_dtype: Optional[torch.dtype] = None) -> None:
         varlen = cu_seqlens_q is not None
         if varlen:
             _, h, d = q.shape
@@ -682,8 +687,9 @@ class DecodeCall:
                         # (a TMA box has at most 256 elements a side: wider V tiles use
                         # pointer loads)
                         and block_dv <= _TMA_MAX_BOX)
+        # (out in the math's dtype, or ``out_dtype``: the kernels store through its pointer)
         self.varlen, self.num_splits, self.device, self.dtype = (varlen, num_splits, device,
-                                                                 math_dtype)
+                                                                 out_dtype or math_dtype)
         # another family's kernel for the split partials (the Hopper MLA decode kernel), given
         # this call's tensors and the partial outputs; the combine pass stays this one's
         self.partials, self.seqlen_k_add = partials, int(seqlen_k_add)
@@ -757,7 +763,8 @@ class DecodeCall:
                             (q, k_cache, v_cache, seqlens_k, leftpad, batch_idx, block_table,
                              alibi_slopes, cu_seqlens_q, k_descale, v_descale, qv,
                              q_descale))
-        self.key = (tensor_meta, self.scalars, tuple(self.kwargs.values()), self.grid)
+        self.key = (tensor_meta, self.scalars, tuple(self.kwargs.values()), self.grid,
+                    self.dtype)
         if plans is not None and not varlen:  # a decode plan's own (dropped with the plan)
             self.plans = (plans.setdefault("decode", LaunchPlans(slots=tuple(range(_N_TENSORS)))),
                           plans.setdefault("combine", LaunchPlans(slots=(0, 1, 2, 3))))

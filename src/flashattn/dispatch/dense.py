@@ -116,20 +116,18 @@ def forward_with_sink(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params:
     it once, to q's dtype (a 16-bit output rounded before the pass and again after it missed
     flash-attn's accuracy rule in bf16); so does the few-query route's decode kernel; the other
     paths (the cpu backend, no key) run the plain forward and then :func:`sink_apply`."""
-    if not is_degenerate(q, k) and small_query(q, k, v, params, False):
+    if is_degenerate(q, k):
+        out, lse, _ = degenerate_fwd(q, k, v, False)
+    elif small_query(q, k, v, params, False):
         out, lse = small_query_runner(q, k, v, params, out_dtype=torch.float32)(q, k, v)
-        return _merge.sink_apply(out, lse, sink, packed=False, out_dtype=q.dtype)
-    if not is_degenerate(q, k):
+    else:
         name = _select.select("fwd", q, k, v, params)
         if name == "hopper":
             out, lse, _ = _select.backend("hopper").fwd(q, k, v, params, False, sink=sink)
             return out, lse
-        if name == "portable":
-            out, lse, _ = _select.backend(name).fwd(q, k, v, params, False,
-                                                    out_dtype=torch.float32)
-            return _merge.sink_apply(out, lse, sink, packed=False, out_dtype=q.dtype)
-    out, lse, _ = forward(q, k, v, params)
-    return _merge.sink_apply(out, lse, sink, packed=False)
+        wide = {"out_dtype": torch.float32} if name == "portable" else {}
+        out, lse, _ = _select.backend(name).fwd(q, k, v, params, False, **wide)
+    return _merge.sink_apply(out, lse, sink, packed=False, out_dtype=q.dtype)
 
 
 def wide_v_slices_on_hopper(q: torch.Tensor, slice_width: int, has_alibi: bool,

@@ -113,27 +113,25 @@ def varlen_forward_with_sink(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     so is the few-query route's; the other paths (cpu backend, no key anywhere) run the plain
     forward and then the sink pass."""
     n_seqs = cu_seqlens_q.shape[0] - 1
-    if (max_seqlen_q > 0 and max_seqlen_k > 0
-            and small_query_varlen(q, n_seqs, max_seqlen_q, params, False)):
+    if max_seqlen_q == 0 or max_seqlen_k == 0:  # (no row sees a key)
+        out, lse, _ = varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, None,
+                                     max_seqlen_q, max_seqlen_k, params)
+    elif small_query_varlen(q, n_seqs, max_seqlen_q, params, False):
         out, lse = small_query_varlen_runner(max_seqlen_q, max_seqlen_k, params,
                                              out_dtype=torch.float32)(
             q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
-        return _merge.sink_apply(out, lse, sink, packed=True, out_dtype=q.dtype)
-    if max_seqlen_q > 0 and max_seqlen_k > 0:
+    else:
         family = _select.varlen_forward_family(q, k, v, n_seqs, seqused_k, params)
         if family == "hopper":
             out, lse, _ = _select.backend("hopper").varlen_fwd(
                 q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                 params, False, sink=sink)
             return out, lse
-        if family == "portable":
-            out, lse, _ = _select.backend(family).varlen_fwd(
-                q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-                params, False, out_dtype=torch.float32)
-            return _merge.sink_apply(out, lse, sink, packed=True, out_dtype=q.dtype)
-    out, lse, _ = varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, None,
-                                 max_seqlen_q, max_seqlen_k, params)
-    return _merge.sink_apply(out, lse, sink, packed=True)
+        wide = {"out_dtype": torch.float32} if family == "portable" else {}
+        out, lse, _ = _select.backend(family).varlen_fwd(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+            params, False, **wide)
+    return _merge.sink_apply(out, lse, sink, packed=True, out_dtype=q.dtype)
 
 
 def varlen_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -408,6 +408,48 @@ def test_decode_host_helpers_match_triton(monkeypatch):
     assert over[:3] == (32, 4, 2)
 
 
+def test_paged_e4m3_splits_fill_whole_waves(monkeypatch):
+    """The paged e4m3 config holds PAGED_E4M3_RESIDENT programs per SM: a grid that is full
+    without splitting is split so that it ends near a whole number of waves of those slots
+    (at (64, 32k), 512 programs in 396 slots: 1.29 waves unsplit, 3.88 with three splits),
+    and a short grid fills that many programs per SM. Other caches keep one split."""
+    from flashattn.backends.triton import config
+    from flashattn.backends.triton import decode as _dec
+
+    # the GPU's launch configs (the interpreter's are tiny) on an H100 / H200's 132 SMs; the
+    # plans are cached per shape, so none computed under other settings may answer here
+    monkeypatch.setattr(config, "INTERPRET", False)
+    monkeypatch.setattr(config, "sm_count", lambda device: 132)
+    _dec._launch_plan.cache_clear()
+    try:
+        cpu = torch.device("cpu")
+        assert _dec.PAGED_E4M3_RESIDENT == 3
+        assert _dec._whole_waves(512, 396, 4) == 3
+        assert _dec._whole_waves(256, 396, 4) == 3          # 0.65 / 1.29 / 1.94 waves
+        assert _dec._whole_waves(396, 396, 4) == 1          # exactly one wave: no split
+        assert _dec._whole_waves(512, 396, 1) == 1          # too few key blocks to split
+        # (d, d_v, elem_bytes, paged, g, s_q, batch, h_k, keys, splits, device, env config,
+        #  env waves, fp8)
+        paged_fp8 = _dec._launch_plan(128, 128, 2, True, 4, 1, 64, 8, 32768, 0, cpu, "", "", True)
+        assert paged_fp8[:3] == (128, 4, 3) and paged_fp8[6] == 3, paged_fp8
+        contiguous_fp8 = _dec._launch_plan(128, 128, 2, False, 4, 1, 64, 8, 32768, 0, cpu, "", "",
+                                           True)
+        paged_bf16 = _dec._launch_plan(128, 128, 2, True, 4, 1, 64, 8, 32768, 0, cpu, "", "")
+        assert contiguous_fp8[6] == 1 and paged_bf16[6] == 1
+        # one sequence of 128k keys: three programs per SM (49 splits of 8 head groups), not two
+        long_fp8 = _dec._launch_plan(128, 128, 2, True, 4, 1, 1, 8, 131072, 0, cpu, "", "", True)
+        assert long_fp8[6] == 396 // 8, long_fp8
+        # an overridden launch config's residency is unknown: the former rule (one split)
+        over = _dec._launch_plan(128, 128, 2, True, 4, 1, 64, 8, 32768, 0, cpu, "128,4,3,0", "",
+                                 True)
+        assert over[6] == 1
+        # a forced split count is kept
+        forced = _dec._launch_plan(128, 128, 2, True, 4, 1, 64, 8, 32768, 2, cpu, "", "", True)
+        assert forced[6] == 2
+    finally:
+        _dec._launch_plan.cache_clear()
+
+
 # ---------------------------------------------------------------------------------------------
 # a window side at least as long as the cache is unbounded BEFORE the
 # rotary positions of q are decided (flash-attn 2's mha_fwd_kvcache clamps, then a call that

@@ -425,7 +425,9 @@ def launch_config(head_dim: int, elem_bytes: int, paged: bool, long_unsplit: boo
         # graphs, GQA 32 / 8): long unsplit streams at (64, 32k) 64 x 4 warps x 3 stages 1.54 ms
         # against 1.63 for 128 x 8 x 3 (64 x 4 x 2 1.60, 32 x 4 x 4 1.68, 8 warps 1.83-1.85);
         # split streams at (1, 128k) 128 x 4 x 3 stays (0.118 ms with two waves, below).
-        # Paged not swept.
+        # Paged: 128 x 4 x 3 (H200 sweep of 2026-11-28, decode_ncu.py --sweep, (64, 32k) page
+        # 64 at the split count of PAGED_E4M3_RESIDENT below: 1.52 ms against 1.55 for
+        # 128 x 4 x 2, 1.80 for 64 x 4 x 3 / 4, 2.05 for 128 x 8 x 3, 2.47 for 256 x 8 x 2).
         if paged:
             return (128, 4, 3, False)
         return (64, 4, 3, False) if long_unsplit else (128, 4, 3, False)
@@ -465,10 +467,28 @@ _TMA_MAX_BOX = 256
 
 MAX_SPLITS = 128
 
+# Programs of the paged e4m3 config (128 keys x 4 warps x 3 stages, d <= 128, 16-bit math)
+# resident per SM: its 160 registers and 74 KiB of shared memory each allow 3 (Nsight Compute
+# on an H200, 2026-11-28, "Block Limit Registers / Shared Mem"). Its split count fills whole
+# waves of those slots (num_splits_heuristic): at (64, 32k), 512 programs in 396 slots were
+# 1.29 waves (the second a third full) and took 1.98 ms; three splits (3.9 waves) 1.52 ms.
+PAGED_E4M3_RESIDENT = 3
+
+
+def _whole_waves(base: int, slots: int, most: int) -> int:
+    """The split count in [1, most] whose grid (``base`` programs per split) ends closest to a
+    whole number of waves of ``slots`` resident programs (the smallest such count on ties):
+    a grid of 1.29 waves runs its last wave a third full."""
+    def filled(splits: int) -> float:
+        waves = base * splits / slots
+        return waves / math.ceil(waves)
+    return max(range(1, max(1, most) + 1), key=lambda s: (round(filled(s), 2), -s))
+
 
 def num_splits_heuristic(batch: int, nheads_k: int, m_blocks: int, max_seqlen_k: int,
                          block_n: int, device: torch.device, paged: bool = False,
-                         kv_fp8: bool = False, waves: Optional[float] = None) -> int:
+                         kv_fp8: bool = False, waves: Optional[float] = None,
+                         resident: Optional[int] = None) -> int:
     """Splits of the key range so that the grid fills the GPU (from shapes only).
 
     Programs without a split: ``batch * nheads_k * m_blocks``. When they already cover most
@@ -480,17 +500,25 @@ def num_splits_heuristic(batch: int, nheads_k: int, m_blocks: int, max_seqlen_k:
     widens every value it reads, so one program per SM cannot keep the memory busy), never
     giving a split fewer than 4 key blocks (the fixed cost of loading q and writing a partial
     row must stay small next to its K/V stream). ``waves``: the caller's own count (the Hopper
-    MLA decode kernel, one CTA per SM: 1).
+    MLA decode kernel, one CTA per SM: 1). ``resident``: programs of this launch config that
+    fit on one SM at once, where it is known (PAGED_E4M3_RESIDENT): the default for
+    ``waves``, and a grid already full without splitting is split into whole waves of those
+    slots (at most 4 splits of >= 4 key blocks each).
     """
     sms = config.sm_count(device)
     base = max(1, batch * nheads_k * m_blocks)
     n_blocks = config.cdiv(max(1, max_seqlen_k), block_n)
-    if base >= 0.8 * sms or n_blocks < 8:
+    if n_blocks < 8:
         return 1
+    if base >= 0.8 * sms:
+        if resident is None:
+            return 1
+        return _whole_waves(base, resident * sms, min(4, n_blocks // 4))
     # ``waves`` programs per SM are resident at once (shared memory allows 2-3): fill those
     # slots in one round; rounding down keeps the grid from spilling a sliver into a second.
     if waves is None:
-        waves = float(_env.settings().decode_waves or (2 if paged or kv_fp8 else 1))
+        waves = float(_env.settings().decode_waves
+                      or (resident or (2 if paged or kv_fp8 else 1)))
     want = int(waves * sms) // base
     return int(max(1, min(want, n_blocks // 4, MAX_SPLITS)))
 
@@ -519,13 +547,16 @@ def _launch_plan(d: int, d_v: int, elem_bytes: int, paged: bool, g: int, s_q_gri
     """
     block_n, num_warps, num_stages, allow_tma = launch_config(d, elem_bytes, paged,
                                                               kv_fp8=kv_fp8, head_dim_v=d_v)
+    # (known only for the paged e4m3 config; an overridden config's residency is not)
+    resident = (PAGED_E4M3_RESIDENT if kv_fp8 and paged and elem_bytes == 2 and d <= 128
+                and d_v <= 128 and not env_config and waves is None else None)
     # (fp32 with V past 256 wide: a 64-row fp32 accumulator of 512 columns and the fp32 qv
     # tile spill kilobytes at any BLOCK_N (sm_90 compile report); 32 rows spill <= 24 bytes)
     block_m = block_m_for(g * s_q_grid, 32 if (d_v > 256 and elem_bytes >= 4) else 64)
     m_blocks = config.cdiv(g * s_q_grid, block_m)
     if num_splits <= 0:
         num_splits = num_splits_heuristic(batch, nheads_k, m_blocks, max_seqlen_k, block_n,
-                                          device, paged, kv_fp8, waves)
+                                          device, paged, kv_fp8, waves, resident)
     num_splits = max(1, min(int(num_splits), MAX_SPLITS,
                             config.cdiv(max(1, max_seqlen_k), block_n)))
     full_grid = batch * nheads_k * m_blocks >= 0.8 * config.sm_count(device)

@@ -553,6 +553,7 @@ def _fwd_kvcache_impl(
     v_descale: Optional[Tensor] = None,
     q_descale: Optional[Tensor] = None,
     qv: Optional[Tensor] = None,
+    learnable_sink: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     """``flash_attn_with_kvcache`` as an op: k / v (if given) are written into k_cache /
     v_cache in place (attention_chunk: 0 or FA3's chunked local attention; FA3's packed
@@ -563,14 +564,16 @@ def _fwd_kvcache_impl(
     cache_seqlens a (b,) int32 tensor or None). float8_e4m3fn caches take k_descale /
     v_descale float32 (b, h_k) (None: 1.0); with a 16/32-bit q, out is in q's dtype; a
     float8_e4m3fn q takes q_descale float32 (b, h_k) (None: 1.0) and gives a bfloat16 out.
-    ``qv`` (FlashAttention-3's latent query): q's shape with d_v, scores ``qv . v`` added."""
+    ``qv`` (FlashAttention-3's latent query): q's shape with d_v, scores ``qv . v`` added.
+    ``learnable_sink`` float (h,): one more softmax logit per head (gpt-oss's sinks), in out and
+    lse (no gradient: the call is forward-only)."""
     params = AttnParams(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
                         0.0, 0, False, attention_chunk)
     out, lse = _kvcache.kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                                 cache_batch_idx, cache_leftpad, block_table, params,
                                 rotary_interleaved, num_splits, cu_seqlens_q, max_seqlen_q,
                                 cu_seqlens_k_new, rotary_seqlens, k_descale, v_descale,
-                                q_descale, qv=qv)
+                                q_descale, qv=qv, sink=learnable_sink)
     return _fresh(out, lse)  # type: ignore[return-value]
 
 
@@ -584,7 +587,7 @@ def _fwd_kvcache_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_s
                       causal, window_left, window_right, softcap, rotary_interleaved,
                       num_splits, attention_chunk=0, cu_seqlens_q=None, max_seqlen_q=0,
                       cu_seqlens_k_new=None, rotary_seqlens=None, k_descale=None,
-                      v_descale=None, q_descale=None, qv=None):
+                      v_descale=None, q_descale=None, qv=None, learnable_sink=None):
     out_dtype = torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
     if cu_seqlens_q is not None:
         total_q, h, _ = q.shape

@@ -215,17 +215,21 @@ def flash_attn_with_kvcache(
     attention_chunk = _v.check_attention_chunk(attention_chunk)
     if key is not None:
         _fast.KVCACHE.put(key, _fast.kvcache_entry(args))
-    if attention_chunk > 0 or any(x is not None for x in varlen) or fp8 or qv is not None:
+    # (the op's order after the scalars: the packed-length arguments, the descales, the
+    # latent query, the sink; each group is passed when it or a later one is used)
+    sink = learnable_sink is not None
+    if (attention_chunk > 0 or any(x is not None for x in varlen) or fp8 or qv is not None
+            or sink):
         args = args + (attention_chunk, cu_seqlens_q,
                        0 if max_seqlen_q is None else int(max_seqlen_q), cu_seqlens_k_new,
                        rotary_seqlens)
-    if fp8 or qv is not None:  # (the op's order: the descales, then the latent query)
+    if fp8 or qv is not None or sink:
         args = args + (k_descale, v_descale, q_descale)
-    if qv is not None:
+    if qv is not None or sink:
         args = args + (qv,)
+    if sink:  # (inside the op: the attention's output stays float32 until the sink pass)
+        args = args + (learnable_sink.detach(),)
     out, lse = _ops.kvcache_attention(*args)
-    if learnable_sink is not None:
-        out, lse = _ops.sink_apply(out, lse, learnable_sink, packed=cu_seqlens_q is not None)
     return (out, lse) if return_softmax_lse else out
 
 

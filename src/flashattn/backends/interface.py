@@ -94,12 +94,13 @@ class DeviceBackend(KernelFamily, Protocol):
                           cu_seqlens_q: Optional[Tensor] = None,
                           max_seqlen_q: int = 0, k_descale: Optional[Tensor] = None,
                           v_descale: Optional[Tensor] = None,
-                          q_descale: Optional[Tensor] = None, qv: Optional[Tensor] = None
-                          ) -> Tuple[Tensor, Tensor]:
+                          q_descale: Optional[Tensor] = None, qv: Optional[Tensor] = None,
+                          out_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor]:
         """Attention over the cache's first seqlens[b] keys (FP8 caches dequantized with the
         (b, h_k) float32 descales; a float8_e4m3fn q, or its rotated bf16 copy, with
         q_descale: out bfloat16): (out, lse). ``qv`` (q's shape with d_v; FlashAttention-3's
-        latent query): the scores add ``qv . v`` against the (dequantized) values."""
+        latent query): the scores add ``qv . v`` against the (dequantized) values.
+        ``out_dtype``: out's dtype when not that one (float32 for the learnable-sink pass)."""
 
     def varlen_paged_fwd(self, q: Tensor, k_cache: Tensor, v_cache: Tensor,
                          cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,

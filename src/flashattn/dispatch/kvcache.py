@@ -9,6 +9,7 @@ import torch
 from flashattn import metadata
 from flashattn.dispatch import dense as _dense
 from flashattn.dispatch import latent as _latent
+from flashattn.dispatch import merge as _merge
 from flashattn.dispatch import select as _select
 from flashattn.params import AttnParams
 
@@ -23,8 +24,8 @@ def kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             cu_seqlens_k_new: Optional[torch.Tensor] = None,
             rotary_seqlens: Optional[torch.Tensor] = None,
             k_descale: Optional[torch.Tensor] = None, v_descale: Optional[torch.Tensor] = None,
-            q_descale: Optional[torch.Tensor] = None, qv: Optional[torch.Tensor] = None
-            ) -> Tuple[torch.Tensor, torch.Tensor]:
+            q_descale: Optional[torch.Tensor] = None, qv: Optional[torch.Tensor] = None,
+            sink: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """The body of ``flash_attn_with_kvcache`` after its argument checks: value checks where
     they are allowed (:func:`flashattn.metadata.values_checkable`), the in-place append (with
     rotary), attention. ``params`` is normalised by the api (window against the cache
@@ -35,15 +36,19 @@ def kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     ``k_descale`` / ``v_descale``: float32 (b, h_k) or None (1.0) for float8_e4m3fn caches;
     ``q_descale`` likewise for a float8_e4m3fn q (out is then bfloat16).
     ``qv``: FlashAttention-3's latent query (q's shape with d_v): the backends add ``qv . v``
-    to the scores (never rotated: rotary is q's and k's)."""
+    to the scores (never rotated: rotary is q's and k's). ``sink`` float (h,): learnable
+    sinks, applied by one pass over the attention's float32 output, which rounds once to the
+    output's dtype (as the dense forward's portable route does)."""
     fp8 = fp8_descales(k_cache, k_descale, v_descale, cache_seqlens, q, q_descale)
     latent = {} if qv is None else dict(qv=qv)
     varlen = cu_seqlens_q is not None or cu_seqlens_k_new is not None
     if varlen:
-        return _kvcache_varlen(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                               cache_batch_idx, cache_leftpad, block_table, params,
-                               rotary_interleaved, num_splits, cu_seqlens_q, max_seqlen_q,
-                               cu_seqlens_k_new, rotary_seqlens, fp8, latent)
+        out, lse = _kvcache_varlen(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
+                                   cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                                   params, rotary_interleaved, num_splits, cu_seqlens_q,
+                                   max_seqlen_q, cu_seqlens_k_new, rotary_seqlens, fp8, latent,
+                                   sink is not None)
+        return _with_sink(out, lse, sink, cu_seqlens_q is not None, q)
     batch, s_q, h, d = q.shape
     device = q.device
     capacity = metadata.cache_capacity(k_cache, block_table)
@@ -81,10 +86,23 @@ def kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if qv is not None and name == "portable":  # (the cpu backend: no Triton to import)
         latent.update(_latent.latent_kernel(q_rot, k_cache, v_cache, qv, block_table, params,
                                             cache_leftpad, cache_batch_idx, capacity, fp8))
-    return impl.kvcache_attention(q_rot, k_cache, v_cache, seqlens, s_new, p=params,
-                                  leftpad=cache_leftpad, batch_idx=cache_batch_idx,
-                                  block_table=block_table, num_splits=num_splits,
-                                  capacity=capacity, **fp8, **latent)
+    wide = {} if sink is None else dict(out_dtype=torch.float32)
+    out, lse = impl.kvcache_attention(q_rot, k_cache, v_cache, seqlens, s_new, p=params,
+                                      leftpad=cache_leftpad, batch_idx=cache_batch_idx,
+                                      block_table=block_table, num_splits=num_splits,
+                                      capacity=capacity, **fp8, **latent, **wide)
+    return _with_sink(out, lse, sink, False, q)
+
+
+def _with_sink(out: torch.Tensor, lse: torch.Tensor, sink: Optional[torch.Tensor],
+               packed: bool, q: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) with learnable sinks applied (``sink`` None: as they are), out in the call's
+    output dtype (:func:`out_dtype`)."""
+    if sink is None:
+        return out, lse
+    if out.numel() == 0:
+        return out.to(out_dtype(q)), lse
+    return _merge.sink_apply(out, lse, sink, packed=packed, out_dtype=out_dtype(q))
 
 
 def out_dtype(q: torch.Tensor) -> torch.dtype:
@@ -138,12 +156,13 @@ def check_kvcache_values(seqlens, s_new, capacity, leftpad, batch_idx, k_cache, 
 def _kvcache_varlen(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                     cache_batch_idx, cache_leftpad, block_table, params, rotary_interleaved,
                     num_splits, cu_seqlens_q, max_seqlen_q, cu_seqlens_k_new, rotary_seqlens,
-                    fp8=None, latent=None):
+                    fp8=None, latent=None, float32_out=False):
     """:func:`kvcache` with packed queries and / or packed new keys (FlashAttention-3): the
     batch comes from cache_seqlens; sequence b's keys end at cache_seqlens[b] + its new keys
     (device arithmetic, no host read), and the attention runs the decode kernel's packed-query
     mode (or, for dense q, its usual mode over those lengths). ``fp8``: the backends' FP8
-    keywords (:func:`fp8_descales`); ``latent``: {} or {"qv": qv}."""
+    keywords (:func:`fp8_descales`); ``latent``: {} or {"qv": qv}; ``float32_out``: out in
+    float32 (for the sink pass)."""
     fp8 = fp8 or {}
     latent = latent or {}
     append_fp8 = append_descales(fp8, k, v)
@@ -193,11 +212,12 @@ def _kvcache_varlen(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seq
         total_q, h, _ = q.shape
         return (torch.zeros((total_q, h, v_cache.shape[3]), dtype=out_dtype(q), device=device),
                 torch.full((h, total_q), float("-inf"), dtype=torch.float32, device=device))
+    wide = dict(out_dtype=torch.float32) if float32_out else {}
     return impl.kvcache_attention(q_rot, k_cache, v_cache, seqlens_end, 0, p=params,
                                   leftpad=cache_leftpad, batch_idx=cache_batch_idx,
                                   block_table=block_table, num_splits=num_splits,
                                   capacity=capacity, cu_seqlens_q=cu_seqlens_q,
-                                  max_seqlen_q=max_seqlen_q, **fp8, **latent)
+                                  max_seqlen_q=max_seqlen_q, **fp8, **latent, **wide)
 
 
 __all__ = ["append_descales", "check_kvcache_values", "fp8_descales", "kvcache", "out_dtype"]

@@ -155,26 +155,29 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens: Tens
                       capacity: int, buffers: Optional[dict] = None,
                       cu_seqlens_q: Optional[Tensor] = None, max_seqlen_q: int = 0,
                       k_descale: Optional[Tensor] = None, v_descale: Optional[Tensor] = None,
-                      q_descale: Optional[Tensor] = None, qv: Optional[Tensor] = None
-                      ) -> Tuple[Tensor, Tensor]:
+                      q_descale: Optional[Tensor] = None, qv: Optional[Tensor] = None,
+                      out_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor]:
     """Attention of q against the cache (keys already appended): (out, lse); FP8 caches
     with their (b, h_k) float32 descales are dequantized, then attended (an FP8 q with
     q_descale too: out bfloat16); ``qv`` (q's shape with d_v, FlashAttention-3's latent
     query) adds ``qv . v`` to the scores. (``buffers``,
     a decode plan's workspace, is not used here: the torch path allocates.) With
-    ``cu_seqlens_q`` q is packed (total_q, h, d): out (total_q, h, d_v), lse (h, total_q)."""
+    ``cu_seqlens_q`` q is packed (total_q, h, d): out (total_q, h, d_v), lse (h, total_q).
+    ``out_dtype``: out's dtype when not the call's (each row's result is computed in the
+    call's dtype, then stored in it)."""
     kw = dict(softmax_scale=p.softmax_scale, window_left=p.window_left,
               window_right=p.window_right, softcap=p.softcap,
               attention_chunk=p.attention_chunk)
     if cu_seqlens_q is None:
-        return _kv.kvcache_fwd(q, k_cache, v_cache, seqlens, s_new,
-                               alibi_slopes=p.alibi_slopes, leftpad=leftpad,
-                               batch_idx=batch_idx, block_table=block_table,
-                               k_descale=k_descale, v_descale=v_descale,
-                               q_descale=q_descale, qv=qv, **kw)
+        out, lse = _kv.kvcache_fwd(q, k_cache, v_cache, seqlens, s_new,
+                                   alibi_slopes=p.alibi_slopes, leftpad=leftpad,
+                                   batch_idx=batch_idx, block_table=block_table,
+                                   k_descale=k_descale, v_descale=v_descale,
+                                   q_descale=q_descale, qv=qv, **kw)
+        return (out if out_dtype is None else out.to(out_dtype)), lse
     total_q, h, _ = q.shape
-    out = torch.zeros(total_q, h, v_cache.shape[3], dtype=torch.bfloat16 if q_descale is not None
-                      else q.dtype, device=q.device)
+    out = torch.zeros(total_q, h, v_cache.shape[3], dtype=out_dtype or (
+        torch.bfloat16 if q_descale is not None else q.dtype), device=q.device)
     lse = torch.full((h, total_q), float("-inf"), dtype=torch.float32, device=q.device)
     cu = cu_seqlens_q.tolist()
     for i in range(len(cu) - 1):

@@ -408,11 +408,13 @@ def test_decode_host_helpers_match_triton(monkeypatch):
     assert over[:3] == (32, 4, 2)
 
 
-def test_paged_e4m3_splits_fill_whole_waves(monkeypatch):
-    """The paged e4m3 config holds PAGED_E4M3_RESIDENT programs per SM: a grid that is full
-    without splitting is split so that it ends near a whole number of waves of those slots
-    (at (64, 32k), 512 programs in 396 slots: 1.29 waves unsplit, 3.88 with three splits),
-    and a short grid fills that many programs per SM. Other caches keep one split."""
+def test_decode_splits_fill_whole_waves(monkeypatch):
+    """The decode configs whose residency was measured (decode.RESIDENT: programs per SM)
+    split a grid that is full without splitting into the count that ends nearest a whole
+    number of waves of those slots, the unsplit and the split configs' slots each (H200 sweep,
+    GQA 32 / 8, d 128, 32k keys, benchmarks/NOTES.md 2026-11-28: every count chosen below was
+    the fastest measured or within 1 % of it), and short grids fill that many programs per
+    SM. The contiguous 16-bit configs and overridden configs keep one split."""
     from flashattn.backends.triton import config
     from flashattn.backends.triton import decode as _dec
 
@@ -421,31 +423,34 @@ def test_paged_e4m3_splits_fill_whole_waves(monkeypatch):
     monkeypatch.setattr(config, "INTERPRET", False)
     monkeypatch.setattr(config, "sm_count", lambda device: 132)
     _dec._launch_plan.cache_clear()
-    try:
-        cpu = torch.device("cpu")
-        assert _dec.PAGED_E4M3_RESIDENT == 3
-        assert _dec._whole_waves(512, 396, 4) == 3
-        assert _dec._whole_waves(256, 396, 4) == 3          # 0.65 / 1.29 / 1.94 waves
-        assert _dec._whole_waves(396, 396, 4) == 1          # exactly one wave: no split
-        assert _dec._whole_waves(512, 396, 1) == 1          # too few key blocks to split
+    cpu = torch.device("cpu")
+
+    def splits(batch, keys, paged, fp8, env_config="", forced=0):
         # (d, d_v, elem_bytes, paged, g, s_q, batch, h_k, keys, splits, device, env config,
         #  env waves, fp8)
-        paged_fp8 = _dec._launch_plan(128, 128, 2, True, 4, 1, 64, 8, 32768, 0, cpu, "", "", True)
-        assert paged_fp8[:3] == (128, 4, 3) and paged_fp8[6] == 3, paged_fp8
-        contiguous_fp8 = _dec._launch_plan(128, 128, 2, False, 4, 1, 64, 8, 32768, 0, cpu, "", "",
-                                           True)
-        paged_bf16 = _dec._launch_plan(128, 128, 2, True, 4, 1, 64, 8, 32768, 0, cpu, "", "")
-        assert contiguous_fp8[6] == 1 and paged_bf16[6] == 1
-        # one sequence of 128k keys: three programs per SM (49 splits of 8 head groups), not two
-        long_fp8 = _dec._launch_plan(128, 128, 2, True, 4, 1, 1, 8, 131072, 0, cpu, "", "", True)
-        assert long_fp8[6] == 396 // 8, long_fp8
-        # an overridden launch config's residency is unknown: the former rule (one split)
-        over = _dec._launch_plan(128, 128, 2, True, 4, 1, 64, 8, 32768, 0, cpu, "128,4,3,0", "",
-                                 True)
-        assert over[6] == 1
-        # a forced split count is kept
-        forced = _dec._launch_plan(128, 128, 2, True, 4, 1, 64, 8, 32768, 2, cpu, "", "", True)
-        assert forced[6] == 2
+        return _dec._launch_plan(128, 128, 2, paged, 4, 1, batch, 8, keys, forced, cpu,
+                                 env_config, "", fp8)[6]
+
+    try:
+        assert _dec._whole_waves(512, 132, 3, 3, 4) == 3   # 1.29 waves unsplit, 3.88 at 3
+        assert _dec._whole_waves(396, 132, 3, 3, 4) == 1   # exactly one wave: no split
+        assert _dec._whole_waves(512, 132, 3, 3, 1) == 1   # too few key blocks to split
+        # (batch -> splits): paged e4m3 (3 per SM), paged bf16 (2), contiguous e4m3 (4
+        # unsplit on long streams, 2 split)
+        assert splits(64, 32768, True, True) == 3
+        for batch, want in ((64, 1), (40, 4), (48, 2), (80, 2)):
+            assert splits(batch, 32768, True, False) == want, (batch, want)
+        for batch, want in ((64, 1), (40, 4), (48, 2), (80, 2)):
+            assert splits(batch, 32768, False, True) == want, (batch, want)
+        # the contiguous 16-bit cache, an overridden config: one split; a forced count is kept
+        assert [splits(b, 32768, False, False) for b in (40, 48, 64, 80)] == [1, 1, 1, 1]
+        assert splits(64, 32768, True, True, env_config="128,4,3,0") == 1
+        assert splits(64, 32768, True, True, forced=2) == 2
+        # short keys: splits keep >= 16 key blocks (2k keys = 16 blocks of 128: no split)
+        assert splits(40, 2048, True, False) == 1
+        # one sequence of 128k keys (8 head groups): 3 programs per SM for paged e4m3
+        assert splits(1, 131072, True, True) == 396 // 8
+        assert splits(1, 131072, True, False) == 264 // 8   # (2 per SM, as before)
     finally:
         _dec._launch_plan.cache_clear()
 

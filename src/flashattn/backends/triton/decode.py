@@ -426,7 +426,7 @@ def launch_config(head_dim: int, elem_bytes: int, paged: bool, long_unsplit: boo
         # against 1.63 for 128 x 8 x 3 (64 x 4 x 2 1.60, 32 x 4 x 4 1.68, 8 warps 1.83-1.85);
         # split streams at (1, 128k) 128 x 4 x 3 stays (0.118 ms with two waves, below).
         # Paged: 128 x 4 x 3 (H200 sweep of 2026-11-28, decode_ncu.py --sweep, (64, 32k) page
-        # 64 at the split count of PAGED_E4M3_RESIDENT below: 1.52 ms against 1.55 for
+        # 64 at the split count of RESIDENT below: 1.52 ms against 1.55 for
         # 128 x 4 x 2, 1.80 for 64 x 4 x 3 / 4, 2.05 for 128 x 8 x 3, 2.47 for 256 x 8 x 2).
         if paged:
             return (128, 4, 3, False)
@@ -467,20 +467,33 @@ _TMA_MAX_BOX = 256
 
 MAX_SPLITS = 128
 
-# Programs of the paged e4m3 config (128 keys x 4 warps x 3 stages, d <= 128, 16-bit math)
-# resident per SM: its 160 registers and 74 KiB of shared memory each allow 3 (Nsight Compute
-# on an H200, 2026-11-28, "Block Limit Registers / Shared Mem"). Its split count fills whole
-# waves of those slots (num_splits_heuristic): at (64, 32k), 512 programs in 396 slots were
-# 1.29 waves (the second a third full) and took 1.98 ms; three splits (3.9 waves) 1.52 ms.
-PAGED_E4M3_RESIDENT = 3
+# Programs resident per SM of the decode configs whose residency was measured, d <= 128 with
+# 16-bit math (keys: (paged, e4m3 cache, BLOCK_N, warps, stages)). Nsight Compute on an H200,
+# 2026-11-28 ("Block Limit Registers / Shared Mem"): a paged 16-bit cache 206 registers -> 2;
+# a paged e4m3 cache 160 registers and 74 KiB -> 3; a contiguous e4m3 cache on long unsplit
+# streams 112 registers and 55 KiB -> 4; its split-stream config (sm_90 compile: 104 KiB) -> 2.
+# Their split counts fill whole waves of these slots (num_splits_heuristic). The contiguous
+# 16-bit configs (TMA) are not listed: split counts 1-4 at (40 / 48 / 80, 32k) measured within
+# 2-5 % of each other there, the unsplit grid among the fastest.
+RESIDENT = {(True, False, 128, 4, 3): 2, (True, True, 128, 4, 3): 3,
+            (False, True, 64, 4, 3): 4, (False, True, 128, 4, 3): 2}
 
 
-def _whole_waves(base: int, slots: int, most: int) -> int:
+def resident_programs(paged: bool, kv_fp8: bool, config: Tuple[int, ...], elem_bytes: int,
+                      d: int, d_v: int) -> Optional[int]:
+    """Programs of this launch config per SM where measured (:data:`RESIDENT`), else None."""
+    if elem_bytes != 2 or max(d, d_v) > 128:
+        return None
+    return RESIDENT.get((paged, kv_fp8) + tuple(config[:3]))
+
+
+def _whole_waves(base: int, sms: int, unsplit: int, split: int, most: int) -> int:
     """The split count in [1, most] whose grid (``base`` programs per split) ends closest to a
-    whole number of waves of ``slots`` resident programs (the smallest such count on ties):
-    a grid of 1.29 waves runs its last wave a third full."""
+    whole number of waves of the resident slots (``unsplit`` / ``split`` programs per SM for
+    the launch config of one split / of more; the smallest count on ties): a grid of 1.29
+    waves runs its last wave a third full."""
     def filled(splits: int) -> float:
-        waves = base * splits / slots
+        waves = base * splits / ((unsplit if splits == 1 else split) * sms)
         return waves / math.ceil(waves)
     return max(range(1, max(1, most) + 1), key=lambda s: (round(filled(s), 2), -s))
 
@@ -488,7 +501,7 @@ def _whole_waves(base: int, slots: int, most: int) -> int:
 def num_splits_heuristic(batch: int, nheads_k: int, m_blocks: int, max_seqlen_k: int,
                          block_n: int, device: torch.device, paged: bool = False,
                          kv_fp8: bool = False, waves: Optional[float] = None,
-                         resident: Optional[int] = None) -> int:
+                         resident: Optional[Tuple[int, int]] = None) -> int:
     """Splits of the key range so that the grid fills the GPU (from shapes only).
 
     Programs without a split: ``batch * nheads_k * m_blocks``. When they already cover most
@@ -500,10 +513,10 @@ def num_splits_heuristic(batch: int, nheads_k: int, m_blocks: int, max_seqlen_k:
     widens every value it reads, so one program per SM cannot keep the memory busy), never
     giving a split fewer than 4 key blocks (the fixed cost of loading q and writing a partial
     row must stay small next to its K/V stream). ``waves``: the caller's own count (the Hopper
-    MLA decode kernel, one CTA per SM: 1). ``resident``: programs of this launch config that
-    fit on one SM at once, where it is known (PAGED_E4M3_RESIDENT): the default for
-    ``waves``, and a grid already full without splitting is split into whole waves of those
-    slots (at most 4 splits of >= 4 key blocks each).
+    MLA decode kernel, one CTA per SM: 1). ``resident``: (unsplit, split) programs per SM of
+    the launch configs one split and more run (:func:`resident_programs`), where measured:
+    the split one is the default for ``waves``, and a grid already full without splitting is
+    split into whole waves of those slots (at most 4 splits of >= 16 key blocks each).
     """
     sms = config.sm_count(device)
     base = max(1, batch * nheads_k * m_blocks)
@@ -513,12 +526,12 @@ def num_splits_heuristic(batch: int, nheads_k: int, m_blocks: int, max_seqlen_k:
     if base >= 0.8 * sms:
         if resident is None:
             return 1
-        return _whole_waves(base, resident * sms, min(4, n_blocks // 4))
+        return _whole_waves(base, sms, resident[0], resident[1], min(4, n_blocks // 16))
     # ``waves`` programs per SM are resident at once (shared memory allows 2-3): fill those
     # slots in one round; rounding down keeps the grid from spilling a sliver into a second.
     if waves is None:
         waves = float(_env.settings().decode_waves
-                      or (resident or (2 if paged or kv_fp8 else 1)))
+                      or (resident[1] if resident else (2 if paged or kv_fp8 else 1)))
     want = int(waves * sms) // base
     return int(max(1, min(want, n_blocks // 4, MAX_SPLITS)))
 
@@ -547,20 +560,28 @@ def _launch_plan(d: int, d_v: int, elem_bytes: int, paged: bool, g: int, s_q_gri
     """
     block_n, num_warps, num_stages, allow_tma = launch_config(d, elem_bytes, paged,
                                                               kv_fp8=kv_fp8, head_dim_v=d_v)
-    # (known only for the paged e4m3 config; an overridden config's residency is not)
-    resident = (PAGED_E4M3_RESIDENT if kv_fp8 and paged and elem_bytes == 2 and d <= 128
-                and d_v <= 128 and not env_config and waves is None else None)
     # (fp32 with V past 256 wide: a 64-row fp32 accumulator of 512 columns and the fp32 qv
     # tile spill kilobytes at any BLOCK_N (sm_90 compile report); 32 rows spill <= 24 bytes)
     block_m = block_m_for(g * s_q_grid, 32 if (d_v > 256 and elem_bytes >= 4) else 64)
     m_blocks = config.cdiv(g * s_q_grid, block_m)
+    full_grid = batch * nheads_k * m_blocks >= 0.8 * config.sm_count(device)
+    long_unsplit = full_grid and max_seqlen_k >= 16384
     if num_splits <= 0:
+        # programs per SM of the configs that one split / more splits run, where measured
+        # (not for an overridden config, nor with the caller's own waves)
+        resident = None
+        if not env_config and waves is None:
+            split_cfg = (block_n, num_warps, num_stages)
+            unsplit_cfg = (launch_config(d, elem_bytes, paged, True, kv_fp8=kv_fp8,
+                                         head_dim_v=d_v) if long_unsplit else split_cfg)
+            pair = tuple(resident_programs(paged, kv_fp8, c, elem_bytes, d, d_v)
+                         for c in (unsplit_cfg, split_cfg))
+            resident = pair if None not in pair else None
         num_splits = num_splits_heuristic(batch, nheads_k, m_blocks, max_seqlen_k, block_n,
                                           device, paged, kv_fp8, waves, resident)
     num_splits = max(1, min(int(num_splits), MAX_SPLITS,
                             config.cdiv(max(1, max_seqlen_k), block_n)))
-    full_grid = batch * nheads_k * m_blocks >= 0.8 * config.sm_count(device)
-    if num_splits == 1 and full_grid and max_seqlen_k >= 16384:  # long unsplit streams
+    if num_splits == 1 and long_unsplit:  # long unsplit streams
         block_n, num_warps, num_stages, allow_tma = launch_config(d, elem_bytes, paged, True,
                                                                   kv_fp8=kv_fp8,
                                                                   head_dim_v=d_v)

@@ -437,7 +437,8 @@ def test_decode_splits_fill_whole_waves(monkeypatch):
         assert _dec._whole_waves(512, 132, 3, 3, 1) == 1   # too few key blocks to split
         # (batch -> splits): paged e4m3 (3 per SM), paged bf16 (2), contiguous e4m3 (4
         # unsplit on long streams, 2 split)
-        assert splits(64, 32768, True, True) == 3
+        for batch, want in ((64, 3), (40, 4), (80, 3)):
+            assert splits(batch, 32768, True, True) == want, (batch, want)
         for batch, want in ((64, 1), (40, 4), (48, 2), (80, 2)):
             assert splits(batch, 32768, True, False) == want, (batch, want)
         for batch, want in ((64, 1), (40, 4), (48, 2), (80, 2)):

@@ -105,17 +105,21 @@ def test_kvcache_forward(backend):
         torch.testing.assert_close(lse[i:i + 1].double(), ref_lse, atol=1e-5, rtol=1e-5)
 
 
-def _bf16_sink_calls_meet_the_rule(backend, seed, b, s_q, s_k, h, h_k, d, d_v):
-    """Causal bf16 calls with sinks, dense and packed (the same sequences), against the float64
-    sink oracle on flash-attn's rule (baseline: the oracle in bf16): out and lse of both."""
-    from tests.accuracy import assert_close_rule
-
+def _bf16_inputs(seed, b, s_q, s_k, h, h_k, d, d_v):
+    """q (b, s_q, h, d), k (b, s_k, h_k, d), v (b, s_k, h_k, d_v) bf16 and the sink (h,)
+    float32, from ``seed``."""
     gen = torch.Generator().manual_seed(seed)
     bf = dict(dtype=torch.bfloat16)
     q = torch.randn(b, s_q, h, d, generator=gen).to(**bf)
     k = torch.randn(b, s_k, h_k, d, generator=gen).to(**bf)
     v = torch.randn(b, s_k, h_k, d_v, generator=gen).to(**bf)
-    sink = torch.randn(h, generator=gen)
+    return q, k, v, torch.randn(h, generator=gen)
+
+
+def _bf16_sink_calls_meet_the_rule(backend, seed, b, s_q, s_k, h, h_k, d, d_v):
+    """Causal bf16 calls with sinks, dense and packed (the same sequences), against the float64
+    sink oracle on flash-attn's rule (baseline: the oracle in bf16): out and lse of both."""
+    q, k, v, sink = _bf16_inputs(seed, b, s_q, s_k, h, h_k, d, d_v)
     cu_q = torch.arange(b + 1, dtype=torch.int32) * s_q
     cu_k = torch.arange(b + 1, dtype=torch.int32) * s_k
     with flashattn.use_backend(backend):
@@ -124,13 +128,22 @@ def _bf16_sink_calls_meet_the_rule(backend, seed, b, s_q, s_k, h, h_k, d, d_v):
         packed, packed_lse, _ = flashattn.flash_attn_varlen_func(
             q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu_q, cu_k, s_q, s_k,
             causal=True, learnable_sink=sink, return_attn_probs=True)
+    _assert_sink_rule((out, lse), (packed, packed_lse), q, k, v, sink)
+
+
+def _assert_sink_rule(dense, packed, q, k, v, sink):
+    """Causal bf16 results with sinks, dense (out (b, s_q, h, d_v), lse (b, h, s_q)) and
+    packed (out (b * s_q, h, d_v), lse (h, b * s_q)), against the float64 sink oracle on
+    flash-attn's rule (baseline: the oracle in bf16)."""
+    from tests.accuracy import assert_close_rule
+
+    (out, lse), (packed_out, packed_lse) = dense, packed
     ref, ref_lse = _ref(q, k, v, sink, causal=True)
     lp, lp_lse = _ref(q, k, v, sink, causal=True, dtype=torch.bfloat16)
-    assert out.dtype == packed.dtype == torch.bfloat16
+    assert out.dtype == packed_out.dtype == torch.bfloat16
     assert_close_rule(out, ref, lp)
     assert_close_rule(lse, ref_lse, lp_lse, name="lse")
-    assert_close_rule(packed, ref.flatten(0, 1), lp.flatten(0, 1), name="packed out")
-    # packed lse (h, b * s_q) against the dense (b, h, s_q)
+    assert_close_rule(packed_out, ref.flatten(0, 1), lp.flatten(0, 1), name="packed out")
     assert_close_rule(packed_lse, ref_lse.transpose(0, 1).flatten(1),
                       lp_lse.transpose(0, 1).flatten(1), name="packed lse")
 
@@ -159,14 +172,7 @@ def _bf16_kvcache_sinks_meet_the_rule(backend, seed, b, s_q, s_k, h, h_k, d, d_v
     """Causal bf16 ``flash_attn_with_kvcache`` calls with sinks, q dense (b, s_q) and packed
     (FlashAttention-3's cu_seqlens_q), the cache contiguous or in pages of 16, against the
     float64 sink oracle on flash-attn's rule (baseline: the oracle in bf16): out and lse."""
-    from tests.accuracy import assert_close_rule
-
-    gen = torch.Generator().manual_seed(seed)
-    bf = dict(dtype=torch.bfloat16)
-    q = torch.randn(b, s_q, h, d, generator=gen).to(**bf)
-    k = torch.randn(b, s_k, h_k, d, generator=gen).to(**bf)
-    v = torch.randn(b, s_k, h_k, d_v, generator=gen).to(**bf)
-    sink = torch.randn(h, generator=gen)
+    q, k, v, sink = _bf16_inputs(seed, b, s_q, s_k, h, h_k, d, d_v)
     lens = torch.full((b,), s_k, dtype=torch.int32)
     kw = {}
     k_cache, v_cache = k, v
@@ -184,15 +190,8 @@ def _bf16_kvcache_sinks_meet_the_rule(backend, seed, b, s_q, s_k, h, h_k, d, d_v
         packed, packed_lse = flashattn.flash_attn_with_kvcache(
             q.flatten(0, 1), k_cache, v_cache, cache_seqlens=lens, cu_seqlens_q=cu_q,
             max_seqlen_q=s_q, causal=True, learnable_sink=sink, return_softmax_lse=True, **kw)
-    # the queries are the cache's last s_q positions (causal: bottom-right aligned)
-    ref, ref_lse = _ref(q, k, v, sink, causal=True)
-    lp, lp_lse = _ref(q, k, v, sink, causal=True, dtype=torch.bfloat16)
-    assert out.dtype == packed.dtype == torch.bfloat16
-    assert_close_rule(out, ref, lp)
-    assert_close_rule(lse, ref_lse, lp_lse, name="lse")
-    assert_close_rule(packed, ref.flatten(0, 1), lp.flatten(0, 1), name="packed out")
-    assert_close_rule(packed_lse, ref_lse.transpose(0, 1).flatten(1),
-                      lp_lse.transpose(0, 1).flatten(1), name="packed lse")
+    # (the queries are the cache's last s_q positions: causal, bottom-right aligned)
+    _assert_sink_rule((out, lse), (packed, packed_lse), q, k, v, sink)
 
 
 @pytest.mark.parametrize("backend", ["cpu", "portable"])

@@ -318,6 +318,10 @@ def ring_flash_attn_func(
     Returns:
         out (batch, s_local, nheads, headdim_v) in q's dtype; with ``return_attn_probs``
         ``(out, lse, None)``, lse float32 (batch, nheads, s_local), natural log.
+
+    Precision: each key block's output comes from the kernel in q's dtype and the lse merge
+    (float32 math) rounds the sum again, so a 16-bit out can differ from a one-GPU call by one
+    unit in the last place (ring-flash-attention merges the same way); lse stays float32.
     """
     return_attn_probs = _v.check_bool(return_attn_probs, "return_attn_probs")
     ring, opt = normalise(q, k, v, group, causal, window_size, softcap, alibi_slopes,

@@ -130,6 +130,9 @@ def main() -> int:
                     for paged in (False, True) for s_q in (1, 4) for q8 in (False, True)]
     fp8_variants += [(False, 1, False, "", dict(kv8=True, dtype=dt, d=d))
                      for dt, d in ((torch.float16, 64), (torch.float32, 128), (bf, 256))]
+    # the contiguous e4m3 cache's long-stream config (a full grid of >= 16k keys takes it;
+    # these stand-ins are short, so it is forced): decode.RESIDENT lists its residency
+    fp8_variants += [(False, 1, False, "64,4,3,0", dict(kv8=True))]
     # qv (HAS_QV): the bf16 and FP8 latent caches (the wide-V config), and qv over an FP8
     # cache at d_v <= 256 (the FP8 configs); every math dtype, so that each pair of dot
     # operands meets

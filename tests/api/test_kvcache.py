@@ -383,6 +383,21 @@ def test_decode_kernels_compile_for_sm90() -> None:
     # multi-head latent attention's variants compiled too (bf16 and FP8 latent caches, and
     # every math dtype over an FP8 cache: each dot's operands share a dtype)
     assert sum("_qv" in row["key"] for row in rows) == 5, [row["key"] for row in rows]
+    # the residency the split heuristic assumes (decode.RESIDENT: programs per SM, read off
+    # Nsight Compute) is what these compiles' registers and shared memory allow
+    from flashattn.backends.triton import decode as _dec
+
+    by_key = {row["key"]: row for row in rows}
+    compiled = {(True, False, 128, 4, 3): "decode_paged16_sq1_ptr",
+                (True, True, 128, 4, 3): "decode_paged16_sq1_ptr_kv8",
+                (False, True, 128, 4, 3): "decode_contig_sq1_ptr_kv8",
+                (False, True, 64, 4, 3): "decode_contig_sq1_ptr_cfg64-4-3-0_kv8"}
+    assert set(compiled) == set(_dec.RESIDENT)
+    if pinned:
+        for cfg, key in compiled.items():
+            row = by_key[key]
+            got = _dec.programs_per_sm(row["registers"], row["shared"], row["num_warps"])
+            assert got == _dec.RESIDENT[cfg], (key, row["registers"], row["shared"], got)
 
 
 def test_decode_host_helpers_match_triton(monkeypatch):

@@ -472,11 +472,23 @@ MAX_SPLITS = 128
 # 2026-11-28 ("Block Limit Registers / Shared Mem"): a paged 16-bit cache 206 registers -> 2;
 # a paged e4m3 cache 160 registers and 74 KiB -> 3; a contiguous e4m3 cache on long unsplit
 # streams 112 registers and 55 KiB -> 4; its split-stream config (sm_90 compile: 104 KiB) -> 2.
-# Their split counts fill whole waves of these slots (num_splits_heuristic). The contiguous
+# Their split counts fill whole waves of these slots (num_splits_heuristic); a CPU test checks
+# each entry against its sm_90 compile (programs_per_sm on the pinned Triton). The contiguous
 # 16-bit configs (TMA) are not listed: split counts 1-4 at (40 / 48 / 80, 32k) measured within
 # 2-5 % of each other there, the unsplit grid among the fastest.
 RESIDENT = {(True, False, 128, 4, 3): 2, (True, True, 128, 4, 3): 3,
             (False, True, 64, 4, 3): 4, (False, True, 128, 4, 3): 2}
+
+
+def programs_per_sm(registers: int, shared: int, num_warps: int) -> int:
+    """Programs of a compiled kernel that fit on one sm_90 SM at once, from its registers per
+    thread and shared memory per program (bytes): 64 K registers allocated per warp in units
+    of 256 (8 per thread), 228 KiB of shared memory with 1 KiB reserved per program, 64 warps,
+    32 programs. (How :data:`RESIDENT` is checked against the sm_90 compile in the tests.)"""
+    per_warp = -(-registers * 32 // 256) * 256
+    by_registers = 65536 // (per_warp * num_warps)
+    by_shared = (228 * 1024) // (shared + 1024)
+    return max(0, min(by_registers, by_shared, 64 // num_warps, 32))
 
 
 def resident_programs(paged: bool, kv_fp8: bool, config: Tuple[int, ...], elem_bytes: int,
@@ -983,4 +995,5 @@ def planned_splits(batch: int, seqlen_q: int, max_seqlen_k: int, nheads: int, nh
 
 
 __all__ = ["DecodeCall", "planned_splits", "decode_attention", "num_splits_heuristic",
+           "programs_per_sm", "resident_programs",
            "launch_config", "block_m_for", "MAX_SPLITS"]

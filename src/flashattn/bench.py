@@ -25,7 +25,8 @@ autotuning happen there). An impl that fails or is unsupported for a point becom
 ``"error"`` and no number; the run goes on.
 
 Rows: ``{"impl", "mode", "d", "causal", "s", "b", "h", "tflops" | "tbps" | "mib", "ms",
-"date", "torch", "triton", "gpu"}`` (plus ``"error"`` on failure). Result files hold
+"date", "torch", "triton", "gpu"}`` (plus ``"error"`` on failure, and with ``--rounds`` N > 1
+``"rounds"``: every round's value, the row holding the best). Result files hold
 ``{"rows": [...]}``; merging replaces rows with the same (impl, mode, d, causal, s, b, h).
 
 Importable without a GPU (the helpers are tested on CPU); ``python -m flashattn bench`` is the
@@ -902,48 +903,92 @@ def describe_row(row: Dict[str, Any]) -> str:
     return f"{p.label():<44} {row['impl']:<18} {row_value(row):9.2f} {unit:<8} {row['ms']:.3f} ms"
 
 
+def best_of(rows: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+    """One (point, impl)'s row over interleaved rounds: the fastest (for ``mem`` the smallest)
+    of those without an error, with every round's value under ``rounds``; the last row when
+    every round failed."""
+    ok = [r for r in rows if not r.get("error")]
+    if not ok:
+        return dict(rows[-1])
+    lower = METRIC[ok[0]["mode"]] == "mib"
+    best = dict(min(ok, key=row_value) if lower else max(ok, key=row_value))
+    if len(rows) > 1:
+        best["rounds"] = [row_value(r) for r in rows]
+    return best
+
+
 def run(pairs: Sequence[Tuple[Point, str]], timing: Optional[Timing] = None,
         time_budget_s: Optional[float] = None,
         on_row: Optional[Callable[[Dict[str, Any]], None]] = None,
-        progress: bool = True, device: str = "cuda") -> Tuple[List[Dict[str, Any]], int]:
-    """Measure every (point, impl); returns (rows, number skipped for the time budget).
+        progress: bool = True, device: str = "cuda",
+        rounds: int = 1) -> Tuple[List[Dict[str, Any]], int]:
+    """Measure every (point, impl); returns (rows, number of pairs skipped for the time budget).
 
-    ``on_row`` sees each row as it is made (to save incrementally). Ctrl-C (or SIGINT from
-    ``timeout -s INT``) stops the run early and returns what was measured. ``device='cpu'``
-    exists for the tests of this module (wall-clock timing, no mem rows).
+    ``rounds``: each point's implementations are measured that many times, interleaved (every
+    implementation once per round, the order reversed every other round, so that drift in
+    clocks and temperature hits them alike), and a pair's row is its best round
+    (:func:`best_of`). ``on_row`` sees each row as it is made (to save incrementally). Ctrl-C
+    (or SIGINT from ``timeout -s INT``) stops the run early and returns what was measured.
+    ``device='cpu'`` exists for the tests of this module (wall-clock timing, no mem rows).
     """
     import torch
 
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("the benchmark grid needs a CUDA GPU")
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
     pairs = drop_unavailable(pairs)
     timing = timing or Timing()
     env = environment()
+    # consecutive pairs of one point form a group, measured round by round
+    groups: List[List[int]] = []
+    for i, (point, _) in enumerate(pairs):
+        if groups and pairs[groups[-1][0]][0] == point:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
     rows: List[Dict[str, Any]] = []
-    bar = _Progress(len(pairs)) if progress else None
+    bar = _Progress(len(pairs) * rounds) if progress else None
     t0 = time.monotonic()
-    skipped = 0
+    done = 0  # pairs with a row
+    stop = False
     try:
-        for i, (point, impl) in enumerate(pairs):
-            if time_budget_s is not None and time.monotonic() - t0 > time_budget_s:
-                skipped = len(pairs) - i
-                print(f"time budget of {time_budget_s:.0f} s spent: {skipped} points not run",
-                      file=sys.stderr, flush=True)
+        for group in groups:
+            measured: Dict[int, List[Dict[str, Any]]] = {i: [] for i in group}
+            for r in range(rounds):
+                for i in (group if r % 2 == 0 else group[::-1]):
+                    if time_budget_s is not None and time.monotonic() - t0 > time_budget_s:
+                        stop = True
+                        break
+                    point, impl = pairs[i]
+                    if bar is not None:
+                        bar.start(f"{point.label()} {impl}")
+                    row = measure(point, impl, timing, env, device)
+                    measured[i].append(row)
+                    if bar is not None:
+                        bar.result(describe_row(row) + (f"  (round {r + 1} of {rounds})"
+                                                        if rounds > 1 else ""))
+                if stop:
+                    break
+            for i in group:
+                if measured[i]:
+                    row = best_of(measured[i])
+                    rows.append(row)
+                    done += 1
+                    if on_row is not None:
+                        on_row(row)
+            if stop:
                 break
-            if bar is not None:
-                bar.start(f"{point.label()} {impl}")
-            row = measure(point, impl, timing, env, device)
-            rows.append(row)
-            if on_row is not None:
-                on_row(row)
-            if bar is not None:
-                bar.result(describe_row(row))
     except KeyboardInterrupt:
-        skipped = len(pairs) - len(rows)
-        print(f"interrupted: {skipped} points not run", file=sys.stderr, flush=True)
+        print(f"interrupted: {len(pairs) - done} points not run", file=sys.stderr, flush=True)
+        return rows, len(pairs) - done
     finally:
         if bar is not None:
             bar.close()
+    skipped = len(pairs) - done
+    if stop:
+        print(f"time budget of {time_budget_s:.0f} s spent: {skipped} points not run",
+              file=sys.stderr, flush=True)
     return rows, skipped
 
 

@@ -139,6 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="do_bench warm-up in ms (default 25; --quick 10; GPU only)")
     b.add_argument("--rep", type=int, default=None, metavar="MS",
                    help="do_bench repetition time in ms (default 100; --quick 30; GPU only)")
+    b.add_argument("--rounds", type=int, default=1, metavar="N",
+                   help="measure each point N times, its implementations interleaved (the "
+                        "order reversed every other round); a row keeps its best round and "
+                        "every round's value (default 1; GPU only)")
     b.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                    help="start no new point after this many seconds (results so far are kept)")
     b.add_argument("--report-only", action="store_true",
@@ -545,16 +549,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
         pairs = [(p, i) for p, i in pairs if not (p.mode == "decode" and bench.is_ours(i))]
     env = bench.environment()
     json_path = None if args.no_save else Path(args.json or bench.default_results_path(env["gpu"]))
-    _say(f"bench: {len(pairs)} measurements on {env['gpu']}, torch {env['torch']}, triton "
-         f"{env['triton']}; do_bench warmup {cfg['timing'].warmup_ms} ms, rep "
-         f"{cfg['timing'].rep_ms} ms" + (f"; results -> {json_path}" if json_path else ""))
+    if args.rounds < 1:
+        _say(f"bench: --rounds must be >= 1, got {args.rounds}")
+        return 2
+    _say(f"bench: {len(pairs)} measurements x {args.rounds} round(s) on {env['gpu']}, torch "
+         f"{env['torch']}, triton {env['triton']}; do_bench warmup {cfg['timing'].warmup_ms} "
+         f"ms, rep {cfg['timing'].rep_ms} ms" + (f"; results -> {json_path}" if json_path
+                                                  else ""))
 
     def save(row: dict) -> None:
         if json_path is not None:
             bench.save_rows(json_path, [row])
 
     rows, skipped = bench.run(pairs, timing=cfg["timing"], time_budget_s=args.time_budget,
-                              on_row=save)
+                              on_row=save, rounds=args.rounds)
     print(bench.render_tables(rows) or "(no rows)")
     if skipped:
         print(f"\n{skipped} measurements not run (time budget or interrupt)")

@@ -193,6 +193,42 @@ def test_run_on_cpu_rows_and_error_rows(tmp_path):
     assert len(bench.load_rows(path)) == 5
 
 
+def test_run_rounds_interleave_and_keep_the_best(monkeypatch):
+    """--rounds: every implementation of a point once per round, the order reversed every
+    other round; a pair's row is its fastest round (mem: its smallest), with every round's
+    value; a pair whose every round failed keeps an error row."""
+    point = bench.Point("fwd", 16, False, 32, 1, 1)
+    mem = bench.Point("mem", 16, False, 32, 1, 1)
+    order = []
+    values = {("fwd", "a"): [5.0, 7.0, 6.0], ("fwd", "b"): [3.0, 2.0, 4.0],
+              ("mem", "a"): [9.0, 8.0, 10.0]}
+
+    def fake_measure(point, impl, timing, env, device):
+        order.append((point.mode, impl))
+        if impl == "broken":
+            return bench.make_row(impl, point.mode, point.d, point.causal, point.s, point.b,
+                                  point.h, value=None, ms=None, env=env, error="boom")
+        v = values[(point.mode, impl)][sum(o == (point.mode, impl) for o in order) - 1]
+        return bench.make_row(impl, point.mode, point.d, point.causal, point.s, point.b,
+                              point.h, value=v, ms=1.0 / v, env=env)
+
+    monkeypatch.setattr(bench, "measure", fake_measure)
+    pairs = [(point, "a"), (point, "b"), (point, "broken"), (mem, "a")]
+    rows, skipped = bench.run(pairs, timing=bench.Timing(0, 1), progress=False, device="cpu",
+                              rounds=3)
+    assert skipped == 0 and len(rows) == 4
+    assert order[:9] == [("fwd", "a"), ("fwd", "b"), ("fwd", "broken"),
+                         ("fwd", "broken"), ("fwd", "b"), ("fwd", "a"),
+                         ("fwd", "a"), ("fwd", "b"), ("fwd", "broken")]
+    by = {(r["mode"], r["impl"]): r for r in rows}
+    assert by[("fwd", "a")]["tflops"] == 7.0 and by[("fwd", "a")]["rounds"] == [5.0, 7.0, 6.0]
+    assert by[("fwd", "b")]["tflops"] == 4.0
+    assert by[("fwd", "broken")]["error"] == "boom"
+    assert by[("mem", "a")]["mib"] == 8.0
+    with pytest.raises(ValueError, match="rounds"):
+        bench.run(pairs, timing=bench.Timing(0, 1), progress=False, device="cpu", rounds=0)
+
+
 def test_run_time_budget_skips():
     point = bench.Point("fwd", 16, False, 32, 1, 1)
     rows, skipped = bench.run([(point, "sdpa-math")] * 3, timing=bench.Timing(0, 1),

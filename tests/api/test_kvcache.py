@@ -462,6 +462,8 @@ def test_decode_splits_fill_whole_waves(monkeypatch):
         assert [splits(b, 32768, False, False) for b in (40, 48, 64, 80)] == [1, 1, 1, 1]
         assert splits(64, 32768, True, True, env_config="128,4,3,0") == 1
         assert splits(64, 32768, True, True, forced=2) == 2
+        # other head dims (their residency differs) keep the former rule
+        assert _dec._launch_plan(64, 64, 2, True, 4, 1, 40, 8, 32768, 0, cpu, "", "")[6] == 1
         # short keys: splits keep >= 16 key blocks (2k keys = 16 blocks of 128: no split)
         assert splits(40, 2048, True, False) == 1
         # one sequence of 128k keys (8 head groups): 3 programs per SM for paged e4m3

@@ -467,8 +467,8 @@ _TMA_MAX_BOX = 256
 
 MAX_SPLITS = 128
 
-# Programs resident per SM of the decode configs whose residency was measured, d <= 128 with
-# 16-bit math (keys: (paged, e4m3 cache, BLOCK_N, warps, stages)). Nsight Compute on an H200,
+# Programs resident per SM of the decode configs whose residency was measured, head dims of
+# 65-128 with 16-bit math (keys: (paged, e4m3 cache, BLOCK_N, warps, stages)). Nsight Compute on an H200,
 # 2026-11-28 ("Block Limit Registers / Shared Mem"): a paged 16-bit cache 206 registers -> 2;
 # a paged e4m3 cache 160 registers and 74 KiB -> 3; a contiguous e4m3 cache on long unsplit
 # streams 112 registers and 55 KiB -> 4; its split-stream config (sm_90 compile: 104 KiB) -> 2.
@@ -491,12 +491,14 @@ def programs_per_sm(registers: int, shared: int, num_warps: int) -> int:
     return max(0, min(by_registers, by_shared, 64 // num_warps, 32))
 
 
-def resident_programs(paged: bool, kv_fp8: bool, config: Tuple[int, ...], elem_bytes: int,
+def resident_programs(paged: bool, kv_fp8: bool, launch: Tuple[int, ...], elem_bytes: int,
                       d: int, d_v: int) -> Optional[int]:
-    """Programs of this launch config per SM where measured (:data:`RESIDENT`), else None."""
-    if elem_bytes != 2 or max(d, d_v) > 128:
+    """Programs of this launch config per SM where measured (:data:`RESIDENT`: 16-bit math,
+    head dims padded to 128), else None (registers and shared memory, hence residency,
+    change with the head dim)."""
+    if elem_bytes != 2 or config.next_pow2(d) != 128 or config.next_pow2(d_v) != 128:
         return None
-    return RESIDENT.get((paged, kv_fp8) + tuple(config[:3]))
+    return RESIDENT.get((paged, kv_fp8) + tuple(launch[:3]))
 
 
 def _whole_waves(base: int, sms: int, unsplit: int, split: int, most: int) -> int:

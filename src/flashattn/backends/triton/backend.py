@@ -153,8 +153,8 @@ def kvcache_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqlens: Tens
                       cu_seqlens_q: Optional[Tensor] = None, max_seqlen_q: int = 0,
                       k_descale: Optional[Tensor] = None, v_descale: Optional[Tensor] = None,
                       q_descale: Optional[Tensor] = None, qv: Optional[Tensor] = None,
-                      partials: Optional[Callable[..., None]] = None,
-                      out_dtype: Optional[torch.dtype] = None
+                      out_dtype: Optional[torch.dtype] = None,
+                      partials: Optional[Callable[..., None]] = None
                       ) -> Tuple[Tensor, Tensor]:
     """Split-KV attention of q against the cache (keys already appended): (out, lse).
     ``buffers``: a decode plan's outputs / workspaces, reused between calls. With

@@ -367,6 +367,10 @@ def test_decode_kernels_compile_for_sm90() -> None:
             assert row["spills"] <= 400, row
         elif "_dv512" in row["key"] and pinned:
             assert row["spills"] <= 64, row
+        elif row["key"] == "decode_contig_sq1_ptr_cfg64-4-3-0_kv8" and not pinned:
+            # the e4m3 cache's long-stream config: 112 registers, no spill on the pinned
+            # Triton; 128 registers and 24 bytes spilled on Triton 3.9 (2026-11-28)
+            assert row["spills"] <= 32, row
         elif pinned or "_qv_" not in row["key"]:
             assert row["spills"] == 0, row
         if row["key"].startswith("decode_"):

@@ -100,8 +100,6 @@ def _with_sink(out: torch.Tensor, lse: torch.Tensor, sink: Optional[torch.Tensor
     output dtype (:func:`out_dtype`)."""
     if sink is None:
         return out, lse
-    if out.numel() == 0:
-        return out.to(out_dtype(q)), lse
     return _merge.sink_apply(out, lse, sink, packed=packed, out_dtype=out_dtype(q))
 
 

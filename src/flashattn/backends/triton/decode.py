@@ -582,15 +582,15 @@ def _launch_plan(d: int, d_v: int, elem_bytes: int, paged: bool, g: int, s_q_gri
     block_m = block_m_for(g * s_q_grid, 32 if (d_v > 256 and elem_bytes >= 4) else 64)
     m_blocks = config.cdiv(g * s_q_grid, block_m)
     full_grid = batch * nheads_k * m_blocks >= 0.8 * config.sm_count(device)
-    long_unsplit = full_grid and max_seqlen_k >= 16384
+    split_cfg = (block_n, num_warps, num_stages, allow_tma)
+    # the config of one split over long streams on a full grid (else the same as split_cfg)
+    unsplit_cfg = (launch_config(d, elem_bytes, paged, True, kv_fp8=kv_fp8, head_dim_v=d_v)
+                   if full_grid and max_seqlen_k >= 16384 else split_cfg)
     if num_splits <= 0:
         # programs per SM of the configs that one split / more splits run, where measured
         # (not for an overridden config, nor with the caller's own waves)
         resident = None
         if not env_config and waves is None:
-            split_cfg = (block_n, num_warps, num_stages)
-            unsplit_cfg = (launch_config(d, elem_bytes, paged, True, kv_fp8=kv_fp8,
-                                         head_dim_v=d_v) if long_unsplit else split_cfg)
             pair = tuple(resident_programs(paged, kv_fp8, c, elem_bytes, d, d_v)
                          for c in (unsplit_cfg, split_cfg))
             resident = pair if None not in pair else None
@@ -598,10 +598,8 @@ def _launch_plan(d: int, d_v: int, elem_bytes: int, paged: bool, g: int, s_q_gri
                                           device, paged, kv_fp8, waves, resident)
     num_splits = max(1, min(int(num_splits), MAX_SPLITS,
                             config.cdiv(max(1, max_seqlen_k), block_n)))
-    if num_splits == 1 and long_unsplit:  # long unsplit streams
-        block_n, num_warps, num_stages, allow_tma = launch_config(d, elem_bytes, paged, True,
-                                                                  kv_fp8=kv_fp8,
-                                                                  head_dim_v=d_v)
+    if num_splits == 1:
+        block_n, num_warps, num_stages, allow_tma = unsplit_cfg
     return (block_n, num_warps, num_stages, allow_tma, block_m, m_blocks, num_splits,
             config.block_dim(d), config.block_dim(d_v))
 

@@ -950,11 +950,21 @@ def run(pairs: Sequence[Tuple[Point, str]], timing: Optional[Timing] = None,
     rows: List[Dict[str, Any]] = []
     bar = _Progress(len(pairs) * rounds) if progress else None
     t0 = time.monotonic()
-    done = 0  # pairs with a row
     stop = False
+    measured: Dict[int, List[Dict[str, Any]]] = {}  # the group in hand: its rounds so far
+
+    def keep_group() -> None:
+        """Each measured pair of the group in hand becomes its row (best round)."""
+        for i, tried in measured.items():
+            if tried:
+                rows.append(best_of(tried))
+                if on_row is not None:
+                    on_row(rows[-1])
+        measured.clear()
+
     try:
         for group in groups:
-            measured: Dict[int, List[Dict[str, Any]]] = {i: [] for i in group}
+            measured.update((i, []) for i in group)
             for r in range(rounds):
                 for i in (group if r % 2 == 0 else group[::-1]):
                     if time_budget_s is not None and time.monotonic() - t0 > time_budget_s:
@@ -970,22 +980,18 @@ def run(pairs: Sequence[Tuple[Point, str]], timing: Optional[Timing] = None,
                                                         if rounds > 1 else ""))
                 if stop:
                     break
-            for i in group:
-                if measured[i]:
-                    row = best_of(measured[i])
-                    rows.append(row)
-                    done += 1
-                    if on_row is not None:
-                        on_row(row)
+            keep_group()
             if stop:
                 break
     except KeyboardInterrupt:
-        print(f"interrupted: {len(pairs) - done} points not run", file=sys.stderr, flush=True)
-        return rows, len(pairs) - done
+        keep_group()  # (what the interrupted point measured is kept too)
+        print(f"interrupted: {len(pairs) - len(rows)} points not run", file=sys.stderr,
+              flush=True)
+        return rows, len(pairs) - len(rows)
     finally:
         if bar is not None:
             bar.close()
-    skipped = len(pairs) - done
+    skipped = len(pairs) - len(rows)
     if stop:
         print(f"time budget of {time_budget_s:.0f} s spent: {skipped} points not run",
               file=sys.stderr, flush=True)

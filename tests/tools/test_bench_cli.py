@@ -229,6 +229,27 @@ def test_run_rounds_interleave_and_keep_the_best(monkeypatch):
         bench.run(pairs, timing=bench.Timing(0, 1), progress=False, device="cpu", rounds=0)
 
 
+def test_run_interrupted_keeps_what_the_point_in_hand_measured(monkeypatch):
+    """Ctrl-C in the middle of a point's implementations: the ones it measured keep their
+    rows (the incremental save sees them), the rest count as not run."""
+    point = bench.Point("fwd", 16, False, 32, 1, 1)
+    calls = []
+
+    def fake_measure(point, impl, timing, env, device):
+        calls.append(impl)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return bench.make_row(impl, point.mode, point.d, point.causal, point.s, point.b,
+                              point.h, value=1.0, ms=1.0, env=env)
+
+    monkeypatch.setattr(bench, "measure", fake_measure)
+    saved = []
+    rows, skipped = bench.run([(point, "a"), (point, "b"), (point, "c")],
+                              timing=bench.Timing(0, 1), progress=False, device="cpu",
+                              on_row=saved.append)
+    assert [r["impl"] for r in rows] == ["a"] and saved == rows and skipped == 2
+
+
 def test_run_time_budget_skips():
     point = bench.Point("fwd", 16, False, 32, 1, 1)
     rows, skipped = bench.run([(point, "sdpa-math")] * 3, timing=bench.Timing(0, 1),

@@ -69,6 +69,52 @@ WGMMA_KEY_GROUP = 32
 PASS_MAX_BLOCK = 256
 
 
+# Widening e4m3 to a 16-bit dtype on the GPU without the conversion unit. sm_90 converts
+# e4m3 pairs to fp16 with one conversion-unit instruction (``cvt.rn.f16x2.e4m3x2``) and fp16 to
+# bf16 with two more (one per value), and that unit issues a quarter as fast as the integer
+# ALU. The bits of an e4m3 value, moved into place, already spell a 16-bit float of the same
+# sign, significand and exponent, only with the wrong exponent bias: shifted so that its 4
+# exponent bits start the 16-bit exponent field, a value x reads as x * 2^-120 in bf16 (bias 127
+# against 7) or x * 2^-8 in fp16 (bias 15), subnormals included (both formats have them where
+# e4m3's land). One exact multiply by 2^120 (2^8) restores it. The one code with no such
+# reading is NaN (magnitude 0x7F, which would read as 480): found by the carry of magnitude + 1
+# into the byte's top bit and written as an all-ones NaN. Eight integer / multiply
+# instructions per pair of values against three conversions (bf16).
+# (shift of the magnitude from a byte's high half, the exact scale as a packed pair, its type)
+_WIDEN_FORMATS = {"bf16": (4, "0x7B807B80", "bf16x2"),   # 2^120: exponent 247 << 7
+                  "fp16": (1, "0x5C005C00", "f16x2")}    # 2^8: exponent 23 << 10
+
+
+def e4m3x4_widen_ptx(dst: str) -> str:
+    """Inline PTX widening four float8_e4m3fn values to ``dst`` ("bf16" or "fp16"), exactly
+    (NaN stays NaN): ``$2`` holds the four bytes (value i in byte i), ``$0`` / ``$1`` receive
+    values 0, 1 / 2, 3 as packed 16-bit pairs (value 2i in the low half). The constraint string
+    is "=r,=r,r" with pack=4 (Triton's and Gluon's ``inline_asm_elementwise``)."""
+    shift, scale, kind = _WIDEN_FORMATS[dst]
+    return f"""{{
+    .reg .b32 m, t0, t1, v0, v1, n0, n1, s;
+    and.b32 m, $2, 0x7F7F7F7F;
+    add.u32 m, m, 0x01010101;
+    prmt.b32 t0, $2, 0, 0x1404;
+    prmt.b32 t1, $2, 0, 0x3424;
+    prmt.b32 n0, m, 0, 0x9988;
+    prmt.b32 n1, m, 0, 0xBBAA;
+    and.b32 v0, t0, 0x7F007F00;
+    and.b32 v1, t1, 0x7F007F00;
+    shr.b32 v0, v0, {shift};
+    shr.b32 v1, v1, {shift};
+    and.b32 t0, t0, 0x80008000;
+    and.b32 t1, t1, 0x80008000;
+    or.b32 v0, v0, t0;
+    or.b32 v1, v1, t1;
+    or.b32 v0, v0, n0;
+    or.b32 v1, v1, n1;
+    mov.b32 s, {scale};
+    mul.rn.{kind} $0, v0, s;
+    mul.rn.{kind} $1, v1, s;
+    }}"""
+
+
 def wgmma_key_position(c: torch.Tensor) -> torch.Tensor:
     """Storage position of key c (int tensor) in a V^T whose key axis is in wgmma order: with
     c = 32 n + 16 a + 8 b + 2 t + w inside its group, 32 n + 16 a + 4 t + 2 b + w."""
@@ -160,6 +206,6 @@ def dequantize_shift(x8: torch.Tensor, descale: torch.Tensor, block_shift: int) 
 
 
 __all__ = ["E4M3_MAX", "FP8_DTYPE", "PASS_MAX_BLOCK", "P_SCALE", "P_SCALE_LOG2", "WGMMA_KEY_GROUP",
-           "block_index", "dequantize", "dequantize_shift",
+           "block_index", "dequantize", "dequantize_shift", "e4m3x4_widen_ptx",
            "from_wgmma_order", "hadamard", "hadamard_block", "keys_contiguous_empty",
            "quantized_empty", "to_wgmma_order", "wgmma_key_position", "wgmma_padded_keys", "wgmma_vt_empty"]

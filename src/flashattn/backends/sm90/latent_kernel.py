@@ -62,6 +62,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                warpgroup_mma, warpgroup_mma_wait)
 
 from flashattn.runtime.gluon_api import cta_barrier, smem_reinterpret, tma_load
+from flashattn.backends.sm90.ptx import widen_e4m3
 from flashattn.backends.sm90.row_guard import zero_rows_from
 from flashattn.backends.sm90.softmax import LN2, online_softmax
 
@@ -216,13 +217,13 @@ def _widen_copy(src, dst, ROWS: gl.constexpr, COLS: gl.constexpr, OVERLAP: gl.co
     layout: gl.constexpr = gl.BlockedLayout([1, 1, 16], [1, 512 // COLS, COLS // 16],
                                             [1, 4, 1], [2, 1, 0])
     if OVERLAP:
-        x = src.load(layout)
+        x = widen_e4m3(src.load(layout), dst.dtype)
         cta_barrier()
-        dst.store(x.to(dst.dtype))
+        dst.store(x)
     else:
         for r in gl.static_range(ROWS // 16):
             x = src.slice(r * 16, 16, dim=1).load(layout)
-            dst.slice(r * 16, 16, dim=1).store(x.to(dst.dtype))
+            dst.slice(r * 16, 16, dim=1).store(widen_e4m3(x, dst.dtype))
 
 
 @gluon.jit

@@ -34,5 +34,9 @@ def test_lse_merge_gpu_matches_torch(dest_dtype, h, d):
     assert not torch.isnan(dest).any()
     assert (dest[:, 50:100] == 0).all() and (lse_a[:, :, 50:100] == float("-inf")).all()
     torch.testing.assert_close(lse_a, want_lse, atol=1e-6, rtol=1e-6)
-    tol = 1e-6 if dest_dtype == torch.float32 else 2.0 ** -8
+    # Both sides merge in float32 and round once to the destination. Their float32 values may
+    # differ in the last bits (the kernel's exp2 and FMA order against torch's), so a bf16 value
+    # at a rounding boundary can land on either neighbour: one bf16 ulp, 2^-8 to 2^-7 of the
+    # value (2026-11-29, H200: one element of 5.2 M at 2^-7.2 with d = 80).
+    tol = 1e-6 if dest_dtype == torch.float32 else 2.0 ** -7
     torch.testing.assert_close(dest.float(), want_out.float(), atol=tol, rtol=tol)

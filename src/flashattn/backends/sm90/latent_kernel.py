@@ -179,39 +179,57 @@ def _rows(slot, i, BOX: gl.constexpr, BOXES: gl.constexpr):
 
 
 @gluon.jit
-def _scores(q_smem, qv_smem, k_smem, v_smem, stage, s_zero, z, v_ratio,
-            FP8: gl.constexpr = False):
-    """S = q K^T + qv V^T of ring slot ``stage`` (64 x 64, fp32, wgmma layout): three GEMMs
-    into one accumulator (K = 64 + 256 + 256), waited for. ``z``: a zero the compiler cannot
-    see through (_loop_zero), added to every shared-memory index: the 36 wgmma descriptors
-    are then rebuilt in the loop from one base instead of being hoisted out of it, where they
-    did not fit consumer0's registers (296 bytes spilled, reloaded before every S GEMM: 30 %
-    of that warpgroup's stall samples under ncu; rebuilt: no spills, 1.20-1.24x faster,
-    benchmarks/NOTES.md)."""
+def _scores_issue(q_smem, qv_smem, k_smem, v_smem, stage, s_zero, z, FP8: gl.constexpr = False):
+    """Issue S = q K^T + qv V^T of ring slot ``stage`` (64 x 64, fp32, wgmma layout): three
+    GEMMs (K = 64 + 256 + 256), not waited for (:func:`_scores_finish`). ``z``: a zero the
+    compiler cannot see through (_loop_zero), added to every shared-memory index: the 36 wgmma
+    descriptors are then rebuilt in the loop from one base instead of being hoisted out of it,
+    where they did not fit consumer0's registers (296 bytes spilled, reloaded before every S
+    GEMM: 30 % of that warpgroup's stall samples under ncu; rebuilt: no spills, 1.20-1.24x
+    faster, benchmarks/NOTES.md). FP8: q . k8 and qv . v8 into two accumulators (their
+    descales differ); returns (token of q . k, token of the rest)."""
     q_view = q_smem.index(z).reshape([BLOCK_M, 64])
     k_t = k_smem.index(stage + z).reshape([BLOCK_N, 64]).permute((1, 0))
     v0_t = v_smem.index(2 * stage + z).reshape([BLOCK_N, HALF_V]).permute((1, 0))
     v1_t = v_smem.index(2 * stage + 1 + z).reshape([BLOCK_N, HALF_V]).permute((1, 0))
     qv0 = qv_smem.index(z).reshape([BLOCK_M, HALF_V])
     qv1 = qv_smem.index(1 + z).reshape([BLOCK_M, HALF_V])
-    if FP8:  # q . k8 and qv . v8 apart: their descales differ (v_ratio = v_descale / k_descale)
+    if FP8:
         tok_k = warpgroup_mma(q_view, k_t, s_zero, use_acc=False, is_async=True)
         tok_v = warpgroup_mma(qv0, v0_t, s_zero, use_acc=False, is_async=True)
-        tok_v = warpgroup_mma(qv1, v1_t, tok_v, is_async=True)
+    else:
+        tok_k = warpgroup_mma(q_view, k_t, s_zero, use_acc=False, is_async=True)
+        tok_v = warpgroup_mma(qv0, v0_t, tok_k, is_async=True)
+    tok_v = warpgroup_mma(qv1, v1_t, tok_v, is_async=True)
+    return tok_k, tok_v
+
+
+@gluon.jit
+def _scores_finish(toks, v_ratio, FP8: gl.constexpr = False):
+    """Wait for the GEMMs of :func:`_scores_issue`: S (FP8: q . k8 + v_ratio * qv . v8, with
+    v_ratio = v_descale / k_descale)."""
+    tok_k, tok_v = toks
+    if FP8:
         s_k, s_v = warpgroup_mma_wait(0, deps=(tok_k, tok_v))
         return s_k + s_v * v_ratio
     else:
-        tok = warpgroup_mma(q_view, k_t, s_zero, use_acc=False, is_async=True)
-        tok = warpgroup_mma(qv0, v0_t, tok, is_async=True)
-        tok = warpgroup_mma(qv1, v1_t, tok, is_async=True)
-        return warpgroup_mma_wait(0, deps=(tok,))
+        return warpgroup_mma_wait(0, deps=(tok_v,))
+
+
+@gluon.jit
+def _scores(q_smem, qv_smem, k_smem, v_smem, stage, s_zero, z, v_ratio,
+            FP8: gl.constexpr = False):
+    """S of ring slot ``stage``, issued and waited for."""
+    return _scores_finish(_scores_issue(q_smem, qv_smem, k_smem, v_smem, stage, s_zero, z, FP8),
+                          v_ratio, FP8)
 
 
 @gluon.jit
 def _widen_copy(src, dst, ROWS: gl.constexpr, COLS: gl.constexpr, OVERLAP: gl.constexpr):
     """dst (1, ROWS, COLS), 16-bit = src (1, ROWS, COLS), e4m3, widened (exact: every e4m3
-    value is a bf16 and an fp16 value) by the calling warpgroup, 16 contiguous values a
-    thread. OVERLAP: dst covers src's bytes, so all of src is read into registers before any
+    value is a bf16 and an fp16 value; on the integer ALU, ptx.widen_e4m3: 1.02-1.05x the
+    conversion unit's version, benchmarks/NOTES.md 2026-11-29) by the calling warpgroup, 16
+    contiguous values a thread. OVERLAP: dst covers src's bytes, so all of src is read into registers before any
     of dst is written (a partition barrier between); otherwise 16 rows at a time (fewer
     registers)."""
     layout: gl.constexpr = gl.BlockedLayout([1, 1, 16], [1, 512 // COLS, COLS // 16],
@@ -324,13 +342,17 @@ def _rescaled(acc, alpha, ROW_O: gl.constexpr):
 
 @gluon.jit
 def _consumer(WG: gl.constexpr, q_smem, qv_smem, k_smem, v_smem, m_smem, l_smem, q_ready,
-              kv_ready, kv_empty, p_ready, l_ready, out_ptr, lse_ptr, seqlens_ptr,
+              kv_ready, kv_empty, p_ready, l_ready, b_wide, out_ptr, lse_ptr, seqlens_ptr,
               seqlen_k_add, cache_cap, seqlen_q, G, n_rows, qk_scale,
               stride_os, stride_ob, stride_om, stride_oh, stride_ls, stride_lb, stride_lh,
-              stride_lm, fp8_args, CAUSAL: gl.constexpr, FP8: gl.constexpr):
+              stride_lm, fp8_args, CAUSAL: gl.constexpr, FP8: gl.constexpr,
+              WIDEN_AHEAD: gl.constexpr):
     """Consumer warpgroup ``WG``: the seesaw schedule of the module doc; output columns
     [WG * 256, WG * 256 + 256). FP8 caches: ``fp8_args`` = (k_descale, v_descale pointers,
-    their batch strides)."""
+    their batch strides). WIDEN_AHEAD (FP8 only): consumer0 widens both blocks of a pair,
+    block b while its own S_a GEMM runs, and arrives on ``b_wide`` for consumer1 (else each
+    warpgroup widens the block it scores, both at the start of the pair, when neither issues
+    a GEMM)."""
     # (the e4m3 tiles' layouts as they land: the host's descriptors take the same defaults)
     K8_LAYOUT: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, BLOCK_N, 64],
                                                                    gl.float8e4nv)
@@ -383,7 +405,13 @@ def _consumer(WG: gl.constexpr, q_smem, qv_smem, k_smem, v_smem, m_smem, l_smem,
             mbarrier.wait(kv_ready.index(sa), pa)
             if FP8:
                 _widen_block(k_smem, v_smem, sa, K8_LAYOUT, V8_LAYOUT)
-            s = _scores(q_smem, qv_smem, k_smem, v_smem, sa, s_zero, z, v_ratio, FP8)
+            toks = _scores_issue(q_smem, qv_smem, k_smem, v_smem, sa, s_zero, z, FP8)
+            if FP8 and WIDEN_AHEAD:
+                if has_b:  # (under S_a's GEMM, which reads slot sa only)
+                    mbarrier.wait(kv_ready.index(sb), pb)
+                    _widen_block(k_smem, v_smem, sb, K8_LAYOUT, V8_LAYOUT)
+                    mbarrier.arrive(b_wide)
+            s = _scores_finish(toks, v_ratio, FP8)
             if _block_needs_mask(na, k_end, diag, m_first, G, CAUSAL):
                 s = _mask(s, na, k_end, diag, m_first, G, CAUSAL, S_LAYOUT)
             p, m_a, l_i, alpha = online_softmax(s, m_i, l_i, qk_scale)
@@ -411,9 +439,12 @@ def _consumer(WG: gl.constexpr, q_smem, qv_smem, k_smem, v_smem, m_smem, l_smem,
             # P_a V_a first, measured 0.91-0.99x, benchmarks/NOTES.md)
             s = s_zero
             if has_b:
-                mbarrier.wait(kv_ready.index(sb), pb)
-                if FP8:
-                    _widen_block(k_smem, v_smem, sb, K8_LAYOUT, V8_LAYOUT)
+                if FP8 and WIDEN_AHEAD:  # (consumer0 widened it; its arrival t of b_wide)
+                    mbarrier.wait(b_wide, t & 1)
+                else:
+                    mbarrier.wait(kv_ready.index(sb), pb)
+                    if FP8:
+                        _widen_block(k_smem, v_smem, sb, K8_LAYOUT, V8_LAYOUT)
                 s = _scores(q_smem, qv_smem, k_smem, v_smem, sb, s_zero, z, v_ratio, FP8)
                 if _block_needs_mask(nb, k_end, diag, m_first, G, CAUSAL):
                     s = _mask(s, nb, k_end, diag, m_first, G, CAUSAL, S_LAYOUT)
@@ -472,7 +503,7 @@ def latent_decode_kernel(q_desc, qv_desc, k_desc, v_desc, out_ptr, lse_ptr, seql
                          kd_ptr, vd_ptr, stride_kdb, stride_vdb,
                          PAGE_SIZE: gl.constexpr, PAGED: gl.constexpr, CAUSAL: gl.constexpr,
                          NUM_STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                         PRODUCER_REGS: gl.constexpr):
+                         PRODUCER_REGS: gl.constexpr, WIDEN_AHEAD: gl.constexpr = False):
     """Split-KV MLA decode (module doc). Grid (cdiv(s_q * h, 64), batch, splits), 4 warps.
 
     q_desc: rank 3 over q (b, s_q * h, 64) with a [1, 64, 64] box; qv_desc over qv (b, s_q * h,
@@ -507,11 +538,13 @@ def latent_decode_kernel(q_desc, qv_desc, k_desc, v_desc, out_ptr, lse_ptr, seql
               gl.allocate_shared_memory(gl.float32, [BLOCK_M], row_layout))
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     l_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    b_wide = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     p_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     kv_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     kv_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_ready, count=1)
     mbarrier.init(l_ready, count=2)
+    mbarrier.init(b_wide, count=1)
     for i in gl.static_range(2):
         mbarrier.init(p_ready.index(i), count=1)
     for i in gl.static_range(NUM_STAGES):
@@ -521,15 +554,17 @@ def latent_decode_kernel(q_desc, qv_desc, k_desc, v_desc, out_ptr, lse_ptr, seql
 
     gl.warp_specialize([
         (_consumer, (0, q_smem, qv_smem, k_smem, v_smem, m_smem, l_smem, q_ready, kv_ready,
-                     kv_empty, p_ready, l_ready, out_ptr, lse_ptr, seqlens_ptr, seqlen_k_add,
-                     cache_cap, seqlen_q, G, n_rows, qk_scale, stride_os, stride_ob,
-                     stride_om, stride_oh, stride_ls, stride_lb, stride_lh, stride_lm,
-                     (kd_ptr, vd_ptr, stride_kdb, stride_vdb), CAUSAL, FP8)),
+                     kv_empty, p_ready, l_ready, b_wide, out_ptr, lse_ptr, seqlens_ptr,
+                     seqlen_k_add, cache_cap, seqlen_q, G, n_rows, qk_scale, stride_os,
+                     stride_ob, stride_om, stride_oh, stride_ls, stride_lb, stride_lh,
+                     stride_lm, (kd_ptr, vd_ptr, stride_kdb, stride_vdb), CAUSAL, FP8,
+                     WIDEN_AHEAD)),
         (_consumer, (1, q_smem, qv_smem, k_smem, v_smem, m_smem, l_smem, q_ready, kv_ready,
-                     kv_empty, p_ready, l_ready, out_ptr, lse_ptr, seqlens_ptr, seqlen_k_add,
-                     cache_cap, seqlen_q, G, n_rows, qk_scale, stride_os, stride_ob,
-                     stride_om, stride_oh, stride_ls, stride_lb, stride_lh, stride_lm,
-                     (kd_ptr, vd_ptr, stride_kdb, stride_vdb), CAUSAL, FP8)),
+                     kv_empty, p_ready, l_ready, b_wide, out_ptr, lse_ptr, seqlens_ptr,
+                     seqlen_k_add, cache_cap, seqlen_q, G, n_rows, qk_scale, stride_os,
+                     stride_ob, stride_om, stride_oh, stride_ls, stride_lb, stride_lh,
+                     stride_lm, (kd_ptr, vd_ptr, stride_kdb, stride_vdb), CAUSAL, FP8,
+                     WIDEN_AHEAD)),
         (_producer, (q_desc, qv_desc, k_desc, v_desc, q_smem, qv_smem, k_smem, v_smem,
                      q_ready, kv_ready, kv_empty, seqlens_ptr, block_table_ptr, stride_btb,
                      seqlen_k_add, cache_cap, n_cache, n_pages_row, PAGE_SIZE, PAGED)),

@@ -75,6 +75,17 @@ def _mode(text: str) -> str:
     return text
 
 
+def _rounds(text: str) -> int:
+    """A --rounds count: an integer >= 1, checked while parsing (before any GPU work)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
 def _impl(text: str) -> str:
     """An --impl name, checked while parsing so a typo stops the run on any machine."""
     return load_bench().check_impl(text)
@@ -139,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="do_bench warm-up in ms (default 25; --quick 10; GPU only)")
     b.add_argument("--rep", type=int, default=None, metavar="MS",
                    help="do_bench repetition time in ms (default 100; --quick 30; GPU only)")
-    b.add_argument("--rounds", type=int, default=1, metavar="N",
+    b.add_argument("--rounds", type=_rounds, default=1, metavar="N",
                    help="measure each point N times, its implementations interleaved (the "
                         "order reversed every other round); a row keeps its best round and "
                         "every round's value (default 1; GPU only)")
@@ -549,9 +560,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
         pairs = [(p, i) for p, i in pairs if not (p.mode == "decode" and bench.is_ours(i))]
     env = bench.environment()
     json_path = None if args.no_save else Path(args.json or bench.default_results_path(env["gpu"]))
-    if args.rounds < 1:
-        _say(f"bench: --rounds must be >= 1, got {args.rounds}")
-        return 2
     _say(f"bench: {len(pairs)} measurements x {args.rounds} round(s) on {env['gpu']}, torch "
          f"{env['torch']}, triton {env['triton']}; do_bench warmup {cfg['timing'].warmup_ms} "
          f"ms, rep {cfg['timing'].rep_ms} ms" + (f"; results -> {json_path}" if json_path

@@ -194,11 +194,10 @@ def _scores_issue(q_smem, qv_smem, k_smem, v_smem, stage, s_zero, z, FP8: gl.con
     v1_t = v_smem.index(2 * stage + 1 + z).reshape([BLOCK_N, HALF_V]).permute((1, 0))
     qv0 = qv_smem.index(z).reshape([BLOCK_M, HALF_V])
     qv1 = qv_smem.index(1 + z).reshape([BLOCK_M, HALF_V])
+    tok_k = warpgroup_mma(q_view, k_t, s_zero, use_acc=False, is_async=True)
     if FP8:
-        tok_k = warpgroup_mma(q_view, k_t, s_zero, use_acc=False, is_async=True)
         tok_v = warpgroup_mma(qv0, v0_t, s_zero, use_acc=False, is_async=True)
     else:
-        tok_k = warpgroup_mma(q_view, k_t, s_zero, use_acc=False, is_async=True)
         tok_v = warpgroup_mma(qv0, v0_t, tok_k, is_async=True)
     tok_v = warpgroup_mma(qv1, v1_t, tok_v, is_async=True)
     return tok_k, tok_v

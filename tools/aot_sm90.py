@@ -224,9 +224,8 @@ def compile_latent_variant(head_dim: Any = (64, 512), dtype: torch.dtype = torch
     """Compile one variant of the MLA decode kernel (backends/sm90/latent_kernel.py) for sm_90:
     128 query heads over one latent KV head of ``head_dim`` = (64, 512), causal with 2 query
     rows per sequence (``causal``), two key splits; ``overrides``: {"paged": bool, "page":
-    int, "fp8": bool, "widen_ahead": bool} (pages of ``page`` keys, 64 by default, or a
-    contiguous cache; e4m3 caches with their descales; latent.WIDEN_AHEAD's schedule). ``window`` /
-    ``softcap`` must be off (not covered)."""
+    int, "fp8": bool} (pages of ``page`` keys, 64 by default, or a contiguous cache; e4m3
+    caches with their descales). ``window`` / ``softcap`` must be off (not covered)."""
     from flashattn.backends.sm90.latent import launch_args
     from flashattn.backends.sm90.latent_kernel import latent_decode_kernel
 
@@ -253,8 +252,6 @@ def compile_latent_variant(head_dim: Any = (64, 512), dtype: torch.dtype = torch
                                       out, lse, out.stride()[:4], lse.stride(), splits,
                                       (d + d_v) ** -0.5, causal, 1024,
                                       *([torch.ones(b, 1)] * 2 if cache_dtype != dtype else []))
-    if (overrides or {}).get("widen_ahead"):
-        constexprs["WIDEN_AHEAD"] = True
     options = {k: constexprs.pop(k) for k in ("num_warps", "maxnreg")}
     return _compile(latent_decode_kernel, args, constexprs, options,
                     "latent" + _variant_key(head_dim, dtype, causal, window, softcap,

@@ -97,7 +97,8 @@ def main() -> int:
     ap.add_argument("--page", type=int, default=PAGE, help="keys per page (default 64)")
     ap.add_argument("--knob", default="",
                     help="NAME=v1,v2: the Hopper kernel's module-level switch "
-                         "(backends/sm90/latent.py, e.g. SERIAL=0,1) at each value, interleaved")
+                         "(backends/sm90/latent.py, e.g. NUM_STAGES=2,3) at each value, "
+                         "interleaved")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     rows = []
@@ -122,8 +123,9 @@ def main() -> int:
                              for cfg in [""] + [c for c in args.configs.split(";") if c.strip()]
                              for bm in (int(t) for t in args.block_m.split(","))]
             for family, cfg, bm, value, n_splits in variants:
-                if value is not None:
+                if value is not None:  # (recorded launches carry the old constants)
                     setattr(_latent, knob, type(defaults[knob])(value))
+                    _latent._PLANS.clear()
                 _decode.block_m_for = lambda rows, d_v=0, bm=bm: max(16, min(
                     bm, triton.next_power_of_2(max(1, rows))))
                 _decode._launch_plan.cache_clear()

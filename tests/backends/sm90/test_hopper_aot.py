@@ -162,20 +162,16 @@ LATENT_VARIANTS = (
        for c in (False, True)]
     + [("latent", (64, 512), "bfloat16", False, (-1, -1), 0.0,
         {"paged": True, "fp8": True, "page": 16})]
-    # consumer0 widening both blocks of a pair (latent.WIDEN_AHEAD, an experiment: off)
-    + [("latent", (64, 512), "bfloat16", False, (-1, -1), 0.0,
-        {"paged": True, "fp8": True, "widen_ahead": True})]
 )
 # sm_90 compile, Triton 3.6: the producer warp (24 registers) of the small-page variants keeps
 # its per-page row indices in local memory (16 / 24 / 8 bytes at pages of 8 / 16 / 32; the
-# consumers have none); the e4m3 variants spill 16 bytes (not profiled), 24 with WIDEN_AHEAD
+# consumers have none); the e4m3 variants spill 16 bytes (not profiled)
 LATENT_SPILL_ALLOWANCE = {"latent_d64x512_bfloat16_paged1_page8": 16,
                           "latent_d64x512_bfloat16_paged1_page16": 24,
                           "latent_d64x512_bfloat16_paged1_page32": 8,
                           "latent_d64x512_bfloat16_paged1_fp81": 16,
                           "latent_d64x512_bfloat16_causal_paged1_fp81": 16,
-                          "latent_d64x512_bfloat16_paged1_fp81_page16": 16,
-                          "latent_d64x512_bfloat16_paged1_fp81_widen_ahead1": 24}
+                          "latent_d64x512_bfloat16_paged1_fp81_page16": 16}
 
 
 def _key(v):

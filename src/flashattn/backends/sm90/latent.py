@@ -28,9 +28,6 @@ SMALL_PAGES = (8, 16, 32)
 NUM_STAGES = 2  # two 72 KiB key blocks: with q / qv (72 KiB) the shared memory is full
 CONSUMER_REGS = 240
 PRODUCER_REGS = 24
-# FP8 caches: consumer0 widens both blocks of a pair, the second under its own score GEMM
-# (latent_kernel._consumer). Off: compiled only (no spills added), not yet timed on a GPU.
-WIDEN_AHEAD = False
 MAXNREG = 168
 
 
@@ -172,7 +169,6 @@ def launch_args(q: torch.Tensor, qv: torch.Tensor, k_cache: torch.Tensor,
     constexprs = dict(PAGE_SIZE=k_cache.shape[1] if paged else 1, PAGED=paged,
                       CAUSAL=bool(causal) and s_q > 1, NUM_STAGES=NUM_STAGES,
                       CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS,
-                      WIDEN_AHEAD=WIDEN_AHEAD,
                       num_warps=4, maxnreg=MAXNREG)
     grid = (math.ceil(s_q * h / BLOCK_M), batch, num_splits)
     return args, constexprs, grid
@@ -207,8 +203,7 @@ def latent_decode(q: torch.Tensor, qv: torch.Tensor, k_cache: torch.Tensor,
            tuple(l_strides), block_table.shape if paged else None,
            block_table.stride() if paged else None, int(seqlen_k_add), int(num_splits),
            float(softmax_scale), bool(causal), int(cache_cap),
-           None if k_descale is None else (k_descale.stride(), v_descale.stride()),
-           WIDEN_AHEAD)  # (a probe switches it between calls: mla_decode_probe.py --knob)
+           None if k_descale is None else (k_descale.stride(), v_descale.stride()))
 
     def build():
         args, constexprs, grid = launch_args(q, qv, k_cache, v_cache, seqlens, seqlen_k_add,

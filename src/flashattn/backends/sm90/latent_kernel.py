@@ -341,17 +341,15 @@ def _rescaled(acc, alpha, ROW_O: gl.constexpr):
 
 @gluon.jit
 def _consumer(WG: gl.constexpr, q_smem, qv_smem, k_smem, v_smem, m_smem, l_smem, q_ready,
-              kv_ready, kv_empty, p_ready, l_ready, b_wide, out_ptr, lse_ptr, seqlens_ptr,
+              kv_ready, kv_empty, p_ready, l_ready, out_ptr, lse_ptr, seqlens_ptr,
               seqlen_k_add, cache_cap, seqlen_q, G, n_rows, qk_scale,
               stride_os, stride_ob, stride_om, stride_oh, stride_ls, stride_lb, stride_lh,
-              stride_lm, fp8_args, CAUSAL: gl.constexpr, FP8: gl.constexpr,
-              WIDEN_AHEAD: gl.constexpr):
+              stride_lm, fp8_args, CAUSAL: gl.constexpr, FP8: gl.constexpr):
     """Consumer warpgroup ``WG``: the seesaw schedule of the module doc; output columns
     [WG * 256, WG * 256 + 256). FP8 caches: ``fp8_args`` = (k_descale, v_descale pointers,
-    their batch strides). WIDEN_AHEAD (FP8 only): consumer0 widens both blocks of a pair,
-    block b while its own S_a GEMM runs, and arrives on ``b_wide`` for consumer1 (else each
-    warpgroup widens the block it scores, both at the start of the pair, when neither issues
-    a GEMM)."""
+    their batch strides); each warpgroup widens the block it scores, both at the start of the
+    pair (consumer0 widening both, the second under its own S_a GEMM, measured 0.85-0.88x:
+    benchmarks/NOTES.md)."""
     # (the e4m3 tiles' layouts as they land: the host's descriptors take the same defaults)
     K8_LAYOUT: gl.constexpr = gl.NVMMASharedLayout.get_default_for([1, BLOCK_N, 64],
                                                                    gl.float8e4nv)
@@ -405,11 +403,6 @@ def _consumer(WG: gl.constexpr, q_smem, qv_smem, k_smem, v_smem, m_smem, l_smem,
             if FP8:
                 _widen_block(k_smem, v_smem, sa, K8_LAYOUT, V8_LAYOUT)
             toks = _scores_issue(q_smem, qv_smem, k_smem, v_smem, sa, s_zero, z, FP8)
-            if FP8 and WIDEN_AHEAD:
-                if has_b:  # (under S_a's GEMM, which reads slot sa only)
-                    mbarrier.wait(kv_ready.index(sb), pb)
-                    _widen_block(k_smem, v_smem, sb, K8_LAYOUT, V8_LAYOUT)
-                    mbarrier.arrive(b_wide)
             s = _scores_finish(toks, v_ratio, FP8)
             if _block_needs_mask(na, k_end, diag, m_first, G, CAUSAL):
                 s = _mask(s, na, k_end, diag, m_first, G, CAUSAL, S_LAYOUT)
@@ -438,12 +431,9 @@ def _consumer(WG: gl.constexpr, q_smem, qv_smem, k_smem, v_smem, m_smem, l_smem,
             # P_a V_a first, measured 0.91-0.99x, benchmarks/NOTES.md)
             s = s_zero
             if has_b:
-                if FP8 and WIDEN_AHEAD:  # (consumer0 widened it; its arrival t of b_wide)
-                    mbarrier.wait(b_wide, t & 1)
-                else:
-                    mbarrier.wait(kv_ready.index(sb), pb)
-                    if FP8:
-                        _widen_block(k_smem, v_smem, sb, K8_LAYOUT, V8_LAYOUT)
+                mbarrier.wait(kv_ready.index(sb), pb)
+                if FP8:
+                    _widen_block(k_smem, v_smem, sb, K8_LAYOUT, V8_LAYOUT)
                 s = _scores(q_smem, qv_smem, k_smem, v_smem, sb, s_zero, z, v_ratio, FP8)
                 if _block_needs_mask(nb, k_end, diag, m_first, G, CAUSAL):
                     s = _mask(s, nb, k_end, diag, m_first, G, CAUSAL, S_LAYOUT)
@@ -502,7 +492,7 @@ def latent_decode_kernel(q_desc, qv_desc, k_desc, v_desc, out_ptr, lse_ptr, seql
                          kd_ptr, vd_ptr, stride_kdb, stride_vdb,
                          PAGE_SIZE: gl.constexpr, PAGED: gl.constexpr, CAUSAL: gl.constexpr,
                          NUM_STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                         PRODUCER_REGS: gl.constexpr, WIDEN_AHEAD: gl.constexpr = False):
+                         PRODUCER_REGS: gl.constexpr):
     """Split-KV MLA decode (module doc). Grid (cdiv(s_q * h, 64), batch, splits), 4 warps.
 
     q_desc: rank 3 over q (b, s_q * h, 64) with a [1, 64, 64] box; qv_desc over qv (b, s_q * h,
@@ -537,13 +527,11 @@ def latent_decode_kernel(q_desc, qv_desc, k_desc, v_desc, out_ptr, lse_ptr, seql
               gl.allocate_shared_memory(gl.float32, [BLOCK_M], row_layout))
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     l_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    b_wide = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     p_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     kv_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     kv_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_ready, count=1)
     mbarrier.init(l_ready, count=2)
-    mbarrier.init(b_wide, count=1)
     for i in gl.static_range(2):
         mbarrier.init(p_ready.index(i), count=1)
     for i in gl.static_range(NUM_STAGES):
@@ -553,17 +541,15 @@ def latent_decode_kernel(q_desc, qv_desc, k_desc, v_desc, out_ptr, lse_ptr, seql
 
     gl.warp_specialize([
         (_consumer, (0, q_smem, qv_smem, k_smem, v_smem, m_smem, l_smem, q_ready, kv_ready,
-                     kv_empty, p_ready, l_ready, b_wide, out_ptr, lse_ptr, seqlens_ptr,
+                     kv_empty, p_ready, l_ready, out_ptr, lse_ptr, seqlens_ptr,
                      seqlen_k_add, cache_cap, seqlen_q, G, n_rows, qk_scale, stride_os,
                      stride_ob, stride_om, stride_oh, stride_ls, stride_lb, stride_lh,
-                     stride_lm, (kd_ptr, vd_ptr, stride_kdb, stride_vdb), CAUSAL, FP8,
-                     WIDEN_AHEAD)),
+                     stride_lm, (kd_ptr, vd_ptr, stride_kdb, stride_vdb), CAUSAL, FP8)),
         (_consumer, (1, q_smem, qv_smem, k_smem, v_smem, m_smem, l_smem, q_ready, kv_ready,
-                     kv_empty, p_ready, l_ready, b_wide, out_ptr, lse_ptr, seqlens_ptr,
+                     kv_empty, p_ready, l_ready, out_ptr, lse_ptr, seqlens_ptr,
                      seqlen_k_add, cache_cap, seqlen_q, G, n_rows, qk_scale, stride_os,
                      stride_ob, stride_om, stride_oh, stride_ls, stride_lb, stride_lh,
-                     stride_lm, (kd_ptr, vd_ptr, stride_kdb, stride_vdb), CAUSAL, FP8,
-                     WIDEN_AHEAD)),
+                     stride_lm, (kd_ptr, vd_ptr, stride_kdb, stride_vdb), CAUSAL, FP8)),
         (_producer, (q_desc, qv_desc, k_desc, v_desc, q_smem, qv_smem, k_smem, v_smem,
                      q_ready, kv_ready, kv_empty, seqlens_ptr, block_table_ptr, stride_btb,
                      seqlen_k_add, cache_cap, n_cache, n_pages_row, PAGE_SIZE, PAGED)),

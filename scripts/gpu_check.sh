@@ -6,17 +6,15 @@
 #   bash scripts/gpu_check.sh                     # all steps, full grid, within ~9 minutes
 #   GRID=quick TESTS=0 bash scripts/gpu_check.sh  # a quick grid only
 #
-# The whole GPU suite no longer fits one device call, so a full check is six calls
-# (TEST_PATHS: the pytest paths, default tests; 4 workers, fresh machines). H200 of 2026-11-29:
-# the former first call (431 tests) ran 359 in its 540 s (2035 worker-seconds: tests/api 1570,
-# tests/backends 470), so it is two now; H100 of 2026-11-27: 69 s for test_hopper_gpu.py's 127
-# and 176-188 s for each hypothesis GPU test of test_properties.py, which run beside them, 132 s
-# for test_fp8_gpu.py's 96, 92 s for the 11 bigmem tests serially:
-#   BENCH=0 CHECK=0 BIGMEM=0 TEST_TIMEOUT=560 BUDGET=590 TEST_PATHS=tests/api PYTEST_ARGS="--maxfail=30 --ignore=tests/api/test_fp8_gpu.py --ignore=tests/api/test_properties.py" bash scripts/gpu_check.sh
-#   BENCH=0 CHECK=0 BIGMEM=0 TEST_TIMEOUT=560 BUDGET=590 TEST_PATHS="tests/backends tests/parallel tests/internals tests/tools" PYTEST_ARGS="--maxfail=30 --ignore=tests/backends/sm90/test_hopper_gpu.py" bash scripts/gpu_check.sh
-#   BENCH=0 CHECK=0 BIGMEM=0 TEST_TIMEOUT=400 BUDGET=430 TEST_PATHS="tests/backends/sm90/test_hopper_gpu.py tests/api/test_properties.py" bash scripts/gpu_check.sh
-#   BENCH=0 CHECK=0 BIGMEM=0 TEST_TIMEOUT=400 BUDGET=430 TEST_PATHS=tests/api/test_fp8_gpu.py bash scripts/gpu_check.sh
-#   BENCH=0 CHECK=0 BIGMEM=only TEST_TIMEOUT=400 BUDGET=430 bash scripts/gpu_check.sh
+# The whole GPU suite no longer fits one device call, so a full check is three calls (TEST_PATHS:
+# the pytest paths; 6 workers: Triton compiles on the CPUs in parallel), then the grid. H200 of
+# 2026-11-29, b53799d: the first 217 tests in 353 s and its 6 bigmem tests in 54 s; the second
+# 298 in 259 s and its 4 bigmem tests in 60 s; the third (test_hopper_gpu's 127 and
+# test_properties' 3 hypothesis tests) needs more than 300 s from cold compile caches (13 s and
+# 31 s warm). Run them back to back (the machine stays warm ~30 s between calls):
+#   PYTEST_WORKERS=6 BENCH=0 CHECK=0 BIGMEM=1 TEST_TIMEOUT=540 BUDGET=580 TEST_PATHS=tests/api PYTEST_ARGS="--maxfail=30 --ignore=tests/api/test_fp8_gpu.py --ignore=tests/api/test_properties.py" bash scripts/gpu_check.sh
+#   PYTEST_WORKERS=6 BENCH=0 CHECK=0 BIGMEM=1 TEST_TIMEOUT=540 BUDGET=580 TEST_PATHS="tests/backends tests/parallel tests/internals tests/tools tests/api/test_fp8_gpu.py" PYTEST_ARGS="--maxfail=30 --ignore=tests/backends/sm90/test_hopper_gpu.py" bash scripts/gpu_check.sh
+#   PYTEST_WORKERS=6 BENCH=0 CHECK=0 BIGMEM=0 TEST_TIMEOUT=540 BUDGET=580 TEST_PATHS="tests/backends/sm90/test_hopper_gpu.py tests/api/test_properties.py" bash scripts/gpu_check.sh
 #   GRID=full MODES=fwd,bwd,decode TESTS=0 CHECK=0 BUDGET=570 bash scripts/gpu_check.sh
 # (with BIGMEM=1 the bigmem step gets what TEST_TIMEOUT leaves after the parallel step, at
 #  least 30 s).

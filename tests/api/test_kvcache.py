@@ -455,12 +455,12 @@ def test_decode_splits_fill_whole_waves(monkeypatch):
         assert _dec._whole_waves(396, 132, 3, 3, 4) == 1   # exactly one wave: no split
         assert _dec._whole_waves(512, 132, 3, 3, 1) == 1   # too few key blocks to split
         # (batch -> splits): paged e4m3 (3 per SM), paged bf16 (2), contiguous e4m3 (4
-        # unsplit on long streams, 2 split)
+        # unsplit on long streams, 3 split)
         for batch, want in ((64, 3), (40, 4), (80, 3)):
             assert splits(batch, 32768, True, True) == want, (batch, want)
         for batch, want in ((64, 1), (40, 4), (48, 2), (80, 2)):
             assert splits(batch, 32768, True, False) == want, (batch, want)
-        for batch, want in ((64, 1), (40, 4), (48, 2), (80, 2)):
+        for batch, want in ((64, 1), (40, 4), (48, 2), (80, 3)):
             assert splits(batch, 32768, False, True) == want, (batch, want)
         # the contiguous 16-bit cache, an overridden config: one split; a forced count is kept
         assert [splits(b, 32768, False, False) for b in (40, 48, 64, 80)] == [1, 1, 1, 1]

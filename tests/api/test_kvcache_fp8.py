@@ -25,6 +25,7 @@ from flashattn import flash_attn_with_kvcache
 from flashattn.reference import kvcache_ref, rotary_ref
 from tests.accuracy import assert_close_rule
 from tests.api.test_kvcache import KVCase, make_inputs
+from tests.conftest import use_backend
 
 FP8 = torch.float8_e4m3fn
 
@@ -207,6 +208,8 @@ _FEATURES = {
     "alibi-softcap": dict(s_q=2, window=(6, 2), alibi=True, softcap=2.0),
     "bf16": dict(dtype=torch.bfloat16, s_new=1, num_splits=2),
     "fp32-d24": dict(dtype=torch.float32, s_new=1, d=24),
+    # a head dim below its power-of-two tile: V's byte pairs masked at d / 2
+    "bf16-d40-page3": dict(dtype=torch.bfloat16, d=40, page=3, s_new=1, num_splits=2),
 }
 CASES = [replace(BASE, **kw) for kw in _FEATURES.values()]
 
@@ -296,6 +299,58 @@ def test_repeated_calls_agree(backend: str) -> None:
     x = _fp8_inputs(c)
     outs = [_run(c, dict(x))[1] for _ in range(3)]
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+def _misaligned(t: torch.Tensor, shift: int) -> torch.Tensor:
+    """A copy of ``t`` whose storage starts ``shift`` bytes past a 16-byte boundary."""
+    buf = torch.empty(t.numel() * t.element_size() + 16, dtype=torch.uint8, device=t.device)
+    skip = (shift - buf.data_ptr()) % 16
+    out = buf[skip:skip + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
+    out.copy_(t)
+    return out
+
+
+def check_v_byte_pairs(c: KVCase, monkeypatch, device: str = "cpu") -> None:
+    """The decode kernel reads an e4m3 V tile as int16 byte pairs and runs P V over the even
+    and the odd columns (decode.V_PAIRS): the same products summed in the same order as the
+    plain tile's, so out and lse equal that path's bit for bit; a V cache whose base is not
+    16-byte aligned takes the plain path (an int16 load needs an even address) and agrees.
+    Each call runs under fresh settings, so no recorded call of another mode answers it."""
+    from flashattn.backends.triton import decode
+    from flashattn.runtime import env
+
+    if device == "cpu":  # (CUDA tensors: the default dispatch runs the decode kernel)
+        use_backend(monkeypatch, "portable")
+    x = _fp8_inputs(c, device=device)
+    taken = []
+    init = decode.DecodeCall.__init__
+
+    def spy(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        taken.append(self.v_pairs)
+    monkeypatch.setattr(decode.DecodeCall, "__init__", spy)
+
+    def call(v_cache, pairs):
+        monkeypatch.setattr(decode, "V_PAIRS", pairs)
+        with env.override(decode_config=""):
+            return flash_attn_with_kvcache(
+                x["q"], x["k_cache"], v_cache, cache_seqlens=x["cache_seqlens"],
+                block_table=x["block_table"], num_splits=c.num_splits,
+                return_softmax_lse=True, k_descale=x["k_descale"], v_descale=x["v_descale"])
+    runs = {True: call(x["v_cache"], True), False: call(x["v_cache"], False)}
+    shifted = _misaligned(x["v_cache"], 2)
+    assert shifted.data_ptr() % 16 == 2
+    runs["shifted"] = call(shifted, True)
+    assert taken == [True, False, False]
+    for name in (False, "shifted"):
+        for got, want in zip(runs[name], runs[True]):
+            assert torch.equal(got, want), name
+
+
+@pytest.mark.parametrize("page", [None, 3], ids=["contiguous", "page3"])
+def test_v_byte_pairs_equal_the_plain_widening_bitwise(monkeypatch, page) -> None:
+    check_v_byte_pairs(replace(BASE, dtype=torch.bfloat16, d=40, s_cache=40, page=page,
+                               num_splits=2), monkeypatch)
 
 
 def _bad(fp8_q: bool = False, **over):

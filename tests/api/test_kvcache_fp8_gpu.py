@@ -16,7 +16,7 @@ import torch
 import flashattn
 from flashattn import flash_attn_with_kvcache
 from tests.api.test_kvcache import KVCase
-from tests.api.test_kvcache_fp8 import FP8, _fp8_inputs, check_case
+from tests.api.test_kvcache_fp8 import FP8, _fp8_inputs, check_case, check_v_byte_pairs
 
 pytestmark = pytest.mark.gpu
 
@@ -51,6 +51,14 @@ _CASES = {
 @pytest.mark.parametrize("case,fp8_q,fp8_new", _CASES.values(), ids=list(_CASES))
 def test_kvcache_fp8_gpu(case: KVCase, fp8_q: bool, fp8_new: bool) -> None:
     check_case(case, fp8_q=fp8_q, fp8_new=fp8_new, device="cuda")
+
+
+@pytest.mark.parametrize("case", [BIG, replace(BIG, page=64, num_splits=3),
+                                  replace(BIG, d=64, page=1, dtype=torch.float16),
+                                  replace(BIG, d=96, b=2, s_cache=1000)],
+                         ids=["contig", "page64-splits3", "d64-fp16-page1", "d96"])
+def test_v_byte_pairs_gpu(case: KVCase, monkeypatch) -> None:
+    check_v_byte_pairs(case, monkeypatch, device="cuda")
 
 
 def test_fa3_kvcache_fp8_query_gpu() -> None:

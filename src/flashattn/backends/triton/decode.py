@@ -30,12 +30,21 @@ fp16 (P is in [0, 1]: fp16 holds it more finely than bf16), fp32 when the math i
 descales are the program's scalars, never per-element multiplies: K's multiplies the softmax
 scale, V's the finished output, so no dequantized value is rounded.
 
-V's widening is an opaque asm conversion (``_e4m3_to_f16``) on purpose: the B operand of
-P V needs consecutive *keys* per register, and an e4m3 tile converted by a plain cast is
-converted inside the dot's operand layout, which Triton builds from shared memory one byte
-at a time (64 ``ld.shared.b8`` per thread and 64 keys, sm_90 compile). Converted in the
-loaded layout instead, the fp16 tile is transposed through shared memory by
-``ldmatrix.trans`` as a 16-bit cache is (``tools/aot_decode.py`` reports both).
+V is read as int16 byte pairs (``V_PAIRS``, 16-bit math without qv): bytes 2c and 2c + 1 of
+a V row, its columns 2c and 2c + 1, are one int16, and P V runs as two dots, over the even
+and over the odd columns (joined again before the store). The B operand of P V needs
+consecutive *keys* per register; an int16 tile gets there as a 16-bit cache's does, by
+``ldmatrix.trans`` straight from the cp.async buffer, and each operand register is then widened
+in place (``_e4m3_pair_to_f16``: one ``prmt`` picks the two keys' low or high bytes, one
+``cvt.rn.f16x2.e4m3x2`` widens them, pure inline asm so that Triton moves the layout
+conversion above it). The products and their order are the plain tile's: out is bitwise the
+same. Before, the e4m3 tile was widened in the loaded layout and the fp16 tile went back
+through shared memory for ``ldmatrix.trans`` (an asm conversion with side effects, which
+Triton does not move: a plain cast is converted inside the operand layout, gathered from
+shared memory one byte at a time, 64 ``ld.shared.b8`` per thread and 64 keys); that chain was
+what the kernel waited on (H200, 2026-11-29: 9-11 % faster without it, benchmarks/NOTES.md).
+That path (``_e4m3_to_f16``) stays for a V cache whose base is not 16-byte aligned or whose
+strides are odd (an int16 load needs an even address), and for qv's V tile.
 
 FP8 queries (``Q_FP8``, FlashAttention-3's q_descale, one per (batch row, KV head): the
 program's query rows all share it): q is widened to bf16 on load (exact) and its descale
@@ -161,6 +170,39 @@ def _e4m3_to_f16(x, ASM: tl.constexpr):
 
 
 @triton.jit
+def _e4m3_pair_to_f16(x, HIGH: tl.constexpr, ASM: tl.constexpr):
+    """One byte of each int16 of ``x`` (two neighbouring e4m3 values of a V row, read as one
+    int16) as float16, exact: the low byte (even d column) or with ``HIGH`` the high one (odd
+    column). ``ASM``: per two int16 values one ``prmt`` gathering the chosen bytes and one
+    ``cvt.rn.f16x2.e4m3x2``, as *pure* inline asm, so that Triton moves the dot operand's
+    layout conversion above it: the int16 tile goes from the cp.async buffer to the operand
+    registers by ``ldmatrix.trans`` and is widened there (module doc). The interpreter (no
+    inline asm) takes the byte with integer ops and casts."""
+    if ASM:
+        if HIGH:
+            return tl.inline_asm_elementwise(
+                asm="""{
+                .reg .b32 t;
+                .reg .b16 lo, hi;
+                prmt.b32 t, $1, 0, 0x0031;
+                mov.b32 {lo, hi}, t;
+                cvt.rn.f16x2.e4m3x2 $0, lo;
+                }""",
+                constraints="=r,r", args=[x], dtype=tl.float16, is_pure=True, pack=2)
+        return tl.inline_asm_elementwise(
+            asm="""{
+            .reg .b32 t;
+            .reg .b16 lo, hi;
+            prmt.b32 t, $1, 0, 0x0020;
+            mov.b32 {lo, hi}, t;
+            cvt.rn.f16x2.e4m3x2 $0, lo;
+            }""",
+            constraints="=r,r", args=[x], dtype=tl.float16, is_pure=True, pack=2)
+    byte = (x >> 8) & 0xFF if HIGH else x & 0xFF
+    return byte.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+
+
+@triton.jit
 def _decode_kernel(
     Q, K, V, Out, Lse, SeqlensK, LeftPad, BatchIdx, BlockTable, Alibi, CuSeqQ, KDescale,
     VDescale, QV, QDescale,
@@ -181,7 +223,7 @@ def _decode_kernel(
     HAS_CHUNK: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     UPCAST: tl.constexpr, DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr,
     KV_FP8: tl.constexpr, HAS_QV: tl.constexpr, Q_FP8: tl.constexpr,
-    ASM_CVT: tl.constexpr,
+    ASM_CVT: tl.constexpr, V_PAIRS: tl.constexpr,
 ):
     # (the api refuses an FP8 q with qv: qv . v^T would need qv in FP8 and its own descale)
     tl.static_assert(not (HAS_QV and Q_FP8), "qv with an FP8 query")
@@ -306,7 +348,13 @@ def _decode_kernel(
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    if V_PAIRS:  # the even and the odd output columns (V read as int16 byte pairs)
+        acc = tl.zeros([BLOCK_M, BLOCK_DV // 2], dtype=tl.float32)
+        acc_odd = tl.zeros([BLOCK_M, BLOCK_DV // 2], dtype=tl.float32)
+        offs_c = tl.arange(0, BLOCK_DV // 2)
+        v_pairs = v_base.to(tl.pointer_type(tl.int16), bitcast=True)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     offs_n0 = tl.arange(0, BLOCK_N)
 
     for start_n in tl.range(start, end, BLOCK_N):
@@ -356,19 +404,36 @@ def _decode_kernel(
         p = tl.exp2(s - m_sub[:, None])
         alpha = tl.exp2(m_i - m_sub)
         l_i = l_i * alpha + tl.sum(p, 1)
-        if not HAS_QV:  # (loaded late: its latency hides behind the softmax)
-            v = _v_load(v_desc, v_base, v_rows, n_ok, offs_dv, start_k + start_n, HEAD_DIM_V,
-                        USE_TMA)
-            if KV_FP8:  # fp16 for P V; fp32 when the math is (fp32 q, or upcast dots)
-                if q.dtype == tl.float32:
-                    v = v.to(tl.float32)
-                else:
-                    v = _e4m3_to_f16(v, ASM_CVT)
+        if V_PAIRS:
+            # (loaded late: its latency hides behind the softmax) an e4m3 V row's bytes 2c and
+            # 2c + 1 are one int16: P V over the even columns and over the odd ones, each V
+            # operand widened in the operand's own registers (module doc)
+            v2 = tl.load(v_pairs + (v_rows // 2)[:, None] + offs_c[None, :],
+                         mask=n_ok[:, None] & (offs_c[None, :] < HEAD_DIM_V // 2), other=0)
+            v_even = _e4m3_pair_to_f16(v2, False, ASM_CVT)
+            v_odd = _e4m3_pair_to_f16(v2, True, ASM_CVT)
             if UPCAST:
-                v = v.to(tl.float32)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PREC)
+                v_even = v_even.to(tl.float32)
+                v_odd = v_odd.to(tl.float32)
+            p16 = p.to(v_even.dtype)
+            acc = tl.dot(p16, v_even, acc * alpha[:, None], input_precision=DOT_PREC)
+            acc_odd = tl.dot(p16, v_odd, acc_odd * alpha[:, None], input_precision=DOT_PREC)
+        else:
+            if not HAS_QV:  # (loaded late: its latency hides behind the softmax)
+                v = _v_load(v_desc, v_base, v_rows, n_ok, offs_dv, start_k + start_n,
+                            HEAD_DIM_V, USE_TMA)
+                if KV_FP8:  # fp16 for P V; fp32 when the math is (fp32 q, or upcast dots)
+                    if q.dtype == tl.float32:
+                        v = v.to(tl.float32)
+                    else:
+                        v = _e4m3_to_f16(v, ASM_CVT)
+                if UPCAST:
+                    v = v.to(tl.float32)
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PREC)
         m_i = m_new
 
+    if V_PAIRS:  # columns 2c and 2c + 1 side by side again
+        acc = tl.reshape(tl.join(acc, acc_odd), [BLOCK_M, BLOCK_DV])
     # epilogue: normalised output and natural-log LSE (-inf and 0 where no key was seen)
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
@@ -464,6 +529,9 @@ def launch_config(head_dim: int, elem_bytes: int, paged: bool, long_unsplit: boo
 # (with 32 query rows, _launch_plan).
 _WIDE_V_CONFIG = {False: (64, 8, 2, False), True: (16, 8, 2, False)}
 _TMA_MAX_BOX = 256
+# e4m3 V tiles read as int16 byte pairs, P V as two dots over the even / odd columns (module
+# doc); a probe may switch it off between calls (it is part of every launch key)
+V_PAIRS = True
 
 MAX_SPLITS = 128
 
@@ -471,13 +539,15 @@ MAX_SPLITS = 128
 # 65-128 with 16-bit math (keys: (paged, e4m3 cache, BLOCK_N, warps, stages)). Nsight Compute on an H200,
 # 2026-11-28 ("Block Limit Registers / Shared Mem"): a paged 16-bit cache 206 registers -> 2;
 # a paged e4m3 cache 160 registers and 74 KiB -> 3; a contiguous e4m3 cache on long unsplit
-# streams 112 registers and 55 KiB -> 4; its split-stream config (sm_90 compile: 104 KiB) -> 2.
+# streams 112 registers and 55 KiB -> 4; its split-stream config (sm_90 compile: 104 KiB) -> 2,
+# 3 since V is read as int16 byte pairs (V_PAIRS: no fp16 staging tile, 72 KiB and 152
+# registers in the sm_90 compile; not yet read off Nsight Compute).
 # Their split counts fill whole waves of these slots (num_splits_heuristic); a CPU test checks
 # each entry against its sm_90 compile (programs_per_sm on the pinned Triton). The contiguous
 # 16-bit configs (TMA) are not listed: split counts 1-4 at (40 / 48 / 80, 32k) measured within
 # 2-5 % of each other there, the unsplit grid among the fastest.
 RESIDENT = {(True, False, 128, 4, 3): 2, (True, True, 128, 4, 3): 3,
-            (False, True, 64, 4, 3): 4, (False, True, 128, 4, 3): 2}
+            (False, True, 64, 4, 3): 4, (False, True, 128, 4, 3): 3}
 
 
 def programs_per_sm(registers: int, shared: int, num_warps: int) -> int:
@@ -754,6 +824,13 @@ class DecodeCall:
                         # (a TMA box has at most 256 elements a side: wider V tiles use
                         # pointer loads)
                         and block_dv <= _TMA_MAX_BOX)
+        # e4m3 V read as int16 byte pairs (module doc): 16-bit math, no qv, and every V offset
+        # even, the base 16-byte aligned as every recorded launch checks (an int16 load at an
+        # odd byte address would fault)
+        self.v_pairs = (V_PAIRS and kv_fp8 and qv is None and math_t.element_size() == 2
+                        and d_v % 2 == 0
+                        and v_cache.data_ptr() % 16 == 0
+                        and all(st % 2 == 0 for st in v_cache.stride()[:3]))
         # (out in the math's dtype, or ``out_dtype``: the kernels store through its pointer)
         self.varlen, self.num_splits, self.device, self.dtype = (varlen, num_splits, device,
                                                                  out_dtype or math_dtype)
@@ -820,6 +897,7 @@ class DecodeCall:
             UPCAST=config.upcast_dots(math_t), DOT_PREC=config.dot_precision(math_t),
             USE_TMA=self.use_tma, KV_FP8=kv_fp8, HAS_QV=qv is not None,
             Q_FP8=q_descale is not None, ASM_CVT=not config.INTERPRET,
+            V_PAIRS=self.v_pairs,
             num_warps=num_warps, num_stages=num_stages,
         )
         # the shared plans' key: the launch's every argument but the 15 tensors (the inputs'

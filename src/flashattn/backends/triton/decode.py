@@ -169,6 +169,22 @@ def _e4m3_to_f16(x, ASM: tl.constexpr):
     return x.to(tl.float16)
 
 
+def _e4m3_pair_asm(selector: str) -> tl.constexpr:
+    """The inline asm of :func:`_e4m3_pair_to_f16` for one ``prmt`` byte selector: bytes 0 and
+    2 of the two packed int16 values (0x0020, their low bytes) or bytes 1 and 3 (0x0031)."""
+    return tl.constexpr(f"""{{
+    .reg .b32 t;
+    .reg .b16 lo, hi;
+    prmt.b32 t, $1, 0, {selector};
+    mov.b32 {{lo, hi}}, t;
+    cvt.rn.f16x2.e4m3x2 $0, lo;
+    }}""")
+
+
+_E4M3_EVEN_ASM = _e4m3_pair_asm("0x0020")
+_E4M3_ODD_ASM = _e4m3_pair_asm("0x0031")
+
+
 @triton.jit
 def _e4m3_pair_to_f16(x, HIGH: tl.constexpr, ASM: tl.constexpr):
     """One byte of each int16 of ``x`` (two neighbouring e4m3 values of a V row, read as one
@@ -179,25 +195,9 @@ def _e4m3_pair_to_f16(x, HIGH: tl.constexpr, ASM: tl.constexpr):
     registers by ``ldmatrix.trans`` and is widened there (module doc). The interpreter (no
     inline asm) takes the byte with integer ops and casts."""
     if ASM:
-        if HIGH:
-            return tl.inline_asm_elementwise(
-                asm="""{
-                .reg .b32 t;
-                .reg .b16 lo, hi;
-                prmt.b32 t, $1, 0, 0x0031;
-                mov.b32 {lo, hi}, t;
-                cvt.rn.f16x2.e4m3x2 $0, lo;
-                }""",
-                constraints="=r,r", args=[x], dtype=tl.float16, is_pure=True, pack=2)
         return tl.inline_asm_elementwise(
-            asm="""{
-            .reg .b32 t;
-            .reg .b16 lo, hi;
-            prmt.b32 t, $1, 0, 0x0020;
-            mov.b32 {lo, hi}, t;
-            cvt.rn.f16x2.e4m3x2 $0, lo;
-            }""",
-            constraints="=r,r", args=[x], dtype=tl.float16, is_pure=True, pack=2)
+            asm=_E4M3_ODD_ASM if HIGH else _E4M3_EVEN_ASM, constraints="=r,r", args=[x],
+            dtype=tl.float16, is_pure=True, pack=2)
     byte = (x >> 8) & 0xFF if HIGH else x & 0xFF
     return byte.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
 

@@ -826,9 +826,11 @@ class DecodeCall:
                         and block_dv <= _TMA_MAX_BOX)
         # e4m3 V read as int16 byte pairs (module doc): 16-bit math, no qv, and every V offset
         # even, the base 16-byte aligned as every recorded launch checks (an int16 load at an
-        # odd byte address would fault)
+        # odd byte address would fault); V tiles of 64 columns or more (the sm_90 compiles of
+        # 16 / 32 columns took more registers that way: d 32 186 against 82, d 16 8 bytes
+        # spilled)
         self.v_pairs = (V_PAIRS and kv_fp8 and qv is None and math_t.element_size() == 2
-                        and d_v % 2 == 0
+                        and d_v % 2 == 0 and block_dv >= 64
                         and v_cache.data_ptr() % 16 == 0
                         and all(st % 2 == 0 for st in v_cache.stride()[:3]))
         # (out in the math's dtype, or ``out_dtype``: the kernels store through its pointer)

@@ -30,7 +30,8 @@ fp16 (P is in [0, 1]: fp16 holds it more finely than bf16), fp32 when the math i
 descales are the program's scalars, never per-element multiplies: K's multiplies the softmax
 scale, V's the finished output, so no dequantized value is rounded.
 
-V is read as int16 byte pairs (``V_PAIRS``, 16-bit math without qv): bytes 2c and 2c + 1 of
+V is read as int16 byte pairs (``V_PAIRS``; 16-bit math, no qv, V tiles of >= 64 columns):
+bytes 2c and 2c + 1 of
 a V row, its columns 2c and 2c + 1, are one int16, and P V runs as two dots, over the even
 and over the odd columns (joined again before the store). The B operand of P V needs
 consecutive *keys* per register; an int16 tile gets there as a 16-bit cache's does, by

@@ -31,21 +31,20 @@ descales are the program's scalars, never per-element multiplies: K's multiplies
 scale, V's the finished output, so no dequantized value is rounded.
 
 V is read as int16 byte pairs (``V_PAIRS``; 16-bit math, no qv, V tiles of >= 64 columns):
-bytes 2c and 2c + 1 of
-a V row, its columns 2c and 2c + 1, are one int16, and P V runs as two dots, over the even
-and over the odd columns (joined again before the store). The B operand of P V needs
-consecutive *keys* per register; an int16 tile gets there as a 16-bit cache's does, by
-``ldmatrix.trans`` straight from the cp.async buffer, and each operand register is then widened
-in place (``_e4m3_pair_to_f16``: one ``prmt`` picks the two keys' low or high bytes, one
-``cvt.rn.f16x2.e4m3x2`` widens them, pure inline asm so that Triton moves the layout
+bytes 2c and 2c + 1 of a V row, its columns 2c and 2c + 1, are one int16, and P V runs as two
+dots, over the even and over the odd columns (joined again before the store). The B operand of
+P V needs consecutive *keys* per register; an int16 tile gets there as a 16-bit cache's does,
+by ``ldmatrix.trans`` straight from the cp.async buffer, and each operand register is then
+widened in place (``_e4m3_pair_to_f16``: one ``prmt`` picks the two keys' low or high bytes,
+one ``cvt.rn.f16x2.e4m3x2`` widens them, pure inline asm so that Triton moves the layout
 conversion above it). The products and their order are the plain tile's: out is bitwise the
 same. Before, the e4m3 tile was widened in the loaded layout and the fp16 tile went back
-through shared memory for ``ldmatrix.trans`` (an asm conversion with side effects, which
-Triton does not move: a plain cast is converted inside the operand layout, gathered from
-shared memory one byte at a time, 64 ``ld.shared.b8`` per thread and 64 keys); that chain was
-what the kernel waited on (H200, 2026-11-29: 9-11 % faster without it, benchmarks/NOTES.md).
-That path (``_e4m3_to_f16``) stays for a V cache whose base is not 16-byte aligned or whose
-strides are odd (an int16 load needs an even address), and for qv's V tile.
+through shared memory for ``ldmatrix.trans`` (an asm conversion with side effects, which Triton
+does not move: a plain cast is converted inside the operand layout, gathered from shared memory
+one byte at a time, 64 ``ld.shared.b8`` per thread and 64 keys); that chain was what the kernel
+waited on (H200, 2026-11-29: 9-11 % faster without it, benchmarks/NOTES.md). That path
+(``_e4m3_to_f16``) stays for a V cache whose base is not 16-byte aligned or whose strides are
+odd (an int16 load needs an even address), for narrower V tiles and for qv's V tile.
 
 FP8 queries (``Q_FP8``, FlashAttention-3's q_descale, one per (batch row, KV head): the
 program's query rows all share it): q is widened to bf16 on load (exact) and its descale

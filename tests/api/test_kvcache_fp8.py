@@ -13,6 +13,7 @@ Triton decode kernel, under TRITON_INTERPRET=1 here). Inputs come from test_kvca
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 from typing import Optional
 
@@ -310,6 +311,21 @@ def _misaligned(t: torch.Tensor, shift: int) -> torch.Tensor:
     return out
 
 
+def _decode_choices(monkeypatch, name: str) -> list:
+    """A list that receives attribute ``name`` of every decode launch built from now on (the
+    decode kernel's DecodeCall: which path its launches take)."""
+    from flashattn.backends.triton import decode
+
+    taken = []
+    init = decode.DecodeCall.__init__
+
+    def spy(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        taken.append(getattr(self, name))
+    monkeypatch.setattr(decode.DecodeCall, "__init__", spy)
+    return taken
+
+
 def check_v_byte_pairs(c: KVCase, monkeypatch, device: str = "cpu") -> None:
     """The decode kernel reads an e4m3 V tile as int16 byte pairs and runs P V over the even
     and the odd columns (decode.V_PAIRS): the same products summed in the same order as the
@@ -322,13 +338,7 @@ def check_v_byte_pairs(c: KVCase, monkeypatch, device: str = "cpu") -> None:
     if device == "cpu":  # (CUDA tensors: the default dispatch runs the decode kernel)
         use_backend(monkeypatch, "portable")
     x = _fp8_inputs(c, device=device)
-    taken = []
-    init = decode.DecodeCall.__init__
-
-    def spy(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        taken.append(self.v_pairs)
-    monkeypatch.setattr(decode.DecodeCall, "__init__", spy)
+    taken = _decode_choices(monkeypatch, "v_pairs")
 
     def call(v_cache, pairs):
         monkeypatch.setattr(decode, "V_PAIRS", pairs)
@@ -351,6 +361,63 @@ def check_v_byte_pairs(c: KVCase, monkeypatch, device: str = "cpu") -> None:
 def test_v_byte_pairs_equal_the_plain_widening_bitwise(monkeypatch, page) -> None:
     check_v_byte_pairs(replace(BASE, dtype=torch.bfloat16, d=40, s_cache=40, page=page,
                                num_splits=2), monkeypatch)
+
+
+@contextlib.contextmanager
+def k_byte_pairs(monkeypatch):
+    """decode.K_PAIRS on (Q K^T over K's even / odd columns in fp16, an experiment off by
+    default) under fresh settings, so no call recorded before answers; yields the list of
+    each decode launch's choice."""
+    from flashattn.backends.triton import decode
+    from flashattn.runtime import env
+
+    taken = _decode_choices(monkeypatch, "k_pairs")
+    monkeypatch.setattr(decode, "K_PAIRS", True)
+    with env.override(decode_config=""):
+        yield taken
+
+
+_K_PAIR_CASES = {
+    "d40-bf16-page3": dict(dtype=torch.bfloat16, d=40, page=3, s_new=1, num_splits=2),
+    "d64-fp16-rotary-causal": dict(d=64, s_new=3, rotary="interleaved", causal=True, s_q=3),
+    "d40-bf16-window-leftpad": dict(dtype=torch.bfloat16, d=40, s_q=3, causal=True,
+                                    window=(5, 0), num_splits=3, leftpad=True),
+}
+
+
+@pytest.mark.parametrize("over", _K_PAIR_CASES.values(), ids=list(_K_PAIR_CASES))
+def test_k_byte_pairs(over, monkeypatch) -> None:
+    """With decode.K_PAIRS the FP8 cache's Q K^T runs over K's even and odd columns in fp16:
+    flash-attn's accuracy rule against the float64 reference, as the default path."""
+    use_backend(monkeypatch, "portable")
+    with k_byte_pairs(monkeypatch) as taken:
+        check_case(replace(BASE, **over))
+    assert taken and all(taken)
+
+
+@pytest.mark.parametrize("q_scale", [2.0**20, 2.0**-30, 0.0, "one-large"],
+                         ids=["beyond-fp16", "tiny", "zero", "one-large-element"])
+def test_k_byte_pairs_bf16_query_magnitudes(q_scale, monkeypatch) -> None:
+    """K_PAIRS scales a bf16 q tile by a power of two into fp16's range: a q far beyond fp16's
+    range, one far below it, an all-zero q and a q whose one large element sets the scale for
+    the others keep flash-attn's rule against the float64 reference (no inf, no lost rows)."""
+    use_backend(monkeypatch, "portable")
+    c = replace(BASE, dtype=torch.bfloat16, d=64, s_q=2, causal=True, num_splits=2)
+    x = _fp8_inputs(c)
+    if q_scale == "one-large":
+        x["q"][:, :, :, 0] = 3.0e4  # (fp16's largest is 65504: the rest keep 10-bit precision)
+    else:
+        x["q"] = (x["q"].float() * q_scale).to(torch.bfloat16)
+    with k_byte_pairs(monkeypatch) as taken:
+        x, out, lse, kc, vc = _run(c, x)
+    assert taken and all(taken)
+    ref, ref_lse = _reference(x, c, kc, vc, upcast=True)
+    low, low_lse = _reference(x, c, kc, vc, upcast=False)
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    atol = 1e-5 + 2.0**-7 * ref.abs().max().item()  # (the interpreter's truncating bf16 store)
+    assert_close_rule(out, ref, low, atol=atol, name="out")
+    assert_close_rule(lse, ref_lse, low_lse.float(),
+                      atol=1e-4 + 1e-6 * ref_lse.abs().max().item(), name="lse")
 
 
 def _bad(fp8_q: bool = False, **over):

@@ -16,7 +16,8 @@ import torch
 import flashattn
 from flashattn import flash_attn_with_kvcache
 from tests.api.test_kvcache import KVCase
-from tests.api.test_kvcache_fp8 import FP8, _fp8_inputs, check_case, check_v_byte_pairs
+from tests.api.test_kvcache_fp8 import (FP8, _fp8_inputs, check_case, check_v_byte_pairs,
+                                        k_byte_pairs)
 
 pytestmark = pytest.mark.gpu
 
@@ -59,6 +60,18 @@ def test_kvcache_fp8_gpu(case: KVCase, fp8_q: bool, fp8_new: bool) -> None:
                          ids=["contig", "page64-splits3", "d64-fp16-page1", "d96"])
 def test_v_byte_pairs_gpu(case: KVCase, monkeypatch) -> None:
     check_v_byte_pairs(case, monkeypatch, device="cuda")
+
+
+@pytest.mark.parametrize("case,fp8_q", [(BIG, False), (replace(BIG, page=64, s_new=1), False),
+                                        (replace(BIG, d=64, page=1, dtype=torch.float16), False),
+                                        (replace(BIG, d=256, s_cache=2048), False),
+                                        (replace(BIG, page=16, s_new=1, rotary="neox"), True)],
+                         ids=["contig", "page64-append", "d64-fp16-page1", "d256", "q8-page16"])
+def test_k_byte_pairs_gpu(case: KVCase, fp8_q: bool, monkeypatch) -> None:
+    """decode.K_PAIRS (an experiment, off by default) at real sizes: the accuracy rule."""
+    with k_byte_pairs(monkeypatch) as taken:
+        check_case(case, fp8_q=fp8_q, device="cuda")
+    assert taken and all(taken)
 
 
 def test_fa3_kvcache_fp8_query_gpu() -> None:

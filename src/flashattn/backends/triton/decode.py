@@ -46,6 +46,13 @@ waited on (H200, 2026-11-29: 9-11 % faster without it, benchmarks/NOTES.md). Tha
 (``_e4m3_to_f16``) stays for a V cache whose base is not 16-byte aligned or whose strides are
 odd (an int16 load needs an even address), for narrower V tiles and for qv's V tile.
 
+``K_PAIRS`` (an experiment, off until timed on a GPU) does the same for K: Q K^T as two dots
+over K's even and odd columns in fp16, q split the same way once per program (a bf16 q scaled
+exactly by a power of two into fp16's range, the inverse in the score scale), so that K's
+operand is built by ``ldmatrix`` from the copy buffer and widened in its registers by the
+conversion above, instead of e4m3 -> bf16 casts (two ``F2F`` per pair on the conversion unit;
+the sm_90 compile of d 128: ``F2F`` 128 -> 0, same shared memory, 150 registers).
+
 FP8 queries (``Q_FP8``, FlashAttention-3's q_descale, one per (batch row, KV head): the
 program's query rows all share it): q is widened to bf16 on load (exact) and its descale
 joins K's in the score scale; out is bf16. The dots stay bf16 x bf16 -> fp32 on purpose: a
@@ -223,7 +230,7 @@ def _decode_kernel(
     HAS_CHUNK: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     UPCAST: tl.constexpr, DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr,
     KV_FP8: tl.constexpr, HAS_QV: tl.constexpr, Q_FP8: tl.constexpr,
-    ASM_CVT: tl.constexpr, V_PAIRS: tl.constexpr,
+    ASM_CVT: tl.constexpr, V_PAIRS: tl.constexpr, K_PAIRS: tl.constexpr,
 ):
     # (the api refuses an FP8 q with qv: qv . v^T would need qv in FP8 and its own descale)
     tl.static_assert(not (HAS_QV and Q_FP8), "qv with an FP8 query")
@@ -297,6 +304,24 @@ def _decode_kernel(
                 mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
     if Q_FP8:  # (every e4m3 value is a bf16 value: exact; a rotated q arrives in bf16 already)
         q = q.to(tl.bfloat16)
+    if K_PAIRS:
+        # Q K^T over K's even and odd columns in fp16 (module doc): a bf16 q becomes fp16
+        # exactly after a scaling by a power of two that puts the tile's largest |q| in
+        # [2^14, 2^15) (bf16's 8-bit significand fits fp16's 11; only elements below 2^-24 of
+        # that maximum round, into fp16 subnormals); the inverse joins the score scale
+        if q.dtype == tl.bfloat16:
+            amax = tl.max(tl.max(tl.abs(q.to(tl.float32)), 1), 0)
+            biased = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
+            # 2^(14 - floor(log2 amax)), within 2^-126 .. 2^64 (an all-zero tile takes 2^64)
+            q_scale = (tl.minimum(tl.maximum(268 - biased, 1), 191) << 23).to(tl.float32,
+                                                                              bitcast=True)
+            q = (q.to(tl.float32) * q_scale).to(tl.float16)
+            sm_scale = sm_scale / q_scale
+        q = q.to(tl.float16)
+        q_even, q_odd = tl.split(tl.reshape(q, [BLOCK_M, BLOCK_D // 2, 2]))
+        if UPCAST:
+            q_even = q_even.to(tl.float32)
+            q_odd = q_odd.to(tl.float32)
     if UPCAST:
         q = q.to(tl.float32)
     qv = None
@@ -346,6 +371,9 @@ def _decode_kernel(
         slope_log2 = tl.load(Alibi + off_b * stride_ab + off_h * stride_ah, mask=row_ok,
                              other=0.0) * LOG2E
 
+    if K_PAIRS:
+        k_pairs = k_base.to(tl.pointer_type(tl.int16), bitcast=True)
+        offs_ck = tl.arange(0, BLOCK_D // 2)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     if V_PAIRS:  # the even and the odd output columns (V read as int16 byte pairs)
@@ -370,16 +398,27 @@ def _decode_kernel(
         else:
             k_rows = pos.to(tl.int64) * stride_kn
             v_rows = pos.to(tl.int64) * stride_vn
-        if USE_TMA:
-            k = tl.trans(k_desc.load([start_k + start_n, 0]))
+        if K_PAIRS:  # (K^T as int16 byte pairs: rows c of the tile are columns 2c, 2c + 1)
+            k2 = tl.load(k_pairs + (k_rows // 2)[None, :] + offs_ck[:, None],
+                         mask=n_ok[None, :] & (offs_ck[:, None] < HEAD_DIM // 2), other=0)
+            k_even = _e4m3_pair_to_f16(k2, False, ASM_CVT)
+            k_odd = _e4m3_pair_to_f16(k2, True, ASM_CVT)
+            if UPCAST:
+                k_even = k_even.to(tl.float32)
+                k_odd = k_odd.to(tl.float32)
+            qk = tl.dot(q_even, k_even, input_precision=DOT_PREC)
+            qk = tl.dot(q_odd, k_odd, qk, input_precision=DOT_PREC)
         else:
-            k = tl.load(k_base + k_rows[None, :] + offs_d[:, None],
-                        mask=n_ok[None, :] & (offs_d[:, None] < HEAD_DIM), other=0.0)
-        if KV_FP8:  # widened to the math's dtype (q's: bf16 for an FP8 q, fp32 when upcast)
-            k = k.to(q.dtype)
-        if UPCAST:
-            k = k.to(tl.float32)
-        qk = tl.dot(q, k, input_precision=DOT_PREC)
+            if USE_TMA:
+                k = tl.trans(k_desc.load([start_k + start_n, 0]))
+            else:
+                k = tl.load(k_base + k_rows[None, :] + offs_d[:, None],
+                            mask=n_ok[None, :] & (offs_d[:, None] < HEAD_DIM), other=0.0)
+            if KV_FP8:  # widened to the math's dtype (q's: bf16 for an FP8 q, fp32 if upcast)
+                k = k.to(q.dtype)
+            if UPCAST:
+                k = k.to(tl.float32)
+            qk = tl.dot(q, k, input_precision=DOT_PREC)
         if HAS_QV:
             # multi-head latent attention: the latent query scores against the V tile itself,
             # loaded here (before the softmax) and reused by the PV product below
@@ -532,6 +571,9 @@ _TMA_MAX_BOX = 256
 # e4m3 V tiles read as int16 byte pairs, P V as two dots over the even / odd columns (module
 # doc); a probe may switch it off between calls (it is part of every launch key)
 V_PAIRS = True
+# the same for K: Q K^T over K's even and odd columns in fp16 (a bf16 q scaled by a power of
+# two into fp16's range): compiled and tested on the CPU only, not yet timed on a GPU
+K_PAIRS = False
 
 MAX_SPLITS = 128
 
@@ -833,6 +875,10 @@ class DecodeCall:
                         and d_v % 2 == 0 and block_dv >= 64
                         and v_cache.data_ptr() % 16 == 0
                         and all(st % 2 == 0 for st in v_cache.stride()[:3]))
+        # e4m3 K read as int16 byte pairs too (K_PAIRS, an experiment: off), on the same terms
+        self.k_pairs = (K_PAIRS and kv_fp8 and qv is None and math_t.element_size() == 2
+                        and d % 2 == 0 and block_d >= 64 and k_cache.data_ptr() % 16 == 0
+                        and all(st % 2 == 0 for st in k_strides[:3]))
         # (out in the math's dtype, or ``out_dtype``: the kernels store through its pointer)
         self.varlen, self.num_splits, self.device, self.dtype = (varlen, num_splits, device,
                                                                  out_dtype or math_dtype)
@@ -899,7 +945,7 @@ class DecodeCall:
             UPCAST=config.upcast_dots(math_t), DOT_PREC=config.dot_precision(math_t),
             USE_TMA=self.use_tma, KV_FP8=kv_fp8, HAS_QV=qv is not None,
             Q_FP8=q_descale is not None, ASM_CVT=not config.INTERPRET,
-            V_PAIRS=self.v_pairs,
+            V_PAIRS=self.v_pairs, K_PAIRS=self.k_pairs,
             num_warps=num_warps, num_stages=num_stages,
         )
         # the shared plans' key: the launch's every argument but the 15 tensors (the inputs'

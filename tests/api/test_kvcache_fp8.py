@@ -562,12 +562,13 @@ def test_plan_decode_fp8_arguments(cpu_backend: str) -> None:
         plan16.run(*args)
 
 
+@pytest.mark.parametrize("d", [32, 64], ids=["d32", "d64"])
 @pytest.mark.parametrize("fp8_q", [False, True], ids=["q16", "q8"])
-def test_packed_queries_and_new_keys(backend: str, fp8_q: bool) -> None:
+def test_packed_queries_and_new_keys(backend: str, fp8_q: bool, d: int) -> None:
     """FlashAttention-3's packed forms (cu_seqlens_q, cu_seqlens_k_new) over an FP8 cache
     (and with an FP8 q, FP8 new keys, rotary): the same cache bytes and out as the dense
-    call."""
-    c = replace(BASE, s_q=2, s_new=2, causal=True, page=3)
+    call (d 64: V read as byte pairs on the packed route too)."""
+    c = replace(BASE, s_q=2, s_new=2, causal=True, page=3, d=d)
     if fp8_q:
         c = replace(c, dtype=torch.bfloat16, rotary="interleaved")
     x = _fp8_inputs(c, fp8_q=fp8_q, fp8_new=fp8_q)

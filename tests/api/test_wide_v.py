@@ -23,10 +23,15 @@ def _dense(b, s_q, s_k, h, h_k, d, d_v, dtype=torch.bfloat16):
     return q, k, v
 
 
-def _check(out, lse, q, k, v, **kw):
+def _check(out, lse, q, k, v, backend, **kw):
     ref, lse_ref = attention_ref(q.double(), k.double(), v.double(), **kw)
     lp, lse_lp = attention_ref(q, k, v, upcast=False, **kw)
-    assert_close_rule(out, ref, lp, name="out")
+    atol = 1e-5
+    if out.dtype == torch.bfloat16 and backend == "portable" and out.device.type == "cpu":
+        # the interpreter truncates fp32 -> bf16 (one ulp, not half) when a kernel writes out
+        # (a CI seed, 134515869, put the few-query route's 16-row call 5e-4 past the bare rule)
+        atol += 2.0**-7 * ref.abs().max().item()
+    assert_close_rule(out, ref, lp, atol=atol, name="out")
     assert_close_rule(lse, lse_ref, lse_lp, name="lse")
 
 
@@ -41,7 +46,7 @@ def test_dense_forward_wide_v(backend, d, d_v, h, h_k, causal, window, softcap):
     out, lse, _ = flashattn.flash_attn_func(q, k, v, causal=causal, window_size=window,
                                             softcap=softcap, return_attn_probs=True)
     assert out.shape == (2, 37, h, d_v) and out.dtype == q.dtype
-    _check(out, lse, q, k, v, causal=causal, window_size=window, softcap=softcap)
+    _check(out, lse, q, k, v, backend, causal=causal, window_size=window, softcap=softcap)
 
 
 def test_varlen_forward_wide_v(backend):
@@ -62,13 +67,13 @@ def test_varlen_forward_wide_v(backend):
         rows = slice(int(cu_q[i]), int(cu_q[i + 1]))
         keys = slice(int(cu_k[i]), int(cu_k[i + 1]))
         _check(out[rows][None], lse[:, rows][None], q[rows][None], k[keys][None],
-               v[keys][None], causal=True)
+               v[keys][None], backend, causal=True)
 
 
 def test_fa3_forward_wide_v(backend):
     q, k, v = _dense(1, 16, 16, 2, 1, 64, 512)
     out, lse = fa3.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
-    _check(out, lse, q, k, v, causal=True)
+    _check(out, lse, q, k, v, backend, causal=True)
 
 
 @pytest.mark.parametrize("d, d_v, causal, sink", [
@@ -214,6 +219,6 @@ def test_calls_without_grad_by_slices_match_one_pass(backend, monkeypatch):
         two, lse2, _ = flashattn.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
     assert calls == [512]
     one, lse1, _ = flashattn.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
-    _check(two, lse2, q, k, v, causal=True)
+    _check(two, lse2, q, k, v, backend, causal=True)
     torch.testing.assert_close(lse2, lse1)
     torch.testing.assert_close(two.float(), one.float(), atol=2e-2, rtol=0)

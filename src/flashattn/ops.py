@@ -229,15 +229,18 @@ def _fwd_impl(
     dropout_p: float,
     deterministic: bool,
     return_softmax: bool,
+    alibi_shift: int = 0,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """Attention forward. q (b, s_q, h, d), k (b, s_k, h_k, d), v (b, s_k, h_k, d_v).
 
     Returns out (b, s_q, h, d_v) in q's dtype, lse float32 (b, h, s_q), and S_dmask
     (b, h, s_q, s_k) in q's dtype when ``return_softmax`` else an empty (0,) tensor; all
-    contiguous.
+    contiguous. ``alibi_shift``: :class:`~flashattn.params.AttnParams`' (context parallelism's
+    blocks; 0 otherwise).
     """
     params = AttnParams(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
-                        dropout_p, _seed_value(philox_seed), deterministic)
+                        dropout_p, _seed_value(philox_seed), deterministic,
+                        alibi_shift=alibi_shift)
     out, lse, s_dmask = _dense.forward(q, k, v, params, return_softmax)
     if s_dmask is None:
         s_dmask = _empty_dmask(q)
@@ -249,7 +252,7 @@ fwd = torch.library.custom_op("flashattn::fwd", _fwd_impl, mutates_args=())
 
 @fwd.register_fake
 def _fwd_fake(q, k, v, alibi_slopes, philox_seed, softmax_scale, causal, window_left,
-              window_right, softcap, dropout_p, deterministic, return_softmax):
+              window_right, softcap, dropout_p, deterministic, return_softmax, alibi_shift=0):
     b, s_q, h, _ = q.shape
     s_k, d_v = k.shape[1], v.shape[-1]
     out = q.new_empty((b, s_q, h, d_v))
@@ -274,14 +277,16 @@ def _bwd_impl(
     softcap: float,
     dropout_p: float,
     deterministic: bool,
+    alibi_shift: int = 0,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """Attention backward: (dq, dk, dv), contiguous, shaped and typed like q, k, v.
 
     dout (b, s_q, h, d_v) with unit last-dim stride; out, lse as ``fwd`` returned them; the
-    same ``philox_seed`` as the forward (it replays the dropout mask).
+    same ``philox_seed`` and ``alibi_shift`` as the forward (the seed replays the dropout mask).
     """
     params = AttnParams(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
-                        dropout_p, _seed_value(philox_seed), deterministic)
+                        dropout_p, _seed_value(philox_seed), deterministic,
+                        alibi_shift=alibi_shift)
     dq, dk, dv = _dense.backward(dout, q, k, v, out, lse, params)
     return _fresh(dq, dk, dv)  # type: ignore[return-value]
 
@@ -291,20 +296,22 @@ bwd = torch.library.custom_op("flashattn::bwd", _bwd_impl, mutates_args=())
 
 @bwd.register_fake
 def _bwd_fake(dout, q, k, v, out, lse, alibi_slopes, philox_seed, softmax_scale, causal,
-              window_left, window_right, softcap, dropout_p, deterministic):
+              window_left, window_right, softcap, dropout_p, deterministic, alibi_shift=0):
     return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
             torch.empty(k.shape, dtype=k.dtype, device=k.device),
             torch.empty(v.shape, dtype=v.dtype, device=v.device))
 
 
 def _fwd_setup_context(ctx, inputs, output) -> None:
+    # (alibi_shift, the last input, may be left to its default by the caller)
     (q, k, v, alibi_slopes, philox_seed, softmax_scale, causal, window_left, window_right,
-     softcap, dropout_p, deterministic, _return_softmax) = inputs
+     softcap, dropout_p, deterministic, _return_softmax, *shift) = inputs
     out, lse, s_dmask = output
     ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, philox_seed)
     # The seed is saved, not redrawn: backward replays forward's dropout mask.
     ctx.params = (softmax_scale, causal, window_left, window_right, softcap, dropout_p,
-                  deterministic)
+                  deterministic, shift[0] if shift else 0)
+    ctx.n_inputs = len(inputs)
     ctx.mark_non_differentiable(lse, s_dmask)
 
 
@@ -312,7 +319,7 @@ def _fwd_backward(ctx, dout, _dlse, _ds_dmask, backward_fn=bwd):
     q, k, v, out, lse, alibi_slopes, philox_seed = ctx.saved_tensors
     dq, dk, dv = backward_fn(_dense.unit_last_stride(dout), q, k, v, out, lse, alibi_slopes,
                              philox_seed, *ctx.params)
-    return (dq, dk, dv) + (None,) * 10
+    return (dq, dk, dv) + (None,) * (ctx.n_inputs - 3)
 
 
 fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)

@@ -28,6 +28,12 @@ class AttnParams(NamedTuple):
         ``attention_chunk``): a query at key position p sees only keys j with
         ``j // C == floor(p / C)``. The KV-cache kernels take it; dense / varlen calls are
         rewritten into segments by the api (``api/segments.py``) and never carry it.
+    alibi_shift: int, 0 = flash-attn's ALiBi: the bias of query row i and key j is
+        ``-slope * |i + s_k - s_q + alibi_shift - j|``. Only context parallelism sets it (a
+        block of a longer sequence whose query and key positions are offset otherwise than
+        the block's bottom-right alignment says); dense calls on the portable and cpu
+        backends take it (dispatch keeps such calls off the other routes); the mask is not
+        moved by it.
     """
 
     softmax_scale: float
@@ -40,6 +46,7 @@ class AttnParams(NamedTuple):
     philox_seed: int
     deterministic: bool = False
     attention_chunk: int = 0
+    alibi_shift: int = 0
 
     @property
     def masked(self) -> bool:
@@ -47,11 +54,15 @@ class AttnParams(NamedTuple):
         return self.window_left >= 0 or self.window_right >= 0 or self.attention_chunk > 0
 
     def kernel_kwargs(self) -> Dict[str, Any]:
-        """The keyword arguments of the kernels' wrappers (every field but deterministic)."""
-        return dict(softmax_scale=self.softmax_scale, causal=self.causal,
-                    window_left=self.window_left, window_right=self.window_right,
-                    softcap=self.softcap, alibi_slopes=self.alibi_slopes,
-                    dropout_p=self.dropout_p, philox_seed=self.philox_seed)
+        """The keyword arguments of the kernels' wrappers (every field but deterministic and
+        attention_chunk; alibi_shift only when set, for the dense wrappers that take it)."""
+        kwargs = dict(softmax_scale=self.softmax_scale, causal=self.causal,
+                      window_left=self.window_left, window_right=self.window_right,
+                      softcap=self.softcap, alibi_slopes=self.alibi_slopes,
+                      dropout_p=self.dropout_p, philox_seed=self.philox_seed)
+        if self.alibi_shift:
+            kwargs["alibi_shift"] = self.alibi_shift
+        return kwargs
 
 
 class Fp8Scales(NamedTuple):

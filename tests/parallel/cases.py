@@ -87,7 +87,8 @@ def ring_dense(rank, world, *, b=2, s_per_rank=8, h=4, hk=2, d=16, dtype=torch.f
     if deterministic:
         local2 = [x.detach().clone().requires_grad_() for x in local]
         out2 = fp.ring_flash_attn_func(*local2, causal=causal, window_size=window_size,
-                                       softcap=softcap, deterministic=True, layout=layout)
+                                       softcap=softcap, alibi_slopes=slopes,
+                                       deterministic=True, layout=layout)
         grads2 = torch.autograd.grad(out2, local2, shard(dout))
     unshard = fp.zigzag_unshard if layout == "zigzag" else fp.contiguous_unshard
     whole = unshard(local[0].detach(), None, 1)
@@ -97,18 +98,6 @@ def ring_dense(rank, world, *, b=2, s_per_rank=8, h=4, hk=2, d=16, dtype=torch.f
         for g1, g2 in zip(grads, grads2):
             assert torch.equal(g1, g2)
     assert torch.equal(whole, q)  # the unshard helper gives back the whole tensor
-
-
-def ring_alibi_refused(rank, world):
-    q, k, v, _ = _inputs(1, 4 * world, 2, 2, 8, torch.float32)
-    slopes = torch.full((2,), 0.25, device=q.device)
-    local = [fp.zigzag_shard(x) for x in (q, k, v)]
-    try:
-        fp.ring_flash_attn_func(*local, causal=True, alibi_slopes=slopes)
-    except NotImplementedError as e:
-        assert "ulysses_flash_attn_func" in str(e)
-    else:
-        raise AssertionError("ring with ALiBi over several ranks did not refuse")
 
 
 def _varlen_inputs(lengths, h, hk, d, dtype):
@@ -191,17 +180,21 @@ def ulysses_varlen(rank, world, *, lengths=(5, 11, 8), hk=None, d=16, dtype=torc
 
 
 def usp(rank, world, *, ulysses=2, b=1, s_per_rank=4, h=4, hk=2, d=16, dtype=torch.float32,
-        causal=True, window_size=(-1, -1)):
+        causal=True, window_size=(-1, -1), alibi=False):
     from torch.distributed.device_mesh import init_device_mesh
     mesh = init_device_mesh(_device().type, (ulysses, world // ulysses),
                             mesh_dim_names=("ulysses", "ring"))
     s = s_per_rank * world
     q, k, v, dout = _inputs(b, s, h, hk, d, dtype)
-    ref, lp = _oracle(q, k, v, dout, causal=causal, window_size=window_size)
+    slopes = (torch.rand(b, h, generator=torch.Generator().manual_seed(2)) * 0.5).to(q.device) \
+        if alibi else None
+    ref, lp = _oracle(q, k, v, dout, causal=causal, window_size=window_size,
+                      alibi_slopes=slopes)
     shard = lambda x, dim=1: fp.usp_shard(x.to(q.device), mesh, dim)
     local = [shard(x).requires_grad_() for x in (q, k, v)]
     out, lse, _ = fp.usp_flash_attn_func(*local, mesh=mesh, causal=causal,
-                                         window_size=window_size, return_attn_probs=True)
+                                         window_size=window_size, alibi_slopes=slopes,
+                                         return_attn_probs=True)
     grads = torch.autograd.grad(out, local, shard(dout))
     whole = fp.usp_unshard(local[0].detach(), mesh, 1)  # collectives before checks
     _check((out, lse, grads), ref, lp, shard, lse_shard=lambda x: shard(x, 2), merged=True)

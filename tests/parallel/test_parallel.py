@@ -20,8 +20,7 @@ F32, BF16 = torch.float32, torch.bfloat16
 
 # every case on 2 and 4 ranks; a subset on 1 and 3 (odd ring sizes, the one-rank ring)
 _SUBSET = {"ring causal fp32", "ring sliding window", "ring contiguous causal",
-           "varlen ring causal", "ulysses causal", "ring alibi one rank",
-           "ring alibi one rank full", "ring alibi refused",
+           "varlen ring causal", "ulysses causal", "ring alibi causal", "ring alibi full bf16",
            "bad inputs"}
 
 
@@ -37,6 +36,13 @@ def _cases(world):
         ("ring contiguous causal", c.ring_dense, dict(layout="contiguous", s_per_rank=5)),
         ("ring contiguous window", c.ring_dense, dict(layout="contiguous", window_size=(3, 0))),
         ("ring deterministic", c.ring_dense, dict(deterministic=True, dtype=BF16)),
+        # ALiBi over the global positions: each block's call carries its offset
+        ("ring alibi causal", c.ring_dense, dict(alibi=True)),
+        ("ring alibi full bf16", c.ring_dense, dict(alibi=True, causal=False, dtype=BF16)),
+        ("ring alibi window contiguous", c.ring_dense,
+         dict(alibi=True, causal=False, window_size=(5, 2), layout="contiguous")),
+        ("ring alibi MQA softcap deterministic", c.ring_dense,
+         dict(alibi=True, hk=1, softcap=2.0, deterministic=True)),
         ("varlen ring causal", c.ring_varlen, dict()),
         ("varlen ring full bf16", c.ring_varlen, dict(causal=False, dtype=BF16)),
         ("varlen ring MQA softcap", c.ring_varlen, dict(hk=1, softcap=3.0, lengths=(2, 6))),
@@ -48,17 +54,12 @@ def _cases(world):
         ("ulysses varlen window", c.ulysses_varlen, dict(window_size=(3, 0), hk=1)),
         ("bad inputs", c.bad_inputs, dict()),
     ]
-    if world == 1:
-        out.append(("ring alibi one rank", c.ring_dense, dict(alibi=True)))
-        # the backward's split of the local block would misalign ALiBi here: computed whole
-        out.append(("ring alibi one rank full", c.ring_dense, dict(alibi=True, causal=False)))
-    else:
-        out.append(("ring alibi refused", c.ring_alibi_refused, dict()))
     if world == 2:
         out.append(("training loop (Hugging Face Llama)", c.training_loop, dict()))
     if world == 4:
         out.append(("usp 2x2 causal", c.usp, dict()))
         out.append(("usp 2x2 window", c.usp, dict(window_size=(6, 0), hk=1)))
+        out.append(("usp 2x2 alibi full", c.usp, dict(causal=False, alibi=True)))
     if world in (1, 3):
         out = [case for case in out if case[0] in _SUBSET]
     return out
@@ -77,7 +78,7 @@ def _global(layout, r, world, s_local):
     return np.concatenate([np.arange(s.global_start, s.global_start + s.length) for s in segs])
 
 
-def _check_cover(calls, gq, gk, left, right, where):
+def _check_cover(calls, gq, gk, left, right, where, alibi=False):
     """``calls`` compute every visible (query, key) cell of global positions gq x gk once."""
     dist = gk[None, :] - gq[:, None]
     want = np.ones_like(dist, bool)
@@ -96,32 +97,35 @@ def _check_cover(calls, gq, gk, left, right, where):
             m &= j - i <= lk - lq + call.window_right
         assert call.causal == (call.window_left == -1 and call.window_right == 0)
         got[call.q0:call.q1, call.k0:call.k1] += m
-        if call.alibi_aligned:
+        if call.alibi_shift is not None:  # (the kernel's ALiBi distance is the global one)
             d = np.abs(gq[call.q0:call.q1, None] - gk[None, call.k0:call.k1])
-            assert (np.abs(i + lk - lq - j)[m] == d[m]).all()
+            assert (np.abs(i + lk - lq + call.alibi_shift - j)[m] == d[m]).all()
+        elif alibi:
+            raise AssertionError((where, "a call at two offsets in an ALiBi plan", call))
     assert (got <= 1).all(), (where, calls)
     assert ((got == 1) == want).all(), (where, calls)
 
 
-def _brute(layout, world, s_local, left, right):
+def _brute(layout, world, s_local, left, right, alibi=False):
     for r in range(world):
-        plan = blocks.ring_plan(layout, r, world, s_local, left, right)
+        plan = blocks.ring_plan(layout, r, world, s_local, left, right, alibi)
         gq = _global(layout, r, world, s_local)
         for t in range(world):
             gk = _global(layout, (r - t) % world, world, s_local)
-            _check_cover(plan[t] if t < len(plan) else (), gq, gk, left, right, (r, t))
-        first, last = blocks.own_parts(layout, r, world, s_local, left, right)
-        _check_cover(first + last, gq, gq, left, right, (r, "own parts"))
+            _check_cover(plan[t] if t < len(plan) else (), gq, gk, left, right, (r, t), alibi)
+        first, last = blocks.own_parts(layout, r, world, s_local, left, right, alibi)
+        _check_cover(first + last, gq, gq, left, right, (r, "own parts"), alibi)
         half = s_local // 2
         assert all(c.q1 <= half for c in first) and all(c.q0 >= half for c in last)
 
 
 def test_block_plan_covers_the_global_mask_once():
-    """Every visible cell of every ring step is computed by exactly one call, no hidden one."""
-    for layout, world, s_local, left, right in itertools.product(
+    """Every visible cell of every ring step is computed by exactly one call, no hidden one;
+    with ALiBi every call's shift gives each of its visible cells its global distance."""
+    for layout, world, s_local, left, right, alibi in itertools.product(
             blocks.LAYOUTS, [1, 2, 3, 4, 8], [2, 6, 10, 16], [None, 0, 1, 3, 7, 20],
-            [None, 0, 2, 5, 40]):
-        _brute(layout, world, s_local, left, right)
+            [None, 0, 2, 5, 40], [False, True]):
+        _brute(layout, world, s_local, left, right, alibi)
 
 
 def test_zigzag_causal_plan_is_one_call_per_step():

@@ -37,7 +37,10 @@ def test_parallel_calls_nccl():
         ("ulysses varlen", c.ulysses_varlen,
          dict(lengths=(300, 700, 1024), d=128, dtype=BF16)),
         ("bad inputs", c.bad_inputs, dict()),
-        ("ring alibi refused", c.ring_alibi_refused, dict()),
+        ("ring alibi causal", c.ring_dense,
+         dict(b=1, s_per_rank=384, d=128, dtype=BF16, alibi=True)),
+        ("ring alibi full GQA", c.ring_dense,
+         dict(b=1, s_per_rank=256, d=64, dtype=BF16, hk=2, causal=False, alibi=True)),
     ]
     failures = run(2, cases, seed=1234, backend="nccl")
     assert not failures, "\n".join(failures)

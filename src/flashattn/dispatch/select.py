@@ -351,9 +351,10 @@ def small_query_allowed(q: torch.Tensor, rows: int, params: AttnParams,
                         return_softmax: bool) -> bool:
     """Whether a forward with at most ``rows`` query rows per sequence runs the decode kernel
     (same out / lse contract, so either backward serves it): few query rows, no dropout /
-    S_dmask, on the Triton device backend, not forced to the Hopper kernels."""
+    S_dmask / shifted ALiBi (context parallelism's blocks: the decode kernel's ALiBi has no
+    shift), on the Triton device backend, not forced to the Hopper kernels."""
     if (rows > SMALL_QUERY_MAX or return_softmax or params.dropout_p > 0.0
-            or not env.settings().small_query):
+            or params.alibi_shift or not env.settings().small_query):
         return False
     return requested_backend() in ("auto", "portable") and backend_for(q) == "portable"
 

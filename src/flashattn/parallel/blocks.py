@@ -40,8 +40,10 @@ class BlockCall(NamedTuple):
     ``[k0, k1)`` of the block in hand, with the kernel's own (bottom-right aligned) mask.
 
     ``causal``: the kernel's causal route (``window_left == -1``, ``window_right == 0``);
-    window sides are -1 (unbounded) or >= 0. ``alibi_aligned``: the kernel's ALiBi distance
-    ``|i + Lk - Lq - j|`` equals the global ``|p - P|`` on every visible cell.
+    window sides are -1 (unbounded) or >= 0. ``alibi_shift``: the kernel's ALiBi shift
+    (AttnParams.alibi_shift) that makes its distance ``|i + Lk - Lq + shift - j|`` the global
+    ``|p - P|`` on every visible cell, or None where the call's cells lie at more than one
+    global offset (a plan with ALiBi has none of those).
     """
 
     q0: int
@@ -51,7 +53,7 @@ class BlockCall(NamedTuple):
     causal: bool
     window_left: int
     window_right: int
-    alibi_aligned: bool
+    alibi_shift: Optional[int]
 
 
 class _Pair(NamedTuple):
@@ -103,9 +105,12 @@ def _span(p: _Pair) -> Tuple[int, int]:
     return p.c0 - (p.r1 - 1), (p.c1 - 1) - p.r0
 
 
-def _fit(pairs: Sequence[_Pair], r0: int, r1: int, c0: int, c1: int) -> Tuple[bool, Optional[BlockCall]]:
+def _fit(pairs: Sequence[_Pair], r0: int, r1: int, c0: int, c1: int, alibi: bool
+         ) -> Tuple[bool, Optional[BlockCall]]:
     """One kernel call over rows [r0, r1) x cols [c0, c1) for the pairs inside it: (True, call),
-    (True, None) when nothing there is visible, (False, None) when no single band fits."""
+    (True, None) when nothing there is visible, (False, None) when no single band fits (or,
+    with ``alibi``, when its visible cells lie at more than one global offset: one shift
+    cannot give them all their distance)."""
     parts = [c for c in (_clip(p, r0, r1, c0, c1) for p in pairs) if c is not None]
     boxes = [b for b in (_visible_box(p) for p in parts) if b is not None]
     if not boxes:
@@ -136,15 +141,19 @@ def _fit(pairs: Sequence[_Pair], r0: int, r1: int, c0: int, c1: int) -> Tuple[bo
     wr = -1 if band_hi == _INF else band_hi - base
     if wl < -1 or wr < -1 or (wl == -1 and band_lo != -_INF) or (wr == -1 and band_hi != _INF):
         return False, None
-    aligned = all(p.offset == base for p in parts if _visible_box(p) is not None)
-    return True, BlockCall(r0, r1, c0, c1, wl == -1 and wr == 0, wl, wr, aligned)
+    # global p - P = local (i - j) + offset; the kernel's distance is |i - j + base + shift|
+    offsets = {p.offset for p in parts if _visible_box(p) is not None}
+    shift = offsets.pop() - base if len(offsets) == 1 else None
+    if alibi and shift is None:
+        return False, None
+    return True, BlockCall(r0, r1, c0, c1, wl == -1 and wr == 0, wl, wr, shift)
 
 
-def _cover(pairs: Sequence[_Pair], rects: Sequence[Tuple[int, int, int, int]]
+def _cover(pairs: Sequence[_Pair], rects: Sequence[Tuple[int, int, int, int]], alibi: bool
            ) -> Optional[List[BlockCall]]:
     calls = []
     for rect in rects:
-        ok, call = _fit(pairs, *rect)
+        ok, call = _fit(pairs, *rect, alibi)
         if not ok:
             return None
         if call is not None:
@@ -154,12 +163,13 @@ def _cover(pairs: Sequence[_Pair], rects: Sequence[Tuple[int, int, int, int]]
 
 @functools.lru_cache(maxsize=4096)
 def plan_step(q_segs: Tuple[Segment, ...], k_segs: Tuple[Segment, ...], left: Optional[int],
-              right: Optional[int]) -> Tuple[BlockCall, ...]:
+              right: Optional[int], alibi: bool = False) -> Tuple[BlockCall, ...]:
     """The kernel calls that compute every visible (query, key) cell of one ring step once.
 
     ``q_segs`` / ``k_segs``: the local query rows and the key rows in hand, as segments
     ordered by ``local_start`` and tiling ``[0, s_local)``; ``left`` / ``right``: the global
-    window sides (None = unbounded; causal: ``right = 0``). Empty when nothing is visible.
+    window sides (None = unbounded; causal: ``right = 0``); ``alibi``: every call's cells at
+    one global offset (its ``alibi_shift`` set). Empty when nothing is visible.
     """
     pairs = _pairs(q_segs, k_segs, left, right)
     sq = sum(s.length for s in q_segs)
@@ -169,11 +179,12 @@ def plan_step(q_segs: Tuple[Segment, ...], k_segs: Tuple[Segment, ...], left: Op
                   [(0, sq, s.local_start, s.local_start + s.length) for s in k_segs]]
     best: Optional[List[BlockCall]] = None
     for rects in candidates:
-        calls = _cover(pairs, rects)
+        calls = _cover(pairs, rects, alibi)
         if calls is not None and (best is None or len(calls) < len(best)):
             best = calls
-    if best is None:  # one call per segment pair always fits (its band fits its box)
-        best = _cover(pairs, [(p.r0, p.r1, p.c0, p.c1) for p in pairs])
+    if best is None:  # one call per segment pair always fits (its band fits its box, and a
+        # pair is at one offset)
+        best = _cover(pairs, [(p.r0, p.r1, p.c0, p.c1) for p in pairs], alibi)
         assert best is not None
     return tuple(best)
 
@@ -198,10 +209,11 @@ def segments(layout: str, rank: int, world: int, s_local: int) -> Tuple[Segment,
 
 @functools.lru_cache(maxsize=256)
 def ring_plan(layout: str, rank: int, world: int, s_local: int, left: Optional[int],
-              right: Optional[int]) -> Tuple[Tuple[BlockCall, ...], ...]:
+              right: Optional[int], alibi: bool = False) -> Tuple[Tuple[BlockCall, ...], ...]:
     """The calls of every ring step of ``rank``: step t holds the keys of rank
     ``(rank - t) % world``. The ring stops after the last step at which any rank still sees a
-    key (a window can end it early: those blocks are then neither computed nor sent)."""
+    key (a window can end it early: those blocks are then neither computed nor sent).
+    ``alibi``: as :func:`plan_step`'s."""
     mine = segments(layout, rank, world, s_local)
     steps = 0
     for r in range(world):
@@ -209,14 +221,15 @@ def ring_plan(layout: str, rank: int, world: int, s_local: int, left: Optional[i
         for t in range(world):
             if plan_step(q, segments(layout, (r - t) % world, world, s_local), left, right):
                 steps = max(steps, t + 1)
-    return tuple(plan_step(mine, segments(layout, (rank - t) % world, world, s_local), left, right)
+    return tuple(plan_step(mine, segments(layout, (rank - t) % world, world, s_local), left, right,
+                           alibi)
                  for t in range(max(steps, 1)))
 
 
 
 @functools.lru_cache(maxsize=256)
 def split_rows(q_segs: Tuple[Segment, ...], k_segs: Tuple[Segment, ...], left: Optional[int],
-               right: Optional[int], at: int
+               right: Optional[int], at: int, alibi: bool = False
                ) -> Tuple[Tuple[BlockCall, ...], Tuple[BlockCall, ...]]:
     """The cells of :func:`plan_step` in two groups of calls: local query rows ``[0, at)`` and
     ``[at, s_q)`` (each as few calls as fit: one per group where a band does, else one per
@@ -229,10 +242,10 @@ def split_rows(q_segs: Tuple[Segment, ...], k_segs: Tuple[Segment, ...], left: O
     def group(r0: int, r1: int) -> Tuple[BlockCall, ...]:
         if r0 >= r1:
             return ()
-        calls = _cover(pairs, [(r0, r1, 0, sk)])
+        calls = _cover(pairs, [(r0, r1, 0, sk)], alibi)
         if calls is None:  # one call per pair, clipped to the rows: a pair's band always fits
             calls = _cover(pairs, [(max(p.r0, r0), min(p.r1, r1), p.c0, p.c1) for p in pairs
-                                   if max(p.r0, r0) < min(p.r1, r1)])
+                                   if max(p.r0, r0) < min(p.r1, r1)], alibi)
             assert calls is not None
         return tuple(calls)
 
@@ -240,12 +253,13 @@ def split_rows(q_segs: Tuple[Segment, ...], k_segs: Tuple[Segment, ...], left: O
 
 
 def own_parts(layout: str, rank: int, world: int, s_local: int, left: Optional[int],
-              right: Optional[int]) -> Tuple[Tuple[BlockCall, ...], Tuple[BlockCall, ...]]:
+              right: Optional[int], alibi: bool = False
+              ) -> Tuple[Tuple[BlockCall, ...], Tuple[BlockCall, ...]]:
     """The local block's calls (step 0 of :func:`ring_plan`) cut at the middle row: zigzag's
     two chunks (early queries against early keys, then the late chunk against both), or the
-    two halves of a contiguous shard."""
+    two halves of a contiguous shard. ``alibi``: as :func:`plan_step`'s."""
     mine = segments(layout, rank, world, s_local)
-    return split_rows(mine, mine, left, right, s_local // 2)
+    return split_rows(mine, mine, left, right, s_local // 2, alibi)
 
 
 LAYOUTS = ("zigzag", "contiguous")

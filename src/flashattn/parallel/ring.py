@@ -45,12 +45,20 @@ class RingOptions(NamedTuple):
     deterministic: bool
 
 
+def _alibi_shift(call: _blocks.BlockCall, opt: RingOptions) -> int:
+    """The kernel's ALiBi shift for this block (0 without ALiBi: the argument is then moot)."""
+    if opt.alibi_slopes is None:
+        return 0
+    assert call.alibi_shift is not None  # (the plan with ALiBi makes only one-offset calls)
+    return call.alibi_shift
+
+
 def _block_forward(q: Tensor, k: Tensor, v: Tensor, call: _blocks.BlockCall,
                    opt: RingOptions) -> Tuple[Tensor, Tensor]:
     out, lse, _ = _ops.fwd(q[:, call.q0:call.q1], k[:, call.k0:call.k1], v[:, call.k0:call.k1],
                            opt.alibi_slopes, None, opt.softmax_scale, call.causal,
                            call.window_left, call.window_right, opt.softcap, 0.0,
-                           opt.deterministic, False)
+                           opt.deterministic, False, _alibi_shift(call, opt))
     return out, lse
 
 
@@ -61,7 +69,7 @@ def _block_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
     return _ops.bwd(dout[:, rows], q[:, rows], k[:, keys], v[:, keys], out[:, rows],
                     lse[:, :, rows].contiguous(), opt.alibi_slopes, None, opt.softmax_scale,
                     call.causal, call.window_left, call.window_right, opt.softcap, 0.0,
-                    opt.deterministic)
+                    opt.deterministic, _alibi_shift(call, opt))
 
 
 class RingPlan(NamedTuple):
@@ -259,21 +267,11 @@ def normalise(q: Tensor, k: Tensor, v: Tensor, group: Group, causal: bool,
 
 
 def plan_for(layout: str, rank: int, world: int, s_local: int, opt: RingOptions) -> RingPlan:
-    """The ring plan of this rank; NotImplementedError where ALiBi's distances cannot be
-    expressed by the kernel's bottom-right alignment on some block."""
-    plan = _blocks.ring_plan(layout, rank, world, s_local, opt.left, opt.right)
-    if opt.alibi_slopes is not None:
-        for r in range(world):
-            for calls in _blocks.ring_plan(layout, r, world, s_local, opt.left, opt.right):
-                if not all(c.alibi_aligned for c in calls):
-                    raise NotImplementedError(
-                        "alibi_slopes: ring attention over more than one rank cannot express "
-                        "ALiBi's global distances with the one-GPU kernel's alignment; use "
-                        "ulysses_flash_attn_func (head-parallel, full sequences per rank), "
-                        "which supports ALiBi")
-    first, last = _blocks.own_parts(layout, rank, world, s_local, opt.left, opt.right)
-    if opt.alibi_slopes is not None and not all(c.alibi_aligned for c in first + last):
-        first, last = plan[0], ()  # the local block whole: its one call is aligned
+    """The ring plan of this rank. With ALiBi every call covers cells of one global offset
+    and carries the kernel's ALiBi shift for it (:class:`.blocks.BlockCall`)."""
+    alibi = opt.alibi_slopes is not None
+    plan = _blocks.ring_plan(layout, rank, world, s_local, opt.left, opt.right, alibi)
+    first, last = _blocks.own_parts(layout, rank, world, s_local, opt.left, opt.right, alibi)
     return RingPlan(plan, first, last)
 
 
@@ -307,9 +305,11 @@ def ring_flash_attn_func(
             the global sequence (global length = s_local * world; causal / windows are
             aligned with the global positions). ``deterministic``: bitwise-repeatable results
             for a fixed world size (the ring sums in a fixed order).
-        alibi_slopes: (nheads,) or (batch, nheads) float32; supported only where every block's
-            distances match the kernel's alignment (one rank); otherwise NotImplementedError
-            pointing to :func:`ulysses_flash_attn_func`.
+        alibi_slopes: (nheads,) or (batch, nheads) float32: ALiBi over the global positions
+            (each block's kernel call carries its global offset; the blocks the zigzag
+            layout would merge into one call at two offsets run as one call each, so a
+            non-causal ALiBi ring makes more, smaller calls). The kernels that take ALiBi
+            are the portable ones (as on one GPU: the Hopper kernels take no ALiBi).
         layout: "zigzag" (default: rank r holds chunks r and 2 * world - 1 - r of 2 * world,
             see :func:`zigzag_shard`; equal causal work on every rank) or "contiguous"
             (rank r holds chunk r of world, :func:`contiguous_shard`).

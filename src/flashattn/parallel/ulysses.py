@@ -114,7 +114,9 @@ def check_heads(q: Tensor, k: Tensor, world: int) -> None:
                          f"size {world}")
 
 
-def _alibi_for_rank(alibi_slopes: Optional[Tensor], rank: int, world: int) -> Optional[Tensor]:
+def alibi_for_rank(alibi_slopes: Optional[Tensor], rank: int, world: int) -> Optional[Tensor]:
+    """The slopes of the heads rank ``rank`` holds after :func:`seq_to_heads` ((h,) or (b, h)
+    in, the same with h / world columns out), or None."""
     if alibi_slopes is None:
         return None
     h = alibi_slopes.shape[-1]
@@ -198,7 +200,7 @@ def ulysses_flash_attn_func(
     _checks.same_on_every_rank(pg, world, q.device, _signature(
         q, k, v, causal, window_size, dropout_p, softcap, alibi_slopes, deterministic),
         "ulysses_flash_attn_func")
-    alibi = _alibi_for_rank(alibi_slopes, rank, world)
+    alibi = alibi_for_rank(alibi_slopes, rank, world)
     out, lse = head_parallel(q, k, v, pg, world, lambda qh, kh, vh: flash_attn_func(
         qh, kh, vh, dropout_p, softmax_scale, causal, window_size, softcap, alibi,
         deterministic, return_attn_probs=True)[:2])
@@ -246,7 +248,7 @@ def ulysses_flash_attn_varlen_func(
     _checks.same_on_every_rank(pg, world, q.device, _signature(
         q.unsqueeze(0), k.unsqueeze(0), v, causal, window_size, dropout_p, softcap,
         alibi_slopes, deterministic), "ulysses_flash_attn_varlen_func")
-    alibi = _alibi_for_rank(alibi_slopes, rank, world)
+    alibi = alibi_for_rank(alibi_slopes, rank, world)
 
     def attend(qh: Tensor, kh: Tensor, vh: Tensor) -> Tuple[Tensor, Tensor]:
         out, lse, _ = flash_attn_varlen_func(

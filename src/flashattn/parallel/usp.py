@@ -19,7 +19,7 @@ from flashattn.parallel.groups import check_device
 from flashattn.parallel.layout import contiguous_shard, contiguous_unshard, zigzag_shard, \
     zigzag_unshard
 from flashattn.parallel.ring import attend, normalise, plan_for
-from flashattn.parallel.ulysses import check_heads, head_parallel
+from flashattn.parallel.ulysses import alibi_for_rank, check_heads, head_parallel
 
 Tensor = torch.Tensor
 DIMS = ("ulysses", "ring")
@@ -57,6 +57,7 @@ def usp_flash_attn_func(
     causal: bool = False,
     window_size: Tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
+    alibi_slopes: Optional[Tensor] = None,
     softmax_scale: Optional[float] = None,
     deterministic: bool = False,
     return_attn_probs: bool = False,
@@ -69,24 +70,27 @@ def usp_flash_attn_func(
             by it.
         mesh: ``init_device_mesh(device, (U, R), mesh_dim_names=("ulysses", "ring"))`` (or
             the names in the other order).
-        causal, window_size, softcap, softmax_scale, deterministic: as
-            :func:`ring_flash_attn_func`, on the global sequence (ALiBi: use Ulysses alone).
+        causal, window_size, softcap, alibi_slopes, softmax_scale, deterministic: as
+            :func:`ring_flash_attn_func`, on the global sequence (each Ulysses rank's ring
+            takes the slopes of the heads it holds).
         return_attn_probs: also return the local lse (batch, nheads, s_local).
 
     Returns:
         out (batch, s_local, nheads, headdim_v), or ``(out, lse, None)``.
     """
-    u_group, u_world, _, ring_mesh = _groups(mesh)
+    u_group, u_world, u_rank, ring_mesh = _groups(mesh)
     _v.check_qkv(q, k, v, ("q", "k", "v"))
     check_device(u_group, q, "q")
     check_heads(q, k, u_world)
+    _v.check_alibi_slopes(alibi_slopes, q.shape[0], q.shape[2], q.device)
     return_attn_probs = _v.check_bool(return_attn_probs, "return_attn_probs")
     _checks.same_on_every_rank(u_group, u_world, q.device, [
-        ("q.shape[1] (local sequence length)", q.shape[1]), ("q.shape[2]", q.shape[2])],
-        "usp_flash_attn_func")
+        ("q.shape[1] (local sequence length)", q.shape[1]), ("q.shape[2]", q.shape[2]),
+        ("alibi_slopes given", int(alibi_slopes is not None))], "usp_flash_attn_func")
+    alibi = alibi_for_rank(alibi_slopes, u_rank, u_world)
 
     def ring_attention(qh: Tensor, kh: Tensor, vh: Tensor) -> Tuple[Tensor, Tensor]:
-        ring, opt = normalise(qh, kh, vh, ring_mesh, causal, window_size, softcap, None,
+        ring, opt = normalise(qh, kh, vh, ring_mesh, causal, window_size, softcap, alibi,
                               softmax_scale, deterministic, "zigzag", "usp_flash_attn_func")
         plan = plan_for("zigzag", ring.rank, ring.world, qh.shape[1], opt)
         return attend(qh, kh, vh, plan, opt, ring)

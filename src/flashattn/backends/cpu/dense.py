@@ -75,7 +75,7 @@ class _Problem:
     """The normalised attention parameters plus shapes, shared by every tile."""
 
     def __init__(self, q, k, v, softmax_scale, window_left, window_right, softcap,
-                 alibi_slopes, dropout_p, philox_seed, batch_offset=0):
+                 alibi_slopes, dropout_p, philox_seed, batch_offset=0, alibi_shift=0):
         self.b, self.s_q, self.h, self.d = q.shape
         self.s_k, self.h_k = k.shape[1], k.shape[2]
         self.d_v = v.shape[3]
@@ -87,6 +87,7 @@ class _Problem:
         self.window_right = int(window_right)
         self.softcap = float(softcap)
         self.alibi = None
+        self.alibi_shift = int(alibi_shift)  # (AttnParams.alibi_shift: moves ALiBi, not the mask)
         if alibi_slopes is not None:
             slopes = alibi_slopes.to(self.acc_dtype)
             if slopes.dim() == 1:
@@ -128,7 +129,7 @@ class _Problem:
         cols = torch.arange(j0, j1, device=self.device).view(1, n)
         key_of_row = rows + (self.s_k - self.s_q)  # bottom-right alignment
         if self.alibi is not None:
-            dist = (key_of_row - cols).abs().to(self.acc_dtype)
+            dist = (key_of_row + self.alibi_shift - cols).abs().to(self.acc_dtype)
             slopes = self.alibi[b0:b1].reshape(nb, self.h_k, self.g, 1, 1)
             s = s - slopes * dist
         visible = None
@@ -166,14 +167,15 @@ def _lse_tile(lse: torch.Tensor, p: _Problem, b0: int, b1: int, i0: int, i1: int
 def chunked_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_scale: float,
                 causal: bool, window_left: int, window_right: int, softcap: float,
                 alibi_slopes: Optional[torch.Tensor], dropout_p: float, philox_seed: int,
-                return_softmax: bool, batch_offset: int = 0
+                return_softmax: bool, batch_offset: int = 0, alibi_shift: int = 0
                 ) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """Attention forward, tiled with an online softmax.
 
     q (b, s_q, h, d), k (b, s_k, h_k, d), v (b, s_k, h_k, d_v); fp16/bf16/fp32, one dtype.
     ``causal`` is informational (already folded into ``window_right == 0``).
     ``batch_offset`` is the dropout counter of batch entry 0 (varlen calls one sequence at a
-    time with its own index).
+    time with its own index). ``alibi_shift``: ALiBi's distance is |i + s_k - s_q + shift - j|
+    (AttnParams.alibi_shift).
 
     Returns:
         out (b, s_q, h, d_v) in q's dtype, contiguous; 0 on rows that see no key.
@@ -182,7 +184,7 @@ def chunked_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_sc
             before dropout scaling, negated where dropout dropped the entry, 0 where invisible.
     """
     p = _Problem(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes,
-                 dropout_p, philox_seed, batch_offset)
+                 dropout_p, philox_seed, batch_offset, alibi_shift)
     out = torch.empty(p.b, p.s_q, p.h, p.d_v, dtype=q.dtype, device=q.device)
     lse = torch.empty(p.b, p.h, p.s_q, dtype=torch.float32, device=q.device)
     has_dropout = p.dropout_p > 0.0
@@ -250,7 +252,7 @@ def chunked_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
                 out: torch.Tensor, lse: torch.Tensor, *, softmax_scale: float, causal: bool,
                 window_left: int, window_right: int, softcap: float,
                 alibi_slopes: Optional[torch.Tensor], dropout_p: float, philox_seed: int,
-                deterministic: bool, batch_offset: int = 0
+                deterministic: bool, batch_offset: int = 0, alibi_shift: int = 0
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Attention backward: recompute P = exp(s - lse) per tile, never store it.
 
@@ -258,14 +260,14 @@ def chunked_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     lse (b, h, s_q) float32 from :func:`chunked_fwd`. Returns dq, dk, dv with the shapes and
     dtypes of q, k, v; dk / dv are summed over the query heads of each GQA group. The loop
     order is fixed, so the result is always bitwise repeatable (``deterministic`` is moot).
-    ``batch_offset`` as for :func:`chunked_fwd`.
+    ``batch_offset`` and ``alibi_shift`` as for :func:`chunked_fwd`.
 
     With D_i = rowsum(dO_i * O_i) and Z = keep / (1 - p):
     dV = (P * Z)^T dO;  dP = (dO V^T) * Z;  dS = P * (dP - D);  through softcap
     dS *= 1 - tanh^2;  dQ = dS K * scale;  dK = dS^T Q * scale.
     """
     p = _Problem(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes,
-                 dropout_p, philox_seed, batch_offset)
+                 dropout_p, philox_seed, batch_offset, alibi_shift)
     has_dropout = p.dropout_p > 0.0
     z_scale = 1.0 / (1.0 - p.dropout_p)
     dq = torch.zeros(p.b, p.s_q, p.h, p.d, dtype=p.acc_dtype, device=p.device)

@@ -62,7 +62,7 @@ def _load_lse2(lse_base, offs_m, seqlen_q):
 def _dkdv_inner(dk, dv, k, v, q_base, do_base, dq_base, q_desc, do_desc, lse_base, delta_base, bh,
                 start, end,
                 offs_n, offs_m0, offs_d, offs_dv, stride_qm, stride_dom, stride_dqm,
-                seqlen_q, seqlen_k, diag, window_left, window_right,
+                seqlen_q, seqlen_k, diag, alibi_diag, window_left, window_right,
                 sm_scale, qk_scale, softcap_inv, softcap_log2, slope_log2,
                 seed, drop_threshold, drop_scale,
                 HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
@@ -71,7 +71,8 @@ def _dkdv_inner(dk, dv, k, v, q_base, do_base, dq_base, q_desc, do_desc, lse_bas
                 HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
                 ATOMIC_DQ: tl.constexpr, UPCAST: tl.constexpr, DOT_PREC: tl.constexpr,
                 USE_TMA: tl.constexpr):
-    """Stream query blocks [start, end) of one head past the resident K/V block."""
+    """Stream query blocks [start, end) of one head past the resident K/V block.
+    ``alibi_diag``: ALiBi's diagonal (the mask keeps ``diag``)."""
     for start_m in range(start, end, BLOCK_M):
         offs_m = start_m + offs_m0
         qT_ptrs = q_base + offs_m[None, :].to(tl.int64) * stride_qm + offs_d[:, None]
@@ -94,8 +95,8 @@ def _dkdv_inner(dk, dv, k, v, q_base, do_base, dq_base, q_desc, do_desc, lse_bas
         delta = tl.load(delta_base + offs_m, mask=offs_m < seqlen_q, other=0.0)
 
         qkT = tl.dot(k, qT, input_precision=DOT_PREC)  # (BLOCK_N, BLOCK_M)
-        sT, tT = score_mod(qkT, offs_m[None, :], offs_n[:, None], diag, qk_scale, softcap_inv,
-                           softcap_log2, slope_log2, HAS_SOFTCAP, HAS_ALIBI)
+        sT, tT = score_mod(qkT, offs_m[None, :], offs_n[:, None], alibi_diag, qk_scale,
+                           softcap_inv, softcap_log2, slope_log2, HAS_SOFTCAP, HAS_ALIBI)
         pT = tl.exp2(sT - lse2[None, :])
         if MASKED:
             vis = visible_mask(offs_m[None, :], offs_n[:, None], seqlen_k, diag,
@@ -133,7 +134,7 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, DQ, Alibi, CuSeqQ, CuSeqK,
                      stride_dqb, stride_dqm, stride_dqh,
                      stride_ab, stride_ah,
                      nheads, nheads_k, seqlen_q, seqlen_k, group, seq_bucket, lse_stride_h, total_k,
-                     sm_scale, softcap, window_left, window_right,
+                     sm_scale, softcap, window_left, window_right, alibi_shift,
                      drop_threshold, drop_scale, seed,
                      HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
                      BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
@@ -161,6 +162,7 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, DQ, Alibi, CuSeqQ, CuSeqK,
     dk_off = row_offset(off_b, k_start, stride_dkb, stride_dkn, VARLEN)
     dv_off = row_offset(off_b, k_start, stride_dvb, stride_dvn, VARLEN)
     diag = seqlen_k - seqlen_q
+    alibi_diag = diag + alibi_shift  # (ALiBi's only: the mask keeps diag)
     n_end = tl.minimum(n_start + BLOCK_N, seqlen_k)
     offs_n = n_start + tl.arange(0, BLOCK_N)
     offs_m0 = tl.arange(0, BLOCK_M)
@@ -208,7 +210,7 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, DQ, Alibi, CuSeqQ, CuSeqK,
         dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, dq_base, q_desc, do_desc, lse_base,
                              delta_base, bh, lo, mid_lo,
                              offs_n, offs_m0, offs_d, offs_dv, stride_qm, stride_dom, stride_dqm,
-                             seqlen_q, seqlen_k, diag, window_left, window_right,
+                             seqlen_q, seqlen_k, diag, alibi_diag, window_left, window_right,
                              sm_scale, qk_scale, softcap_inv, softcap_log2, slope_log2,
                              seed, drop_threshold, drop_scale,
                              HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, True,
@@ -217,7 +219,7 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, DQ, Alibi, CuSeqQ, CuSeqK,
         dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, dq_base, q_desc, do_desc, lse_base,
                              delta_base, bh, mid_lo, mid_hi,
                              offs_n, offs_m0, offs_d, offs_dv, stride_qm, stride_dom, stride_dqm,
-                             seqlen_q, seqlen_k, diag, window_left, window_right,
+                             seqlen_q, seqlen_k, diag, alibi_diag, window_left, window_right,
                              sm_scale, qk_scale, softcap_inv, softcap_log2, slope_log2,
                              seed, drop_threshold, drop_scale,
                              HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, False,
@@ -226,7 +228,7 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, DQ, Alibi, CuSeqQ, CuSeqK,
         dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, dq_base, q_desc, do_desc, lse_base,
                              delta_base, bh, mid_hi, hi,
                              offs_n, offs_m0, offs_d, offs_dv, stride_qm, stride_dom, stride_dqm,
-                             seqlen_q, seqlen_k, diag, window_left, window_right,
+                             seqlen_q, seqlen_k, diag, alibi_diag, window_left, window_right,
                              sm_scale, qk_scale, softcap_inv, softcap_log2, slope_log2,
                              seed, drop_threshold, drop_scale,
                              HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, True,
@@ -246,7 +248,7 @@ def _bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, DQ, Alibi, CuSeqQ, CuSeqK,
 
 @triton.jit
 def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, start, end, offs_m, offs_n0, offs_d, offs_dv,
-              stride_kn, stride_vn, seqlen_k, diag, window_left, window_right,
+              stride_kn, stride_vn, seqlen_k, diag, alibi_diag, window_left, window_right,
               qk_scale, softcap_inv, softcap_log2, slope_log2, seed, bh, drop_threshold, drop_scale,
               HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_N: tl.constexpr,
               MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
@@ -272,8 +274,8 @@ def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, start, end
             kT = kT.to(tl.float32)
             vT = vT.to(tl.float32)
         qk = tl.dot(q, kT, input_precision=DOT_PREC)
-        s, t = score_mod(qk, offs_m[:, None], offs_n[None, :], diag, qk_scale, softcap_inv,
-                         softcap_log2, slope_log2, HAS_SOFTCAP, HAS_ALIBI)
+        s, t = score_mod(qk, offs_m[:, None], offs_n[None, :], alibi_diag, qk_scale,
+                         softcap_inv, softcap_log2, slope_log2, HAS_SOFTCAP, HAS_ALIBI)
         p = tl.exp2(s - lse2[:, None])
         if MASKED:
             vis = visible_mask(offs_m[:, None], offs_n[None, :], seqlen_k, diag,
@@ -299,7 +301,7 @@ def _bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, Alibi, CuSeqQ, CuSeqK, SeqUsedK,
                    stride_dqb, stride_dqm, stride_dqh,
                    stride_ab, stride_ah,
                    nheads, seqlen_q, seqlen_k, group, seq_bucket, lse_stride_h, total_k,
-                   sm_scale, softcap, window_left, window_right,
+                   sm_scale, softcap, window_left, window_right, alibi_shift,
                    drop_threshold, drop_scale, seed,
                    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
                    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
@@ -329,6 +331,7 @@ def _bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, Alibi, CuSeqQ, CuSeqK, SeqUsedK,
     delta_base = stats_base(Delta, pid_bh, off_h, q_start, lse_stride_h, seqlen_q, VARLEN)
     desc_rows = key_rows(seqlen_k, VARLEN)
     diag = seqlen_k - seqlen_q
+    alibi_diag = diag + alibi_shift  # (ALiBi's only: the mask keeps diag)
     m_end, offs_m, offs_n0, offs_d, offs_dv = query_tile(m_start, seqlen_q, BLOCK_M, BLOCK_N,
                                                          BLOCK_D, BLOCK_DV)
 
@@ -360,17 +363,20 @@ def _bwd_dq_kernel(Q, K, V, DO, Lse, Delta, DQ, Alibi, CuSeqQ, CuSeqK, SeqUsedK,
     lo, mid_lo, mid_hi, hi = key_range(m_start, m_end, seqlen_k, diag, window_left, window_right,
                                        BLOCK_N, HAS_LEFT, HAS_RIGHT)
     dq = _dq_inner(dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, lo, mid_lo, offs_m, offs_n0, offs_d,
-                   offs_dv, stride_kn, stride_vn, seqlen_k, diag, window_left, window_right,
+                   offs_dv, stride_kn, stride_vn, seqlen_k, diag, alibi_diag, window_left,
+                   window_right,
                    qk_scale, softcap_inv, softcap_log2, slope_log2, seed, pid_bh, drop_threshold,
                    drop_scale, HEAD_DIM, HEAD_DIM_V, BLOCK_N, True, HAS_LEFT, HAS_RIGHT,
                    HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST, DOT_PREC, USE_TMA)
     dq = _dq_inner(dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, mid_lo, mid_hi, offs_m, offs_n0, offs_d,
-                   offs_dv, stride_kn, stride_vn, seqlen_k, diag, window_left, window_right,
+                   offs_dv, stride_kn, stride_vn, seqlen_k, diag, alibi_diag, window_left,
+                   window_right,
                    qk_scale, softcap_inv, softcap_log2, slope_log2, seed, pid_bh, drop_threshold,
                    drop_scale, HEAD_DIM, HEAD_DIM_V, BLOCK_N, False, HAS_LEFT, HAS_RIGHT,
                    HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST, DOT_PREC, USE_TMA)
     dq = _dq_inner(dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, mid_hi, hi, offs_m, offs_n0, offs_d,
-                   offs_dv, stride_kn, stride_vn, seqlen_k, diag, window_left, window_right,
+                   offs_dv, stride_kn, stride_vn, seqlen_k, diag, alibi_diag, window_left,
+                   window_right,
                    qk_scale, softcap_inv, softcap_log2, slope_log2, seed, pid_bh, drop_threshold,
                    drop_scale, HEAD_DIM, HEAD_DIM_V, BLOCK_N, True, HAS_LEFT, HAS_RIGHT,
                    HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, UPCAST, DOT_PREC, USE_TMA)
@@ -401,7 +407,7 @@ def _row_strides(t: torch.Tensor, varlen: bool):
 
 def _bwd_passes(dout, q, k, v, lse, delta, dq, dk, dv, n_seqs, seqlen_q, seqlen_k, lse_stride_h,
                 seqlens, *, softmax_scale, window_left, window_right, softcap, alibi_slopes,
-                dropout_p, philox_seed, deterministic):
+                dropout_p, philox_seed, deterministic, alibi_shift=0):
     """The dK/dV pass and the dQ pass (or atomic dQ inside the dK/dV pass), dense or varlen.
 
     dq, dk, dv are preallocated outputs; returns dq (a new tensor on the atomic path).
@@ -417,7 +423,7 @@ def _bwd_passes(dout, q, k, v, lse, delta, dq, dk, dv, n_seqs, seqlen_q, seqlen_
         seqused_k = cu_k
     has_dropout = dropout_p > 0.0
     scalars = (float(softmax_scale), float(softcap), int(window_left), int(window_right),
-               dropout_threshold(dropout_p), 1.0 / (1.0 - dropout_p) if has_dropout else 1.0,
+               int(alibi_shift), dropout_threshold(dropout_p), 1.0 / (1.0 - dropout_p) if has_dropout else 1.0,
                int(philox_seed) if has_dropout else 0)
     alibi_arg = alibi_slopes if alibi_slopes is not None else delta
     alibi_strides = alibi_slopes.stride() if alibi_slopes is not None else (0, 0)
@@ -478,14 +484,15 @@ def flash_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
               out: torch.Tensor, lse: torch.Tensor, *, softmax_scale: float, causal: bool,
               window_left: int, window_right: int, softcap: float,
               alibi_slopes: Optional[torch.Tensor], dropout_p: float, philox_seed: int,
-              deterministic: bool):
+              deterministic: bool, alibi_shift: int = 0):
     """Attention backward with the portable Triton kernels.
 
     dout/out (b, s_q, h, d_v), q (b, s_q, h, d), k (b, s_k, h_k, d), v (b, s_k, h_k, d_v),
     lse float32 (b, h, s_q). Returns dq, dk, dv with the shapes and dtypes of q, k, v.
     dQ is computed in its own pass (bitwise repeatable). The alternative, fp32 atomics inside
     the dK/dV pass, measured slower on H100 (benchmarks/NOTES.md), so it is used only when
-    ``deterministic=False`` and ``FLASHATTN_ATOMIC_DQ=1``.
+    ``deterministic=False`` and ``FLASHATTN_ATOMIC_DQ=1``. ``alibi_shift``:
+    AttnParams.alibi_shift.
     """
     batch, seqlen_q, nheads, head_dim = q.shape
     _, seqlen_k, nheads_k, head_dim_v = v.shape
@@ -501,7 +508,8 @@ def flash_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     dq = _bwd_passes(dout, q, k, v, lse, delta, dq, dk, dv, batch, seqlen_q, seqlen_k, seqlen_q,
                      None, softmax_scale=softmax_scale, window_left=window_left,
                      window_right=window_right, softcap=softcap, alibi_slopes=alibi_slopes,
-                     dropout_p=dropout_p, philox_seed=philox_seed, deterministic=deterministic)
+                     dropout_p=dropout_p, philox_seed=philox_seed, deterministic=deterministic,
+                     alibi_shift=alibi_shift)
     return dq, dk, dv
 
 

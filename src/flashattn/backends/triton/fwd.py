@@ -32,7 +32,7 @@ from flashattn.backends.triton.prologue import (key_rows, program_ids, qkv_offse
 
 @triton.jit
 def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, start, end, offs_m, offs_n0, offs_d, offs_dv,
-               stride_kn, stride_vn, seqlen_k, diag, window_left, window_right,
+               stride_kn, stride_vn, seqlen_k, diag, alibi_diag, window_left, window_right,
                qk_scale, softcap_inv, softcap_log2, slope_log2, seed, bh, drop_threshold,
                HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
                BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -42,7 +42,8 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, start, end, off
                WARP_SPEC: tl.constexpr):
     """Stream key blocks [start, end) through the online softmax. MASKED applies the
     visibility mask and guards rows whose running max is still -inf. WARP_SPEC lets Triton
-    split the loop into TMA-producer and MMA/softmax-consumer warps (sm90+)."""
+    split the loop into TMA-producer and MMA/softmax-consumer warps (sm90+). ``alibi_diag``:
+    ALiBi's diagonal (``diag`` plus AttnParams.alibi_shift; the mask keeps ``diag``)."""
     for start_n in tl.range(start, end, BLOCK_N, warp_specialize=WARP_SPEC):
         offs_n = start_n + offs_n0
         # K is read transposed: (BLOCK_D, BLOCK_N)
@@ -62,8 +63,8 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, start, end, off
             k = k.to(tl.float32)
         qk = tl.dot(q, k, input_precision=DOT_PREC)
         if MASKED or HAS_SOFTCAP or HAS_ALIBI:
-            s, _t = score_mod(qk, offs_m[:, None], offs_n[None, :], diag, qk_scale, softcap_inv,
-                              softcap_log2, slope_log2, HAS_SOFTCAP, HAS_ALIBI)
+            s, _t = score_mod(qk, offs_m[:, None], offs_n[None, :], alibi_diag, qk_scale,
+                              softcap_inv, softcap_log2, slope_log2, HAS_SOFTCAP, HAS_ALIBI)
         if MASKED:
             vis = visible_mask(offs_m[:, None], offs_n[None, :], seqlen_k, diag,
                                window_left, window_right, HAS_LEFT, HAS_RIGHT)
@@ -105,7 +106,7 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, start, end, off
 
 @triton.jit
 def _write_softmax(P, stride_pb, stride_ph, stride_pm, off_b, off_h, q, k_base, lo, hi,
-                   offs_m, offs_n0, offs_d, stride_kn, seqlen_q, seqlen_k, diag,
+                   offs_m, offs_n0, offs_d, stride_kn, seqlen_q, seqlen_k, diag, alibi_diag,
                    window_left, window_right, lse2, qk_scale, softcap_inv, softcap_log2,
                    slope_log2, seed, bh, drop_threshold,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -122,8 +123,8 @@ def _write_softmax(P, stride_pb, stride_ph, stride_pm, off_b, off_h, q, k_base, 
         if UPCAST:
             k = k.to(tl.float32)
         qk = tl.dot(q, k, input_precision=DOT_PREC)
-        s, _t = score_mod(qk, offs_m[:, None], offs_n[None, :], diag, qk_scale, softcap_inv,
-                          softcap_log2, slope_log2, HAS_SOFTCAP, HAS_ALIBI)
+        s, _t = score_mod(qk, offs_m[:, None], offs_n[None, :], alibi_diag, qk_scale,
+                          softcap_inv, softcap_log2, slope_log2, HAS_SOFTCAP, HAS_ALIBI)
         vis = visible_mask(offs_m[:, None], offs_n[None, :], seqlen_k, diag,
                            window_left, window_right, HAS_LEFT, HAS_RIGHT)
         p = tl.where(vis, tl.exp2(s - lse2[:, None]), 0.0)
@@ -144,7 +145,7 @@ def _fwd_kernel(Q, K, V, Out, Lse, Alibi, P, CuSeqQ, CuSeqK, SeqUsedK,
                 stride_ab, stride_ah,
                 stride_pb, stride_ph, stride_pm,
                 nheads, seqlen_q, seqlen_k, group, seq_bucket, lse_stride_h, total_k,
-                sm_scale, softcap, window_left, window_right,
+                sm_scale, softcap, window_left, window_right, alibi_shift,
                 drop_threshold, drop_scale, seed,
                 HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
                 BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
@@ -174,6 +175,7 @@ def _fwd_kernel(Q, K, V, Out, Lse, Alibi, P, CuSeqQ, CuSeqK, SeqUsedK,
     lse_base = stats_base(Lse, pid_bh, off_h, q_start, lse_stride_h, seqlen_q, VARLEN)
     desc_rows = key_rows(seqlen_k, VARLEN)
     diag = seqlen_k - seqlen_q
+    alibi_diag = diag + alibi_shift  # (ALiBi's only: the mask keeps diag)
 
     m_end, offs_m, offs_n0, offs_d, offs_dv = query_tile(m_start, seqlen_q, BLOCK_M, BLOCK_N,
                                                          BLOCK_D, BLOCK_DV)
@@ -205,7 +207,7 @@ def _fwd_kernel(Q, K, V, Out, Lse, Alibi, P, CuSeqQ, CuSeqK, SeqUsedK,
                                        BLOCK_N, HAS_LEFT, HAS_RIGHT)
     # masked front (sliding window's left edge)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, lo, mid_lo, offs_m, offs_n0,
-                               offs_d, offs_dv, stride_kn, stride_vn, seqlen_k, diag,
+                               offs_d, offs_dv, stride_kn, stride_vn, seqlen_k, diag, alibi_diag,
                                window_left, window_right, qk_scale, softcap_inv, softcap_log2,
                                slope_log2, seed, pid_bh, drop_threshold,
                                HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, True,
@@ -213,7 +215,7 @@ def _fwd_kernel(Q, K, V, Out, Lse, Alibi, P, CuSeqQ, CuSeqK, SeqUsedK,
                                UPCAST, DOT_PREC, USE_TMA, False)
     # unmasked middle: the bulk of the work
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, mid_lo, mid_hi, offs_m, offs_n0,
-                               offs_d, offs_dv, stride_kn, stride_vn, seqlen_k, diag,
+                               offs_d, offs_dv, stride_kn, stride_vn, seqlen_k, diag, alibi_diag,
                                window_left, window_right, qk_scale, softcap_inv, softcap_log2,
                                slope_log2, seed, pid_bh, drop_threshold,
                                HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, False,
@@ -221,7 +223,7 @@ def _fwd_kernel(Q, K, V, Out, Lse, Alibi, P, CuSeqQ, CuSeqK, SeqUsedK,
                                UPCAST, DOT_PREC, USE_TMA, WARP_SPEC)
     # masked back (causal diagonal, window's right edge, ragged end of K)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, mid_hi, hi, offs_m, offs_n0,
-                               offs_d, offs_dv, stride_kn, stride_vn, seqlen_k, diag,
+                               offs_d, offs_dv, stride_kn, stride_vn, seqlen_k, diag, alibi_diag,
                                window_left, window_right, qk_scale, softcap_inv, softcap_log2,
                                slope_log2, seed, pid_bh, drop_threshold,
                                HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, True,
@@ -245,7 +247,7 @@ def _fwd_kernel(Q, K, V, Out, Lse, Alibi, P, CuSeqQ, CuSeqK, SeqUsedK,
 
     if RETURN_P:
         _write_softmax(P, stride_pb, stride_ph, stride_pm, off_b, off_h, q, k_base, lo, hi,
-                       offs_m, offs_n0, offs_d, stride_kn, seqlen_q, seqlen_k, diag,
+                       offs_m, offs_n0, offs_d, stride_kn, seqlen_q, seqlen_k, diag, alibi_diag,
                        window_left, window_right, lse2, qk_scale, softcap_inv, softcap_log2,
                        slope_log2, seed, pid_bh, drop_threshold,
                        HEAD_DIM, BLOCK_D, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
@@ -257,7 +259,7 @@ _fwd_autotuned = config.autotune_fwd(_fwd_kernel)
 
 def _launch_fwd(q, k, v, out, lse, p_mat, strides, n_seqs, seqlen_q, seqlen_k, lse_stride_h,
                 seqlens, *, softmax_scale, window_left, window_right, softcap, alibi_slopes,
-                dropout_p, philox_seed, return_softmax) -> Optional[LaunchPlan]:
+                dropout_p, philox_seed, return_softmax, alibi_shift=0) -> Optional[LaunchPlan]:
     """One launch of the forward kernel, dense or varlen; returns its launch plan (None when
     the autotuned path ran: no winner yet, dropout, the interpreter).
 
@@ -300,7 +302,7 @@ def _launch_fwd(q, k, v, out, lse, p_mat, strides, n_seqs, seqlen_q, seqlen_k, l
         nheads, seqlen_q, seqlen_k, nheads // nheads_k, bucket,
         lse_stride_h, k.shape[0],  # varlen: total_q (lse is (h, total_q)), total_k
         float(softmax_scale), float(softcap), int(window_left), int(window_right),
-        drop_threshold, drop_scale, int(philox_seed) if has_dropout else 0,
+        int(alibi_shift), drop_threshold, drop_scale, int(philox_seed) if has_dropout else 0,
         HEAD_DIM=head_dim, HEAD_DIM_V=head_dim_v,
         BLOCK_D=config.block_dim(head_dim), BLOCK_DV=config.block_dim(head_dim_v),
         HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0,
@@ -320,7 +322,7 @@ def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_scal
               causal: bool, window_left: int, window_right: int, softcap: float,
               alibi_slopes: Optional[torch.Tensor], dropout_p: float, philox_seed: int,
               return_softmax: bool, plan_out: Optional[list] = None,
-              out_dtype: Optional[torch.dtype] = None):
+              out_dtype: Optional[torch.dtype] = None, alibi_shift: int = 0):
     """Attention forward with the portable Triton kernel.
 
     q (b, s_q, h, d), k (b, s_k, h_k, d), v (b, s_k, h_k, d_v); fp16/bf16/fp32, last dim
@@ -329,7 +331,7 @@ def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_scal
     Parameters are the normalised ones of docs/internals.md. ``plan_out``: None, or a list
     that receives the launch's plan when one was recorded or replayed (FwdCall keeps it).
     ``out_dtype``: out's dtype when not q's (float32: the accumulator unrounded, for a pass
-    that still scales it, e.g. learnable sinks).
+    that still scales it, e.g. learnable sinks). ``alibi_shift``: AttnParams.alibi_shift.
     """
     batch, seqlen_q, nheads, head_dim = q.shape
     _, seqlen_k, nheads_k, head_dim_v = v.shape
@@ -348,7 +350,7 @@ def flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softmax_scal
                        None, softmax_scale=softmax_scale, window_left=window_left,
                        window_right=window_right, softcap=softcap, alibi_slopes=alibi_slopes,
                        dropout_p=dropout_p, philox_seed=philox_seed,
-                       return_softmax=return_softmax)
+                       return_softmax=return_softmax, alibi_shift=alibi_shift)
     if plan_out is not None and plan is not None:
         plan_out.append(plan)  # (FwdCall keeps it)
     return out, lse, p_mat

@@ -57,17 +57,18 @@ def visible_mask(s_q: int, s_k: int, window_left: int, window_right: int,
 
 
 def alibi_bias(alibi_slopes: torch.Tensor, b: int, h: int, s_q: int, s_k: int,
-               dtype: torch.dtype) -> torch.Tensor:
-    """ALiBi bias (b, h, s_q, s_k) in ``dtype``: ``-slope * |i + s_k - s_q - j|``.
+               dtype: torch.dtype, shift: int = 0) -> torch.Tensor:
+    """ALiBi bias (b, h, s_q, s_k) in ``dtype``: ``-slope * |i + s_k - s_q + shift - j|``.
 
-    alibi_slopes: float32 (h,) or (b, h).
+    alibi_slopes: float32 (h,) or (b, h). ``shift``: 0 is flash-attn's ALiBi; the library's
+    context parallelism passes a block's global offset (``AttnParams.alibi_shift``).
     """
     slopes = alibi_slopes.to(dtype)
     if slopes.dim() == 1:
         slopes = slopes.view(1, h).expand(b, h)
     i = torch.arange(s_q, device=slopes.device).view(-1, 1)
     j = torch.arange(s_k, device=slopes.device).view(1, -1)
-    dist = (i + (s_k - s_q) - j).abs().to(dtype)
+    dist = (i + (s_k - s_q) + shift - j).abs().to(dtype)
     return -slopes.view(b, h, 1, 1) * dist
 
 
@@ -87,7 +88,8 @@ def attention_probs_ref(q: torch.Tensor, k: torch.Tensor, *, softmax_scale: Opti
                         softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None,
                         upcast: bool = True, reorder_ops: bool = False,
                         attention_chunk: int = 0, qv: Optional[torch.Tensor] = None,
-                        v: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                        v: Optional[torch.Tensor] = None, alibi_shift: int = 0
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax probabilities (before dropout) and their log-sum-exp.
 
     q (b, s_q, h, d), k (b, s_k, h_k, d). With ``qv`` (b, s_q, h, d_v) (FlashAttention-3's
@@ -121,7 +123,7 @@ def attention_probs_ref(q: torch.Tensor, k: torch.Tensor, *, softmax_scale: Opti
     if softcap > 0.0:
         scores = softcap * torch.tanh(scores / softcap)
     if alibi_slopes is not None:
-        scores = scores + alibi_bias(alibi_slopes, b, h, s_q, s_k, dtype)
+        scores = scores + alibi_bias(alibi_slopes, b, h, s_q, s_k, dtype, alibi_shift)
     window_left, window_right = normalize_window(causal, window_size)
     visible = visible_mask(s_q, s_k, window_left, window_right, q.device, attention_chunk)
     scores = scores.masked_fill(~visible, float("-inf"))
@@ -148,7 +150,8 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                   alibi_slopes: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
                   dropout_mask: Optional[torch.Tensor] = None, upcast: bool = True,
                   reorder_ops: bool = False, attention_chunk: int = 0,
-                  qv: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  qv: Optional[torch.Tensor] = None, alibi_shift: int = 0
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """Naive attention (flash-attn 2 semantics), differentiable.
 
     Args:
@@ -165,6 +168,7 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         attention_chunk: 0 = off, else chunked local attention (see :func:`visible_mask`).
         qv: None, or (b, s_q, h, d_v) (FlashAttention-3's latent query): the score is
             ``softmax_scale * (q.k + qv.v)``, the default scale ``(d + d_v) ** -0.5``.
+        alibi_shift: moves ALiBi's diagonal (:func:`alibi_bias`), not the mask.
 
     Returns:
         out (b, s_q, h, d_v): float64 if ``upcast`` else q's dtype; 0 on rows with no key.
@@ -175,7 +179,7 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                                      window_size=window_size, softcap=softcap,
                                      alibi_slopes=alibi_slopes, upcast=upcast,
                                      reorder_ops=reorder_ops, attention_chunk=attention_chunk,
-                                     qv=qv, v=v)
+                                     qv=qv, v=v, alibi_shift=alibi_shift)
     if dropout_mask is not None:
         probs = probs.masked_fill(~dropout_mask, 0.0) / (1.0 - dropout_p)
     h = q.shape[2]

@@ -4,8 +4,8 @@ Context parallelism's ring calls the one-GPU kernels on blocks of a longer seque
 query and key positions are offset otherwise than a block's own alignment says; the shift
 carries the global distance into the kernel.
 
-Oracle: the float64 reference's scores with that bias written out here (flash-attn's rule:
-out / lse within 2x of the same computation in the inputs' dtype, gradients 3x), on the cpu
+Oracle: ``reference.attention_ref`` with that shift in float64 (flash-attn's rule: out / lse
+within 2x of the same computation in the inputs' dtype, gradients 3x), on the cpu
 backend and the portable Triton kernels (TRITON_INTERPRET=1). Shifts below, at and beyond the
 block, with no mask, causal and a window; GQA; lengths not multiples of a tile.
 """
@@ -15,33 +15,8 @@ import pytest
 import torch
 
 from flashattn import ops
-from flashattn.reference import visible_mask
+from flashattn.reference import attention_ref
 from tests.accuracy import assert_close_rule
-
-
-def _reference(q, k, v, slopes, scale, window, shift, dtype):
-    """(out, lse) in ``dtype``'s arithmetic, differentiable: scores + ALiBi with the shift,
-    the bottom-right window, softmax (rows with no visible key: out 0, lse -inf)."""
-    b, s_q, h, _ = q.shape
-    s_k, h_k = k.shape[1], k.shape[2]
-    q, k, v = (x.to(dtype) for x in (q, k, v))
-    k = k.repeat_interleave(h // h_k, dim=2)
-    v = v.repeat_interleave(h // h_k, dim=2)
-    scores = torch.einsum("bihd,bjhd->bhij", q * scale, k)
-    i = torch.arange(s_q).view(-1, 1)
-    j = torch.arange(s_k).view(1, -1)
-    dist = (i + (s_k - s_q) + shift - j).abs().to(dtype)
-    scores = scores - slopes.to(dtype).view(b, h, 1, 1) * dist
-    scores = scores.masked_fill(~visible_mask(s_q, s_k, *window), float("-inf"))
-    m = scores.amax(dim=-1, keepdim=True).detach()
-    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
-    e = torch.exp(scores - m)
-    l_sum = e.sum(dim=-1, keepdim=True)
-    has_key = l_sum > 0
-    l_safe = torch.where(has_key, l_sum, torch.ones_like(l_sum))
-    out = torch.einsum("bhij,bjhd->bihd", e / l_safe, v)
-    lse = torch.where(has_key, m + torch.log(l_safe), torch.full_like(l_sum, float("-inf")))
-    return out, lse.squeeze(-1)
 
 
 @pytest.mark.parametrize("shift", [-37, 0, 13, 300])
@@ -62,11 +37,12 @@ def test_alibi_shift_fwd_bwd(backend, shift, window) -> None:
     dq, dk, dv = ops.bwd(dout, q, k, v, out, lse, slopes, None, scale, causal, window[0],
                          window[1], 0.0, 0.0, False, shift)
 
+    kw = dict(softmax_scale=scale, window_size=window, alibi_slopes=slopes, alibi_shift=shift)
     x64 = [x.double().requires_grad_() for x in (q, k, v)]
-    out_ref, lse_ref = _reference(*x64, slopes, scale, window, shift, torch.float64)
+    out_ref, lse_ref = attention_ref(*x64, **kw)
     grads_ref = torch.autograd.grad(out_ref, x64, dout.double())
     xlp = [x.clone().requires_grad_() for x in (q, k, v)]
-    out_lp, lse_lp = _reference(*xlp, slopes, scale, window, shift, dtype)
+    out_lp, lse_lp = attention_ref(*xlp, upcast=False, **kw)
     grads_lp = torch.autograd.grad(out_lp, xlp, dout)
     # (the interpreter rounds fp32 -> bf16 by truncation when it writes out: one bf16 step)
     atol = 2.0**-7 * out_ref.abs().max().item() if backend == "portable" else 0.0

@@ -3,9 +3,10 @@
 Registered ops (namespace ``flashattn``; call them as ``torch.ops.flashattn.<name>``)::
 
     fwd(q, k, v, alibi_slopes?, philox_seed?, softmax_scale, causal, window_left, window_right,
-        softcap, dropout_p, deterministic, return_softmax) -> (out, lse, S_dmask)
+        softcap, dropout_p, deterministic, return_softmax[, alibi_shift]) -> (out, lse, S_dmask)
     bwd(dout, q, k, v, out, lse, alibi_slopes?, philox_seed?, softmax_scale, causal,
-        window_left, window_right, softcap, dropout_p, deterministic) -> (dq, dk, dv)
+        window_left, window_right, softcap, dropout_p, deterministic[, alibi_shift])
+        -> (dq, dk, dv)
     varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k?, block_table?, alibi_slopes?,
         philox_seed?, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
         window_right, softcap, dropout_p, deterministic, return_softmax) -> (out, lse, S_dmask)

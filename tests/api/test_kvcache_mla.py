@@ -113,13 +113,6 @@ def test_head_dim_v_above_the_kernels(cpu_backend: str) -> None:
         fa3.flash_attn_with_kvcache(q_wide, k_wide, k_wide[..., :8], cache_seqlens=lens)
 
 
-def test_dense_calls_still_refuse_qv(cpu_backend: str) -> None:
-    """The dense / varlen FA3 calls do not take qv (the KV-cache call does)."""
-    q = torch.randn(1, 4, 2, 16)
-    with pytest.raises(NotImplementedError, match="qv"):
-        fa3.flash_attn_func(q, q, q, qv=q)
-
-
 # ---------------------------------------------------------------------------------------------
 # Against the float64 oracle
 # ---------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from tests.accuracy import assert_close_rule
+from tests.graphs import capture
 from flashattn import flash_attn_func, flash_attn_varlen_func, flash_attn_varlen_qkvpacked_func
 from flashattn.reference import attention_ref
 from test_varlen import VCase, check_varlen, cu_seqlens
@@ -201,21 +202,6 @@ def test_over_2_31_elements_varlen_gpu():
                           name=f"dv {where}")
 
 
-def _capture(run):
-    """(graph, its output): ``run`` captured in a CUDA graph, after two calls on a side stream
-    (compiles and autotuning stay outside the capture)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            run()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = run()
-    return graph, out
-
-
 def test_cuda_graph_replay_follows_new_lengths_gpu():
     """The forward captures in a CUDA graph (no host read of cu_seqlens: a read would fail
     the capture) and a replay honours lengths written into the same tensors afterwards."""
@@ -228,7 +214,7 @@ def test_cuda_graph_replay_follows_new_lengths_gpu():
     def run():
         return flash_attn_varlen_func(q, k, v, cu, cu, max_len, max_len, causal=True)
 
-    graph, out_graph = _capture(run)
+    graph, out_graph = capture(run)
     for lens in ((1000, 2000), (1, 2048), (2048, 0), (700, 1500)):
         cu.copy_(cu_seqlens(lens))
         graph.replay()
@@ -330,7 +316,7 @@ def test_small_query_varlen_cuda_graph_follows_new_lengths_gpu():
         return flash_attn_varlen_func(q, k, v, cu_q, cu_k, 1, max_k, causal=True,
                                       seqused_k=used)
 
-    graph, out_graph = _capture(run)
+    graph, out_graph = capture(run)
     for new_q, new_used in (((1, 1, 1, 1), (8192, 100, 3000, 5000)),
                             ((1, 0, 1, 1), (1, 100, 2999, 4000)),
                             ((1, 1, 1, 0), (7000, 50, 3000, 5000))):

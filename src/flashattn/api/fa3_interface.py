@@ -41,10 +41,14 @@ of any page size, cache_batch_idx, cache_leftpad, num_splits, GQA / MQA, causal,
 softcap, packed queries (qv packed like q) and FP8 caches with a bf16 / fp16 / fp32 q (qv . v
 against the dequantized v). headdim_v goes to 512 in the KV-cache call, with or without qv
 (FA3 also asks headdim <= 64 and headdim_v >= 256 for qv, and 16-bit inputs; flashattn takes
-any headdim up to 256 and fp32). Not supported yet, and raising ``NotImplementedError`` naming
-the argument: ``qv`` in ``flash_attn_func`` / ``flash_attn_varlen_func`` (no dense MLA
-prefill, and no backward), head dims above 256 there (and for q / k in the KV-cache call),
-``qv`` with an FP8 q (float8_e4m3fn q and ``q_descale``) in the KV-cache call.
+any headdim up to 256 and fp32). ``flash_attn_func`` / ``flash_attn_varlen_func`` take ``qv``
+too, forward only as in FA3 (a backward raises NotImplementedError, where FA3's would leave the
+qv term out of dq / dk / dv): with MHA / GQA / MQA, causal and local windows, softcap,
+attention_chunk, num_splits, seqused_q / seqused_k, computed as a KV-cache call over the call's
+own keys (:mod:`flashattn.api.qv_attention`). Not supported yet, and raising
+``NotImplementedError`` naming the argument: head dims above 256 for q / k, ``qv`` with FP8
+inputs (FA3 refuses it too), ``attention_chunk`` with FP8 inputs in the dense call and
+``return_attn_probs`` with FP8 inputs in the varlen call.
 """
 from __future__ import annotations
 
@@ -57,6 +61,7 @@ from flashattn.api import combine as _combine
 from flashattn.api import dense as _dense
 from flashattn.api import fp8_attention as _fp8
 from flashattn.api import kvcache as _kvcache
+from flashattn.api import qv_attention as _qv
 from flashattn.api import validation as _v
 from flashattn.api import varlen as _varlen
 
@@ -106,9 +111,6 @@ def _check_window_rule(window_size: object, causal: object, seqlen_q: object,
             f"{k_name} is unbounded. window_size[1] = -1 asks for the unbounded mask.")
 
 
-def _fa3_common(qv, q, v) -> None:
-    _unsupported("qv", qv)
-    _check_head_dims(q, v)
 
 
 @_out.writes_out(_out.like_q("q", "v", 4, 4))
@@ -123,10 +125,19 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional[flo
     """FA3's ``flash_attn_func``: q (batch, seqlen_q, nheads, headdim), k / v (batch, seqlen_k,
     nheads_k, headdim[_v]); float16 / bfloat16 (float32 too), or float8_e4m3fn with the
     (batch, nheads_k) float32 descales (forward only, bf16 output). Returns out, or (out,
-    softmax_lse (batch, nheads, seqlen_q)) with return_attn_probs. Differentiable (16/32-bit)."""
-    _fa3_common(qv, q, v)
+    softmax_lse (batch, nheads, seqlen_q)) with return_attn_probs. Differentiable (16/32-bit),
+    except with ``qv`` (batch, seqlen_q, nheads, headdim_v): multi-head latent attention,
+    score ``softmax_scale * (q . k + qv . v)``, forward only as in FA3
+    (:mod:`flashattn.api.qv_attention`)."""
+    _check_head_dims(q, v)
     if isinstance(q, Tensor) and isinstance(k, Tensor) and q.dim() == 4 and k.dim() == 4:
         _check_window_rule(window_size, causal, q.shape[1], k.shape[1], "seqlen_k")
+    if qv is not None:
+        out, lse = _qv.dense(q, k, v, qv, softmax_scale=softmax_scale, causal=causal,
+                             window_size=window_size, attention_chunk=attention_chunk,
+                             softcap=softcap, num_splits=num_splits,
+                             descales=(q_descale, k_descale, v_descale))
+        return (out, lse) if return_attn_probs else out
     kw = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
               softcap=softcap, deterministic=deterministic)
     if _fp8.is_fp8(q, k, v):
@@ -158,9 +169,19 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
                            ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """FA3's ``flash_attn_varlen_func``: packed q (total_q, nheads, headdim), k / v (total_k,
     nheads_k, headdim[_v]), int32 cu_seqlens (batch + 1,), seqused_k (batch,) or None.
-    Returns out (total_q, nheads, headdim_v), or (out, softmax_lse (nheads, total_q))."""
-    _fa3_common(qv, q, v)
+    Returns out (total_q, nheads, headdim_v), or (out, softmax_lse (nheads, total_q)).
+    ``qv`` (total_q, nheads, headdim_v): multi-head latent attention, forward only, as in
+    :func:`flash_attn_func`."""
+    _check_head_dims(q, v)
     _check_window_rule(window_size, causal, max_seqlen_q, max_seqlen_k, "max_seqlen_k")
+    if qv is not None:
+        out, lse = _qv.varlen(q, k, v, qv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                              max_seqlen_k, seqused_q=seqused_q, seqused_k=seqused_k,
+                              softmax_scale=softmax_scale, causal=causal,
+                              window_size=window_size, attention_chunk=attention_chunk,
+                              softcap=softcap, num_splits=num_splits,
+                              descales=(q_descale, k_descale, v_descale))
+        return (out, lse) if return_attn_probs else out
     kw = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
               softcap=softcap, deterministic=deterministic, seqused_k=seqused_k,
               seqused_q=seqused_q, attention_chunk=attention_chunk)

@@ -116,12 +116,13 @@ def check_cache(q: Any, k_cache: Any, v_cache: Any, paged: bool) -> None:
                  max_head_dim_v=_v.MAX_HEAD_DIM_V)
 
 
-def check_qv(qv: Any, q: torch.Tensor, v_cache: torch.Tensor) -> None:
+def check_qv(qv: Any, q: torch.Tensor, v_cache: torch.Tensor, v_name: str = "v_cache") -> None:
     """FlashAttention-3's latent query (multi-head latent attention): None, or a tensor of
     q's shape with v_cache's head dim last ((batch, seqlen_q, nheads, headdim_v), or packed
     (total_q, nheads, headdim_v) with cu_seqlens_q), q's dtype and device, last dim
     contiguous. Its score ``qv . v`` is taken against the cached values themselves. Not with
-    a float8_e4m3fn q (FA3's FP8 query): NotImplementedError."""
+    a float8_e4m3fn q (FA3's FP8 query): NotImplementedError. ``v_name``: what the messages
+    call the values (``v`` in the dense / varlen calls)."""
     if qv is None:
         return
     if is_fp8_query(q):
@@ -136,8 +137,8 @@ def check_qv(qv: Any, q: torch.Tensor, v_cache: torch.Tensor) -> None:
     check_tensor(qv, "qv", q.dim(), layout)
     want = tuple(q.shape[:-1]) + (v_cache.shape[-1],)
     if tuple(qv.shape) != want:
-        raise ValueError(f"qv must have shape {layout} = {want} (q's shape with v_cache's head "
-                         f"dim {v_cache.shape[-1]}: it scores against the values), got "
+        raise ValueError(f"qv must have shape {layout} = {want} (q's shape with {v_name}'s "
+                         f"head dim {v_cache.shape[-1]}: it scores against the values), got "
                          f"{tuple(qv.shape)}")
     if qv.dtype != q.dtype:
         raise TypeError(f"qv must have the dtype of q ({q.dtype}), got {qv.dtype}")

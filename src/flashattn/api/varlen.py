@@ -51,6 +51,18 @@ def check_values(cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, seqused_k: Optional
                                total_k)
 
 
+def check_seqused_q_values(cu_seqlens_q: Tensor, seqused_q: Optional[Tensor]) -> None:
+    """seqused_q[b] in [0, the rows of sequence b], where the values are checkable (as
+    :func:`check_values`)."""
+    if seqused_q is not None and metadata.values_checkable(cu_seqlens_q, seqused_q):
+        host_q, host_used = metadata.to_host(cu_seqlens_q, seqused_q)
+        rows = [e - s for s, e in zip(host_q.tolist(), host_q.tolist()[1:])]
+        for b_idx, (used, n) in enumerate(zip(host_used.tolist(), rows)):
+            if not 0 <= used <= n:
+                raise ValueError(f"seqused_q[{b_idx}] = {used} must be in [0, {n}] (sequence "
+                                 f"{b_idx} has {n} query rows in cu_seqlens_q)")
+
+
 def _varlen_attention(
     q: Tensor,
     k: Tensor,
@@ -126,13 +138,7 @@ def _varlen_attention(
     _v.check_alibi_slopes(alibi_slopes, batch, h, q.device)
     check_values(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, q.shape[0],
                  None if block_table is not None else k.shape[0])
-    if seqused_q is not None and metadata.values_checkable(cu_seqlens_q, seqused_q):
-        host_q, host_used = metadata.to_host(cu_seqlens_q, seqused_q)
-        rows = [e - s for s, e in zip(host_q.tolist(), host_q.tolist()[1:])]
-        for b_idx, (used, n) in enumerate(zip(host_used.tolist(), rows)):
-            if not 0 <= used <= n:
-                raise ValueError(f"seqused_q[{b_idx}] = {used} must be in [0, {n}] (sequence "
-                                 f"{b_idx} has {n} query rows in cu_seqlens_q)")
+    check_seqused_q_values(cu_seqlens_q, seqused_q)
     if fp8:
         return _fp8.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
                            max_seqlen_k, dropout_p=dropout_p, softmax_scale=softmax_scale,

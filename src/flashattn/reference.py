@@ -315,7 +315,8 @@ def attention_fp8_ref(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
                       v_descale: torch.Tensor, block_m: int, block_n: int, *,
                       softmax_scale: Optional[float] = None, causal: bool = False,
                       window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
-                      p_scale: Optional[float] = 256.0) -> torch.Tensor:
+                      p_scale: Optional[float] = 256.0, attention_chunk: int = 0
+                      ) -> torch.Tensor:
     """What an FP8 attention kernel computes, in float64: the oracle for FP8 kernels that
     quantize the same way (FlashAttention-3's numerics).
 
@@ -325,7 +326,8 @@ def attention_fp8_ref(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
     exact arithmetic, masked / soft-capped as :func:`attention_ref`; P = exp(S - rowmax) is cast
     to e4m3 after scaling by ``p_scale`` (FA3 multiplies P by 2^8 to use e4m3's range; None: P
     stays exact), the row sum uses the unrounded P, O = P8 V / (p_scale · rowsum). Rows that see
-    no key give 0. (A kernel with an online softmax rounds P against its running max, not the
+    no key give 0. ``attention_chunk``: FA3's chunked local attention, as in
+    :func:`attention_ref`. (A kernel with an online softmax rounds P against its running max, not the
     final one: the two agree to within the e4m3 rounding of P.)
     """
     q = dequantize_fp8_ref(q8, q_descale, block_m)
@@ -333,7 +335,8 @@ def attention_fp8_ref(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor,
     v = dequantize_fp8_ref(v8, v_descale, block_n)
     # softmax(S) = exp(S - lse): P relative to the row max is exp(S - lse) * rowsum / exp(max)
     probs, _ = attention_probs_ref(q, k, softmax_scale=softmax_scale, causal=causal,
-                                   window_size=window_size, softcap=softcap)
+                                   window_size=window_size, softcap=softcap,
+                                   attention_chunk=attention_chunk)
     v = _repeat_kv(v, q.shape[2])
     if p_scale is not None:
         # unnormalised P (max 1 per row), rounded after the 2^8 scaling, then renormalised by

@@ -229,9 +229,9 @@ def test_errors():
     with pytest.raises(NotImplementedError, match="block_table"):
         flashattn.flash_attn_varlen_func(q[0], cache, cache, cu, cu, 8, 8, block_table=table,
                                          attention_chunk=4)
-    q8 = q.to(torch.float8_e4m3fn)
-    with pytest.raises(NotImplementedError, match="FP8"):
-        flashattn.flash_attn_func(q8, q8, q8, attention_chunk=4)
+    q8 = q.to(torch.float8_e4m3fn)  # (FP8 takes a chunk: tests/api/test_fp8_attention.py)
+    with pytest.raises(ValueError, match="attention_chunk"):
+        flashattn.flash_attn_func(q8, q8, q8, attention_chunk=-1)
     with pytest.raises(NotImplementedError, match="S_dmask"):
         flashattn.flash_attn_func(q, q, q, dropout_p=0.1, attention_chunk=4,
                                   return_attn_probs=True)

@@ -123,12 +123,12 @@ def _fp8_varlen(q8, **kw):
 
 
 @pytest.mark.parametrize("call,name", [
-    (lambda q8: fa3.flash_attn_func(q8, q8, q8, attention_chunk=2), "attention_chunk"),
     (lambda q8: _fp8_varlen(q8, return_attn_probs=True), "return_attn_probs"),
-], ids=["fp8-attention-chunk", "fp8-varlen-lse"])
+], ids=["fp8-varlen-lse"])
 def test_unsupported_fa3_arguments_raise_naming_them(call, name):
     """What flashattn.fa3 does not implement yet raises NotImplementedError naming it (qv in
-    the dense / varlen calls is implemented: tests/api/test_fa3_qv.py)."""
+    the dense / varlen calls: tests/api/test_fa3_qv.py; attention_chunk / seqused_q with FP8
+    inputs: tests/api/test_fp8_attention.py)."""
     q8 = torch.randn(1, 4, 2, 16).to(torch.float8_e4m3fn)
     with flashattn.use_backend("cpu"), pytest.raises(NotImplementedError, match=name):
         call(q8)

@@ -155,6 +155,90 @@ def test_varlen_fp8_per_sequence_descales(backend):
         assert _rmse(out[sq], ref[0]) <= tol
 
 
+CHUNKED = {  # (s_q, s_k, chunk, causal, window): equal lengths the chunk divides are a dense
+    # call over b * s / chunk sequences; the others run the varlen kernel over segments
+    "equal-divisible-causal": (24, 24, 8, True, (-1, -1)),
+    "equal-divisible-full": (24, 24, 6, False, (-1, -1)),
+    "fewer-queries-window": (13, 29, 7, False, (5, 3)),
+    "more-queries-causal": (21, 9, 4, True, (-1, -1)),
+}
+
+
+@pytest.mark.parametrize("case", list(CHUNKED.values()), ids=list(CHUNKED))
+@pytest.mark.parametrize("backend", ["cpu", "portable"])
+def test_fp8_attention_chunk(backend, case):
+    """FP8 inputs with FA3's attention_chunk (its own tests pass one): the attention of the
+    dequantized values under the chunk mask, through flashattn's and FA3's dense calls (the
+    latter with its lse); each chunk keeps its sequence's descales."""
+    from flashattn import fa3
+    s_q, s_k, chunk, causal, window = case
+    b, h, h_k, d = 2, 4, 2, 16
+    q8 = (torch.randn(b, s_q, h, d) * 3).to(E4M3)
+    k8 = (torch.randn(b, s_k, h_k, d) * 3).to(E4M3)
+    v8 = (torch.randn(b, s_k, h_k, d) * 3).to(E4M3)
+    qd, kd, vd = (torch.rand(b, h_k) + 0.1 for _ in range(3))
+    kw = dict(causal=causal, window_size=window, attention_chunk=chunk, q_descale=qd,
+              k_descale=kd, v_descale=vd)
+    with flashattn.use_backend(backend):
+        out = flashattn.flash_attn_func(q8, k8, v8, out_dtype=torch.float32, **kw)
+        out3, lse3 = fa3.flash_attn_func(q8, k8, v8, return_attn_probs=True, **kw)
+    ref, ref_lse = attention_ref(_real(q8, qd, h // h_k), _real(k8, kd), _real(v8, vd),
+                                 causal=causal, window_size=window, attention_chunk=chunk)
+    assert out.shape == (b, s_q, h, d) and out3.dtype == torch.bfloat16
+    assert lse3.shape == (b, h, s_q)
+    if backend == "cpu":
+        torch.testing.assert_close(out.double(), ref, atol=2e-5, rtol=2e-5)
+        finite = torch.isfinite(ref_lse)
+        torch.testing.assert_close(lse3.double()[finite], ref_lse[finite], atol=1e-4, rtol=1e-5)
+        assert bool((lse3[~finite] == float("-inf")).all())
+    else:
+        assert _rmse(out, ref) <= 0.02 * ref.abs().mean().item()
+    assert _rmse(out3, ref) <= 0.02 * ref.abs().mean().item()
+
+
+@pytest.mark.parametrize("chunk", [0, 5], ids=["no-chunk", "chunk-5"])
+@pytest.mark.parametrize("backend", ["cpu", "portable"])
+def test_varlen_fp8_seqused_q_and_chunk(backend, chunk):
+    """FP8 packed sequences with FA3's seqused_q / seqused_k and attention_chunk (its varlen
+    tests pass all three): each sequence's used rows attend to its used keys, aligned by the
+    used lengths, with its own descales; rows past seqused_q are 0."""
+    from flashattn import fa3
+    lens_q, lens_k = [6, 3, 11, 4], [9, 0, 14, 4]
+    used_q, used_k = [4, 3, 11, 0], [9, 0, 10, 3]
+    h, h_k, d = 4, 1, 16
+    cu = (lambda ls: torch.tensor([0, *torch.tensor(ls).cumsum(0).tolist()], dtype=torch.int32))
+    cu_q, cu_k = cu(lens_q), cu(lens_k)
+    q8 = (torch.randn(sum(lens_q), h, d) * 3).to(E4M3)
+    k8 = (torch.randn(sum(lens_k), h_k, d) * 3).to(E4M3)
+    v8 = (torch.randn(sum(lens_k), h_k, d) * 3).to(E4M3)
+    qd, kd, vd = (torch.rand(4, h_k) + 0.1 for _ in range(3))
+    kw = dict(causal=True, q_descale=qd, k_descale=kd, v_descale=vd, attention_chunk=chunk,
+              seqused_q=torch.tensor(used_q, dtype=torch.int32),
+              seqused_k=torch.tensor(used_k, dtype=torch.int32))
+    with flashattn.use_backend(backend):
+        out = flashattn.flash_attn_varlen_func(q8, k8, v8, cu_q, cu_k, 11, 14,
+                                               out_dtype=torch.float32, **kw)
+        out3 = fa3.flash_attn_varlen_func(q8, k8, v8, cu_q, cu_k, 11, 14, **kw)
+    assert out.shape == (sum(lens_q), h, d) and out3.dtype == torch.bfloat16
+    for i in range(4):
+        rows = slice(int(cu_q[i]), int(cu_q[i]) + used_q[i])
+        rest = slice(int(cu_q[i]) + used_q[i], int(cu_q[i + 1]))
+        assert not out[rest].any() and not out3[rest].any()
+        if used_q[i] == 0:
+            continue
+        if used_k[i] == 0:
+            assert not out[rows].any()
+            continue
+        keys = slice(int(cu_k[i]), int(cu_k[i]) + used_k[i])
+        ref, _ = attention_ref(_real(q8[rows][None], qd[i:i + 1], h // h_k),
+                               _real(k8[keys][None], kd[i:i + 1]),
+                               _real(v8[keys][None], vd[i:i + 1]), causal=True,
+                               attention_chunk=chunk)
+        tol = 2e-5 if backend == "cpu" else 0.02 * ref.abs().mean().item()
+        assert _rmse(out[rows], ref[0]) <= tol, f"sequence {i}"
+        assert _rmse(out3[rows], ref[0]) <= 0.02 * ref.abs().mean().item(), f"sequence {i}"
+
+
 @pytest.mark.parametrize("dist", ["normal", "outliers"])
 def test_flash_attn_fp8_func_accuracy_cpu(dist):
     """End to end (bf16 in, quantize + FP8 attention, bf16 out). On N(0, 1) inputs the error is

@@ -193,6 +193,74 @@ def test_varlen_fp8_gpu():
         assert _rmse(out[sl].cpu(), exact) <= allowed
 
 
+@pytest.mark.parametrize("s_q,s_k,chunk,causal", [(1024, 1024, 256, True), (1024, 1024, 300, True),
+                                                (113, 203, 57, False), (640, 128, 100, True)])
+@pytest.mark.parametrize("backend", ["auto", "portable"])
+def test_fa3_fp8_attention_chunk_gpu(backend, s_q, s_k, chunk, causal):
+    """FA3's dense FP8 call with attention_chunk (its tests draw one): a chunk dividing equal
+    lengths runs the dense FP8 kernels over b * s / chunk sequences, other shapes the FP8
+    varlen kernel over segments; both keep FA3's numerics under the chunk mask."""
+    from flashattn import fa3
+    torch.manual_seed(3)
+    b, h, h_k, d = 3, 6, 2, 128
+    q8, k8, v8 = ((torch.randn(b, s, hh, d, device="cuda") * 3).to(torch.float8_e4m3fn)
+                  for s, hh in ((s_q, h), (s_k, h_k), (s_k, h_k)))
+    qd, kd, vd = (torch.rand(b, h_k, device="cuda") + 0.1 for _ in range(3))
+    with flashattn.use_backend(backend):
+        out, lse = fa3.flash_attn_func(q8, k8, v8, causal=causal, attention_chunk=chunk,
+                                       q_descale=qd, k_descale=kd, v_descale=vd,
+                                       return_attn_probs=True)
+    assert lse.shape == (b, h, s_q)
+    tables = (qd.repeat_interleave(h // h_k, 1)[..., None].cpu(), kd[..., None].cpu(),
+              vd[..., None].cpu())
+    args = (q8.cpu(), k8.cpu(), v8.cpu(), *tables, s_q, s_k)
+    exact = attention_fp8_ref(*args, causal=causal, p_scale=None, attention_chunk=chunk)
+    rounded = attention_fp8_ref(*args, causal=causal, attention_chunk=chunk)
+    allowed = 2 * _rmse(rounded, exact) + 2 * _bf16_rounding(exact)
+    assert _rmse(out.float().cpu(), exact) <= allowed
+
+
+def test_varlen_fp8_seqused_q_and_chunk_gpu():
+    """FA3's varlen FP8 call with seqused_q / seqused_k (its add_unused_qkv cases) and a
+    chunk: each sequence's used rows against its used keys, by FA3's numerics; rows past
+    seqused_q are 0."""
+    torch.manual_seed(4)
+    lens_q, lens_k = [300, 64, 1000, 17], [300, 500, 1000, 40]
+    used_q, used_k = [250, 0, 1000, 17], [300, 400, 900, 0]
+    h, h_k, d = 6, 1, 128
+    cu = (lambda ls: torch.tensor([0, *torch.tensor(ls).cumsum(0).tolist()],
+                                  dtype=torch.int32, device="cuda"))
+    cu_q, cu_k = cu(lens_q), cu(lens_k)
+    q8 = (torch.randn(sum(lens_q), h, d, device="cuda") * 3).to(torch.float8_e4m3fn)
+    k8, v8 = ((torch.randn(sum(lens_k), h_k, d, device="cuda") * 3).to(torch.float8_e4m3fn)
+              for _ in range(2))
+    qd, kd, vd = (torch.rand(4, h_k, device="cuda") + 0.1 for _ in range(3))
+    for chunk in (0, 128):
+        out = flashattn.flash_attn_varlen_func(
+            q8, k8, v8, cu_q, cu_k, 1000, 1000, causal=True, q_descale=qd, k_descale=kd,
+            v_descale=vd, out_dtype=torch.float32, attention_chunk=chunk,
+            seqused_q=torch.tensor(used_q, dtype=torch.int32, device="cuda"),
+            seqused_k=torch.tensor(used_k, dtype=torch.int32, device="cuda"))
+        for i in range(4):
+            q0, k0 = int(cu_q[i]), int(cu_k[i])
+            assert not out[q0 + used_q[i]:int(cu_q[i + 1])].any(), f"rows past seqused_q {i}"
+            rows, keys = slice(q0, q0 + used_q[i]), slice(k0, k0 + used_k[i])
+            if used_q[i] == 0:
+                continue
+            if used_k[i] == 0:
+                assert not out[rows].any()
+                continue
+            tables = (qd[i:i + 1].repeat_interleave(h // h_k, 1)[..., None].cpu(),
+                      kd[i:i + 1, :, None].cpu(), vd[i:i + 1, :, None].cpu())
+            args = (q8[rows][None].cpu(), k8[keys][None].cpu(), v8[keys][None].cpu(), *tables,
+                    used_q[i], used_k[i])
+            exact = attention_fp8_ref(*args, causal=True, p_scale=None,
+                                      attention_chunk=chunk)[0]
+            allowed = 2 * _rmse(attention_fp8_ref(*args, causal=True,
+                                                  attention_chunk=chunk)[0], exact) + 1e-6
+            assert _rmse(out[rows].cpu(), exact) <= allowed, f"chunk {chunk}, sequence {i}"
+
+
 @pytest.mark.parametrize("d,d_v", [(128, 96), (96, 96), (192, 192), (192, 128)])
 def test_quantize_pass_gpu_matches_cpu_semantics(d, d_v):
     """The pass on the GPU against cpu/fp8.py; d = 96 / 192 take the three-chunk rotation."""

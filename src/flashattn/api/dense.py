@@ -225,13 +225,11 @@ def flash_attn_func(
     if fp8 and learnable_sink is not None:
         raise ValueError("learnable_sink is not supported with FP8 inputs")
     if fp8:
-        if attention_chunk:
-            raise NotImplementedError("attention_chunk is not supported with FP8 inputs yet")
         return _fp8.dense(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale,
                           causal=causal, window_size=window_size, softcap=softcap,
                           alibi_slopes=alibi_slopes, return_attn_probs=return_attn_probs,
                           q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
-                          out_dtype=out_dtype)
+                          out_dtype=out_dtype, attention_chunk=attention_chunk)
     return _attention(
         q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
         deterministic, return_attn_probs, ("q", "k", "v"), learnable_sink, attention_chunk,

@@ -47,8 +47,8 @@ qv term out of dq / dk / dv): with MHA / GQA / MQA, causal and local windows, so
 attention_chunk, num_splits, seqused_q / seqused_k, computed as a KV-cache call over the call's
 own keys (:mod:`flashattn.api.qv_attention`). Not supported yet, and raising
 ``NotImplementedError`` naming the argument: head dims above 256 for q / k, ``qv`` with FP8
-inputs (FA3 refuses it too), ``attention_chunk`` with FP8 inputs in the dense call and
-``return_attn_probs`` with FP8 inputs in the varlen call.
+inputs (FA3 refuses it too) and ``return_attn_probs`` with FP8 inputs in the varlen call.
+FP8 inputs take ``attention_chunk`` (both calls) and ``seqused_q`` (varlen) as FA3's do.
 """
 from __future__ import annotations
 
@@ -66,13 +66,6 @@ from flashattn.api import validation as _v
 from flashattn.api import varlen as _varlen
 
 Tensor = torch.Tensor
-
-
-def _unsupported(name: str, value: object, default: object = None) -> None:
-    """FA3 arguments flashattn does not implement yet: a clear error naming them."""
-    if isinstance(value, Tensor) or (value is not None and value != default):
-        raise NotImplementedError(f"flashattn.fa3: {name} is not implemented by flashattn; "
-                                  f"got {_v._describe(value)}; leave it at {default!r}")
 
 
 def _check_head_dims(q: Tensor, v: Optional[Tensor]) -> None:
@@ -141,11 +134,11 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional[flo
     kw = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
               softcap=softcap, deterministic=deterministic)
     if _fp8.is_fp8(q, k, v):
-        _unsupported("attention_chunk (FP8 inputs)", attention_chunk, 0)
         kw.pop("deterministic")
         res = _fp8.dense(q, k, v, dropout_p=0.0, alibi_slopes=None, return_attn_probs=False,
                          q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
-                         out_dtype=None, return_lse=return_attn_probs, **kw)
+                         out_dtype=None, return_lse=return_attn_probs,
+                         attention_chunk=attention_chunk, **kw)
         return res
     out, lse, _ = _dense.flash_attn_func(q, k, v, q_descale=q_descale, k_descale=k_descale,
                                          v_descale=v_descale, return_attn_probs=True,

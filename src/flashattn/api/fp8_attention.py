@@ -12,6 +12,11 @@
 Forward only: inputs that require grad run the forward (as FlashAttention-3's do); a backward
 through the output raises NotImplementedError naming the bf16 path (``ops.forward_only``).
 Dropout, ALiBi and S_dmask are not part of FA3's FP8 path and raise.
+
+``attention_chunk`` (both calls) and ``seqused_q`` (the varlen call) run as the FP8 varlen
+kernel over the segments of :mod:`flashattn.api.segments`, as the 16-bit calls do
+(:mod:`flashattn.api.chunked`): each segment takes its sequence's descales (a gather of the
+(batch, nheads_k) rows), so the products are those of the unsegmented call.
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ from flashattn import ops as _ops
 from flashattn.api import fastpath as _fast
 from flashattn.api import out as _out
 from flashattn.api import normalise as _p
+from flashattn.api import segments as _segments
 from flashattn.api import validation as _v
 from flashattn.api.fp8_quantize import (QuantizedQKV, check_quantize_args, quantize_for_kernels,
                                random_signs)
@@ -149,19 +155,71 @@ def _common(softmax_scale, causal, window_size, softcap, head_dim, seqlen_k):
     return scale, causal, left, right, softcap
 
 
+def _over_segments(q: Tensor, k: Tensor, v: Tensor, seg: "_segments.Segments", qd: Tensor,
+                   kd: Tensor, vd: Tensor, scale: float, causal: bool, left: int, right: int,
+                   softcap: float, out_dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+    """The FP8 varlen kernel over segments: packed q (total_q, h, d), k / v (total_k, h_k,
+    d[_v]), descales (batch, h_k) of the segments' sequences (``seg.sequence`` picks each
+    segment's row). Window sides as normalised for the whole call. Returns out (total_q, h,
+    d_v) in out_dtype (0 on rows no segment gives keys) and lse (h, total_q)."""
+    h, h_k = q.shape[1], k.shape[1]
+    qd, kd, vd = (x.index_select(0, seg.sequence) for x in (qd, kd, vd))
+    qd = qd.repeat_interleave(h // h_k, dim=1).unsqueeze(-1).contiguous()
+    return _ops.fp8_varlen_attention(q, k, v, seg.cu_seqlens_q, seg.cu_seqlens_k, seg.seqused_k,
+                                     seg.max_seqlen_q, seg.max_seqlen_k, qd,
+                                     kd.unsqueeze(-1).contiguous(),
+                                     vd.unsqueeze(-1).contiguous(), scale, causal, left, right,
+                                     softcap, out_dtype)
+
+
+def _chunked_dense(q: Tensor, k: Tensor, v: Tensor, qd: Tensor, kd: Tensor, vd: Tensor,
+                   scale: float, causal: bool, left: int, right: int, softcap: float,
+                   out_dtype: torch.dtype, chunk: int) -> Tuple[Tensor, Tensor]:
+    """FP8 dense attention with ``attention_chunk`` = chunk: q (b, s_q, h, d), k / v (b, s_k,
+    h_k, d[_v]), descales (b, h_k) float32. Returns out (b, s_q, h, d_v), lse (b, h, s_q).
+
+    As the 16-bit call (:func:`flashattn.api.chunked.dense`): equal lengths that the chunk
+    divides are a dense call over b * (s / chunk) sequences of chunk rows (views; each takes
+    its sequence's descales), other shapes the varlen kernel over segments."""
+    b, s_q, h, d = q.shape
+    s_k, h_k = k.shape[1], k.shape[2]
+    if s_q == s_k and s_k % chunk == 0:
+        n = s_k // chunk
+        qc, kc, vc = (x.reshape(b * n, chunk, *x.shape[2:]) for x in (q, k, v))
+        qd, kd, vd = (x.repeat_interleave(n, dim=0) for x in (qd, kd, vd))
+        qd = qd.repeat_interleave(h // h_k, dim=1).unsqueeze(-1).contiguous()
+        out, lse = _ops.fp8_attention(qc, kc, vc, qd, kd.unsqueeze(-1).contiguous(),
+                                      vd.unsqueeze(-1).contiguous(), ONE_BLOCK_SHIFT,
+                                      ONE_BLOCK_SHIFT, scale, causal, left, right, softcap,
+                                      out_dtype)
+        lse = lse.view(b, n, h, chunk).permute(0, 2, 1, 3).reshape(b, h, s_q)
+        return out.reshape(b, s_q, h, out.shape[3]), lse
+    seg = _segments.build(_segments.dense_cu_seqlens(b, s_q, q.device),
+                          _segments.dense_cu_seqlens(b, s_k, q.device), None, None, chunk,
+                          s_q, s_k)
+    out, lse = _over_segments(q.reshape(b * s_q, h, d), k.reshape(b * s_k, h_k, d),
+                              v.reshape(b * s_k, h_k, v.shape[3]), seg, qd, kd, vd, scale,
+                              causal, left, right, softcap, out_dtype)
+    return (out.view(b, s_q, h, out.shape[2]),
+            lse.view(h, b, s_q).permute(1, 0, 2).contiguous())
+
+
 def dense(q: Tensor, k: Tensor, v: Tensor, *, dropout_p: float, softmax_scale: Optional[float],
           causal: bool, window_size: Sequence[int], softcap: float,
           alibi_slopes: Optional[Tensor], return_attn_probs: bool,
           q_descale: Optional[Tensor], k_descale: Optional[Tensor],
           v_descale: Optional[Tensor], out_dtype: Optional[torch.dtype],
-          names: Tuple[str, str, str] = ("q", "k", "v"), return_lse: bool = False):
+          names: Tuple[str, str, str] = ("q", "k", "v"), return_lse: bool = False,
+          attention_chunk: int = 0):
     """``flash_attn_func`` with FP8 inputs (see the module doc). Returns out (b, s_q, h, d_v)
-    in ``out_dtype`` (default bfloat16), or (out, lse (b, h, s_q)) with ``return_lse``."""
+    in ``out_dtype`` (default bfloat16), or (out, lse (b, h, s_q)) with ``return_lse``.
+    ``attention_chunk``: FlashAttention-3's chunked local attention (0 = off)."""
+    attention_chunk = _v.check_attention_chunk(attention_chunk)
     # a repeated call signature replays the recorded call (api/fastpath.py,
-    # replay.fp8.Fp8DescaleCall)
-    key = _fast.fa3_fp8_key(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
-                            alibi_slopes, return_attn_probs, q_descale, k_descale, v_descale,
-                            out_dtype, return_lse)
+    # replay.fp8.Fp8DescaleCall); chunked calls are not recorded
+    key = None if attention_chunk else _fast.fa3_fp8_key(
+        q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+        return_attn_probs, q_descale, k_descale, v_descale, out_dtype, return_lse)
     run = None if key is None else _fast.FA3_FP8.get(key)
     if run:
         out, lse = run(q, k, v, q_descale, k_descale, v_descale)
@@ -183,11 +241,17 @@ def dense(q: Tensor, k: Tensor, v: Tensor, *, dropout_p: float, softmax_scale: O
         if run:
             out, lse = run(q, k, v, q_descale, k_descale, v_descale)
             return (out, lse) if return_lse else out
-    # q's descale is per kv head (FA3): one per query head of the group, in block form
-    qd = qd.repeat_interleave(h // h_k, dim=1).unsqueeze(-1).contiguous()
-    out, lse = _ops.fp8_attention(q, k, v, qd, kd.unsqueeze(-1).contiguous(),
-                                  vd.unsqueeze(-1).contiguous(), ONE_BLOCK_SHIFT,
-                                  ONE_BLOCK_SHIFT, scale, causal, left, right, softcap, out_dtype)
+    if (not _segments.chunk_is_noop(attention_chunk, s_k, right, q.shape[1] <= s_k)
+            and min(b, q.shape[1], s_k) > 0):
+        out, lse = _chunked_dense(q, k, v, qd, kd, vd, scale, causal, left, right, softcap,
+                                  out_dtype, attention_chunk)
+    else:
+        # q's descale is per kv head (FA3): one per query head of the group, in block form
+        qd = qd.repeat_interleave(h // h_k, dim=1).unsqueeze(-1).contiguous()
+        out, lse = _ops.fp8_attention(q, k, v, qd, kd.unsqueeze(-1).contiguous(),
+                                      vd.unsqueeze(-1).contiguous(), ONE_BLOCK_SHIFT,
+                                      ONE_BLOCK_SHIFT, scale, causal, left, right, softcap,
+                                      out_dtype)
     out = _ops.forward_only(out, (q, k, v), _NO_BACKWARD)
     return (out, lse) if return_lse else out
 
@@ -198,12 +262,14 @@ def varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: 
            window_size: Sequence[int], softcap: float, alibi_slopes: Optional[Tensor],
            return_attn_probs: bool, q_descale: Optional[Tensor], k_descale: Optional[Tensor],
            v_descale: Optional[Tensor], out_dtype: Optional[torch.dtype],
-           record: Optional[list] = None) -> Tensor:
+           record: Optional[list] = None, seqused_q: Optional[Tensor] = None,
+           attention_chunk: int = 0) -> Tensor:
     """``flash_attn_varlen_func`` with FP8 inputs: descales (batch, nheads_k), batch = the
-    number of sequences. q / k / v (check_fp8_qkv), cu_seqlens and max_seqlen already validated
-    by the caller (api/varlen.py). Returns out
-    (total_q, h, d_v) in ``out_dtype``. ``record``: a list that receives the normalised
-    (:class:`AttnParams`, out_dtype) once every check passed (the fast path's entry)."""
+    number of sequences. q / k / v (check_fp8_qkv), cu_seqlens, max_seqlen, seqused_q and
+    attention_chunk already validated by the caller (api/varlen.py). Returns out
+    (total_q, h, d_v) in ``out_dtype`` (0 on rows past seqused_q). ``record``: a list that
+    receives the normalised (:class:`AttnParams`, out_dtype) once every check passed (the fast
+    path's entry; calls with seqused_q or a chunk are not recorded)."""
     _check_unsupported(dropout_p, alibi_slopes, return_attn_probs)
     out_dtype = _check_out_dtype(out_dtype)
     batch = cu_seqlens_q.shape[0] - 1
@@ -215,6 +281,13 @@ def varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: 
     # a window side >= the longest key sequence is unbounded for every sequence
     scale, causal, left, right, softcap = _common(softmax_scale, causal, window_size, softcap,
                                                   d, max(int(max_seqlen_k), 1))
+    if (seqused_q is not None or not _segments.chunk_is_noop(attention_chunk, max_seqlen_k,
+                                                             right, False)) and batch > 0:
+        seg = _segments.build(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+                              attention_chunk, int(max_seqlen_q), int(max_seqlen_k))
+        out, _ = _over_segments(q, k, v, seg, qd, kd, vd, scale, causal, left, right, softcap,
+                                out_dtype)
+        return _ops.forward_only(out, (q, k, v), _NO_BACKWARD)
     if record is not None:
         record.append((AttnParams(scale, causal, left, right, softcap, None, 0.0, 0),
                        out_dtype))

@@ -97,11 +97,10 @@ def _varlen_attention(
     fp8 = _fp8.is_fp8(q, k, v)
     attention_chunk = _v.check_attention_chunk(attention_chunk)
     segmented = seqused_q is not None or attention_chunk > 0
-    if segmented and (fp8 or block_table is not None):
+    if segmented and block_table is not None:
         raise NotImplementedError(
-            "seqused_q / attention_chunk are not supported with "
-            + ("FP8 inputs" if fp8 else "block_table (paged KV: use flash_attn_with_kvcache, "
-               "which takes attention_chunk)") + " yet")
+            "seqused_q / attention_chunk are not supported with block_table (paged KV: use "
+            "flash_attn_with_kvcache, which takes attention_chunk) yet")
     _fp8.check_descales_need_fp8(fp8, descales, out_dtype)
     if fp8 and learnable_sink is not None:
         raise ValueError("learnable_sink is not supported with FP8 inputs")
@@ -146,7 +145,7 @@ def _varlen_attention(
                            softcap=softcap, alibi_slopes=alibi_slopes,
                            return_attn_probs=return_attn_probs, q_descale=descales[0],
                            k_descale=descales[1], v_descale=descales[2], out_dtype=out_dtype,
-                           record=record)
+                           record=record, seqused_q=seqused_q, attention_chunk=attention_chunk)
     if block_table is not None and dropout_p > 0.0:
         raise ValueError(
             f"dropout_p must be 0.0 with block_table (the paged KV path is inference only), "

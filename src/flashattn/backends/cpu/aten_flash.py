@@ -19,12 +19,16 @@ scale 0.3, six draws), past flash-attn's 3x rule (``python -m flashattn check`` 
 the chunked backward reads 0.9-1.9x on the same draws. Its fp32 forward passes the rule and
 stays (either forward's lse serves either backward).
 
-GQA backward in fp16 / bf16: the kernel adds each query head's dK / dV into the kv head's
-output in that dtype, one rounding per head, so the error grows with the group size (measured:
-2.1-2.4 ulps of max|dV| at 8 heads per kv head, against 0.4 for one rounding). :func:`bwd`
-gives it expanded k / v instead (one kv head per query head) and sums each group in float32,
-as flash-attn 2 does (per-head dK / dV, then one float32-accumulated sum): 0.96 ulps at 8 heads,
-for 0-12 % more backward time at (1, 1k, 8-16 heads, d 64).
+Backward in fp16 / bf16: computed in float32 and rounded once. The kernel accumulates its
+gradients *in the output's dtype*: dV and dK gain one rounding per block of query rows, dQ one
+per block of keys (and a GQA kv head one per query head), so the error grows with the sequence.
+In bf16 it passed flash-attn's 3x rule up to s_q ~ 2k against one key and missed it beyond
+(dV at s_q 4096: 3.5x naive bf16's error, at 16384: 7.7x; FlashAttention-3's own tests failed
+on it at (239, 1)). So :func:`bwd` hands the kernel float32 copies of its inputs (the float32
+kernel's own error, above, is far below one bf16 / fp16 rounding) and rounds dQ / dK / dV once,
+as flash-attn's fp32-accumulating kernels do. On a CPU without bf16 instructions that is also
+7-12x faster than the bf16 kernel (2026-12-02, 2-core x86 without AVX-512: (2, 1024, 8, 64)
+1104 -> 164 ms; the chunked backward 242 ms).
 """
 from __future__ import annotations
 
@@ -68,27 +72,17 @@ def fwd(q: Tensor, k: Tensor, v: Tensor, p: AttnParams) -> Tuple[Tensor, Tensor]
 
 def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
         p: AttnParams) -> Tuple[Tensor, Tensor, Tensor]:
-    """(dq, dk, dv) shaped and typed like q, k, v (dk / dv summed over a GQA group in float32).
+    """(dq, dk, dv) shaped and typed like q, k, v; fp16 / bf16 calls computed in float32 and
+    rounded once (module doc).
 
     dout, out (b, s_q, h, d); q (b, s_q, h, d); k, v (b, s_k, h_k, d); lse (b, h, s_q) float32.
     """
-    group = q.shape[2] // k.shape[2]
-    expand = group > 1 and k.dtype != torch.float32
-    if expand:  # one rounding per group, not one per head (module doc)
-        k, v = (t.repeat_interleave(group, dim=2) for t in (k, v))
+    dtypes = (q.dtype, k.dtype, v.dtype)
+    wide = [t.float() for t in (dout, q, k, v, out)]  # (no copy for float32 inputs)
     dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-        dout.transpose(1, 2), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-        out.transpose(1, 2), lse, 0.0, _causal(p), attn_mask=None, scale=p.softmax_scale)
-    dq, dk, dv = (t.transpose(1, 2) for t in (dq, dk, dv))
-    if expand:
-        dk, dv = (_group_sum(t, group) for t in (dk, dv))
-    return dq, dk, dv
-
-
-def _group_sum(t: Tensor, group: int) -> Tensor:
-    """(b, s, h_k * group, e) -> (b, s, h_k, e), summed in float32 and rounded once."""
-    b, s, h, e = t.shape
-    return t.reshape(b, s, h // group, group, e).sum(3, dtype=torch.float32).to(t.dtype)
+        *(t.transpose(1, 2) for t in wide), lse, 0.0, _causal(p), attn_mask=None,
+        scale=p.softmax_scale)
+    return tuple(t.transpose(1, 2).to(dt) for t, dt in zip((dq, dk, dv), dtypes))
 
 
 __all__ = ["bwd", "covers", "covers_backward", "fwd"]

@@ -12,7 +12,7 @@ keeps every dense backend (the Hopper kernels included). Other calls become varl
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 
@@ -27,38 +27,58 @@ def _alibi_for(alibi_slopes: Optional[Tensor], sequence: Tensor) -> Optional[Ten
     return None if alibi_slopes is None else alibi_slopes[sequence]
 
 
+def by_chunks(q: Tensor, k: Tensor, v: Tensor, chunk: int,
+              dense_call: Callable[[Tensor, Tensor, Tensor, int], Tuple[Tensor, Tensor]],
+              segments_call: Callable[[Tensor, Tensor, Tensor, "_segments.Segments"],
+                                      Tuple[Tensor, Tensor]]) -> Tuple[Tensor, Tensor]:
+    """A dense call with ``attention_chunk`` = chunk, for any kernel family: q (b, s_q, h, d),
+    k / v (b, s_k, h_k, d[_v]); returns out (b, s_q, h, d_v) and lse float32 (b, h, s_q).
+
+    Equal lengths that the chunk divides: ``dense_call(qc, kc, vc, n)`` on b * n sequences of
+    chunk rows (views; sequence i of the call is chunk i % n of batch entry i // n, so a
+    per-batch tensor is ``x.repeat_interleave(n, 0)``), returning (out, lse) in that dense
+    layout. Otherwise ``segments_call(q, k, v, seg)`` on the packed rows and the segments of
+    ``seg`` (``seg.sequence`` the batch entry of each), returning (out (b * s_q, h, d_v), lse
+    (h, b * s_q))."""
+    b, s_q, h, _ = q.shape
+    s_k, h_k = k.shape[1], k.shape[2]
+    if s_q == s_k and s_k % chunk == 0:
+        n = s_k // chunk
+        out, lse = dense_call(*(x.reshape(b * n, chunk, *x.shape[2:]) for x in (q, k, v)), n)
+        lse = lse.view(b, n, h, chunk).permute(0, 2, 1, 3).reshape(b, h, s_q)
+        return out.reshape(b, s_q, h, out.shape[3]), lse
+    seg = _segments.build(_segments.dense_cu_seqlens(b, s_q, q.device),
+                          _segments.dense_cu_seqlens(b, s_k, q.device), None, None, chunk,
+                          s_q, s_k)
+    out, lse = segments_call(q.reshape(b * s_q, h, q.shape[3]),
+                             k.reshape(b * s_k, h_k, k.shape[3]),
+                             v.reshape(b * s_k, h_k, v.shape[3]), seg)
+    return out.view(b, s_q, h, out.shape[2]), lse.view(h, b, s_q).permute(1, 0, 2).contiguous()
+
+
 def dense(q: Tensor, k: Tensor, v: Tensor, alibi_slopes: Optional[Tensor],
           philox_seed: Optional[Tensor], scale: float, causal: bool, window_left: int,
           window_right: int, softcap: float, dropout_p: float, deterministic: bool,
           attention_chunk: int, learnable_sink: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
     """Chunked dense attention: q (b, s_q, h, d), k / v (b, s_k, h_k, d[_v]); returns out
     (b, s_q, h, d_v) and lse float32 (b, h, s_q)."""
-    b, s_q, h, _ = q.shape
-    s_k, h_k = k.shape[1], k.shape[2]
-    chunk = attention_chunk
-    if s_q == s_k and s_k % chunk == 0:
-        n = s_k // chunk
-        qc = q.reshape(b * n, chunk, h, q.shape[3])
-        kc = k.reshape(b * n, chunk, h_k, k.shape[3])
-        vc = v.reshape(b * n, chunk, h_k, v.shape[3])
+    def dense_call(qc: Tensor, kc: Tensor, vc: Tensor, n: int) -> Tuple[Tensor, Tensor]:
         alibi = None if alibi_slopes is None else alibi_slopes.repeat_interleave(n, dim=0)
         if learnable_sink is not None:
-            out, lse = _ops.attention_with_sink(qc, kc, vc, learnable_sink, alibi, scale, causal,
-                                                window_left, window_right, softcap,
-                                                deterministic)
-        else:
-            out, lse, _ = _ops.attention(qc, kc, vc, alibi, philox_seed, scale, causal,
-                                         window_left, window_right, softcap, dropout_p,
-                                         deterministic, False)
-        lse = lse.view(b, n, h, chunk).permute(0, 2, 1, 3).reshape(b, h, s_q)
-        return out.reshape(b, s_q, h, out.shape[3]), lse
-    cu_q = _segments.dense_cu_seqlens(b, s_q, q.device)
-    cu_k = _segments.dense_cu_seqlens(b, s_k, q.device)
-    out, lse = varlen(q.reshape(b * s_q, h, q.shape[3]), k.reshape(b * s_k, h_k, k.shape[3]),
-                      v.reshape(b * s_k, h_k, v.shape[3]), cu_q, cu_k, None, None, s_q, s_k,
-                      alibi_slopes, philox_seed, scale, causal, window_left, window_right,
-                      softcap, dropout_p, deterministic, chunk, learnable_sink)
-    return out.view(b, s_q, h, out.shape[2]), lse.view(h, b, s_q).permute(1, 0, 2).contiguous()
+            return _ops.attention_with_sink(qc, kc, vc, learnable_sink, alibi, scale, causal,
+                                            window_left, window_right, softcap, deterministic)
+        out, lse, _ = _ops.attention(qc, kc, vc, alibi, philox_seed, scale, causal,
+                                     window_left, window_right, softcap, dropout_p,
+                                     deterministic, False)
+        return out, lse
+
+    def segments_call(qp: Tensor, kp: Tensor, vp: Tensor, seg: "_segments.Segments"
+                      ) -> Tuple[Tensor, Tensor]:
+        return _over_segments(qp, kp, vp, seg, alibi_slopes, philox_seed, scale, causal,
+                              window_left, window_right, softcap, dropout_p, deterministic,
+                              learnable_sink)
+
+    return by_chunks(q, k, v, attention_chunk, dense_call, segments_call)
 
 
 def varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
@@ -71,6 +91,16 @@ def varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: 
     seqused_q: out (total_q, h, d_v) (0 on rows past seqused_q), lse (h, total_q)."""
     seg = _segments.build(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, attention_chunk,
                           max_seqlen_q, max_seqlen_k)
+    return _over_segments(q, k, v, seg, alibi_slopes, philox_seed, scale, causal, window_left,
+                          window_right, softcap, dropout_p, deterministic, learnable_sink)
+
+
+def _over_segments(q: Tensor, k: Tensor, v: Tensor, seg: "_segments.Segments",
+                   alibi_slopes: Optional[Tensor], philox_seed: Optional[Tensor], scale: float,
+                   causal: bool, window_left: int, window_right: int, softcap: float,
+                   dropout_p: float, deterministic: bool, learnable_sink: Optional[Tensor]
+                   ) -> Tuple[Tensor, Tensor]:
+    """The varlen op over the segments ``seg`` (each with its sequence's ALiBi slopes)."""
     alibi = _alibi_for(alibi_slopes, seg.sequence)
     if learnable_sink is not None:
         return _ops.varlen_attention_with_sink(
@@ -84,4 +114,4 @@ def varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: 
     return out, lse
 
 
-__all__ = ["dense", "varlen"]
+__all__ = ["by_chunks", "dense", "varlen"]

@@ -26,6 +26,7 @@ from typing import Optional, Sequence, Tuple
 import torch
 
 from flashattn import ops as _ops
+from flashattn.api import chunked as _chunked
 from flashattn.api import fastpath as _fast
 from flashattn.api import out as _out
 from flashattn.api import normalise as _p
@@ -176,32 +177,25 @@ def _chunked_dense(q: Tensor, k: Tensor, v: Tensor, qd: Tensor, kd: Tensor, vd: 
                    scale: float, causal: bool, left: int, right: int, softcap: float,
                    out_dtype: torch.dtype, chunk: int) -> Tuple[Tensor, Tensor]:
     """FP8 dense attention with ``attention_chunk`` = chunk: q (b, s_q, h, d), k / v (b, s_k,
-    h_k, d[_v]), descales (b, h_k) float32. Returns out (b, s_q, h, d_v), lse (b, h, s_q).
+    h_k, d[_v]), descales (b, h_k) float32. Returns out (b, s_q, h, d_v), lse (b, h, s_q),
+    as the 16-bit call does (:func:`flashattn.api.chunked.by_chunks`), each chunk or segment
+    with its sequence's descales."""
+    h, h_k = q.shape[2], k.shape[2]
 
-    As the 16-bit call (:func:`flashattn.api.chunked.dense`): equal lengths that the chunk
-    divides are a dense call over b * (s / chunk) sequences of chunk rows (views; each takes
-    its sequence's descales), other shapes the varlen kernel over segments."""
-    b, s_q, h, d = q.shape
-    s_k, h_k = k.shape[1], k.shape[2]
-    if s_q == s_k and s_k % chunk == 0:
-        n = s_k // chunk
-        qc, kc, vc = (x.reshape(b * n, chunk, *x.shape[2:]) for x in (q, k, v))
-        qd, kd, vd = (x.repeat_interleave(n, dim=0) for x in (qd, kd, vd))
-        qd = qd.repeat_interleave(h // h_k, dim=1).unsqueeze(-1).contiguous()
-        out, lse = _ops.fp8_attention(qc, kc, vc, qd, kd.unsqueeze(-1).contiguous(),
-                                      vd.unsqueeze(-1).contiguous(), ONE_BLOCK_SHIFT,
-                                      ONE_BLOCK_SHIFT, scale, causal, left, right, softcap,
-                                      out_dtype)
-        lse = lse.view(b, n, h, chunk).permute(0, 2, 1, 3).reshape(b, h, s_q)
-        return out.reshape(b, s_q, h, out.shape[3]), lse
-    seg = _segments.build(_segments.dense_cu_seqlens(b, s_q, q.device),
-                          _segments.dense_cu_seqlens(b, s_k, q.device), None, None, chunk,
-                          s_q, s_k)
-    out, lse = _over_segments(q.reshape(b * s_q, h, d), k.reshape(b * s_k, h_k, d),
-                              v.reshape(b * s_k, h_k, v.shape[3]), seg, qd, kd, vd, scale,
-                              causal, left, right, softcap, out_dtype)
-    return (out.view(b, s_q, h, out.shape[2]),
-            lse.view(h, b, s_q).permute(1, 0, 2).contiguous())
+    def dense_call(qc: Tensor, kc: Tensor, vc: Tensor, n: int) -> Tuple[Tensor, Tensor]:
+        qn, kn, vn = (x.repeat_interleave(n, dim=0) for x in (qd, kd, vd))
+        qn = qn.repeat_interleave(h // h_k, dim=1).unsqueeze(-1).contiguous()
+        return _ops.fp8_attention(qc, kc, vc, qn, kn.unsqueeze(-1).contiguous(),
+                                  vn.unsqueeze(-1).contiguous(), ONE_BLOCK_SHIFT,
+                                  ONE_BLOCK_SHIFT, scale, causal, left, right, softcap,
+                                  out_dtype)
+
+    def segments_call(qp: Tensor, kp: Tensor, vp: Tensor, seg: "_segments.Segments"
+                      ) -> Tuple[Tensor, Tensor]:
+        return _over_segments(qp, kp, vp, seg, qd, kd, vd, scale, causal, left, right,
+                              softcap, out_dtype)
+
+    return _chunked.by_chunks(q, k, v, chunk, dense_call, segments_call)
 
 
 def dense(q: Tensor, k: Tensor, v: Tensor, *, dropout_p: float, softmax_scale: Optional[float],

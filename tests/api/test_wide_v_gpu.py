@@ -38,7 +38,7 @@ def test_dense_forward_wide_v_gpu(b, s_q, s_k, h, h_k, d, d_v, dtype, causal, ba
     with flashattn.use_backend(backend):
         out, lse, _ = flashattn.flash_attn_func(q, k, v, causal=causal,
                                                 return_attn_probs=True)
-    _check(out, lse, q, k, v, causal=causal)
+    _check(out, lse, q, k, v, backend, causal=causal)
 
 
 def test_varlen_forward_wide_v_gpu():

@@ -365,8 +365,8 @@ def test_v_byte_pairs_equal_the_plain_widening_bitwise(monkeypatch, page) -> Non
 
 @contextlib.contextmanager
 def k_byte_pairs(monkeypatch):
-    """decode.K_PAIRS on (Q K^T over K's even / odd columns in fp16, an experiment off by
-    default) under fresh settings, so no call recorded before answers; yields the list of
+    """decode.K_PAIRS on (Q K^T over K's even / odd columns in fp16, the default; set here so
+    a probe's switch cannot leak in) under fresh settings, so no call recorded before answers; yields the list of
     each decode launch's choice."""
     from flashattn.backends.triton import decode
     from flashattn.runtime import env
@@ -393,6 +393,42 @@ def test_k_byte_pairs(over, monkeypatch) -> None:
     with k_byte_pairs(monkeypatch) as taken:
         check_case(replace(BASE, **over))
     assert taken and all(taken)
+
+
+def check_k_casts(c: KVCase, monkeypatch, device: str = "cpu") -> None:
+    """The paths K_PAIRS leaves: with the switch off, and with it on for a K cache whose base
+    is not 16-byte aligned (an int16 load needs an even address), Q K^T widens e4m3 K to the
+    math's dtype by casts; both keep flash-attn's rule against the float64 reference, and
+    the launches say which path they took. Fresh settings: no recorded call answers."""
+    from flashattn.backends.triton import decode
+    from flashattn.runtime import env
+
+    if device == "cpu":
+        use_backend(monkeypatch, "portable")
+    assert c.s_new == 0  # (the caches are read as given: no append, so no copies of them)
+    taken = _decode_choices(monkeypatch, "k_pairs")
+    for pairs, shift in ((False, 0), (True, 2)):
+        x = _fp8_inputs(c, device=device)
+        if shift:
+            x["k_cache"] = _misaligned(x["k_cache"], shift)
+            assert x["k_cache"].data_ptr() % 16 == shift
+        monkeypatch.setattr(decode, "K_PAIRS", pairs)
+        with env.override(decode_config=""):
+            out, _ = flash_attn_with_kvcache(
+                x["q"], x["k_cache"], x["v_cache"], cache_seqlens=x["cache_seqlens"],
+                block_table=x["block_table"], causal=c.causal, num_splits=c.num_splits,
+                return_softmax_lse=True, k_descale=x["k_descale"], v_descale=x["v_descale"])
+        ref, _ = _reference(x, c, x["k_cache"].cpu(), x["v_cache"].cpu(), upcast=True)
+        low, _ = _reference(x, c, x["k_cache"].cpu(), x["v_cache"].cpu(), upcast=False)
+        atol = 1e-5 + (2.0**-7 * ref.abs().max().item() if device == "cpu" else 0.0)
+        assert_close_rule(out, ref, low, atol=atol, name=f"out (K_PAIRS {pairs}, shift {shift})")
+    assert taken and not any(taken)
+
+
+@pytest.mark.parametrize("page", [None, 3], ids=["contiguous", "page3"])
+def test_k_casts_where_byte_pairs_do_not_apply(monkeypatch, page) -> None:
+    check_k_casts(replace(BASE, dtype=torch.bfloat16, d=64, s_cache=40, page=page,
+                          num_splits=2), monkeypatch)
 
 
 @pytest.mark.parametrize("q_scale", [2.0**20, 2.0**-30, 0.0, "one-large"],

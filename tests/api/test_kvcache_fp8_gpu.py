@@ -16,8 +16,8 @@ import torch
 import flashattn
 from flashattn import flash_attn_with_kvcache
 from tests.api.test_kvcache import KVCase
-from tests.api.test_kvcache_fp8 import (FP8, _fp8_inputs, check_case, check_v_byte_pairs,
-                                        k_byte_pairs)
+from tests.api.test_kvcache_fp8 import (FP8, _fp8_inputs, check_case, check_k_casts,
+                                        check_v_byte_pairs, k_byte_pairs)
 
 pytestmark = pytest.mark.gpu
 
@@ -68,10 +68,16 @@ def test_v_byte_pairs_gpu(case: KVCase, monkeypatch) -> None:
                                         (replace(BIG, page=16, s_new=1, rotary="neox"), True)],
                          ids=["contig", "page64-append", "d64-fp16-page1", "d256", "q8-page16"])
 def test_k_byte_pairs_gpu(case: KVCase, fp8_q: bool, monkeypatch) -> None:
-    """decode.K_PAIRS (an experiment, off by default) at real sizes: the accuracy rule."""
+    """decode.K_PAIRS (the default) at real sizes: the accuracy rule."""
     with k_byte_pairs(monkeypatch) as taken:
         check_case(case, fp8_q=fp8_q, device="cuda")
     assert taken and all(taken)
+
+
+@pytest.mark.parametrize("case", [BIG, replace(BIG, page=64, num_splits=3)],
+                         ids=["contig", "page64-splits3"])
+def test_k_casts_gpu(case: KVCase, monkeypatch) -> None:
+    check_k_casts(case, monkeypatch, device="cuda")
 
 
 def test_fa3_kvcache_fp8_query_gpu() -> None:

@@ -46,12 +46,14 @@ waited on (H200, 2026-11-29: 9-11 % faster without it, benchmarks/NOTES.md). Tha
 (``_e4m3_to_f16``) stays for a V cache whose base is not 16-byte aligned or whose strides are
 odd (an int16 load needs an even address), for narrower V tiles and for qv's V tile.
 
-``K_PAIRS`` (an experiment, off until timed on a GPU) does the same for K: Q K^T as two dots
+``K_PAIRS`` does the same for K: Q K^T as two dots
 over K's even and odd columns in fp16, q split the same way once per program (a bf16 q scaled
 exactly by a power of two into fp16's range, the inverse in the score scale), so that K's
 operand is built by ``ldmatrix`` from the copy buffer and widened in its registers by the
 conversion above, instead of e4m3 -> bf16 casts (two ``F2F`` per pair on the conversion unit;
-the sm_90 compile of d 128: ``F2F`` 128 -> 0, same shared memory, 150 registers).
+the sm_90 compile of d 128: ``F2F`` 128 -> 0, same shared memory, 150 registers). H200,
+2026-12-02: the e4m3 rows 8-13 % faster than with the casts (benchmarks/NOTES.md); K caches
+that are not 16-byte aligned, or whose strides are odd, keep the casts.
 
 FP8 queries (``Q_FP8``, FlashAttention-3's q_descale, one per (batch row, KV head): the
 program's query rows all share it): q is widened to bf16 on load (exact) and its descale
@@ -572,8 +574,8 @@ _TMA_MAX_BOX = 256
 # doc); a probe may switch it off between calls (it is part of every launch key)
 V_PAIRS = True
 # the same for K: Q K^T over K's even and odd columns in fp16 (a bf16 q scaled by a power of
-# two into fp16's range): compiled and tested on the CPU only, not yet timed on a GPU
-K_PAIRS = False
+# two into fp16's range); switchable the same way
+K_PAIRS = True
 
 MAX_SPLITS = 128
 
@@ -875,7 +877,7 @@ class DecodeCall:
                         and d_v % 2 == 0 and block_dv >= 64
                         and v_cache.data_ptr() % 16 == 0
                         and all(st % 2 == 0 for st in v_cache.stride()[:3]))
-        # e4m3 K read as int16 byte pairs too (K_PAIRS, an experiment: off), on the same terms
+        # e4m3 K read as int16 byte pairs too (K_PAIRS), on the same terms
         self.k_pairs = (K_PAIRS and kv_fp8 and qv is None and math_t.element_size() == 2
                         and d % 2 == 0 and block_d >= 64 and k_cache.data_ptr() % 16 == 0
                         and all(st % 2 == 0 for st in k_strides[:3]))

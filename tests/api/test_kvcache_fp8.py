@@ -165,6 +165,15 @@ def _assert_appended(kc: torch.Tensor, want: torch.Tensor, name: str, exact: boo
     assert (diff <= 2.0**-3 * want.float().abs() + 2.0**-9).all(), f"{name} after append"
 
 
+def _out_atol(ref: torch.Tensor, math: torch.dtype, device: str) -> float:
+    """out's absolute tolerance: 1e-5, plus one bf16 step at out's magnitude for a bf16 out
+    under the interpreter (it truncates fp32 -> bf16, 1 ulp, not 0.5, when it writes out)."""
+    atol = 1e-5
+    if math == torch.bfloat16 and device == "cpu":
+        atol += 2.0**-7 * ref.abs().max().item()
+    return atol
+
+
 def check_case(c: KVCase, fa3_api: bool = False, fp8_q: bool = False, fp8_new: bool = False,
                device: str = "cpu") -> None:
     x, out, lse, kc, vc = _run(c, _fp8_inputs(c, fp8_q, fp8_new, device), fa3_api=fa3_api)
@@ -179,11 +188,7 @@ def check_case(c: KVCase, fa3_api: bool = False, fp8_q: bool = False, fp8_new: b
     low, low_lse = _reference(x, c, kc.cpu(), vc.cpu(), upcast=False)
     math = _math_dtype(x)
     assert out.dtype == math and out.shape == (c.b, c.s_q, c.h, c.d)
-    atol = 1e-5
-    if math == torch.bfloat16 and device == "cpu":
-        # the interpreter truncates fp32 -> bf16 (1 ulp, not 0.5) when it writes out
-        atol += 2.0**-7 * ref.abs().max().item()
-    assert_close_rule(out, ref, low, atol=atol, name="out")
+    assert_close_rule(out, ref, low, atol=_out_atol(ref, math, device), name="out")
     lse_atol = 1e-4
     if fp8_q and c.rotary and device == "cpu":
         # the rotated FP8 q is kept in bf16, truncated by the interpreter: up to 1 ulp of each
@@ -326,6 +331,20 @@ def _decode_choices(monkeypatch, name: str) -> list:
     return taken
 
 
+def _read_as_given(c: KVCase, x: dict):
+    """(out, lse) of a call that only reads the caches of ``x`` (no append), passed as they
+    are (``_run`` copies them, which would realign a misaligned one), under fresh settings so
+    that no call recorded before answers."""
+    from flashattn.runtime import env
+
+    assert c.s_new == 0
+    with env.override(decode_config=""):
+        return flash_attn_with_kvcache(
+            x["q"], x["k_cache"], x["v_cache"], cache_seqlens=x["cache_seqlens"],
+            block_table=x["block_table"], causal=c.causal, num_splits=c.num_splits,
+            return_softmax_lse=True, k_descale=x["k_descale"], v_descale=x["v_descale"])
+
+
 def check_v_byte_pairs(c: KVCase, monkeypatch, device: str = "cpu") -> None:
     """The decode kernel reads an e4m3 V tile as int16 byte pairs and runs P V over the even
     and the odd columns (decode.V_PAIRS): the same products summed in the same order as the
@@ -333,7 +352,6 @@ def check_v_byte_pairs(c: KVCase, monkeypatch, device: str = "cpu") -> None:
     16-byte aligned takes the plain path (an int16 load needs an even address) and agrees.
     Each call runs under fresh settings, so no recorded call of another mode answers it."""
     from flashattn.backends.triton import decode
-    from flashattn.runtime import env
 
     if device == "cpu":  # (CUDA tensors: the default dispatch runs the decode kernel)
         use_backend(monkeypatch, "portable")
@@ -342,11 +360,7 @@ def check_v_byte_pairs(c: KVCase, monkeypatch, device: str = "cpu") -> None:
 
     def call(v_cache, pairs):
         monkeypatch.setattr(decode, "V_PAIRS", pairs)
-        with env.override(decode_config=""):
-            return flash_attn_with_kvcache(
-                x["q"], x["k_cache"], v_cache, cache_seqlens=x["cache_seqlens"],
-                block_table=x["block_table"], num_splits=c.num_splits,
-                return_softmax_lse=True, k_descale=x["k_descale"], v_descale=x["v_descale"])
+        return _read_as_given(c, dict(x, v_cache=v_cache))
     runs = {True: call(x["v_cache"], True), False: call(x["v_cache"], False)}
     shifted = _misaligned(x["v_cache"], 2)
     assert shifted.data_ptr() % 16 == 2
@@ -365,9 +379,9 @@ def test_v_byte_pairs_equal_the_plain_widening_bitwise(monkeypatch, page) -> Non
 
 @contextlib.contextmanager
 def k_byte_pairs(monkeypatch):
-    """decode.K_PAIRS on (Q K^T over K's even / odd columns in fp16, the default; set here so
-    a probe's switch cannot leak in) under fresh settings, so no call recorded before answers; yields the list of
-    each decode launch's choice."""
+    """decode.K_PAIRS on (Q K^T over K's even / odd columns in fp16: the default, set here so
+    that a probe's switch cannot leak in) under fresh settings, so no call recorded before
+    answers; yields the list of each decode launch's choice."""
     from flashattn.backends.triton import decode
     from flashattn.runtime import env
 
@@ -401,11 +415,9 @@ def check_k_casts(c: KVCase, monkeypatch, device: str = "cpu") -> None:
     math's dtype by casts; both keep flash-attn's rule against the float64 reference, and
     the launches say which path they took. Fresh settings: no recorded call answers."""
     from flashattn.backends.triton import decode
-    from flashattn.runtime import env
 
     if device == "cpu":
         use_backend(monkeypatch, "portable")
-    assert c.s_new == 0  # (the caches are read as given: no append, so no copies of them)
     taken = _decode_choices(monkeypatch, "k_pairs")
     for pairs, shift in ((False, 0), (True, 2)):
         x = _fp8_inputs(c, device=device)
@@ -413,15 +425,11 @@ def check_k_casts(c: KVCase, monkeypatch, device: str = "cpu") -> None:
             x["k_cache"] = _misaligned(x["k_cache"], shift)
             assert x["k_cache"].data_ptr() % 16 == shift
         monkeypatch.setattr(decode, "K_PAIRS", pairs)
-        with env.override(decode_config=""):
-            out, _ = flash_attn_with_kvcache(
-                x["q"], x["k_cache"], x["v_cache"], cache_seqlens=x["cache_seqlens"],
-                block_table=x["block_table"], causal=c.causal, num_splits=c.num_splits,
-                return_softmax_lse=True, k_descale=x["k_descale"], v_descale=x["v_descale"])
+        out, _ = _read_as_given(c, x)
         ref, _ = _reference(x, c, x["k_cache"].cpu(), x["v_cache"].cpu(), upcast=True)
         low, _ = _reference(x, c, x["k_cache"].cpu(), x["v_cache"].cpu(), upcast=False)
-        atol = 1e-5 + (2.0**-7 * ref.abs().max().item() if device == "cpu" else 0.0)
-        assert_close_rule(out, ref, low, atol=atol, name=f"out (K_PAIRS {pairs}, shift {shift})")
+        assert_close_rule(out, ref, low, atol=_out_atol(ref, _math_dtype(x), device),
+                          name=f"out (K_PAIRS {pairs}, shift {shift})")
     assert taken and not any(taken)
 
 
@@ -450,8 +458,7 @@ def test_k_byte_pairs_bf16_query_magnitudes(q_scale, monkeypatch) -> None:
     ref, ref_lse = _reference(x, c, kc, vc, upcast=True)
     low, low_lse = _reference(x, c, kc, vc, upcast=False)
     assert torch.isfinite(out).all() and torch.isfinite(lse).all()
-    atol = 1e-5 + 2.0**-7 * ref.abs().max().item()  # (the interpreter's truncating bf16 store)
-    assert_close_rule(out, ref, low, atol=atol, name="out")
+    assert_close_rule(out, ref, low, atol=_out_atol(ref, torch.bfloat16, "cpu"), name="out")
     assert_close_rule(lse, ref_lse, low_lse.float(),
                       atol=1e-4 + 1e-6 * ref_lse.abs().max().item(), name="lse")
 

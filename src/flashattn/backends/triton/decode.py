@@ -46,14 +46,14 @@ waited on (H200, 2026-11-29: 9-11 % faster without it, benchmarks/NOTES.md). Tha
 (``_e4m3_to_f16``) stays for a V cache whose base is not 16-byte aligned or whose strides are
 odd (an int16 load needs an even address), for narrower V tiles and for qv's V tile.
 
-``K_PAIRS`` does the same for K: Q K^T as two dots
-over K's even and odd columns in fp16, q split the same way once per program (a bf16 q scaled
-exactly by a power of two into fp16's range, the inverse in the score scale), so that K's
-operand is built by ``ldmatrix`` from the copy buffer and widened in its registers by the
-conversion above, instead of e4m3 -> bf16 casts (two ``F2F`` per pair on the conversion unit;
-the sm_90 compile of d 128: ``F2F`` 128 -> 0, same shared memory, 150 registers). H200,
-2026-12-02: the e4m3 rows 8-13 % faster than with the casts (benchmarks/NOTES.md); K caches
-that are not 16-byte aligned, or whose strides are odd, keep the casts.
+``K_PAIRS`` does the same for K: Q K^T as two dots over K's even and odd columns in fp16, q
+split the same way once per program (a bf16 q scaled exactly by a power of two into fp16's
+range, the inverse in the score scale), so that K's operand is built by ``ldmatrix`` from the
+copy buffer and widened in its registers by the conversion above, instead of e4m3 -> bf16 casts
+(two ``F2F`` per pair on the conversion unit; the sm_90 compile of d 128: ``F2F`` 128 -> 0,
+same shared memory, 150 registers). H200, 2026-12-02: the e4m3 rows 7-13 % faster than with the
+casts (benchmarks/NOTES.md); K caches that are not 16-byte aligned, or whose strides are odd,
+keep the casts.
 
 FP8 queries (``Q_FP8``, FlashAttention-3's q_descale, one per (batch row, KV head): the
 program's query rows all share it): q is widened to bf16 on load (exact) and its descale

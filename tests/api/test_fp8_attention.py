@@ -30,6 +30,17 @@ def _rmse(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.double() - b.double()).pow(2).mean().sqrt().item()
 
 
+def _fp8_allowed(q8, k8, v8, qd, kd, vd, ref: torch.Tensor, **mask) -> float:
+    """The rmse an FP8 kernel's output may have against the exact attention ``ref`` of
+    q8 (b, s_q, h, d), k8 / v8 (b, s_k, h_k, d) with one descale per (batch, kv head):
+    2 % of mean |ref|, or twice what FA3's rounding of P to e4m3 costs the oracle if that is
+    larger (with few keys per row, e.g. a chunk of 4, the rounding does not average out)."""
+    group = q8.shape[2] // k8.shape[2]
+    tables = (qd.repeat_interleave(group, 1)[..., None], kd[..., None], vd[..., None])
+    p_rounded = attention_fp8_ref(q8, k8, v8, *tables, q8.shape[1], k8.shape[1], **mask)
+    return max(0.02 * ref.abs().mean().item(), 2 * _rmse(p_rounded, ref))
+
+
 CASES = [  # (causal, window_size, softcap)
     (False, (-1, -1), 0.0),
     (True, (-1, -1), 0.0),
@@ -191,9 +202,11 @@ def test_fp8_attention_chunk(backend, case):
         finite = torch.isfinite(ref_lse)
         torch.testing.assert_close(lse3.double()[finite], ref_lse[finite], atol=1e-4, rtol=1e-5)
         assert bool((lse3[~finite] == float("-inf")).all())
-    else:
-        assert _rmse(out, ref) <= 0.02 * ref.abs().mean().item()
-    assert _rmse(out3, ref) <= 0.02 * ref.abs().mean().item()
+    allowed = _fp8_allowed(q8, k8, v8, qd, kd, vd, ref, causal=causal, window_size=window,
+                           attention_chunk=chunk)
+    if backend != "cpu":
+        assert _rmse(out, ref) <= allowed
+    assert _rmse(out3, ref) <= allowed
 
 
 @pytest.mark.parametrize("chunk", [0, 5], ids=["no-chunk", "chunk-5"])
@@ -234,9 +247,12 @@ def test_varlen_fp8_seqused_q_and_chunk(backend, chunk):
                                _real(k8[keys][None], kd[i:i + 1]),
                                _real(v8[keys][None], vd[i:i + 1]), causal=True,
                                attention_chunk=chunk)
-        tol = 2e-5 if backend == "cpu" else 0.02 * ref.abs().mean().item()
+        allowed = _fp8_allowed(q8[rows][None], k8[keys][None], v8[keys][None], qd[i:i + 1],
+                               kd[i:i + 1], vd[i:i + 1], ref, causal=True,
+                               attention_chunk=chunk)
+        tol = 2e-5 if backend == "cpu" else allowed
         assert _rmse(out[rows], ref[0]) <= tol, f"sequence {i}"
-        assert _rmse(out3[rows], ref[0]) <= 0.02 * ref.abs().mean().item(), f"sequence {i}"
+        assert _rmse(out3[rows], ref[0]) <= allowed, f"sequence {i}"
 
 
 @pytest.mark.parametrize("dist", ["normal", "outliers"])

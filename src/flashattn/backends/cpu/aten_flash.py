@@ -29,6 +29,13 @@ kernel's own error, above, is far below one bf16 / fp16 rounding) and rounds dQ 
 as flash-attn's fp32-accumulating kernels do. On a CPU without bf16 instructions that is also
 7-12x faster than the bf16 kernel (2026-12-02, 2-core x86 without AVX-512: (2, 1024, 8, 64)
 1104 -> 164 ms; the chunked backward 242 ms).
+
+Forward in fp16 / bf16: in float32 too, the output rounded once. The backward recomputes
+P = exp(s - lse) from float32 scores; an lse from the 16-bit kernel (its scores rounded to 16
+bits on some CPUs, not on others) made P of a lone key differ from 1 by up to 2^-8, so dV missed
+its one rounding by up to 2 ulps on CI's CPU while passing on another. The float32 kernel was
+also the faster one there ((2, 8, 1024, 64) causal: bf16 29 ms, fp16 43 ms, fp32 25 ms,
+2026-12-06).
 """
 from __future__ import annotations
 
@@ -63,11 +70,13 @@ def _causal(p: AttnParams) -> bool:
 
 
 def fwd(q: Tensor, k: Tensor, v: Tensor, p: AttnParams) -> Tuple[Tensor, Tensor]:
-    """out (b, s_q, h, d) in q's dtype, lse (b, h, s_q) float32."""
+    """out (b, s_q, h, d) in q's dtype, lse (b, h, s_q) float32; fp16 / bf16 calls computed
+    in float32 and rounded once (module doc)."""
+    wide = [t.float() for t in (q, k, v)]  # (no copy for float32 inputs)
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 0.0, _causal(p),
-        attn_mask=None, scale=p.softmax_scale)
-    return out.transpose(1, 2), lse
+        *(t.transpose(1, 2) for t in wide), 0.0, _causal(p), attn_mask=None,
+        scale=p.softmax_scale)
+    return out.transpose(1, 2).to(q.dtype), lse
 
 
 def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,

@@ -107,15 +107,21 @@ def _varlen_inputs(lengths, h, hk, d, dtype):
     return [x[0] for x in (q, k, v, dout)], cu
 
 
-def _varlen_oracle(q, k, v, dout, cu, **kw):
-    """Per-document oracle, packed back: ((out, lse, grads), (lowprec...))."""
+def _varlen_oracle(q, k, v, dout, cu, alibi_slopes=None, **kw):
+    """Per-document oracle, packed back: ((out, lse, grads), (lowprec...)). ``alibi_slopes``
+    (nheads,) or (n_docs, nheads): document i's are row i of the latter."""
     bounds = cu.tolist()
     res = []
     for upcast in (True, False):
         xs = [(x.detach().double() if upcast else x.detach().clone()).requires_grad_()
               for x in (q, k, v)]
         outs, lses = [], []
-        for a, e in zip(bounds[:-1], bounds[1:]):
+        for i, (a, e) in enumerate(zip(bounds[:-1], bounds[1:])):
+            if a == e:  # an empty document: no rows
+                continue
+            if alibi_slopes is not None:
+                kw["alibi_slopes"] = (alibi_slopes if alibi_slopes.dim() == 1
+                                      else alibi_slopes[i:i + 1])
             o, l = attention_ref(*(x[a:e].unsqueeze(0) for x in xs), upcast=upcast, **kw)
             outs.append(o[0])
             lses.append(l[0])
@@ -126,21 +132,39 @@ def _varlen_oracle(q, k, v, dout, cu, **kw):
 
 
 def ring_varlen(rank, world, *, lengths=(8, 16, 24), h=4, hk=2, d=16, dtype=torch.float32,
-                causal=True, softcap=0.0):
+                causal=True, softcap=0.0, window_size=(-1, -1), alibi=None,
+                deterministic=False):
+    """``lengths``: the documents' local lengths (even: global length = world * local);
+    ``alibi``: None, "heads" (one (nheads,) vector) or "docs" ((n_docs, nheads))."""
     lengths = [n * world for n in lengths]
     (q, k, v, dout), cu = _varlen_inputs(lengths, h, hk, d, dtype)
-    ref, lp = _varlen_oracle(q, k, v, dout, cu, causal=causal, softcap=softcap)
+    g = torch.Generator().manual_seed(3)
+    slopes = (None if alibi is None else
+              (torch.rand(*((h,) if alibi == "heads" else (len(lengths), h)), generator=g)
+               * 0.5).to(q.device))
+    kw = dict(causal=causal, softcap=softcap, window_size=window_size, alibi_slopes=slopes,
+              deterministic=deterministic)
+    ref, lp = _varlen_oracle(q, k, v, dout, cu, causal=causal, softcap=softcap,
+                             window_size=window_size, alibi_slopes=slopes)
     cu_d = cu.to(q.device)
     shard = lambda x, dim=0: (fp.zigzag_varlen_shard(x.to(q.device), cu_d) if dim == 0 else
                               fp.zigzag_varlen_shard(x.transpose(0, 1).to(q.device),
                                                      cu_d).transpose(0, 1))
     local = [shard(x).requires_grad_() for x in (q, k, v)]
-    out, lse, _ = fp.ring_flash_attn_varlen_func(*local, cu_d, max(lengths), causal=causal,
-                                                 softcap=softcap, return_attn_probs=True)
+    out, lse, _ = fp.ring_flash_attn_varlen_func(*local, cu_d, max(lengths),
+                                                 return_attn_probs=True, **kw)
     grads = torch.autograd.grad(out, local, shard(dout))
+    if deterministic:
+        local2 = [x.detach().clone().requires_grad_() for x in local]
+        out2 = fp.ring_flash_attn_varlen_func(*local2, cu_d, max(lengths), **kw)
+        grads2 = torch.autograd.grad(out2, local2, shard(dout))
     whole = fp.zigzag_varlen_unshard(local[0].detach(), cu_d)  # collectives before checks
     _check((out, lse, grads), ref, lp, shard, lse_shard=lambda x: shard(x, 1),
            merged=world > 1)
+    if deterministic:
+        assert torch.equal(out, out2)
+        for g1, g2 in zip(grads, grads2):
+            assert torch.equal(g1, g2)
     assert torch.equal(whole, q)
 
 

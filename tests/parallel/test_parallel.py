@@ -20,7 +20,8 @@ F32, BF16 = torch.float32, torch.bfloat16
 
 # every case on 2 and 4 ranks; a subset on 1 and 3 (odd ring sizes, the one-rank ring)
 _SUBSET = {"ring causal fp32", "ring sliding window", "ring contiguous causal",
-           "varlen ring causal", "ulysses causal", "ring alibi causal", "ring alibi full bf16",
+           "varlen ring causal", "varlen ring sliding window", "varlen ring alibi causal",
+           "ulysses causal", "ring alibi causal", "ring alibi full bf16",
            "bad inputs"}
 
 
@@ -46,6 +47,15 @@ def _cases(world):
         ("varlen ring causal", c.ring_varlen, dict()),
         ("varlen ring full bf16", c.ring_varlen, dict(causal=False, dtype=BF16)),
         ("varlen ring MQA softcap", c.ring_varlen, dict(hk=1, softcap=3.0, lengths=(2, 6))),
+        # windows / ALiBi: calls per document length (two documents share one, one is empty)
+        ("varlen ring sliding window", c.ring_varlen,
+         dict(window_size=(5, 0), lengths=(8, 2, 0, 8, 6))),
+        ("varlen ring two-sided window bf16", c.ring_varlen,
+         dict(causal=False, window_size=(3, 7), dtype=BF16, lengths=(4, 10, 4))),
+        ("varlen ring alibi causal", c.ring_varlen, dict(alibi="docs", lengths=(6, 2, 6))),
+        ("varlen ring alibi window full MQA deterministic", c.ring_varlen,
+         dict(alibi="heads", causal=False, window_size=(6, 2), hk=1, deterministic=True,
+              lengths=(2, 8))),
         ("ulysses causal", c.ulysses_dense, dict()),
         ("ulysses window alibi", c.ulysses_dense, dict(window_size=(4, 1), alibi=True)),
         ("ulysses GQA bf16", c.ulysses_dense, dict(dtype=BF16, hk=2 if world % 2 == 0 else 1)),
@@ -78,6 +88,17 @@ def _global(layout, r, world, s_local):
     return np.concatenate([np.arange(s.global_start, s.global_start + s.length) for s in segs])
 
 
+def _kernel_mask(lq, lk, window_left, window_right):
+    """(i, j, mask) of one kernel call's lq x lk grid: its bottom-right aligned window."""
+    i, j = np.arange(lq)[:, None], np.arange(lk)[None, :]
+    m = np.ones((lq, lk), bool)
+    if window_left >= 0:
+        m &= j - i >= lk - lq - window_left
+    if window_right >= 0:
+        m &= j - i <= lk - lq + window_right
+    return i, j, m
+
+
 def _check_cover(calls, gq, gk, left, right, where, alibi=False):
     """``calls`` compute every visible (query, key) cell of global positions gq x gk once."""
     dist = gk[None, :] - gq[:, None]
@@ -89,12 +110,7 @@ def _check_cover(calls, gq, gk, left, right, where, alibi=False):
     got = np.zeros(want.shape, int)
     for call in calls:
         lq, lk = call.q1 - call.q0, call.k1 - call.k0
-        i, j = np.arange(lq)[:, None], np.arange(lk)[None, :]
-        m = np.ones((lq, lk), bool)
-        if call.window_left >= 0:
-            m &= j - i >= lk - lq - call.window_left
-        if call.window_right >= 0:
-            m &= j - i <= lk - lq + call.window_right
+        i, j, m = _kernel_mask(lq, lk, call.window_left, call.window_right)
         assert call.causal == (call.window_left == -1 and call.window_right == 0)
         got[call.q0:call.q1, call.k0:call.k1] += m
         if call.alibi_shift is not None:  # (the kernel's ALiBi distance is the global one)
@@ -168,3 +184,81 @@ def test_bench_cp_local_block_ablation():
     with pytest.raises(SystemExit, match="--local-block"):
         with bench_cp._local_block("halves"):
             pass
+
+
+def _doc_global(rows, bounds, owner, world):
+    """Global (document, position) of local packed rows of ``owner``'s zigzag varlen shard."""
+    doc_of, pos = np.empty(len(rows), int), np.empty(len(rows), int)
+    start = 0
+    for i, (a, e) in enumerate(zip(bounds[:-1], bounds[1:])):
+        local = (e - a) // world
+        c = local // 2
+        sel = (rows >= start) & (rows < start + local)
+        o = rows[sel] - start
+        doc_of[sel] = i
+        pos[sel] = np.where(o < c, owner * c + o, (2 * world - 1 - owner) * c + o - c)
+        start += local
+    return doc_of, pos
+
+
+def _check_doc_calls(calls, bounds, rank, src, world, left, right, alibi, got):
+    """Adds each call's visible cells into ``got[(doc, p, P)]``; checks the rows of a call are
+    distinct (the ring merges them by index) and ALiBi shifts give the global distance."""
+    for call in calls:
+        q_rows, k_rows = call.q_rows.numpy(), call.k_rows.numpy()
+        assert len(set(q_rows.tolist())) == len(q_rows) and len(set(k_rows.tolist())) == len(k_rows)
+        cu_q, cu_k = call.cu_q.tolist(), call.cu_k.tolist()
+        assert len(cu_q) == len(cu_k) == call.docs.numel() + 1
+        if alibi:
+            assert call.equal and call.alibi_shift is not None
+        for s, doc in enumerate(call.docs.tolist()):
+            qr, kr = q_rows[cu_q[s]:cu_q[s + 1]], k_rows[cu_k[s]:cu_k[s + 1]]
+            dq, gq = _doc_global(qr, bounds, rank, world)
+            dk, gk = _doc_global(kr, bounds, src, world)
+            assert (dq == doc).all() and (dk == doc).all()
+            lq, lk = len(qr), len(kr)
+            assert lq <= call.max_q and lk <= call.max_k
+            i, j, m = _kernel_mask(lq, lk, call.window_left, call.window_right)
+            if call.alibi_shift is not None:
+                d = np.abs(gq[:, None] - gk[None, :])
+                assert (np.abs(i + lk - lq + call.alibi_shift - j)[m] == d[m]).all()
+            for a, b in zip(*np.nonzero(m)):
+                key = (doc, gq[a], gk[b])
+                got[key] = got.get(key, 0) + 1
+
+
+def test_doc_plan_covers_every_document_band_once():
+    """The varlen ring's banded plan (windows / ALiBi over packed documents): every visible
+    (query, key) cell of every document is computed once over the ring's steps, none hidden,
+    and the backward's two parts of the local block cover its step 0 exactly."""
+    from flashattn.parallel.doc_blocks import doc_plan
+
+    for world, lengths, left, right, alibi in itertools.product(
+            [1, 2, 3], [(4, 2, 0, 4, 6), (2, 10)], [None, 0, 3, 7], [None, 0, 2], [False, True]):
+        if left is None and right in (None, 0) and not alibi:
+            continue  # (the plain varlen ring's cases: not planned per document)
+        bounds = tuple(int(x) for x in np.cumsum([0] + [n * 2 * world for n in lengths]))
+        for rank in range(world):
+            plan = doc_plan(bounds, rank, world, left, right, alibi, torch.device("cpu"))
+            got, own = {}, {}
+            for t in range(world):
+                calls = plan.steps[t] if t < len(plan.steps) else ()
+                _check_doc_calls(calls, bounds, rank, (rank - t) % world, world, left, right,
+                                 alibi, got)
+            _check_doc_calls(plan.own_first + plan.own_last, bounds, rank, rank, world, left,
+                             right, alibi, own)
+            want, want_own = set(), set()
+            gq_doc, gq = _doc_global(np.arange(bounds[-1] // world), bounds, rank, world)
+            for src in range(world):
+                gk_doc, gk = _doc_global(np.arange(bounds[-1] // world), bounds, src, world)
+                for a in range(len(gq)):
+                    for b in range(len(gk)):
+                        d = gk[b] - gq[a]
+                        if gq_doc[a] == gk_doc[b] and (left is None or d >= -left) and (
+                                right is None or d <= right):
+                            want.add((gq_doc[a], gq[a], gk[b]))
+                            if src == rank:
+                                want_own.add((gq_doc[a], gq[a], gk[b]))
+            where = (world, lengths, left, right, alibi, rank)
+            assert set(got) == want and all(n == 1 for n in got.values()), where
+            assert set(own) == want_own and all(n == 1 for n in own.values()), where

@@ -17,6 +17,11 @@ local rows, so the calls take the block as it is with ``seqused_k`` = the half l
 kernels read only those keys, and give dK / dV = 0 past them). The late query chunks are
 gathered into packed tensors (rows of O(n d), against the O(n^2 d) of the attention). Without
 a causal mask every step is one full varlen call.
+
+Sliding windows and ALiBi cut each document's band at offsets that scale with its length, so
+those rings run the calls :mod:`flashattn.parallel.doc_blocks` plans per document length
+(:func:`banded_forward` / :func:`banded_backward`): gathered rows, merged into the running
+output by row index.
 """
 from __future__ import annotations
 
@@ -30,6 +35,7 @@ from flashattn.api import normalise as _p
 from flashattn.api import validation as _v
 from flashattn.parallel import checks as _checks
 from flashattn.parallel.accumulate import RowSum
+from flashattn.parallel.doc_blocks import DocCall, DocPlan, doc_plan
 from flashattn.parallel.groups import Group, check_device, resolve
 from flashattn.parallel.layout import zigzag_doc_lengths
 from flashattn.parallel.merge import merge_varlen_into, ready_to_merge
@@ -188,6 +194,99 @@ def varlen_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
     return dq.tensor().to(q.dtype), dk, dv
 
 
+class _Band(NamedTuple):
+    """The banded ring's options: ``alibi`` (n_docs, nheads) float32 slopes or None."""
+
+    alibi: Optional[Tensor]
+
+
+def _doc_fwd(q: Tensor, k_blk: Tensor, v_blk: Tensor, call: DocCall, opt: _Options,
+             band: _Band) -> Tuple[Tensor, Tensor]:
+    """One :class:`DocCall`: out (n_q, h, d_v) and lse (h, n_q) float32 of its rows."""
+    qg, kg, vg = q[call.q_rows], k_blk[call.k_rows], v_blk[call.k_rows]
+    if band.alibi is None:
+        out, lse, _ = _ops.varlen_fwd(qg, kg, vg, call.cu_q, call.cu_k, None, None, None, None,
+                                      call.max_q, call.max_k, opt.softmax_scale, call.causal,
+                                      call.window_left, call.window_right, opt.softcap, 0.0,
+                                      opt.deterministic, False)
+        return out, lse
+    # ALiBi: the dense kernel (it takes the shift) over the call's equal-shaped documents
+    assert call.equal and call.alibi_shift is not None
+    n, h = call.docs.numel(), q.shape[1]
+    out, lse, _ = _ops.fwd(qg.view(n, call.max_q, h, -1), kg.view(n, call.max_k, *kg.shape[1:]),
+                           vg.view(n, call.max_k, *vg.shape[1:]), band.alibi[call.docs], None,
+                           opt.softmax_scale, call.causal, call.window_left, call.window_right,
+                           opt.softcap, 0.0, opt.deterministic, False, call.alibi_shift)
+    return out.reshape(-1, h, out.shape[-1]), lse.transpose(0, 1).reshape(h, -1)
+
+
+def _doc_bwd(dout: Tensor, q: Tensor, k_blk: Tensor, v_blk: Tensor, out: Tensor, lse: Tensor,
+             call: DocCall, opt: _Options, band: _Band) -> Tuple[Tensor, Tensor, Tensor]:
+    """(dq (n_q, h, d), dk / dv (n_k, h_k, d / d_v)) of one :class:`DocCall`'s rows."""
+    pick = (lambda x: x[call.q_rows])
+    qg, kg, vg = q[call.q_rows], k_blk[call.k_rows], v_blk[call.k_rows]
+    lse_g = lse[:, call.q_rows]
+    if band.alibi is None:
+        return _ops.varlen_bwd(pick(dout), qg, kg, vg, pick(out), lse_g.contiguous(), call.cu_q,
+                               call.cu_k, None, None, None, call.max_q, call.max_k,
+                               opt.softmax_scale, call.causal, call.window_left,
+                               call.window_right, opt.softcap, 0.0, opt.deterministic)
+    n, h = call.docs.numel(), q.shape[1]
+    rows = (lambda x: x.view(n, call.max_q, h, -1))
+    keys = (lambda x: x.view(n, call.max_k, *x.shape[1:]))
+    dq, dk, dv = _ops.bwd(rows(pick(dout)), rows(qg), keys(kg), keys(vg), rows(pick(out)),
+                          lse_g.view(h, n, call.max_q).transpose(0, 1).contiguous(),
+                          band.alibi[call.docs], None, opt.softmax_scale, call.causal,
+                          call.window_left, call.window_right, opt.softcap, 0.0,
+                          opt.deterministic, call.alibi_shift)
+    return dq.reshape(qg.shape), dk.reshape(kg.shape), dv.reshape(vg.shape)
+
+
+def banded_forward(q: Tensor, k: Tensor, v: Tensor, plan: DocPlan, opt: _Options, band: _Band,
+                   ring: Ring) -> Tuple[Tensor, Tensor]:
+    """The varlen ring under windows / ALiBi: out (total, h, d_v) in q's dtype and lse
+    (h, total) float32 of the local rows. The running output is float32, each call's rows
+    merged in by index (a call's rows are distinct: :mod:`.doc_blocks`)."""
+    out = torch.zeros(*q.shape[:2], v.shape[-1], dtype=torch.float32, device=q.device)
+    lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=torch.float32,
+                     device=q.device)
+
+    def compute(step: int, k_blk: Tensor, v_blk: Tensor) -> None:
+        for call in plan.steps[step]:
+            o_b, lse_b = _doc_fwd(q, k_blk, v_blk, call, opt, band)
+            rows, rows_lse = out[call.q_rows], lse[:, call.q_rows]
+            merge_varlen_into(rows, rows_lse, o_b, lse_b)
+            out.index_copy_(0, call.q_rows, rows)
+            lse.index_copy_(1, call.q_rows, rows_lse)
+
+    run_forward((k.contiguous(), v.contiguous()), len(plan.steps), ring, compute)
+    return out.to(q.dtype), lse
+
+
+def banded_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                    plan: DocPlan, opt: _Options, band: _Band, ring: Ring
+                    ) -> Tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv) of the local rows, typed like q, k, v; the schedule of
+    :func:`~flashattn.parallel.ring.run_backward`, each call's gradients added by row index."""
+    dq = RowSum(q.shape, q.device, dim=0)
+
+    def grads(calls: Tuple[DocCall, ...], k_blk: Tensor, v_blk: Tensor) -> Callable:
+        done = [(c, _doc_bwd(dout, q, k_blk, v_blk, out, lse, c, opt, band)) for c in calls]
+
+        def add(dk_acc: RowSum, dv_acc: RowSum) -> None:
+            for c, (dq_b, dk_b, dv_b) in done:
+                dq.index_add(c.q_rows, dq_b)
+                dk_acc.index_add(c.k_rows, dk_b)
+                dv_acc.index_add(c.k_rows, dv_b)
+        return add
+
+    dk, dv = run_backward(k, v, len(plan.steps), ring,
+                          lambda step, *kv: grads(plan.steps[step], *kv),
+                          lambda *kv: grads(plan.own_first, *kv),
+                          lambda *kv: grads(plan.own_last, *kv), row_dim=0)
+    return dq.tensor().to(q.dtype), dk, dv
+
+
 def ring_flash_attn_varlen_func(
     q: Tensor,
     k: Tensor,
@@ -214,9 +313,12 @@ def ring_flash_attn_varlen_func(
         cu_seqlens: (n_docs + 1,) int32 *global* cumulative document lengths, the same on
             every rank; every document's length divisible by ``2 * world``.
         max_seqlen: the longest global document (validated against cu_seqlens).
-        causal, softcap, softmax_scale, deterministic: flash-attn 2's meaning per document.
-        window_size, alibi_slopes: not supported by the varlen ring (NotImplementedError):
-            :func:`ulysses_flash_attn_varlen_func` supports both.
+        causal, window_size, softcap, softmax_scale, deterministic: flash-attn 2's meaning
+            per document (windows over each document's global positions).
+        alibi_slopes: (nheads,) or (n_docs, nheads) float32: ALiBi over each document's
+            global positions. Windows and ALiBi run one kernel call per distinct document
+            length and mask (:mod:`flashattn.parallel.doc_blocks`); with ALiBi through the
+            portable kernels (as on one GPU: the Hopper kernels take no ALiBi).
         return_attn_probs: also return the local lse (nheads, total / world).
 
     Returns:
@@ -230,27 +332,36 @@ def ring_flash_attn_varlen_func(
     scale, causal, window_left, window_right, softcap, deterministic = _v.check_options(
         softmax_scale, causal, window_size, softcap, deterministic)
     return_attn_probs = _v.check_bool(return_attn_probs, "return_attn_probs")
-    if window_left >= 0 or (window_right >= 0 and not causal):
-        raise NotImplementedError("window_size: the varlen ring supports causal or full "
-                                  "attention only; ulysses_flash_attn_varlen_func supports "
-                                  "windows")
-    if alibi_slopes is not None:
-        raise NotImplementedError("alibi_slopes: not supported by the varlen ring; "
-                                  "ulysses_flash_attn_varlen_func supports ALiBi")
     bounds = _checks.global_cu_seqlens(cu_seqlens, q.shape[0], ring.world, q.device,
                                        max_seqlen)
+    _v.check_alibi_slopes(alibi_slopes, len(bounds) - 1, q.shape[1], q.device)
     _checks.same_on_every_rank(ring.group, ring.world, q.device, [
         ("q.shape[0] (local tokens)", q.shape[0]), ("q.shape[1]", q.shape[1]),
         ("q.shape[2]", q.shape[2]), ("k.shape[1]", k.shape[1]), ("v.shape[2]", v.shape[2]),
         ("q.dtype", _checks.dtype_code(q.dtype)), ("causal", int(causal)),
-        ("softcap", _checks.float_bits(softcap)), ("deterministic", int(deterministic)),
+        ("window_size[0]", window_left), ("window_size[1]", window_right),
+        ("softcap", _checks.float_bits(softcap)),
+        ("softmax_scale", _checks.float_bits(-1.0 if scale is None else scale)),
+        ("alibi_slopes given", int(alibi_slopes is not None)),
+        ("deterministic", int(deterministic)),
         ("len(cu_seqlens)", len(bounds)), ("cu_seqlens[-1]", bounds[-1])],
         "ring_flash_attn_varlen_func")
-    lay = _layout(tuple(bounds), ring.world, q.device)
     opt = _Options(_p.softmax_scale_or_default(scale, q.shape[-1]), causal, softcap,
                    deterministic)
-    out, lse = RingFunction.apply(q, k, v, varlen_forward, varlen_backward, (lay, opt, ring))
+    # flash-attn's varlen rule: a side reaching max_seqlen (the longest document) is unbounded
+    wl, wr = _p.window(window_left, window_right, causal, max_seqlen)
+    if wl < 0 and (wr < 0 or causal) and alibi_slopes is None:
+        lay = _layout(tuple(bounds), ring.world, q.device)
+        out, lse = RingFunction.apply(q, k, v, varlen_forward, varlen_backward,
+                                      (lay, opt, ring))
+    else:
+        plan = doc_plan(tuple(bounds), ring.rank, ring.world, None if wl < 0 else wl,
+                        None if wr < 0 else wr, alibi_slopes is not None, q.device)
+        band = _Band(_p.alibi_bh(alibi_slopes, len(bounds) - 1, q.shape[1]))
+        out, lse = RingFunction.apply(q, k, v, banded_forward, banded_backward,
+                                      (plan, opt, band, ring))
     return (out, lse, None) if return_attn_probs else out
 
 
-__all__ = ["VarlenLayout", "ring_flash_attn_varlen_func", "varlen_backward", "varlen_forward"]
+__all__ = ["VarlenLayout", "banded_backward", "banded_forward", "ring_flash_attn_varlen_func",
+           "varlen_backward", "varlen_forward"]

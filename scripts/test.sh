@@ -9,4 +9,6 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/setup.sh
 export TRITON_INTERPRET=1
 # pytest exits 5 when it collected nothing: that fails this script too, as it should.
-python -m pytest -n "${PYTEST_WORKERS:-2}" -m "not gpu" tests "$@"
+# --dist loadgroup: tests marked xdist_group (a module that compiles once for all its tests)
+# go to one worker together; every other test is balanced as with the default.
+python -m pytest -n "${PYTEST_WORKERS:-2}" --dist loadgroup -m "not gpu" tests "$@"

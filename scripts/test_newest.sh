@@ -4,8 +4,9 @@
 # The slice touches every feature once (dense / varlen / KV cache / FP8 / combine / compile /
 # the ops layer / the recorded calls' autograd functions / the Hopper path's Triton passes /
 # the CPU path) through the interpreted kernels; the full suite runs on the
-# pinned stack (scripts/test.sh). Triton comes from .aot-triton/<version> (installed by
-# tools/aot_versions.py, or here).
+# pinned stack (scripts/test.sh). The dense grid's dropout cases are left to the pinned stack
+# (half the slice's time: the interpreter runs Philox op by op); test_api's dropout tests
+# stay. Triton comes from .aot-triton/<version> (installed by tools/aot_versions.py, or here).
 #   bash scripts/test_newest.sh [pytest args]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -23,4 +24,5 @@ export TRITON_INTERPRET=1
     tests/api/test_api.py tests/api/test_attention.py tests/api/test_varlen.py \
     tests/api/test_kvcache.py tests/api/test_combine.py tests/api/test_fp8_attention.py \
     tests/api/test_compile.py tests/internals/test_ops.py tests/api/test_fastpath_varlen.py \
-    tests/backends/sm90/test_hopper_passes.py tests/backends/cpu "$@"
+    tests/backends/sm90/test_hopper_passes.py tests/backends/cpu \
+    -k "not (test_attention and drop0)" "$@"

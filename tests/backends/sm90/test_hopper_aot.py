@@ -22,7 +22,11 @@ from flashattn.backends.sm90.support import gluon_unavailable  # noqa: E402
 _REASON = gluon_unavailable()
 # the spill allowances below are measured on the pinned release (scripts/setup.sh)
 _PINNED = __import__("triton").__version__.startswith("3.6.")
-pytestmark = pytest.mark.skipif(_REASON is not None, reason=f"no Gluon for sm90: {_REASON}")
+# one xdist worker takes this whole module (scripts/test.sh runs --dist loadgroup): the
+# module's fixture compiles ~150 variants in one subprocess (~7 min of one core on CI's
+# machine), which each worker that drew one of its tests used to do again
+pytestmark = [pytest.mark.skipif(_REASON is not None, reason=f"no Gluon for sm90: {_REASON}"),
+              pytest.mark.xdist_group("sm90_aot")]
 
 # (head_dim, dtype, causal, window, softcap, overrides): the shipped variants, plus the
 # ablation switches at d=128 (benchmarks/probes/hopper_probe.py).

@@ -12,7 +12,8 @@ Modes (``--modes``, comma-separated):
 - uspUxR (e.g. usp4x2): Ulysses over U ranks (consecutive ranks: inside a node) and the zigzag
   ring over R = N / U, at each ``--per-gpu``;
 - varlen: the varlen zigzag ring on packed documents of lengths drawn in [1k, 64k]
-  (``--varlen-per-gpu`` tokens per GPU), against the one-GPU varlen call;
+  (``--varlen-per-gpu`` tokens per GPU), against the one-GPU varlen call; causal, or with
+  each ``--varlen-window`` (a causal sliding window of that many keys; 0: none);
 - scale: one long sequence (``--scale-per-gpu`` per GPU, GQA ``--kv-heads``): time, TFLOP/s
   per GPU and peak memory, no one-GPU baseline (it would not fit);
 - nocomm: the ring with every exchange replaced by the block in hand (its kernels alone);
@@ -161,6 +162,14 @@ def _causal_pairs(n: int) -> int:
     return n * (n + 1) // 2
 
 
+def _window_pairs(n: int, left: int) -> int:
+    """Visible (query, key) pairs of a causal sequence of ``n`` tokens whose queries see at
+    most ``left`` keys before their own (``left < 0``: unbounded)."""
+    if left < 0 or n <= left + 1:
+        return _causal_pairs(n)
+    return _causal_pairs(left + 1) + (n - left - 1) * (left + 1)
+
+
 def _step(attn: Callable, q, k, v, dout) -> Callable[[], None]:
     def run() -> None:
         qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
@@ -273,22 +282,25 @@ def _packed_documents(per_gpu: int, world: int, h: int, hk: int, d: int
 
 
 def _varlen_row(per_gpu: int, world: int, h: int, hk: int, d: int, iters: int,
-                groups: Dict[str, object], rounds: int = 1) -> Dict:
+                groups: Dict[str, object], rounds: int = 1, window: int = 0) -> Dict:
+    """``window`` > 0: a causal sliding window of that many keys (the query's own included:
+    window_size (window - 1, 0)), the ring's per-length calls (parallel/doc_blocks.py)."""
     lengths, cu, (q, k, v, dout) = _packed_documents(per_gpu, world, h, hk, d)
     total, longest = int(cu[-1]), max(lengths)
+    left = window - 1 if window > 0 else -1
     row = dict(mode="varlen", per_gpu=per_gpu, total=total, h=h, hk=hk, d=d,
-               n_docs=len(lengths), longest=longest)
+               n_docs=len(lengths), longest=longest, window=window)
     one = _step(lambda a, b, c: flashattn.flash_attn_varlen_func(
-        a, b, c, cu, cu, longest, longest, causal=True), q, k, v, dout)
+        a, b, c, cu, cu, longest, longest, causal=True, window_size=(left, 0)), q, k, v, dout)
     row["single_s"] = _timed(one, iters)
     with torch.no_grad():  # the forward alone too (where a loss sits: forward or backward)
         row["single_fwd_s"] = _timed(lambda: flashattn.flash_attn_varlen_func(
-            q, k, v, cu, cu, longest, longest, causal=True), iters)
+            q, k, v, cu, cu, longest, longest, causal=True, window_size=(left, 0)), iters)
     local = [fp.zigzag_varlen_shard(t, cu) for t in (q, k, v, dout)]
-    flops = 4 * h * d * sum(_causal_pairs(n) for n in lengths) * 3.5
+    flops = 4 * h * d * sum(_window_pairs(n, left) for n in lengths) * 3.5
     variants = _variant_times(
-        lambda g: (lambda a, b, c: fp.ring_flash_attn_varlen_func(a, b, c, cu, longest,
-                                                                  causal=True, group=g)),
+        lambda g: (lambda a, b, c: fp.ring_flash_attn_varlen_func(
+            a, b, c, cu, longest, causal=True, window_size=(left, 0), group=g)),
         local, groups, iters, rounds, forward_alone=True)
     for times in variants.values():
         times["efficiency"] = row["single_s"] / world / times["cp_s"]
@@ -486,6 +498,9 @@ def main() -> None:
     ap.add_argument("--per-gpu", default="32768,131072")
     ap.add_argument("--ulysses-per-gpu", default="32768")
     ap.add_argument("--varlen-per-gpu", type=int, default=131072)
+    ap.add_argument("--varlen-window", default="0",
+                    help="varlen rows' causal sliding windows in keys, comma-separated "
+                         "(0: none)")
     ap.add_argument("--scale-per-gpu", type=int, default=262144)
     ap.add_argument("--trace-per-gpu", default="32768", help="tokens per GPU, comma-separated")
     ap.add_argument("--trace-dir", default="", help="write each rank's Chrome trace here")
@@ -535,10 +550,10 @@ def main() -> None:
         for per in [int(x) for x in args.per_gpu.split(",")]:
             guarded(lambda: _dense_row(usp, per, world, h, h, d, args.iters, groups),
                     dict(mode=usp, per_gpu=per))
-    if "varlen" in modes:
+    for window in ([int(x) for x in args.varlen_window.split(",")] if "varlen" in modes else []):
         guarded(lambda: _varlen_row(args.varlen_per_gpu, world, h, h, d, args.iters, groups,
-                                    args.rounds),
-                dict(mode="varlen", per_gpu=args.varlen_per_gpu))
+                                    args.rounds, window),
+                dict(mode="varlen", per_gpu=args.varlen_per_gpu, window=window))
     if "scale" in modes:
         guarded(lambda: _scale_row(args.scale_per_gpu, world, h, args.kv_heads, d),
                 dict(mode="scale", per_gpu=args.scale_per_gpu))

@@ -67,3 +67,11 @@ def test_profiled_host_stalls(monkeypatch):
     row = bench_cp._profiled(lambda: None, "", "unused", host=True)
     assert row["host_stalls"] == {"cudaStreamSynchronize": (4.5, 2), "cudaMalloc": (2.0, 1)}
     assert "host_stalls" not in bench_cp._profiled(lambda: None, "", "unused")
+
+
+def test_window_pairs_count_the_visible_cells():
+    """The varlen rows' FLOPs under a causal sliding window count each visible pair once."""
+    for n in range(0, 12):
+        for left in (-1, 0, 1, 3, 11, 20):
+            brute = sum(1 for i in range(n) for j in range(i + 1) if left < 0 or i - j <= left)
+            assert bench_cp._window_pairs(n, left) == brute, (n, left)

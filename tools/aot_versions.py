@@ -55,16 +55,17 @@ def install(version: str) -> str:
 
 
 class _Slice(NamedTuple):
-    """One compile subprocess: ``variants`` on Triton ``version``."""
+    """One compile subprocess: ``variants`` on Triton ``version`` (installed at ``path``)."""
 
     version: str
+    path: str
     variants: List[list]
 
 
 def _compile_slice(job: _Slice) -> Tuple[List[dict], List[str], str]:
     """(report rows, unreadable lines, stderr tail on a failed subprocess) of one slice."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([install(job.version), os.path.join(ROOT, "src"), ROOT])
+    env["PYTHONPATH"] = os.pathsep.join([job.path, os.path.join(ROOT, "src"), ROOT])
     proc = subprocess.run([sys.executable, "-m", "tools.aot_sm90", json.dumps(job.variants)],
                           capture_output=True, text=True, env=env, cwd=ROOT)
     rows, unreadable = [], []
@@ -78,7 +79,7 @@ def _compile_slice(job: _Slice) -> Tuple[List[dict], List[str], str]:
     return rows, unreadable, proc.stderr[-3000:] if failed else ""
 
 
-def _report(version: str, scope: str, n: int, results, seconds: float) -> int:
+def _report(version: str, scope: str, n: int, results) -> int:
     """Prints one release's table; 1 if anything failed to compile or to report."""
     rows = [r for res in results for r in res[0]]
     unreadable = [line for res in results for line in res[1]]
@@ -93,8 +94,8 @@ def _report(version: str, scope: str, n: int, results, seconds: float) -> int:
             print(f"  {r['key']:<60} {r['registers']:>4} regs {r['spills']:>5} spill bytes "
                   f"{r['shared'] / 1024:7.1f} KiB shared")
     spilled = sum(1 for r in rows if not r.get("error") and r["spills"])
-    print(f"  {len(rows) - len(bad)} compiled, {len(bad)} failed, {spilled} with spills "
-          f"({seconds:.0f} s of compile processes)", flush=True)
+    print(f"  {len(rows) - len(bad)} compiled, {len(bad)} failed, {spilled} with spills",
+          flush=True)
     errors = [res[2] for res in results if res[2]]
     for err in errors:
         print(err)
@@ -107,13 +108,13 @@ def main(argv=None) -> int:
     variants on one core for ~7 minutes of CI while the other idled."""
     versions = (argv if argv is not None else sys.argv[1:]) or ["3.7.1", "3.8.0", "3.9.0"]
     newest = max(versions, key=lambda v: tuple(int(x) for x in v.split(".")))
-    for v in versions:  # (pip, one at a time, before the compiles)
-        install(v)
+    paths = {v: install(v) for v in versions}  # (pip, one at a time, before the compiles)
     scopes = {v: "all" if v == newest else "shipped" for v in versions}
     jobs: List[_Slice] = []
     for v in versions:
         variants = variant_list(scopes[v])
-        jobs += [_Slice(v, variants[i:i + _SLICE]) for i in range(0, len(variants), _SLICE)]
+        jobs += [_Slice(v, paths[v], variants[i:i + _SLICE])
+                 for i in range(0, len(variants), _SLICE)]
     t0 = time.time()
     with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
         results = list(pool.map(_compile_slice, jobs))
@@ -122,7 +123,7 @@ def main(argv=None) -> int:
     for v in versions:
         mine = [res for job, res in zip(jobs, results) if job.version == v]
         n = sum(len(job.variants) for job in jobs if job.version == v)
-        status |= _report(v, scopes[v], n, mine, time.time() - t0)
+        status |= _report(v, scopes[v], n, mine)
     return status
 
 

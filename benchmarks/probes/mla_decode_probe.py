@@ -13,6 +13,11 @@ the decode wrapper for this probe only). Each variant's output is checked agains
 torch computation once. ``--families hopper,portable``: the default routing (the Hopper MLA
 decode kernel where it covers the call) and ``use_backend("portable")`` (the portable decode
 kernel), points interleaved; the launch-config variants apply to the portable kernel only.
+``--dense``: beside each bf16 point, the same problem through the dense entry
+(``fa3.flash_attn_func(q, k, v, qv=qv)``, contiguous keys) and our dense bf16 forward with the
+128 heads' query rows packed into one sequence over the one KV head (not causal: s_q of 1-8
+rows hides at most 7 of the keys) at d 256 / d_v 512 (the widest q / k our dense kernels take)
+and at d 128 / d_v 128; each rate over that call's own FLOPs.
 
     python benchmarks/probes/mla_decode_probe.py --out $OUT/mla.json
 """
@@ -85,6 +90,31 @@ def _check(out: torch.Tensor, x: dict) -> float:
     return (out.float() - ref).abs().max().item()
 
 
+def _dense_rows(x: dict, b: int, s_k: int, s_q: int) -> list:
+    """The same MLA problem through the dense entry, and packed dense bf16 forwards at its
+    shape: rows of (impl, ms, TFLOP/s over the call's own FLOPs)."""
+    rows_idx = x["page_table"].long()
+    k = x["k_cache"][rows_idx].reshape(b, s_k, H_K, D)
+    v = x["v_cache"][rows_idx].reshape(b, s_k, H_K, D_V)
+    calls = [("fa3_dense_qv", lambda: fa3.flash_attn_func(x["q"], k, v, qv=x["qv"],
+                                                          causal=s_q > 1),
+              2 * b * s_q * H * s_k * (D + 2 * D_V))]
+    for d, d_v in ((256, 512), (128, 128)):
+        qd = torch.randn(b, s_q * H, 1, d, device="cuda", dtype=torch.bfloat16)
+        kd = torch.randn(b, s_k, 1, d, device="cuda", dtype=torch.bfloat16)
+        vd = torch.randn(b, s_k, 1, d_v, device="cuda", dtype=torch.bfloat16)
+        calls.append((f"dense_packed_d{d}_dv{d_v}",
+                      lambda qd=qd, kd=kd, vd=vd: flashattn.flash_attn_func(qd, kd, vd),
+                      2 * b * s_q * H * s_k * (d + d_v)))
+    out = []
+    for impl, fn, flops in calls:
+        fn()
+        ms = triton.testing.do_bench(_graphed(fn), warmup=25, rep=100, return_mode="median")
+        out.append(dict(b=b, s_k=s_k, s_q=s_q, fp8=False, family=impl, ms=round(ms, 4),
+                        tflops=round(flops / ms / 1e9, 1)))
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--points", default="4x8192,32x8192,4x32768,64x4096")
@@ -99,6 +129,8 @@ def main() -> int:
                     help="NAME=v1,v2: the Hopper kernel's module-level switch "
                          "(backends/sm90/latent.py, e.g. NUM_STAGES=2,3) at each value, "
                          "interleaved")
+    ap.add_argument("--dense", action="store_true",
+                    help="also time the dense entry with qv and packed dense bf16 forwards")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     rows = []
@@ -143,6 +175,10 @@ def main() -> int:
                            tflops=round(flops / ms / 1e9, 1), max_err=round(err, 5))
                 print(json.dumps(row), flush=True)
                 rows.append(row)
+            if args.dense and not fp8:
+                for row in _dense_rows(x, b, s_k, args.s_q):
+                    print(json.dumps(row), flush=True)
+                    rows.append(row)
     _decode.block_m_for = default_block_m
     for k, v in defaults.items():
         setattr(_latent, k, v)

@@ -258,6 +258,35 @@ def test_fp8_float32_output_only_where_its_o_slot_fits():
                     assert (why is None) == (fp8_smem_bytes(cfg, d, d_v, 4) <= SMEM_LIMIT)
 
 
+def test_masked_wide_heads_launch_one_cta_per_tile():
+    """Masked padded calls at d = 192 / 256 (16-bit, no softcap) launch one CTA per tile, with
+    no tile queue (measured faster than the persistent kernel there); unmasked calls, softcap,
+    other head dims and an explicit override keep the persistent kernel."""
+    pytest.importorskip("triton.experimental.gluon")
+    import torch
+
+    from flashattn.backends.sm90.config import MASKED_OVERRIDES
+    from flashattn.backends.sm90.fwd import launch_args, uses_tile_queue
+
+    assert set(MASKED_OVERRIDES) == {192, 256}
+    for d in (64, 96, 128, 192, 256):
+        wide = d in MASKED_OVERRIDES
+        assert fwd_config(d, masked=True).persistent is not wide
+        assert fwd_config(d, masked=False).persistent
+    assert fwd_config(256, True, masked=True).persistent  # softcap: not measured, unchanged
+    assert fwd_config(256, masked=True, persistent=True).persistent  # overrides come last
+    b, s, h, d = 2, 1000, 4, 256
+    q = torch.empty((b, s, h, d), dtype=torch.bfloat16)
+    lse = torch.empty((b, h, s), dtype=torch.float32)
+    cfg = fwd_config(d, masked=True)
+    n_tiles = b * h * -(-s // cfg.block_m)
+    assert not uses_tile_queue(cfg, window_right=0)
+    _, constexprs, _, grid = launch_args(q, q, q, q, lse, cfg, softmax_scale=d ** -0.5,
+                                         window_left=-1, window_right=0, softcap=0.0,
+                                         num_sms=132)
+    assert grid == n_tiles and not constexprs["DYNAMIC"] and constexprs["LONGEST_FIRST"]
+
+
 def test_one_wave_calls_keep_the_static_stride():
     """A call of at most one tile per SM takes no tile queue (each CTA takes one tile either
     way; the queue would only add its counter to the host time); larger unmasked calls do."""

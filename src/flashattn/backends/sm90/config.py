@@ -221,15 +221,30 @@ def fp8_long_causal(window_left: int, window_right: int, seqlen_k: int) -> bool:
     return window_right >= 0 and window_left < 0 and seqlen_k >= FP8_LONG_CAUSAL_MIN_KEYS
 
 
+# Masked calls (a causal mask or a window; padded tensors, not packed ones) at d = 192 / 256,
+# 16-bit without softcap: one CTA per tile (the hardware's block scheduler hands out the tiles,
+# longest first, as the queue would) instead of the persistent kernel. Same arithmetic (bitwise
+# equal). Kernel alone, 16k tokens per call, min of 5 interleaved rounds, TFLOP/s persistent ->
+# one CTA per tile (H100, 2026-12-06, benchmarks/NOTES.md): d = 256 causal 2k 484 -> 488, 4k
+# 521 -> 549, 8k 546-553 -> 574-579, 16k 575-584 -> 658-664; d = 192 causal 4k 461 -> 468, 8k
+# 460 -> 484, 16k 484 -> 507. Not taken where it measured slower or equal: unmasked d = 256
+# (0.95-1.00x), causal d = 64 / 128 (0.95-1.00x).
+MASKED_OVERRIDES: Dict[int, Dict[str, Any]] = {192: dict(persistent=False),
+                                               256: dict(persistent=False)}
+
+
 def fwd_config(head_dim: int, softcap: bool = False, head_dim_v: Optional[int] = None,
-               **overrides) -> FwdConfig:
+               masked: bool = False, **overrides) -> FwdConfig:
     """The config for ``head_dim`` (a key of FWD_CONFIGS), with overrides (ablations, tuning).
 
     ``head_dim_v`` (V / O) other than ``head_dim`` (Q / K), both keys of FWD_CONFIGS: the larger
     one's config, O in its own shared-memory slot when the padded widths differ (Q's slot has
-    the other width)."""
+    the other width). ``masked``: a dense (not packed) call with a causal mask or a window,
+    where MASKED_OVERRIDES apply (before ``overrides``)."""
     key = max(head_dim, head_dim_v or head_dim)
     cfg = SOFTCAP_CONFIGS.get(key, FWD_CONFIGS[key]) if softcap else FWD_CONFIGS[key]
+    if masked and not softcap and key in MASKED_OVERRIDES:
+        cfg = replace(cfg, **MASKED_OVERRIDES[key])
     if (head_dim_v is not None and _box_width(head_dim_v) != _box_width(head_dim)
             and not cfg.separate_o):
         cfg = replace(cfg, separate_o=True)

@@ -169,7 +169,7 @@ def flash_fwd_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, softm
     head_dim_v = v.shape[3]
     cfg = fwd_config(head_dim, softcap > 0.0,
                      head_dim_v=head_dim_v if head_dim_v != head_dim else None,
-                     **(config_overrides or {}))
+                     masked=window_left >= 0 or window_right >= 0, **(config_overrides or {}))
     if (window_right < 0 and cfg.queue_unmasked
             and batch * n_heads * cdiv(seqlen_q, cfg.block_m) <= sm_count(q.device)):
         cfg = _static_stride(cfg)

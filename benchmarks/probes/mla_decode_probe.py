@@ -72,13 +72,18 @@ def _inputs(b: int, s_k: int, fp8: bool, s_q: int = 1, page: int = PAGE):
     return x
 
 
+def _unpaged(x: dict):
+    """The paged K / V caches of ``x`` as contiguous (b, s_k, 1, d) / (b, s_k, 1, d_v)."""
+    b, n_pages = x["page_table"].shape
+    rows = x["page_table"].long()
+    s_k = n_pages * x["k_cache"].shape[1]
+    return (x["k_cache"][rows].reshape(b, s_k, H_K, D),
+            x["v_cache"][rows].reshape(b, s_k, H_K, D_V))
+
+
 def _check(out: torch.Tensor, x: dict) -> float:
     """max |out - float32 torch| over the batch (the absorbed MLA formula, no paging)."""
-    b, n_pages = x["page_table"].shape
-    page = x["k_cache"].shape[1]
-    rows = x["page_table"].long()
-    k = x["k_cache"][rows].float().reshape(b, n_pages * page, D)
-    v = x["v_cache"][rows].float().reshape(b, n_pages * page, D_V)
+    k, v = (t.float().flatten(2) for t in _unpaged(x))
     s = (torch.einsum("bqhd,bkd->bhqk", x["q"].float(), k)
          + torch.einsum("bqhd,bkd->bhqk", x["qv"].float(), v)) * (D + D_V) ** -0.5
     if x.get("causal"):  # (bottom-right: query row i sees keys <= i + s_k - s_q)
@@ -93,9 +98,7 @@ def _check(out: torch.Tensor, x: dict) -> float:
 def _dense_rows(x: dict, b: int, s_k: int, s_q: int) -> list:
     """The same MLA problem through the dense entry, and packed dense bf16 forwards at its
     shape: rows of (impl, ms, TFLOP/s over the call's own FLOPs)."""
-    rows_idx = x["page_table"].long()
-    k = x["k_cache"][rows_idx].reshape(b, s_k, H_K, D)
-    v = x["v_cache"][rows_idx].reshape(b, s_k, H_K, D_V)
+    k, v = _unpaged(x)
     calls = [("fa3_dense_qv", lambda: fa3.flash_attn_func(x["q"], k, v, qv=x["qv"],
                                                           causal=s_q > 1),
               2 * b * s_q * H * s_k * (D + 2 * D_V))]
@@ -107,8 +110,7 @@ def _dense_rows(x: dict, b: int, s_k: int, s_q: int) -> list:
                       lambda qd=qd, kd=kd, vd=vd: flashattn.flash_attn_func(qd, kd, vd),
                       2 * b * s_q * H * s_k * (d + d_v)))
     out = []
-    for impl, fn, flops in calls:
-        fn()
+    for impl, fn, flops in calls:  # (_graphed warms each call up before its capture)
         ms = triton.testing.do_bench(_graphed(fn), warmup=25, rep=100, return_mode="median")
         out.append(dict(b=b, s_k=s_k, s_q=s_q, fp8=False, family=impl, ms=round(ms, 4),
                         tflops=round(flops / ms / 1e9, 1)))

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import List, NamedTuple, Tuple
+from typing import List, NamedTuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _SLICE = 40  # variants per compile process (each process pays ~10 s of imports)
@@ -62,8 +62,17 @@ class _Slice(NamedTuple):
     variants: List[list]
 
 
-def _compile_slice(job: _Slice) -> Tuple[List[dict], List[str], str]:
-    """(report rows, unreadable lines, stderr tail on a failed subprocess) of one slice."""
+class _SliceResult(NamedTuple):
+    """What one compile subprocess printed: its report rows, the lines that did not parse,
+    and its stderr's tail when it failed or reported fewer variants than it was given."""
+
+    rows: List[dict]
+    unreadable: List[str]
+    error: str
+
+
+def _compile_slice(job: _Slice) -> _SliceResult:
+    """Compile one slice in a subprocess on its Triton release."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([job.path, os.path.join(ROOT, "src"), ROOT])
     proc = subprocess.run([sys.executable, "-m", "tools.aot_sm90", json.dumps(job.variants)],
@@ -76,13 +85,13 @@ def _compile_slice(job: _Slice) -> Tuple[List[dict], List[str], str]:
             except json.JSONDecodeError:  # (a compile that died mid-line: e.g. a full disk)
                 unreadable.append(line)
     failed = proc.returncode != 0 or len(rows) != len(job.variants)
-    return rows, unreadable, proc.stderr[-3000:] if failed else ""
+    return _SliceResult(rows, unreadable, proc.stderr[-3000:] if failed else "")
 
 
-def _report(version: str, scope: str, n: int, results) -> int:
+def _report(version: str, scope: str, n: int, results: List[_SliceResult]) -> int:
     """Prints one release's table; 1 if anything failed to compile or to report."""
-    rows = [r for res in results for r in res[0]]
-    unreadable = [line for res in results for line in res[1]]
+    rows = [r for res in results for r in res.rows]
+    unreadable = [line for res in results for line in res.unreadable]
     print(f"== triton {version}: sm_90 AOT of {n} Gluon variants ({scope})", flush=True)
     for line in unreadable:
         print(f"  UNREADABLE report line: {line[:300]}")
@@ -96,7 +105,7 @@ def _report(version: str, scope: str, n: int, results) -> int:
     spilled = sum(1 for r in rows if not r.get("error") and r["spills"])
     print(f"  {len(rows) - len(bad)} compiled, {len(bad)} failed, {spilled} with spills",
           flush=True)
-    errors = [res[2] for res in results if res[2]]
+    errors = [res.error for res in results if res.error]
     for err in errors:
         print(err)
     return 1 if bad or errors or unreadable or len(rows) != n else 0

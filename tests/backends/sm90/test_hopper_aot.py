@@ -148,6 +148,10 @@ BWD_VARIANTS = (
     # lse2 / delta read under S^T's GEMM (BwdConfig.stats_early; Triton 3.6: d = 64 without
     # spills, d = 128 spills 152-176 bytes, so d = 64 only)
     + [("bwd", 64, "bfloat16", c, (-1, -1), 0.0, {"stats_early": True}) for c in (False, True)]
+    # dQ split by query rows (BwdConfig.dq_rows; 128-row blocks only: unmasked d = 64, and
+    # causal with block_m=128; Triton 3.6: 128 / 136 bytes spilled against 152 / 128 without)
+    + [("bwd", 64, "bfloat16", False, (-1, -1), 0.0, {"dq_rows": True}),
+       ("bwd", 64, "bfloat16", True, (-1, -1), 0.0, {"dq_rows": True, "block_m": 128})]
 )
 
 
@@ -326,7 +330,9 @@ BWD_SPILL_ALLOWANCE = 200
 D64_ROWS128_SPILL_ALLOWANCE = {"bwd_d64_bfloat16": 152,
                                "bwd_d64_bfloat16_persistent1_longest_first1": 104,
                                "bwd_d64_bfloat16_dq_first1": 160,
-                               "bwd_d64_bfloat16_stats_early1": 344}
+                               "bwd_d64_bfloat16_stats_early1": 344,
+                               "bwd_d64_bfloat16_dq_rows1": 128,
+                               "bwd_d64_bfloat16_causal_dq_rows1_block_m128": 136}
 # deterministic=True: the dQ writer warp's handoff (2026-11-23) leaves consumer 0 more 64-bit
 # values in local memory (d = 128: 272 bytes causal, 256 dense; d = 64: 64); measured as is
 DET_SPILL_ALLOWANCE = 288

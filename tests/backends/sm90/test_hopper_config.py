@@ -334,6 +334,38 @@ def test_backward_stats_early_is_off_and_refused_where_it_has_no_meaning():
         aot.compile_bwd_variant(256, torch.bfloat16, overrides={"stats_early": True})
 
 
+def test_backward_dq_rows_reaches_the_kernel_through_the_dq_box():
+    """BwdConfig.dq_rows (each consumer computes dQ for its half of the query rows, FA4's
+    split) reaches the kernel as the dQ descriptor's box, [block_m / 2, d_pad] instead of
+    [block_m, d_pad / 2], and is refused, naming the field, where a consumer's half would be
+    under one wgmma's 64 rows, with the ordered (deterministic) dQ writer, or on the wide
+    kernel."""
+    import torch
+
+    from flashattn.backends.sm90.bwd import dq_workspace, launch_args
+    from flashattn.backends.sm90.config import BWD_CONFIGS, bwd_config
+    from tools import aot_sm90 as aot
+
+    q = torch.empty((1, 256, 2, 64), dtype=torch.bfloat16)
+    lse = torch.empty((1, 2, 256), dtype=torch.float32)
+    for flag, box in ((False, [128, 32]), (True, [64, 64])):
+        cfg = bwd_config(64, masked=False, dq_rows=flag)
+        assert cfg.block_m == 128
+        args, _, _, _ = launch_args(q, q, q, q, lse, lse, dq_workspace(q, 256), q, q, cfg,
+                                    softmax_scale=0.125, window_left=-1, window_right=-1,
+                                    softcap=0.0)
+        assert list(args[4].block_shape) == box
+    for overrides in ({"dq_rows": True, "block_m": 64},
+                      {"dq_rows": True, "deterministic": True}):
+        with pytest.raises(ValueError, match="dq_rows"):
+            aot.compile_bwd_variant(64, torch.bfloat16, overrides=overrides)
+    with pytest.raises(ValueError, match="dq_rows"):
+        aot.compile_bwd_variant(256, torch.bfloat16, overrides={"dq_rows": True, "block_m": 128})
+    for d in BWD_CONFIGS:
+        for masked in (False, True):
+            assert not bwd_config(d, masked=masked).dq_rows
+
+
 def test_forward_late_pv_wait_is_off_and_reaches_the_kernel():
     """FwdConfig.late_pv_wait (the P·V wait kept after the softmax) is off in every shipped
     config, reaches the kernel as the LATE_PV_WAIT constexpr, and without the intra-warpgroup

@@ -68,14 +68,21 @@ def dq_workspace(q: torch.Tensor, seqlen_q_pad: int) -> torch.Tensor:
     return torch.empty(shape, dtype=torch.float32, device=q.device)
 
 
-def _dq_desc(dq_acc: torch.Tensor, block_m: int, wide: bool) -> TensorDescriptor:
+def _dq_desc(dq_acc: torch.Tensor, block_m: int, wide: bool,
+             rows_split: bool = False) -> TensorDescriptor:
     """2-D descriptor over the fp32 dQ workspace seen as rows of its last dim:
     (b * h * s_q_pad, d_pad) with box [block_m, d_pad // 2] (one consumer's column half of a
-    query block), or for the wide kernel (b * h * d_pad, s_q_pad) with box [64, block_m // 2]
-    (one dQ^T piece)."""
+    query block), or [block_m // 2, d_pad] with ``rows_split`` (``BwdConfig.dq_rows``: one
+    consumer's row half), or for the wide kernel (b * h * d_pad, s_q_pad) with box
+    [64, block_m // 2] (one dQ^T piece). The kernel reads which split it runs off the box."""
     rows = dq_acc.shape[0] * dq_acc.shape[1] * dq_acc.shape[2]
     flat = dq_acc.view(rows, dq_acc.shape[3])
-    block = [64, block_m // 2] if wide else [block_m, dq_acc.shape[3] // 2]
+    if wide:
+        block = [64, block_m // 2]
+    elif rows_split:
+        block = [block_m // 2, dq_acc.shape[3]]
+    else:
+        block = [block_m, dq_acc.shape[3] // 2]
     layout = nvmma_layout(tuple(block), gl.float32)
     return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), block, layout)
 
@@ -191,7 +198,8 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
         counter = _tile_counter(cfg, lse2, k, seqlen_q, window_right)
     args = [
         tensor_desc(q, cfg.block_m), tensor_desc(k, cfg.block_n), tensor_desc(v, cfg.block_n),
-        tensor_desc(dout, cfg.block_m), _dq_desc(dq_acc, cfg.block_m, wide), lse2, delta, dq_acc,
+        tensor_desc(dout, cfg.block_m), _dq_desc(dq_acc, cfg.block_m, wide, cfg.dq_rows),
+        lse2, delta, dq_acc,
         dk, dv, counter, seqlen_q, seqlen_k, n_heads, n_heads_k, group_size,
         dq_acc.shape[3] if wide else dq_acc.shape[2],
         n_key_blocks, n_bh_k,
@@ -219,9 +227,10 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
         if why is not None:
             raise ValueError(f"BwdConfig: deterministic=True with {why}")
     if wide:
-        if cfg.dq_first or cfg.stats_early:
-            raise ValueError("bwd_wide_kernel has one GEMM order and one place for the row "
-                             "statistics (dq_first=False, stats_early=False)")
+        if cfg.dq_first or cfg.stats_early or cfg.dq_rows:
+            raise ValueError("bwd_wide_kernel has one GEMM order, one dQ split and one place "
+                             "for the row statistics (dq_first=False, dq_rows=False, "
+                             "stats_early=False)")
         if cfg.persistent:
             raise ValueError("bwd_wide_kernel has no persistent schedule (persistent=False)")
         if not (cfg.dq_tma and cfg.dq_async):
@@ -233,6 +242,10 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
             raise ValueError("BwdConfig: persistent=True needs pipeline=False")
         if (cfg.dq_first or cfg.stats_early) and cfg.pipeline:
             raise ValueError("BwdConfig: dq_first=True and stats_early=True need pipeline=False")
+        if cfg.dq_rows and (cfg.block_m < 128 or cfg.pipeline or cfg.deterministic
+                            or not (cfg.dq_tma and cfg.dq_async)):
+            raise ValueError("BwdConfig: dq_rows=True needs block_m >= 128 (a wgmma is 64 rows "
+                             "per consumer), dq_tma + dq_async, no pipeline, not deterministic")
         constexprs.update(DQ_TMA=cfg.dq_tma, PIPELINE=cfg.pipeline,
                           DQ_ASYNC=cfg.dq_tma and cfg.dq_async, PERSISTENT=cfg.persistent,
                           DYNAMIC=cfg.dynamic,

@@ -58,6 +58,11 @@ Schedule switches (constexpr, measured in benchmarks/probes/hopper_probe.py --mo
     STATS_EARLY per query block, lse2 / delta read from shared memory right after issuing
                S^T / dP^T (without PIPELINE) instead of just before each is used. Measured
                0.94-1.00x at d = 64 (H200, 2026-11-28), off; spills at d = 128
+    DQ_ROWS    (not a flag: read off the dQ box, [BLOCK_M // 2, D_PAD]; BwdConfig.dq_rows,
+               BLOCK_M >= 128) each consumer computes dQ for its half of the query rows over
+               every column (A = its rows of dS, B = all of K: half the wgmmas, each twice as
+               wide, and half of dS read per consumer) instead of its column half over every
+               row. Off until measured
 """
 from __future__ import annotations
 
@@ -212,12 +217,16 @@ def _add_dq(dq_desc, row, col, dq, dq_ptr, dq_offs, DQ_TMA: gl.constexpr):
 @gluon.jit
 def _send_dq(dq, sm_scale, dq_desc, dq_row0, m_start, dq_smem, dq_ptr, dq_offs, handoff, it,
              n_block, WG: gl.constexpr, DQ_TMA: gl.constexpr, DQ_ASYNC: gl.constexpr,
-             DETERMINISTIC: gl.constexpr):
-    """This consumer's column half of query block ``m_start``'s dQ, times ``sm_scale``, on its
-    way to the workspace rows from ``dq_row0``: to the writer warp (DETERMINISTIC), through
-    the staging tile (DQ_ASYNC), or straight from registers."""
+             DETERMINISTIC: gl.constexpr, DQ_ROWS: gl.constexpr = False):
+    """This consumer's column half of query block ``m_start``'s dQ (DQ_ROWS: its row half),
+    times ``sm_scale``, on its way to the workspace rows from ``dq_row0``: to the writer warp
+    (DETERMINISTIC), through the staging tile (DQ_ASYNC), or straight from registers."""
     HALF_D: gl.constexpr = dq_desc.block_type.shape[1]
-    if DETERMINISTIC:
+    if DQ_ROWS:  # rows [WG * DQ_M, (WG + 1) * DQ_M) of the block, every column
+        DQ_M: gl.constexpr = dq_desc.block_type.shape[0]
+        _add_dq_async(dq_desc, dq_row0 + m_start + WG * DQ_M, 0, dq * sm_scale,
+                      dq_smem.index(WG))
+    elif DETERMINISTIC:
         # the query block's counter starts at -(the last key block that reaches it) and
         # the higher key blocks go first: this one's turn comes at -n_block
         _hand_dq_to_writer(dq * sm_scale, dq_smem.index(WG), handoff, it,
@@ -287,12 +296,17 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
     D_PAD: gl.constexpr = q_desc.block_type.shape[3]
     HALF_D: gl.constexpr = D_PAD // 2
 
-    # wgmma layouts of one warpgroup: S^T / dP^T (HALF_N x BLOCK_M) and the dQ column half
-    # (BLOCK_M x HALF_D); dK / dV (HALF_N x D_PAD) in _key_tile
+    # this consumer's dQ piece: the column half (BLOCK_M x HALF_D) or, with BwdConfig.dq_rows
+    # (read off the dQ box, bwd._dq_desc), the row half (BLOCK_M / 2 x D_PAD)
+    DQ_M: gl.constexpr = dq_desc.block_type.shape[0]
+    DQ_N: gl.constexpr = dq_desc.block_type.shape[1]
+    DQ_ROWS: gl.constexpr = DQ_M != BLOCK_M
+    # wgmma layouts of one warpgroup: S^T / dP^T (HALF_N x BLOCK_M) and the dQ piece
+    # (DQ_M x DQ_N); dK / dV (HALF_N x D_PAD) in _key_tile
     S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
     DQ_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, HALF_D, 16])
+                                                        instr_shape=[16, DQ_N, 16])
 
     gl.static_assert(not (PERSISTENT and PIPELINE))  # PIPELINE's block count is per tile
     gl.static_assert(PERSISTENT or not DETERMINISTIC)  # waits only on live lower tiles
@@ -300,11 +314,15 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
     v_all = v_smem.reshape([BLOCK_N, D_PAD])
     k_mine = k_all.slice(WG * HALF_N, HALF_N, dim=0)           # A of S^T
     v_mine = v_all.slice(WG * HALF_N, HALF_N, dim=0)           # A of dP^T
-    k_cols = k_all.slice(WG * HALF_D, HALF_D, dim=1)           # B of this consumer's dQ half
+    if DQ_ROWS:
+        k_cols = k_all                                         # B of this consumer's dQ rows
+    else:
+        k_cols = k_all.slice(WG * HALF_D, HALF_D, dim=1)       # B of this consumer's dQ half
     s_zero = gl.zeros([HALF_N, BLOCK_M], gl.float32, S_LAYOUT)
-    dq_zero = gl.zeros([BLOCK_M, HALF_D], gl.float32, DQ_LAYOUT)
-    dq_rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, DQ_LAYOUT))
-    dq_cols = WG * HALF_D + gl.arange(0, HALF_D, layout=gl.SliceLayout(0, DQ_LAYOUT))
+    dq_zero = gl.zeros([DQ_M, DQ_N], gl.float32, DQ_LAYOUT)
+    # (the atomic adds' offsets: DQ_TMA off, never with DQ_ROWS)
+    dq_rows = gl.arange(0, DQ_M, layout=gl.SliceLayout(1, DQ_LAYOUT))
+    dq_cols = WG * HALF_D + gl.arange(0, DQ_N, layout=gl.SliceLayout(0, DQ_LAYOUT))
     dq_offs = gl.expand_dims(dq_rows * D_PAD, 1) + gl.expand_dims(dq_cols, 0)
 
     consts = (k_mine, v_mine, k_cols, s_zero, dq_zero, dq_offs)
@@ -457,8 +475,13 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
     KV_LAYOUT: gl.constexpr = dk.type.layout
     A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=KV_LAYOUT, k_width=2)
     COL_S: gl.constexpr = gl.SliceLayout(0, S_LAYOUT)
+    # BwdConfig.dq_rows, read off the dQ box (bwd._dq_desc): [BLOCK_M // 2, D_PAD]
+    DQ_M: gl.constexpr = dq_desc.block_type.shape[0]
+    DQ_ROWS: gl.constexpr = DQ_M != BLOCK_M
     if DETERMINISTIC:
         gl.static_assert(DQ_ASYNC and not PIPELINE and not HAS_LEFT)
+    if DQ_ROWS:
+        gl.static_assert(DQ_ASYNC and not PIPELINE and not DETERMINISTIC)
     gl.static_assert(not (DQ_FIRST and PIPELINE))  # PIPELINE sends dQ under the next S^T / dP^T
     if VARLEN:
         q_off, len_q, len_k = span
@@ -541,8 +564,11 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
         cta_barrier()  # every thread's dS^T is in smem before the single-thread arrive
         mbarrier.arrive(ds_ready.index(ds_slot))
         mbarrier.wait(ds_ready.index(ds_slot), ds_phase)
-        dq_tok = warpgroup_mma(ds_buf.permute((1, 0)), k_cols, dq_zero, use_acc=False,
-                               is_async=True)
+        if DQ_ROWS:  # A = this consumer's query rows of dS, B = all of K
+            ds_a = ds_buf.slice(WG * DQ_M, DQ_M, dim=1).permute((1, 0))
+        else:  # A = every query row of dS, B = this consumer's column half of K
+            ds_a = ds_buf.permute((1, 0))
+        dq_tok = warpgroup_mma(ds_a, k_cols, dq_zero, use_acc=False, is_async=True)
         if DQ_FIRST:
             # dK last: wgmma groups complete in issue order, so waiting to one group in
             # flight leaves dV and dQ done and dK running while dQ is staged and sent
@@ -553,7 +579,7 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
             mbarrier.arrive(ds_free.index(ds_slot))
             mbarrier.arrive(do_empty.index(stage))
             _send_dq(dq, sm_scale, dq_desc, dq_row0, m_start, dq_smem, dq_ptr, dq_offs,
-                     handoff, it, n_block, WG, DQ_TMA, DQ_ASYNC, DETERMINISTIC)
+                     handoff, it, n_block, WG, DQ_TMA, DQ_ASYNC, DETERMINISTIC, DQ_ROWS)
             dk = warpgroup_mma_wait(0, deps=(dk_tok,))
             mbarrier.arrive(q_empty.index(stage))
         else:
@@ -570,7 +596,7 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
                                     dq_smem.index(WG), DQ_TMA, DQ_ASYNC)
             else:
                 _send_dq(dq, sm_scale, dq_desc, dq_row0, m_start, dq_smem, dq_ptr, dq_offs,
-                         handoff, it, n_block, WG, DQ_TMA, DQ_ASYNC, DETERMINISTIC)
+                         handoff, it, n_block, WG, DQ_TMA, DQ_ASYNC, DETERMINISTIC, DQ_ROWS)
 
     return it_base + total, dk, dv
 

@@ -337,6 +337,12 @@ class BwdConfig:
     # just before each is used (where ncu showed the consumers stalled on those loads).
     # Exact: the same values, read earlier.
     stats_early: bool = False
+    # d <= 128 with block_m >= 128 (bwd_kernel.py), dq_tma + dq_async, not deterministic, no
+    # pipeline: each consumer computes dQ for its half of the query rows over every column
+    # (m64 n d_pad, A = its rows of dS from shared memory, B = all of K), FA4's split, instead
+    # of half the columns over every row (twice the wgmmas at n d_pad / 2, each consumer
+    # reading all of dS). Exact: the same products, summed in the same key order.
+    dq_rows: bool = False
 
     def smem_bytes(self, head_dim: int, elem: int = 2) -> int:
         head_dim = _box_width(head_dim)

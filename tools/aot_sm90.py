@@ -133,7 +133,7 @@ def compile_fwd_variant(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, c
         cfg = fp8_fwd_config(d, d_v, softcap > 0.0,
                              masked=causal or window[0] >= 0 or window[1] >= 0,
                              kv_block_keys=1 << kv_shift, long_causal=long_causal,
-                             **(overrides or {}))
+                             packed=varlen, **(overrides or {}))
         q = torch.empty((b, s, h, d), dtype=dtype)
         v = keys_contiguous_empty((b, s, h, d_v), torch.device("cpu"))
         out = torch.empty((b, s, h, d_v), dtype=torch.float32 if out_f32 else torch.bfloat16)
@@ -164,7 +164,8 @@ def compile_fwd_variant(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, c
 
             cfg = fp8_fwd_config(d, d_v, softcap > 0.0,
                                  masked=causal or window[0] >= 0 or window[1] >= 0,
-                                 kv_block_keys=1 << ONE_BLOCK_SHIFT, **(overrides or {}))
+                                 kv_block_keys=1 << ONE_BLOCK_SHIFT, packed=True,
+                                 **(overrides or {}))
             v = torch.empty((1, h, d_v, varlen_vt_positions(b, b * s)),
                             dtype=dtype).permute(0, 3, 1, 2)
             table = torch.empty((b, h, 1), dtype=torch.float32)
@@ -200,7 +201,7 @@ def compile_bwd_variant(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, c
     seqused = bool((overrides or {}).get("seqused"))  # varlen with seqused_k
     fields = {k: v for k, v in (overrides or {}).items() if k not in ("varlen", "seqused")}
     cfg = bwd_config(head_dim, masked=varlen or window_left >= 0 or window_right >= 0,
-                     softcap=softcap > 0.0, **fields)
+                     softcap=softcap > 0.0, packed=varlen, **fields)
     b, s, h = 2, 1000, 4
     q = torch.empty((b, s, h, head_dim), dtype=dtype)
     s_pad = -(-s // cfg.block_m) * cfg.block_m

@@ -162,17 +162,24 @@ def test_fp8_unmasked_overrides_change_only_the_schedule():
     """FP8_UNMASKED_OVERRIDES (d = 256 without the intra-warpgroup overlap, measured faster on
     unmasked calls only) leave the tiles alone, so the scale-block checks of
     support.fp8_unsupported hold either way; masked calls, softcap and explicit overrides keep
-    what they ask for."""
-    from flashattn.backends.sm90.config import FP8_CONFIGS, FP8_UNMASKED_OVERRIDES, fp8_fwd_config
+    what they ask for. FP8_MASKED_OVERRIDES (d = 256: one CTA per tile) apply to masked padded
+    calls without softcap only, and change the launch alone."""
+    from dataclasses import replace
+
+    from flashattn.backends.sm90.config import (FP8_CONFIGS, FP8_MASKED_OVERRIDES,
+                                                FP8_UNMASKED_OVERRIDES, fp8_fwd_config)
 
     for d in FP8_CONFIGS:
         masked, unmasked = fp8_fwd_config(d, masked=True), fp8_fwd_config(d, masked=False)
-        assert masked == FP8_CONFIGS[d]
+        assert masked == replace(FP8_CONFIGS[d], **FP8_MASKED_OVERRIDES.get(d, {}))
+        assert fp8_fwd_config(d, masked=True, packed=True) == FP8_CONFIGS[d]
         tiles = lambda c: (c.block_m, c.block_n, c.consumers, c.num_stages)  # noqa: E731
         assert tiles(masked) == tiles(unmasked)
         assert unmasked.intra_overlap == (d not in FP8_UNMASKED_OVERRIDES)
         assert unmasked.smem_bytes(d, elem=1) <= SMEM_LIMIT
     assert fp8_fwd_config(256, softcap=True).intra_overlap  # softcap: its own tiles
+    assert not fp8_fwd_config(256, masked=True).persistent
+    assert fp8_fwd_config(256, masked=True, softcap=True).persistent
     assert fp8_fwd_config(256, masked=False, intra_overlap=True).intra_overlap
 
 
@@ -363,7 +370,7 @@ def test_backward_dq_rows_reaches_the_kernel_through_the_dq_box():
         aot.compile_bwd_variant(256, torch.bfloat16, overrides={"dq_rows": True, "block_m": 128})
     for d in BWD_CONFIGS:
         for masked in (False, True):
-            assert not bwd_config(d, masked=masked).dq_rows
+            assert bwd_config(d, masked=masked).dq_rows is (d == 64)
 
 
 def test_forward_late_pv_wait_is_off_and_reaches_the_kernel():
@@ -433,17 +440,25 @@ def test_forward_max_chains_is_off_and_reaches_the_kernel():
         fp8_fwd_config(128, masked=True, max_chains=3)
 
 
-def test_unmasked_d64_backward_takes_128_query_rows():
-    """d = 64 unmasked without softcap (not deterministic) runs 128-row query blocks (measured
-    faster on the H200 there; with softcap they spill 464 bytes, masked calls gained nothing);
-    every other call keeps 64, and an explicit block_m wins."""
-    from flashattn.backends.sm90.config import UNMASKED_D64_BLOCK_M, bwd_config
+def test_padded_d64_backward_takes_128_query_rows_and_the_row_split_dq():
+    """Padded d = 64 calls without softcap (not deterministic), masked or not, run 128-row
+    query blocks with the dQ GEMM split by rows (measured faster on the H100 there; with
+    softcap 128 rows spill 464 bytes); packed calls, deterministic calls and other head dims
+    keep 64 rows, and an explicit block_m or dq_rows wins."""
+    from flashattn.backends.sm90.config import D64_BLOCK_M, bwd_config
 
-    assert bwd_config(64, masked=False).block_m == UNMASKED_D64_BLOCK_M == 128
-    assert bwd_config(64, masked=False) is bwd_config(64, masked=False)  # prebuilt
-    assert bwd_config(64, masked=False, softcap=True).block_m == 64
-    assert bwd_config(64, masked=True).block_m == 64
+    for masked in (False, True):
+        cfg = bwd_config(64, masked=masked)
+        assert cfg.block_m == D64_BLOCK_M == 128 and cfg.dq_rows
+        assert cfg is bwd_config(64, masked=masked)  # prebuilt
+        for other in (bwd_config(64, masked=masked, softcap=True),
+                      bwd_config(64, masked=masked, packed=True),
+                      bwd_config(128, masked=masked)):
+            assert other.block_m == 64 and not other.dq_rows
+    assert bwd_config(64, masked=True, packed=True) is bwd_config(64, masked=True, packed=True)
     assert bwd_config(64, masked=False, deterministic=True).block_m == 64
-    assert bwd_config(128, masked=False).block_m == 64
     assert bwd_config(64, masked=False, block_m=64).block_m == 64
+    assert not bwd_config(64, masked=False, block_m=64).dq_rows
+    assert not bwd_config(64, masked=True, dq_rows=False).dq_rows
+    assert bwd_config(64, masked=True, dq_rows=False).block_m == 128
     assert bwd_config(64, masked=False, dq_first=True).block_m == 128

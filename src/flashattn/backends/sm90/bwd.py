@@ -353,7 +353,7 @@ class PackedBwdCall:
         total_q, _, head_dim = q.shape
         self.wide = is_wide(head_dim)
         # one CTA per key tile (the masked configs): slots of unequal cost need no queue then
-        self.cfg = bwd_config(head_dim, masked=True, **(config_overrides or {}))
+        self.cfg = bwd_config(head_dim, masked=True, packed=True, **(config_overrides or {}))
         block_m = self.cfg.block_m
         # a query block of the last sequence reads up to BLOCK_M statistics rows past total_q;
         # the wide kernel's dQ^T columns start each sequence on a 16-byte boundary

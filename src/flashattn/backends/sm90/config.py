@@ -167,12 +167,17 @@ FP8_NARROW_STAGES = 3
 # the overlap, which hides the masked blocks' extra softmax work: causal 986 / 1011, 1047 /
 # 1110, 1058 / 1092 (benchmarks/NOTES.md). d = 128 and 64 measured equal or slower without it.
 FP8_UNMASKED_OVERRIDES: Dict[int, Dict[str, Any]] = {256: dict(intra_overlap=False)}
+# Masked padded calls (causal or a window, not packed, no softcap) at d = 256: one CTA per tile
+# instead of the persistent kernel, as for bf16 (MASKED_OVERRIDES). Tree A/B on the H100
+# (2026-12-06, fp8_ab.py, 16k tokens, A / B / A / B): causal 16k 1.022 / 1.047 ms -> 0.945 /
+# 0.969 (1.08-1.10x); the unmasked control 0.96 / 1.00x (noise: unchanged calls).
+FP8_MASKED_OVERRIDES: Dict[int, Dict[str, Any]] = {256: dict(persistent=False)}
 
 
 @functools.lru_cache(maxsize=256)
 def fp8_fwd_config(head_dim: int, head_dim_v: Optional[int] = None, softcap: bool = False,
                    masked: bool = False, *, kv_block_keys: Optional[int] = None,
-                   long_causal: bool = False, **overrides) -> FwdConfig:
+                   long_causal: bool = False, packed: bool = False, **overrides) -> FwdConfig:
     """The FP8 forward's config, with overrides.
 
     Cached (FwdConfig is frozen): a packed FP8 call asks for it twice, in the coverage check
@@ -183,7 +188,8 @@ def fp8_fwd_config(head_dim: int, head_dim_v: Optional[int] = None, softcap: boo
     tile sizes do not depend on it). ``kv_block_keys``: keys per K / V descale (None: any);
     a key block longer than that shrinks to it (>= FP8_MIN_BLOCK_N), and FP8_LONG_CAUSAL
     applies only where it covers the longer block. ``long_causal``: a causal mask (no left
-    window) over >= FP8_LONG_CAUSAL_MIN_KEYS keys (:func:`fp8_long_causal`)."""
+    window) over >= FP8_LONG_CAUSAL_MIN_KEYS keys (:func:`fp8_long_causal`). ``packed``: a
+    varlen call (FP8_MASKED_OVERRIDES apply to padded masked calls only)."""
     key = max(head_dim, head_dim_v or head_dim)
     cfg = FP8_CONFIGS[key]
     if softcap and key in SOFTCAP_CONFIGS and cfg.consumers == 3:
@@ -195,6 +201,8 @@ def fp8_fwd_config(head_dim: int, head_dim_v: Optional[int] = None, softcap: boo
     elif (masked and long_causal and key in FP8_LONG_CAUSAL and kv_block_keys is not None
           and kv_block_keys >= FP8_LONG_CAUSAL[key]["block_n"]):
         cfg = replace(cfg, **FP8_LONG_CAUSAL[key])
+    if masked and not softcap and not packed and key in FP8_MASKED_OVERRIDES:
+        cfg = replace(cfg, **FP8_MASKED_OVERRIDES[key])
     if kv_block_keys is not None and FP8_MIN_BLOCK_N <= kv_block_keys < cfg.block_n:
         cfg = replace(cfg, block_n=kv_block_keys, num_stages=FP8_NARROW_STAGES)
     if overrides:
@@ -357,7 +365,11 @@ class BwdConfig:
 # +8% at s = 2k..8k dense, -4% at 16k and equal causal, and spills 112 bytes: kept at 64. On the
 # H200 with the persistent tile queue (2026-11-28, bwd_config_ab.py, 3 interleaved rounds): +2.6-
 # 3.0 % unmasked at 2k / 8k / 16k, 0.995-1.011 causal, 152 bytes spilled (464 with softcap):
-# bwd_config takes 128 rows for unmasked d = 64 calls without softcap (not deterministic).
+# taken for unmasked calls. With the dQ GEMM split by rows (dq_rows, H100, 2026-12-06, 3
+# rounds, 2k / 8k / 16k): unmasked 1.015-1.041 (MHA) and 1.063-1.091 (GQA 4:1) over 128 rows
+# without it; causal 1.063-1.101 (MHA) and 1.047-1.069 (GQA) over the 64-row blocks. bwd_config
+# takes both for padded d = 64 calls without softcap, masked or not (not deterministic; packed
+# calls keep 64 rows: not measured there).
 BWD_CONFIGS: Dict[int, BwdConfig] = {
     64: BwdConfig(num_stages=2),
     96: BwdConfig(num_stages=2),
@@ -391,7 +403,7 @@ def ordered_dq_unsupported(head_dim: int, window_left: int, softcap: float) -> O
 
 
 def bwd_config(head_dim: int, masked: bool = True, deterministic: bool = False,
-               softcap: bool = False, **overrides) -> BwdConfig:
+               softcap: bool = False, packed: bool = False, **overrides) -> BwdConfig:
     """The backward config for ``head_dim`` (a key of BWD_CONFIGS), with overrides.
 
     ``deterministic``: dQ in descending key-block order (``BwdConfig.deterministic``), on the
@@ -400,32 +412,36 @@ def bwd_config(head_dim: int, masked: bool = True, deterministic: bool = False,
     PERSISTENT_BWD_HEAD_DIMS only; head-major tiles unmasked, key-block major masked.
 
     ``masked``: the call has a causal or sliding-window mask. Unmasked calls at d = 64 / 128
-    run the persistent schedule, where every key tile costs the same; at d = 64 without
-    ``softcap`` with 128-row query blocks (UNMASKED_D64_BLOCK_M). Measured on H100
+    run the persistent schedule, where every key tile costs the same. ``packed``: a varlen
+    call (bwd_kernel's VARLEN mode). Padded d = 64 calls without ``softcap`` run 128-row query
+    blocks with the dQ GEMM split by rows (D64_BLOCK_M, ``BwdConfig.dq_rows``). Measured on H100
     (hopper_probe --mode bwd, 2026-11-23), persistent / one CTA per tile: dense 2k d = 128
     490 / 475, d = 64 387 / 370; 8k and 16k within +-1%. Causal: 284 / 361 at 2k and
     329 / 541 at 16k (d = 128): the static tile stride lets CTAs drift apart in work, so
     concurrent CTAs no longer share one head's Q / dO in L2.
     """
     if not overrides:  # the per-call path: no dict to sort, no dataclass to rebuild
-        cfg = _BWD_DEFAULTS.get((head_dim, bool(masked), bool(deterministic), bool(softcap)))
+        cfg = _BWD_DEFAULTS.get((head_dim, bool(masked), bool(deterministic), bool(softcap),
+                                 bool(packed)))
         if cfg is not None:
             return cfg
     if deterministic:
         overrides = {"deterministic": True, **overrides}
-    return _bwd_config(head_dim, masked, overrides, softcap)
+    return _bwd_config(head_dim, masked, overrides, softcap, packed)
 
 
-# query rows per block of the unmasked d = 64 backward without softcap (see BWD_CONFIGS)
-UNMASKED_D64_BLOCK_M = 128
+# query rows per block of the padded d = 64 backward without softcap, with the dQ GEMM split
+# by rows (see BWD_CONFIGS; packed and deterministic calls keep 64 rows)
+D64_BLOCK_M = 128
 
 
 def _bwd_config(head_dim: int, masked: bool, overrides: Dict[str, Any],
-                softcap: bool = False) -> BwdConfig:
+                softcap: bool = False, packed: bool = False) -> BwdConfig:
     cfg = replace(BWD_CONFIGS[head_dim], **overrides) if overrides else BWD_CONFIGS[head_dim]
-    if (head_dim == 64 and not masked and not softcap and not cfg.deterministic
+    if (head_dim == 64 and not softcap and not packed and not cfg.deterministic
             and "block_m" not in overrides):
-        cfg = replace(cfg, block_m=UNMASKED_D64_BLOCK_M)
+        cfg = replace(cfg, block_m=D64_BLOCK_M,
+                      dq_rows=cfg.dq_rows if "dq_rows" in overrides else True)
     if (not masked and "persistent" not in overrides and head_dim in PERSISTENT_BWD_HEAD_DIMS
             and not cfg.pipeline):
         # with the tile queue: equal-cost tiles too, so that CTAs which start late (SMs held by
@@ -450,8 +466,8 @@ def _bwd_config(head_dim: int, masked: bool, overrides: Dict[str, Any],
 
 
 # bwd_config without overrides, built once (dataclasses.replace costs ~4 us per call)
-_BWD_DEFAULTS = {(d, m, False, c): _bwd_config(d, m, {}, c) for d in BWD_CONFIGS
-                 for m in (False, True) for c in (False, True)}
-_BWD_DEFAULTS.update({(d, m, True, c): _bwd_config(d, m, {"deterministic": True}, c)
+_BWD_DEFAULTS = {(d, m, False, c, p): _bwd_config(d, m, {}, c, p) for d in BWD_CONFIGS
+                 for m in (False, True) for c in (False, True) for p in (False, True)}
+_BWD_DEFAULTS.update({(d, m, True, c, False): _bwd_config(d, m, {"deterministic": True}, c)
                       for d in PERSISTENT_BWD_HEAD_DIMS for m in (False, True)
                       for c in (False, True)})

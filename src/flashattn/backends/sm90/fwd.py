@@ -271,7 +271,7 @@ class PackedFwdCall:
             self.cfg = fp8_fwd_config(head_dim, head_dim_v, softcap > 0.0,
                                       masked=window_left >= 0 or window_right >= 0,
                                       kv_block_keys=1 << fp8.kv_block_shift, long_causal=False,
-                                      **(config_overrides or {}))
+                                      packed=True, **(config_overrides or {}))
             self.out_dtype = fp8.out_dtype
             # (V^T's shape: v_layout.wgmma_ordered_vt_varlen's view, fresh and contiguous)
             vt_shape = torch.Size((1, varlen_vt_positions(n_seqs, k.shape[0]), k.shape[1],

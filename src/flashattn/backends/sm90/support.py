@@ -183,7 +183,8 @@ def fp8_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: A
     wl, wr = params.window_left, params.window_right
     cfg = fp8_fwd_config(d, d_v, params.softcap > 0.0, wl >= 0 or wr >= 0,
                          kv_block_keys=1 << scales.kv_block_shift,
-                         long_causal=not varlen and fp8_long_causal(wl, wr, k.shape[1]))
+                         long_causal=not varlen and fp8_long_causal(wl, wr, k.shape[1]),
+                         packed=varlen)
     if out_dtype == torch.float32:
         smem = fp8_smem_bytes(cfg, d, d_v, 4)
         if smem > SMEM_LIMIT:

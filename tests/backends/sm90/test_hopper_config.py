@@ -459,6 +459,10 @@ def test_padded_d64_backward_takes_128_query_rows_and_the_row_split_dq():
     assert bwd_config(64, masked=False, deterministic=True).block_m == 64
     assert bwd_config(64, masked=False, block_m=64).block_m == 64
     assert not bwd_config(64, masked=False, block_m=64).dq_rows
-    assert not bwd_config(64, masked=True, dq_rows=False).dq_rows
-    assert bwd_config(64, masked=True, dq_rows=False).block_m == 128
+    # without the row split (asked for, or a config that cannot take it) the sizes measured
+    # before it: masked 64 rows, unmasked 128
+    for overrides in ({"dq_rows": False}, {"pipeline": True}, {"dq_async": False}):
+        for masked, rows in ((True, 64), (False, 128)):
+            cfg = bwd_config(64, masked=masked, **overrides)
+            assert cfg.block_m == rows and not cfg.dq_rows
     assert bwd_config(64, masked=False, dq_first=True).block_m == 128

@@ -440,8 +440,12 @@ def _bwd_config(head_dim: int, masked: bool, overrides: Dict[str, Any],
     cfg = replace(BWD_CONFIGS[head_dim], **overrides) if overrides else BWD_CONFIGS[head_dim]
     if (head_dim == 64 and not softcap and not packed and not cfg.deterministic
             and "block_m" not in overrides):
-        cfg = replace(cfg, block_m=D64_BLOCK_M,
-                      dq_rows=cfg.dq_rows if "dq_rows" in overrides else True)
+        # the row split where the config can take it (the async TMA reduce, no pipeline);
+        # without it masked calls keep 64 rows and unmasked ones 128, as measured before it
+        rows = (cfg.dq_rows if "dq_rows" in overrides
+                else cfg.dq_tma and cfg.dq_async and not cfg.pipeline)
+        if rows or not masked:
+            cfg = replace(cfg, block_m=D64_BLOCK_M, dq_rows=rows)
     if (not masked and "persistent" not in overrides and head_dim in PERSISTENT_BWD_HEAD_DIMS
             and not cfg.pipeline):
         # with the tile queue: equal-cost tiles too, so that CTAs which start late (SMs held by

@@ -140,9 +140,8 @@ def compile_fwd_variant(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, c
         table = torch.empty((b, h, 8), dtype=torch.float32)
         scales = Fp8Scales(table, table, table, 7, kv_shift)
     else:
-        # (as flash_fwd_hopper: a masked padded call takes MASKED_OVERRIDES; packed ones not)
         cfg = fwd_config(d, softcap > 0.0, head_dim_v=d_v if d_v != d else None,
-                         masked=not varlen and (causal or window[0] >= 0 or window[1] >= 0),
+                         masked=causal or window[0] >= 0 or window[1] >= 0, packed=varlen,
                          **(overrides or {}))
         q = torch.empty((b, s, h, d), dtype=dtype)
         v = out = torch.empty((b, s, h, d_v), dtype=dtype)

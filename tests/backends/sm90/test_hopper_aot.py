@@ -307,9 +307,9 @@ def test_fwd_variant_compiles_without_spills(variant, reports, capsys):
         cfg = fp8_fwd_config(d, d_v, variant[4] > 0.0,
                              masked=variant[2] or max(variant[3]) >= 0, **fields)
     else:
-        masked = not (variant[5] or {}).get("varlen") and (variant[2] or max(variant[3]) >= 0)
         cfg = fwd_config(d, variant[4] > 0.0, head_dim_v=d_v if d_v != d else None,
-                         masked=masked, **fields)
+                         masked=variant[2] or max(variant[3]) >= 0,
+                         packed=bool((variant[5] or {}).get("varlen")), **fields)
     # consumer warpgroups + the producer's (padded) warpgroup
     assert rep["num_warps"] == 4 * (cfg.consumers + 1)
     # the techniques are really there: wgmma, TMA, register reallocation (producer down to

@@ -280,6 +280,7 @@ def test_masked_wide_heads_launch_one_cta_per_tile():
         wide = d in MASKED_OVERRIDES
         assert fwd_config(d, masked=True).persistent is not wide
         assert fwd_config(d, masked=False).persistent
+        assert fwd_config(d, masked=True, packed=True).persistent  # packed calls: unchanged
     assert fwd_config(256, True, masked=True).persistent  # softcap: not measured, unchanged
     assert fwd_config(256, masked=True, persistent=True).persistent  # overrides come last
     b, s, h, d = 2, 1000, 4, 256

@@ -242,16 +242,17 @@ MASKED_OVERRIDES: Dict[int, Dict[str, Any]] = {192: dict(persistent=False),
 
 
 def fwd_config(head_dim: int, softcap: bool = False, head_dim_v: Optional[int] = None,
-               masked: bool = False, **overrides) -> FwdConfig:
+               masked: bool = False, packed: bool = False, **overrides) -> FwdConfig:
     """The config for ``head_dim`` (a key of FWD_CONFIGS), with overrides (ablations, tuning).
 
     ``head_dim_v`` (V / O) other than ``head_dim`` (Q / K), both keys of FWD_CONFIGS: the larger
     one's config, O in its own shared-memory slot when the padded widths differ (Q's slot has
-    the other width). ``masked``: a dense (not packed) call with a causal mask or a window,
-    where MASKED_OVERRIDES apply (before ``overrides``)."""
+    the other width). ``masked``: the call has a causal mask or a window; ``packed``: a varlen
+    call (fwd_kernel's VARLEN mode). MASKED_OVERRIDES apply to masked padded calls (before
+    ``overrides``), as bwd_config and fp8_fwd_config read the same two flags."""
     key = max(head_dim, head_dim_v or head_dim)
     cfg = SOFTCAP_CONFIGS.get(key, FWD_CONFIGS[key]) if softcap else FWD_CONFIGS[key]
-    if masked and not softcap and key in MASKED_OVERRIDES:
+    if masked and not softcap and not packed and key in MASKED_OVERRIDES:
         cfg = replace(cfg, **MASKED_OVERRIDES[key])
     if (head_dim_v is not None and _box_width(head_dim_v) != _box_width(head_dim)
             and not cfg.separate_o):

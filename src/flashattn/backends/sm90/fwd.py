@@ -262,6 +262,7 @@ class PackedFwdCall:
         if fp8 is None:
             self.cfg = fwd_config(head_dim, softcap > 0.0,
                                   head_dim_v=head_dim_v if head_dim_v != head_dim else None,
+                                  masked=window_left >= 0 or window_right >= 0, packed=True,
                                   **(config_overrides or {}))
             self.out_dtype = q.dtype
             self.key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype,

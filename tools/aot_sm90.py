@@ -195,12 +195,15 @@ def compile_bwd_variant(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, c
     if causal:
         window_right = 0
     # packed sequences (bwd_kernel's VARLEN mode, one CTA per tile: the masked config), a
-    # variant switch rather than a BwdConfig field
+    # variant switch rather than a BwdConfig field; "short_seqs": a packed call of short
+    # sequences (config.short_packed_seqs: d = 64 keeps 64-row blocks)
     varlen = bool((overrides or {}).get("varlen"))
     seqused = bool((overrides or {}).get("seqused"))  # varlen with seqused_k
-    fields = {k: v for k, v in (overrides or {}).items() if k not in ("varlen", "seqused")}
+    short = varlen and bool((overrides or {}).get("short_seqs"))
+    fields = {k: v for k, v in (overrides or {}).items()
+              if k not in ("varlen", "seqused", "short_seqs")}
     cfg = bwd_config(head_dim, masked=varlen or window_left >= 0 or window_right >= 0,
-                     softcap=softcap > 0.0, packed=varlen, **fields)
+                     softcap=softcap > 0.0, short_seqs=short, **fields)
     b, s, h = 2, 1000, 4
     q = torch.empty((b, s, h, head_dim), dtype=dtype)
     s_pad = -(-s // cfg.block_m) * cfg.block_m

@@ -4,6 +4,7 @@ with a message that names them."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from flashattn.backends.sm90.config import FWD_CONFIGS, SMEM_LIMIT, SOFTCAP_CONFIGS, fp8_fwd_config, fwd_config
 from flashattn.backends.sm90.support import HEAD_DIMS
@@ -162,7 +163,7 @@ def test_fp8_unmasked_overrides_change_only_the_schedule():
     """FP8_UNMASKED_OVERRIDES (d = 256 without the intra-warpgroup overlap, measured faster on
     unmasked calls only) leave the tiles alone, so the scale-block checks of
     support.fp8_unsupported hold either way; masked calls, softcap and explicit overrides keep
-    what they ask for. FP8_MASKED_OVERRIDES (d = 256: one CTA per tile) apply to masked padded
+    what they ask for. FP8_MASKED_OVERRIDES (d = 192 / 256: one CTA per tile) apply to masked padded
     calls without softcap only, and change the launch alone."""
     from dataclasses import replace
 
@@ -179,6 +180,7 @@ def test_fp8_unmasked_overrides_change_only_the_schedule():
         assert unmasked.smem_bytes(d, elem=1) <= SMEM_LIMIT
     assert fp8_fwd_config(256, softcap=True).intra_overlap  # softcap: its own tiles
     assert not fp8_fwd_config(256, masked=True).persistent
+    assert not fp8_fwd_config(192, masked=True).persistent
     assert fp8_fwd_config(256, masked=True, softcap=True).persistent
     assert fp8_fwd_config(256, masked=False, intra_overlap=True).intra_overlap
 
@@ -441,11 +443,11 @@ def test_forward_max_chains_is_off_and_reaches_the_kernel():
         fp8_fwd_config(128, masked=True, max_chains=3)
 
 
-def test_padded_d64_backward_takes_128_query_rows_and_the_row_split_dq():
-    """Padded d = 64 calls without softcap (not deterministic), masked or not, run 128-row
-    query blocks with the dQ GEMM split by rows (measured faster on the H100 there; with
-    softcap 128 rows spill 464 bytes); packed calls, deterministic calls and other head dims
-    keep 64 rows, and an explicit block_m or dq_rows wins."""
+def test_d64_backward_takes_128_query_rows_and_the_row_split_dq():
+    """d = 64 calls without softcap (not deterministic), masked or not, run 128-row query
+    blocks with the dQ GEMM split by rows (measured faster on the H100 there; with softcap
+    128 rows spill 464 bytes); packed calls of short sequences, deterministic calls and other
+    head dims keep 64 rows, and an explicit block_m or dq_rows wins."""
     from flashattn.backends.sm90.config import D64_BLOCK_M, bwd_config
 
     for masked in (False, True):
@@ -453,10 +455,10 @@ def test_padded_d64_backward_takes_128_query_rows_and_the_row_split_dq():
         assert cfg.block_m == D64_BLOCK_M == 128 and cfg.dq_rows
         assert cfg is bwd_config(64, masked=masked)  # prebuilt
         for other in (bwd_config(64, masked=masked, softcap=True),
-                      bwd_config(64, masked=masked, packed=True),
+                      bwd_config(64, masked=masked, short_seqs=True),
                       bwd_config(128, masked=masked)):
             assert other.block_m == 64 and not other.dq_rows
-    assert bwd_config(64, masked=True, packed=True) is bwd_config(64, masked=True, packed=True)
+    assert bwd_config(64, short_seqs=True) is bwd_config(64, short_seqs=True)
     assert bwd_config(64, masked=False, deterministic=True).block_m == 64
     assert bwd_config(64, masked=False, block_m=64).block_m == 64
     assert not bwd_config(64, masked=False, block_m=64).dq_rows
@@ -467,3 +469,26 @@ def test_padded_d64_backward_takes_128_query_rows_and_the_row_split_dq():
             cfg = bwd_config(64, masked=masked, **overrides)
             assert cfg.block_m == rows and not cfg.dq_rows
     assert bwd_config(64, masked=False, dq_first=True).block_m == 128
+
+
+def test_packed_backward_rows_follow_the_mean_sequence_length():
+    """A packed call's config is a function of host values alone (total rows, sequence count):
+    sequences averaging PACKED_D64_MIN_MEAN_ROWS rows or more take the 128-row d = 64 blocks;
+    shorter ones (and empty batches) keep 64 rows; PackedBwdCall asks for that config, with
+    softcap passed on (softcap keeps 64 rows)."""
+    from flashattn.backends.sm90.bwd import PackedBwdCall
+    from flashattn.backends.sm90.config import PACKED_D64_MIN_MEAN_ROWS as MEAN
+    from flashattn.backends.sm90.config import short_packed_seqs
+
+    assert short_packed_seqs(MEAN - 1, 1) and not short_packed_seqs(MEAN, 1)
+    assert short_packed_seqs(4 * MEAN - 1, 4) and not short_packed_seqs(4 * MEAN, 4)
+    assert short_packed_seqs(0, 0) and not short_packed_seqs(MEAN, 0)
+
+    def call(total, n_seqs, softcap=0.0):
+        q = torch.empty((total, 4, 64), dtype=torch.bfloat16)
+        return PackedBwdCall(q, q, q, q, n_seqs, False, softmax_scale=0.125, window_left=-1,
+                             window_right=0, softcap=softcap).cfg
+
+    assert call(4 * MEAN, 4).block_m == 128 and call(4 * MEAN, 4).dq_rows
+    assert call(4 * MEAN, 5).block_m == 64 and not call(4 * MEAN, 5).dq_rows
+    assert call(4 * MEAN, 4, softcap=30.0).block_m == 64

@@ -46,6 +46,7 @@ def hopper_varlen_calls(monkeypatch):
 # lengths: 0, 1, shorter than a warpgroup's rows, tile multiples, pieces that cross the end
 LENS = (1000, 1, 0, 1537, 128, 17, 2048, 777)
 LENS_K = (900, 1537, 10, 4096, 3000, 1, 513, 2047)  # cross: s_q > s_k and s_q < s_k
+LENS_LONG = (2048, 1, 0, 1537, 3000, 17, 5000, 777)  # 1547.5 rows per sequence on average
 CASES = [
     VCase(LENS, LENS, d=128, dtype=torch.bfloat16, h=8, h_k=2),
     VCase(LENS, LENS, d=128, dtype=torch.bfloat16, h=8, h_k=2, causal=True),
@@ -59,6 +60,10 @@ CASES = [
     VCase((700, 1, 1100, 0), (700, 50, 1100, 3), d=256, dtype=torch.bfloat16, h=2, h_k=1),
     VCase((700, 1, 1100, 0), (700, 50, 1100, 3), d=256, dtype=torch.float16, h=2, h_k=2,
           window=(100, 0)),
+    # d = 64 over sequences of >= PACKED_D64_MIN_MEAN_ROWS rows on average: the backward's
+    # 128-row blocks with the row-split dQ (the cases above average fewer: 64-row blocks)
+    VCase(LENS_LONG, LENS_LONG, d=64, dtype=torch.bfloat16, h=8, h_k=2, causal=True),
+    VCase(LENS_LONG, LENS_K, d=64, dtype=torch.float16, h=4, h_k=4),
     # the wide backward (d = 192 / 256): pieces crossing the end, lengths 0 / 1, GQA, masks
     VCase(LENS, LENS, d=256, dtype=torch.bfloat16, h=4, h_k=2, causal=True),
     VCase(LENS, LENS_K, d=192, dtype=torch.bfloat16, h=4, h_k=1),

@@ -20,7 +20,8 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from flashattn.backends.sm90.bwd_postprocess import (DQT_SEQ_ALIGN, dq_from_packed_workspace,
                                             dq_from_workspace, packed_dq_t_columns)
 from flashattn.backends.sm90.bwd_preprocess import row_stats
-from flashattn.backends.sm90.config import BwdConfig, bwd_config, ordered_dq_unsupported
+from flashattn.backends.sm90.config import (BwdConfig, bwd_config, ordered_dq_unsupported,
+                                            short_packed_seqs)
 from flashattn.backends.sm90.descriptors import (LOG2E, heads_per_group, nvmma_layout, padded_head_dim,
                                        tensor_desc)
 from flashattn.backends.sm90.support import tma_ok
@@ -353,7 +354,9 @@ class PackedBwdCall:
         total_q, _, head_dim = q.shape
         self.wide = is_wide(head_dim)
         # one CTA per key tile (the masked configs): slots of unequal cost need no queue then
-        self.cfg = bwd_config(head_dim, masked=True, packed=True, **(config_overrides or {}))
+        self.cfg = bwd_config(head_dim, masked=True, softcap=softcap > 0.0,
+                              short_seqs=short_packed_seqs(total_q, n_seqs),
+                              **(config_overrides or {}))
         block_m = self.cfg.block_m
         # a query block of the last sequence reads up to BLOCK_M statistics rows past total_q;
         # the wide kernel's dQ^T columns start each sequence on a 16-byte boundary

@@ -167,11 +167,14 @@ FP8_NARROW_STAGES = 3
 # the overlap, which hides the masked blocks' extra softmax work: causal 986 / 1011, 1047 /
 # 1110, 1058 / 1092 (benchmarks/NOTES.md). d = 128 and 64 measured equal or slower without it.
 FP8_UNMASKED_OVERRIDES: Dict[int, Dict[str, Any]] = {256: dict(intra_overlap=False)}
-# Masked padded calls (causal or a window, not packed, no softcap) at d = 256: one CTA per tile
-# instead of the persistent kernel, as for bf16 (MASKED_OVERRIDES). Tree A/B on the H100
-# (2026-12-06, fp8_ab.py, 16k tokens, A / B / A / B): causal 16k 1.022 / 1.047 ms -> 0.945 /
-# 0.969 (1.08-1.10x); the unmasked control 0.96 / 1.00x (noise: unchanged calls).
-FP8_MASKED_OVERRIDES: Dict[int, Dict[str, Any]] = {256: dict(persistent=False)}
+# Masked padded calls (causal or a window, not packed, no softcap) at d = 192 / 256: one CTA
+# per tile instead of the persistent kernel, as for bf16 (MASKED_OVERRIDES). Tree A/Bs on the
+# H100 (fp8_ab.py, 16k tokens, A / B / A / B): d = 256 (2026-12-06) causal 1.022 / 1.047 ms ->
+# 0.945 / 0.969 (1.08-1.10x), the unmasked control 0.96 / 1.00x (noise: unchanged calls);
+# d = 192 (2026-12-06, later) causal 1.243 / 1.247 -> 1.163 / 1.172 ms (1.06-1.07x), the
+# unmasked control 1.03-1.04x (so ~+3 % beyond the run's drift).
+FP8_MASKED_OVERRIDES: Dict[int, Dict[str, Any]] = {192: dict(persistent=False),
+                                                   256: dict(persistent=False)}
 
 
 @functools.lru_cache(maxsize=256)
@@ -370,8 +373,8 @@ class BwdConfig:
 # taken for unmasked calls. With the dQ GEMM split by rows (dq_rows, H100, 2026-12-06, 3
 # rounds, 2k / 8k / 16k): unmasked 1.015-1.041 (MHA) and 1.063-1.091 (GQA 4:1) over 128 rows
 # without it; causal 1.063-1.101 (MHA) and 1.047-1.069 (GQA) over the 64-row blocks. bwd_config
-# takes both for padded d = 64 calls without softcap, masked or not (not deterministic; packed
-# calls keep 64 rows: not measured there).
+# takes both for d = 64 calls without softcap, masked or not (not deterministic; packed calls
+# of short sequences keep 64 rows: PACKED_D64_MIN_MEAN_ROWS).
 BWD_CONFIGS: Dict[int, BwdConfig] = {
     64: BwdConfig(num_stages=2),
     96: BwdConfig(num_stages=2),
@@ -405,7 +408,7 @@ def ordered_dq_unsupported(head_dim: int, window_left: int, softcap: float) -> O
 
 
 def bwd_config(head_dim: int, masked: bool = True, deterministic: bool = False,
-               softcap: bool = False, packed: bool = False, **overrides) -> BwdConfig:
+               softcap: bool = False, short_seqs: bool = False, **overrides) -> BwdConfig:
     """The backward config for ``head_dim`` (a key of BWD_CONFIGS), with overrides.
 
     ``deterministic``: dQ in descending key-block order (``BwdConfig.deterministic``), on the
@@ -414,9 +417,11 @@ def bwd_config(head_dim: int, masked: bool = True, deterministic: bool = False,
     PERSISTENT_BWD_HEAD_DIMS only; head-major tiles unmasked, key-block major masked.
 
     ``masked``: the call has a causal or sliding-window mask. Unmasked calls at d = 64 / 128
-    run the persistent schedule, where every key tile costs the same. ``packed``: a varlen
-    call (bwd_kernel's VARLEN mode). Padded d = 64 calls without ``softcap`` run 128-row query
-    blocks with the dQ GEMM split by rows (D64_BLOCK_M, ``BwdConfig.dq_rows``). Measured on H100
+    run the persistent schedule, where every key tile costs the same. d = 64 calls without
+    ``softcap`` run 128-row query blocks with the dQ GEMM split by rows (D64_BLOCK_M,
+    ``BwdConfig.dq_rows``), except ``short_seqs``: a packed call (bwd_kernel's VARLEN mode)
+    whose sequences average fewer than PACKED_D64_MIN_MEAN_ROWS query rows
+    (:func:`short_packed_seqs`), which keeps 64-row blocks. Measured on H100
     (hopper_probe --mode bwd, 2026-11-23), persistent / one CTA per tile: dense 2k d = 128
     490 / 475, d = 64 387 / 370; 8k and 16k within +-1%. Causal: 284 / 361 at 2k and
     329 / 541 at 16k (d = 128): the static tile stride lets CTAs drift apart in work, so
@@ -424,23 +429,39 @@ def bwd_config(head_dim: int, masked: bool = True, deterministic: bool = False,
     """
     if not overrides:  # the per-call path: no dict to sort, no dataclass to rebuild
         cfg = _BWD_DEFAULTS.get((head_dim, bool(masked), bool(deterministic), bool(softcap),
-                                 bool(packed)))
+                                 bool(short_seqs)))
         if cfg is not None:
             return cfg
     if deterministic:
         overrides = {"deterministic": True, **overrides}
-    return _bwd_config(head_dim, masked, overrides, softcap, packed)
+    return _bwd_config(head_dim, masked, overrides, softcap, short_seqs)
 
 
-# query rows per block of the padded d = 64 backward without softcap, with the dQ GEMM split
-# by rows (see BWD_CONFIGS; packed and deterministic calls keep 64 rows)
+# query rows per block of the d = 64 backward without softcap, with the dQ GEMM split by rows
+# (see BWD_CONFIGS; deterministic calls and packed calls of short sequences keep 64 rows)
 D64_BLOCK_M = 128
+
+# Packed d = 64 calls take D64_BLOCK_M rows (with the row split) when their sequences average
+# at least this many query rows. H100, 2026-12-06 (varlen_ab.py --mode bwd --d 64: 16k
+# tokens, h 32, lengths uniform in [mean / 4, 7 mean / 4]; 3 interleaved rounds; dK / dV
+# bitwise equal), 128 rows + row split / 64 rows, non-causal and causal: mean 512 0.97 /
+# 0.93, 1024 1.01 / 0.98, 2048 1.05 / 1.05, 4096 1.06 / 1.06, 8192 1.07 / 1.07. Short
+# sequences lose on their last, partly empty query block (a 300-row sequence computes 384
+# rows in 128-row blocks, 320 in 64-row ones) and, causal, on the diagonal.
+PACKED_D64_MIN_MEAN_ROWS = 1536
+
+
+def short_packed_seqs(total_q: int, n_seqs: int) -> bool:
+    """Whether a packed call of ``total_q`` query rows in ``n_seqs`` sequences has sequences
+    shorter than PACKED_D64_MIN_MEAN_ROWS on average (bwd_config's ``short_seqs``; host
+    values only, so the config is a function of the call's signature)."""
+    return total_q < PACKED_D64_MIN_MEAN_ROWS * max(n_seqs, 1)
 
 
 def _bwd_config(head_dim: int, masked: bool, overrides: Dict[str, Any],
-                softcap: bool = False, packed: bool = False) -> BwdConfig:
+                softcap: bool = False, short_seqs: bool = False) -> BwdConfig:
     cfg = replace(BWD_CONFIGS[head_dim], **overrides) if overrides else BWD_CONFIGS[head_dim]
-    if (head_dim == 64 and not softcap and not packed and not cfg.deterministic
+    if (head_dim == 64 and not softcap and not short_seqs and not cfg.deterministic
             and "block_m" not in overrides):
         # the row split where the config can take it (the async TMA reduce, no pipeline);
         # without it masked calls keep 64 rows and unmasked ones 128, as measured before it
@@ -472,8 +493,8 @@ def _bwd_config(head_dim: int, masked: bool, overrides: Dict[str, Any],
 
 
 # bwd_config without overrides, built once (dataclasses.replace costs ~4 us per call)
-_BWD_DEFAULTS = {(d, m, False, c, p): _bwd_config(d, m, {}, c, p) for d in BWD_CONFIGS
-                 for m in (False, True) for c in (False, True) for p in (False, True)}
+_BWD_DEFAULTS = {(d, m, False, c, short): _bwd_config(d, m, {}, c, short) for d in BWD_CONFIGS
+                 for m in (False, True) for c in (False, True) for short in (False, True)}
 _BWD_DEFAULTS.update({(d, m, True, c, False): _bwd_config(d, m, {"deterministic": True}, c)
                       for d in PERSISTENT_BWD_HEAD_DIMS for m in (False, True)
                       for c in (False, True)})

@@ -207,7 +207,7 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
         # the longest-first order walks KV heads whose Q and dO (all query heads of the
         # GQA group) fit L2 together
         heads_per_group(n_bh_k, 2 * l2_seqlen_q * padded_head_dim(head_dim) * q.element_size()
-                        * group_size),
+                        * group_size) if cfg.l2_head_groups else n_bh_k,
         int(window_left), int(window_right),
         float(softmax_scale * LOG2E), float(softmax_scale),
         float(softmax_scale / softcap) if has_softcap else 0.0,

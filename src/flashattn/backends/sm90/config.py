@@ -83,6 +83,13 @@ class FwdConfig:
     # (192-row tiles), TFLOP/s with / without: bf16 1k 255 / 233, 2k 343 / 332, 4k 424 / 413;
     # FP8 1k 303 / 275, 2k 434 / 414, 4k 527 / 503 (H100, 2026-11-24, benchmarks/NOTES.md).
     bottom_align: bool = True
+    # the longest-first tile order (causal / windowed calls) walks groups of (batch, head)
+    # pairs whose K / V fit the L2 budget (descriptors.heads_per_group), longest tiles first
+    # inside each group. Off: one group of every pair, a global longest-first order. A list
+    # schedule of the tiles' key-block counts over 132 SMs predicts the grouped order's tail
+    # at 0.86-0.87 of ideal at d = 256 causal 2k / 8k, 0.96 at d = 128, against 0.98-1.00
+    # without groups (benchmarks/NOTES.md, 2026-12-06); not yet measured on a GPU.
+    l2_head_groups: bool = True
 
     def smem_bytes(self, head_dim: int, elem: int = 2, head_dim_v: Optional[int] = None) -> int:
         """Shared memory of the Q / K / V (/ O) tiles, head dims padded to powers of two
@@ -315,6 +322,10 @@ class BwdConfig:
     # in L2 (tiles.key_block_coords), instead of one head's key blocks after another. Off:
     # measured equal or slower (H100, 2026-11-23: -4% at d = 128 causal 16k, -8% dense 2k).
     longest_first: bool = False
+    # longest_first only: the groups of KV heads sized to the L2 budget; off, one group of
+    # every (batch, KV head): key block 0 of every head first, then key block 1, ... (a global
+    # longest-first order under a causal mask; see FwdConfig.l2_head_groups)
+    l2_head_groups: bool = True
     # a grid of at most one CTA per SM taking key tiles in turn: the next tile's K / V (and its
     # first Q / dO blocks) load while the consumers still write the previous dK / dV. Needs
     # pipeline=False. bwd_config turns it on for unmasked calls at d = 64 / 128 (measured there).

@@ -86,7 +86,8 @@ def launch_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Te
         n_m_blocks = cdiv(seqlen_q, cfg.block_m)
         n_bh = batch * n_heads
         n_tiles = n_bh * n_m_blocks
-        group = heads_per_group(n_bh, 2 * seqlen_k * head_dim * q.element_size())  # K and V
+        group = (heads_per_group(n_bh, 2 * seqlen_k * head_dim * q.element_size())  # K and V
+                 if cfg.l2_head_groups else n_bh)
     else:  # (the kernel's VARLEN scalars: n_bh the sequences, n_m_blocks the slots per head)
         n_bh = varlen.cu_seqlens_q.shape[0] - 1
         n_m_blocks = n_bh + seqlen_q // cfg.block_m
@@ -94,7 +95,8 @@ def launch_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Te
         # heads whose K / V the running tiles share, at the mean key length (the lengths
         # themselves live on the device)
         mean_k = seqlen_k // max(n_bh, 1)
-        group = heads_per_group(n_heads, 2 * mean_k * head_dim * q.element_size())
+        group = (heads_per_group(n_heads, 2 * mean_k * head_dim * q.element_size())
+                 if cfg.l2_head_groups else n_heads)
     has_softcap = softcap > 0.0
     dynamic = uses_tile_queue(cfg, window_right, varlen is not None)
     if counter is None:

@@ -86,9 +86,10 @@ class FwdConfig:
     # the longest-first tile order (causal / windowed calls) walks groups of (batch, head)
     # pairs whose K / V fit the L2 budget (descriptors.heads_per_group), longest tiles first
     # inside each group. Off: one group of every pair, a global longest-first order. A list
-    # schedule of the tiles' key-block counts over 132 SMs predicts the grouped order's tail
-    # at 0.86-0.87 of ideal at d = 256 causal 2k / 8k, 0.96 at d = 128, against 0.98-1.00
-    # without groups (benchmarks/NOTES.md, 2026-12-06); not yet measured on a GPU.
+    # schedule of the tiles' key-block counts over 132 SMs (probes/tile_order_model.py) puts
+    # the grouped order at 0.85-0.86 of ideal at d = 256 causal 2k / 8k and 0.95-0.96 at
+    # d = 128, against 0.99-1.00 without groups (benchmarks/NOTES.md, 2026-12-06); the model
+    # has no L2, which the groups are for: not yet measured on a GPU.
     l2_head_groups: bool = True
 
     def smem_bytes(self, head_dim: int, elem: int = 2, head_dim_v: Optional[int] = None) -> int:
@@ -259,7 +260,7 @@ def fwd_config(head_dim: int, softcap: bool = False, head_dim_v: Optional[int] =
     one's config, O in its own shared-memory slot when the padded widths differ (Q's slot has
     the other width). ``masked``: the call has a causal mask or a window; ``packed``: a varlen
     call (fwd_kernel's VARLEN mode). MASKED_OVERRIDES apply to masked padded calls (before
-    ``overrides``), as bwd_config and fp8_fwd_config read the same two flags."""
+    ``overrides``), as fp8_fwd_config reads the same two flags."""
     key = max(head_dim, head_dim_v or head_dim)
     cfg = SOFTCAP_CONFIGS.get(key, FWD_CONFIGS[key]) if softcap else FWD_CONFIGS[key]
     if masked and not softcap and not packed and key in MASKED_OVERRIDES:

@@ -494,24 +494,30 @@ def test_packed_backward_rows_follow_the_mean_sequence_length():
     assert call(4 * MEAN, 4, softcap=30.0).block_m == 64
 
 
-def test_l2_head_groups_switch_sets_the_tile_orders_group():
-    """FwdConfig / BwdConfig.l2_head_groups: on (the default), the longest-first orders walk
-    groups of (batch, head) pairs sized by the L2 budget (descriptors.heads_per_group); off,
-    one group of every pair (a global longest-first order). The group size is a runtime
-    argument of the kernels (the one after n_tiles in the forward, after n_bh_k in the
-    backward), so the switch compiles no new variant."""
+def test_head_groups_switch_sets_the_tile_orders_group():
+    """FwdConfig / BwdConfig.head_groups: 1 (the default), the longest-first orders walk
+    groups of (batch, head) pairs sized by the L2 budget (descriptors.heads_per_group); 0, one
+    group of every pair (a global longest-first order); 2, the size within the budget that
+    tile_order.modelled_group picks. The group size is a runtime argument of the kernels (the
+    one after n_tiles in the forward, after n_bh_k in the backward), so the switch compiles no
+    new variant; other values are refused."""
     from flashattn.backends.sm90 import bwd, fwd
     from flashattn.backends.sm90.config import bwd_config
     from flashattn.backends.sm90.descriptors import heads_per_group
+    from flashattn.backends.sm90.tile_order import forward_level_costs, modelled_group
 
     b, s, h, d = 2, 8192, 8, 256
     q = torch.empty((b, s, h, d), dtype=torch.bfloat16)
     lse = torch.empty((b, h, s), dtype=torch.float32)
-    grouped = heads_per_group(b * h, 2 * s * d * 2)
-    assert 1 <= grouped < b * h  # this shape splits into groups by default
-    for flag, want in ((True, grouped), (False, b * h)):
+    budget = heads_per_group(b * h, 2 * s * d * 2)
+    assert budget == 3  # this shape splits into groups by default
+    cfg = fwd_config(d, masked=True)
+    modelled = modelled_group(forward_level_costs(s, s, cfg.block_m, cfg.block_n, -1, 0),
+                              b * h, budget, 132)
+    assert modelled == 2  # d = 256 causal 8k: groups of 3 leave a tail, groups of 2 do not
+    for mode, want in ((1, budget), (0, b * h), (2, modelled)):
         args, _, _, _ = fwd.launch_args(q, q, q, q, lse, fwd_config(d, masked=True,
-                                                                    l2_head_groups=flag),
+                                                                    head_groups=mode),
                                         softmax_scale=0.0625, window_left=-1, window_right=0,
                                         softcap=0.0, num_sms=132)
         assert args[10] == b * h and args[13] == want  # n_bh, then the group size
@@ -519,11 +525,17 @@ def test_l2_head_groups_switch_sets_the_tile_orders_group():
     q = torch.empty((b, s, h, 64), dtype=torch.bfloat16)
     lse = torch.empty((b, h, s), dtype=torch.float32)
     sizes = []
-    for flag in (True, False):
-        cfg = bwd_config(64, masked=True, longest_first=True, l2_head_groups=flag)
+    for mode in (1, 0, 2):
+        cfg = bwd_config(64, masked=True, longest_first=True, head_groups=mode)
         args, constexprs, _, _ = bwd.launch_args(
             q, q, q, q, lse, lse, bwd.dq_workspace(q, s), q, q, cfg, softmax_scale=0.125,
             window_left=-1, window_right=0, softcap=0.0)
         assert constexprs["LONGEST_FIRST"] and args[18] == b * h  # n_bh_k
         sizes.append(args[19])
-    assert sizes == [heads_per_group(b * h, 2 * s * 64 * 2), b * h] and sizes[0] < b * h
+    budget = heads_per_group(b * h, 2 * s * 64 * 2)
+    assert sizes[:2] == [budget, b * h] and budget < b * h and 1 <= sizes[2] <= budget
+    for bad in (-1, 3):
+        with pytest.raises(ValueError, match="head_groups"):
+            fwd_config(128, head_groups=bad)
+        with pytest.raises(ValueError, match="head_groups"):
+            bwd_config(128, head_groups=bad)

@@ -84,13 +84,14 @@ class FwdConfig:
     # FP8 1k 303 / 275, 2k 434 / 414, 4k 527 / 503 (H100, 2026-11-24, benchmarks/NOTES.md).
     bottom_align: bool = True
     # the longest-first tile order (causal / windowed calls) walks groups of (batch, head)
-    # pairs whose K / V fit the L2 budget (descriptors.heads_per_group), longest tiles first
-    # inside each group. Off: one group of every pair, a global longest-first order. A list
-    # schedule of the tiles' key-block counts over 132 SMs (probes/tile_order_model.py) puts
-    # the grouped order at 0.85-0.86 of ideal at d = 256 causal 2k / 8k and 0.95-0.96 at
-    # d = 128, against 0.99-1.00 without groups (benchmarks/NOTES.md, 2026-12-06); the model
-    # has no L2, which the groups are for: not yet measured on a GPU.
-    l2_head_groups: bool = True
+    # pairs, longest tiles first inside each group (tiles.tile_coords). 1: groups whose K / V
+    # fit the L2 budget (descriptors.heads_per_group); 0: one group of every pair (a global
+    # longest-first order); 2: the size within that budget whose list schedule over the SMs
+    # ends first (tile_order.modelled_group; padded calls, else as 1). The model
+    # (probes/tile_order_model.py) puts 1 at 0.85-0.86 of ideal at d = 256 causal 2k / 8k and
+    # 0.95-0.96 at d = 128, 0 and 2 at 0.96-1.00 (benchmarks/NOTES.md, 2026-12-06); it has no
+    # L2, which the groups are for: 0 and 2 not yet measured on a GPU.
+    head_groups: int = 1
 
     def smem_bytes(self, head_dim: int, elem: int = 2, head_dim_v: Optional[int] = None) -> int:
         """Shared memory of the Q / K / V (/ O) tiles, head dims padded to powers of two
@@ -219,6 +220,7 @@ def fp8_fwd_config(head_dim: int, head_dim_v: Optional[int] = None, softcap: boo
     if overrides:
         cfg = replace(cfg, **overrides)
         _check_max_chains(cfg, overrides)
+        _check_head_groups(cfg, overrides)
     if not cfg.separate_o or cfg.rescale_early:
         raise ValueError("FP8 forward configs need separate_o=True and rescale_early=False")
     return cfg
@@ -278,7 +280,15 @@ def fwd_config(head_dim: int, softcap: bool = False, head_dim_v: Optional[int] =
     if cfg.consumers not in (2, 3) or cfg.block_m % cfg.consumers:
         raise ValueError(f"FwdConfig {overrides}: consumers must be 2 or 3 and divide block_m")
     _check_max_chains(cfg, overrides)
+    _check_head_groups(cfg, overrides)
     return cfg
+
+
+def _check_head_groups(cfg: Any, overrides) -> None:
+    """FwdConfig / BwdConfig.head_groups: 0, 1 or 2 (see FwdConfig)."""
+    if cfg.head_groups not in (0, 1, 2):
+        raise ValueError(f"{type(cfg).__name__} {overrides}: head_groups must be 0 (one "
+                         "group), 1 (the L2 budget) or 2 (the modelled size within it)")
 
 
 def _check_max_chains(cfg: FwdConfig, overrides) -> None:
@@ -323,10 +333,10 @@ class BwdConfig:
     # in L2 (tiles.key_block_coords), instead of one head's key blocks after another. Off:
     # measured equal or slower (H100, 2026-11-23: -4% at d = 128 causal 16k, -8% dense 2k).
     longest_first: bool = False
-    # longest_first only: the groups of KV heads sized to the L2 budget; off, one group of
-    # every (batch, KV head): key block 0 of every head first, then key block 1, ... (a global
-    # longest-first order under a causal mask; see FwdConfig.l2_head_groups)
-    l2_head_groups: bool = True
+    # longest_first only: the size of its groups of (batch, KV head) pairs, as
+    # FwdConfig.head_groups (1: Q / dO within the L2 budget; 0: one group, key block 0 of
+    # every head first, then key block 1, ...; 2: the modelled size within the budget)
+    head_groups: int = 1
     # a grid of at most one CTA per SM taking key tiles in turn: the next tile's K / V (and its
     # first Q / dO blocks) load while the consumers still write the previous dK / dV. Needs
     # pipeline=False. bwd_config turns it on for unmasked calls at d = 64 / 128 (measured there).
@@ -473,6 +483,7 @@ def short_packed_seqs(total_q: int, n_seqs: int) -> bool:
 def _bwd_config(head_dim: int, masked: bool, overrides: Dict[str, Any],
                 softcap: bool = False, short_seqs: bool = False) -> BwdConfig:
     cfg = replace(BWD_CONFIGS[head_dim], **overrides) if overrides else BWD_CONFIGS[head_dim]
+    _check_head_groups(cfg, overrides)
     if (head_dim == 64 and not softcap and not short_seqs and not cfg.deterministic
             and "block_m" not in overrides):
         # the row split where the config can take it (the async TMA reduce, no pipeline);

@@ -1,0 +1,97 @@
+"""How many (batch, head) pairs the longest-first tile orders walk at a time.
+
+Causal (and windowed) calls hand out their tiles longest first (``tiles.tile_coords``: the
+forward's m blocks last to first, the backward's key blocks first to last), in groups of
+pairs whose K / V (forward) or Q / dO (backward) fit an L2 budget
+(``descriptors.heads_per_group``), so that the tiles running together share those bytes.
+Inside a group the order is longest first, but when a group's longest tiles outlast its
+share of the SMs' work, the groups' tails do not interleave and the last group's long tiles
+start late: at d = 256 causal 2k / 8k (16k tokens, hidden 2048) the budget's group of 12 / 3
+pairs ends at 0.85-0.86 of the ideal time in the model below, groups of 8 / 2 at 0.96-1.00.
+
+The model: every SM takes the next tile when its last one ends (the tile queue of the
+persistent kernels, the block dispatcher of one CTA per tile), a greedy list schedule of the
+tiles' costs (key or query blocks visited, plus one for the prologue and epilogue).
+``modelled_group`` picks, within the budget, the group size whose schedule ends first; it has
+no L2 (the budget stands for it). ``FwdConfig.head_groups`` / ``BwdConfig.head_groups``
+select it (2) against the budget alone (1, the default) and one group of every pair (0).
+benchmarks/probes/tile_order_model.py prints the model on the benchmark grid.
+"""
+from __future__ import annotations
+
+import functools
+import heapq
+from typing import Sequence, Tuple
+
+# a tile no longer than this share of one SM's work leaves at most this tail in any order
+# (Graham's bound for list schedules: makespan <= work / SMs + the longest tile)
+_NEGLIGIBLE_TAIL = 0.02
+
+
+def makespan(level_costs: Sequence[float], n_pairs: int, group: int, n_sms: int) -> float:
+    """The greedy list schedule's end over ``n_sms`` SMs of ``tile_coords``'s order: groups of
+    ``group`` pairs (the last one the rest), inside each the levels in the order of
+    ``level_costs`` (one tile per pair of the group at each level)."""
+    free = [0.0] * n_sms
+    for first in range(0, n_pairs, group):
+        in_group = min(group, n_pairs - first)
+        for cost in level_costs:
+            for _ in range(in_group):
+                heapq.heapreplace(free, free[0] + cost)
+    return max(free)
+
+
+@functools.lru_cache(maxsize=256)
+def modelled_group(level_costs: Tuple[float, ...], n_pairs: int, budget: int,
+                   n_sms: int) -> int:
+    """The group size in [1, ``budget``] whose list schedule ends first (ties: the larger,
+    more tiles sharing L2); ``budget`` itself when no tile can leave a tail worth modelling.
+    Candidates: every size from budget / 2 up and the powers of two below (a few dozen
+    schedules of n_pairs x levels tiles at most; cached per call shape)."""
+    budget = max(1, min(budget, n_pairs))
+    work = sum(level_costs) * n_pairs
+    if not level_costs or max(level_costs) <= _NEGLIGIBLE_TAIL * work / n_sms:
+        return budget
+    candidates = set(range(max(1, budget // 2), budget + 1))
+    candidates.update(1 << i for i in range(budget.bit_length()) if 1 << i <= budget)
+    return min(sorted(candidates, reverse=True),
+               key=lambda g: makespan(level_costs, n_pairs, g, n_sms))
+
+
+def forward_level_costs(seqlen_q: int, seqlen_k: int, block_m: int, block_n: int,
+                        window_left: int, window_right: int) -> Tuple[float, ...]:
+    """Key blocks (plus one) each query block of a masked forward visits, last block first
+    (the LONGEST_FIRST order): causal / windows bottom-right aligned as in the kernel."""
+    n_key_blocks = -(-seqlen_k // block_n)
+    shift = seqlen_k - seqlen_q
+    costs = []
+    for m in reversed(range(-(-seqlen_q // block_m))):
+        first_row, last_row = m * block_m, min((m + 1) * block_m, seqlen_q) - 1
+        hi = (n_key_blocks if window_right < 0
+              else min(n_key_blocks, max(0, -(-(last_row + shift + window_right + 1)
+                                            // block_n))))
+        lo = 0 if window_left < 0 else max(0, (first_row + shift - window_left) // block_n)
+        costs.append(float(max(0, hi - lo) + 1))
+    return tuple(costs)
+
+
+def backward_level_costs(seqlen_q: int, seqlen_k: int, block_m: int, block_n: int,
+                         window_left: int, window_right: int) -> Tuple[float, ...]:
+    """Query blocks (plus one) each key block of a masked backward visits, first key block
+    first (the backward's longest-first order)."""
+    n_query_blocks = -(-seqlen_q // block_m)
+    shift = seqlen_k - seqlen_q
+    costs = []
+    for j in range(-(-seqlen_k // block_n)):
+        first_key, last_key = j * block_n, min((j + 1) * block_n, seqlen_k) - 1
+        # query row r sees keys [r + shift - window_left, r + shift + window_right]
+        lo = (0 if window_right < 0
+              else max(0, (first_key - shift - window_right) // block_m))
+        hi = (n_query_blocks if window_left < 0
+              else min(n_query_blocks, max(0, -(-(last_key - shift + window_left + 1)
+                                               // block_m))))
+        costs.append(float(max(0, hi - lo) + 1))
+    return tuple(costs)
+
+
+__all__ = ["backward_level_costs", "forward_level_costs", "makespan", "modelled_group"]

@@ -1,0 +1,62 @@
+"""tile_order: the list-schedule model that sizes the longest-first orders' head groups
+(host arithmetic only; what it predicts is checked on the GPU by the config A/Bs)."""
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+
+from flashattn.backends.sm90.tile_order import (backward_level_costs, forward_level_costs,
+                                                makespan, modelled_group)
+
+
+def _brute_makespan(costs, n_sms):
+    """Greedy list schedule written out: each tile to the SM that frees first."""
+    free = [0.0] * n_sms
+    for c in costs:
+        t = heapq.heappop(free)
+        heapq.heappush(free, t + c)
+    return max(free)
+
+
+def test_makespan_is_the_greedy_schedule_of_tile_coords_order():
+    rng = random.Random(0)
+    for _ in range(50):
+        levels = [float(rng.randint(1, 40)) for _ in range(rng.randint(1, 12))]
+        n_pairs, group, n_sms = rng.randint(1, 20), rng.randint(1, 8), rng.randint(1, 16)
+        order = []
+        for first in range(0, n_pairs, group):  # tiles.tile_coords: levels across the group
+            for c in levels:
+                order += [c] * min(group, n_pairs - first)
+        assert makespan(levels, n_pairs, group, n_sms) == _brute_makespan(order, n_sms)
+
+
+def test_level_costs_follow_the_masks():
+    """Causal, square: query block m sees m + 1 key blocks (last block first); key block j is
+    seen by the query blocks from j on. Plus one per tile. Bottom-right alignment shifts them
+    when s_k > s_q, windows cut them."""
+    assert forward_level_costs(512, 512, 128, 128, -1, 0) == (5.0, 4.0, 3.0, 2.0)
+    assert forward_level_costs(512, 512, 128, 64, -1, 0) == (9.0, 7.0, 5.0, 3.0)
+    assert forward_level_costs(256, 512, 128, 128, -1, 0) == (5.0, 4.0)  # keys 0..511 / 0..383
+    assert forward_level_costs(512, 512, 128, 128, 128, 0) == (3.0, 3.0, 3.0, 2.0)
+    assert forward_level_costs(300, 300, 128, 128, -1, -1) == (4.0, 4.0, 4.0)  # unmasked
+    assert backward_level_costs(512, 512, 64, 128, -1, 0) == (9.0, 7.0, 5.0, 3.0)
+    assert backward_level_costs(512, 512, 128, 128, 128, 0) == (3.0, 3.0, 3.0, 2.0)
+    assert backward_level_costs(256, 512, 64, 128, -1, 0) == (5.0, 5.0, 5.0, 3.0)
+
+
+def test_modelled_group_stays_within_the_budget_and_beats_the_budget_alone():
+    """Within [1, budget]; never a longer modelled schedule than the budget's own group; the
+    budget itself where no tile can leave a tail worth modelling (long calls)."""
+    for (s, bm, bn), n_pairs in itertools.product(
+            ((2048, 128, 64), (8192, 128, 64), (8192, 128, 128), (2048, 192, 128)),
+            (5, 16, 40, 64)):
+        costs = forward_level_costs(s, s, bm, bn, -1, 0)
+        for budget in (1, 3, 12):
+            g = modelled_group(costs, n_pairs, budget, 132)
+            assert 1 <= g <= min(budget, n_pairs)
+            assert (makespan(costs, n_pairs, g, 132)
+                    <= makespan(costs, n_pairs, min(budget, n_pairs), 132))
+    long_call = forward_level_costs(131072, 131072, 128, 128, -1, 0)
+    assert modelled_group(long_call, 32, 1, 132) == 1
+    assert modelled_group(forward_level_costs(8192, 8192, 128, 64, -1, 0), 16, 3, 132) == 2

@@ -28,12 +28,10 @@ import sys
 from typing import List, Sequence
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
+from flashattn.backends.sm90.config import bwd_config, fwd_config  # noqa: E402
+from flashattn.backends.sm90.descriptors import heads_per_group  # noqa: E402
 from flashattn.backends.sm90.tile_order import (backward_level_costs,  # noqa: E402
                                                 forward_level_costs, makespan, modelled_group)
-
-L2_BUDGET = 24 * 2**20  # descriptors._L2_SHARED_BUDGET
-FWD_TILES = {64: (192, 128), 128: (128, 128), 256: (128, 64)}  # (block_m, block_n), config.py
-BWD_TILES = {64: (128, 128), 128: (64, 128), 256: (64, 64)}
 
 
 def efficiency(levels: Sequence[float], n_pairs: int, group: int, sms: int, noise: float,
@@ -59,10 +57,12 @@ def main() -> int:
     for d in (64, 128, 256):
         for s in (int(x) for x in args.seqlens.split(",")):
             n_bh = (16384 // s) * (2048 // d)
-            budget = max(1, min(n_bh, L2_BUDGET // (2 * s * d * 2)))  # two bf16 tensors
-            for kernel, tiles, level_costs in (("fwd", FWD_TILES, forward_level_costs),
-                                               ("bwd", BWD_TILES, backward_level_costs)):
-                levels = level_costs(s, s, *tiles[d], -1, 0)
+            budget = heads_per_group(n_bh, 2 * s * d * 2)  # K / V (Q / dO), bf16
+            for kernel, cfg, level_costs in (("fwd", fwd_config(d, masked=True),
+                                              forward_level_costs),
+                                             ("bwd", bwd_config(d, masked=True),
+                                              backward_level_costs)):
+                levels = level_costs(s, s, cfg.block_m, cfg.block_n, -1, 0)
                 eff = (lambda g: efficiency(levels, n_bh, g, args.sms,  # noqa: E731
                                             args.noise, args.seeds))
                 chosen = modelled_group(levels, n_bh, budget, args.sms)

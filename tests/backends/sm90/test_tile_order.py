@@ -60,3 +60,15 @@ def test_modelled_group_stays_within_the_budget_and_beats_the_budget_alone():
     long_call = forward_level_costs(131072, 131072, 128, 128, -1, 0)
     assert modelled_group(long_call, 32, 1, 132) == 1
     assert modelled_group(forward_level_costs(8192, 8192, 128, 64, -1, 0), 16, 3, 132) == 2
+
+
+def test_head_group_modes():
+    """head_groups 1: the budget; 0: every pair; 2: modelled_group, or the budget where the
+    costs are not known on the host (packed calls pass None)."""
+    from flashattn.backends.sm90.tile_order import head_group
+
+    costs = forward_level_costs(8192, 8192, 128, 64, -1, 0)
+    assert head_group(1, 16, 3, lambda: costs, 132) == 3
+    assert head_group(0, 16, 3, lambda: costs, 132) == 16
+    assert head_group(2, 16, 3, lambda: costs, 132) == modelled_group(costs, 16, 3, 132) == 2
+    assert head_group(2, 16, 3, None, 132) == 3

@@ -25,7 +25,7 @@ from flashattn.backends.sm90.config import (BwdConfig, bwd_config, ordered_dq_un
 from flashattn.backends.sm90.descriptors import (LOG2E, heads_per_group, nvmma_layout, padded_head_dim,
                                        tensor_desc)
 from flashattn.backends.sm90.support import tma_ok
-from flashattn.backends.sm90.tile_order import backward_level_costs, modelled_group
+from flashattn.backends.sm90.tile_order import backward_level_costs, head_group
 from flashattn.backends.sm90.varlen_rows import clear_uncovered_keys
 from flashattn.runtime.device import sm_count
 from flashattn.runtime.grid import cdiv
@@ -162,20 +162,6 @@ def _tile_counter(cfg: BwdConfig, lse2: torch.Tensor, k: torch.Tensor, seqlen_q:
     return counter
 
 
-def _head_group(cfg: BwdConfig, n_bh_k: int, budget: int,
-                lengths: Optional[Tuple[int, int]], window_left: int, window_right: int,
-                device: torch.device) -> int:
-    """The longest-first order's group of (batch, KV head) pairs (BwdConfig.head_groups):
-    ``budget`` (the L2 rule), every pair, or the modelled size within the budget (padded calls
-    with ``lengths`` = (seqlen_q, seqlen_k); packed ones keep the budget)."""
-    if cfg.head_groups == 0:
-        return n_bh_k
-    if cfg.head_groups == 1 or lengths is None:
-        return budget
-    costs = backward_level_costs(*lengths, cfg.block_m, cfg.block_n, window_left, window_right)
-    return modelled_group(costs, n_bh_k, budget, sm_count(device))
-
-
 def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 lse2: torch.Tensor, delta: torch.Tensor, dq_acc: torch.Tensor, dk: torch.Tensor,
                 dv: torch.Tensor, cfg: BwdConfig, *, softmax_scale: float, window_left: int,
@@ -221,10 +207,11 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
         n_key_blocks, n_bh_k,
         # the longest-first order walks KV heads whose Q and dO (all query heads of the
         # GQA group) fit L2 together
-        _head_group(cfg, n_bh_k, heads_per_group(
+        head_group(cfg.head_groups, n_bh_k, heads_per_group(
             n_bh_k, 2 * l2_seqlen_q * padded_head_dim(head_dim) * q.element_size() * group_size),
-            None if cu_seqlens is not None else (seqlen_q, seqlen_k), window_left, window_right,
-            k.device),
+            None if cu_seqlens is not None else lambda: backward_level_costs(
+                seqlen_q, seqlen_k, cfg.block_m, cfg.block_n, window_left, window_right),
+            sm_count(k.device)),
         int(window_left), int(window_right),
         float(softmax_scale * LOG2E), float(softmax_scale),
         float(softmax_scale / softcap) if has_softcap else 0.0,

@@ -19,7 +19,7 @@ from flashattn.backends.sm90.config import FwdConfig, fp8_fwd_config, fp8_long_c
 from flashattn.params import Fp8Scales
 from flashattn.backends.sm90.descriptors import LOG2E, heads_per_group, keys_major_desc, tensor_desc
 from flashattn.backends.sm90.fwd_kernel import attn_fwd_kernel
-from flashattn.backends.sm90.tile_order import forward_level_costs, modelled_group
+from flashattn.backends.sm90.tile_order import forward_level_costs, head_group
 from flashattn.runtime.device import sm_count
 from flashattn.runtime.grid import cdiv
 from flashattn.runtime.launch import LaunchPlans
@@ -87,11 +87,10 @@ def launch_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Te
         n_m_blocks = cdiv(seqlen_q, cfg.block_m)
         n_bh = batch * n_heads
         n_tiles = n_bh * n_m_blocks
+        pairs = n_bh  # (the pairs the tile order groups)
         group = heads_per_group(n_bh, 2 * seqlen_k * head_dim * q.element_size())  # K and V
-        if window_right >= 0 and cfg.head_groups != 1:  # (the longest-first order's groups)
-            group = n_bh if cfg.head_groups == 0 else modelled_group(
-                forward_level_costs(seqlen_q, seqlen_k, cfg.block_m, cfg.block_n,
-                                    window_left, window_right), n_bh, group, num_sms)
+        costs = (lambda: forward_level_costs(seqlen_q, seqlen_k, cfg.block_m,  # noqa: E731
+                                             cfg.block_n, window_left, window_right))
     else:  # (the kernel's VARLEN scalars: n_bh the sequences, n_m_blocks the slots per head)
         n_bh = varlen.cu_seqlens_q.shape[0] - 1
         n_m_blocks = n_bh + seqlen_q // cfg.block_m
@@ -99,9 +98,11 @@ def launch_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Te
         # heads whose K / V the running tiles share, at the mean key length (the lengths
         # themselves live on the device)
         mean_k = seqlen_k // max(n_bh, 1)
+        pairs = n_heads
         group = heads_per_group(n_heads, 2 * mean_k * head_dim * q.element_size())
-        if cfg.head_groups == 0:  # (2: the lengths are on the device, nothing to model)
-            group = n_heads
+        costs = None  # (the lengths are on the device: nothing to model)
+    if window_right >= 0:  # the longest-first order's groups (FwdConfig.head_groups)
+        group = head_group(cfg.head_groups, pairs, group, costs, num_sms)
     has_softcap = softcap > 0.0
     dynamic = uses_tile_queue(cfg, window_right, varlen is not None)
     if counter is None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import heapq
-from typing import Sequence, Tuple
+from typing import Callable, Optional, Sequence, Tuple
 
 # a tile no longer than this share of one SM's work leaves at most this tail in any order
 # (Graham's bound for list schedules: makespan <= work / SMs + the longest tile)
@@ -56,6 +56,19 @@ def modelled_group(level_costs: Tuple[float, ...], n_pairs: int, budget: int,
     candidates.update(1 << i for i in range(budget.bit_length()) if 1 << i <= budget)
     return min(sorted(candidates, reverse=True),
                key=lambda g: makespan(level_costs, n_pairs, g, n_sms))
+
+
+def head_group(mode: int, n_pairs: int, budget: int,
+               level_costs: Optional[Callable[[], Tuple[float, ...]]], n_sms: int) -> int:
+    """The longest-first order's group size under FwdConfig / BwdConfig.head_groups ``mode``:
+    1, ``budget`` (the L2 rule); 0, every pair; 2, :func:`modelled_group` over the costs that
+    ``level_costs()`` gives (None where they are not known on the host, packed calls: the
+    budget). The one place the three modes are told apart, for both kernels."""
+    if mode == 0:
+        return n_pairs
+    if mode == 1 or level_costs is None:
+        return budget
+    return modelled_group(level_costs(), n_pairs, budget, n_sms)
 
 
 def forward_level_costs(seqlen_q: int, seqlen_k: int, block_m: int, block_n: int,
@@ -94,4 +107,5 @@ def backward_level_costs(seqlen_q: int, seqlen_k: int, block_m: int, block_n: in
     return tuple(costs)
 
 
-__all__ = ["backward_level_costs", "forward_level_costs", "makespan", "modelled_group"]
+__all__ = ["backward_level_costs", "forward_level_costs", "head_group", "makespan",
+           "modelled_group"]

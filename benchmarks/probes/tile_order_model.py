@@ -13,8 +13,8 @@ SMs) is the efficiency printed. A tile's cost is the number of key (forward) or 
 Columns (16k tokens, hidden 2048, causal): ``budget``, the default groups of pairs whose
 K / V (Q / dO) fit the L2 budget (``head_groups=1``); ``global``, one group of every pair
 (``head_groups=0``); ``modelled``, tile_order.modelled_group's size within the budget
-(``head_groups=2``, the size in brackets); backward also ``head-major``, its default order
-(``longest_first=False``). The model has no L2, which the groups exist for: only a GPU A/B
+(``head_groups=2``, the forward's default; the size in brackets); backward also
+``head-major``, its order for MHA (``longest_first=False``). The model has no L2, which the groups exist for: only a GPU A/B
 can weigh it (``fwd_config_ab.py --override head_groups=0``).
 
     python benchmarks/probes/tile_order_model.py

@@ -114,6 +114,9 @@ BWD_VARIANTS = (
        ("bwd", 256, "float16", False, (200, 200), 20.0, None),
        ("bwd", 256, "bfloat16", True, (-1, -1), 0.0, {"pipeline": False}),
        ("bwd", 192, "float16", False, (-1, -1), 30.0, {"pipeline": False}),
+       # masked GQA calls at d = 64 / 128 (config.GQA_LONGEST_FIRST; head_groups is a
+       # runtime argument, no variant of its own)
+       ("bwd", 64, "bfloat16", True, (-1, -1), 0.0, {"longest_first": True}),
        ("bwd", 128, "bfloat16", True, (-1, -1), 0.0, {"longest_first": True}),
        ("bwd", 256, "bfloat16", True, (-1, -1), 0.0, {"longest_first": True}),
        ("bwd", 128, "bfloat16", True, (-1, -1), 0.0, {"persistent": True}),
@@ -332,6 +335,7 @@ BWD_SPILL_ALLOWANCE = 200
 # none)
 D64_ROWS128_SPILL_ALLOWANCE = {"bwd_d64_bfloat16": 128,
                                "bwd_d64_bfloat16_causal": 136,
+                               "bwd_d64_bfloat16_causal_longest_first1": 136,
                                "bwd_d64_float16_causal_persistent1_dynamic1_longest_first1": 136,
                                "bwd_d64_bfloat16_persistent1_longest_first1": 104,
                                "bwd_d64_bfloat16_dq_first1": 144,

@@ -59,6 +59,11 @@ def test_modelled_group_stays_within_the_budget_and_beats_the_budget_alone():
                     <= makespan(costs, n_pairs, min(budget, n_pairs), 132))
     long_call = forward_level_costs(131072, 131072, 128, 128, -1, 0)
     assert modelled_group(long_call, 32, 1, 132) == 1
+    # the search stops at the largest size within 1 % of the lower bound (work / SMs): the
+    # d = 64 causal 2k backward's budget of 48 pairs (of 256) is one already
+    costs = backward_level_costs(2048, 2048, 128, 128, -1, 0)
+    assert makespan(costs, 256, 48, 132) <= 1.01 * sum(costs) * 256 / 132
+    assert modelled_group(costs, 256, 48, 132) == 48
     assert modelled_group(forward_level_costs(8192, 8192, 128, 64, -1, 0), 16, 3, 132) == 2
 
 

@@ -267,6 +267,23 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     return args, constexprs, options, grid
 
 
+def padded_config(q: torch.Tensor, k: torch.Tensor, window_left: int, window_right: int,
+                  softcap: float, deterministic: bool, overrides: Dict[str, Any]) -> BwdConfig:
+    """The BwdConfig of a padded call: q (b, s_q, h, d), k (b, s_k, h_k, d), any dtype, on
+    any device (nothing is read but shapes, and the SM count for unmasked calls):
+    config.bwd_config with the call's mask, softcap and GQA (h_k < h: gqa_causal without a
+    left window, the measured case), then the static tile
+    stride where a dynamic queue would have no more tiles than SMs."""
+    masked = window_left >= 0 or window_right >= 0
+    cfg = bwd_config(q.shape[3], masked=masked, deterministic=deterministic,
+                     softcap=softcap > 0.0,
+                     gqa_causal=k.shape[2] < q.shape[2] and window_left < 0, **overrides)
+    if (cfg.dynamic and not masked and not cfg.deterministic and "dynamic" not in overrides
+            and _n_tiles(cfg, k) <= sm_count(k.device)):
+        cfg = _static_stride(cfg)
+    return cfg
+
+
 def flash_bwd_hopper(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      out: torch.Tensor, lse: torch.Tensor, *, softmax_scale: float, causal: bool,
                      window_left: int, window_right: int, softcap: float,
@@ -287,12 +304,7 @@ def flash_bwd_hopper(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     batch, seqlen_q, n_heads, head_dim = q.shape
     overrides = dict(config_overrides or {})
     deterministic = bool(overrides.pop("deterministic", False)) or deterministic
-    masked = window_left >= 0 or window_right >= 0
-    cfg = bwd_config(head_dim, masked=masked, deterministic=deterministic,
-                     softcap=softcap > 0.0, **overrides)
-    if (cfg.dynamic and not masked and not cfg.deterministic and "dynamic" not in overrides
-            and _n_tiles(cfg, k) <= sm_count(k.device)):
-        cfg = _static_stride(cfg)
+    cfg = padded_config(q, k, window_left, window_right, softcap, deterministic, overrides)
     dout = _tma_ready(dout)
     if out.stride(-1) != 1:
         out = out.contiguous()

@@ -89,9 +89,10 @@ class FwdConfig:
     # longest-first order); 2: the size within that budget whose list schedule over the SMs
     # ends first (tile_order.modelled_group; padded calls, else as 1). The model
     # (probes/tile_order_model.py) puts 1 at 0.85-0.86 of ideal at d = 256 causal 2k / 8k and
-    # 0.95-0.96 at d = 128, 0 and 2 at 0.96-1.00 (benchmarks/NOTES.md, 2026-12-06); it has no
-    # L2, which the groups are for: 0 and 2 not yet measured on a GPU.
-    head_groups: int = 1
+    # 0.95-0.96 at d = 128, 0 and 2 at 0.96-1.00; it has no L2, which the groups are for.
+    # Measured causal (H100, benchmarks/NOTES.md, 2026-12-06): 2 against 1, d 256 +7-9 % at
+    # 2k / 8k, d 64 / 128 +1-3 %; 0 loses up to a third (d 128 2k 0.67): L2 misses.
+    head_groups: int = 2
 
     def smem_bytes(self, head_dim: int, elem: int = 2, head_dim_v: Optional[int] = None) -> int:
         """Shared memory of the Q / K / V (/ O) tiles, head dims padded to powers of two
@@ -151,7 +152,10 @@ FP8_CONFIGS: Dict[int, FwdConfig] = {
     256: FwdConfig(block_m=128, block_n=128, num_stages=2, separate_o=True),
 }
 # (the static stride on unmasked calls, as measured: FwdConfig.queue_unmasked)
-FP8_CONFIGS = {d: replace(cfg, queue_unmasked=False) for d, cfg in FP8_CONFIGS.items()}
+# head_groups=1: the modelled group sizes (FwdConfig.head_groups=2) were measured on the
+# 16-bit forward only (2026-12-06); FP8's K / V take half the L2 budget's bytes per head
+FP8_CONFIGS = {d: replace(cfg, queue_unmasked=False, head_groups=1)
+               for d, cfg in FP8_CONFIGS.items()}
 
 # Key blocks of 256 without the intra-warpgroup overlap (352 bytes of spills) for causal calls
 # over >= FP8_LONG_CAUSAL_MIN_KEYS keys at d = 128, where the K / V descales cover >= 256 keys
@@ -205,7 +209,8 @@ def fp8_fwd_config(head_dim: int, head_dim_v: Optional[int] = None, softcap: boo
     key = max(head_dim, head_dim_v or head_dim)
     cfg = FP8_CONFIGS[key]
     if softcap and key in SOFTCAP_CONFIGS and cfg.consumers == 3:
-        cfg = replace(SOFTCAP_CONFIGS[key], separate_o=True, queue_unmasked=False)
+        cfg = replace(SOFTCAP_CONFIGS[key], separate_o=True, queue_unmasked=False,
+                      head_groups=1)
     elif softcap:  # tanh's registers: 64-key blocks (d = 256 with 128 spills 112 bytes)
         cfg = replace(cfg, block_n=64)
     elif not masked and key in FP8_UNMASKED_OVERRIDES:
@@ -430,13 +435,17 @@ def ordered_dq_unsupported(head_dim: int, window_left: int, softcap: float) -> O
 
 
 def bwd_config(head_dim: int, masked: bool = True, deterministic: bool = False,
-               softcap: bool = False, short_seqs: bool = False, **overrides) -> BwdConfig:
+               softcap: bool = False, short_seqs: bool = False, gqa_causal: bool = False,
+               **overrides) -> BwdConfig:
     """The backward config for ``head_dim`` (a key of BWD_CONFIGS), with overrides.
 
     ``deterministic``: dQ in descending key-block order (``BwdConfig.deterministic``), on the
     persistent schedule, static (unmasked) or the ticket queue (masked), both of which hand
     out tiles in order (the turn waits are deadlock-free only so). Head dims in
     PERSISTENT_BWD_HEAD_DIMS only; head-major tiles unmasked, key-block major masked.
+
+    ``gqa_causal``: a padded causal call (a right window, no left one) with fewer KV heads
+    than query heads (GQA_LONGEST_FIRST: the longest-first order in modelled groups).
 
     ``masked``: the call has a causal or sliding-window mask. Unmasked calls at d = 64 / 128
     run the persistent schedule, where every key tile costs the same. d = 64 calls without
@@ -451,12 +460,24 @@ def bwd_config(head_dim: int, masked: bool = True, deterministic: bool = False,
     """
     if not overrides:  # the per-call path: no dict to sort, no dataclass to rebuild
         cfg = _BWD_DEFAULTS.get((head_dim, bool(masked), bool(deterministic), bool(softcap),
-                                 bool(short_seqs)))
+                                 bool(short_seqs), bool(gqa_causal)))
         if cfg is not None:
             return cfg
     if deterministic:
         overrides = {"deterministic": True, **overrides}
-    return _bwd_config(head_dim, masked, overrides, softcap, short_seqs)
+    return _bwd_config(head_dim, masked, overrides, softcap, short_seqs, gqa_causal)
+
+
+# Causal padded GQA backwards at these head dims walk the longest-first order (key block 0 of
+# a group of KV heads first) in the group size whose modelled schedule ends first
+# (BwdConfig.longest_first, head_groups=2) instead of head-major. A KV head's tile visits the
+# query blocks of all its query heads, so with GQA there are few, long tiles and head-major
+# leaves a tail (model: d 64 4:1 causal 2k / 8k 0.88 / 0.90 of ideal, modelled groups 0.97 /
+# 1.00). H100, 2026-12-06 (bwd_config_ab.py, 16k tokens, hidden 2048, GQA 4:1, two runs of
+# 3 and 5 interleaved rounds, dK / dV bitwise equal): d 64 causal 2k / 8k / 16k 1.08-1.09 /
+# 1.10 / 0.99-1.02, d 128 1.06 / 0.99-1.00 / 1.00-1.02. MHA stays head-major: 0.99-1.03
+# there (the model's +3-6 % at d 128 did not show; presumably L2, which head-major favours).
+GQA_LONGEST_FIRST = (64, 128)
 
 
 # query rows per block of the d = 64 backward without softcap, with the dQ GEMM split by rows
@@ -481,8 +502,13 @@ def short_packed_seqs(total_q: int, n_seqs: int) -> bool:
 
 
 def _bwd_config(head_dim: int, masked: bool, overrides: Dict[str, Any],
-                softcap: bool = False, short_seqs: bool = False) -> BwdConfig:
+                softcap: bool = False, short_seqs: bool = False,
+                gqa_causal: bool = False) -> BwdConfig:
     cfg = replace(BWD_CONFIGS[head_dim], **overrides) if overrides else BWD_CONFIGS[head_dim]
+    if (gqa_causal and masked and head_dim in GQA_LONGEST_FIRST and not cfg.deterministic
+            and not cfg.persistent and "longest_first" not in overrides):
+        cfg = replace(cfg, longest_first=True,
+                      head_groups=overrides.get("head_groups", 2))
     _check_head_groups(cfg, overrides)
     if (head_dim == 64 and not softcap and not short_seqs and not cfg.deterministic
             and "block_m" not in overrides):
@@ -516,8 +542,9 @@ def _bwd_config(head_dim: int, masked: bool, overrides: Dict[str, Any],
 
 
 # bwd_config without overrides, built once (dataclasses.replace costs ~4 us per call)
-_BWD_DEFAULTS = {(d, m, False, c, short): _bwd_config(d, m, {}, c, short) for d in BWD_CONFIGS
-                 for m in (False, True) for c in (False, True) for short in (False, True)}
-_BWD_DEFAULTS.update({(d, m, True, c, False): _bwd_config(d, m, {"deterministic": True}, c)
+_BWD_DEFAULTS = {(d, m, False, c, short, g): _bwd_config(d, m, {}, c, short, g)
+                 for d in BWD_CONFIGS for m in (False, True) for c in (False, True)
+                 for short in (False, True) for g in (False, True)}
+_BWD_DEFAULTS.update({(d, m, True, c, False, g): _bwd_config(d, m, {"deterministic": True}, c)
                       for d in PERSISTENT_BWD_HEAD_DIMS for m in (False, True)
-                      for c in (False, True)})
+                      for c in (False, True) for g in (False, True)})

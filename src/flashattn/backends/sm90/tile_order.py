@@ -26,6 +26,11 @@ from typing import Callable, Optional, Sequence, Tuple
 # a tile no longer than this share of one SM's work leaves at most this tail in any order
 # (Graham's bound for list schedules: makespan <= work / SMs + the longest tile)
 _NEGLIGIBLE_TAIL = 0.02
+# a group size whose schedule ends within this share of the lower bound (work / SMs, or the
+# longest tile) is taken without trying smaller ones: it keeps the search to a few schedules
+# on most shapes (the first call of a shape pays for it on the host: 1-20 ms here, against
+# 1-80 ms for every candidate) and prefers larger groups, more tiles sharing L2
+_GOOD_ENOUGH = 0.01
 
 
 def makespan(level_costs: Sequence[float], n_pairs: int, group: int, n_sms: int) -> float:
@@ -44,18 +49,26 @@ def makespan(level_costs: Sequence[float], n_pairs: int, group: int, n_sms: int)
 @functools.lru_cache(maxsize=256)
 def modelled_group(level_costs: Tuple[float, ...], n_pairs: int, budget: int,
                    n_sms: int) -> int:
-    """The group size in [1, ``budget``] whose list schedule ends first (ties: the larger,
-    more tiles sharing L2); ``budget`` itself when no tile can leave a tail worth modelling.
-    Candidates: every size from budget / 2 up and the powers of two below (a few dozen
-    schedules of n_pairs x levels tiles at most; cached per call shape)."""
+    """A group size in [1, ``budget``] whose list schedule ends first: candidates largest
+    first (every size from budget / 2 up, then the powers of two below), the first within
+    _GOOD_ENOUGH of the lower bound, else the one that ends first (ties: the larger, more
+    tiles sharing L2); ``budget`` itself when no tile can leave a tail worth modelling.
+    At most a few dozen schedules of n_pairs x levels tiles; cached per call shape."""
     budget = max(1, min(budget, n_pairs))
     work = sum(level_costs) * n_pairs
     if not level_costs or max(level_costs) <= _NEGLIGIBLE_TAIL * work / n_sms:
         return budget
+    good_enough = (1.0 + _GOOD_ENOUGH) * max(work / n_sms, max(level_costs))
     candidates = set(range(max(1, budget // 2), budget + 1))
     candidates.update(1 << i for i in range(budget.bit_length()) if 1 << i <= budget)
-    return min(sorted(candidates, reverse=True),
-               key=lambda g: makespan(level_costs, n_pairs, g, n_sms))
+    best, best_end = budget, float("inf")
+    for group in sorted(candidates, reverse=True):
+        end = makespan(level_costs, n_pairs, group, n_sms)
+        if end <= good_enough:
+            return group
+        if end < best_end:
+            best, best_end = group, end
+    return best
 
 
 def head_group(mode: int, n_pairs: int, budget: int,

@@ -157,6 +157,42 @@ def test_config_variants_are_exact(d, overrides, causal):
     _check(q, k, v, params, grads, dout)
 
 
+# causal GQA calls at d = 64 / 128 walk longest-first in modelled groups of KV heads
+# (config.GQA_LONGEST_FIRST); shapes whose group is smaller than the L2 budget and, at d = 128,
+# leaves a partial last group (32 pairs in groups of 11)
+_GQA_GROUPS = [(64, (4, 2048, 16, 4), 8), (128, (8, 1024, 16, 4), 11)]
+
+
+@pytest.mark.parametrize("d,shape,group", _GQA_GROUPS,
+                         ids=[f"d{d}-b{s[0]}s{s[1]}h{s[2]}k{s[3]}" for d, s, _ in _GQA_GROUPS])
+def test_gqa_longest_first_groups_match_head_major(d, shape, group):
+    """The causal GQA default order (key block 0 of every KV head in a group first) computes
+    the head-major order's function: dK / dV bitwise (each tile's work is the same), dQ up to
+    the order of its fp32 adds; and the group size really is the modelled one."""
+    from flashattn.backends.sm90 import bwd
+    from flashattn.backends.sm90.descriptors import heads_per_group
+    from flashattn.backends.sm90.tile_order import backward_level_costs, modelled_group
+
+    b, s, h, h_k = shape
+    q, k, v = _inputs(b, s, s, h, h_k, d, torch.bfloat16)
+    params = _params(d, True)
+    cfg = bwd.padded_config(q, k, -1, 0, 0.0, False, {})
+    assert cfg.longest_first and cfg.head_groups == 2
+    budget = heads_per_group(b * h_k, 2 * s * d * 2 * (h // h_k))
+    costs = backward_level_costs(s, s, cfg.block_m, cfg.block_n, -1, 0)
+    assert modelled_group(costs, b * h_k, budget, 132) == group < min(budget, b * h_k)
+    grads, dout = _run(q, k, v, params)
+    head_major, _ = _run(q, k, v, params, dout=dout, longest_first=False)
+    assert torch.equal(grads[1], head_major[1]) and torch.equal(grads[2], head_major[2])
+    assert not torch.isnan(grads[0]).any()
+    torch.testing.assert_close(grads[0], head_major[0], rtol=2e-2, atol=1e-3)
+    # against the float64 oracle on batch 0, KV head 0 and its query heads
+    q_sl = (slice(0, 1), slice(None), slice(0, h // h_k))
+    kv_sl = (slice(0, 1), slice(None), slice(0, 1))
+    _check(q[q_sl], k[kv_sl], v[kv_sl], params,
+           (grads[0][q_sl], grads[1][kv_sl], grads[2][kv_sl]), dout[q_sl])
+
+
 # deterministic=True: dQ added in descending key-block order (BwdConfig.deterministic; the
 # masked rows run the kernel directly: dispatch sends masked deterministic calls to portable)
 _DETERMINISTIC = [(64, False, (-1, -1), (2, 1000, 900, 4, 2)),

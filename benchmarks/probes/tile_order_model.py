@@ -51,17 +51,22 @@ def main() -> int:
     ap.add_argument("--noise", type=float, default=0.08)
     ap.add_argument("--seeds", type=int, default=6)
     ap.add_argument("--seqlens", default="2048,8192,16384")
+    ap.add_argument("--groups", type=int, default=1,
+                    help="query heads per KV head (the backward's pairs are KV heads)")
     args = ap.parse_args()
     print(f"{'kernel':6} {'d':>3} {'s':>6} {'b*h':>4} {'budget':>12} {'global':>7} "
           f"{'modelled':>13} {'head-major':>10}")
     for d in (64, 128, 256):
         for s in (int(x) for x in args.seqlens.split(",")):
             n_bh = (16384 // s) * (2048 // d)
-            budget = heads_per_group(n_bh, 2 * s * d * 2)  # K / V (Q / dO), bf16
-            for kernel, cfg, level_costs in (("fwd", fwd_config(d, masked=True),
-                                              forward_level_costs),
-                                             ("bwd", bwd_config(d, masked=True),
-                                              backward_level_costs)):
+            n_bh_k = n_bh // args.groups
+            # K / V (forward) or the Q / dO of a KV head's query heads (backward), bf16
+            budgets = (heads_per_group(n_bh, 2 * s * d * 2),
+                       heads_per_group(n_bh_k, 2 * s * d * 2 * args.groups))
+            for kernel, cfg, level_costs, n_bh, budget in (
+                    ("fwd", fwd_config(d, masked=True), forward_level_costs, n_bh, budgets[0]),
+                    ("bwd", bwd_config(d, masked=True, gqa_causal=args.groups > 1),
+                     backward_level_costs, n_bh_k, budgets[1])):
                 levels = level_costs(s, s, cfg.block_m, cfg.block_n, -1, 0)
                 eff = (lambda g: efficiency(levels, n_bh, g, args.sms,  # noqa: E731
                                             args.noise, args.seeds))

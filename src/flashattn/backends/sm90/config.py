@@ -508,7 +508,7 @@ def _bwd_config(head_dim: int, masked: bool, overrides: Dict[str, Any],
     if (gqa_causal and masked and head_dim in GQA_LONGEST_FIRST and not cfg.deterministic
             and not cfg.persistent and "longest_first" not in overrides):
         cfg = replace(cfg, longest_first=True,
-                      head_groups=overrides.get("head_groups", 2))
+                      head_groups=cfg.head_groups if "head_groups" in overrides else 2)
     _check_head_groups(cfg, overrides)
     if (head_dim == 64 and not softcap and not short_seqs and not cfg.deterministic
             and "block_m" not in overrides):

@@ -14,8 +14,9 @@ persistent kernels, the block dispatcher of one CTA per tile), a greedy list sch
 tiles' costs (key or query blocks visited, plus one for the prologue and epilogue).
 ``modelled_group`` picks, within the budget, the group size whose schedule ends first; it has
 no L2 (the budget stands for it). ``FwdConfig.head_groups`` / ``BwdConfig.head_groups``
-select it (2) against the budget alone (1, the default) and one group of every pair (0).
-benchmarks/probes/tile_order_model.py prints the model on the benchmark grid.
+select it (2: the 16-bit forward's default, and the causal GQA backward's) against the budget
+alone (1) and one group of every pair (0; measured slower: L2 misses, benchmarks/NOTES.md,
+2026-12-06). benchmarks/probes/tile_order_model.py prints the model on the benchmark grid.
 """
 from __future__ import annotations
 

@@ -188,7 +188,8 @@ def compile_bwd_variant(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, c
                         window: tuple = (-1, -1), softcap: float = 0.0,
                         overrides: Optional[Dict[str, Any]] = None) -> CompileReport:
     """Compile one backward variant for sm_90 (no GPU needed) and report its resources."""
-    from flashattn.backends.sm90.bwd import bwd_kernel_for, dq_workspace, launch_args
+    from flashattn.backends.sm90.bwd import (bwd_kernel_for, dq_workspace, launch_args,
+                                             split_workspace)
     from flashattn.backends.sm90.config import bwd_config
 
     window_left, window_right = window
@@ -200,8 +201,11 @@ def compile_bwd_variant(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, c
     varlen = bool((overrides or {}).get("varlen"))
     seqused = bool((overrides or {}).get("seqused"))  # varlen with seqused_k
     short = varlen and bool((overrides or {}).get("short_seqs"))
+    # "split_blocks": N, a call that cuts N key blocks per KV head (BwdConfig.tile_split) of
+    # a GQA 2:1 call (the split needs an even group)
+    split = int((overrides or {}).get("split_blocks", 0))
     fields = {k: v for k, v in (overrides or {}).items()
-              if k not in ("varlen", "seqused", "short_seqs")}
+              if k not in ("varlen", "seqused", "short_seqs", "split_blocks")}
     cfg = bwd_config(head_dim, masked=varlen or window_left >= 0 or window_right >= 0,
                      softcap=softcap > 0.0, short_seqs=short, **fields)
     b, s, h = 2, 1000, 4
@@ -215,10 +219,12 @@ def compile_bwd_variant(head_dim: int, dtype: torch.dtype = torch.bfloat16, *, c
         cu_seqlens = (cu, cu, torch.zeros(b, dtype=torch.int32)) if seqused else (cu, cu)
     dq_acc = dq_workspace(q, s_pad)
     lse = torch.empty((q.shape[0], h, s_pad), dtype=torch.float32)
+    kv = q[:, :, : h // 2] if split else q
+    split_ws = split_workspace(kv, cfg, split) if split else None
     args, constexprs, options, _ = launch_args(
-        q, q, q, q, lse, lse, dq_acc, q, q, cfg, softmax_scale=head_dim ** -0.5,
+        q, q, kv, kv, lse, lse, dq_acc, kv, kv, cfg, softmax_scale=head_dim ** -0.5,
         window_left=window_left, window_right=window_right, softcap=softcap,
-        cu_seqlens=cu_seqlens)
+        cu_seqlens=cu_seqlens, split_ws=split_ws)
     return _compile(bwd_kernel_for(head_dim), args, constexprs, options,
                     _bwd_variant_key(head_dim, dtype, causal, window, softcap, overrides))
 

@@ -1,7 +1,8 @@
 """Same-run A/B of one Hopper backward switch: the BwdConfig fields given by ``--override``
 (e.g. ``dq_first=1``, the dQ GEMM issued before dK's, dQ staged and its reduce issued while dK
-runs; ``stats_early=1``, lse2 / delta read from shared memory under S^T's GEMM) against the
-default config. docs/fa4_comparison.md.
+runs; ``stats_early=1``, lse2 / delta read from shared memory under S^T's GEMM; ``tile_split=1``,
+the longest key tiles of a GQA call cut in two by query heads: dK / dV then differ by one fp32
+add per cut key block) against the default config. docs/fa4_comparison.md.
 
 Per point (bf16, ``--tokens`` per call: batch = tokens / s; hidden ``--hidden``: h = hidden / d;
 GQA groups from ``--groups``):
@@ -37,7 +38,8 @@ from ab_rounds import (add_common_arguments, add_override_argument, int_list,  #
                        interleaved_ms, max_abs, parse_overrides, run_points)
 from hopper_probe import _params, _tflops  # noqa: E402
 
-from flashattn.backends.sm90.bwd import flash_bwd_hopper  # noqa: E402
+from flashattn.backends.sm90.bwd import (flash_bwd_hopper, padded_config,  # noqa: E402
+                                          split_blocks)
 from flashattn.backends.sm90.fwd import flash_fwd_hopper  # noqa: E402
 from flashattn.check import atol_for  # noqa: E402
 from flashattn.reference import attention_ref  # noqa: E402
@@ -87,6 +89,12 @@ def run_point(d: int, causal: bool, s: int, group: int, args) -> Dict[str, Any]:
 
     row: Dict[str, Any] = {"d": d, "causal": causal, "s": s, "b": b, "h": h, "h_k": h_k,
                            "overrides": args.overrides}
+    # the key blocks per KV head each side cuts in two (BwdConfig.tile_split: model's choice)
+    for name in variants:
+        cfg = padded_config(q, k, bp["window_left"], bp["window_right"], bp["softcap"], False,
+                            dict(variants[name] or {}))
+        row[f"{name}_split_blocks"] = split_blocks(cfg, q, k, bp["window_left"],
+                                                   bp["window_right"])
     # ---- exactness
     base, again, new = bwd("default"), bwd("default"), bwd("variant")
     row["dk_dv_bitwise"] = bool(torch.equal(base[1], new[1]) and torch.equal(base[2], new[2]))

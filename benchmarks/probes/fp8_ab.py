@@ -1,5 +1,5 @@
 """FP8 forward TFLOP/s of whichever flashattn PYTHONPATH selects (A/B of two trees, one
-process each, alternated by the caller): 16k tokens, hidden 2048, FA3's API with unit descales
+process each, alternated by the caller): 16k tokens per batch (--seqlens), hidden 2048, FA3's API with unit descales
 (V given as (b, s, h, d): each tree makes its own V^T). Prints one JSON line per point.
 
     PYTHONPATH=old/src python benchmarks/probes/fp8_ab.py --tag old
@@ -19,9 +19,11 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tag", default="")
     ap.add_argument("--dims", default="128,256,64")
+    ap.add_argument("--seqlens", default="16384", help="comma-separated; batch = 16384 // s")
     args = ap.parse_args()
-    s, b = 16384, 1
-    for d in (int(x) for x in args.dims.split(",")):
+    points = [(int(s), int(d)) for s in args.seqlens.split(",") for d in args.dims.split(",")]
+    for s, d in points:
+        b = max(1, 16384 // s)
         h = 2048 // d
         torch.manual_seed(d)
         x8 = [torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16).to(torch.float8_e4m3fn)
@@ -32,7 +34,7 @@ def main() -> int:
                 *x8, causal=causal, q_descale=one, k_descale=one, v_descale=one),
                 warmup=10, rep=60) for _ in range(3))
             tf = 4.0 * b * h * s * s * d * (0.5 if causal else 1.0) / (ms * 1e-3) / 1e12
-            print(json.dumps(dict(tag=args.tag, d=d, causal=causal, ms=round(ms, 4),
+            print(json.dumps(dict(tag=args.tag, s=s, d=d, causal=causal, ms=round(ms, 4),
                                   tflops=round(tf, 1))), flush=True)
     return 0
 

@@ -119,6 +119,11 @@ BWD_VARIANTS = (
        ("bwd", 64, "bfloat16", True, (-1, -1), 0.0, {"longest_first": True}),
        ("bwd", 128, "bfloat16", True, (-1, -1), 0.0, {"longest_first": True}),
        ("bwd", 256, "bfloat16", True, (-1, -1), 0.0, {"longest_first": True}),
+       # key blocks cut in two by query heads (BwdConfig.tile_split; GQA 2:1 stand-ins)
+       ("bwd", 64, "bfloat16", True, (-1, -1), 0.0,
+        {"longest_first": True, "tile_split": True, "split_blocks": 3}),
+       ("bwd", 128, "bfloat16", True, (-1, -1), 0.0,
+        {"longest_first": True, "tile_split": True, "split_blocks": 3}),
        ("bwd", 128, "bfloat16", True, (-1, -1), 0.0, {"persistent": True}),
        ("bwd", 64, "bfloat16", False, (-1, -1), 0.0, {"persistent": True, "longest_first": True}),
        # unmasked calls at d = 64 / 128 run persistent by default; the one-tile-per-CTA schedule
@@ -336,6 +341,9 @@ BWD_SPILL_ALLOWANCE = 200
 D64_ROWS128_SPILL_ALLOWANCE = {"bwd_d64_bfloat16": 128,
                                "bwd_d64_bfloat16_causal": 136,
                                "bwd_d64_bfloat16_causal_longest_first1": 136,
+                               # the split's part index and workspace pointer: 8 bytes more
+                               "bwd_d64_bfloat16_causal_longest_first1_tile_split1_split_"
+                               "blocks3": 144,
                                "bwd_d64_float16_causal_persistent1_dynamic1_longest_first1": 136,
                                "bwd_d64_bfloat16_persistent1_longest_first1": 104,
                                "bwd_d64_bfloat16_dq_first1": 144,

@@ -193,6 +193,46 @@ def test_gqa_longest_first_groups_match_head_major(d, shape, group):
            (grads[0][q_sl], grads[1][kv_sl], grads[2][kv_sl]), dout[q_sl])
 
 
+# BwdConfig.tile_split: the first key blocks of every KV head cut in two by query heads, the
+# parts' fp32 dK / dV summed by the host. The cut count forced (the model's choice depends on
+# the SM count): some of the key blocks, and all of them; s_q != s_k (bottom-right causal),
+# a right window without a causal mask, the last key block partial, fp16, GQA 2:1 / 4:1 / 8:1
+_SPLITS = [(128, torch.bfloat16, (2, 1000, 1000, 8, 2), (-1, 0), 3),
+           (128, torch.bfloat16, (1, 700, 1300, 8, 1), (-1, 0), 11),
+           (64, torch.bfloat16, (2, 1000, 1000, 16, 2), (-1, 0), 2),
+           (64, torch.float16, (1, 1500, 900, 4, 2), (-1, 200), 4),
+           (128, torch.float16, (3, 129, 129, 8, 4), (-1, 0), 1)]
+
+
+@pytest.mark.parametrize("d,dtype,shape,window,split", _SPLITS,
+                         ids=[f"d{d}-{str(dt)[6:]}-win{w[1]}-b{s[0]}s{s[1]}x{s[2]}h{s[3]}k{s[4]}"
+                              f"-cut{c}" for d, dt, s, w, c in _SPLITS])
+def test_tile_split_matches_whole_tiles(d, dtype, shape, window, split, monkeypatch):
+    """Cut key blocks compute the function of whole ones: against the float64 oracle, and
+    dK / dV against the unsplit order up to the one extra fp32 add per cut key block. The
+    cut rows come from the workspace (poisoned by _run's allocator otherwise)."""
+    from flashattn.backends.sm90 import bwd
+
+    b, s_q, s_k, h, h_k = shape
+    q, k, v = _inputs(b, s_q, s_k, h, h_k, d, dtype)
+    params = _params(d, False, window, s_k=s_k)
+    cuts = []
+    real = bwd.split_blocks
+
+    def forced(cfg, *args):
+        cuts.append(real(cfg, *args))  # the model's own answer runs (and must not raise)
+        return split if cfg.tile_split else 0
+
+    monkeypatch.setattr(bwd, "split_blocks", forced)
+    grads, dout = _run(q, k, v, params, tile_split=True)
+    whole, _ = _run(q, k, v, params, dout=dout, tile_split=False)
+    assert len(cuts) == 2 and cuts[1] == 0
+    for name, got, ref in zip(("dq", "dk", "dv"), grads, whole):
+        assert not torch.isnan(got).any(), name
+        torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-3, msg=name)
+    _check(q, k, v, params, grads, dout)
+
+
 # deterministic=True: dQ added in descending key-block order (BwdConfig.deterministic; the
 # masked rows run the kernel directly: dispatch sends masked deterministic calls to portable)
 _DETERMINISTIC = [(64, False, (-1, -1), (2, 1000, 900, 4, 2)),

@@ -7,7 +7,8 @@ import itertools
 import random
 
 from flashattn.backends.sm90.tile_order import (backward_level_costs, forward_level_costs,
-                                                makespan, modelled_group)
+                                                makespan, modelled_group, split_key_blocks,
+                                                split_levels)
 
 
 def _brute_makespan(costs, n_sms):
@@ -77,3 +78,38 @@ def test_head_group_modes():
     assert head_group(0, 16, 3, lambda: costs, 132) == 16
     assert head_group(2, 16, 3, lambda: costs, 132) == modelled_group(costs, 16, 3, 132) == 2
     assert head_group(2, 16, 3, None, 132) == 3
+
+
+def test_split_levels_cut_the_first_key_blocks_by_query_heads():
+    """A cut key block becomes two tiles of half the group's query blocks, each with its own
+    prologue and the fp32 epilogue's extra; the rest keep every query head's blocks."""
+    costs = backward_level_costs(512, 512, 64, 128, -1, 0)  # key blocks see 8, 6, 4, 2 blocks
+    assert costs == (9.0, 7.0, 5.0, 3.0)
+    assert split_levels(costs, 4, 0) == (33.0, 25.0, 17.0, 9.0)
+    assert split_levels(costs, 4, 2) == (18.5, 18.5, 14.5, 14.5, 17.0, 9.0)
+    whole, cut = split_levels(costs, 8, 0), split_levels(costs, 8, 4)
+    assert sum(cut) - sum(whole) == 4 * (1.0 + 2 * 1.5)  # a prologue more, two extras
+
+
+def test_split_key_blocks_cuts_only_where_the_tail_is_long():
+    """Causal GQA 4:1 at d = 128, 16k tokens per call, 132 SMs: at 8k the first key blocks of
+    8 KV heads are half an SM's share each, and cutting them ends the schedule much earlier;
+    at 16k (4 pairs, 128 key blocks) there is no tail to cut; odd groups and MHA never cut."""
+    def plan(s, group_size, n_pairs, budget):
+        return split_key_blocks(backward_level_costs(s, s, 64, 128, -1, 0), group_size, n_pairs,
+                                budget, 132)
+
+    split, group = plan(8192, 4, 8, 1)
+    assert 0 < split <= 64 and group == 1
+    costs = backward_level_costs(8192, 8192, 64, 128, -1, 0)
+    whole = split_levels(costs, 4, 0)
+    ideal = sum(whole) * 8 / 132
+    before = makespan(whole, 8, 1, 132)
+    after = makespan(split_levels(costs, 4, split), 8, 1, 132) + 4.0 * split * 8 / 132
+    assert before > 1.15 * ideal and after < 0.9 * before
+    assert plan(16384, 4, 4, 1)[0] == 0
+    assert plan(8192, 3, 8, 1)[0] == 0 and plan(8192, 1, 8, 1)[0] == 0
+    # the group it returns stays within the budget
+    for s in (2048, 4096):
+        split, group = plan(s, 8, 16384 // s * 2, 3)
+        assert 1 <= group <= 3

@@ -25,7 +25,7 @@ from flashattn.backends.sm90.config import (BwdConfig, bwd_config, ordered_dq_un
 from flashattn.backends.sm90.descriptors import (LOG2E, heads_per_group, nvmma_layout, padded_head_dim,
                                        tensor_desc)
 from flashattn.backends.sm90.support import tma_ok
-from flashattn.backends.sm90.tile_order import backward_level_costs, head_group
+from flashattn.backends.sm90.tile_order import backward_level_costs, head_group, split_key_blocks
 from flashattn.backends.sm90.varlen_rows import clear_uncovered_keys
 from flashattn.runtime.device import sm_count
 from flashattn.runtime.grid import cdiv
@@ -98,6 +98,52 @@ def bwd_kernel_for(head_dim: int):
     return attn_bwd_kernel
 
 
+def _l2_group_budget(n_bh_k: int, seqlen_q: int, q: torch.Tensor, group_size: int) -> int:
+    """KV heads whose Q and dO (all query heads of the GQA group, ``seqlen_q`` rows) fit the
+    L2 budget together: the longest-first order's group bound."""
+    return heads_per_group(n_bh_k, 2 * seqlen_q * padded_head_dim(q.shape[3]) * q.element_size()
+                           * group_size)
+
+
+def split_blocks(cfg: BwdConfig, q: torch.Tensor, k: torch.Tensor, window_left: int,
+                 window_right: int) -> int:
+    """Key blocks per (batch, KV head) that a padded call cuts in two (BwdConfig.tile_split:
+    tile_order.split_key_blocks' model), 0 when it cuts none: only the longest-first order
+    of one CTA per tile, at d <= 128, with an even GQA group. Host values only (shapes and
+    the SM count)."""
+    batch, seqlen_q, n_heads, head_dim = q.shape
+    _, seqlen_k, n_heads_k, _ = k.shape
+    group_size = n_heads // n_heads_k
+    if (not cfg.tile_split or not cfg.longest_first or cfg.persistent or cfg.deterministic
+            or cfg.pipeline or is_wide(head_dim) or group_size % 2):
+        return 0
+    n_bh_k = batch * n_heads_k
+    split, _ = split_key_blocks(
+        backward_level_costs(seqlen_q, seqlen_k, cfg.block_m, cfg.block_n, window_left,
+                             window_right),
+        group_size, n_bh_k, _l2_group_budget(n_bh_k, seqlen_q, q, group_size),
+        sm_count(k.device))
+    return split
+
+
+def split_workspace(k: torch.Tensor, cfg: BwdConfig, split: int) -> torch.Tensor:
+    """The fp32 partial dK / dV of the cut key blocks, uninitialised (the kernel writes every
+    element): (2, 2, b, split * block_n, h_k, d), [0, part] dK * softmax_scale, [1, part] dV."""
+    batch, _, n_heads_k, head_dim = k.shape
+    return torch.empty((2, 2, batch, split * cfg.block_n, n_heads_k, head_dim),
+                       dtype=torch.float32, device=k.device)
+
+
+def add_split_parts(split_ws: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> None:
+    """dk / dv of the cut key blocks: part 0 + part 1 of ``split_ws`` (split_workspace; one
+    fixed order, so the result is the same on every run), cast to dk / dv's dtype, into the
+    first rows (keys) the kernel left unwritten."""
+    rows = min(split_ws.shape[3], dk.shape[1])
+    sums = torch.add(split_ws[:, 0, :, :rows], split_ws[:, 1, :, :rows])
+    dk[:, :rows].copy_(sums[0])
+    dv[:, :rows].copy_(sums[1])
+
+
 def _n_tiles(cfg: BwdConfig, k: torch.Tensor) -> int:
     """Key tiles of the call: (batch, KV head, key block)."""
     batch, seqlen_k, n_heads_k, _ = k.shape
@@ -166,7 +212,8 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
                 lse2: torch.Tensor, delta: torch.Tensor, dq_acc: torch.Tensor, dk: torch.Tensor,
                 dv: torch.Tensor, cfg: BwdConfig, *, softmax_scale: float, window_left: int,
                 window_right: int, softcap: float, counter: Optional[torch.Tensor] = None,
-                cu_seqlens: Optional[Tuple[torch.Tensor, ...]] = None
+                cu_seqlens: Optional[Tuple[torch.Tensor, ...]] = None,
+                split_ws: Optional[torch.Tensor] = None
                 ) -> Tuple[List[Any], Dict[str, Any], Dict[str, Any], Tuple[int, int]]:
     """(positional args, constexpr kwargs, launch options, grid) of bwd_kernel_for(d).
 
@@ -175,7 +222,8 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     dk, dv (b, s_k, h_k, d) contiguous; counter: _tile_counter(cfg, lse2, k, s_q,
     window_right) (made here if None). ``cu_seqlens``: (cu_seqlens_q, cu_seqlens_k[,
     seqused_k]) int32 of a packed call (the kernels' VARLEN mode, one CTA per key-block slot):
-    q, k, v, dout, dk, dv are then (1, total, h, d) views.
+    q, k, v, dout, dk, dv are then (1, total, h, d) views. ``split_ws``: split_workspace
+    of a call that cuts key blocks (split_blocks > 0; its rows give how many), else None.
     """
     batch, seqlen_q, n_heads, head_dim = q.shape
     _, seqlen_k, n_heads_k, _ = k.shape
@@ -198,25 +246,41 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
                        cu_seqlens[2] if len(cu_seqlens) > 2 else None]
     if counter is None:
         counter = _tile_counter(cfg, lse2, k, seqlen_q, window_right)
+    split = 0 if split_ws is None else split_ws.shape[3] // cfg.block_n
+    budget = _l2_group_budget(n_bh_k, l2_seqlen_q, q, group_size)
+    if split:
+        if wide or cu_seqlens is not None or cfg.persistent or group_size % 2:
+            raise ValueError("a split backward (BwdConfig.tile_split) runs padded calls at "
+                             "d <= 128 with an even GQA group, one CTA per tile")
+        grid = ((n_key_blocks + split) * n_bh_k,)
+        # the group size modelled with the cut tiles (the model caches it: the same call as
+        # split_blocks')
+        _, group = split_key_blocks(
+            backward_level_costs(seqlen_q, seqlen_k, cfg.block_m, cfg.block_n, window_left,
+                                 window_right),
+            group_size, n_bh_k, budget, sm_count(k.device))
+    else:
+        # the longest-first order walks KV heads whose Q and dO (all query heads of the GQA
+        # group) fit L2 together
+        group = head_group(cfg.head_groups, n_bh_k, budget,
+                           None if cu_seqlens is not None else lambda: backward_level_costs(
+                               seqlen_q, seqlen_k, cfg.block_m, cfg.block_n, window_left,
+                               window_right),
+                           sm_count(k.device))
     args = [
         tensor_desc(q, cfg.block_m), tensor_desc(k, cfg.block_n), tensor_desc(v, cfg.block_n),
         tensor_desc(dout, cfg.block_m), _dq_desc(dq_acc, cfg.block_m, wide, cfg.dq_rows),
         lse2, delta, dq_acc,
         dk, dv, counter, seqlen_q, seqlen_k, n_heads, n_heads_k, group_size,
         dq_acc.shape[3] if wide else dq_acc.shape[2],
-        n_key_blocks, n_bh_k,
-        # the longest-first order walks KV heads whose Q and dO (all query heads of the
-        # GQA group) fit L2 together
-        head_group(cfg.head_groups, n_bh_k, heads_per_group(
-            n_bh_k, 2 * l2_seqlen_q * padded_head_dim(head_dim) * q.element_size() * group_size),
-            None if cu_seqlens is not None else lambda: backward_level_costs(
-                seqlen_q, seqlen_k, cfg.block_m, cfg.block_n, window_left, window_right),
-            sm_count(k.device)),
+        n_key_blocks, n_bh_k, group,
         int(window_left), int(window_right),
         float(softmax_scale * LOG2E), float(softmax_scale),
         float(softmax_scale / softcap) if has_softcap else 0.0,
         float(softcap * LOG2E) if has_softcap else 0.0,
     ] + varlen_args
+    if not wide:  # the cut key blocks and their workspace (any tensor when none: unread)
+        args += [split, counter if split_ws is None else split_ws]
     constexprs = dict(
         BLOCK_M=cfg.block_m, NUM_STAGES=cfg.num_stages, HEAD_DIM=head_dim,
         HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, HAS_SOFTCAP=has_softcap,
@@ -256,7 +320,8 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
                           DYNAMIC=cfg.dynamic,
                           DETERMINISTIC=cfg.det_order if cfg.deterministic else 0,
                           DQ_RELEASE_LATE=cfg.det_release_late, VARLEN=cu_seqlens is not None,
-                          DQ_FIRST=cfg.dq_first, STATS_EARLY=cfg.stats_early)
+                          DQ_FIRST=cfg.dq_first, STATS_EARLY=cfg.stats_early,
+                          SPLIT=split > 0)
     # (bwd_wide_kernel's pipeline guards an empty tile; bwd_kernel's issues its first block
     # unconditionally)
     if cu_seqlens is not None and (cfg.persistent or cfg.deterministic
@@ -315,6 +380,8 @@ def flash_bwd_hopper(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     counter = _tile_counter(cfg, lse2, k, seqlen_q, window_right)
+    split = split_blocks(cfg, q, k, window_left, window_right)
+    split_ws = split_workspace(k, cfg, split) if split else None
     # what the launch's arguments are made of apart from the tensors (lse2, delta, dq_acc, dk,
     # dv are made here: their strides follow from the shapes)
     key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), dout.stride(), q.dtype,
@@ -324,10 +391,16 @@ def flash_bwd_hopper(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     def build():
         args, constexprs, options, grid = launch_args(
             dout, q, k, v, lse2, delta, dq_acc, dk, dv, cfg, softmax_scale=softmax_scale,
-            window_left=window_left, window_right=window_right, softcap=softcap, counter=counter)
+            window_left=window_left, window_right=window_right, softcap=softcap, counter=counter,
+            split_ws=split_ws)
         return bwd_kernel_for(head_dim), grid, args, {**constexprs, **options}
 
-    _PLANS.launch(key, (q, k, v, dout, dq_acc, lse2, delta, dq_acc, dk, dv, counter), build)
+    tensors = (q, k, v, dout, dq_acc, lse2, delta, dq_acc, dk, dv, counter)
+    if split:
+        _SPLIT_PLANS.launch(key, tensors + (split_ws,), build)
+        add_split_parts(split_ws, dk, dv)
+    else:
+        _PLANS.launch(key, tensors, build)
     dq = dq_from_workspace(dq_acc, q, transposed=is_wide(head_dim))
     return dq, dk, dv
 
@@ -453,6 +526,10 @@ class PackedBwdCall:
 # dout and dQ-workspace descriptors, lse2, delta, the workspace, dk, dv, the tile counter.
 _PLANS = LaunchPlans(slots=tuple(range(11)))
 VARLEN_ARGS = 26  # cu_seqlens_q, cu_seqlens_k, n_seqs, seqused_k (after the 15 scalars)
+# calls that cut key blocks (BwdConfig.tile_split): the split workspace too (after the varlen
+# arguments and the number of cut key blocks). A non-split call's workspace argument is a
+# stand-in the kernel never reads, fixed in its plan.
+_SPLIT_PLANS = LaunchPlans(slots=tuple(range(11)) + (VARLEN_ARGS + 5,))
 # by whether seqused_k is given (its slot follows n_seqs)
 _VARLEN_PLANS = {used: LaunchPlans(slots=tuple(range(11)) + (VARLEN_ARGS, VARLEN_ARGS + 1)
                                    + ((VARLEN_ARGS + 3,) if used else ()))

@@ -80,7 +80,7 @@ from flashattn.backends.sm90.ptx import per_thread_ptx
 from flashattn.backends.sm90.row_guard import padding_follows, zero_keys_past, zero_rows_from
 from flashattn.backends.sm90.softmax import ds_t, probs_t
 from flashattn.backends.sm90.tiles import (block_needs_mask_t, key_tile_geometry, query_block_range,
-                                  visible_t)
+                                           split_key_coords, visible_t)
 
 
 @gluon.jit
@@ -282,11 +282,11 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
               PERSISTENT: gl.constexpr, DYNAMIC: gl.constexpr,
               DETERMINISTIC: gl.constexpr = False, handoff=None, varlen=None,
               VARLEN: gl.constexpr = False, DQ_FIRST: gl.constexpr = False,
-              STATS_EARLY: gl.constexpr = False):
+              STATS_EARLY: gl.constexpr = False, SPLIT: gl.constexpr = False):
     """One consumer warpgroup: keys [WG * HALF_N, (WG + 1) * HALF_N) of each key block (tile)
     it processes (one; with PERSISTENT every num_programs-th, or with DYNAMIC those the
     producer publishes). DETERMINISTIC: dQ goes to the writer warp through ``handoff``, and
-    a last handoff stops it."""
+    a last handoff stops it. SPLIT (one tile per CTA): tiles.split_key_coords' tiles."""
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
     k_smem = smem[0]
     v_smem = smem[1]
@@ -310,6 +310,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
 
     gl.static_assert(not (PERSISTENT and PIPELINE))  # PIPELINE's block count is per tile
     gl.static_assert(PERSISTENT or not DETERMINISTIC)  # waits only on live lower tiles
+    gl.static_assert(not SPLIT or not (PERSISTENT or VARLEN or DETERMINISTIC or PIPELINE))
     k_all = k_smem.reshape([BLOCK_N, D_PAD])
     v_all = v_smem.reshape([BLOCK_N, D_PAD])
     k_mine = k_all.slice(WG * HALF_N, HALF_N, dim=0)           # A of S^T
@@ -355,7 +356,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
         _key_tile(WG, gl.program_id(0), 0, gl.to_tensor(0), descs, smem, bars, problem, window,
                   scales, ptrs, schedule, consts, BLOCK_M, HEAD_DIM, HAS_LEFT, HAS_RIGHT,
                   HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC, LONGEST_FIRST, PERSISTENT,
-                  None, False, varlen, VARLEN, DQ_FIRST, STATS_EARLY)
+                  None, False, varlen, VARLEN, DQ_FIRST, STATS_EARLY, SPLIT)
     if DETERMINISTIC:
         _end_dq_writer(handoff, it_base, WG)
     elif DQ_ASYNC:
@@ -369,10 +370,14 @@ def _key_tile(WG: gl.constexpr, tile, tile_iter, it_base, descs, smem, bars, pro
               DQ_TMA: gl.constexpr, PIPELINE: gl.constexpr, DQ_ASYNC: gl.constexpr,
               LONGEST_FIRST: gl.constexpr, PERSISTENT: gl.constexpr, handoff=None,
               DETERMINISTIC: gl.constexpr = False, varlen=None, VARLEN: gl.constexpr = False,
-              DQ_FIRST: gl.constexpr = False, STATS_EARLY: gl.constexpr = False):
+              DQ_FIRST: gl.constexpr = False, STATS_EARLY: gl.constexpr = False,
+              SPLIT: gl.constexpr = False):
     """One consumer's work on key tile ``tile`` (the ``tile_iter``-th of this CTA): dK / dV over
     its query blocks, then stored. Returns the query-block count to continue from. VARLEN:
-    the tile's sequence from tiles.varlen_key_tile (packed (1, total, h, d) tensors)."""
+    the tile's sequence from tiles.varlen_key_tile (packed (1, total, h, d) tensors). SPLIT:
+    the tile from tiles.split_key_coords; a part of a cut key block (half the group's query
+    heads) stores its fp32 partial dK / dV into the split workspace (schedule[6]: (2, 2, b,
+    split_blocks * BLOCK_N, h_k, HEAD_DIM), dK / dV by part), which the host sums."""
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
     kv_ready = bars[0]
     seqlen_q, seqlen_k, n_heads, n_heads_k, group_size, seqlen_q_pad = problem
@@ -387,9 +392,19 @@ def _key_tile(WG: gl.constexpr, tile, tile_iter, it_base, descs, smem, bars, pro
     D_PAD: gl.constexpr = q_desc.block_type.shape[3]
     KV_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, D_PAD, 16])
-    b, h_k, n_block, q_off, len_q, k_off, len_k, _ = key_tile_geometry(
-        tile, varlen, (n_key_blocks, n_bh_k, heads_per_group), n_heads_k, seqlen_q, seqlen_k,
-        BLOCK_N, LONGEST_FIRST, DETERMINISTIC, VARLEN)
+    if SPLIT:
+        b, h_k, n_block, g0, n_g, part = split_key_coords(
+            tile, (n_key_blocks, n_bh_k, heads_per_group), n_heads_k, group_size, schedule[5])
+        q_off = 0
+        k_off = 0
+        len_q = seqlen_q
+        len_k = seqlen_k
+    else:
+        b, h_k, n_block, q_off, len_q, k_off, len_k, _ = key_tile_geometry(
+            tile, varlen, (n_key_blocks, n_bh_k, heads_per_group), n_heads_k, seqlen_q,
+            seqlen_k, BLOCK_N, LONGEST_FIRST, DETERMINISTIC, VARLEN)
+        g0 = 0
+        n_g = group_size
     n_start = n_block * BLOCK_N
     key0 = n_start + WG * HALF_N
     lo_blk, n_blocks = query_block_range(n_start, len_q, len_k, window_left, window_right,
@@ -399,7 +414,7 @@ def _key_tile(WG: gl.constexpr, tile, tile_iter, it_base, descs, smem, bars, pro
     if VARLEN:  # (its loads' latency hides behind the K / V wait)
         guard = padding_follows(varlen, q_off + len_q, k_off + len_k, seqlen_q, seqlen_k)
     mbarrier.wait(kv_ready, tile_iter & 1)
-    total = group_size * n_blocks  # (query head of the group, query block) pairs, in order
+    total = n_g * n_blocks  # (query head of the group, query block) pairs, in order
     if VARLEN:
         # the last sequence's rows are followed by rows of no sequence (padding, which may hold
         # Inf / NaN): its tiles zero those rows in shared memory (row_guard.py) through a copy
@@ -430,13 +445,26 @@ def _key_tile(WG: gl.constexpr, tile, tile_iter, it_base, descs, smem, bars, pro
             WG, descs, smem, bars, problem, scales, ptrs, b, h_k, n_start, key0, lo_blk,
             n_blocks, total, it_base, dk, dv, k_mine, v_mine, k_cols, s_zero, dq_zero, dq_offs,
             window, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
-            n_block, handoff, DETERMINISTIC, DQ_FIRST=DQ_FIRST, STATS_EARLY=STATS_EARLY)
+            n_block, handoff, DETERMINISTIC, DQ_FIRST=DQ_FIRST, STATS_EARLY=STATS_EARLY,
+            g0=g0)
     if PERSISTENT:
         mbarrier.arrive(kv_empty)  # every GEMM reading this K / V has completed
     # ---- epilogue: dK (times softmax_scale) and dV of this consumer's keys
     # (VARLEN: keys past the sequence's end are the next sequence's: not stored)
-    store_kv_grads(dk, dv, dk_ptr, dv_ptr, k_off + key0, 0, k_off + len_k, b, h_k, n_heads_k,
-                   sm_scale, HEAD_DIM)
+    if SPLIT:
+        if part >= 0:
+            # (2, 2, b, rows, h_k, HEAD_DIM) fp32: [0, part] dK, [1, part] dV
+            rows = schedule[5] * BLOCK_N
+            part_size = gl.to_tensor(n_bh_k).to(gl.int64) * rows * HEAD_DIM
+            dk_part = schedule[6] + part * part_size
+            store_kv_grads(dk, dv, dk_part, dk_part + 2 * part_size, key0, 0, rows, b, h_k,
+                           n_heads_k, sm_scale, HEAD_DIM)
+        else:
+            store_kv_grads(dk, dv, dk_ptr, dv_ptr, key0, 0, len_k, b, h_k, n_heads_k,
+                           sm_scale, HEAD_DIM)
+    else:
+        store_kv_grads(dk, dv, dk_ptr, dv_ptr, k_off + key0, 0, k_off + len_k, b, h_k,
+                       n_heads_k, sm_scale, HEAD_DIM)
     return it_base
 
 
@@ -449,7 +477,8 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
                       DQ_ASYNC: gl.constexpr, n_block=0, handoff=None,
                       DETERMINISTIC: gl.constexpr = False, span=None,
                       VARLEN: gl.constexpr = False, GUARD: gl.constexpr = False,
-                      DQ_FIRST: gl.constexpr = False, STATS_EARLY: gl.constexpr = False):
+                      DQ_FIRST: gl.constexpr = False, STATS_EARLY: gl.constexpr = False,
+                      g0=0):
     """The ``total`` query blocks of one key tile for one consumer: dK / dV accumulated in
     registers (returned), dQ added to the workspace. Ring slots and dS slots continue from
     ``it_base``; returns (it_base + total, dk, dv). DETERMINISTIC: dQ goes to the writer warp
@@ -457,7 +486,8 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
     ``-n_block``. ``span`` (VARLEN): (q offset, q length, k length) of the tile's sequence:
     masks by its lengths, queries past its end included (they are the next sequence's rows,
     with finite lse), dQ rows from its offset. GUARD (the last sequence: padding may follow):
-    the rows of a query block past the sequence's end are zeroed in Q and dO first."""
+    the rows of a query block past the sequence's end are zeroed in Q and dO first. ``g0``: the
+    first query head of the group the tile covers (a cut key block's part, SPLIT)."""
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
     k_smem, v_smem, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem = smem
     kv_ready, q_ready, q_empty, do_ready, do_empty, ds_ready, ds_free, stats_ready = bars
@@ -502,7 +532,7 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
     for j in range(total):
         it = it_base + j
         g = j // n_blocks
-        h = h_k * group_size + g
+        h = h_k * group_size + g0 + g
         # dQ workspace (b, h, s_q_pad, D_PAD) fp32, seen as (b * h * s_q_pad, D_PAD) rows
         dq_row0 = (b * n_heads + h) * seqlen_q_pad + q_off
         stage = it % NUM_STAGES
@@ -606,7 +636,7 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
                     dv_ptr, tile_counter, seqlen_q, seqlen_k, n_heads, n_heads_k, group_size, seqlen_q_pad,
                     n_key_blocks, n_bh_k, heads_per_group,
                     window_left, window_right, qk_scale, sm_scale, softcap_inv, softcap_log2,
-                    cu_q_ptr, cu_k_ptr, n_seqs, seqused_ptr,
+                    cu_q_ptr, cu_k_ptr, n_seqs, seqused_ptr, split_blocks, split_ws,
                     BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr, HEAD_DIM: gl.constexpr,
                     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr,
                     DQ_TMA: gl.constexpr, PIPELINE: gl.constexpr, DQ_ASYNC: gl.constexpr,
@@ -615,7 +645,7 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
                     PERSISTENT: gl.constexpr = False, DYNAMIC: gl.constexpr = False,
                     DETERMINISTIC: gl.constexpr = False, DQ_RELEASE_LATE: gl.constexpr = False,
                     VARLEN: gl.constexpr = False, DQ_FIRST: gl.constexpr = False,
-                    STATS_EARLY: gl.constexpr = False):
+                    STATS_EARLY: gl.constexpr = False, SPLIT: gl.constexpr = False):
     """Warp-specialised attention backward (see module docstring).
 
     Descriptors are rank 4 over (batch, seq, head, dim): q/do boxes [1, BLOCK_M, 1, D_PAD],
@@ -645,6 +675,13 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
     seqused_ptr None or int32 (n_seqs,) seqused_k (keys past it take no part: zeroed in shared
     memory, their dk / dv left 0). cu_q_ptr / cu_k_ptr / seqused_ptr None and n_seqs 0
     otherwise.
+    SPLIT (one CTA per tile, LONGEST_FIRST, GQA with an even group; BwdConfig.tile_split): the
+    first ``split_blocks`` key blocks of every (batch, KV head) run as two tiles each, over
+    half the group's query heads (tiles.split_key_coords: the grid has (n_key_blocks +
+    split_blocks) * n_bh_k CTAs), their dK * softmax_scale / dV fp32 into ``split_ws``
+    (2, 2, b, split_blocks * BLOCK_N, h_k, HEAD_DIM): [0, part] dK, [1, part] dV; the host
+    adds the two parts into dk / dv (bwd.add_split_parts). split_blocks 0 and split_ws any
+    pointer otherwise.
     """
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
     k_smem = gl.allocate_shared_memory(k_desc.dtype, k_desc.block_type.shape, k_desc.layout)
@@ -675,7 +712,8 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
     window = (window_left, window_right)
     scales = (qk_scale, sm_scale, softcap_inv, softcap_log2)
     ptrs = (lse2_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr)
-    schedule = (n_key_blocks, n_bh_k, heads_per_group, kv_empty, tile_counter)
+    schedule = (n_key_blocks, n_bh_k, heads_per_group, kv_empty, tile_counter, split_blocks,
+                split_ws)
     gl.static_assert(not VARLEN or not (PERSISTENT or DETERMINISTIC or PIPELINE))
     if VARLEN:
         varlen = (cu_q_ptr, cu_k_ptr, n_seqs, seqused_ptr)
@@ -712,12 +750,12 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
             (_consumer, (0, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
                          HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
                          LONGEST_FIRST, PERSISTENT, DYNAMIC, False, None, varlen, VARLEN,
-                         DQ_FIRST, STATS_EARLY)),
+                         DQ_FIRST, STATS_EARLY, SPLIT)),
             (_consumer, (1, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
                          HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
                          LONGEST_FIRST, PERSISTENT, DYNAMIC, False, None, varlen, VARLEN,
-                         DQ_FIRST, STATS_EARLY)),
+                         DQ_FIRST, STATS_EARLY, SPLIT)),
             (producer, (descs, smem, bars, problem, window, ptrs, schedule, BLOCK_M, HAS_LEFT,
                          HAS_RIGHT, LONGEST_FIRST, PERSISTENT, DYNAMIC, False, varlen,
-                         VARLEN)),
+                         VARLEN, SPLIT)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

@@ -15,14 +15,15 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from flashattn.runtime.gluon_api import cta_barrier, tma_load, tma_store  # noqa: F401 (version names)
 
 from flashattn.backends.sm90.ring import ring_load
-from flashattn.backends.sm90.tiles import key_tile_geometry, query_block_range
+from flashattn.backends.sm90.tiles import key_tile_geometry, query_block_range, split_key_coords
 
 
 @gluon.jit
 def producer(descs, smem, bars, problem, window, ptrs, schedule, BLOCK_M: gl.constexpr,
               HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, LONGEST_FIRST: gl.constexpr,
               PERSISTENT: gl.constexpr, DYNAMIC: gl.constexpr,
-              DETERMINISTIC: gl.constexpr = False, varlen=None, VARLEN: gl.constexpr = False):
+              DETERMINISTIC: gl.constexpr = False, varlen=None, VARLEN: gl.constexpr = False,
+              SPLIT: gl.constexpr = False):
     """Per key tile: K_j, V_j once, then Q_i, dO_i and the row statistics (lse2_i, delta_i) of
     every query block of every head of the group. PERSISTENT: tile after tile, the next K_j /
     V_j loaded once both consumers have released the previous ones (kv_empty), while they
@@ -32,8 +33,9 @@ def producer(descs, smem, bars, problem, window, ptrs, schedule, BLOCK_M: gl.con
     close in tile order, so they share Q / dO in L2). DYNAMIC publishes each tile's index for
     the consumers (publish_tile), and an index >= n_tiles when the queue is empty.
     VARLEN (one CTA per tile): packed sequences, varlen = (cu_seqlens_q, cu_seqlens_k,
-    n_seqs) (tiles.varlen_key_tile)."""
-    n_key_blocks, n_bh_k, heads_per_group, kv_empty, tile_counter = schedule
+    n_seqs) (tiles.varlen_key_tile). SPLIT (one CTA per tile): the tiles of
+    tiles.split_key_coords, the number of cut key blocks in schedule[5]."""
+    n_key_blocks, n_bh_k, kv_empty, tile_counter = schedule[0], schedule[1], schedule[3], schedule[4]
     kv_ready = bars[0]
     if PERSISTENT:
         n_tiles = n_key_blocks * n_bh_k
@@ -62,7 +64,7 @@ def producer(descs, smem, bars, problem, window, ptrs, schedule, BLOCK_M: gl.con
     else:
         _produce_key_tile(gl.program_id(0), gl.to_tensor(0), descs, smem, bars, problem,
                           window, ptrs, schedule, BLOCK_M, HAS_LEFT, HAS_RIGHT, LONGEST_FIRST,
-                          DETERMINISTIC, varlen, VARLEN)
+                          DETERMINISTIC, varlen, VARLEN, SPLIT)
 
 
 @gluon.jit
@@ -86,11 +88,11 @@ def read_tile(tile_counter):
 def _produce_key_tile(tile, it, descs, smem, bars, problem, window, ptrs, schedule,
                       BLOCK_M: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
                       LONGEST_FIRST: gl.constexpr, DETERMINISTIC: gl.constexpr = False,
-                      varlen=None, VARLEN: gl.constexpr = False):
+                      varlen=None, VARLEN: gl.constexpr = False, SPLIT: gl.constexpr = False):
     """The loads of key tile ``tile``: K_j, V_j, then the Q / dO blocks and row statistics of
-    every query head of the group, ring slots continuing from ``it``; returns the next ``it``.
-    VARLEN: the tile's sequence starts at q_off / k_off of the (1, total, h, d) tensors and
-    of the (h, s_q_pad) statistics."""
+    every query head of the group (SPLIT: of the tile's part of the group), ring slots
+    continuing from ``it``; returns the next ``it``. VARLEN: the tile's sequence starts at
+    q_off / k_off of the (1, total, h, d) tensors and of the (h, s_q_pad) statistics."""
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
     k_smem, v_smem, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem = smem
     kv_ready, q_ready, q_empty, do_ready, do_empty, ds_ready, ds_free, stats_ready = bars
@@ -103,16 +105,26 @@ def _produce_key_tile(tile, it, descs, smem, bars, problem, window, ptrs, schedu
     # one warp moves the 2 x BLOCK_M row statistics (lse2, delta) of a query block
     STAT_LAYOUT: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
 
-    b, h_k, n_block, q_off, len_q, k_off, len_k, _ = key_tile_geometry(
-        tile, varlen, (n_key_blocks, n_bh_k, heads_per_group), n_heads_k, seqlen_q, seqlen_k,
-        BLOCK_N, LONGEST_FIRST, DETERMINISTIC, VARLEN)
+    if SPLIT:
+        b, h_k, n_block, g0, n_g, _ = split_key_coords(
+            tile, (n_key_blocks, n_bh_k, heads_per_group), n_heads_k, group_size, schedule[5])
+        q_off = 0
+        k_off = 0
+        len_q = seqlen_q
+        len_k = seqlen_k
+    else:
+        b, h_k, n_block, q_off, len_q, k_off, len_k, _ = key_tile_geometry(
+            tile, varlen, (n_key_blocks, n_bh_k, heads_per_group), n_heads_k, seqlen_q,
+            seqlen_k, BLOCK_N, LONGEST_FIRST, DETERMINISTIC, VARLEN)
+        g0 = 0
+        n_g = group_size
     n_start = n_block * BLOCK_N
     mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     tma_load(k_desc, [b, k_off + n_start, h_k, 0], kv_ready, k_smem)
     tma_load(v_desc, [b, k_off + n_start, h_k, 0], kv_ready, v_smem)
     lo_blk, n_blocks = query_block_range(n_start, len_q, len_k, window_left, window_right,
                                          BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
-    for g in range(group_size):
+    for g in range(g0, g0 + n_g):
         h = h_k * group_size + g
         stats_base = (b * n_heads + h).to(gl.int64) * seqlen_q_pad + q_off
         for i in range(n_blocks):

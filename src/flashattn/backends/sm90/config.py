@@ -383,6 +383,14 @@ class BwdConfig:
     # reading all of dS). Exact: the same products, summed in the same key order. bwd_config
     # turns it on for padded d = 64 calls (with 128-row blocks; measured 1.02-1.10x).
     dq_rows: bool = False
+    # longest_first, one CTA per tile (not persistent, not deterministic), padded calls with
+    # an even GQA group (d <= 128, bwd_kernel.py): the first key blocks of every (batch, KV
+    # head), as many as tile_order.split_key_blocks models worth it, run as two tiles over
+    # half the group's query heads each; their fp32 partial dK / dV go to a workspace that
+    # the host adds in a fixed order (bwd.add_split_parts). Under a causal mask those are the
+    # longest tiles: with GQA a KV head's tile visits every query head's blocks, and the last
+    # long tiles end the call alone (model: d 128 4:1 causal 8k 0.81 of ideal, cut 0.97).
+    tile_split: bool = False
 
     def smem_bytes(self, head_dim: int, elem: int = 2) -> int:
         head_dim = _box_width(head_dim)

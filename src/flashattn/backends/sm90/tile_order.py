@@ -121,5 +121,67 @@ def backward_level_costs(seqlen_q: int, seqlen_k: int, block_m: int, block_n: in
     return tuple(costs)
 
 
+# BwdConfig.tile_split's model, in the level costs' unit (one query block of one query head
+# against the tile's keys: ~10 MFLOP at d = 64 / 128, ~3 us of one SM at 450 TFLOP/s): a
+# part of a cut key block pays its own prologue (K / V loads, one unit as for every tile)
+# and an fp32 epilogue of twice a whole tile's bytes (128 KiB more at d = 128, ~1.5 units
+# when every SM stores at once); the host's sum of the two parts reads 4 fp32 tiles and
+# writes 2 16-bit ones (~320 KiB at d = 128, ~0.1 us at the GPU's bandwidth, ~4 units of SM
+# time) per cut (key block, KV head), spread over every SM in the model
+_PART_EXTRA = 1.5
+_SUM_PER_CUT = 4.0
+# cut only where the modelled end moves by more than this share (the model has no L2 and
+# overrates what it cannot see; a cut costs real bytes)
+_SPLIT_MIN_GAIN = 0.03
+
+
+def split_levels(level_costs: Sequence[float], group_size: int,
+                 split: int) -> Tuple[float, ...]:
+    """Tile costs in ``tiles.split_key_coords``' order: ``level_costs`` (per key block, one
+    query head's query blocks plus one) scaled to the group's ``group_size`` query heads, the
+    first ``split`` key blocks as two tiles of half the heads each."""
+    costs = []
+    for j, cost in enumerate(level_costs):
+        visits = cost - 1.0
+        if j < split:
+            part = visits * (group_size // 2) + 1.0 + _PART_EXTRA
+            costs += [part, part]
+        else:
+            costs.append(visits * group_size + 1.0)
+    return tuple(costs)
+
+
+@functools.lru_cache(maxsize=256)
+def split_key_blocks(level_costs: Tuple[float, ...], group_size: int, n_pairs: int,
+                     budget: int, n_sms: int) -> Tuple[int, int]:
+    """(key blocks to cut, group size) for BwdConfig.tile_split: the first key blocks of each
+    (batch, KV head) cut into two tiles over half the GQA group's query heads each, as many
+    as make the list schedule end first (the sum pass charged per cut), the group size
+    modelled for each candidate as ``modelled_group`` does. No cut (0) unless it gains
+    _SPLIT_MIN_GAIN; always 0 for an odd group. Candidates: 0, powers of two, and every
+    eighth of the key blocks; cached per call shape."""
+    whole = split_levels(level_costs, group_size, 0)
+    group = modelled_group(whole, n_pairs, budget, n_sms)
+    if group_size < 2 or group_size % 2:
+        return 0, group
+    n_blocks = len(level_costs)
+    base_end = makespan(whole, n_pairs, group, n_sms)
+    if base_end <= (1.0 + _SPLIT_MIN_GAIN) * sum(whole) * n_pairs / n_sms:
+        return 0, group  # no cut can gain enough
+    best = (0, group, base_end)
+    candidates = {1 << i for i in range(n_blocks.bit_length()) if 1 << i <= n_blocks}
+    candidates.update(max(1, n_blocks * i // 8) for i in range(1, 9))
+    for split in sorted(candidates):
+        costs = split_levels(level_costs, group_size, split)
+        g = modelled_group(costs, n_pairs, budget, n_sms)
+        end = (makespan(costs, n_pairs, g, n_sms)
+               + _SUM_PER_CUT * split * n_pairs / n_sms)
+        if end < best[2]:
+            best = (split, g, end)
+    if best[2] > (1.0 - _SPLIT_MIN_GAIN) * base_end:
+        return 0, group
+    return best[0], best[1]
+
+
 __all__ = ["backward_level_costs", "forward_level_costs", "head_group", "makespan",
-           "modelled_group"]
+           "modelled_group", "split_key_blocks", "split_levels"]

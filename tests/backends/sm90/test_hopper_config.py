@@ -568,3 +568,41 @@ def test_gqa_backward_walks_modelled_longest_first_groups():
     assert not bwd.padded_config(q, k, 128, 0, 0.0, False, {}).longest_first  # left window
     assert not bwd.padded_config(q, q, -1, 0, 0.0, False, {}).longest_first  # MHA
     assert not bwd.padded_config(q, k, -1, 0, 0.0, True, {}).longest_first  # deterministic
+
+
+def test_tile_split_plan_and_the_host_sum():
+    """BwdConfig.tile_split: bwd.split_blocks cuts key blocks only for an even GQA group in
+    the longest-first order of one CTA per tile (host values: on CPU the model sees 16 SMs);
+    split_workspace's shape; add_split_parts writes part 0 + part 1, cast, into the cut keys'
+    rows of dk / dv and nothing else."""
+    from flashattn.backends.sm90 import bwd
+    from flashattn.backends.sm90.config import bwd_config
+
+    # one KV head of a 4:1 group at 2k: 16 key tiles on 16 SMs, the first ones as long as
+    # all the work of an SM's share (the model cuts all 16); at 4k (32 tiles) none
+    q = torch.empty((1, 2048, 4, 128), dtype=torch.bfloat16)
+    k4, k3 = (torch.empty((1, 2048, n, 128), dtype=torch.bfloat16) for n in (1, 1))
+    long_q, long_k = torch.empty((1, 4096, 4, 128)), torch.empty((1, 4096, 1, 128))
+    on = bwd.padded_config(q, k4, -1, 0, 0.0, False, {"tile_split": True})
+    assert on.longest_first and on.tile_split
+    split = bwd.split_blocks(on, q, k4, -1, 0)
+    assert 0 < split <= 2048 // on.block_n
+    assert bwd.split_blocks(on, long_q, long_k, -1, 0) == 0
+    assert bwd.split_blocks(bwd.padded_config(q, k4, -1, 0, 0.0, False, {}), q, k4, -1, 0) == 0
+    assert bwd.split_blocks(on, q, q, -1, 0) == 0  # MHA: no group to cut
+    assert bwd.split_blocks(on, q[:, :, :3], k3, -1, 0) == 0  # 3:1, odd
+    persistent = bwd_config(128, masked=True, tile_split=True, longest_first=True,
+                            persistent=True)
+    assert bwd.split_blocks(persistent, q, k4, -1, 0) == 0
+    assert tuple(bwd.split_workspace(k4, on, 3).shape) == (2, 2, 1, 3 * on.block_n, 1, 128)
+
+    torch.manual_seed(0)
+    ws = torch.randn((2, 2, 2, 256, 3, 64))
+    for s_k in (200, 300):  # fewer keys than the cut rows (a partial last block), more
+        dk, dv = (torch.full((2, s_k, 3, 64), 7.0, dtype=torch.bfloat16) for _ in range(2))
+        bwd.add_split_parts(ws, dk, dv)
+        rows = min(s_k, 256)
+        for i, grad in enumerate((dk, dv)):
+            assert torch.equal(grad[:, :rows],
+                               (ws[i, 0, :, :rows] + ws[i, 1, :, :rows]).to(torch.bfloat16))
+            assert bool((grad[:, rows:] == 7.0).all())

@@ -79,8 +79,8 @@ from flashattn.backends.sm90.bwd_producer import alloc_query_streams, producer, 
 from flashattn.backends.sm90.ptx import per_thread_ptx
 from flashattn.backends.sm90.row_guard import padding_follows, zero_keys_past, zero_rows_from
 from flashattn.backends.sm90.softmax import ds_t, probs_t
-from flashattn.backends.sm90.tiles import (block_needs_mask_t, key_tile_geometry, query_block_range,
-                                           split_key_coords, visible_t)
+from flashattn.backends.sm90.tiles import (block_needs_mask_t, key_tile_work, query_block_range,
+                                           visible_t)
 
 
 @gluon.jit
@@ -392,19 +392,10 @@ def _key_tile(WG: gl.constexpr, tile, tile_iter, it_base, descs, smem, bars, pro
     D_PAD: gl.constexpr = q_desc.block_type.shape[3]
     KV_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, D_PAD, 16])
-    if SPLIT:
-        b, h_k, n_block, g0, n_g, part = split_key_coords(
-            tile, (n_key_blocks, n_bh_k, heads_per_group), n_heads_k, group_size, schedule[5])
-        q_off = 0
-        k_off = 0
-        len_q = seqlen_q
-        len_k = seqlen_k
-    else:
-        b, h_k, n_block, q_off, len_q, k_off, len_k, _ = key_tile_geometry(
-            tile, varlen, (n_key_blocks, n_bh_k, heads_per_group), n_heads_k, seqlen_q,
-            seqlen_k, BLOCK_N, LONGEST_FIRST, DETERMINISTIC, VARLEN)
-        g0 = 0
-        n_g = group_size
+    b, h_k, n_block, q_off, len_q, k_off, len_k, g0, n_g, part = key_tile_work(
+        tile, varlen, (n_key_blocks, n_bh_k, heads_per_group), n_heads_k, group_size,
+        schedule[5] if SPLIT else 0, seqlen_q, seqlen_k, BLOCK_N, LONGEST_FIRST, DETERMINISTIC,
+        VARLEN, SPLIT)
     n_start = n_block * BLOCK_N
     key0 = n_start + WG * HALF_N
     lo_blk, n_blocks = query_block_range(n_start, len_q, len_k, window_left, window_right,

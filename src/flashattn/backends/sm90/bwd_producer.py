@@ -15,7 +15,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from flashattn.runtime.gluon_api import cta_barrier, tma_load, tma_store  # noqa: F401 (version names)
 
 from flashattn.backends.sm90.ring import ring_load
-from flashattn.backends.sm90.tiles import key_tile_geometry, query_block_range, split_key_coords
+from flashattn.backends.sm90.tiles import key_tile_work, query_block_range
 
 
 @gluon.jit
@@ -105,19 +105,10 @@ def _produce_key_tile(tile, it, descs, smem, bars, problem, window, ptrs, schedu
     # one warp moves the 2 x BLOCK_M row statistics (lse2, delta) of a query block
     STAT_LAYOUT: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
 
-    if SPLIT:
-        b, h_k, n_block, g0, n_g, _ = split_key_coords(
-            tile, (n_key_blocks, n_bh_k, heads_per_group), n_heads_k, group_size, schedule[5])
-        q_off = 0
-        k_off = 0
-        len_q = seqlen_q
-        len_k = seqlen_k
-    else:
-        b, h_k, n_block, q_off, len_q, k_off, len_k, _ = key_tile_geometry(
-            tile, varlen, (n_key_blocks, n_bh_k, heads_per_group), n_heads_k, seqlen_q,
-            seqlen_k, BLOCK_N, LONGEST_FIRST, DETERMINISTIC, VARLEN)
-        g0 = 0
-        n_g = group_size
+    b, h_k, n_block, q_off, len_q, k_off, len_k, g0, n_g, _ = key_tile_work(
+        tile, varlen, (n_key_blocks, n_bh_k, heads_per_group), n_heads_k, group_size,
+        schedule[5] if SPLIT else 0, seqlen_q, seqlen_k, BLOCK_N, LONGEST_FIRST, DETERMINISTIC,
+        VARLEN, SPLIT)
     n_start = n_block * BLOCK_N
     mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     tma_load(k_desc, [b, k_off + n_start, h_k, 0], kv_ready, k_smem)

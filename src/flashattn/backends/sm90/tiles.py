@@ -229,6 +229,32 @@ def key_tile_geometry(tile, varlen, key_grid, n_heads_k, seqlen_q, seqlen_k,
     return b, h_k, n_block, q_off, len_q, k_off, len_k, seq
 
 
+@gluon.jit
+def key_tile_work(tile, varlen, key_grid, n_heads_k, group_size, split_blocks, seqlen_q,
+                  seqlen_k, BLOCK_N: gl.constexpr, LONGEST_FIRST: gl.constexpr,
+                  DETERMINISTIC: gl.constexpr, VARLEN: gl.constexpr, SPLIT: gl.constexpr):
+    """What backward tile ``tile`` covers, the same in the producer and the consumers:
+    key_tile_geometry's (batch, KV head, key block, q offset, q length, k offset, k length)
+    and the tile's query heads of the GQA group (first, count) and part (-1: the whole key
+    block); with SPLIT (padded calls), split_key_coords' tile of a call cutting
+    ``split_blocks`` key blocks per KV head."""
+    if SPLIT:
+        b, h_k, n_block, g0, n_g, part = split_key_coords(tile, key_grid, n_heads_k, group_size,
+                                                          split_blocks)
+        q_off = 0
+        k_off = 0
+        len_q = seqlen_q
+        len_k = seqlen_k
+    else:
+        b, h_k, n_block, q_off, len_q, k_off, len_k, _ = key_tile_geometry(
+            tile, varlen, key_grid, n_heads_k, seqlen_q, seqlen_k, BLOCK_N, LONGEST_FIRST,
+            DETERMINISTIC, VARLEN)
+        g0 = 0
+        n_g = group_size
+        part = -1
+    return b, h_k, n_block, q_off, len_q, k_off, len_k, g0, n_g, part
+
+
 # Backward geometry (transposed tiles: rows are keys, columns queries)
 @gluon.jit
 def query_block_range(n_start, seqlen_q, seqlen_k, window_left, window_right,

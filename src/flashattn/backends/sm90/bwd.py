@@ -386,7 +386,7 @@ def flash_bwd_hopper(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     # dv are made here: their strides follow from the shapes)
     key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), dout.stride(), q.dtype,
            q.device, softmax_scale, window_left, window_right, softcap, deterministic,
-           tuple(sorted(config_overrides.items())) if config_overrides else None)
+           tuple(sorted(config_overrides.items())) if config_overrides else None, split)
 
     def build():
         args, constexprs, options, grid = launch_args(

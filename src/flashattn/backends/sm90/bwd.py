@@ -98,11 +98,11 @@ def bwd_kernel_for(head_dim: int):
     return attn_bwd_kernel
 
 
-def _l2_group_budget(n_bh_k: int, seqlen_q: int, q: torch.Tensor, group_size: int) -> int:
-    """KV heads whose Q and dO (all query heads of the GQA group, ``seqlen_q`` rows) fit the
-    L2 budget together: the longest-first order's group bound."""
-    return heads_per_group(n_bh_k, 2 * seqlen_q * padded_head_dim(q.shape[3]) * q.element_size()
-                           * group_size)
+def _l2_group_budget(n_bh_k: int, seqlen_q: int, head_dim: int, elem: int,
+                     group_size: int) -> int:
+    """The longest-first order's group bound: KV heads whose Q and dO (all query heads of the
+    GQA group, ``seqlen_q`` rows of ``elem`` bytes) fit L2 together."""
+    return heads_per_group(n_bh_k, 2 * seqlen_q * padded_head_dim(head_dim) * elem * group_size)
 
 
 def split_blocks(cfg: BwdConfig, q: torch.Tensor, k: torch.Tensor, window_left: int,
@@ -110,19 +110,29 @@ def split_blocks(cfg: BwdConfig, q: torch.Tensor, k: torch.Tensor, window_left: 
     """Key blocks per (batch, KV head) that a padded call cuts in two (BwdConfig.tile_split:
     tile_order.split_key_blocks' model), 0 when it cuts none: only the longest-first order
     of one CTA per tile, at d <= 128, with an even GQA group. Host values only (shapes and
-    the SM count)."""
-    batch, seqlen_q, n_heads, head_dim = q.shape
-    _, seqlen_k, n_heads_k, _ = k.shape
+    the SM count), cached per call shape: this runs on every call."""
+    if not cfg.tile_split:
+        return 0
+    return _split_blocks(cfg, tuple(q.shape), tuple(k.shape), q.element_size(), window_left,
+                         window_right, sm_count(k.device))
+
+
+@functools.lru_cache(maxsize=256)
+def _split_blocks(cfg: BwdConfig, q_shape: Tuple[int, ...], k_shape: Tuple[int, ...],
+                  elem: int, window_left: int, window_right: int, n_sms: int) -> int:
+    """:func:`split_blocks` of one call shape (q / k shapes, q's element size)."""
+    batch, seqlen_q, n_heads, head_dim = q_shape
+    _, seqlen_k, n_heads_k, _ = k_shape
     group_size = n_heads // n_heads_k
-    if (not cfg.tile_split or not cfg.longest_first or cfg.persistent or cfg.deterministic
-            or cfg.pipeline or is_wide(head_dim) or group_size % 2):
+    if (not cfg.longest_first or cfg.persistent or cfg.deterministic or cfg.pipeline
+            or is_wide(head_dim) or group_size % 2):
         return 0
     n_bh_k = batch * n_heads_k
+    budget = _l2_group_budget(n_bh_k, seqlen_q, head_dim, elem, group_size)
     split, _ = split_key_blocks(
         backward_level_costs(seqlen_q, seqlen_k, cfg.block_m, cfg.block_n, window_left,
                              window_right),
-        group_size, n_bh_k, _l2_group_budget(n_bh_k, seqlen_q, q, group_size),
-        sm_count(k.device))
+        group_size, n_bh_k, budget, n_sms)
     return split
 
 
@@ -247,7 +257,7 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     if counter is None:
         counter = _tile_counter(cfg, lse2, k, seqlen_q, window_right)
     split = 0 if split_ws is None else split_ws.shape[3] // cfg.block_n
-    budget = _l2_group_budget(n_bh_k, l2_seqlen_q, q, group_size)
+    budget = _l2_group_budget(n_bh_k, l2_seqlen_q, head_dim, q.element_size(), group_size)
     if split:
         if wide or cu_seqlens is not None or cfg.persistent or group_size % 2:
             raise ValueError("a split backward (BwdConfig.tile_split) runs padded calls at "
@@ -260,8 +270,6 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
                                  window_right),
             group_size, n_bh_k, budget, sm_count(k.device))
     else:
-        # the longest-first order walks KV heads whose Q and dO (all query heads of the GQA
-        # group) fit L2 together
         group = head_group(cfg.head_groups, n_bh_k, budget,
                            None if cu_seqlens is not None else lambda: backward_level_costs(
                                seqlen_q, seqlen_k, cfg.block_m, cfg.block_n, window_left,

@@ -161,9 +161,6 @@ BWD_VARIANTS = (
     # 128-row blocks with dQ split by columns (BwdConfig.dq_rows off: the d = 64 default
     # before 2026-12-06, and the ablation's baseline)
     + [("bwd", 64, "bfloat16", False, (-1, -1), 0.0, {"dq_rows": False})]
-    # programmatic dependent launch (BwdConfig.pdl): griddepcontrol before the partitions start
-    + [("bwd", 128, "bfloat16", True, (-1, -1), 0.0, {"pdl": True}),
-       ("bwd", 64, "bfloat16", False, (-1, -1), 0.0, {"pdl": True})]
 )
 
 
@@ -354,8 +351,6 @@ D64_ROWS128_SPILL_ALLOWANCE = {"bwd_d64_bfloat16": 128,
                                "bwd_d64_bfloat16_stats_early1": 336,
                                "bwd_d64_bfloat16_causal_stats_early1": 440,
                                "bwd_d64_bfloat16_dq_rows0": 152,
-                               # programmatic dependent launch: the default's bytes
-                               "bwd_d64_bfloat16_pdl1": 128,
                                # packed sequences of >= PACKED_D64_MIN_MEAN_ROWS on average
                                # (+5-7 % at means 2k-8k, H100, 2026-12-06)
                                "bwd_d64_float16_causal_varlen1": 168}

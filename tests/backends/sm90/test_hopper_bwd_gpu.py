@@ -141,9 +141,7 @@ _VARIANTS = [(128, dict(dq_async=False)), (128, dict(pipeline=True)),
              (128, dict(persistent=True, dq_async=False)), (128, dict(persistent=False)),
              (64, dict(persistent=False)), (128, dict(persistent=True, dynamic=True)),
              (64, dict(persistent=True, dynamic=True, longest_first=True)),
-             (96, dict(persistent=True, dynamic=True)),
-             (128, dict(pdl=True)), (64, dict(pdl=True)),
-             (128, dict(pdl=True, persistent=True, dynamic=True))]
+             (96, dict(persistent=True, dynamic=True))]
 
 
 @pytest.mark.parametrize("causal", [False, True])

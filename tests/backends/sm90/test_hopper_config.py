@@ -344,38 +344,6 @@ def test_backward_stats_early_is_off_and_refused_where_it_has_no_meaning():
         aot.compile_bwd_variant(256, torch.bfloat16, overrides={"stats_early": True})
 
 
-def test_backward_pdl_reaches_the_launch_and_the_side_passes():
-    """BwdConfig.pdl (off by default): the main kernel gets the PDL constexpr and the
-    launch_pdl option, nothing of either without it; bwd_wide_kernel refuses it, naming the
-    field; the row-statistics pass and the dQ conversion get theirs from the host's flag."""
-    import inspect
-
-    import torch
-
-    from flashattn.backends.sm90 import bwd, bwd_postprocess, bwd_preprocess
-    from flashattn.backends.sm90.config import BWD_CONFIGS, bwd_config
-
-    for d in BWD_CONFIGS:
-        for masked in (False, True):
-            assert not bwd_config(d, masked=masked).pdl
-    q = torch.empty((1, 256, 2, 64), dtype=torch.bfloat16)
-    lse = torch.empty((1, 2, 256), dtype=torch.float32)
-    for flag in (False, True):
-        cfg = bwd_config(64, masked=True, pdl=flag)
-        _, constexprs, options, _ = bwd.launch_args(
-            q, q, q, q, lse, lse, bwd.dq_workspace(q, 256), q, q, cfg, softmax_scale=0.125,
-            window_left=-1, window_right=0, softcap=0.0)
-        assert constexprs.get("PDL", False) is flag
-        assert options.get("launch_pdl", False) is flag
-    wide = torch.empty((1, 256, 2, 256), dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="pdl"):
-        bwd.launch_args(wide, wide, wide, wide, lse, lse, bwd.dq_workspace(wide, 256), wide,
-                        wide, bwd_config(256, masked=True, pdl=True), softmax_scale=0.0625,
-                        window_left=-1, window_right=0, softcap=0.0)
-    assert "launch_dependents" in inspect.signature(bwd_preprocess.row_stats).parameters
-    assert "pdl" in inspect.signature(bwd_postprocess.dq_from_workspace).parameters
-
-
 def test_backward_dq_rows_reaches_the_kernel_through_the_dq_box():
     """BwdConfig.dq_rows (each consumer computes dQ for its half of the query rows, FA4's
     split) reaches the kernel as the dQ descriptor's box, [block_m / 2, d_pad] instead of

@@ -310,8 +310,6 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
                              "stats_early=False)")
         if cfg.persistent:
             raise ValueError("bwd_wide_kernel has no persistent schedule (persistent=False)")
-        if cfg.pdl:
-            raise ValueError("bwd_wide_kernel has no programmatic dependent launch (pdl=False)")
         if not (cfg.dq_tma and cfg.dq_async):
             raise ValueError("bwd_wide_kernel adds dQ one way: dq_tma=True, dq_async=True")
         constexprs.update(PIPELINE=cfg.pipeline, VARLEN=cu_seqlens is not None,
@@ -332,8 +330,6 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
                           DQ_RELEASE_LATE=cfg.det_release_late, VARLEN=cu_seqlens is not None,
                           DQ_FIRST=cfg.dq_first, STATS_EARLY=cfg.stats_early,
                           SPLIT=split > 0)
-        if cfg.pdl:
-            constexprs.update(PDL=True)
     # (bwd_wide_kernel's pipeline guards an empty tile; bwd_kernel's issues its first block
     # unconditionally)
     if cu_seqlens is not None and (cfg.persistent or cfg.deterministic
@@ -341,8 +337,6 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
         raise ValueError("the varlen backward runs one CTA per tile (persistent and "
                          "deterministic off; pipeline off at d <= 128)")
     options = dict(num_warps=4, maxnreg=cfg.maxnreg)
-    if cfg.pdl:
-        options.update(launch_pdl=True)
     return args, constexprs, options, grid
 
 
@@ -390,7 +384,7 @@ def flash_bwd_hopper(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     seqlen_q_pad = cdiv(seqlen_q, cfg.block_m) * cfg.block_m
     dq_acc = dq_workspace(q, seqlen_q_pad)
     lse2, delta = row_stats(out, dout, lse.contiguous(), seqlen_q_pad, dq_acc,
-                            transposed=is_wide(head_dim), launch_dependents=cfg.pdl)
+                            transposed=is_wide(head_dim))
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     counter = _tile_counter(cfg, lse2, k, seqlen_q, window_right)
@@ -415,7 +409,7 @@ def flash_bwd_hopper(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         add_split_parts(split_ws, dk, dv)
     else:
         _PLANS.launch(key, tensors, build)
-    dq = dq_from_workspace(dq_acc, q, transposed=is_wide(head_dim), pdl=cfg.pdl)
+    dq = dq_from_workspace(dq_acc, q, transposed=is_wide(head_dim))
     return dq, dk, dv
 
 

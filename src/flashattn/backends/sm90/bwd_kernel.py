@@ -636,8 +636,7 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
                     PERSISTENT: gl.constexpr = False, DYNAMIC: gl.constexpr = False,
                     DETERMINISTIC: gl.constexpr = False, DQ_RELEASE_LATE: gl.constexpr = False,
                     VARLEN: gl.constexpr = False, DQ_FIRST: gl.constexpr = False,
-                    STATS_EARLY: gl.constexpr = False, SPLIT: gl.constexpr = False,
-                    PDL: gl.constexpr = False):
+                    STATS_EARLY: gl.constexpr = False, SPLIT: gl.constexpr = False):
     """Warp-specialised attention backward (see module docstring).
 
     Descriptors are rank 4 over (batch, seq, head, dim): q/do boxes [1, BLOCK_M, 1, D_PAD],
@@ -674,10 +673,6 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
     (2, 2, b, split_blocks * BLOCK_N, h_k, HEAD_DIM): [0, part] dK, [1, part] dV; the host
     adds the two parts into dk / dv (bwd.add_split_parts). split_blocks 0 and split_ws any
     pointer otherwise.
-    PDL (launched with programmatic dependent launch, BwdConfig.pdl): the CTA sets up its
-    shared memory and barriers while the previous kernel (the row-statistics pass) drains,
-    then waits for it to finish before any partition starts; it lets its own dependent (the
-    dQ conversion) launch at once.
     """
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
     k_smem = gl.allocate_shared_memory(k_desc.dtype, k_desc.block_type.shape, k_desc.layout)
@@ -715,12 +710,6 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
         varlen = (cu_q_ptr, cu_k_ptr, n_seqs, seqused_ptr)
     else:
         varlen = scales  # (unread)
-    if PDL:
-        # every read of the row statistics and the dQ workspace (and the tile counter) comes
-        # after this wait: the partitions start behind it. The dependent's early launch only
-        # lets its CTAs be placed; it waits for this grid's end itself.
-        per_thread_ptx("griddepcontrol.launch_dependents;")
-        per_thread_ptx("griddepcontrol.wait;")
     if DETERMINISTIC:
         # the consumers -> dQ writer handoff: both staging tiles of a query block (dq_full,
         # one arrive per consumer), released once the copy engine has read them (dq_empty),

@@ -15,7 +15,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
 
 from flashattn.runtime.grid import cdiv, next_pow2
 from flashattn.runtime.launch import LaunchPlans
@@ -24,10 +23,7 @@ from flashattn.runtime.launch import LaunchPlans
 @triton.jit
 def _dq_convert_kernel(Acc, DQ, stride_acc_bh, stride_acc_s, stride_acc_d, stride_qb, stride_qs,
                        stride_qh, n_heads, seqlen_q, HEAD_DIM: tl.constexpr,
-                       BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-                       WAIT_PRIOR: tl.constexpr = False):
-    if WAIT_PRIOR:  # launched early (programmatic dependent launch): the backward's end first
-        gdc_wait()
+                       BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
     # (batch, head) on grid axis 0: b * h can pass the 65535 limit of axis 1
     bh = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -52,24 +48,20 @@ def workspace_strides(dq_acc: torch.Tensor, transposed: bool):
     return dq_acc.stride(1), dq_acc.stride(2), dq_acc.stride(3)
 
 
-def dq_from_workspace(dq_acc: torch.Tensor, q: torch.Tensor, transposed: bool,
-                      pdl: bool = False) -> torch.Tensor:
+def dq_from_workspace(dq_acc: torch.Tensor, q: torch.Tensor, transposed: bool) -> torch.Tensor:
     """dq (b, s_q, h, d), contiguous, q's dtype, from the fp32 workspace ``dq_acc``:
-    (b, h, s_q_pad, d_pad), or (b, h, d_pad, s_q_pad) when ``transposed``. ``pdl``: launched
-    with programmatic dependent launch (it may start before the kernel ahead of it on the
-    stream ends; it waits for that end before any load or store: BwdConfig.pdl)."""
+    (b, h, s_q_pad, d_pad), or (b, h, d_pad, s_q_pad) when ``transposed``."""
     batch, seqlen_q, n_heads, head_dim = q.shape
     dq = torch.empty((batch, seqlen_q, n_heads, head_dim), dtype=q.dtype, device=q.device)
     stride_bh, stride_s, stride_d = workspace_strides(dq_acc, transposed)
     block_d = next_pow2(head_dim)
     block_s = max(16, 8192 // block_d)  # 8K fp32 per program
-    key = (dq_acc.shape, dq_acc.stride(), q.shape, q.dtype, q.device, transposed, pdl)
-    early = dict(WAIT_PRIOR=True, launch_pdl=True) if pdl else {}
+    key = (dq_acc.shape, dq_acc.stride(), q.shape, q.dtype, q.device, transposed)
     _PLANS.launch(key, (dq_acc, dq), lambda: (
         _dq_convert_kernel, (batch * n_heads, cdiv(seqlen_q, block_s)), (
             dq_acc, dq, stride_bh, stride_s, stride_d, dq.stride(0), dq.stride(1), dq.stride(2),
             n_heads, seqlen_q),
-        dict(HEAD_DIM=head_dim, BLOCK_S=block_s, BLOCK_D=block_d, num_warps=8, **early)))
+        dict(HEAD_DIM=head_dim, BLOCK_S=block_s, BLOCK_D=block_d, num_warps=8)))
     return dq
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents
 
 from flashattn.backends.sm90.bwd_postprocess import workspace_strides
 from flashattn.runtime.grid import cdiv, next_pow2
@@ -34,11 +33,7 @@ def _row_stats_kernel(Out, DO, Lse, Lse2, Delta, DQAcc, stride_ob, stride_om, st
                       stride_dob, stride_dom, stride_doh, stride_acc_bh, stride_acc_s,
                       stride_acc_d, n_heads, seqlen_q, seqlen_q_pad,
                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                      ACC_TRANSPOSED: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr = False):
-    if LAUNCH_DEPENDENTS:
-        # the main kernel (launched with programmatic dependent launch) may start its CTAs
-        # now; it waits for this pass to end before it reads anything (BwdConfig.pdl)
-        gdc_launch_dependents()
+                      ACC_TRANSPOSED: tl.constexpr):
     # (batch, head) on grid axis 0: b * h can pass the 65535 limit of axis 1
     bh = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -77,13 +72,12 @@ def _row_stats_kernel(Out, DO, Lse, Lse2, Delta, DQAcc, stride_ob, stride_om, st
 
 
 def row_stats(out: torch.Tensor, dout: torch.Tensor, lse: torch.Tensor, seqlen_q_pad: int,
-              dq_acc: torch.Tensor, transposed: bool, launch_dependents: bool = False):
+              dq_acc: torch.Tensor, transposed: bool):
     """(lse2, delta), float32 (b, h, seqlen_q_pad) each (views of one allocation); out/dout
     (b, s_q, h, d) with unit last stride, lse float32 (b, h, s_q) contiguous. Zeroes
     ``dq_acc``, the fp32 dQ workspace (b, h, seqlen_q_pad, d_pad), or (b, h, d_pad,
     seqlen_q_pad) when ``transposed``, d_pad = next_pow2(d), contiguous; seqlen_q_pad a
-    multiple of 64. ``launch_dependents``: the next kernel, launched with programmatic
-    dependent launch, may start while this pass runs (BwdConfig.pdl)."""
+    multiple of 64."""
     batch, seqlen_q, n_heads, head_dim = out.shape
     stats = torch.empty((2, batch, n_heads, seqlen_q_pad), dtype=torch.float32,
                         device=out.device)
@@ -91,7 +85,7 @@ def row_stats(out: torch.Tensor, dout: torch.Tensor, lse: torch.Tensor, seqlen_q
     block_m = 64
     stride_bh, stride_s, stride_d = workspace_strides(dq_acc, transposed)
     key = (out.shape, out.stride(), dout.stride(), out.dtype, dout.dtype, out.device,
-           seqlen_q_pad, dq_acc.shape, dq_acc.stride(), transposed, launch_dependents)
+           seqlen_q_pad, dq_acc.shape, dq_acc.stride(), transposed)
     tensors = (out, dout, lse, lse2, delta, dq_acc)
     _PLANS.launch(key, tensors, lambda: (
         _row_stats_kernel, (batch * n_heads, cdiv(seqlen_q_pad, block_m)), (
@@ -99,7 +93,7 @@ def row_stats(out: torch.Tensor, dout: torch.Tensor, lse: torch.Tensor, seqlen_q
             out.stride(2), dout.stride(0), dout.stride(1), dout.stride(2), stride_bh, stride_s,
             stride_d, n_heads, seqlen_q, seqlen_q_pad),
         dict(HEAD_DIM=head_dim, BLOCK_D=next_pow2(head_dim), BLOCK_M=block_m,
-             ACC_TRANSPOSED=transposed, LAUNCH_DEPENDENTS=launch_dependents)))
+             ACC_TRANSPOSED=transposed)))
     return lse2, delta
 
 

@@ -391,14 +391,6 @@ class BwdConfig:
     # longest tiles: with GQA a KV head's tile visits every query head's blocks, and the last
     # long tiles end the call alone (model: d 128 4:1 causal 8k 0.81 of ideal, cut 0.97).
     tile_split: bool = False
-    # d <= 128 (bwd_kernel.py): programmatic dependent launch (Hopper's griddepcontrol) on the
-    # row-statistics pass -> main kernel -> dQ conversion edges. The row-statistics pass lets
-    # the main kernel launch at once; its CTAs start (shared memory, barriers) while that pass
-    # drains and wait (griddepcontrol.wait, the whole CTA, before any load) for its results;
-    # the dQ conversion is launched the same way behind the main kernel. Exact: the same
-    # kernels, their launches overlapped (docs/fa4_comparison.md, hypothesis 7). Off until
-    # measured.
-    pdl: bool = False
 
     def smem_bytes(self, head_dim: int, elem: int = 2) -> int:
         head_dim = _box_width(head_dim)

@@ -168,7 +168,8 @@ _GQA_GROUPS = [(64, (4, 2048, 16, 4), 8), (128, (8, 1024, 16, 4), 11)]
 def test_gqa_longest_first_groups_match_head_major(d, shape, group):
     """The causal GQA default order (key block 0 of every KV head in a group first) computes
     the head-major order's function: dK / dV bitwise (each tile's work is the same), dQ up to
-    the order of its fp32 adds; and the group size really is the modelled one."""
+    the order of its fp32 adds; and the group size really is the modelled one. Whole tiles
+    (tile_split off: cut tiles are test_tile_split_matches_whole_tiles')."""
     from flashattn.backends.sm90 import bwd
     from flashattn.backends.sm90.descriptors import heads_per_group
     from flashattn.backends.sm90.tile_order import backward_level_costs, modelled_group
@@ -176,12 +177,12 @@ def test_gqa_longest_first_groups_match_head_major(d, shape, group):
     b, s, h, h_k = shape
     q, k, v = _inputs(b, s, s, h, h_k, d, torch.bfloat16)
     params = _params(d, True)
-    cfg = bwd.padded_config(q, k, -1, 0, 0.0, False, {})
+    cfg = bwd.padded_config(q, k, -1, 0, 0.0, False, {"tile_split": False})
     assert cfg.longest_first and cfg.head_groups == 2
     budget = heads_per_group(b * h_k, 2 * s * d * 2 * (h // h_k))
     costs = backward_level_costs(s, s, cfg.block_m, cfg.block_n, -1, 0)
     assert modelled_group(costs, b * h_k, budget, 132) == group < min(budget, b * h_k)
-    grads, dout = _run(q, k, v, params)
+    grads, dout = _run(q, k, v, params, tile_split=False)
     head_major, _ = _run(q, k, v, params, dout=dout, longest_first=False)
     assert torch.equal(grads[1], head_major[1]) and torch.equal(grads[2], head_major[2])
     assert not torch.isnan(grads[0]).any()

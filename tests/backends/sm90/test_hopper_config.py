@@ -571,8 +571,8 @@ def test_gqa_backward_walks_modelled_longest_first_groups():
 
 
 def test_tile_split_plan_and_the_host_sum():
-    """BwdConfig.tile_split: bwd.split_blocks cuts key blocks only for an even GQA group in
-    the longest-first order of one CTA per tile (host values: on CPU the model sees 16 SMs);
+    """BwdConfig.tile_split (on for causal GQA calls): bwd.split_blocks cuts key blocks only
+    for an even GQA group in the longest-first order of one CTA per tile (host values: on CPU the model sees 16 SMs);
     split_workspace's shape; add_split_parts writes part 0 + part 1, cast, into the cut keys'
     rows of dk / dv and nothing else."""
     from flashattn.backends.sm90 import bwd
@@ -588,7 +588,11 @@ def test_tile_split_plan_and_the_host_sum():
     split = bwd.split_blocks(on, q, k4, -1, 0)
     assert 0 < split <= 2048 // on.block_n
     assert bwd.split_blocks(on, long_q, long_k, -1, 0) == 0
-    assert bwd.split_blocks(bwd.padded_config(q, k4, -1, 0, 0.0, False, {}), q, k4, -1, 0) == 0
+    # on by default with the causal GQA rule's longest-first order; off when asked
+    assert bwd.padded_config(q, k4, -1, 0, 0.0, False, {}) == on
+    off = bwd.padded_config(q, k4, -1, 0, 0.0, False, {"tile_split": False})
+    assert off.longest_first and bwd.split_blocks(off, q, k4, -1, 0) == 0
+    assert not bwd.padded_config(q, k4, 100, 0, 0.0, False, {}).tile_split  # a left window
     assert bwd.split_blocks(on, q, q, -1, 0) == 0  # MHA: no group to cut
     assert bwd.split_blocks(on, q[:, :, :3], k3, -1, 0) == 0  # 3:1, odd
     persistent = bwd_config(128, masked=True, tile_split=True, longest_first=True,

@@ -132,7 +132,7 @@ def _split_blocks(cfg: BwdConfig, q_shape: Tuple[int, ...], k_shape: Tuple[int, 
     split, _ = split_key_blocks(
         backward_level_costs(seqlen_q, seqlen_k, cfg.block_m, cfg.block_n, window_left,
                              window_right),
-        group_size, n_bh_k, budget, n_sms)
+        group_size, n_bh_k, budget, n_sms, padded_head_dim(head_dim) / 64)
     return split
 
 
@@ -268,7 +268,7 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
         _, group = split_key_blocks(
             backward_level_costs(seqlen_q, seqlen_k, cfg.block_m, cfg.block_n, window_left,
                                  window_right),
-            group_size, n_bh_k, budget, sm_count(k.device))
+            group_size, n_bh_k, budget, sm_count(k.device), padded_head_dim(head_dim) / 64)
     else:
         group = head_group(cfg.head_groups, n_bh_k, budget,
                            None if cu_seqlens is not None else lambda: backward_level_costs(

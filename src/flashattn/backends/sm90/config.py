@@ -390,6 +390,8 @@ class BwdConfig:
     # the host adds in a fixed order (bwd.add_split_parts). Under a causal mask those are the
     # longest tiles: with GQA a KV head's tile visits every query head's blocks, and the last
     # long tiles end the call alone (model: d 128 4:1 causal 8k 0.81 of ideal, cut 0.97).
+    # bwd_config turns it on with the longest-first order of causal GQA calls
+    # (GQA_LONGEST_FIRST; measured 1.03-1.31x where the model cuts).
     tile_split: bool = False
 
     def smem_bytes(self, head_dim: int, elem: int = 2) -> int:
@@ -485,6 +487,10 @@ def bwd_config(head_dim: int, masked: bool = True, deterministic: bool = False,
 # 3 and 5 interleaved rounds, dK / dV bitwise equal): d 64 causal 2k / 8k / 16k 1.08-1.09 /
 # 1.10 / 0.99-1.02, d 128 1.06 / 0.99-1.00 / 1.00-1.02. MHA stays head-major: 0.99-1.03
 # there (the model's +3-6 % at d 128 did not show; presumably L2, which head-major favours).
+# With an even group the longest key tiles are cut in two by query heads where
+# tile_order.split_key_blocks models a gain (BwdConfig.tile_split). H100, 2026-12-07
+# (bwd_config_ab.py, 3 interleaved rounds, causal 2k / 4k / 8k), cut / whole: d 128 8:1
+# 1.31 / 1.31 / 1.31, 4:1 (no cut at 2k) 1.03 / 1.10; d 64 8:1 1.09 / 1.16 / 1.16, 4:1 no cut.
 GQA_LONGEST_FIRST = (64, 128)
 
 
@@ -516,7 +522,8 @@ def _bwd_config(head_dim: int, masked: bool, overrides: Dict[str, Any],
     if (gqa_causal and masked and head_dim in GQA_LONGEST_FIRST and not cfg.deterministic
             and not cfg.persistent and "longest_first" not in overrides):
         cfg = replace(cfg, longest_first=True,
-                      head_groups=cfg.head_groups if "head_groups" in overrides else 2)
+                      head_groups=cfg.head_groups if "head_groups" in overrides else 2,
+                      tile_split=cfg.tile_split if "tile_split" in overrides else True)
     _check_head_groups(cfg, overrides)
     if (head_dim == 64 and not softcap and not short_seqs and not cfg.deterministic
             and "block_m" not in overrides):

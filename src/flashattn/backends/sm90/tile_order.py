@@ -122,12 +122,16 @@ def backward_level_costs(seqlen_q: int, seqlen_k: int, block_m: int, block_n: in
 
 
 # BwdConfig.tile_split's model, in the level costs' unit (one query block of one query head
-# against the tile's keys: ~10 MFLOP at d = 64 / 128, ~3 us of one SM at 450 TFLOP/s): a
-# part of a cut key block pays its own prologue (K / V loads, one unit as for every tile)
-# and an fp32 epilogue of twice a whole tile's bytes (128 KiB more at d = 128, ~1.5 units
-# when every SM stores at once); the host's sum of the two parts reads 4 fp32 tiles and
-# writes 2 16-bit ones (~320 KiB at d = 128, ~0.1 us at the GPU's bandwidth, ~4 units of SM
-# time) per cut (key block, KV head), spread over every SM in the model
+# against the tile's keys: ~10 MFLOP at d = 64 / 128, ~3 us of one SM at 450 TFLOP/s), per
+# 64 head-dim columns (the bytes below grow with d): a part of a cut key block pays its own
+# prologue (K / V loads, one unit as for every tile) and an fp32 epilogue of twice a whole
+# tile's bytes (~1.5 units per 64 columns when every SM stores at once); the host's sum of
+# the two parts reads 4 fp32 tiles and writes 2 16-bit ones per cut (key block, KV head)
+# (~4 units per 64 columns of SM time), spread over every SM in the model. Measured on the
+# H100 (2026-12-07, causal, 16k tokens, hidden 2048, 2k / 4k / 8k): d 64 8:1 1.09 / 1.16 /
+# 1.16 against the modelled 1.07 / 1.16 / 1.20; d 128 8:1 1.31 / 1.31 / 1.31 (model 1.22 /
+# 1.27 / 1.45), 4:1 0.985 / 1.03 / 1.10 (model with these costs: no cut / 1.10 / 1.17; with
+# the d = 64 costs at d = 128 it cut at 2k too, and lost 1.5 %)
 _PART_EXTRA = 1.5
 _SUM_PER_CUT = 4.0
 # cut only where the modelled end moves by more than this share (the model has no L2 and
@@ -135,16 +139,17 @@ _SUM_PER_CUT = 4.0
 _SPLIT_MIN_GAIN = 0.03
 
 
-def split_levels(level_costs: Sequence[float], group_size: int,
-                 split: int) -> Tuple[float, ...]:
+def split_levels(level_costs: Sequence[float], group_size: int, split: int,
+                 width: float = 1.0) -> Tuple[float, ...]:
     """Tile costs in ``tiles.split_key_coords``' order: ``level_costs`` (per key block, one
     query head's query blocks plus one) scaled to the group's ``group_size`` query heads, the
-    first ``split`` key blocks as two tiles of half the heads each."""
+    first ``split`` key blocks as two tiles of half the heads each (``width``: the padded
+    head dim / 64, what the parts' fp32 epilogue scales with)."""
     costs = []
     for j, cost in enumerate(level_costs):
         visits = cost - 1.0
         if j < split:
-            part = visits * (group_size // 2) + 1.0 + _PART_EXTRA
+            part = visits * (group_size // 2) + 1.0 + _PART_EXTRA * width
             costs += [part, part]
         else:
             costs.append(visits * group_size + 1.0)
@@ -153,13 +158,14 @@ def split_levels(level_costs: Sequence[float], group_size: int,
 
 @functools.lru_cache(maxsize=256)
 def split_key_blocks(level_costs: Tuple[float, ...], group_size: int, n_pairs: int,
-                     budget: int, n_sms: int) -> Tuple[int, int]:
+                     budget: int, n_sms: int, width: float = 1.0) -> Tuple[int, int]:
     """(key blocks to cut, group size) for BwdConfig.tile_split: the first key blocks of each
     (batch, KV head) cut into two tiles over half the GQA group's query heads each, as many
     as make the list schedule end first (the sum pass charged per cut), the group size
     modelled for each candidate as ``modelled_group`` does. No cut (0) unless it gains
     _SPLIT_MIN_GAIN; always 0 for an odd group. Candidates: 0, powers of two, and every
-    eighth of the key blocks; cached per call shape."""
+    eighth of the key blocks; ``width``: the padded head dim / 64 (the cut's bytes scale
+    with it); cached per call shape."""
     whole = split_levels(level_costs, group_size, 0)
     group = modelled_group(whole, n_pairs, budget, n_sms)
     if group_size < 2 or group_size % 2:
@@ -172,10 +178,10 @@ def split_key_blocks(level_costs: Tuple[float, ...], group_size: int, n_pairs: i
     candidates = {1 << i for i in range(n_blocks.bit_length()) if 1 << i <= n_blocks}
     candidates.update(max(1, n_blocks * i // 8) for i in range(1, 9))
     for split in sorted(candidates):
-        costs = split_levels(level_costs, group_size, split)
+        costs = split_levels(level_costs, group_size, split, width)
         g = modelled_group(costs, n_pairs, budget, n_sms)
         end = (makespan(costs, n_pairs, g, n_sms)
-               + _SUM_PER_CUT * split * n_pairs / n_sms)
+               + _SUM_PER_CUT * width * split * n_pairs / n_sms)
         if end < best[2]:
             best = (split, g, end)
     if best[2] > (1.0 - _SPLIT_MIN_GAIN) * base_end:

@@ -4,19 +4,23 @@ Every rank holds, for every document of length n, its chunks ``rank`` and
 ``2 * world - 1 - rank`` of ``2 * world`` (``n / (2 * world)`` tokens each): the local
 ``cu_seqlens`` is the same on every rank and every rank has the same causal work whatever the
 mix of lengths. At ring step t the block in hand comes from rank ``src = (rank - t) % world``,
-and under a causal mask the three zigzag cases hold for every document at once, so one varlen
-kernel call per step covers every document:
+and under a causal mask the three zigzag cases hold for every document at once, so each step's
+kernel calls cover every document:
 
 - t = 0: the local queries against the local keys, causal;
 - src < rank: every local query against the *early* chunk of each document's keys (the late
   chunk lies after both query chunks);
 - src > rank: the *late* query chunk of each document against all its keys.
 
-The early key chunks are never gathered: a document's early chunk is the first half of its
-local rows, so the calls take the block as it is with ``seqused_k`` = the half lengths (the
-kernels read only those keys, and give dK / dV = 0 past them). The late query chunks are
-gathered into packed tensors (rows of O(n d), against the O(n^2 d) of the attention). Without
-a causal mask every step is one full varlen call.
+The causal ring works on the query *halves*: each document's early chunk, packed after the
+previous document's, and its late chunk likewise (dO, Q, O and lse gathered once per call;
+outputs and dQ summed per half and put back in the local row order once, at the end). A step
+that sees the late chunks then reads one whole tensor and adds into a row range, where the
+local order would gather the rows and add by index at every such step; steps that see both
+halves run one kernel call per half. The early key chunks are never gathered: a document's
+early chunk is the first half of its local rows, so the calls take the block as it is with
+``seqused_k`` = the half lengths (the kernels read only those keys, and give dK / dV = 0 past
+them). Without a causal mask every step is one full varlen call.
 
 Sliding windows and ALiBi cut each document's band at offsets that scale with its length, so
 those rings run the calls :mod:`flashattn.parallel.doc_blocks` plans per document length
@@ -111,58 +115,104 @@ def _case(step: int, ring: Ring, causal: bool) -> str:
 
 def varlen_forward(q: Tensor, k: Tensor, v: Tensor, lay: VarlenLayout, opt: _Options,
                    ring: Ring) -> Tuple[Tensor, Tensor]:
-    """out (total, h, d_v) in q's dtype and lse (h, total) float32 of the local rows. The
-    local block's output (every row) is the running sum as it is (see
-    :func:`ready_to_merge` for its dtype)."""
+    """out (total, h, d_v) in q's dtype and lse (h, total) float32 of the local rows."""
+    if opt.causal:
+        return _causal_forward(q, k, v, lay, opt, ring)
     acc: list = []  # [out, lse] after step 0
 
     def compute(step: int, k_blk: Tensor, v_blk: Tensor) -> None:
-        case = _case(step, ring, opt.causal)
-        if case == "late_queries":
-            o_b, lse_b = _fwd(q[lay.late], k_blk, v_blk, lay.cu_half, lay.cu_local,
-                              lay.max_half, lay.max_local, False, opt)
-        elif case == "early_keys":  # (each document's first local half: seqused_k)
-            o_b, lse_b = _fwd(q, k_blk, v_blk, lay.cu_local, lay.cu_local, lay.max_local,
-                              lay.max_local, False, opt, lay.used_half)
-        else:
-            o_b, lse_b = _fwd(q, k_blk, v_blk, lay.cu_local, lay.cu_local, lay.max_local,
-                              lay.max_local, case == "diagonal", opt)
-        if step == 0:  # the local block: every row
+        o_b, lse_b = _fwd(q, k_blk, v_blk, lay.cu_local, lay.cu_local, lay.max_local,
+                          lay.max_local, False, opt)
+        if step == 0:  # the local block: every row (the running sum as it is: ready_to_merge)
             acc.extend((o_b, lse_b))
             return
         acc[0] = ready_to_merge(acc[0], step + 1 == ring.world)
-        out, lse = acc
-        if case == "late_queries":  # the late rows gathered, merged, put back
-            rows, rows_lse = out[lay.late], lse[:, lay.late]
-            merge_varlen_into(rows, rows_lse, o_b, lse_b)
-            out.index_copy_(0, lay.late, rows)
-            lse.index_copy_(1, lay.late, rows_lse)
-        else:
-            merge_varlen_into(out, lse, o_b, lse_b)
+        merge_varlen_into(acc[0], acc[1], o_b, lse_b)
 
     run_forward((k.contiguous(), v.contiguous()), ring.world, ring, compute)
     return acc[0].to(q.dtype), acc[1]
 
 
+class _Halves(NamedTuple):
+    """A causal ring's local rows as two packed tensors: each document's early chunk
+    (``lay.early``) and its late chunk (``lay.late``), every document's chunk in order, so a
+    step that sees one chunk of every document reads a whole tensor, not gathered rows."""
+
+    early: Tensor
+    late: Tensor
+
+
+def _halves(x: Tensor, lay: VarlenLayout, dim: int = 0) -> _Halves:
+    """``x``'s rows (along ``dim``) split into the early and late chunks (two gathers, once
+    per call of the ring)."""
+    return _Halves(x.index_select(dim, lay.early), x.index_select(dim, lay.late))
+
+
+def _unsplit(early: Tensor, late: Tensor, lay: VarlenLayout, dim: int = 0) -> Tensor:
+    """The inverse of :func:`_halves`: the local row order (each document's two chunks)."""
+    shape = list(early.shape)
+    shape[dim] = early.shape[dim] + late.shape[dim]
+    out = torch.empty(shape, dtype=early.dtype, device=early.device)
+    out.index_copy_(dim, lay.early, early)
+    out.index_copy_(dim, lay.late, late)
+    return out
+
+
+def _causal_forward(q: Tensor, k: Tensor, v: Tensor, lay: VarlenLayout, opt: _Options,
+                    ring: Ring) -> Tuple[Tensor, Tensor]:
+    """:func:`varlen_forward` under a causal mask, on the query halves (:class:`_Halves`):
+    step 0 the early chunks against their own keys (``seqused_k``, causal) and the late
+    chunks against both (causal, bottom-right aligned per document); a block from a lower
+    rank both halves against its early key chunks; one from a higher rank the late halves
+    against all its keys. Each half keeps its running output and lse; the local row order
+    comes back once, at the end."""
+    qh = _halves(q, lay)
+    acc: list = []  # [(out, lse) of the early half, (out, lse) of the late half]
+
+    def half_call(x: Tensor, k_blk: Tensor, v_blk: Tensor, causal: bool, early_keys: bool):
+        return _fwd(x, k_blk, v_blk, lay.cu_half, lay.cu_local, lay.max_half, lay.max_local,
+                    causal, opt, lay.used_half if early_keys else None)
+
+    def merge(i: int, o_b: Tensor, lse_b: Tensor, last: bool) -> None:
+        out = ready_to_merge(acc[i][0], last)
+        merge_varlen_into(out, acc[i][1], o_b, lse_b)
+        acc[i] = (out, acc[i][1])
+
+    def compute(step: int, k_blk: Tensor, v_blk: Tensor) -> None:
+        case = _case(step, ring, True)
+        last = step + 1 == ring.world
+        if case == "diagonal":
+            acc.append(half_call(qh.early, k_blk, v_blk, True, True))
+            acc.append(half_call(qh.late, k_blk, v_blk, True, False))
+        elif case == "early_keys":
+            merge(0, *half_call(qh.early, k_blk, v_blk, False, True), last)
+            merge(1, *half_call(qh.late, k_blk, v_blk, False, True), last)
+        else:  # late_queries
+            merge(1, *half_call(qh.late, k_blk, v_blk, False, False), last)
+
+    run_forward((k.contiguous(), v.contiguous()), ring.world, ring, compute)
+    (out_e, lse_e), (out_l, lse_l) = acc
+    return (_unsplit(out_e.to(q.dtype), out_l.to(q.dtype), lay),
+            _unsplit(lse_e, lse_l, lay, dim=1))
+
+
 def varlen_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                     lay: VarlenLayout, opt: _Options, ring: Ring
                     ) -> Tuple[Tensor, Tensor, Tensor]:
+    if opt.causal:
+        return _causal_backward(dout, q, k, v, out, lse, lay, opt, ring)
     dq = RowSum(q.shape, q.device, dim=0)
 
-    def grads(rows: Optional[Tensor], early_keys: bool, k_blk: Tensor, v_blk: Tensor,
-              causal: bool) -> Callable:
+    def grads(rows: Optional[Tensor], k_blk: Tensor, v_blk: Tensor) -> Callable:
         """The gradients of the local query rows ``rows`` (None: every row; else ``lay.early``
-        / ``lay.late``, one chunk of every document, gathered) against the keys of the block in
-        hand (``early_keys``: each document's early chunk, by ``seqused_k``, so dK / dV come
-        back block-shaped with zeros past it), and their ``add`` into dQ and the block's
-        accumulators."""
+        / ``lay.late``, one chunk of every document, gathered) against every key of the block
+        in hand, and their ``add`` into dQ and the block's accumulators."""
         pick = (lambda x: x if rows is None else x.index_select(0, rows))
         cu_q, max_q = ((lay.cu_local, lay.max_local) if rows is None
                        else (lay.cu_half, lay.max_half))
         dq_b, dk_b, dv_b = _bwd(pick(dout), pick(q), k_blk, v_blk, pick(out),
                                 lse if rows is None else lse[:, rows].contiguous(),
-                                cu_q, lay.cu_local, max_q, lay.max_local, causal, opt,
-                                lay.used_half if early_keys else None)
+                                cu_q, lay.cu_local, max_q, lay.max_local, False, opt)
 
         def add(dk_acc: RowSum, dv_acc: RowSum) -> None:
             if rows is None:
@@ -173,25 +223,53 @@ def varlen_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
             dv_acc.add(0, dv_b)
         return add
 
-    def compute(step: int, k_blk: Tensor, v_blk: Tensor) -> Callable:
-        case = _case(step, ring, opt.causal)
-        if case == "late_queries":
-            return grads(lay.late, False, k_blk, v_blk, False)
-        if case == "early_keys":
-            return grads(None, True, k_blk, v_blk, False)
-        return grads(None, False, k_blk, v_blk, False)
-
-    # the local block in two parts (see run_backward): the early query chunks against the
-    # early key chunks (causal) or all keys, then the late query chunks against all keys (the
-    # causal mask, bottom-right aligned per document, keeps the late chunk's own diagonal)
-    def own_first(k_own: Tensor, v_own: Tensor) -> Callable:
-        return grads(lay.early, opt.causal, k_own, v_own, opt.causal)
-
-    def own_last(k_own: Tensor, v_own: Tensor) -> Callable:
-        return grads(lay.late, False, k_own, v_own, opt.causal)
-
-    dk, dv = run_backward(k, v, ring.world, ring, compute, own_first, own_last, row_dim=0)
+    # the local block in two parts (see run_backward): the early query chunks, then the late
+    dk, dv = run_backward(k, v, ring.world, ring, lambda step, *kv: grads(None, *kv),
+                          lambda *kv: grads(lay.early, *kv), lambda *kv: grads(lay.late, *kv),
+                          row_dim=0)
     return dq.tensor().to(q.dtype), dk, dv
+
+
+def _causal_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                     lay: VarlenLayout, opt: _Options, ring: Ring
+                     ) -> Tuple[Tensor, Tensor, Tensor]:
+    """:func:`varlen_backward` under a causal mask, on the query halves (:class:`_Halves`)
+    of dO, Q, O and lse, gathered once; dQ summed per half (row ranges, no index adds) and
+    put back in the local row order at the end. The local block in two parts (see
+    run_backward): the early halves against their own keys (causal), then the late halves
+    against all keys (causal, bottom-right aligned per document)."""
+    dh, qh, oh = _halves(dout, lay), _halves(q, lay), _halves(out, lay)
+    lh = _halves(lse, lay, dim=1)
+    dq = (RowSum(qh.early.shape, q.device, dim=0), RowSum(qh.late.shape, q.device, dim=0))
+
+    def half_grads(i: int, k_blk: Tensor, v_blk: Tensor, causal: bool, early_keys: bool):
+        """Half ``i`` (0 early, 1 late) of every document's local queries against the block
+        in hand's keys (``early_keys``: each document's early chunk, by ``seqused_k``, so dK /
+        dV come back block-shaped with zeros past it)."""
+        return _bwd(dh[i], qh[i], k_blk, v_blk, oh[i], lh[i], lay.cu_half, lay.cu_local,
+                    lay.max_half, lay.max_local, causal, opt,
+                    lay.used_half if early_keys else None)
+
+    def grads(parts) -> Callable:
+        """The calls ``parts`` ((half, dq, dk, dv) each) and their ``add``."""
+        def add(dk_acc: RowSum, dv_acc: RowSum) -> None:
+            for i, dq_b, dk_b, dv_b in parts:
+                dq[i].add(0, dq_b)
+                dk_acc.add(0, dk_b)
+                dv_acc.add(0, dv_b)
+        return add
+
+    def compute(step: int, k_blk: Tensor, v_blk: Tensor) -> Callable:
+        if _case(step, ring, True) == "late_queries":
+            return grads([(1, *half_grads(1, k_blk, v_blk, False, False))])
+        return grads([(i, *half_grads(i, k_blk, v_blk, False, True)) for i in (0, 1)])
+
+    dk, dv = run_backward(
+        k, v, ring.world, ring, compute,
+        lambda k_own, v_own: grads([(0, *half_grads(0, k_own, v_own, True, True))]),
+        lambda k_own, v_own: grads([(1, *half_grads(1, k_own, v_own, True, False))]),
+        row_dim=0)
+    return (_unsplit(dq[0].tensor().to(q.dtype), dq[1].tensor().to(q.dtype), lay), dk, dv)
 
 
 class _Band(NamedTuple):

@@ -17,8 +17,9 @@ import torch
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from flashattn.backends.sm90.bwd_postprocess import (DQT_SEQ_ALIGN, dq_from_packed_workspace,
-                                            dq_from_workspace, packed_dq_t_columns)
+from flashattn.backends.sm90.bwd_postprocess import (DQT_SEQ_ALIGN, add_split_parts,
+                                            dq_from_packed_workspace, dq_from_workspace,
+                                            packed_dq_t_columns)
 from flashattn.backends.sm90.bwd_preprocess import row_stats
 from flashattn.backends.sm90.config import (BwdConfig, bwd_config, ordered_dq_unsupported,
                                             short_packed_seqs)
@@ -142,16 +143,6 @@ def split_workspace(k: torch.Tensor, cfg: BwdConfig, split: int) -> torch.Tensor
     batch, _, n_heads_k, head_dim = k.shape
     return torch.empty((2, 2, batch, split * cfg.block_n, n_heads_k, head_dim),
                        dtype=torch.float32, device=k.device)
-
-
-def add_split_parts(split_ws: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> None:
-    """dk / dv of the cut key blocks: part 0 + part 1 of ``split_ws`` (split_workspace; one
-    fixed order, so the result is the same on every run), cast to dk / dv's dtype, into the
-    first rows (keys) the kernel left unwritten."""
-    rows = min(split_ws.shape[3], dk.shape[1])
-    sums = torch.add(split_ws[:, 0, :, :rows], split_ws[:, 1, :, :rows])
-    dk[:, :rows].copy_(sums[0])
-    dv[:, :rows].copy_(sums[1])
 
 
 def _n_tiles(cfg: BwdConfig, k: torch.Tensor) -> int:

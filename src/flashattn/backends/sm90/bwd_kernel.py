@@ -671,8 +671,8 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
     half the group's query heads (tiles.split_key_coords: the grid has (n_key_blocks +
     split_blocks) * n_bh_k CTAs), their dK * softmax_scale / dV fp32 into ``split_ws``
     (2, 2, b, split_blocks * BLOCK_N, h_k, HEAD_DIM): [0, part] dK, [1, part] dV; the host
-    adds the two parts into dk / dv (bwd.add_split_parts). split_blocks 0 and split_ws any
-    pointer otherwise.
+    adds the two parts into dk / dv (bwd_postprocess.add_split_parts). split_blocks 0 and
+    split_ws any pointer otherwise.
     """
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
     k_smem = gl.allocate_shared_memory(k_desc.dtype, k_desc.block_type.shape, k_desc.layout)

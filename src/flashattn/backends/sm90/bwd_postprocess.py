@@ -8,7 +8,9 @@ transposed d = 256 workspace (H100, benchmarks/NOTES.md), against cuDNN's 74 us 
 the same bytes. Here each program moves a [BLOCK_S, BLOCK_D] tile; Triton gives the load and
 the store each a coalesced layout (along s or d) and transposes through shared memory.
 Packed (varlen) calls of the wide kernel place each sequence's dQ^T columns on a 16-byte
-boundary (``dq_from_packed_workspace`` maps them back).
+boundary (``dq_from_packed_workspace`` maps them back). Key tiles cut in two by query heads
+(``BwdConfig.tile_split``) leave two fp32 partial dK / dV; ``add_split_parts`` adds them and
+writes the result in dk / dv's dtype, in one pass.
 """
 from __future__ import annotations
 
@@ -134,6 +136,44 @@ def dq_from_packed_workspace(dq_acc: torch.Tensor, q: torch.Tensor,
     return dq
 
 
-# launch plans by call shape (runtime/launch.py); slots: the workspace, dq (and the offsets)
+@triton.jit
+def _split_sum_kernel(WS, DK, DV, grad_stride, part_stride, ws_batch_stride, out_batch_stride,
+                      n, BLOCK: tl.constexpr):
+    # program (chunk, batch): elements [chunk * BLOCK, + BLOCK) of the batch's n cut-key
+    # elements, contiguous in the workspace's parts and in dk / dv alike
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < n
+    batch = tl.program_id(1).to(tl.int64)
+    src = WS + batch * ws_batch_stride + offs
+    dst = batch * out_batch_stride + offs
+    # part 0 + part 1, that order, in fp32; one rounding to the gradients' dtype
+    dk = tl.load(src, mask=ok) + tl.load(src + part_stride, mask=ok)
+    dv = tl.load(src + grad_stride, mask=ok) + tl.load(src + grad_stride + part_stride, mask=ok)
+    tl.store(DK + dst, dk.to(DK.dtype.element_ty), mask=ok)
+    tl.store(DV + dst, dv.to(DV.dtype.element_ty), mask=ok)
+
+
+def add_split_parts(split_ws: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> None:
+    """dk / dv of the cut key blocks: part 0 + part 1 of ``split_ws`` (fp32 (2, 2, b, rows,
+    h_k, d), contiguous: [0, part] dK, [1, part] dV; one fixed order, so the result is the
+    same on every run), cast to dk / dv's dtype, into their first min(rows, s_k) keys (the
+    rows the kernel left unwritten). dk / dv (b, s_k, h_k, d) contiguous. One pass: the two
+    parts read once, the gradients written once."""
+    batch, seqlen_k, n_heads_k, head_dim = dk.shape
+    n = min(split_ws.shape[3], seqlen_k) * n_heads_k * head_dim
+    if n == 0 or batch == 0:
+        return
+    block = 2048
+    key = (split_ws.shape, dk.shape, dk.dtype, dk.device)
+    _SPLIT_PLANS.launch(key, (split_ws, dk, dv), lambda: (
+        _split_sum_kernel, (cdiv(n, block), batch), (
+            split_ws, dk, dv, split_ws.stride(0), split_ws.stride(1), split_ws.stride(2),
+            dk.stride(0), n),
+        dict(BLOCK=block, num_warps=8)))
+
+
+# launch plans by call shape (runtime/launch.py); slots: the workspace, dq (and the offsets);
+# the split workspace, dk, dv
 _PLANS = LaunchPlans(slots=(0, 1))
 _PACKED_PLANS = LaunchPlans(slots=(0, 1, 2))
+_SPLIT_PLANS = LaunchPlans(slots=(0, 1, 2))

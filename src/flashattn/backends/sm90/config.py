@@ -387,9 +387,10 @@ class BwdConfig:
     # an even GQA group (d <= 128, bwd_kernel.py): the first key blocks of every (batch, KV
     # head), as many as tile_order.split_key_blocks models worth it, run as two tiles over
     # half the group's query heads each; their fp32 partial dK / dV go to a workspace that
-    # the host adds in a fixed order (bwd.add_split_parts). Under a causal mask those are the
-    # longest tiles: with GQA a KV head's tile visits every query head's blocks, and the last
-    # long tiles end the call alone (model: d 128 4:1 causal 8k 0.81 of ideal, cut 0.97).
+    # the host adds in a fixed order (bwd_postprocess.add_split_parts). Under a causal mask
+    # those are the longest tiles: with GQA a KV head's tile visits every query head's
+    # blocks, and the last long tiles end the call alone (model: d 128 4:1 causal 8k 0.81 of
+    # ideal, cut 0.97).
     # bwd_config turns it on with the longest-first order of causal GQA calls
     # (GQA_LONGEST_FIRST; measured 1.03-1.31x where the model cuts).
     tile_split: bool = False

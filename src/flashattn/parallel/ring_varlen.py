@@ -16,8 +16,10 @@ The causal ring works on the query *halves*: each document's early chunk, packed
 previous document's, and its late chunk likewise (dO, Q, O and lse gathered once per call;
 outputs and dQ summed per half and put back in the local row order once, at the end). A step
 that sees the late chunks then reads one whole tensor and adds into a row range, where the
-local order would gather the rows and add by index at every such step; steps that see both
-halves run one kernel call per half. The early key chunks are never gathered: a document's
+local order would gather the rows and add by index at every such step. Steps that see both
+halves run one kernel call per half in the forward, one call in the local order in the
+backward (whose dK / dV sums would otherwise take two adds). The early key chunks are never
+gathered: a document's
 early chunk is the first half of its local rows, so the calls take the block as it is with
 ``seqused_k`` = the half lengths (the kernels read only those keys, and give dK / dV = 0 past
 them). Without a causal mask every step is one full varlen call.
@@ -233,14 +235,18 @@ def varlen_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
 def _causal_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                      lay: VarlenLayout, opt: _Options, ring: Ring
                      ) -> Tuple[Tensor, Tensor, Tensor]:
-    """:func:`varlen_backward` under a causal mask, on the query halves (:class:`_Halves`)
-    of dO, Q, O and lse, gathered once; dQ summed per half (row ranges, no index adds) and
-    put back in the local row order at the end. The local block in two parts (see
-    run_backward): the early halves against their own keys (causal), then the late halves
-    against all keys (causal, bottom-right aligned per document)."""
+    """:func:`varlen_backward` under a causal mask. The calls that see one half of every
+    document's queries (the local block's two parts, see run_backward: the early halves
+    against their own keys, then the late halves against all keys, both causal; the late
+    halves against a block from a higher rank) run on the query halves (:class:`_Halves`)
+    of dO, Q, O and lse, gathered once, and add dQ per half by row range. A block from a
+    lower rank meets every local query (against its early key chunks): one call in the local
+    order, its dQ in a local-order sum (two half calls would add dK / dV into the block's
+    sums twice). The sums meet once, at the end."""
     dh, qh, oh = _halves(dout, lay), _halves(q, lay), _halves(out, lay)
     lh = _halves(lse, lay, dim=1)
-    dq = (RowSum(qh.early.shape, q.device, dim=0), RowSum(qh.late.shape, q.device, dim=0))
+    dq_half = (RowSum(qh.early.shape, q.device, dim=0), RowSum(qh.late.shape, q.device, dim=0))
+    dq_local: list = []  # the local-order dQ sum, made by the first early-keys step
 
     def half_grads(i: int, k_blk: Tensor, v_blk: Tensor, causal: bool, early_keys: bool):
         """Half ``i`` (0 early, 1 late) of every document's local queries against the block
@@ -250,26 +256,35 @@ def _causal_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
                     lay.max_half, lay.max_local, causal, opt,
                     lay.used_half if early_keys else None)
 
-    def grads(parts) -> Callable:
-        """The calls ``parts`` ((half, dq, dk, dv) each) and their ``add``."""
+    def added(dq_sum: RowSum, dq_b: Tensor, dk_b: Tensor, dv_b: Tensor) -> Callable:
+        """The ``add`` of one call's gradients into ``dq_sum`` and the block's sums."""
         def add(dk_acc: RowSum, dv_acc: RowSum) -> None:
-            for i, dq_b, dk_b, dv_b in parts:
-                dq[i].add(0, dq_b)
-                dk_acc.add(0, dk_b)
-                dv_acc.add(0, dv_b)
+            dq_sum.add(0, dq_b)
+            dk_acc.add(0, dk_b)
+            dv_acc.add(0, dv_b)
         return add
 
     def compute(step: int, k_blk: Tensor, v_blk: Tensor) -> Callable:
         if _case(step, ring, True) == "late_queries":
-            return grads([(1, *half_grads(1, k_blk, v_blk, False, False))])
-        return grads([(i, *half_grads(i, k_blk, v_blk, False, True)) for i in (0, 1)])
+            return added(dq_half[1], *half_grads(1, k_blk, v_blk, False, False))
+        if not dq_local:
+            dq_local.append(RowSum(q.shape, q.device, dim=0))
+        return added(dq_local[0], *_bwd(dout, q, k_blk, v_blk, out, lse, lay.cu_local,
+                                        lay.cu_local, lay.max_local, lay.max_local, False,
+                                        opt, lay.used_half))
 
     dk, dv = run_backward(
         k, v, ring.world, ring, compute,
-        lambda k_own, v_own: grads([(0, *half_grads(0, k_own, v_own, True, True))]),
-        lambda k_own, v_own: grads([(1, *half_grads(1, k_own, v_own, True, False))]),
+        lambda k_own, v_own: added(dq_half[0], *half_grads(0, k_own, v_own, True, True)),
+        lambda k_own, v_own: added(dq_half[1], *half_grads(1, k_own, v_own, True, False)),
         row_dim=0)
-    return (_unsplit(dq[0].tensor().to(q.dtype), dq[1].tensor().to(q.dtype), lay), dk, dv)
+    if not dq_local:  # (no block from a lower rank: rank 0)
+        return (_unsplit(dq_half[0].tensor().to(q.dtype), dq_half[1].tensor().to(q.dtype),
+                         lay), dk, dv)
+    dq = dq_local[0].tensor()
+    dq.index_add_(0, lay.early, dq_half[0].tensor())
+    dq.index_add_(0, lay.late, dq_half[1].tensor())
+    return dq.to(q.dtype), dk, dv
 
 
 class _Band(NamedTuple):

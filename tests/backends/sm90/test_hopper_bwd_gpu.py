@@ -197,8 +197,11 @@ def test_gqa_longest_first_groups_match_head_major(d, shape, group):
 # BwdConfig.tile_split: the first key blocks of every KV head cut in two by query heads, the
 # parts' fp32 dK / dV summed by the host. The cut count forced (the model's choice depends on
 # the SM count): some of the key blocks, and all of them; s_q != s_k (bottom-right causal),
-# a right window without a causal mask, the last key block partial, fp16, GQA 2:1 / 4:1 / 8:1
+# a right window without a causal mask, the last key block partial, fp16, GQA 2:1 / 4:1 / 8:1,
+# and odd groups (3:1, 7:1: parts of ceil / floor half the heads; the model does not cut them)
 _SPLITS = [(128, torch.bfloat16, (2, 1000, 1000, 8, 2), (-1, 0), 3),
+           (128, torch.bfloat16, (1, 900, 900, 7, 1), (-1, 0), 4),
+           (64, torch.float16, (2, 600, 700, 6, 2), (-1, 0), 2),
            (128, torch.bfloat16, (1, 700, 1300, 8, 1), (-1, 0), 11),
            (64, torch.bfloat16, (2, 1000, 1000, 16, 2), (-1, 0), 2),
            (64, torch.float16, (1, 1500, 900, 4, 2), (-1, 200), 4),
@@ -228,6 +231,8 @@ def test_tile_split_matches_whole_tiles(d, dtype, shape, window, split, monkeypa
     grads, dout = _run(q, k, v, params, tile_split=True)
     whole, _ = _run(q, k, v, params, dout=dout, tile_split=False)
     assert len(cuts) == 2 and cuts[1] == 0
+    if (h // h_k) % 2:
+        assert cuts[0] == 0  # the model leaves odd groups whole
     for name, got, ref in zip(("dq", "dk", "dv"), grads, whole):
         assert not torch.isnan(got).any(), name
         torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-3, msg=name)

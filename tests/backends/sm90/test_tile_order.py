@@ -89,6 +89,9 @@ def test_split_levels_cut_the_first_key_blocks_by_query_heads():
     assert split_levels(costs, 4, 2) == (18.5, 18.5, 14.5, 14.5, 17.0, 9.0)
     whole, cut = split_levels(costs, 8, 0), split_levels(costs, 8, 4)
     assert sum(cut) - sum(whole) == 4 * (1.0 + 2 * 1.5)  # a prologue more, two extras
+    # an odd group: the first part takes the extra head; at d = 128 (width 2) the extras double
+    assert split_levels(costs, 3, 1) == (8.0 * 2 + 2.5, 8.0 + 2.5, 19.0, 13.0, 7.0)
+    assert split_levels(costs, 4, 1, width=2.0)[:2] == (8.0 * 2 + 4.0, 8.0 * 2 + 4.0)
 
 
 def test_split_key_blocks_cuts_only_where_the_tail_is_long():

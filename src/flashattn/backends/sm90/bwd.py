@@ -110,8 +110,10 @@ def split_blocks(cfg: BwdConfig, q: torch.Tensor, k: torch.Tensor, window_left: 
                  window_right: int) -> int:
     """Key blocks per (batch, KV head) that a padded call cuts in two (BwdConfig.tile_split:
     tile_order.split_key_blocks' model), 0 when it cuts none: only the longest-first order
-    of one CTA per tile, at d <= 128, with an even GQA group. Host values only (shapes and
-    the SM count), cached per call shape: this runs on every call."""
+    of one CTA per tile, at d <= 128, with an even GQA group (the kernel takes odd groups
+    too, in parts of ceil / floor half the heads, when a test forces a cut; the model does
+    not choose them until an odd group's cut has run and been measured on a GPU). Host
+    values only (shapes and the SM count), cached per call shape: this runs on every call."""
     if not cfg.tile_split:
         return 0
     return _split_blocks(cfg, tuple(q.shape), tuple(k.shape), q.element_size(), window_left,
@@ -250,9 +252,9 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     split = 0 if split_ws is None else split_ws.shape[3] // cfg.block_n
     budget = _l2_group_budget(n_bh_k, l2_seqlen_q, head_dim, q.element_size(), group_size)
     if split:
-        if wide or cu_seqlens is not None or cfg.persistent or group_size % 2:
+        if wide or cu_seqlens is not None or cfg.persistent or group_size < 2:
             raise ValueError("a split backward (BwdConfig.tile_split) runs padded calls at "
-                             "d <= 128 with an even GQA group, one CTA per tile")
+                             "d <= 128 with a GQA group, one CTA per tile")
         grid = ((n_key_blocks + split) * n_bh_k,)
         # the group size modelled with the cut tiles (the model caches it: the same call as
         # split_blocks')

@@ -666,7 +666,7 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
     seqused_ptr None or int32 (n_seqs,) seqused_k (keys past it take no part: zeroed in shared
     memory, their dk / dv left 0). cu_q_ptr / cu_k_ptr / seqused_ptr None and n_seqs 0
     otherwise.
-    SPLIT (one CTA per tile, LONGEST_FIRST, GQA with an even group; BwdConfig.tile_split): the
+    SPLIT (one CTA per tile, LONGEST_FIRST, GQA; BwdConfig.tile_split): the
     first ``split_blocks`` key blocks of every (batch, KV head) run as two tiles each, over
     half the group's query heads (tiles.split_key_coords: the grid has (n_key_blocks +
     split_blocks) * n_bh_k CTAs), their dK * softmax_scale / dV fp32 into ``split_ws``

@@ -143,14 +143,16 @@ def split_levels(level_costs: Sequence[float], group_size: int, split: int,
                  width: float = 1.0) -> Tuple[float, ...]:
     """Tile costs in ``tiles.split_key_coords``' order: ``level_costs`` (per key block, one
     query head's query blocks plus one) scaled to the group's ``group_size`` query heads, the
-    first ``split`` key blocks as two tiles of half the heads each (``width``: the padded
-    head dim / 64, what the parts' fp32 epilogue scales with)."""
+    first ``split`` key blocks as two tiles of half the heads each (an odd group's extra
+    head in the first) (``width``: the padded head dim / 64, what the parts' fp32 epilogue
+    scales with)."""
     costs = []
+    half = group_size // 2
     for j, cost in enumerate(level_costs):
         visits = cost - 1.0
         if j < split:
-            part = visits * (group_size // 2) + 1.0 + _PART_EXTRA * width
-            costs += [part, part]
+            extra = 1.0 + _PART_EXTRA * width
+            costs += [visits * (group_size - half) + extra, visits * half + extra]
         else:
             costs.append(visits * group_size + 1.0)
     return tuple(costs)
@@ -163,7 +165,8 @@ def split_key_blocks(level_costs: Tuple[float, ...], group_size: int, n_pairs: i
     (batch, KV head) cut into two tiles over half the GQA group's query heads each, as many
     as make the list schedule end first (the sum pass charged per cut), the group size
     modelled for each candidate as ``modelled_group`` does. No cut (0) unless it gains
-    _SPLIT_MIN_GAIN; always 0 for an odd group. Candidates: 0, powers of two, and every
+    _SPLIT_MIN_GAIN; always 0 for an odd group (its cut, in parts of ceil / floor half the
+    heads, is not yet measured on a GPU). Candidates: 0, powers of two, and every
     eighth of the key blocks; ``width``: the padded head dim / 64 (the cut's bytes scale
     with it); cached per call shape."""
     whole = split_levels(level_costs, group_size, 0)

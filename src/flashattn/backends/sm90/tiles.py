@@ -162,25 +162,27 @@ def key_block_coords(tile, key_grid, n_heads_k, LONGEST_FIRST: gl.constexpr,
 @gluon.jit
 def split_key_coords(tile, key_grid, n_heads_k, group_size, split_blocks):
     """Backward tile ``tile`` of a call whose first ``split_blocks`` key blocks of every
-    (batch, KV head) run as two tiles each (BwdConfig.tile_split; GQA, even ``group_size``):
+    (batch, KV head) run as two tiles each (BwdConfig.tile_split; GQA, ``group_size`` >= 2):
     (batch, KV head, key block, first query head of the group, query heads, part).
 
     Per (batch, KV head) there are n_key_blocks + split_blocks tiles, walked in
     ``tile_coords``' grouped order (key_grid = (n_key_blocks, n_bh_k, heads_per_group)):
-    tile t < 2 * split_blocks is part t % 2 of key block t // 2, over query heads
-    [part * group_size / 2, (part + 1) * group_size / 2) of the group; tile t >= 2 *
-    split_blocks is key block t - split_blocks over all of them, part -1. Under a causal mask
-    the first key blocks see the most query rows: cutting them shortens the tiles that
-    would otherwise end the call last (tile_order.split_key_blocks)."""
+    tile t < 2 * split_blocks is part t % 2 of key block t // 2, part 0 over query heads
+    [0, g - g // 2) of the group, part 1 over [g - g // 2, g) (g = group_size; an odd group's
+    extra head goes to part 0); tile t >= 2 * split_blocks is key block t - split_blocks over
+    all of them, part -1. Under a causal mask the first key blocks see the most query rows:
+    cutting them shortens the tiles that would otherwise end the call last
+    (tile_order.split_key_blocks)."""
     n_key_blocks, n_bh_k, heads_per_group = key_grid
     b, h_k, t = tile_coords(tile, n_key_blocks + split_blocks, n_heads_k, n_bh_k,
                             heads_per_group, False)
     cut = (t < 2 * split_blocks).to(gl.int32)  # 1: a part of a cut key block
     n_block = cut * (t // 2) + (1 - cut) * (t - split_blocks)
     part = cut * (t - 2 * (t // 2) + 1) - 1
-    half = group_size // 2
-    g0 = cut * part * half
-    n_g = group_size - cut * half
+    half = group_size // 2  # part 1's query heads
+    first = group_size - half  # part 0's
+    g0 = cut * part * first
+    n_g = group_size - cut * (part * (first - half) + half)
     return b, h_k, n_block, g0, n_g, part
 
 

@@ -19,10 +19,9 @@ that sees the late chunks then reads one whole tensor and adds into a row range,
 local order would gather the rows and add by index at every such step. Steps that see both
 halves run one kernel call per half in the forward, one call in the local order in the
 backward (whose dK / dV sums would otherwise take two adds). The early key chunks are never
-gathered: a document's
-early chunk is the first half of its local rows, so the calls take the block as it is with
-``seqused_k`` = the half lengths (the kernels read only those keys, and give dK / dV = 0 past
-them). Without a causal mask every step is one full varlen call.
+gathered: a document's early chunk is the first half of its local rows, so the calls take
+the block as it is with ``seqused_k`` = the half lengths (the kernels read only those keys,
+and give dK / dV = 0 past them). Without a causal mask every step is one full varlen call.
 
 Sliding windows and ALiBi cut each document's band at offsets that scale with its length, so
 those rings run the calls :mod:`flashattn.parallel.doc_blocks` plans per document length

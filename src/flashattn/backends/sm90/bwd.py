@@ -110,33 +110,33 @@ def split_blocks(cfg: BwdConfig, q: torch.Tensor, k: torch.Tensor, window_left: 
                  window_right: int) -> int:
     """Key blocks per (batch, KV head) that a padded call cuts in two (BwdConfig.tile_split:
     tile_order.split_key_blocks' model), 0 when it cuts none: only the longest-first order
-    of one CTA per tile, at d <= 128, with an even GQA group (the kernel takes odd groups
-    too, in parts of ceil / floor half the heads, when a test forces a cut; the model does
-    not choose them until an odd group's cut has run and been measured on a GPU). Host
-    values only (shapes and the SM count), cached per call shape: this runs on every call."""
+    of one CTA per tile, at d <= 128, with a GQA group the model cuts (even ones so far).
+    Host values only (shapes and the SM count), cached per call shape: this runs on every
+    call."""
     if not cfg.tile_split:
         return 0
-    return _split_blocks(cfg, tuple(q.shape), tuple(k.shape), q.element_size(), window_left,
-                         window_right, sm_count(k.device))
+    return _split_plan(cfg, tuple(q.shape), tuple(k.shape), q.element_size(), window_left,
+                       window_right, sm_count(k.device))[0]
 
 
 @functools.lru_cache(maxsize=256)
-def _split_blocks(cfg: BwdConfig, q_shape: Tuple[int, ...], k_shape: Tuple[int, ...],
-                  elem: int, window_left: int, window_right: int, n_sms: int) -> int:
-    """:func:`split_blocks` of one call shape (q / k shapes, q's element size)."""
+def _split_plan(cfg: BwdConfig, q_shape: Tuple[int, ...], k_shape: Tuple[int, ...],
+                elem: int, window_left: int, window_right: int, n_sms: int
+                ) -> Tuple[int, int]:
+    """(key blocks cut, longest-first group size) of one call shape (q / k shapes, q's
+    element size): :func:`split_blocks`' count, and the group the launch walks with it."""
     batch, seqlen_q, n_heads, head_dim = q_shape
     _, seqlen_k, n_heads_k, _ = k_shape
     group_size = n_heads // n_heads_k
-    if (not cfg.longest_first or cfg.persistent or cfg.deterministic or cfg.pipeline
-            or is_wide(head_dim) or group_size % 2):
-        return 0
     n_bh_k = batch * n_heads_k
+    if (not cfg.longest_first or cfg.persistent or cfg.deterministic or cfg.pipeline
+            or is_wide(head_dim)):
+        return 0, 0
     budget = _l2_group_budget(n_bh_k, seqlen_q, head_dim, elem, group_size)
-    split, _ = split_key_blocks(
+    return split_key_blocks(
         backward_level_costs(seqlen_q, seqlen_k, cfg.block_m, cfg.block_n, window_left,
                              window_right),
         group_size, n_bh_k, budget, n_sms, padded_head_dim(head_dim) / 64)
-    return split
 
 
 def split_workspace(k: torch.Tensor, cfg: BwdConfig, split: int) -> torch.Tensor:
@@ -252,16 +252,15 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     split = 0 if split_ws is None else split_ws.shape[3] // cfg.block_n
     budget = _l2_group_budget(n_bh_k, l2_seqlen_q, head_dim, q.element_size(), group_size)
     if split:
-        if wide or cu_seqlens is not None or cfg.persistent or group_size < 2:
+        if (wide or cu_seqlens is not None or cfg.persistent or cfg.deterministic
+                or cfg.pipeline or not cfg.longest_first or group_size < 2):
             raise ValueError("a split backward (BwdConfig.tile_split) runs padded calls at "
-                             "d <= 128 with a GQA group, one CTA per tile")
+                             "d <= 128 with a GQA group, one CTA per tile in the "
+                             "longest-first order")
         grid = ((n_key_blocks + split) * n_bh_k,)
-        # the group size modelled with the cut tiles (the model caches it: the same call as
-        # split_blocks')
-        _, group = split_key_blocks(
-            backward_level_costs(seqlen_q, seqlen_k, cfg.block_m, cfg.block_n, window_left,
-                                 window_right),
-            group_size, n_bh_k, budget, sm_count(k.device), padded_head_dim(head_dim) / 64)
+        # the group size modelled with the cut tiles (split_blocks' cached plan)
+        group = _split_plan(cfg, tuple(q.shape), tuple(k.shape), q.element_size(),
+                            window_left, window_right, sm_count(k.device))[1]
     else:
         group = head_group(cfg.head_groups, n_bh_k, budget,
                            None if cu_seqlens is not None else lambda: backward_level_costs(

@@ -198,7 +198,7 @@ def test_gqa_longest_first_groups_match_head_major(d, shape, group):
 # parts' fp32 dK / dV summed by the host. The cut count forced (the model's choice depends on
 # the SM count): some of the key blocks, and all of them; s_q != s_k (bottom-right causal),
 # a right window without a causal mask, the last key block partial, fp16, GQA 2:1 / 4:1 / 8:1,
-# and odd groups (3:1, 7:1: parts of ceil / floor half the heads; the model does not cut them)
+# and odd groups (3:1, 7:1: parts of ceil / floor half the heads)
 _SPLITS = [(128, torch.bfloat16, (2, 1000, 1000, 8, 2), (-1, 0), 3),
            (128, torch.bfloat16, (1, 900, 900, 7, 1), (-1, 0), 4),
            (64, torch.float16, (2, 600, 700, 6, 2), (-1, 0), 2),
@@ -231,12 +231,33 @@ def test_tile_split_matches_whole_tiles(d, dtype, shape, window, split, monkeypa
     grads, dout = _run(q, k, v, params, tile_split=True)
     whole, _ = _run(q, k, v, params, dout=dout, tile_split=False)
     assert len(cuts) == 2 and cuts[1] == 0
-    if (h // h_k) % 2:
-        assert cuts[0] == 0  # the model leaves odd groups whole
     for name, got, ref in zip(("dq", "dk", "dv"), grads, whole):
         assert not torch.isnan(got).any(), name
         torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-3, msg=name)
     _check(q, k, v, params, grads, dout)
+
+
+@pytest.mark.parametrize("shape", [(1, 2048, 28, 4), (2, 1024, 21, 3)],
+                         ids=["b1s2048h28k4", "b2s1024h21k3"])
+def test_odd_group_default_cut(shape):
+    """An odd GQA group (7:1, as Qwen2.5-7B's 28 / 4 heads) with the default config: the
+    model cuts key blocks (parts of four heads and three), and the gradients hold against
+    the float64 oracle and the whole tiles."""
+    from flashattn.backends.sm90 import bwd
+
+    b, s, h, h_k = shape
+    q, k, v = _inputs(b, s, s, h, h_k, 128, torch.bfloat16)
+    params = _params(128, True)
+    assert bwd.split_blocks(bwd.padded_config(q, k, -1, 0, 0.0, False, {}), q, k, -1, 0) > 0
+    grads, dout = _run(q, k, v, params)
+    whole, _ = _run(q, k, v, params, dout=dout, tile_split=False)
+    for name, got, ref in zip(("dq", "dk", "dv"), grads, whole):
+        assert not torch.isnan(got).any(), name
+        torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-3, msg=name)
+    q_sl = (slice(0, 1), slice(None), slice(0, h // h_k))
+    kv_sl = (slice(0, 1), slice(None), slice(0, 1))
+    _check(q[q_sl], k[kv_sl], v[kv_sl], params,
+           (grads[0][q_sl], grads[1][kv_sl], grads[2][kv_sl]), dout[q_sl])
 
 
 # deterministic=True: dQ added in descending key-block order (BwdConfig.deterministic; the

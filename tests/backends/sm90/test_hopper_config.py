@@ -572,7 +572,8 @@ def test_gqa_backward_walks_modelled_longest_first_groups():
 
 def test_tile_split_plan_and_the_host_sum():
     """BwdConfig.tile_split (on for causal GQA calls): bwd.split_blocks cuts key blocks only
-    for an even GQA group in the longest-first order of one CTA per tile (host values: on CPU the model sees 16 SMs);
+    for a GQA group, even or odd, in the longest-first order of one CTA per tile (host values:
+    on CPU the model sees 16 SMs);
     split_workspace's shape; add_split_parts writes part 0 + part 1, cast, into the cut keys'
     rows of dk / dv and nothing else."""
     from flashattn.backends.sm90 import bwd, bwd_postprocess

@@ -110,7 +110,7 @@ def split_blocks(cfg: BwdConfig, q: torch.Tensor, k: torch.Tensor, window_left: 
                  window_right: int) -> int:
     """Key blocks per (batch, KV head) that a padded call cuts in two (BwdConfig.tile_split:
     tile_order.split_key_blocks' model), 0 when it cuts none: only the longest-first order
-    of one CTA per tile, at d <= 128, with a GQA group the model cuts (even ones so far).
+    of one CTA per tile, at d <= 128, with a GQA group the model cuts.
     Host values only (shapes and the SM count), cached per call shape: this runs on every
     call."""
     if not cfg.tile_split:

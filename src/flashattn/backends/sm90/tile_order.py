@@ -164,14 +164,13 @@ def split_key_blocks(level_costs: Tuple[float, ...], group_size: int, n_pairs: i
     """(key blocks to cut, group size) for BwdConfig.tile_split: the first key blocks of each
     (batch, KV head) cut into two tiles over half the GQA group's query heads each, as many
     as make the list schedule end first (the sum pass charged per cut), the group size
-    modelled for each candidate as ``modelled_group`` does. No cut (0) unless it gains
-    _SPLIT_MIN_GAIN; always 0 for an odd group (its cut, in parts of ceil / floor half the
-    heads, is not yet measured on a GPU). Candidates: 0, powers of two, and every
-    eighth of the key blocks; ``width``: the padded head dim / 64 (the cut's bytes scale
-    with it); cached per call shape."""
+    modelled for each candidate as ``modelled_group`` does (an odd group cuts in parts of
+    ceil / floor half its heads). No cut (0) unless it gains _SPLIT_MIN_GAIN. Candidates: 0,
+    powers of two, and every eighth of the key blocks; ``width``: the padded head dim / 64
+    (the cut's bytes scale with it); cached per call shape."""
     whole = split_levels(level_costs, group_size, 0)
     group = modelled_group(whole, n_pairs, budget, n_sms)
-    if group_size < 2 or group_size % 2:
+    if group_size < 2:
         return 0, group
     n_blocks = len(level_costs)
     base_end = makespan(whole, n_pairs, group, n_sms)

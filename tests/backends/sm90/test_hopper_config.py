@@ -541,6 +541,29 @@ def test_head_groups_switch_sets_the_tile_orders_group():
             bwd_config(128, head_groups=bad)
 
 
+def test_max_group_heads_caps_the_tile_orders_group():
+    """FwdConfig.max_group_heads: the forward's groups of (batch, head) pairs hold at most
+    that many (a runtime argument: no new variant), dense and causal; 0 leaves the L2
+    budget's size; negative values are refused."""
+    from flashattn.backends.sm90 import fwd
+    from flashattn.backends.sm90.descriptors import heads_per_group
+
+    b, s, h, d = 2, 8192, 16, 128
+    q = torch.empty((b, s, h, d), dtype=torch.bfloat16)
+    lse = torch.empty((b, h, s), dtype=torch.float32)
+    budget = heads_per_group(b * h, 2 * s * d * 2)
+    assert budget == 6
+    for right, cap, want in ((-1, 0, budget), (-1, 1, 1), (-1, 2, 2), (-1, 64, budget),
+                             (0, 1, 1)):
+        cfg = fwd_config(d, masked=right >= 0, max_group_heads=cap)
+        args, _, _, _ = fwd.launch_args(q, q, q, q, lse, cfg, softmax_scale=0.0884,
+                                        window_left=-1, window_right=right, softcap=0.0,
+                                        num_sms=132)
+        assert args[10] == b * h and args[13] == want, (right, cap)
+    with pytest.raises(ValueError, match="max_group_heads"):
+        fwd_config(d, max_group_heads=-1)
+
+
 def test_gqa_backward_walks_modelled_longest_first_groups():
     """Causal padded GQA backwards at d = 64 / 128 (config.GQA_LONGEST_FIRST) take the
     longest-first order in modelled groups (measured +6-10 % over head-major at 2k / 8k, GQA
@@ -595,7 +618,8 @@ def test_tile_split_plan_and_the_host_sum():
     assert off.longest_first and bwd.split_blocks(off, q, k4, -1, 0) == 0
     assert not bwd.padded_config(q, k4, 100, 0, 0.0, False, {}).tile_split  # a left window
     assert bwd.split_blocks(on, q, q, -1, 0) == 0  # MHA: no group to cut
-    assert bwd.split_blocks(on, q[:, :, :3], k3, -1, 0) == 0  # 3:1, odd
+    # an odd group (3:1) cuts too, in parts of two heads and one
+    assert 0 < bwd.split_blocks(on, q[:, :, :3], k3, -1, 0) <= 2048 // on.block_n
     persistent = bwd_config(128, masked=True, tile_split=True, longest_first=True,
                             persistent=True)
     assert bwd.split_blocks(persistent, q, k4, -1, 0) == 0

@@ -93,6 +93,12 @@ class FwdConfig:
     # Measured causal (H100, benchmarks/NOTES.md, 2026-12-06): 2 against 1, d 256 +7-9 % at
     # 2k / 8k, d 64 / 128 +1-3 %; 0 loses up to a third (d 128 2k 0.67): L2 misses.
     head_groups: int = 2
+    # at most this many (batch, head) pairs per group of the tile order (tiles.tile_coords),
+    # 0: as many as the L2 budget holds (descriptors.heads_per_group). An experiment: Nsight
+    # Compute read 578 MB of DRAM traffic in our dense d = 128 8k forward against FA4's 265 MB
+    # (its grid walks one head's query blocks at a time; H100, 2026-12-07,
+    # docs/fa4_comparison.md).
+    max_group_heads: int = 0
 
     def smem_bytes(self, head_dim: int, elem: int = 2, head_dim_v: Optional[int] = None) -> int:
         """Shared memory of the Q / K / V (/ O) tiles, head dims padded to powers of two
@@ -290,10 +296,12 @@ def fwd_config(head_dim: int, softcap: bool = False, head_dim_v: Optional[int] =
 
 
 def _check_head_groups(cfg: Any, overrides) -> None:
-    """FwdConfig / BwdConfig.head_groups: 0, 1 or 2 (see FwdConfig)."""
+    """FwdConfig / BwdConfig.head_groups: 0, 1 or 2; FwdConfig.max_group_heads >= 0."""
     if cfg.head_groups not in (0, 1, 2):
         raise ValueError(f"{type(cfg).__name__} {overrides}: head_groups must be 0 (one "
                          "group), 1 (the L2 budget) or 2 (the modelled size within it)")
+    if getattr(cfg, "max_group_heads", 0) < 0:
+        raise ValueError(f"FwdConfig {overrides}: max_group_heads must be >= 0 (0: no cap)")
 
 
 def _check_max_chains(cfg: FwdConfig, overrides) -> None:

@@ -101,6 +101,8 @@ def launch_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Te
         pairs = n_heads
         group = heads_per_group(n_heads, 2 * mean_k * head_dim * q.element_size())
         costs = None  # (the lengths are on the device: nothing to model)
+    if cfg.max_group_heads:
+        group = min(group, cfg.max_group_heads)
     if window_right >= 0:  # the longest-first order's groups (FwdConfig.head_groups)
         group = head_group(cfg.head_groups, pairs, group, costs, num_sms)
     has_softcap = softcap > 0.0

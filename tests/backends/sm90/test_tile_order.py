@@ -97,7 +97,8 @@ def test_split_levels_cut_the_first_key_blocks_by_query_heads():
 def test_split_key_blocks_cuts_only_where_the_tail_is_long():
     """Causal GQA 4:1 at d = 128, 16k tokens per call, 132 SMs: at 8k the first key blocks of
     8 KV heads are half an SM's share each, and cutting them ends the schedule much earlier;
-    at 16k (4 pairs, 128 key blocks) there is no tail to cut; odd groups and MHA never cut."""
+    at 16k (4 pairs, 128 key blocks) there is no tail to cut; an odd group (3:1) cuts as an
+    even one does, in parts of two heads and one; MHA never cuts."""
     def plan(s, group_size, n_pairs, budget):
         return split_key_blocks(backward_level_costs(s, s, 64, 128, -1, 0), group_size, n_pairs,
                                 budget, 132)
@@ -111,7 +112,7 @@ def test_split_key_blocks_cuts_only_where_the_tail_is_long():
     after = makespan(split_levels(costs, 4, split), 8, 1, 132) + 4.0 * split * 8 / 132
     assert before > 1.15 * ideal and after < 0.9 * before
     assert plan(16384, 4, 4, 1)[0] == 0
-    assert plan(8192, 3, 8, 1)[0] == 0 and plan(8192, 1, 8, 1)[0] == 0
+    assert 0 < plan(8192, 3, 8, 1)[0] <= 64 and plan(8192, 1, 8, 1)[0] == 0
     # the group it returns stays within the budget
     for s in (2048, 4096):
         split, group = plan(s, 8, 16384 // s * 2, 3)

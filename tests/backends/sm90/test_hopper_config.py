@@ -562,6 +562,12 @@ def test_max_group_heads_caps_the_tile_orders_group():
         assert args[10] == b * h and args[13] == want, (right, cap)
     with pytest.raises(ValueError, match="max_group_heads"):
         fwd_config(d, max_group_heads=-1)
+    # the default: one pair at a time for unmasked padded d = 128 calls only
+    assert fwd_config(128).max_group_heads == 1
+    assert fwd_config(128, masked=True).max_group_heads == 0
+    assert fwd_config(128, packed=True).max_group_heads == 0
+    assert fwd_config(128, softcap=True).max_group_heads == 0
+    assert fwd_config(64).max_group_heads == fwd_config(256).max_group_heads == 0
 
 
 def test_gqa_backward_walks_modelled_longest_first_groups():

@@ -94,10 +94,10 @@ class FwdConfig:
     # 2k / 8k, d 64 / 128 +1-3 %; 0 loses up to a third (d 128 2k 0.67): L2 misses.
     head_groups: int = 2
     # at most this many (batch, head) pairs per group of the tile order (tiles.tile_coords),
-    # 0: as many as the L2 budget holds (descriptors.heads_per_group). An experiment: Nsight
-    # Compute read 578 MB of DRAM traffic in our dense d = 128 8k forward against FA4's 265 MB
-    # (its grid walks one head's query blocks at a time; H100, 2026-12-07,
-    # docs/fa4_comparison.md).
+    # 0: as many as the L2 budget holds (descriptors.heads_per_group). Nsight Compute read 578
+    # MB of DRAM traffic in our dense d = 128 8k forward against FA4's 265 MB (its grid walks
+    # one head's query blocks at a time; H100, 2026-12-07, docs/fa4_comparison.md); 1 is
+    # DENSE_OVERRIDES' d = 128 setting.
     max_group_heads: int = 0
 
     def smem_bytes(self, head_dim: int, elem: int = 2, head_dim_v: Optional[int] = None) -> int:
@@ -264,6 +264,15 @@ def fp8_long_causal(window_left: int, window_right: int, seqlen_k: int) -> bool:
 MASKED_OVERRIDES: Dict[int, Dict[str, Any]] = {192: dict(persistent=False),
                                                256: dict(persistent=False)}
 
+# Unmasked padded calls at d = 128, 16-bit without softcap: the tile order walks one (batch,
+# head) pair's query blocks at a time (FwdConfig.max_group_heads 1, FA4's grid order) instead
+# of groups of the L2 budget's size. Same arithmetic (bitwise equal). fwd_config_ab.py, 16k
+# tokens, hidden 2048, variant / default TFLOP/s (H100, 2026-12-07, benchmarks/NOTES.md): d 128
+# 2k / 8k / 16k 1.013 / 1.031 / 1.022 (3 rounds), 1.014 / 1.019 / 1.014 (5 rounds). Not taken:
+# d 64 (0.996-1.038, mixed), d 256 (0.964-1.000), causal d 64 / 128 (0.948-0.985: the modelled
+# longest-first groups).
+DENSE_OVERRIDES: Dict[int, Dict[str, Any]] = {128: dict(max_group_heads=1)}
+
 
 def fwd_config(head_dim: int, softcap: bool = False, head_dim_v: Optional[int] = None,
                masked: bool = False, packed: bool = False, **overrides) -> FwdConfig:
@@ -272,12 +281,15 @@ def fwd_config(head_dim: int, softcap: bool = False, head_dim_v: Optional[int] =
     ``head_dim_v`` (V / O) other than ``head_dim`` (Q / K), both keys of FWD_CONFIGS: the larger
     one's config, O in its own shared-memory slot when the padded widths differ (Q's slot has
     the other width). ``masked``: the call has a causal mask or a window; ``packed``: a varlen
-    call (fwd_kernel's VARLEN mode). MASKED_OVERRIDES apply to masked padded calls (before
-    ``overrides``), as fp8_fwd_config reads the same two flags."""
+    call (fwd_kernel's VARLEN mode). MASKED_OVERRIDES apply to masked padded calls,
+    DENSE_OVERRIDES to unmasked ones (both before ``overrides``, without softcap), as
+    fp8_fwd_config reads the same two flags."""
     key = max(head_dim, head_dim_v or head_dim)
     cfg = SOFTCAP_CONFIGS.get(key, FWD_CONFIGS[key]) if softcap else FWD_CONFIGS[key]
     if masked and not softcap and not packed and key in MASKED_OVERRIDES:
         cfg = replace(cfg, **MASKED_OVERRIDES[key])
+    if not masked and not softcap and not packed and key in DENSE_OVERRIDES:
+        cfg = replace(cfg, **DENSE_OVERRIDES[key])
     if (head_dim_v is not None and _box_width(head_dim_v) != _box_width(head_dim)
             and not cfg.separate_o):
         cfg = replace(cfg, separate_o=True)

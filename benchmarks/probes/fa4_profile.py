@@ -20,7 +20,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
+sys.path.append(os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 
 
 def make_call(impl: str, mode: str, d: int, s: int, causal: bool):

@@ -24,7 +24,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
+sys.path.append(os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 import flashattn  # noqa: E402
 from flashattn import fp8  # noqa: E402
 from flashattn.backends.cpu.fp8 import E4M3_MAX  # noqa: E402

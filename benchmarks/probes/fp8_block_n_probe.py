@@ -22,7 +22,7 @@ import torch
 from triton.testing import do_bench
 
 sys.path.insert(0, os.path.dirname(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
+sys.path.append(os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 import flashattn  # noqa: E402
 from flashattn import fp8  # noqa: E402
 from fp8_accuracy_gpu import exact_attention  # noqa: E402

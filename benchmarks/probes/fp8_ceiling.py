@@ -23,7 +23,7 @@ import torch
 from triton.testing import do_bench
 
 HERE = os.path.dirname(__file__)
-sys.path.insert(0, os.path.join(HERE, "..", "..", "src"))
+sys.path.append(os.path.join(HERE, "..", "..", "src"))
 sys.path.insert(0, HERE)
 
 

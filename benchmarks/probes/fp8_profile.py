@@ -17,7 +17,7 @@ import sys
 import torch
 
 HERE = os.path.dirname(__file__)
-sys.path.insert(0, os.path.join(HERE, "..", "..", "src"))
+sys.path.append(os.path.join(HERE, "..", "..", "src"))
 sys.path.insert(0, HERE)
 
 

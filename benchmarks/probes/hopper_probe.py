@@ -22,7 +22,7 @@ import torch.nn.functional as F
 import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
+sys.path.append(os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 from flashattn.backends.sm90.fwd import flash_fwd_hopper  # noqa: E402
 from flashattn.backends.triton.fwd import flash_fwd  # noqa: E402
 

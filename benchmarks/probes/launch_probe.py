@@ -29,7 +29,7 @@ from typing import Callable, Dict
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
+sys.path.append(os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 import triton  # noqa: E402
 from triton.runtime import jit as _jit  # noqa: E402
 

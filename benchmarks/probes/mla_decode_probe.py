@@ -31,7 +31,7 @@ import sys
 import torch
 import triton
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
+sys.path.append(os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 
 import flashattn  # noqa: E402
 from flashattn import fa3  # noqa: E402

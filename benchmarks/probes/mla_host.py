@@ -23,7 +23,7 @@ from unittest import mock
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
+sys.path.append(os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 
 from flashattn import fa3  # noqa: E402
 from flashattn.api import fastpath  # noqa: E402

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
+sys.path.append(os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 from flashattn.backends.triton import bwd as kbwd  # noqa: E402
 from flashattn.backends.triton import fwd as kfwd  # noqa: E402
 

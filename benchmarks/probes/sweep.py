@@ -23,7 +23,7 @@ import sys
 import torch
 import triton
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
+sys.path.append(os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 from flashattn.backends.triton import bwd as kbwd  # noqa: E402
 from flashattn.backends.triton import config  # noqa: E402
 from flashattn.backends.triton import fwd as kfwd  # noqa: E402

@@ -27,7 +27,7 @@ import random
 import sys
 from typing import List, Sequence
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
+sys.path.append(os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 from flashattn.backends.sm90.config import bwd_config, fwd_config  # noqa: E402
 from flashattn.backends.sm90.descriptors import heads_per_group  # noqa: E402
 from flashattn.backends.sm90.tile_order import (backward_level_costs,  # noqa: E402

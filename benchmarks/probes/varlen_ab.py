@@ -21,7 +21,7 @@ import sys
 import torch
 import triton
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
+sys.path.append(os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 sys.path.insert(0, os.path.dirname(__file__))
 from flashattn.backends.sm90.bwd import flash_bwd_hopper_varlen  # noqa: E402
 from flashattn.backends.sm90.fwd import flash_fwd_hopper_varlen  # noqa: E402

@@ -18,7 +18,7 @@ import time
 import torch
 import triton
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
+sys.path.append(os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 sys.path.insert(0, os.path.dirname(__file__))
 import flashattn  # noqa: E402
 from varlen_probe import D, H, _cu, ragged_lengths  # noqa: E402

@@ -34,7 +34,7 @@ import warnings
 import torch
 import triton
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
+sys.path.append(os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 sys.path.insert(0, os.path.dirname(__file__))
 import flashattn  # noqa: E402
 from flashattn import ops  # noqa: E402

@@ -25,7 +25,7 @@ from typing import Callable, Dict, List, Sequence
 import torch
 import triton
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
+sys.path.append(os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 import flashattn  # noqa: E402
 
 TOKENS, H, D = 16384, 16, 128

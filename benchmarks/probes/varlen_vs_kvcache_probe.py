@@ -16,7 +16,7 @@ import sys
 import torch
 from triton.testing import do_bench_cudagraph
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
+sys.path.append(os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 import flashattn  # noqa: E402
 
 

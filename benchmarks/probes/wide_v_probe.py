@@ -21,7 +21,7 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
+sys.path.append(os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 
 import flashattn  # noqa: E402
 from flashattn.api import wide_v  # noqa: E402

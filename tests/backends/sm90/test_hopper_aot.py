@@ -96,6 +96,11 @@ VARIANTS = (
     # 128-key block before the wait instead of none)
     + [(d, "bfloat16", c, (-1, -1), 0.0, {"late_pv_wait": True}) for d in (64, 128, 256)
        for c in (False, True)]
+    # the running row sum as each lane's share, summed across the quad once per tile
+    # (FwdConfig.lane_row_sum; FP8 d = 256 is the FP8 head dim without the tensor-core sum)
+    + [(d, "bfloat16", c, (-1, -1), 0.0, {"lane_row_sum": True}) for d in (64, 128, 256)
+       for c in (False, True)]
+    + [(256, "float8_e4m3fn", True, (-1, -1), 0.0, {"lane_row_sum": True})]
 )
 
 
@@ -237,6 +242,12 @@ SPILL_ALLOWANCE = {"fwd_d192_bfloat16_causal": 8, "fwd_d256_bfloat16_causal": 8,
                    # measured 0.91-0.99x of it, not adopted, 2026-11-28)
                    "fwd_d64_bfloat16_late_pv_wait1": 24,
                    "fwd_d256_bfloat16_causal_late_pv_wait1": 8,
+                   # (FwdConfig.lane_row_sum, Triton 3.6: d = 64 16 bytes, 8 more than the
+                   # default; d = 256 causal and FP8 d = 256 causal the default's; 8 shuffles
+                   # fewer in the d = 128 PTX, the same 168 registers; not yet measured)
+                   "fwd_d64_bfloat16_lane_row_sum1": 16,
+                   "fwd_d256_bfloat16_causal_lane_row_sum1": 8,
+                   "fwd_d256_float8_e4m3fn_causal_lane_row_sum1": 88,
                    # packed sequences (2026-11-25): the dense variants' allowances, FP8
                    # d = 256 causal 24 bytes more (the per-tile sequence geometry), FP8 d = 64
                    # / 128 causal 8 (GPU-measured at 0.97-0.98x the dense bf16 call's speed

@@ -406,6 +406,34 @@ def test_forward_late_pv_wait_is_off_and_reaches_the_kernel():
         fwd_config(128, late_pv_wait=True, intra_overlap=False)
 
 
+def test_forward_lane_row_sum_is_off_and_reaches_the_kernel():
+    """FwdConfig.lane_row_sum (each lane's share of the row sum, one quad sum per tile) is
+    off in every shipped config and reaches the kernel as the LANE_SUM constexpr, except
+    beside rowsum_mma (the row sum then comes from the tensor core)."""
+    import torch
+
+    from flashattn.backends.sm90.config import (FP8_CONFIGS, FWD_CONFIGS, SOFTCAP_CONFIGS,
+                                                fp8_fwd_config, fwd_config)
+    from flashattn.backends.sm90.fwd import launch_args
+
+    for table in (FWD_CONFIGS, SOFTCAP_CONFIGS, FP8_CONFIGS):
+        for cfg in table.values():
+            assert not cfg.lane_row_sum
+    for d in FWD_CONFIGS:
+        for masked in (False, True):
+            assert not fwd_config(d, masked=masked).lane_row_sum
+    for d in FP8_CONFIGS:
+        assert not fp8_fwd_config(d).lane_row_sum
+    q = torch.empty((1, 256, 2, 128), dtype=torch.bfloat16)
+    lse = torch.empty((1, 2, 256), dtype=torch.float32)
+    for overrides, want in (({}, False), ({"lane_row_sum": True}, True),
+                            ({"lane_row_sum": True, "rowsum_mma": True}, False)):
+        _, constexprs, _, _ = launch_args(q, q, q, q, lse, fwd_config(128, **overrides),
+                                          softmax_scale=0.125, window_left=-1, window_right=0,
+                                          softcap=0.0, num_sms=132)
+        assert constexprs["LANE_SUM"] is want
+
+
 def test_forward_max_chains_is_off_and_reaches_the_kernel():
     """FwdConfig.max_chains (the row max as independent FMNMX chains per thread) is 1 in every
     shipped config, bf16 / fp16 and FP8, reaches the kernel as the MAX_CHAINS constexpr, and a

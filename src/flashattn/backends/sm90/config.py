@@ -76,6 +76,12 @@ class FwdConfig:
     # result (fwd_kernel._wait_pv_after), so that ptxas keeps it after the softmax instead of
     # hoisting it to the top of the block: the exp2 then run under the warpgroup's own P·V.
     late_pv_wait: bool = False
+    # The running row sum as each lane's share of it (fwd_kernel LANE_SUM): no shuffles per
+    # key block, one quad sum in the epilogue; the same sum in another order of fp32 adds.
+    # Not with rowsum_mma (its sum comes from the tensor core). An experiment: Nsight Compute
+    # counts four shuffles and four adds per warp and key block more than FA4 (H100,
+    # 2026-12-07, docs/fa4_comparison.md); not yet measured.
+    lane_row_sum: bool = False
     # Masked calls (causal / a right window bound): tiles aligned to the end of the query
     # sequence, in whole warpgroup pieces (fwd_kernel BOTTOM_ALIGN), so the partial tile of a
     # seqlen_q that BLOCK_M does not divide is the first one, which sees the fewest keys,

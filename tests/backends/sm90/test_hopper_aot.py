@@ -129,6 +129,13 @@ BWD_VARIANTS = (
         {"longest_first": True, "tile_split": True, "split_blocks": 3}),
        ("bwd", 128, "bfloat16", True, (-1, -1), 0.0,
         {"longest_first": True, "tile_split": True, "split_blocks": 3}),
+       # dQ's columns in the accumulator's lane order (BwdConfig.dq_lane_order: 128-bit
+       # staging stores; the default, the dQ writer warp's handoff, packed sequences)
+       ("bwd", 64, "bfloat16", False, (-1, -1), 0.0, {"dq_lane_order": True}),
+       ("bwd", 128, "bfloat16", True, (-1, -1), 0.0, {"dq_lane_order": True}),
+       ("bwd", 128, "bfloat16", True, (-1, -1), 0.0,
+        {"dq_lane_order": True, "deterministic": True}),
+       ("bwd", 128, "bfloat16", True, (-1, -1), 0.0, {"dq_lane_order": True, "varlen": True}),
        ("bwd", 128, "bfloat16", True, (-1, -1), 0.0, {"persistent": True}),
        ("bwd", 64, "bfloat16", False, (-1, -1), 0.0, {"persistent": True, "longest_first": True}),
        # unmasked calls at d = 64 / 128 run persistent by default; the one-tile-per-CTA schedule
@@ -362,6 +369,9 @@ D64_ROWS128_SPILL_ALLOWANCE = {"bwd_d64_bfloat16": 128,
                                "bwd_d64_bfloat16_stats_early1": 336,
                                "bwd_d64_bfloat16_causal_stats_early1": 440,
                                "bwd_d64_bfloat16_dq_rows0": 152,
+                               # (dQ in lane order: 88 bytes, 40 fewer than the default;
+                               # not yet measured, 2026-12-07)
+                               "bwd_d64_bfloat16_dq_lane_order1": 88,
                                # packed sequences of >= PACKED_D64_MIN_MEAN_ROWS on average
                                # (+5-7 % at means 2k-8k, H100, 2026-12-06)
                                "bwd_d64_float16_causal_varlen1": 168}
@@ -408,6 +418,8 @@ def test_bwd_variant_compiles(variant, reports, capsys):
         assert 24 in rep["setmaxnreg"] and 240 in rep["setmaxnreg"]
     # dQ leaves by TMA bulk reduce-add unless the atomics variant was asked for
     assert rep["tma_reduce"] == ((variant[6] or {}).get("dq_tma", True))
+    if (variant[6] or {}).get("dq_lane_order"):
+        assert rep["shared_v4_stores"] >= 16  # the fp32 dQ staging tile in 128-bit stores
 
 
 @pytest.mark.parametrize("variant", LATENT_VARIANTS, ids=[_key(v) for v in LATENT_VARIANTS])

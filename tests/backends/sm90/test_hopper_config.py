@@ -434,6 +434,42 @@ def test_forward_lane_row_sum_is_off_and_reaches_the_kernel():
         assert constexprs["LANE_SUM"] is want
 
 
+def test_backward_dq_lane_order_is_off_and_reaches_the_kernel():
+    """BwdConfig.dq_lane_order (dQ's columns in the accumulator's lane order) is off in every
+    shipped config, reaches bwd_kernel as the DQ_LANES constexpr, and is refused without
+    dq_tma (the atomic adds address columns in order) and by the wide kernel."""
+    import torch
+
+    from flashattn.backends.sm90 import bwd
+    from flashattn.backends.sm90.config import BWD_CONFIGS, bwd_config
+
+    for d in BWD_CONFIGS:
+        for masked in (False, True):
+            assert not bwd_config(d, masked=masked).dq_lane_order
+    for d, masked, overrides in ((128, False, {}), (128, True, {}), (64, False, {}),
+                                 (128, True, {"deterministic": True})):
+        q = torch.empty((1, 256, 2, d), dtype=torch.bfloat16)
+        lse = torch.empty((1, 2, 256), dtype=torch.float32)
+        for flag in (False, True):
+            cfg = bwd_config(d, masked=masked, dq_lane_order=flag, **overrides)
+            _, constexprs, _, _ = bwd.launch_args(
+                q, q, q, q, lse, lse, bwd.dq_workspace(q, 256), q, q, cfg,
+                softmax_scale=0.125, window_left=-1, window_right=0 if masked else -1,
+                softcap=0.0)
+            assert constexprs["DQ_LANES"] is flag
+    q = torch.empty((1, 256, 2, 128), dtype=torch.bfloat16)
+    lse = torch.empty((1, 2, 256), dtype=torch.float32)
+    with pytest.raises(ValueError, match="dq_lane_order"):
+        bwd.launch_args(q, q, q, q, lse, lse, bwd.dq_workspace(q, 256), q, q,
+                        bwd_config(128, dq_lane_order=True, dq_tma=False),
+                        softmax_scale=0.125, window_left=-1, window_right=-1, softcap=0.0)
+    wide = torch.empty((1, 256, 2, 256), dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="dq_lane_order"):
+        bwd.launch_args(wide, wide, wide, wide, lse, lse, bwd.dq_workspace(wide, 256), wide,
+                        wide, bwd_config(256, dq_lane_order=True), softmax_scale=0.0625,
+                        window_left=-1, window_right=-1, softcap=0.0)
+
+
 def test_forward_max_chains_is_off_and_reaches_the_kernel():
     """FwdConfig.max_chains (the row max as independent FMNMX chains per thread) is 1 in every
     shipped config, bf16 / fp16 and FP8, reaches the kernel as the MAX_CHAINS constexpr, and a

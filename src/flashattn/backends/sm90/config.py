@@ -409,6 +409,14 @@ class BwdConfig:
     # reading all of dS). Exact: the same products, summed in the same key order. bwd_config
     # turns it on for padded d = 64 calls (with 128-row blocks; measured 1.02-1.10x).
     dq_rows: bool = False
+    # d <= 128 (bwd_kernel.py), dq_tma: the dQ workspace's columns in the order of the wgmma
+    # accumulator's lanes (bwd_kernel.dq_lane_order: a lane's four values of each 16-column
+    # chunk side by side), so the staging tile is written with 128-bit stores instead of
+    # 64-bit ones (Nsight Compute, H100 2026-12-07: 8.4 M / 17.3 M STS.64 at d 64 2k / d 128
+    # causal 8k against FA4's 4.2 M / 8.5 M STS.128); the dQ conversion reads them back in
+    # order. Exact: the same sums, stored elsewhere. sm_90 AOT (Triton 3.6): d 64 88 spill
+    # bytes against 128, d 128 causal 24 against 40. An experiment, not yet measured.
+    dq_lane_order: bool = False
     # longest_first, one CTA per tile (not persistent, not deterministic), padded calls with
     # an even GQA group (d <= 128, bwd_kernel.py): the first key blocks of every (batch, KV
     # head), as many as tile_order.split_key_blocks models worth it, run as two tiles over

@@ -42,6 +42,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help=f"base seed for random test inputs (default: ${_SEED_ENV}, else random)",
     )
+    parser.addoption(
+        "--smoke",
+        action="store_true",
+        help="the smoke tier: only the first case of every test function (every feature "
+        "once; e.g. `pytest -m gpu -n 6 --smoke tests` on the GPU machine)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -68,13 +74,28 @@ def pytest_report_header(config: pytest.Config) -> str:
     )
 
 
+@pytest.hookimpl(trylast=True)  # (after -m / -k have deselected: the first case left)
 def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
+    if config.getoption("--smoke"):
+        _keep_first_case_per_function(config, items)
     if HAS_CUDA:
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (marker 'gpu')")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+def _keep_first_case_per_function(config: pytest.Config, items: list) -> None:
+    """--smoke: deselect every parametrized case but the first of each test function."""
+    seen, kept, dropped = set(), [], []
+    for item in items:
+        key = (item.nodeid.split("::")[0], getattr(item, "originalname", item.name))
+        (dropped if key in seen else kept).append(item)
+        seen.add(key)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
 
 
 def seed_for(nodeid: str) -> int:

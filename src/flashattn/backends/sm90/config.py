@@ -237,6 +237,7 @@ def fp8_fwd_config(head_dim: int, head_dim_v: Optional[int] = None, softcap: boo
     if overrides:
         cfg = replace(cfg, **overrides)
         _check_max_chains(cfg, overrides)
+        _check_max_group_heads(cfg, overrides)
         _check_head_groups(cfg, overrides)
     if not cfg.separate_o or cfg.rescale_early:
         raise ValueError("FP8 forward configs need separate_o=True and rescale_early=False")
@@ -309,16 +310,21 @@ def fwd_config(head_dim: int, softcap: bool = False, head_dim_v: Optional[int] =
     if cfg.consumers not in (2, 3) or cfg.block_m % cfg.consumers:
         raise ValueError(f"FwdConfig {overrides}: consumers must be 2 or 3 and divide block_m")
     _check_max_chains(cfg, overrides)
+    _check_max_group_heads(cfg, overrides)
     _check_head_groups(cfg, overrides)
     return cfg
 
 
 def _check_head_groups(cfg: Any, overrides) -> None:
-    """FwdConfig / BwdConfig.head_groups: 0, 1 or 2; FwdConfig.max_group_heads >= 0."""
+    """FwdConfig / BwdConfig.head_groups: 0, 1 or 2 (see FwdConfig)."""
     if cfg.head_groups not in (0, 1, 2):
         raise ValueError(f"{type(cfg).__name__} {overrides}: head_groups must be 0 (one "
                          "group), 1 (the L2 budget) or 2 (the modelled size within it)")
-    if getattr(cfg, "max_group_heads", 0) < 0:
+
+
+def _check_max_group_heads(cfg: FwdConfig, overrides) -> None:
+    """FwdConfig.max_group_heads: a cap (>= 1) or 0 (none)."""
+    if cfg.max_group_heads < 0:
         raise ValueError(f"FwdConfig {overrides}: max_group_heads must be >= 0 (0: no cap)")
 
 
@@ -418,9 +424,9 @@ class BwdConfig:
     # bytes against 128, d 128 causal 24 against 40. An experiment, not yet measured.
     dq_lane_order: bool = False
     # longest_first, one CTA per tile (not persistent, not deterministic), padded calls with
-    # an even GQA group (d <= 128, bwd_kernel.py): the first key blocks of every (batch, KV
+    # a GQA group (d <= 128, bwd_kernel.py): the first key blocks of every (batch, KV
     # head), as many as tile_order.split_key_blocks models worth it, run as two tiles over
-    # half the group's query heads each; their fp32 partial dK / dV go to a workspace that
+    # half the group's query heads each (an odd group: ceil / floor halves); their fp32 partial dK / dV go to a workspace that
     # the host adds in a fixed order (bwd_postprocess.add_split_parts). Under a causal mask
     # those are the longest tiles: with GQA a KV head's tile visits every query head's
     # blocks, and the last long tiles end the call alone (model: d 128 4:1 causal 8k 0.81 of
@@ -522,10 +528,11 @@ def bwd_config(head_dim: int, masked: bool = True, deterministic: bool = False,
 # 3 and 5 interleaved rounds, dK / dV bitwise equal): d 64 causal 2k / 8k / 16k 1.08-1.09 /
 # 1.10 / 0.99-1.02, d 128 1.06 / 0.99-1.00 / 1.00-1.02. MHA stays head-major: 0.99-1.03
 # there (the model's +3-6 % at d 128 did not show; presumably L2, which head-major favours).
-# With an even group the longest key tiles are cut in two by query heads where
+# With a GQA group the longest key tiles are cut in two by query heads where
 # tile_order.split_key_blocks models a gain (BwdConfig.tile_split). H100, 2026-12-07
 # (bwd_config_ab.py, 3 interleaved rounds, causal 2k / 4k / 8k), cut / whole: d 128 8:1
-# 1.31 / 1.31 / 1.31, 4:1 (no cut at 2k) 1.03 / 1.10; d 64 8:1 1.09 / 1.16 / 1.16, 4:1 no cut.
+# 1.31 / 1.31 / 1.31, 4:1 (no cut at 2k) 1.03 / 1.10; d 64 8:1 1.09 / 1.16 / 1.16, 4:1 no cut;
+# odd groups (hidden 3584) d 128 7:1 2k / 8k 1.17 / 1.09, d 64 7:1 8k 1.04.
 GQA_LONGEST_FIRST = (64, 128)
 
 

@@ -33,6 +33,7 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // _workers))
 
 _SEED_ENV = "FLASHATTN_TEST_SEED"
+SMOKE_ENV = "FLASHATTN_TEST_SMOKE"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -64,6 +65,10 @@ def pytest_configure(config: pytest.Config) -> None:
     if seed is None:
         seed = int(os.environ.get(_SEED_ENV) or random.SystemRandom().randrange(2**31))
     os.environ[_SEED_ENV] = str(seed)
+    if config.getoption("--smoke"):
+        # read by tests/api/test_properties.py: two hypothesis examples, not dozens (each
+        # example of a GPU property test is a cold kernel compile)
+        os.environ[SMOKE_ENV] = "1"
 
 
 def pytest_report_header(config: pytest.Config) -> str:

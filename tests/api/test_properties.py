@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from tests.api.test_attention import Case, check_attention, fa2_window
 from tests.api.test_kvcache import KVCase, run_case
 from tests.api.test_varlen import VCase, check_varlen
-from tests.conftest import use_backend
+from tests.conftest import SMOKE_ENV, use_backend
 
 _EXPLORE = int(os.environ.get("FLASHATTN_HYPOTHESIS_EXAMPLES", "0") or 0)
 _DTYPES = st.sampled_from([torch.float16, torch.bfloat16, torch.float32])
@@ -41,6 +41,8 @@ def _examples(n: int):
                                          HealthCheck.filter_too_much])
     if _EXPLORE:
         return settings(max_examples=_EXPLORE, derandomize=False, **common)
+    if os.environ.get(SMOKE_ENV):  # pytest --smoke: every property once, not its whole budget
+        n = min(n, 2)
     return settings(max_examples=n, derandomize=True, **common)
 
 

@@ -421,8 +421,16 @@ class BwdConfig:
     # 64-bit ones (Nsight Compute, H100 2026-12-07: 8.4 M / 17.3 M STS.64 at d 64 2k / d 128
     # causal 8k against FA4's 4.2 M / 8.5 M STS.128); the dQ conversion reads them back in
     # order. Exact: the same sums, stored elsewhere. sm_90 AOT (Triton 3.6): d 64 88 spill
-    # bytes against 128, d 128 causal 24 against 40. An experiment, not yet measured.
+    # bytes against 128, d 128 causal 24 against 40. Measured 0.93-1.03x the natural order
+    # (H100, 2026-12-07; 0.93-0.98 at 2k): off.
     dq_lane_order: bool = False
+    # d <= 128 (bwd_kernel.py): the consumers' dS^T halves exchanged through one hardware
+    # named barrier of both warpgroups per query block (bwd_kernel._exchange_ds) instead of
+    # the ds_ready / ds_free mbarriers (a warpgroup bar.sync, a one-thread arrive and a polled
+    # wait per block, and a release after the dQ GEMM). Exact: the same values, the same
+    # GEMMs. FA4 syncs its warpgroups with named barriers; ncu (H100, 2026-12-07) put 14 % of
+    # our consumers' stall samples on mbarrier try-wait loops. An experiment, off.
+    ds_named_barrier: bool = False
     # longest_first, one CTA per tile (not persistent, not deterministic), padded calls with
     # a GQA group (d <= 128, bwd_kernel.py): the first key blocks of every (batch, KV
     # head), as many as tile_order.split_key_blocks models worth it, run as two tiles over

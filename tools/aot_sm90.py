@@ -305,10 +305,6 @@ def main(argv=None) -> int:
                        # in lane order, BwdConfig.dq_lane_order)
                        shared_v4_stores=len(__import__("re").findall(
                            r"st\.shared\.v4\.(?:f32|b32)", rep.ptx)),
-                       # hardware named barriers of both consumer warpgroups (256 threads:
-                       # the backward's dS^T exchange with BwdConfig.ds_named_barrier)
-                       named_barriers_256=len(__import__("re").findall(
-                           r"bar\.sync\s+\d+,\s*256;", rep.ptx)),
                        error=None)
         except Exception as exc:  # reported per variant, the test names it
             row = dict(key=key_fn(d, dtypes[dt], causal, window, softcap, overrides),

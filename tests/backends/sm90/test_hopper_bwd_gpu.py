@@ -314,28 +314,6 @@ def test_dq_lane_order_is_exact(d, causal, shape, deterministic):
         torch.testing.assert_close(grads[0], base[0], rtol=2e-2, atol=1e-3)
 
 
-@pytest.mark.parametrize("d,causal,shape,deterministic", _LANE_ORDER,
-                         ids=[f"d{d}-{'causal' if c else 'full'}-b{s[0]}s{s[1]}x{s[2]}h{s[3]}"
-                              f"k{s[4]}{'-det' if det else ''}" for d, c, s, det in _LANE_ORDER])
-def test_ds_named_barrier_is_exact(d, causal, shape, deterministic):
-    """BwdConfig.ds_named_barrier: the dS^T halves exchanged through a named barrier give the
-    same gradients: against the float64 oracle, dK / dV bitwise the default's (the same dS,
-    the same GEMMs), and with deterministic=True dQ bitwise too. The cases cover the
-    persistent d = 64 row-split dQ, the causal one-tile-per-CTA kernel, the GQA tile split
-    and the deterministic dQ writer."""
-    b, s_q, s_k, h, h_k = shape
-    q, k, v = _inputs(b, s_q, s_k, h, h_k, d, torch.bfloat16)
-    params = _params(d, causal, s_k=s_k)
-    grads, dout = _run(q, k, v, params, deterministic=deterministic, ds_named_barrier=True)
-    base, _ = _run(q, k, v, params, dout=dout, deterministic=deterministic)
-    _check(q, k, v, params, grads, dout)
-    assert torch.equal(grads[1], base[1]) and torch.equal(grads[2], base[2])
-    if deterministic:
-        assert torch.equal(grads[0], base[0])
-    else:
-        torch.testing.assert_close(grads[0], base[0], rtol=2e-2, atol=1e-3)
-
-
 def test_deterministic_backward_through_the_api(monkeypatch):
     """flash_attn_func(deterministic=True) at d = 128 runs the Hopper backward when unmasked,
     the portable one under a causal mask (measured faster there)."""

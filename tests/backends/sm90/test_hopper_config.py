@@ -470,36 +470,6 @@ def test_backward_dq_lane_order_is_off_and_reaches_the_kernel():
                         window_left=-1, window_right=-1, softcap=0.0)
 
 
-def test_backward_ds_named_barrier_is_off_and_reaches_the_kernel():
-    """BwdConfig.ds_named_barrier (the dS^T exchange through a named barrier) is off in every
-    shipped config, reaches bwd_kernel as the DS_NAMED constexpr, and the wide kernel (its own
-    exchange) refuses it."""
-    import torch
-
-    from flashattn.backends.sm90 import bwd
-    from flashattn.backends.sm90.config import BWD_CONFIGS, bwd_config
-
-    for d in BWD_CONFIGS:
-        for masked in (False, True):
-            assert not bwd_config(d, masked=masked).ds_named_barrier
-    lse = torch.empty((1, 2, 256), dtype=torch.float32)
-    for d, masked, overrides in ((128, False, {}), (128, True, {}), (64, False, {}),
-                                 (128, True, {"deterministic": True})):
-        q = torch.empty((1, 256, 2, d), dtype=torch.bfloat16)
-        for flag in (False, True):
-            cfg = bwd_config(d, masked=masked, ds_named_barrier=flag, **overrides)
-            _, constexprs, _, _ = bwd.launch_args(
-                q, q, q, q, lse, lse, bwd.dq_workspace(q, 256), q, q, cfg,
-                softmax_scale=0.125, window_left=-1, window_right=0 if masked else -1,
-                softcap=0.0)
-            assert constexprs["DS_NAMED"] is flag
-    wide = torch.empty((1, 256, 2, 256), dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="ds_named_barrier"):
-        bwd.launch_args(wide, wide, wide, wide, lse, lse, bwd.dq_workspace(wide, 256), wide,
-                        wide, bwd_config(256, ds_named_barrier=True), softmax_scale=0.0625,
-                        window_left=-1, window_right=-1, softcap=0.0)
-
-
 def test_forward_max_chains_is_off_and_reaches_the_kernel():
     """FwdConfig.max_chains (the row max as independent FMNMX chains per thread) is 1 in every
     shipped config, bf16 / fp16 and FP8, reaches the kernel as the MAX_CHAINS constexpr, and a

@@ -296,12 +296,10 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
         if why is not None:
             raise ValueError(f"BwdConfig: deterministic=True with {why}")
     if wide:
-        if (cfg.dq_first or cfg.stats_early or cfg.dq_rows or cfg.dq_lane_order
-                or cfg.ds_named_barrier):
+        if cfg.dq_first or cfg.stats_early or cfg.dq_rows or cfg.dq_lane_order:
             raise ValueError("bwd_wide_kernel has one GEMM order, one dQ split, one dQ column "
-                             "order, one place for the row statistics and one dS exchange "
-                             "(dq_first=False, dq_rows=False, dq_lane_order=False, "
-                             "stats_early=False, ds_named_barrier=False)")
+                             "order and one place for the row statistics (dq_first=False, "
+                             "dq_rows=False, dq_lane_order=False, stats_early=False)")
         if cfg.persistent:
             raise ValueError("bwd_wide_kernel has no persistent schedule (persistent=False)")
         if not (cfg.dq_tma and cfg.dq_async):
@@ -326,8 +324,7 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
                           DETERMINISTIC=cfg.det_order if cfg.deterministic else 0,
                           DQ_RELEASE_LATE=cfg.det_release_late, VARLEN=cu_seqlens is not None,
                           DQ_FIRST=cfg.dq_first, STATS_EARLY=cfg.stats_early,
-                          SPLIT=split > 0, DQ_LANES=cfg.dq_lane_order,
-                          DS_NAMED=cfg.ds_named_barrier)
+                          SPLIT=split > 0, DQ_LANES=cfg.dq_lane_order)
     # (bwd_wide_kernel's pipeline guards an empty tile; bwd_kernel's issues its first block
     # unconditionally)
     if cu_seqlens is not None and (cfg.persistent or cfg.deterministic

@@ -68,12 +68,6 @@ Schedule switches (constexpr, measured in benchmarks/probes/hopper_probe.py --mo
                stores where the natural order takes two 64-bit ones (Nsight Compute,
                2026-12-07: 2x FA4's store count); the dQ conversion puts the columns back.
                Measured 0.93-1.03x (H100, 2026-12-07: slower at 2k), off
-    DS_NAMED   the two consumers' dS^T halves exchanged through one hardware named barrier
-               (bar.sync of both warpgroups, _exchange_ds) instead of a warpgroup bar.sync,
-               a one-thread arrive and a polled mbarrier wait per block, with no ds_free
-               handshake: a consumer reaches block it + 1's exchange only after its dQ GEMM
-               of block it has completed, so a slot written at it + 2 is free. FA4 exchanges
-               dS the same way (named barriers). An experiment, off
 """
 from __future__ import annotations
 
@@ -301,31 +295,6 @@ def _issue_s_dp(k_mine, v_mine, q_smem, do_smem, q_ready, do_ready, s_zero, it, 
         dp = s_zero
     return s, dp
 
-# hardware named barrier of the dS^T exchange (DS_NAMED); Triton's own barriers take the low ids
-_DS_BARRIER = gl.constexpr("bar.sync 14, 256;")
-
-
-@gluon.jit
-def _exchange_ds(ds_buf, ds_lp, ds_ready, ds_free, ds_slot, ds_phase, WG: gl.constexpr,
-                 HALF_N: gl.constexpr, DS_NAMED: gl.constexpr):
-    """This consumer's dS^T rows (HALF_N x BLOCK_M, 16-bit) into slot ``ds_slot`` of the
-    exchange buffer; returns once both consumers' halves are there for the dQ GEMM. DS_NAMED:
-    a proxy fence per thread, then one bar.sync of both warpgroups (no ds_free handshake,
-    module docstring); else wait for the slot to be free, store, fence, a warpgroup barrier,
-    one arrive per consumer on ds_ready and a wait for both."""
-    if DS_NAMED:
-        ds_buf.slice(WG * HALF_N, HALF_N, dim=0).store(ds_lp)
-        fence_async_shared()
-        per_thread_ptx(_DS_BARRIER)
-    else:
-        mbarrier.wait(ds_free.index(ds_slot), ds_phase ^ 1)
-        ds_buf.slice(WG * HALF_N, HALF_N, dim=0).store(ds_lp)
-        fence_async_shared()
-        cta_barrier()  # every thread's dS^T is in smem before the single-thread arrive
-        mbarrier.arrive(ds_ready.index(ds_slot))
-        mbarrier.wait(ds_ready.index(ds_slot), ds_phase)
-
-
 @gluon.jit
 def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs, schedule,
               BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, HAS_LEFT: gl.constexpr,
@@ -335,7 +304,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
               DETERMINISTIC: gl.constexpr = False, handoff=None, varlen=None,
               VARLEN: gl.constexpr = False, DQ_FIRST: gl.constexpr = False,
               STATS_EARLY: gl.constexpr = False, SPLIT: gl.constexpr = False,
-              DQ_LANES: gl.constexpr = False, DS_NAMED: gl.constexpr = False):
+              DQ_LANES: gl.constexpr = False):
     """One consumer warpgroup: keys [WG * HALF_N, (WG + 1) * HALF_N) of each key block (tile)
     it processes (one; with PERSISTENT every num_programs-th, or with DYNAMIC those the
     producer publishes). DETERMINISTIC: dQ goes to the writer warp through ``handoff``, and
@@ -397,7 +366,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
                                 HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
                                 LONGEST_FIRST, PERSISTENT, handoff, DETERMINISTIC,
                                 DQ_FIRST=DQ_FIRST, STATS_EARLY=STATS_EARLY,
-                                DQ_LANES=DQ_LANES, DS_NAMED=DS_NAMED)
+                                DQ_LANES=DQ_LANES)
             tile_iter += 1
             if DYNAMIC:
                 # the producer publishes the next index once both consumers have released
@@ -410,7 +379,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
         _key_tile(WG, gl.program_id(0), 0, gl.to_tensor(0), descs, smem, bars, problem, window,
                   scales, ptrs, schedule, consts, BLOCK_M, HEAD_DIM, HAS_LEFT, HAS_RIGHT,
                   HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC, LONGEST_FIRST, PERSISTENT,
-                  None, False, varlen, VARLEN, DQ_FIRST, STATS_EARLY, SPLIT, DQ_LANES, DS_NAMED)
+                  None, False, varlen, VARLEN, DQ_FIRST, STATS_EARLY, SPLIT, DQ_LANES)
     if DETERMINISTIC:
         _end_dq_writer(handoff, it_base, WG)
     elif DQ_ASYNC:
@@ -425,8 +394,7 @@ def _key_tile(WG: gl.constexpr, tile, tile_iter, it_base, descs, smem, bars, pro
               LONGEST_FIRST: gl.constexpr, PERSISTENT: gl.constexpr, handoff=None,
               DETERMINISTIC: gl.constexpr = False, varlen=None, VARLEN: gl.constexpr = False,
               DQ_FIRST: gl.constexpr = False, STATS_EARLY: gl.constexpr = False,
-              SPLIT: gl.constexpr = False, DQ_LANES: gl.constexpr = False,
-              DS_NAMED: gl.constexpr = False):
+              SPLIT: gl.constexpr = False, DQ_LANES: gl.constexpr = False):
     """One consumer's work on key tile ``tile`` (the ``tile_iter``-th of this CTA): dK / dV over
     its query blocks, then stored. Returns the query-block count to continue from. VARLEN:
     the tile's sequence from tiles.varlen_key_tile (packed (1, total, h, d) tensors). SPLIT:
@@ -475,7 +443,7 @@ def _key_tile(WG: gl.constexpr, tile, tile_iter, it_base, descs, smem, bars, pro
                 n_blocks, total, it_base, dk, dv, k_mine, v_mine, k_cols, s_zero, dq_zero,
                 dq_offs, window, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE,
                 DQ_ASYNC, n_block, handoff, DETERMINISTIC, (q_off, len_q, len_k), VARLEN, True,
-                DQ_FIRST, STATS_EARLY, DQ_LANES=DQ_LANES, DS_NAMED=DS_NAMED)
+                DQ_FIRST, STATS_EARLY, DQ_LANES=DQ_LANES)
         else:
             if varlen[3] is not None:  # seqused_k: keys past it are unused cache slots
                 zero_keys_past(smem[0].reshape([BLOCK_N, D_PAD]),
@@ -485,14 +453,14 @@ def _key_tile(WG: gl.constexpr, tile, tile_iter, it_base, descs, smem, bars, pro
                 n_blocks, total, it_base, dk, dv, k_mine, v_mine, k_cols, s_zero, dq_zero,
                 dq_offs, window, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE,
                 DQ_ASYNC, n_block, handoff, DETERMINISTIC, (q_off, len_q, len_k), VARLEN, False,
-                DQ_FIRST, STATS_EARLY, DQ_LANES=DQ_LANES, DS_NAMED=DS_NAMED)
+                DQ_FIRST, STATS_EARLY, DQ_LANES=DQ_LANES)
     else:
         it_base, dk, dv = _consume_key_tile(
             WG, descs, smem, bars, problem, scales, ptrs, b, h_k, n_start, key0, lo_blk,
             n_blocks, total, it_base, dk, dv, k_mine, v_mine, k_cols, s_zero, dq_zero, dq_offs,
             window, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
             n_block, handoff, DETERMINISTIC, DQ_FIRST=DQ_FIRST, STATS_EARLY=STATS_EARLY,
-            g0=g0, DQ_LANES=DQ_LANES, DS_NAMED=DS_NAMED)
+            g0=g0, DQ_LANES=DQ_LANES)
     if PERSISTENT:
         mbarrier.arrive(kv_empty)  # every GEMM reading this K / V has completed
     # ---- epilogue: dK (times softmax_scale) and dV of this consumer's keys
@@ -524,7 +492,7 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
                       DETERMINISTIC: gl.constexpr = False, span=None,
                       VARLEN: gl.constexpr = False, GUARD: gl.constexpr = False,
                       DQ_FIRST: gl.constexpr = False, STATS_EARLY: gl.constexpr = False,
-                      g0=0, DQ_LANES: gl.constexpr = False, DS_NAMED: gl.constexpr = False):
+                      g0=0, DQ_LANES: gl.constexpr = False):
     """The ``total`` query blocks of one key tile for one consumer: dK / dV accumulated in
     registers (returned), dQ added to the workspace. Ring slots and dS slots continue from
     ``it_base``; returns (it_base + total, dk, dv). DETERMINISTIC: dQ goes to the writer warp
@@ -633,8 +601,13 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
         # ---- dS^T of both consumers into shared memory, then this consumer's dQ half
         ds_slot = it % 2
         ds_phase = (it // 2) & 1
+        mbarrier.wait(ds_free.index(ds_slot), ds_phase ^ 1)
         ds_buf = ds_smem.index(ds_slot)
-        _exchange_ds(ds_buf, ds_lp, ds_ready, ds_free, ds_slot, ds_phase, WG, HALF_N, DS_NAMED)
+        ds_buf.slice(WG * HALF_N, HALF_N, dim=0).store(ds_lp)
+        fence_async_shared()
+        cta_barrier()  # every thread's dS^T is in smem before the single-thread arrive
+        mbarrier.arrive(ds_ready.index(ds_slot))
+        mbarrier.wait(ds_ready.index(ds_slot), ds_phase)
         if DQ_ROWS:  # A = this consumer's query rows of dS, B = all of K
             ds_a = ds_buf.slice(WG * DQ_M, DQ_M, dim=1).permute((1, 0))
         else:  # A = every query row of dS, B = this consumer's column half of K
@@ -649,8 +622,7 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
             if DQ_LANES:
                 dq = dq_lane_order(dq)
             # dS^T (read by dQ) and dO (by dV) are free now; Q waits for dK
-            if not DS_NAMED:
-                mbarrier.arrive(ds_free.index(ds_slot))
+            mbarrier.arrive(ds_free.index(ds_slot))
             mbarrier.arrive(do_empty.index(stage))
             _send_dq(dq, sm_scale, dq_desc, dq_row0, m_start, dq_smem, dq_ptr, dq_offs,
                      handoff, it, n_block, WG, DQ_TMA, DQ_ASYNC, DETERMINISTIC, DQ_ROWS)
@@ -660,8 +632,7 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
             dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
             if DQ_LANES:
                 dq = dq_lane_order(dq)
-            if not DS_NAMED:
-                mbarrier.arrive(ds_free.index(ds_slot))
+            mbarrier.arrive(ds_free.index(ds_slot))
             mbarrier.arrive(q_empty.index(stage))
             mbarrier.arrive(do_empty.index(stage))
 
@@ -693,7 +664,7 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
                     DETERMINISTIC: gl.constexpr = False, DQ_RELEASE_LATE: gl.constexpr = False,
                     VARLEN: gl.constexpr = False, DQ_FIRST: gl.constexpr = False,
                     STATS_EARLY: gl.constexpr = False, SPLIT: gl.constexpr = False,
-                    DQ_LANES: gl.constexpr = False, DS_NAMED: gl.constexpr = False):
+                    DQ_LANES: gl.constexpr = False):
     """Warp-specialised attention backward (see module docstring).
 
     Descriptors are rank 4 over (batch, seq, head, dim): q/do boxes [1, BLOCK_M, 1, D_PAD],
@@ -783,11 +754,11 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
             (_consumer, (0, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
                          HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
                          LONGEST_FIRST, PERSISTENT, DYNAMIC, DETERMINISTIC, handoff, None,
-                         False, DQ_FIRST, STATS_EARLY, False, DQ_LANES, DS_NAMED)),
+                         False, DQ_FIRST, STATS_EARLY, False, DQ_LANES)),
             (_consumer, (1, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
                          HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
                          LONGEST_FIRST, PERSISTENT, DYNAMIC, DETERMINISTIC, handoff, None,
-                         False, DQ_FIRST, STATS_EARLY, False, DQ_LANES, DS_NAMED)),
+                         False, DQ_FIRST, STATS_EARLY, False, DQ_LANES)),
             (producer, (descs, smem, bars, problem, window, ptrs, schedule, BLOCK_M, HAS_LEFT,
                          HAS_RIGHT, LONGEST_FIRST, PERSISTENT, DYNAMIC, DETERMINISTIC)),
             (_dq_writer, (dq_desc, dq_smem, handoff, tile_counter, DQ_RELEASE_LATE)),
@@ -798,11 +769,11 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
             (_consumer, (0, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
                          HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
                          LONGEST_FIRST, PERSISTENT, DYNAMIC, False, None, varlen, VARLEN,
-                         DQ_FIRST, STATS_EARLY, SPLIT, DQ_LANES, DS_NAMED)),
+                         DQ_FIRST, STATS_EARLY, SPLIT, DQ_LANES)),
             (_consumer, (1, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
                          HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
                          LONGEST_FIRST, PERSISTENT, DYNAMIC, False, None, varlen, VARLEN,
-                         DQ_FIRST, STATS_EARLY, SPLIT, DQ_LANES, DS_NAMED)),
+                         DQ_FIRST, STATS_EARLY, SPLIT, DQ_LANES)),
             (producer, (descs, smem, bars, problem, window, ptrs, schedule, BLOCK_M, HAS_LEFT,
                          HAS_RIGHT, LONGEST_FIRST, PERSISTENT, DYNAMIC, False, varlen,
                          VARLEN, SPLIT)),

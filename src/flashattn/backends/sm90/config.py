@@ -80,7 +80,8 @@ class FwdConfig:
     # key block, one quad sum in the epilogue; the same sum in another order of fp32 adds.
     # Not with rowsum_mma (its sum comes from the tensor core). An experiment: Nsight Compute
     # counts four shuffles and four adds per warp and key block more than FA4 (H100,
-    # 2026-12-07, docs/fa4_comparison.md); not yet measured.
+    # 2026-12-07, docs/fa4_comparison.md). Measured 0.97-1.04x the per-block quad sum (H100,
+    # 2026-12-07, mean 1.00): off.
     lane_row_sum: bool = False
     # Masked calls (causal / a right window bound): tiles aligned to the end of the query
     # sequence, in whole warpgroup pieces (fwd_kernel BOTTOM_ALIGN), so the partial tile of a
@@ -424,13 +425,6 @@ class BwdConfig:
     # bytes against 128, d 128 causal 24 against 40. Measured 0.93-1.03x the natural order
     # (H100, 2026-12-07; 0.93-0.98 at 2k): off.
     dq_lane_order: bool = False
-    # d <= 128 (bwd_kernel.py): the consumers' dS^T halves exchanged through one hardware
-    # named barrier of both warpgroups per query block (bwd_kernel._exchange_ds) instead of
-    # the ds_ready / ds_free mbarriers (a warpgroup bar.sync, a one-thread arrive and a polled
-    # wait per block, and a release after the dQ GEMM). Exact: the same values, the same
-    # GEMMs. FA4 syncs its warpgroups with named barriers; ncu (H100, 2026-12-07) put 14 % of
-    # our consumers' stall samples on mbarrier try-wait loops. An experiment, off.
-    ds_named_barrier: bool = False
     # longest_first, one CTA per tile (not persistent, not deterministic), padded calls with
     # a GQA group (d <= 128, bwd_kernel.py): the first key blocks of every (batch, KV
     # head), as many as tile_order.split_key_blocks models worth it, run as two tiles over

@@ -9,7 +9,7 @@
 # Per (impl, case): the details page of every kernel the call launches (--set full, clocks left
 # alone: --clock-control none, as the device notes ask) and the per-instruction SASS source
 # page as gzipped CSV (stall samples per instruction: where the cycles go, and in which order
-# the compiler put the waits), the same samples per Python source line, plus the do_bench median of the call (--time, outside ncu).
+# the compiler put the waits), plus the do_bench median of the call (--time, outside ncu).
 # Writes <prefix>.tar.gz and prints the per-kernel duration lines.
 set -uo pipefail
 impls=$1; cases=$2; prefix=$3
@@ -29,10 +29,6 @@ for case in $cases; do
     ncu --import "$work/$name.ncu-rep" --page details > "$work/$name.txt" 2>&1
     ncu --import "$work/$name.ncu-rep" --page source --csv --print-source sass 2>&1 \
       | gzip -9 > "$work/${name}_sass.csv.gz"
-    # the same samples by Python source line (Triton's line info; the kernels' files are
-    # read from this tree): which wait, fence or barrier of the source the stalls sit on
-    ncu --import "$work/$name.ncu-rep" --page source --csv --print-source cuda 2>&1 \
-      | gzip -9 > "$work/${name}_lines.csv.gz"
     echo "== $name"; grep -E "^  [A-Za-z_].*\(|Duration  " "$work/$name.txt" | head -12
     rm -f "$work/$name.ncu-rep"
   done

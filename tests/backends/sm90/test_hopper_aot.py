@@ -298,7 +298,9 @@ def reports():
     r = subprocess.run([sys.executable, "-m", "tools.aot_sm90",
                         json.dumps(list(VARIANTS) + list(BWD_VARIANTS)
                                    + list(LATENT_VARIANTS))],
-                       capture_output=True, text=True, env=env, timeout=600)
+                       # ~170 variants compiled one after another: 9.4 minutes alone on a
+                       # 2-core CI machine (2026-12-07), more beside the other xdist worker
+                       capture_output=True, text=True, env=env, timeout=1500)
     assert r.returncode == 0, r.stderr[-4000:]
     rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
     return {row["key"]: row for row in rows}

@@ -300,12 +300,7 @@ def main(argv=None) -> int:
                        tma_reduce="cp.reduce.async.bulk.tensor" in rep.ptx,
                        setmaxnreg=[int(x) for x in __import__("re").findall(
                            r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", rep.ptx)],
-                       ex2="ex2.approx" in rep.ptx,
-                       # 128-bit shared-memory stores of 32-bit values (dQ's staging tile
-                       # in lane order, BwdConfig.dq_lane_order)
-                       shared_v4_stores=len(__import__("re").findall(
-                           r"st\.shared\.v4\.(?:f32|b32)", rep.ptx)),
-                       error=None)
+                       ex2="ex2.approx" in rep.ptx, error=None)
         except Exception as exc:  # reported per variant, the test names it
             row = dict(key=key_fn(d, dtypes[dt], causal, window, softcap, overrides),
                        error=f"{type(exc).__name__}: {str(exc)[-2000:]}")

@@ -96,11 +96,6 @@ VARIANTS = (
     # 128-key block before the wait instead of none)
     + [(d, "bfloat16", c, (-1, -1), 0.0, {"late_pv_wait": True}) for d in (64, 128, 256)
        for c in (False, True)]
-    # the running row sum as each lane's share, summed across the quad once per tile
-    # (FwdConfig.lane_row_sum; FP8 d = 256 is the FP8 head dim without the tensor-core sum)
-    + [(d, "bfloat16", c, (-1, -1), 0.0, {"lane_row_sum": True}) for d in (64, 128, 256)
-       for c in (False, True)]
-    + [(256, "float8_e4m3fn", True, (-1, -1), 0.0, {"lane_row_sum": True})]
 )
 
 
@@ -129,13 +124,6 @@ BWD_VARIANTS = (
         {"longest_first": True, "tile_split": True, "split_blocks": 3}),
        ("bwd", 128, "bfloat16", True, (-1, -1), 0.0,
         {"longest_first": True, "tile_split": True, "split_blocks": 3}),
-       # dQ's columns in the accumulator's lane order (BwdConfig.dq_lane_order: 128-bit
-       # staging stores; the default, the dQ writer warp's handoff, packed sequences)
-       ("bwd", 64, "bfloat16", False, (-1, -1), 0.0, {"dq_lane_order": True}),
-       ("bwd", 128, "bfloat16", True, (-1, -1), 0.0, {"dq_lane_order": True}),
-       ("bwd", 128, "bfloat16", True, (-1, -1), 0.0,
-        {"dq_lane_order": True, "deterministic": True}),
-       ("bwd", 128, "bfloat16", True, (-1, -1), 0.0, {"dq_lane_order": True, "varlen": True}),
        ("bwd", 128, "bfloat16", True, (-1, -1), 0.0, {"persistent": True}),
        ("bwd", 64, "bfloat16", False, (-1, -1), 0.0, {"persistent": True, "longest_first": True}),
        # unmasked calls at d = 64 / 128 run persistent by default; the one-tile-per-CTA schedule
@@ -249,12 +237,6 @@ SPILL_ALLOWANCE = {"fwd_d192_bfloat16_causal": 8, "fwd_d256_bfloat16_causal": 8,
                    # measured 0.91-0.99x of it, not adopted, 2026-11-28)
                    "fwd_d64_bfloat16_late_pv_wait1": 24,
                    "fwd_d256_bfloat16_causal_late_pv_wait1": 8,
-                   # (FwdConfig.lane_row_sum, Triton 3.6: d = 64 16 bytes, 8 more than the
-                   # default; d = 256 causal and FP8 d = 256 causal the default's; 8 shuffles
-                   # fewer in the d = 128 PTX, the same 168 registers; measured 0.97-1.04x, off)
-                   "fwd_d64_bfloat16_lane_row_sum1": 16,
-                   "fwd_d256_bfloat16_causal_lane_row_sum1": 8,
-                   "fwd_d256_float8_e4m3fn_causal_lane_row_sum1": 88,
                    # packed sequences (2026-11-25): the dense variants' allowances, FP8
                    # d = 256 causal 24 bytes more (the per-tile sequence geometry), FP8 d = 64
                    # / 128 causal 8 (GPU-measured at 0.97-0.98x the dense bf16 call's speed
@@ -371,9 +353,6 @@ D64_ROWS128_SPILL_ALLOWANCE = {"bwd_d64_bfloat16": 128,
                                "bwd_d64_bfloat16_stats_early1": 336,
                                "bwd_d64_bfloat16_causal_stats_early1": 440,
                                "bwd_d64_bfloat16_dq_rows0": 152,
-                               # (dQ in lane order: 88 bytes, 40 fewer than the default;
-                               # measured 0.93-1.03x, off, 2026-12-07)
-                               "bwd_d64_bfloat16_dq_lane_order1": 88,
                                # packed sequences of >= PACKED_D64_MIN_MEAN_ROWS on average
                                # (+5-7 % at means 2k-8k, H100, 2026-12-06)
                                "bwd_d64_float16_causal_varlen1": 168}
@@ -420,8 +399,6 @@ def test_bwd_variant_compiles(variant, reports, capsys):
         assert 24 in rep["setmaxnreg"] and 240 in rep["setmaxnreg"]
     # dQ leaves by TMA bulk reduce-add unless the atomics variant was asked for
     assert rep["tma_reduce"] == ((variant[6] or {}).get("dq_tma", True))
-    if (variant[6] or {}).get("dq_lane_order"):
-        assert rep["shared_v4_stores"] >= 16  # the fp32 dQ staging tile in 128-bit stores
 
 
 @pytest.mark.parametrize("variant", LATENT_VARIANTS, ids=[_key(v) for v in LATENT_VARIANTS])

@@ -30,25 +30,6 @@ def test_dq_from_workspace(transposed, b, s, h, d, dtype):
     torch.testing.assert_close(dq, want, rtol=ulp, atol=1e-6)
 
 
-@pytest.mark.parametrize("b,s,h,d", [(2, 37, 3, 64), (1, 130, 2, 96), (1, 9, 2, 128)])
-def test_dq_from_workspace_in_lane_order(b, s, h, d):
-    """BwdConfig.dq_lane_order: the kernel stores each dQ tile's columns permuted by
-    bwd_kernel.dq_lane_order (reshape to (rows, chunks of 16, 2, 4, 2), swap the middle two
-    axes, reshape back); the conversion reads them back in order. The workspace here is
-    written by that same sequence of ops in torch; head dims whose padding is partly unused
-    (96 of 128) included. A transposed workspace is refused."""
-    s_pad, d_pad = -(-s // 64) * 64, 1 << (d - 1).bit_length()
-    natural = torch.randn((b, h, s_pad, d_pad), dtype=torch.float32)
-    permuted = (natural.reshape(b, h, s_pad, d_pad // 16, 2, 4, 2)
-                .permute(0, 1, 2, 3, 5, 4, 6).reshape(b, h, s_pad, d_pad).contiguous())
-    assert not torch.equal(permuted, natural)
-    q = torch.empty((b, s, h, d), dtype=torch.bfloat16)
-    got = dq_from_workspace(permuted, q, False, lane_order=True)
-    torch.testing.assert_close(got, dq_from_workspace(natural, q, False), rtol=0, atol=0)
-    with pytest.raises(ValueError, match="lane_order"):
-        dq_from_workspace(natural.transpose(2, 3).contiguous(), q, True, lane_order=True)
-
-
 @pytest.mark.parametrize("lens,lead,tail", [
     ((5, 0, 1, 37, 3, 0, 2, 70), 0, 0),  # empty and 1-row sequences, starts off the boundary
     ((3,), 2, 9),                         # rows before the first and after the last sequence

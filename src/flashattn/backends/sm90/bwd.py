@@ -296,10 +296,10 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
         if why is not None:
             raise ValueError(f"BwdConfig: deterministic=True with {why}")
     if wide:
-        if cfg.dq_first or cfg.stats_early or cfg.dq_rows or cfg.dq_lane_order:
-            raise ValueError("bwd_wide_kernel has one GEMM order, one dQ split, one dQ column "
-                             "order and one place for the row statistics (dq_first=False, "
-                             "dq_rows=False, dq_lane_order=False, stats_early=False)")
+        if cfg.dq_first or cfg.stats_early or cfg.dq_rows:
+            raise ValueError("bwd_wide_kernel has one GEMM order, one dQ split and one place "
+                             "for the row statistics (dq_first=False, dq_rows=False, "
+                             "stats_early=False)")
         if cfg.persistent:
             raise ValueError("bwd_wide_kernel has no persistent schedule (persistent=False)")
         if not (cfg.dq_tma and cfg.dq_async):
@@ -311,9 +311,6 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
             raise ValueError("BwdConfig: persistent=True needs pipeline=False")
         if (cfg.dq_first or cfg.stats_early) and cfg.pipeline:
             raise ValueError("BwdConfig: dq_first=True and stats_early=True need pipeline=False")
-        if cfg.dq_lane_order and not cfg.dq_tma:
-            raise ValueError("BwdConfig: dq_lane_order=True needs dq_tma=True (the atomic "
-                             "adds address dQ's columns in order)")
         if cfg.dq_rows and (cfg.block_m < 128 or cfg.pipeline or cfg.deterministic
                             or not (cfg.dq_tma and cfg.dq_async)):
             raise ValueError("BwdConfig: dq_rows=True needs block_m >= 128 (a wgmma is 64 rows "
@@ -324,7 +321,7 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
                           DETERMINISTIC=cfg.det_order if cfg.deterministic else 0,
                           DQ_RELEASE_LATE=cfg.det_release_late, VARLEN=cu_seqlens is not None,
                           DQ_FIRST=cfg.dq_first, STATS_EARLY=cfg.stats_early,
-                          SPLIT=split > 0, DQ_LANES=cfg.dq_lane_order)
+                          SPLIT=split > 0)
     # (bwd_wide_kernel's pipeline guards an empty tile; bwd_kernel's issues its first block
     # unconditionally)
     if cu_seqlens is not None and (cfg.persistent or cfg.deterministic
@@ -404,8 +401,7 @@ def flash_bwd_hopper(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         add_split_parts(split_ws, dk, dv)
     else:
         _PLANS.launch(key, tensors, build)
-    dq = dq_from_workspace(dq_acc, q, transposed=is_wide(head_dim),
-                           lane_order=cfg.dq_lane_order)
+    dq = dq_from_workspace(dq_acc, q, transposed=is_wide(head_dim))
     return dq, dk, dv
 
 
@@ -510,8 +506,7 @@ class PackedBwdCall:
                                      tensors)
         if self.wide:
             return dq_from_packed_workspace(dq_acc, q, cu_seqlens_q), dk, dv
-        return dq_from_workspace(dq_acc, q4, transposed=False,
-                                 lane_order=self.cfg.dq_lane_order)[0], dk, dv
+        return dq_from_workspace(dq_acc, q4, transposed=False)[0], dk, dv
 
     def _launch(self, q4, k, v, dout4, dq_acc, lse2, delta, dk, dv, offsets, tensors):
         """The first launch of this signature (or one that cannot replay): through the

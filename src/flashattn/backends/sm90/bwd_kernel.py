@@ -63,11 +63,6 @@ Schedule switches (constexpr, measured in benchmarks/probes/hopper_probe.py --mo
                every column (A = its rows of dS, B = all of K: half the wgmmas, each twice as
                wide, and half of dS read per consumer) instead of its column half over every
                row. On for padded d = 64 calls (bwd_config): 1.02-1.10x (H100, 2026-12-06)
-    DQ_LANES   dQ's columns in the workspace in the order of the accumulator's lanes
-               (dq_lane_order; BwdConfig.dq_lane_order, needs DQ_TMA): 128-bit staging
-               stores where the natural order takes two 64-bit ones (Nsight Compute,
-               2026-12-07: 2x FA4's store count); the dQ conversion puts the columns back.
-               Measured 0.93-1.03x (H100, 2026-12-07: slower at 2k), off
 """
 from __future__ import annotations
 
@@ -86,22 +81,6 @@ from flashattn.backends.sm90.row_guard import padding_follows, zero_keys_past, z
 from flashattn.backends.sm90.softmax import ds_t, probs_t
 from flashattn.backends.sm90.tiles import (block_needs_mask_t, key_tile_work, query_block_range,
                                            visible_t)
-
-
-@gluon.jit
-def dq_lane_order(dq):
-    """dq (rows, cols) fp32 with its columns in the order of the wgmma accumulator's lanes
-    (BwdConfig.dq_lane_order): in every chunk of 16 columns, logical column 8 g + 2 l + b
-    (g < 2, lane l < 4 of the quad, b < 2) goes to position 4 l + 2 g + b, so that the four
-    values a lane holds of the chunk sit side by side and leave in one 128-bit shared-memory
-    store instead of two 64-bit ones (FA4 keeps its dQ accumulator in register order too).
-    bwd_postprocess.dq_from_workspace puts the columns back."""
-    ROWS: gl.constexpr = dq.shape[0]
-    COLS: gl.constexpr = dq.shape[1]
-    gl.static_assert(COLS % 16 == 0)
-    x = gl.reshape(dq, [ROWS, COLS // 16, 2, 4, 2])  # (row, chunk, g, lane, b)
-    x = gl.permute(x, [0, 1, 3, 2, 4])  # (row, chunk, lane, g, b)
-    return gl.reshape(x, [ROWS, COLS])
 
 
 @gluon.jit
@@ -303,8 +282,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
               PERSISTENT: gl.constexpr, DYNAMIC: gl.constexpr,
               DETERMINISTIC: gl.constexpr = False, handoff=None, varlen=None,
               VARLEN: gl.constexpr = False, DQ_FIRST: gl.constexpr = False,
-              STATS_EARLY: gl.constexpr = False, SPLIT: gl.constexpr = False,
-              DQ_LANES: gl.constexpr = False):
+              STATS_EARLY: gl.constexpr = False, SPLIT: gl.constexpr = False):
     """One consumer warpgroup: keys [WG * HALF_N, (WG + 1) * HALF_N) of each key block (tile)
     it processes (one; with PERSISTENT every num_programs-th, or with DYNAMIC those the
     producer publishes). DETERMINISTIC: dQ goes to the writer warp through ``handoff``, and
@@ -365,8 +343,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
                                 scales, ptrs, schedule, consts, BLOCK_M, HEAD_DIM, HAS_LEFT,
                                 HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
                                 LONGEST_FIRST, PERSISTENT, handoff, DETERMINISTIC,
-                                DQ_FIRST=DQ_FIRST, STATS_EARLY=STATS_EARLY,
-                                DQ_LANES=DQ_LANES)
+                                DQ_FIRST=DQ_FIRST, STATS_EARLY=STATS_EARLY)
             tile_iter += 1
             if DYNAMIC:
                 # the producer publishes the next index once both consumers have released
@@ -379,7 +356,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
         _key_tile(WG, gl.program_id(0), 0, gl.to_tensor(0), descs, smem, bars, problem, window,
                   scales, ptrs, schedule, consts, BLOCK_M, HEAD_DIM, HAS_LEFT, HAS_RIGHT,
                   HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC, LONGEST_FIRST, PERSISTENT,
-                  None, False, varlen, VARLEN, DQ_FIRST, STATS_EARLY, SPLIT, DQ_LANES)
+                  None, False, varlen, VARLEN, DQ_FIRST, STATS_EARLY, SPLIT)
     if DETERMINISTIC:
         _end_dq_writer(handoff, it_base, WG)
     elif DQ_ASYNC:
@@ -394,7 +371,7 @@ def _key_tile(WG: gl.constexpr, tile, tile_iter, it_base, descs, smem, bars, pro
               LONGEST_FIRST: gl.constexpr, PERSISTENT: gl.constexpr, handoff=None,
               DETERMINISTIC: gl.constexpr = False, varlen=None, VARLEN: gl.constexpr = False,
               DQ_FIRST: gl.constexpr = False, STATS_EARLY: gl.constexpr = False,
-              SPLIT: gl.constexpr = False, DQ_LANES: gl.constexpr = False):
+              SPLIT: gl.constexpr = False):
     """One consumer's work on key tile ``tile`` (the ``tile_iter``-th of this CTA): dK / dV over
     its query blocks, then stored. Returns the query-block count to continue from. VARLEN:
     the tile's sequence from tiles.varlen_key_tile (packed (1, total, h, d) tensors). SPLIT:
@@ -443,7 +420,7 @@ def _key_tile(WG: gl.constexpr, tile, tile_iter, it_base, descs, smem, bars, pro
                 n_blocks, total, it_base, dk, dv, k_mine, v_mine, k_cols, s_zero, dq_zero,
                 dq_offs, window, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE,
                 DQ_ASYNC, n_block, handoff, DETERMINISTIC, (q_off, len_q, len_k), VARLEN, True,
-                DQ_FIRST, STATS_EARLY, DQ_LANES=DQ_LANES)
+                DQ_FIRST, STATS_EARLY)
         else:
             if varlen[3] is not None:  # seqused_k: keys past it are unused cache slots
                 zero_keys_past(smem[0].reshape([BLOCK_N, D_PAD]),
@@ -453,14 +430,14 @@ def _key_tile(WG: gl.constexpr, tile, tile_iter, it_base, descs, smem, bars, pro
                 n_blocks, total, it_base, dk, dv, k_mine, v_mine, k_cols, s_zero, dq_zero,
                 dq_offs, window, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE,
                 DQ_ASYNC, n_block, handoff, DETERMINISTIC, (q_off, len_q, len_k), VARLEN, False,
-                DQ_FIRST, STATS_EARLY, DQ_LANES=DQ_LANES)
+                DQ_FIRST, STATS_EARLY)
     else:
         it_base, dk, dv = _consume_key_tile(
             WG, descs, smem, bars, problem, scales, ptrs, b, h_k, n_start, key0, lo_blk,
             n_blocks, total, it_base, dk, dv, k_mine, v_mine, k_cols, s_zero, dq_zero, dq_offs,
             window, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
             n_block, handoff, DETERMINISTIC, DQ_FIRST=DQ_FIRST, STATS_EARLY=STATS_EARLY,
-            g0=g0, DQ_LANES=DQ_LANES)
+            g0=g0)
     if PERSISTENT:
         mbarrier.arrive(kv_empty)  # every GEMM reading this K / V has completed
     # ---- epilogue: dK (times softmax_scale) and dV of this consumer's keys
@@ -492,7 +469,7 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
                       DETERMINISTIC: gl.constexpr = False, span=None,
                       VARLEN: gl.constexpr = False, GUARD: gl.constexpr = False,
                       DQ_FIRST: gl.constexpr = False, STATS_EARLY: gl.constexpr = False,
-                      g0=0, DQ_LANES: gl.constexpr = False):
+                      g0=0):
     """The ``total`` query blocks of one key tile for one consumer: dK / dV accumulated in
     registers (returned), dQ added to the workspace. Ring slots and dS slots continue from
     ``it_base``; returns (it_base + total, dk, dv). DETERMINISTIC: dQ goes to the writer warp
@@ -619,8 +596,6 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
             ds_op = gl.convert_layout(ds_lp, A_LAYOUT)
             dk_tok = warpgroup_mma(ds_op, q_view, dk, is_async=True)
             dv, dq = warpgroup_mma_wait(1, deps=(dv_tok, dq_tok))
-            if DQ_LANES:
-                dq = dq_lane_order(dq)
             # dS^T (read by dQ) and dO (by dV) are free now; Q waits for dK
             mbarrier.arrive(ds_free.index(ds_slot))
             mbarrier.arrive(do_empty.index(stage))
@@ -630,8 +605,6 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
             mbarrier.arrive(q_empty.index(stage))
         else:
             dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
-            if DQ_LANES:
-                dq = dq_lane_order(dq)
             mbarrier.arrive(ds_free.index(ds_slot))
             mbarrier.arrive(q_empty.index(stage))
             mbarrier.arrive(do_empty.index(stage))
@@ -663,8 +636,7 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
                     PERSISTENT: gl.constexpr = False, DYNAMIC: gl.constexpr = False,
                     DETERMINISTIC: gl.constexpr = False, DQ_RELEASE_LATE: gl.constexpr = False,
                     VARLEN: gl.constexpr = False, DQ_FIRST: gl.constexpr = False,
-                    STATS_EARLY: gl.constexpr = False, SPLIT: gl.constexpr = False,
-                    DQ_LANES: gl.constexpr = False):
+                    STATS_EARLY: gl.constexpr = False, SPLIT: gl.constexpr = False):
     """Warp-specialised attention backward (see module docstring).
 
     Descriptors are rank 4 over (batch, seq, head, dim): q/do boxes [1, BLOCK_M, 1, D_PAD],
@@ -754,11 +726,11 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
             (_consumer, (0, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
                          HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
                          LONGEST_FIRST, PERSISTENT, DYNAMIC, DETERMINISTIC, handoff, None,
-                         False, DQ_FIRST, STATS_EARLY, False, DQ_LANES)),
+                         False, DQ_FIRST, STATS_EARLY)),
             (_consumer, (1, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
                          HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
                          LONGEST_FIRST, PERSISTENT, DYNAMIC, DETERMINISTIC, handoff, None,
-                         False, DQ_FIRST, STATS_EARLY, False, DQ_LANES)),
+                         False, DQ_FIRST, STATS_EARLY)),
             (producer, (descs, smem, bars, problem, window, ptrs, schedule, BLOCK_M, HAS_LEFT,
                          HAS_RIGHT, LONGEST_FIRST, PERSISTENT, DYNAMIC, DETERMINISTIC)),
             (_dq_writer, (dq_desc, dq_smem, handoff, tile_counter, DQ_RELEASE_LATE)),
@@ -769,11 +741,11 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
             (_consumer, (0, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
                          HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
                          LONGEST_FIRST, PERSISTENT, DYNAMIC, False, None, varlen, VARLEN,
-                         DQ_FIRST, STATS_EARLY, SPLIT, DQ_LANES)),
+                         DQ_FIRST, STATS_EARLY, SPLIT)),
             (_consumer, (1, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
                          HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
                          LONGEST_FIRST, PERSISTENT, DYNAMIC, False, None, varlen, VARLEN,
-                         DQ_FIRST, STATS_EARLY, SPLIT, DQ_LANES)),
+                         DQ_FIRST, STATS_EARLY, SPLIT)),
             (producer, (descs, smem, bars, problem, window, ptrs, schedule, BLOCK_M, HAS_LEFT,
                          HAS_RIGHT, LONGEST_FIRST, PERSISTENT, DYNAMIC, False, varlen,
                          VARLEN, SPLIT)),

@@ -23,17 +23,9 @@ from flashattn.runtime.launch import LaunchPlans
 
 
 @triton.jit
-def lane_order_column(col):
-    """Where bwd_kernel.dq_lane_order put logical column ``col`` (a permutation inside each
-    chunk of 16 columns: 8 g + 2 l + b -> 4 l + 2 g + b)."""
-    return (col // 16) * 16 + ((col % 8) // 2) * 4 + ((col % 16) // 8) * 2 + col % 2
-
-
-@triton.jit
 def _dq_convert_kernel(Acc, DQ, stride_acc_bh, stride_acc_s, stride_acc_d, stride_qb, stride_qs,
                        stride_qh, n_heads, seqlen_q, HEAD_DIM: tl.constexpr,
-                       BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-                       LANE_ORDER: tl.constexpr = False):
+                       BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
     # (batch, head) on grid axis 0: b * h can pass the 65535 limit of axis 1
     bh = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -42,12 +34,8 @@ def _dq_convert_kernel(Acc, DQ, stride_acc_bh, stride_acc_s, stride_acc_d, strid
     rows = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
     cols = tl.arange(0, BLOCK_D)
     ok = (rows[:, None] < seqlen_q) & (cols[None, :] < HEAD_DIM)
-    if LANE_ORDER:  # (a column's place stays inside its 16-column chunk, within BLOCK_D)
-        src_cols = lane_order_column(cols)
-    else:
-        src_cols = cols
     acc = tl.load(Acc + bh.to(tl.int64) * stride_acc_bh + rows[:, None].to(tl.int64) * stride_acc_s
-                  + src_cols[None, :].to(tl.int64) * stride_acc_d, mask=ok, other=0.0)
+                  + cols[None, :].to(tl.int64) * stride_acc_d, mask=ok, other=0.0)
     tl.store(DQ + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
              + rows[:, None].to(tl.int64) * stride_qs + cols[None, :],
              acc.to(DQ.dtype.element_ty), mask=ok)
@@ -62,27 +50,20 @@ def workspace_strides(dq_acc: torch.Tensor, transposed: bool):
     return dq_acc.stride(1), dq_acc.stride(2), dq_acc.stride(3)
 
 
-def dq_from_workspace(dq_acc: torch.Tensor, q: torch.Tensor, transposed: bool,
-                      lane_order: bool = False) -> torch.Tensor:
+def dq_from_workspace(dq_acc: torch.Tensor, q: torch.Tensor, transposed: bool) -> torch.Tensor:
     """dq (b, s_q, h, d), contiguous, q's dtype, from the fp32 workspace ``dq_acc``:
-    (b, h, s_q_pad, d_pad), or (b, h, d_pad, s_q_pad) when ``transposed``; ``lane_order``:
-    its columns in bwd_kernel.dq_lane_order's order (BwdConfig.dq_lane_order; d_pad a
-    multiple of 16)."""
+    (b, h, s_q_pad, d_pad), or (b, h, d_pad, s_q_pad) when ``transposed``."""
     batch, seqlen_q, n_heads, head_dim = q.shape
     dq = torch.empty((batch, seqlen_q, n_heads, head_dim), dtype=q.dtype, device=q.device)
     stride_bh, stride_s, stride_d = workspace_strides(dq_acc, transposed)
     block_d = next_pow2(head_dim)
     block_s = max(16, 8192 // block_d)  # 8K fp32 per program
-    if lane_order and (transposed or dq_acc.shape[3] % 16):
-        raise ValueError("dq_from_workspace: lane_order needs the (b, h, s_q_pad, d_pad) "
-                         "workspace with d_pad a multiple of 16")
-    key = (dq_acc.shape, dq_acc.stride(), q.shape, q.dtype, q.device, transposed, lane_order)
+    key = (dq_acc.shape, dq_acc.stride(), q.shape, q.dtype, q.device, transposed)
     _PLANS.launch(key, (dq_acc, dq), lambda: (
         _dq_convert_kernel, (batch * n_heads, cdiv(seqlen_q, block_s)), (
             dq_acc, dq, stride_bh, stride_s, stride_d, dq.stride(0), dq.stride(1), dq.stride(2),
             n_heads, seqlen_q),
-        dict(HEAD_DIM=head_dim, BLOCK_S=block_s, BLOCK_D=block_d, LANE_ORDER=lane_order,
-             num_warps=8)))
+        dict(HEAD_DIM=head_dim, BLOCK_S=block_s, BLOCK_D=block_d, num_warps=8)))
     return dq
 
 

@@ -76,13 +76,6 @@ class FwdConfig:
     # result (fwd_kernel._wait_pv_after), so that ptxas keeps it after the softmax instead of
     # hoisting it to the top of the block: the exp2 then run under the warpgroup's own P·V.
     late_pv_wait: bool = False
-    # The running row sum as each lane's share of it (fwd_kernel LANE_SUM): no shuffles per
-    # key block, one quad sum in the epilogue; the same sum in another order of fp32 adds.
-    # Not with rowsum_mma (its sum comes from the tensor core). An experiment: Nsight Compute
-    # counts four shuffles and four adds per warp and key block more than FA4 (H100,
-    # 2026-12-07, docs/fa4_comparison.md). Measured 0.97-1.04x the per-block quad sum (H100,
-    # 2026-12-07, mean 1.00): off.
-    lane_row_sum: bool = False
     # Masked calls (causal / a right window bound): tiles aligned to the end of the query
     # sequence, in whole warpgroup pieces (fwd_kernel BOTTOM_ALIGN), so the partial tile of a
     # seqlen_q that BLOCK_M does not divide is the first one, which sees the fewest keys,
@@ -416,15 +409,6 @@ class BwdConfig:
     # reading all of dS). Exact: the same products, summed in the same key order. bwd_config
     # turns it on for padded d = 64 calls (with 128-row blocks; measured 1.02-1.10x).
     dq_rows: bool = False
-    # d <= 128 (bwd_kernel.py), dq_tma: the dQ workspace's columns in the order of the wgmma
-    # accumulator's lanes (bwd_kernel.dq_lane_order: a lane's four values of each 16-column
-    # chunk side by side), so the staging tile is written with 128-bit stores instead of
-    # 64-bit ones (Nsight Compute, H100 2026-12-07: 8.4 M / 17.3 M STS.64 at d 64 2k / d 128
-    # causal 8k against FA4's 4.2 M / 8.5 M STS.128); the dQ conversion reads them back in
-    # order. Exact: the same sums, stored elsewhere. sm_90 AOT (Triton 3.6): d 64 88 spill
-    # bytes against 128, d 128 causal 24 against 40. Measured 0.93-1.03x the natural order
-    # (H100, 2026-12-07; 0.93-0.98 at 2k): off.
-    dq_lane_order: bool = False
     # longest_first, one CTA per tile (not persistent, not deterministic), padded calls with
     # a GQA group (d <= 128, bwd_kernel.py): the first key blocks of every (batch, KV
     # head), as many as tile_order.split_key_blocks models worth it, run as two tiles over

@@ -145,7 +145,6 @@ def launch_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Te
         ROWSUM_MMA=bool(cfg.rowsum_mma),
         MAX_CHAINS=int(cfg.max_chains),
         LATE_PV_WAIT=bool(cfg.late_pv_wait),
-        LANE_SUM=bool(cfg.lane_row_sum) and not cfg.rowsum_mma,
         # (only when the shift is at least one warpgroup piece: other lengths keep the variant
         # without it, whose kernel is the one before BOTTOM_ALIGN existed)
         BOTTOM_ALIGN=(bool(cfg.bottom_align) and window_right >= 0 and varlen is None

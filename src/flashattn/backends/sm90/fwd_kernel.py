@@ -51,11 +51,6 @@ Scheduling knobs (constexpr, for the ablation table in benchmarks/NOTES.md):
                    depend on block j's softmax result (_wait_pv_after), so that ptxas keeps it
                    after the exp2 instead of hoisting it above the row max. Bitwise the same;
                    measured 0.91-1.01x (H200, 2026-11-28), off (config.py).
-    LANE_SUM       the running row sum l kept as each lane's share (softmax.lane_row_sums,
-                   (HALF_M, 4)), the quad's shares added once in the epilogue, instead of two
-                   shuffles and adds per row and key block (FA4's sm90 softmax does so; Nsight
-                   Compute, 2026-12-07: 8.4 M SHFL in ours against 4.3 M in FA4's forward).
-                   Not with ROWSUM_MMA. Measured 0.97-1.04x (H100, 2026-12-07): off.
     BOTTOM_ALIGN   masked calls: query tiles are shifted up by whole warpgroup pieces
                    (_row_shift) so that the last ends within HALF_M rows of seqlen_q: when
                    BLOCK_M does not divide seqlen_q the partial tile is the first, which sees
@@ -98,8 +93,8 @@ from flashattn.runtime.gluon_api import cta_barrier, tma_load, tma_store  # noqa
 from flashattn.backends.sm90.ptx import per_thread_ptx
 from flashattn.backends.sm90.ring import ring_load
 from flashattn.backends.sm90.row_guard import zero_rows_before, zero_rows_from
-from flashattn.backends.sm90.softmax import (LN2, LOG2E, P_SCALE_LOG2, apply_softcap, lane_row_sums,
-                                    lane_total, mask_scores, online_softmax)
+from flashattn.backends.sm90.softmax import (LN2, LOG2E, P_SCALE_LOG2, apply_softcap, mask_scores,
+                                    online_softmax)
 from flashattn.backends.sm90.tiles import (block_needs_mask, key_block_range, tile_coords, used_keys,
                                   varlen_slot, varlen_span)
 
@@ -525,7 +520,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
               THREAD_RELEASE: gl.constexpr, ROWSUM_MMA: gl.constexpr,
               BOTTOM_ALIGN: gl.constexpr, varlen, VARLEN: gl.constexpr,
               USED: gl.constexpr = False, MAX_CHAINS: gl.constexpr = 1,
-              LATE_PV_WAIT: gl.constexpr = False, LANE_SUM: gl.constexpr = False):
+              LATE_PV_WAIT: gl.constexpr = False):
     """One consumer warpgroup: rows [WG * HALF_M, (WG + 1) * HALF_M) of every tile
     (HALF_M = BLOCK_M // CONSUMERS: the name is from the two-consumer layout).
 
@@ -621,10 +616,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
                                           n_load)
             mbarrier.wait(q_ready, tile_iter & 1)
         m_i = gl.full([HALF_M], float("-inf"), gl.float32, ROW_S)
-        if LANE_SUM:  # each lane's share of the row sums (softmax.lane_row_sums)
-            l_i = lane_row_sums(gl.zeros([HALF_M, BLOCK_N], gl.float32, S_LAYOUT))
-        else:
-            l_i = gl.zeros([HALF_M], gl.float32, ROW_S)
+        l_i = gl.zeros([HALF_M], gl.float32, ROW_S)
         acc = gl.zeros([HALF_M, HEAD_DIM_V], gl.float32, O_LAYOUT)
         if ROWSUM_MMA:  # (every column holds the row sum: P · ones, then fp32 adds)
             l_acc = gl.zeros([HALF_M, ROWSUM_N], gl.float32, L_LAYOUT)
@@ -659,10 +651,10 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
                                 VARLEN and not FP8 and not USED)
             if FP8:
                 p, m_i, l_i, alpha = online_softmax(s, m_i, l_i, s_unit_j, P_SCALE_LOG2,
-                                                    not ROWSUM_MMA, MAX_CHAINS, LANE_SUM)
+                                                    not ROWSUM_MMA, MAX_CHAINS)
             else:
                 p, m_i, l_i, alpha = online_softmax(s, m_i, l_i, s_unit, 0.0, not ROWSUM_MMA,
-                                                    MAX_CHAINS, LANE_SUM)
+                                                    MAX_CHAINS)
             p_op = _p_carry(p, dtype, P_LAYOUT, HALF_M, BLOCK_N, FP8)
             if INTRA_OVERLAP == 2:
                 alpha_o = gl.convert_layout(alpha, ROW_O)  # (acc is still zero: no-op rescale)
@@ -721,14 +713,14 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
                                     VARLEN and not FP8 and not USED)
                 if FP8:
                     p, m_i, l_i, alpha = online_softmax(s, m_i, l_i, s_unit_j, P_SCALE_LOG2,
-                                                        not ROWSUM_MMA, MAX_CHAINS, LANE_SUM)
+                                                        not ROWSUM_MMA, MAX_CHAINS)
                     alpha_l = alpha
                     # acc holds block j-1's P V in units of its V descale: carry the ratio
                     alpha = alpha * (vd_prev / vd)
                     vd_prev = vd
                 else:
                     p, m_i, l_i, alpha = online_softmax(s, m_i, l_i, s_unit, 0.0,
-                                                        not ROWSUM_MMA, MAX_CHAINS, LANE_SUM)
+                                                        not ROWSUM_MMA, MAX_CHAINS)
                     alpha_l = alpha
                 if INTRA_OVERLAP:
                     if LATE_PV_WAIT:
@@ -795,8 +787,6 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
         # ---- epilogue: O / l through shared memory and a TMA store; LSE in natural log
         if SEPARATE_O:
             mbarrier.arrive(q_empty)  # every QK^T of this tile is done: Q's slot may refill
-        if LANE_SUM:
-            l_i = lane_total(l_i, ROW_S)
         if ROWSUM_MMA:  # (every column of P · ones is the row sum)
             l_i = gl.convert_layout(gl.max(l_acc, axis=1), ROW_S)
         if sink_ptr is not None:
@@ -971,7 +961,7 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
                     CONSUMERS: gl.constexpr = 2, THREAD_RELEASE: gl.constexpr = False,
                     ROWSUM_MMA: gl.constexpr = False, BOTTOM_ALIGN: gl.constexpr = False,
                     VARLEN: gl.constexpr = False, MAX_CHAINS: gl.constexpr = 1,
-                    LATE_PV_WAIT: gl.constexpr = False, LANE_SUM: gl.constexpr = False):
+                    LATE_PV_WAIT: gl.constexpr = False):
     """Persistent warp-specialised attention forward (see module docstring).
 
     Descriptors are rank 4 over (batch, seq, head, dim) with boxes [1, rows, 1, dim_pad] (dim_pad
@@ -1069,12 +1059,12 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
                          ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED, MAX_CHAINS,
-                         LATE_PV_WAIT, LANE_SUM)),
+                         LATE_PV_WAIT)),
             (_consumer, (1, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
                          ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED, MAX_CHAINS,
-                         LATE_PV_WAIT, LANE_SUM)),
+                         LATE_PV_WAIT)),
         ], [4], [CONSUMER_REGS])
     elif CONSUMERS == 2:
         gl.warp_specialize([
@@ -1082,12 +1072,12 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
                          ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED, MAX_CHAINS,
-                         LATE_PV_WAIT, LANE_SUM)),
+                         LATE_PV_WAIT)),
             (_consumer, (1, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
                          ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED, MAX_CHAINS,
-                         LATE_PV_WAIT, LANE_SUM)),
+                         LATE_PV_WAIT)),
             (_producer, (descs, smem, bars, problem, window, tile_counter, BLOCK_M, HAS_LEFT,
                          HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG, INTRA_OVERLAP,
                          SEPARATE_O, DYNAMIC, BOTTOM_ALIGN, varlen, VARLEN, seqused_ptr)),
@@ -1098,17 +1088,17 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
                          ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED, MAX_CHAINS,
-                         LATE_PV_WAIT, LANE_SUM)),
+                         LATE_PV_WAIT)),
             (_consumer, (1, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
                          ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED, MAX_CHAINS,
-                         LATE_PV_WAIT, LANE_SUM)),
+                         LATE_PV_WAIT)),
             (_consumer, (2, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
                          ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED, MAX_CHAINS,
-                         LATE_PV_WAIT, LANE_SUM)),
+                         LATE_PV_WAIT)),
             (_producer, (descs, smem, bars, problem, window, tile_counter, BLOCK_M, HAS_LEFT,
                          HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG, INTRA_OVERLAP,
                          SEPARATE_O, DYNAMIC, BOTTOM_ALIGN, varlen, VARLEN, seqused_ptr)),

@@ -86,31 +86,8 @@ def row_max(s, MAX_CHAINS: gl.constexpr = 1):
 
 
 @gluon.jit
-def lane_row_sums(p):
-    """Each lane's share of the row sums of ``p`` (HALF_M, BLOCK_N) fp32 in the wgmma
-    accumulator layout: (HALF_M, 4), entry [r, t] the sum of row r's columns that lane t of
-    the row's quad holds (columns 8 g + 2 t + {0, 1}), added in the thread's registers only.
-    The running row sum kept so needs no shuffle per key block; ``lane_total`` crosses the
-    quad once, in the epilogue (FlashAttention-4's sm90 softmax does the same)."""
-    HALF_M: gl.constexpr = p.shape[0]
-    GROUPS: gl.constexpr = p.shape[1] // 8
-    # (row, 8-column group, lane in the quad, column bit 0), as row_max's reshape
-    x = gl.reshape(p, [HALF_M, GROUPS, 4, 2])
-    x = gl.sum(x, axis=3)
-    return gl.sum(x, axis=1)
-
-
-@gluon.jit
-def lane_total(l_lanes, ROW_LAYOUT: gl.constexpr):
-    """The row sums (HALF_M,) in ``ROW_LAYOUT`` from ``lane_row_sums``' per-lane shares:
-    the quad's four shares added (two shuffles per row)."""
-    return gl.convert_layout(gl.sum(l_lanes, axis=1), ROW_LAYOUT)
-
-
-@gluon.jit
 def online_softmax(s, m_i, l_i, s_unit, P_LOG2_OFFSET: gl.constexpr = 0.0,
-                   ROW_SUM: gl.constexpr = True, MAX_CHAINS: gl.constexpr = 1,
-                   LANE_SUM: gl.constexpr = False):
+                   ROW_SUM: gl.constexpr = True, MAX_CHAINS: gl.constexpr = 1):
     """One key block of the online softmax.
 
     s: scores (HALF_M, BLOCK_N) fp32, multiplied by ``s_unit`` to reach log2 units;
@@ -118,8 +95,6 @@ def online_softmax(s, m_i, l_i, s_unit, P_LOG2_OFFSET: gl.constexpr = 0.0,
     P_LOG2_OFFSET (FP8: 8): p is 2^offset larger (l too), alpha unchanged.
     ROW_SUM False: l_i is returned as given (the caller sums P on the tensor core instead).
     MAX_CHAINS: how the row max is reduced (row_max); the same value either way.
-    LANE_SUM: l_i is each lane's share, (HALF_M, 4) (lane_row_sums; lane_total ends it), the
-    same sum in another order of fp32 adds.
     Returns (p, m_new, l_new, alpha): p = exp2(s * s_unit - m_new) (unnormalised
     probabilities, 0 where s = -inf) and alpha = exp2(m_i - m_new), the factor that rescales
     the accumulator. Rows whose max is still -inf use 0 instead, so they give p = 0, no NaN.
@@ -133,12 +108,7 @@ def online_softmax(s, m_i, l_i, s_unit, P_LOG2_OFFSET: gl.constexpr = 0.0,
         p = gl.exp2(s * s_unit - gl.expand_dims(m_use, 1))
     alpha = gl.exp2(m_i - m_use)
     if ROW_SUM:
-        if LANE_SUM:  # (alpha is per row: the same in each lane of the quad)
-            alpha_lanes = gl.convert_layout(alpha, gl.SliceLayout(1, l_i.type.layout),
-                                            assert_trivial=True)
-            l_new = l_i * gl.expand_dims(alpha_lanes, 1) + lane_row_sums(p)
-        else:
-            l_new = l_i * alpha + gl.sum(p, axis=1)
+        l_new = l_i * alpha + gl.sum(p, axis=1)
     else:
         l_new = l_i
     return p, m_new, l_new, alpha

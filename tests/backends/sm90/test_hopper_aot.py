@@ -124,6 +124,13 @@ BWD_VARIANTS = (
         {"longest_first": True, "tile_split": True, "split_blocks": 3}),
        ("bwd", 128, "bfloat16", True, (-1, -1), 0.0,
         {"longest_first": True, "tile_split": True, "split_blocks": 3}),
+       # K / V views rebuilt every query block (BwdConfig.kv_views_per_block: the persistent
+       # d = 64 row split, causal one tile per CTA, the dQ writer, packed sequences)
+       ("bwd", 64, "bfloat16", False, (-1, -1), 0.0, {"kv_views_per_block": True}),
+       ("bwd", 128, "bfloat16", True, (-1, -1), 0.0, {"kv_views_per_block": True}),
+       ("bwd", 128, "bfloat16", True, (-1, -1), 0.0,
+        {"kv_views_per_block": True, "deterministic": True}),
+       ("bwd", 128, "bfloat16", True, (-1, -1), 0.0, {"kv_views_per_block": True, "varlen": True}),
        ("bwd", 128, "bfloat16", True, (-1, -1), 0.0, {"persistent": True}),
        ("bwd", 64, "bfloat16", False, (-1, -1), 0.0, {"persistent": True, "longest_first": True}),
        # unmasked calls at d = 64 / 128 run persistent by default; the one-tile-per-CTA schedule
@@ -353,6 +360,9 @@ D64_ROWS128_SPILL_ALLOWANCE = {"bwd_d64_bfloat16": 128,
                                "bwd_d64_bfloat16_stats_early1": 336,
                                "bwd_d64_bfloat16_causal_stats_early1": 440,
                                "bwd_d64_bfloat16_dq_rows0": 152,
+                               # (K / V views per block: 72 bytes, 56 fewer; an experiment,
+                               # 2026-12-07)
+                               "bwd_d64_bfloat16_kv_views_per_block1": 72,
                                # packed sequences of >= PACKED_D64_MIN_MEAN_ROWS on average
                                # (+5-7 % at means 2k-8k, H100, 2026-12-06)
                                "bwd_d64_float16_causal_varlen1": 168}

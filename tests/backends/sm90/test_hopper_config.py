@@ -406,6 +406,37 @@ def test_forward_late_pv_wait_is_off_and_reaches_the_kernel():
         fwd_config(128, late_pv_wait=True, intra_overlap=False)
 
 
+def test_backward_kv_views_per_block_is_off_and_reaches_the_kernel():
+    """BwdConfig.kv_views_per_block (K / V views rebuilt every query block) is off in every
+    shipped config and reaches bwd_kernel as the KV_PER_BLOCK constexpr (the wide kernel
+    always rebuilds its views and takes no such flag)."""
+    import torch
+
+    from flashattn.backends.sm90 import bwd
+    from flashattn.backends.sm90.config import BWD_CONFIGS, bwd_config
+
+    for d in BWD_CONFIGS:
+        for masked in (False, True):
+            assert not bwd_config(d, masked=masked).kv_views_per_block
+    lse = torch.empty((1, 2, 256), dtype=torch.float32)
+    for d, masked, overrides in ((128, False, {}), (128, True, {}), (64, False, {}),
+                                 (128, True, {"deterministic": True})):
+        q = torch.empty((1, 256, 2, d), dtype=torch.bfloat16)
+        for flag in (False, True):
+            cfg = bwd_config(d, masked=masked, kv_views_per_block=flag, **overrides)
+            _, constexprs, _, _ = bwd.launch_args(
+                q, q, q, q, lse, lse, bwd.dq_workspace(q, 256), q, q, cfg,
+                softmax_scale=0.125, window_left=-1, window_right=0 if masked else -1,
+                softcap=0.0)
+            assert constexprs["KV_PER_BLOCK"] is flag
+    wide = torch.empty((1, 256, 2, 256), dtype=torch.bfloat16)
+    _, constexprs, _, _ = bwd.launch_args(
+        wide, wide, wide, wide, lse, lse, bwd.dq_workspace(wide, 256), wide, wide,
+        bwd_config(256, kv_views_per_block=True), softmax_scale=0.0625, window_left=-1,
+        window_right=-1, softcap=0.0)
+    assert "KV_PER_BLOCK" not in constexprs
+
+
 def test_forward_max_chains_is_off_and_reaches_the_kernel():
     """FwdConfig.max_chains (the row max as independent FMNMX chains per thread) is 1 in every
     shipped config, bf16 / fp16 and FP8, reaches the kernel as the MAX_CHAINS constexpr, and a

@@ -58,6 +58,14 @@ Schedule switches (constexpr, measured in benchmarks/probes/hopper_probe.py --mo
     STATS_EARLY per query block, lse2 / delta read from shared memory right after issuing
                S^T / dP^T (without PIPELINE) instead of just before each is used. Measured
                0.94-1.00x at d = 64 (H200, 2026-11-28), off; spills at d = 128
+    KV_PER_BLOCK the K / V views of the wgmmas rebuilt every query block through a run-time
+               index that is always 0 (it >> 30), as bwd_wide_kernel does: with a constant
+               address the compiler hoists every K-step descriptor of K and V out of the
+               block loop and keeps them, 64-bit each, in vector registers beside dK / dV,
+               where they spill and return through LDL and R2UR before each GEMM (Nsight
+               Compute, H100 2026-12-07: R2UR waiting on LDL at d = 64). sm_90 AOT: spills
+               d 64 128 -> 56 bytes, d 128 causal 40 -> 0, dense 88 -> 0; R2UR 72 -> 25.
+               An experiment, off until measured
     DQ_ROWS    (not a flag: read off the dQ box, [BLOCK_M // 2, D_PAD]; BwdConfig.dq_rows,
                BLOCK_M >= 128) each consumer computes dQ for its half of the query rows over
                every column (A = its rows of dS, B = all of K: half the wgmmas, each twice as
@@ -282,7 +290,8 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
               PERSISTENT: gl.constexpr, DYNAMIC: gl.constexpr,
               DETERMINISTIC: gl.constexpr = False, handoff=None, varlen=None,
               VARLEN: gl.constexpr = False, DQ_FIRST: gl.constexpr = False,
-              STATS_EARLY: gl.constexpr = False, SPLIT: gl.constexpr = False):
+              STATS_EARLY: gl.constexpr = False, SPLIT: gl.constexpr = False,
+              KV_PER_BLOCK: gl.constexpr = False):
     """One consumer warpgroup: keys [WG * HALF_N, (WG + 1) * HALF_N) of each key block (tile)
     it processes (one; with PERSISTENT every num_programs-th, or with DYNAMIC those the
     producer publishes). DETERMINISTIC: dQ goes to the writer warp through ``handoff``, and
@@ -343,7 +352,8 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
                                 scales, ptrs, schedule, consts, BLOCK_M, HEAD_DIM, HAS_LEFT,
                                 HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
                                 LONGEST_FIRST, PERSISTENT, handoff, DETERMINISTIC,
-                                DQ_FIRST=DQ_FIRST, STATS_EARLY=STATS_EARLY)
+                                DQ_FIRST=DQ_FIRST, STATS_EARLY=STATS_EARLY,
+                                KV_PER_BLOCK=KV_PER_BLOCK)
             tile_iter += 1
             if DYNAMIC:
                 # the producer publishes the next index once both consumers have released
@@ -356,7 +366,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
         _key_tile(WG, gl.program_id(0), 0, gl.to_tensor(0), descs, smem, bars, problem, window,
                   scales, ptrs, schedule, consts, BLOCK_M, HEAD_DIM, HAS_LEFT, HAS_RIGHT,
                   HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC, LONGEST_FIRST, PERSISTENT,
-                  None, False, varlen, VARLEN, DQ_FIRST, STATS_EARLY, SPLIT)
+                  None, False, varlen, VARLEN, DQ_FIRST, STATS_EARLY, SPLIT, KV_PER_BLOCK)
     if DETERMINISTIC:
         _end_dq_writer(handoff, it_base, WG)
     elif DQ_ASYNC:
@@ -371,7 +381,7 @@ def _key_tile(WG: gl.constexpr, tile, tile_iter, it_base, descs, smem, bars, pro
               LONGEST_FIRST: gl.constexpr, PERSISTENT: gl.constexpr, handoff=None,
               DETERMINISTIC: gl.constexpr = False, varlen=None, VARLEN: gl.constexpr = False,
               DQ_FIRST: gl.constexpr = False, STATS_EARLY: gl.constexpr = False,
-              SPLIT: gl.constexpr = False):
+              SPLIT: gl.constexpr = False, KV_PER_BLOCK: gl.constexpr = False):
     """One consumer's work on key tile ``tile`` (the ``tile_iter``-th of this CTA): dK / dV over
     its query blocks, then stored. Returns the query-block count to continue from. VARLEN:
     the tile's sequence from tiles.varlen_key_tile (packed (1, total, h, d) tensors). SPLIT:
@@ -420,7 +430,7 @@ def _key_tile(WG: gl.constexpr, tile, tile_iter, it_base, descs, smem, bars, pro
                 n_blocks, total, it_base, dk, dv, k_mine, v_mine, k_cols, s_zero, dq_zero,
                 dq_offs, window, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE,
                 DQ_ASYNC, n_block, handoff, DETERMINISTIC, (q_off, len_q, len_k), VARLEN, True,
-                DQ_FIRST, STATS_EARLY)
+                DQ_FIRST, STATS_EARLY, KV_PER_BLOCK=KV_PER_BLOCK)
         else:
             if varlen[3] is not None:  # seqused_k: keys past it are unused cache slots
                 zero_keys_past(smem[0].reshape([BLOCK_N, D_PAD]),
@@ -430,14 +440,14 @@ def _key_tile(WG: gl.constexpr, tile, tile_iter, it_base, descs, smem, bars, pro
                 n_blocks, total, it_base, dk, dv, k_mine, v_mine, k_cols, s_zero, dq_zero,
                 dq_offs, window, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE,
                 DQ_ASYNC, n_block, handoff, DETERMINISTIC, (q_off, len_q, len_k), VARLEN, False,
-                DQ_FIRST, STATS_EARLY)
+                DQ_FIRST, STATS_EARLY, KV_PER_BLOCK=KV_PER_BLOCK)
     else:
         it_base, dk, dv = _consume_key_tile(
             WG, descs, smem, bars, problem, scales, ptrs, b, h_k, n_start, key0, lo_blk,
             n_blocks, total, it_base, dk, dv, k_mine, v_mine, k_cols, s_zero, dq_zero, dq_offs,
             window, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
             n_block, handoff, DETERMINISTIC, DQ_FIRST=DQ_FIRST, STATS_EARLY=STATS_EARLY,
-            g0=g0)
+            g0=g0, KV_PER_BLOCK=KV_PER_BLOCK)
     if PERSISTENT:
         mbarrier.arrive(kv_empty)  # every GEMM reading this K / V has completed
     # ---- epilogue: dK (times softmax_scale) and dV of this consumer's keys
@@ -469,7 +479,7 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
                       DETERMINISTIC: gl.constexpr = False, span=None,
                       VARLEN: gl.constexpr = False, GUARD: gl.constexpr = False,
                       DQ_FIRST: gl.constexpr = False, STATS_EARLY: gl.constexpr = False,
-                      g0=0):
+                      g0=0, KV_PER_BLOCK: gl.constexpr = False):
     """The ``total`` query blocks of one key tile for one consumer: dK / dV accumulated in
     registers (returned), dQ added to the workspace. Ring slots and dS slots continue from
     ``it_base``; returns (it_base + total, dk, dv). DETERMINISTIC: dQ goes to the writer warp
@@ -480,7 +490,8 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
     the rows of a query block past the sequence's end are zeroed in Q and dO first. ``g0``: the
     first query head of the group the tile covers (a cut key block's part, SPLIT)."""
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
-    k_smem, v_smem, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem = smem
+    k_smem, v_smem, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem = smem[:8]
+    k_ring, v_ring = smem[8], smem[9]  # K / V as one-slot rings (KV_PER_BLOCK)
     kv_ready, q_ready, q_empty, do_ready, do_empty, ds_ready, ds_free, stats_ready = bars
     seqlen_q, seqlen_k, n_heads, n_heads_k, group_size, seqlen_q_pad = problem
     window_left, window_right = window
@@ -531,6 +542,19 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
         m_start = (lo_blk + j - g * n_blocks) * BLOCK_M
         q_view = q_smem.index(stage).reshape([BLOCK_M, D_PAD])
         do_view = do_smem.index(stage).reshape([BLOCK_M, D_PAD])
+        if KV_PER_BLOCK:
+            # K / V through a run-time index that is always 0 (it < 2^30): the wgmma
+            # descriptors are rebuilt here (uniform-register adds) instead of being hoisted
+            # out of the loop into vector registers that spill (module docstring)
+            zero = it >> 30
+            k_all = k_ring.index(zero).reshape([BLOCK_N, D_PAD])
+            v_all = v_ring.index(zero).reshape([BLOCK_N, D_PAD])
+            k_mine = k_all.slice(WG * HALF_N, HALF_N, dim=0)
+            v_mine = v_all.slice(WG * HALF_N, HALF_N, dim=0)
+            if DQ_ROWS:
+                k_cols = k_all
+            else:
+                k_cols = k_all.slice(WG * HALF_D, HALF_D, dim=1)
 
         if not PIPELINE:
             # ---- S^T and dP^T (both async)
@@ -636,7 +660,8 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
                     PERSISTENT: gl.constexpr = False, DYNAMIC: gl.constexpr = False,
                     DETERMINISTIC: gl.constexpr = False, DQ_RELEASE_LATE: gl.constexpr = False,
                     VARLEN: gl.constexpr = False, DQ_FIRST: gl.constexpr = False,
-                    STATS_EARLY: gl.constexpr = False, SPLIT: gl.constexpr = False):
+                    STATS_EARLY: gl.constexpr = False, SPLIT: gl.constexpr = False,
+                    KV_PER_BLOCK: gl.constexpr = False):
     """Warp-specialised attention backward (see module docstring).
 
     Descriptors are rank 4 over (batch, seq, head, dim): q/do boxes [1, BLOCK_M, 1, D_PAD],
@@ -675,8 +700,14 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
     split_ws any pointer otherwise.
     """
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
-    k_smem = gl.allocate_shared_memory(k_desc.dtype, k_desc.block_type.shape, k_desc.layout)
-    v_smem = gl.allocate_shared_memory(v_desc.dtype, v_desc.block_type.shape, v_desc.layout)
+    # K and V with a leading dimension of 1, so the consumers can index it at run time
+    # (KV_PER_BLOCK); the loads and everything else use slot 0
+    k_ring = gl.allocate_shared_memory(k_desc.dtype, [1] + k_desc.block_type.shape,
+                                       k_desc.layout)
+    v_ring = gl.allocate_shared_memory(v_desc.dtype, [1] + v_desc.block_type.shape,
+                                       v_desc.layout)
+    k_smem = k_ring.index(0)
+    v_smem = v_ring.index(0)
     streams, stream_bars = alloc_query_streams(q_desc, do_desc, NUM_STAGES, BLOCK_M)
     q_smem, do_smem, lse_smem, delta_smem = streams
     kv_ready, q_ready, q_empty, do_ready, do_empty, stats_ready, kv_empty = stream_bars
@@ -697,7 +728,8 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
                                             dq_desc.layout)
     else:
         dq_smem = ds_smem  # unused
-    smem = (k_smem, v_smem, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem)
+    smem = (k_smem, v_smem, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem, k_ring,
+            v_ring)
     bars = (kv_ready, q_ready, q_empty, do_ready, do_empty, ds_ready, ds_free, stats_ready)
     problem = (seqlen_q, seqlen_k, n_heads, n_heads_k, group_size, seqlen_q_pad)
     window = (window_left, window_right)
@@ -726,11 +758,11 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
             (_consumer, (0, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
                          HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
                          LONGEST_FIRST, PERSISTENT, DYNAMIC, DETERMINISTIC, handoff, None,
-                         False, DQ_FIRST, STATS_EARLY)),
+                         False, DQ_FIRST, STATS_EARLY, False, KV_PER_BLOCK)),
             (_consumer, (1, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
                          HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
                          LONGEST_FIRST, PERSISTENT, DYNAMIC, DETERMINISTIC, handoff, None,
-                         False, DQ_FIRST, STATS_EARLY)),
+                         False, DQ_FIRST, STATS_EARLY, False, KV_PER_BLOCK)),
             (producer, (descs, smem, bars, problem, window, ptrs, schedule, BLOCK_M, HAS_LEFT,
                          HAS_RIGHT, LONGEST_FIRST, PERSISTENT, DYNAMIC, DETERMINISTIC)),
             (_dq_writer, (dq_desc, dq_smem, handoff, tile_counter, DQ_RELEASE_LATE)),
@@ -741,11 +773,11 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
             (_consumer, (0, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
                          HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
                          LONGEST_FIRST, PERSISTENT, DYNAMIC, False, None, varlen, VARLEN,
-                         DQ_FIRST, STATS_EARLY, SPLIT)),
+                         DQ_FIRST, STATS_EARLY, SPLIT, KV_PER_BLOCK)),
             (_consumer, (1, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
                          HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
                          LONGEST_FIRST, PERSISTENT, DYNAMIC, False, None, varlen, VARLEN,
-                         DQ_FIRST, STATS_EARLY, SPLIT)),
+                         DQ_FIRST, STATS_EARLY, SPLIT, KV_PER_BLOCK)),
             (producer, (descs, smem, bars, problem, window, ptrs, schedule, BLOCK_M, HAS_LEFT,
                          HAS_RIGHT, LONGEST_FIRST, PERSISTENT, DYNAMIC, False, varlen,
                          VARLEN, SPLIT)),

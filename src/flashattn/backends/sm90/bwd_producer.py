@@ -94,7 +94,8 @@ def _produce_key_tile(tile, it, descs, smem, bars, problem, window, ptrs, schedu
     continuing from ``it``; returns the next ``it``. VARLEN: the tile's sequence starts at
     q_off / k_off of the (1, total, h, d) tensors and of the (h, s_q_pad) statistics."""
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
-    k_smem, v_smem, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem = smem
+    # (the first eight entries: bwd_kernel appends its one-slot K / V rings)
+    k_smem, v_smem, q_smem, do_smem, ds_smem, lse_smem, delta_smem, dq_smem = smem[:8]
     kv_ready, q_ready, q_empty, do_ready, do_empty, ds_ready, ds_free, stats_ready = bars
     seqlen_q, seqlen_k, n_heads, n_heads_k, group_size, seqlen_q_pad = problem
     window_left, window_right = window

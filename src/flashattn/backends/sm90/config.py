@@ -409,6 +409,14 @@ class BwdConfig:
     # reading all of dS). Exact: the same products, summed in the same key order. bwd_config
     # turns it on for padded d = 64 calls (with 128-row blocks; measured 1.02-1.10x).
     dq_rows: bool = False
+    # d <= 128 (bwd_kernel.py): the K / V views of the wgmmas rebuilt every query block through
+    # a run-time index that is always 0, as bwd_wide_kernel always does (d = 192 / 256), so that
+    # the compiler does not hoist every K-step descriptor of K and V out of the block loop
+    # into vector registers (where they spill and come back through LDL -> R2UR before each
+    # GEMM: Nsight Compute, H100 2026-12-07). Exact: the same GEMMs on the same addresses.
+    # sm_90 AOT (Triton 3.6): spills d 64 128 -> 56 bytes, d 128 causal 40 -> 0, dense
+    # 88 -> 0; R2UR 72 -> 25 (d 64). An experiment, off until measured.
+    kv_views_per_block: bool = False
     # longest_first, one CTA per tile (not persistent, not deterministic), padded calls with
     # a GQA group (d <= 128, bwd_kernel.py): the first key blocks of every (batch, KV
     # head), as many as tile_order.split_key_blocks models worth it, run as two tiles over

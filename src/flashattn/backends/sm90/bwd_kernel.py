@@ -64,7 +64,7 @@ Schedule switches (constexpr, measured in benchmarks/probes/hopper_probe.py --mo
                block loop and keeps them, 64-bit each, in vector registers beside dK / dV,
                where they spill and return through LDL and R2UR before each GEMM (Nsight
                Compute, H100 2026-12-07: R2UR waiting on LDL at d = 64). sm_90 AOT: spills
-               d 64 128 -> 56 bytes, d 128 causal 40 -> 0, dense 88 -> 0; R2UR 72 -> 25.
+               d 64 128 -> 72 bytes, d 128 causal 40 -> 0, dense 88 -> 0; R2UR 72 -> 25.
                An experiment, off until measured
     DQ_ROWS    (not a flag: read off the dQ box, [BLOCK_M // 2, D_PAD]; BwdConfig.dq_rows,
                BLOCK_M >= 128) each consumer computes dQ for its half of the query rows over

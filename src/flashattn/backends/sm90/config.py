@@ -414,7 +414,7 @@ class BwdConfig:
     # the compiler does not hoist every K-step descriptor of K and V out of the block loop
     # into vector registers (where they spill and come back through LDL -> R2UR before each
     # GEMM: Nsight Compute, H100 2026-12-07). Exact: the same GEMMs on the same addresses.
-    # sm_90 AOT (Triton 3.6): spills d 64 128 -> 56 bytes, d 128 causal 40 -> 0, dense
+    # sm_90 AOT (Triton 3.6): spills d 64 128 -> 72 bytes, d 128 causal 40 -> 0, dense
     # 88 -> 0; R2UR 72 -> 25 (d 64). An experiment, off until measured.
     kv_views_per_block: bool = False
     # longest_first, one CTA per tile (not persistent, not deterministic), padded calls with

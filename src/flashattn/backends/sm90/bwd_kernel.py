@@ -283,6 +283,22 @@ def _issue_s_dp(k_mine, v_mine, q_smem, do_smem, q_ready, do_ready, s_zero, it, 
     return s, dp
 
 @gluon.jit
+def _kv_operands(k_all, v_all, WG: gl.constexpr, DQ_ROWS: gl.constexpr):
+    """This consumer's views of the resident K / V tiles (BLOCK_N x D_PAD in shared memory):
+    its key rows of K and V (A of S^T and of dP^T) and the B of its dQ piece (all of K for
+    its query rows with DQ_ROWS, else its column half of K)."""
+    HALF_N: gl.constexpr = k_all.shape[0] // 2
+    HALF_D: gl.constexpr = k_all.shape[1] // 2
+    k_mine = k_all.slice(WG * HALF_N, HALF_N, dim=0)
+    v_mine = v_all.slice(WG * HALF_N, HALF_N, dim=0)
+    if DQ_ROWS:
+        k_cols = k_all
+    else:
+        k_cols = k_all.slice(WG * HALF_D, HALF_D, dim=1)
+    return k_mine, v_mine, k_cols
+
+
+@gluon.jit
 def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs, schedule,
               BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, HAS_LEFT: gl.constexpr,
               HAS_RIGHT: gl.constexpr, HAS_SOFTCAP: gl.constexpr, DQ_TMA: gl.constexpr,
@@ -320,14 +336,8 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
     gl.static_assert(not (PERSISTENT and PIPELINE))  # PIPELINE's block count is per tile
     gl.static_assert(PERSISTENT or not DETERMINISTIC)  # waits only on live lower tiles
     gl.static_assert(not SPLIT or not (PERSISTENT or VARLEN or DETERMINISTIC or PIPELINE))
-    k_all = k_smem.reshape([BLOCK_N, D_PAD])
-    v_all = v_smem.reshape([BLOCK_N, D_PAD])
-    k_mine = k_all.slice(WG * HALF_N, HALF_N, dim=0)           # A of S^T
-    v_mine = v_all.slice(WG * HALF_N, HALF_N, dim=0)           # A of dP^T
-    if DQ_ROWS:
-        k_cols = k_all                                         # B of this consumer's dQ rows
-    else:
-        k_cols = k_all.slice(WG * HALF_D, HALF_D, dim=1)       # B of this consumer's dQ half
+    k_mine, v_mine, k_cols = _kv_operands(k_smem.reshape([BLOCK_N, D_PAD]),
+                                          v_smem.reshape([BLOCK_N, D_PAD]), WG, DQ_ROWS)
     s_zero = gl.zeros([HALF_N, BLOCK_M], gl.float32, S_LAYOUT)
     dq_zero = gl.zeros([DQ_M, DQ_N], gl.float32, DQ_LAYOUT)
     # (the atomic adds' offsets: DQ_TMA off, never with DQ_ROWS)
@@ -547,14 +557,9 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
             # descriptors are rebuilt here (uniform-register adds) instead of being hoisted
             # out of the loop into vector registers that spill (module docstring)
             zero = it >> 30
-            k_all = k_ring.index(zero).reshape([BLOCK_N, D_PAD])
-            v_all = v_ring.index(zero).reshape([BLOCK_N, D_PAD])
-            k_mine = k_all.slice(WG * HALF_N, HALF_N, dim=0)
-            v_mine = v_all.slice(WG * HALF_N, HALF_N, dim=0)
-            if DQ_ROWS:
-                k_cols = k_all
-            else:
-                k_cols = k_all.slice(WG * HALF_D, HALF_D, dim=1)
+            k_mine, v_mine, k_cols = _kv_operands(
+                k_ring.index(zero).reshape([BLOCK_N, D_PAD]),
+                v_ring.index(zero).reshape([BLOCK_N, D_PAD]), WG, DQ_ROWS)
 
         if not PIPELINE:
             # ---- S^T and dP^T (both async)

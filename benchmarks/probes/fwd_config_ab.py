@@ -1,13 +1,14 @@
 """Same-run A/B of one Hopper forward switch: the FwdConfig fields given by ``--override``
-(e.g. ``max_chains=4``, the row max as four FMNMX chains, or ``late_pv_wait=1``, the P·V
-wait kept after the softmax; docs/fa4_comparison.md) against the default config. Both
-switches named here change no arithmetic, so the variants should agree bitwise.
+(e.g. ``max_group_heads=1``, the tile order walking one (batch, head) pair's query blocks at
+a time, or ``head_groups=0``, one longest-first group of every pair; FwdConfig in
+src/flashattn/backends/sm90/config.py) against the default config. Both switches named here
+change no arithmetic, so the variants should agree bitwise.
 
 Per point (bf16, ``--tokens`` per call: batch = tokens / s; hidden ``--hidden``: h = hidden / d):
 
 - exactness: out and lse of both variants, compared bitwise (``out_bitwise``): for a switch
-  that changes only the order of exact operations or of the waits a difference would mean
-  the flagged kernel computes something else.
+  that changes only the order of exact operations, of the waits or of the tiles a difference
+  would mean the flagged kernel computes something else.
   Both against a float64 reference (flashattn.reference.attention_ref) on a slice (batch 0,
   the first ``--ref-heads`` heads): flash-attn's rule, out within 2x PyTorch's own bf16 error
   plus flashattn.check.atol_for, lse within 1e-3 (flashattn.check's rule).
@@ -20,8 +21,8 @@ The exit status is 1 when a point fails the reference or (``--bitwise``, the def
 variants differ.
 
     export PYTHONPATH=$PWD/src
-    python benchmarks/probes/fwd_config_ab.py --override max_chains=4 --out $OUT/fwd_rowmax.json
-    python benchmarks/probes/fwd_config_ab.py --override late_pv_wait=1 --out $OUT/late_wait.json
+    python benchmarks/probes/fwd_config_ab.py --override max_group_heads=1 --out $OUT/heads1.json
+    python benchmarks/probes/fwd_config_ab.py --override head_groups=0 --causal 1 --out $OUT/g0.json
 """
 from __future__ import annotations
 
@@ -104,7 +105,7 @@ def main(argv=None) -> int:
     ap.add_argument("--d", default="64,128,256")
     ap.add_argument("--causal", default="0,1")
     ap.add_argument("--seqlens", default="2048,8192,16384")
-    add_override_argument(ap, "FwdConfig", "max_chains=4")
+    add_override_argument(ap, "FwdConfig", "max_group_heads=1")
     ap.add_argument("--no-bitwise", dest="bitwise", action="store_false",
                     help="the switch changes arithmetic: do not require equal bits")
     ap.add_argument("--ref-heads", type=int, default=1,

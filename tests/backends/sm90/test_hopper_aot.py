@@ -40,7 +40,6 @@ VARIANTS = (
        (256, "bfloat16", True, (-1, -1), 30.0, None),
        (128, "bfloat16", True, (-1, -1), 0.0, {"pingpong": True}),
        (128, "bfloat16", True, (-1, -1), 0.0, {"pingpong": 2}),
-       (128, "bfloat16", False, (-1, -1), 0.0, {"rescale_early": True}),
        (128, "bfloat16", True, (-1, -1), 0.0, {"intra_overlap": False}),
        (128, "bfloat16", False, (-1, -1), 0.0, {"warp_specialized": False}),
        (64, "bfloat16", True, (100, -1), 0.0, None),
@@ -85,17 +84,6 @@ VARIANTS = (
     # descales)
     + [(d, "float8_e4m3fn", c, (-1, -1), 0.0, {"varlen": True})
        for d, c in ((128, False), (128, True), (64, True), (256, True))]
-    # the row max as four independent FMNMX chains per thread (FwdConfig.max_chains; Triton
-    # 3.6: the same registers and spill bytes as the single chain, the in-thread max 10 deep
-    # instead of 31 at 128-key blocks, 6 instead of 15 at 64)
-    + [(d, "bfloat16", c, (-1, -1), 0.0, {"max_chains": 4}) for d in (64, 128, 256)
-       for c in (False, True)]
-    + [(128, "float8_e4m3fn", True, (-1, -1), 0.0, {"max_chains": 4})]
-    # the P·V wait kept after the softmax by a predicate on its result (FwdConfig.late_pv_wait;
-    # Triton 3.6: the same registers and spill bytes as the default, all 66 exp2 of a
-    # 128-key block before the wait instead of none)
-    + [(d, "bfloat16", c, (-1, -1), 0.0, {"late_pv_wait": True}) for d in (64, 128, 256)
-       for c in (False, True)]
 )
 
 
@@ -237,13 +225,6 @@ def _key(v):
 # d = 128's long causal config (256-key blocks without the overlap: 24 bytes, +2-12 % at 4k-16k).
 SPILL_ALLOWANCE = {"fwd_d192_bfloat16_causal": 8, "fwd_d256_bfloat16_causal": 8,
                    "fwd_d64_bfloat16": 8, "fwd_d64_bfloat16_sink1": 16, "fwd_d64_float16": 8,
-                   # (FwdConfig.max_chains = 4: the single chain's allowances)
-                   "fwd_d64_bfloat16_max_chains4": 8,
-                   "fwd_d256_bfloat16_causal_max_chains4": 8,
-                   # (FwdConfig.late_pv_wait: d = 64 24 bytes, 16 more than the default order;
-                   # measured 0.91-0.99x of it, not adopted, 2026-11-28)
-                   "fwd_d64_bfloat16_late_pv_wait1": 24,
-                   "fwd_d256_bfloat16_causal_late_pv_wait1": 8,
                    # packed sequences (2026-11-25): the dense variants' allowances, FP8
                    # d = 256 causal 24 bytes more (the per-tile sequence geometry), FP8 d = 64
                    # / 128 causal 8 (GPU-measured at 0.97-0.98x the dense bf16 call's speed

@@ -376,36 +376,6 @@ def test_backward_dq_rows_reaches_the_kernel_through_the_dq_box():
             assert bwd_config(d, masked=masked).dq_rows is (d == 64)
 
 
-def test_forward_late_pv_wait_is_off_and_reaches_the_kernel():
-    """FwdConfig.late_pv_wait (the P·V wait kept after the softmax) is off in every shipped
-    config, reaches the kernel as the LATE_PV_WAIT constexpr, and without the intra-warpgroup
-    overlap (no P·V in flight during the softmax) it is refused, naming the field."""
-    import torch
-
-    from flashattn.backends.sm90.config import (FP8_CONFIGS, FWD_CONFIGS, SOFTCAP_CONFIGS,
-                                                fp8_fwd_config, fwd_config)
-    from flashattn.backends.sm90.fwd import launch_args
-
-    for table in (FWD_CONFIGS, SOFTCAP_CONFIGS, FP8_CONFIGS):
-        for cfg in table.values():
-            assert not cfg.late_pv_wait
-    for d in FWD_CONFIGS:
-        for softcap in (False, True):
-            assert not fwd_config(d, softcap).late_pv_wait
-    for d in FP8_CONFIGS:
-        for masked in (False, True):
-            assert not fp8_fwd_config(d, masked=masked).late_pv_wait
-    q = torch.empty((1, 256, 2, 128), dtype=torch.bfloat16)
-    lse = torch.empty((1, 2, 256), dtype=torch.float32)
-    for flag in (False, True):
-        _, constexprs, _, _ = launch_args(q, q, q, q, lse, fwd_config(128, late_pv_wait=flag),
-                                          softmax_scale=0.125, window_left=-1, window_right=0,
-                                          softcap=0.0, num_sms=132)
-        assert constexprs["LATE_PV_WAIT"] is flag
-    with pytest.raises(ValueError, match="late_pv_wait"):
-        fwd_config(128, late_pv_wait=True, intra_overlap=False)
-
-
 def test_backward_kv_views_per_block_is_off_and_reaches_the_kernel():
     """BwdConfig.kv_views_per_block (K / V views rebuilt every query block) is off in every
     shipped config and reaches bwd_kernel as the KV_PER_BLOCK constexpr (the wide kernel
@@ -435,43 +405,6 @@ def test_backward_kv_views_per_block_is_off_and_reaches_the_kernel():
         bwd_config(256, kv_views_per_block=True), softmax_scale=0.0625, window_left=-1,
         window_right=-1, softcap=0.0)
     assert "KV_PER_BLOCK" not in constexprs
-
-
-def test_forward_max_chains_is_off_and_reaches_the_kernel():
-    """FwdConfig.max_chains (the row max as independent FMNMX chains per thread) is 1 in every
-    shipped config, bf16 / fp16 and FP8, reaches the kernel as the MAX_CHAINS constexpr, and a
-    count that does not split a thread's 8-column groups evenly is refused naming the field."""
-    import torch
-
-    from flashattn.backends.sm90.config import (FP8_CONFIGS, FWD_CONFIGS, SOFTCAP_CONFIGS,
-                                                fp8_fwd_config, fwd_config)
-    from flashattn.backends.sm90.fwd import launch_args
-
-    for table in (FWD_CONFIGS, SOFTCAP_CONFIGS, FP8_CONFIGS):
-        for cfg in table.values():
-            assert cfg.max_chains == 1
-    for d in FWD_CONFIGS:
-        for softcap in (False, True):
-            assert fwd_config(d, softcap).max_chains == 1
-    for d in FP8_CONFIGS:
-        for masked in (False, True):
-            assert fp8_fwd_config(d, masked=masked).max_chains == 1
-    cfg = fwd_config(128, max_chains=4)
-    q = torch.empty((1, 256, 2, 128), dtype=torch.bfloat16)
-    lse = torch.empty((1, 2, 256), dtype=torch.float32)
-    _, constexprs, _, _ = launch_args(q, q, q, q, lse, cfg, softmax_scale=0.125,
-                                      window_left=-1, window_right=0, softcap=0.0, num_sms=132)
-    assert constexprs["MAX_CHAINS"] == 4
-    _, constexprs, _, _ = launch_args(q, q, q, q, lse, fwd_config(128), softmax_scale=0.125,
-                                      window_left=-1, window_right=0, softcap=0.0, num_sms=132)
-    assert constexprs["MAX_CHAINS"] == 1
-    for bad in (0, 3, 32):  # d = 128: 128-key blocks, 16 groups a row per thread
-        with pytest.raises(ValueError, match="max_chains"):
-            fwd_config(128, max_chains=bad)
-    with pytest.raises(ValueError, match="max_chains"):  # d = 256: 64-key blocks, 8 groups
-        fwd_config(256, max_chains=16)
-    with pytest.raises(ValueError, match="max_chains"):
-        fp8_fwd_config(128, masked=True, max_chains=3)
 
 
 def test_d64_backward_takes_128_query_rows_and_the_row_split_dq():

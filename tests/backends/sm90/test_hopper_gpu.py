@@ -123,14 +123,11 @@ def test_features(d, dtype, causal, window, softcap, shape):
                                        dict(warp_specialized=False, num_stages=3,
                                             separate_o=False),
                                        dict(pingpong=2), dict(pingpong=2, intra_overlap=False),
-                                       dict(rescale_early=True),
-                                       dict(rescale_early=True, pingpong=2),
                                        dict(thread_release=True),
                                        dict(thread_release=True, warp_specialized=False)],
                          ids=["pingpong", "no_intra_overlap", "not_persistent", "static_sched",
                               "pingpong_no_intra", "no_ws", "no_ws_stages3", "pingpong_named",
-                              "pingpong_named_no_intra", "rescale_early",
-                              "rescale_early_pingpong_named", "thread_release",
+                              "pingpong_named_no_intra", "thread_release",
                               "thread_release_no_ws"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_ablation_variants_are_exact(overrides, causal):

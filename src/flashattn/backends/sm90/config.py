@@ -37,10 +37,6 @@ class FwdConfig:
     # 1-3% slower at d = 128 / 256 (H200, 2026-11-23: benchmarks/NOTES.md).
     pingpong: int = 0
     intra_overlap: bool = True
-    # intra_overlap only: rescale O by block j's alpha between the QK^T and PV issues of the
-    # next iteration (under QK^T) instead of right after PV lands (fwd_kernel INTRA_OVERLAP 2).
-    # Measured equal (+-1%) at d = 128, -2% at d = 256 dense (H200, 2026-11-23): off.
-    rescale_early: bool = False
     persistent: bool = True
     dynamic: bool = True  # persistent tile queue for causal / windowed calls
     # the tile queue for unmasked calls too (equal-cost tiles): a CTA that starts late, its SM
@@ -66,16 +62,6 @@ class FwdConfig:
     # instruction issue at small head dims (benchmarks/NOTES.md, 2026-11-24). l then sums the
     # same rounded P (bf16 / e4m3) that P·V multiplies.
     rowsum_mma: bool = False
-    # Independent FMNMX chains per thread for each block's row max (fwd_kernel MAX_CHAINS,
-    # softmax.row_max): 1 is one chain of BLOCK_N / 4 dependent FMNMX before the quad shuffles
-    # (the first exp2 waits for all of it), 4 is four chains of a quarter each, combined before
-    # the shuffles, as FlashAttention-4's sm90 softmax does. The max is exact either way.
-    # An experiment (docs/fa4_comparison.md, hypothesis 6): 1 in every shipped config.
-    max_chains: int = 1
-    # intra_overlap only: the wait for block j-1's P·V made to depend on block j's softmax
-    # result (fwd_kernel._wait_pv_after), so that ptxas keeps it after the softmax instead of
-    # hoisting it to the top of the block: the exp2 then run under the warpgroup's own P·V.
-    late_pv_wait: bool = False
     # Masked calls (causal / a right window bound): tiles aligned to the end of the query
     # sequence, in whole warpgroup pieces (fwd_kernel BOTTOM_ALIGN), so the partial tile of a
     # seqlen_q that BLOCK_M does not divide is the first one, which sees the fewest keys,
@@ -230,11 +216,10 @@ def fp8_fwd_config(head_dim: int, head_dim_v: Optional[int] = None, softcap: boo
         cfg = replace(cfg, block_n=kv_block_keys, num_stages=FP8_NARROW_STAGES)
     if overrides:
         cfg = replace(cfg, **overrides)
-        _check_max_chains(cfg, overrides)
         _check_max_group_heads(cfg, overrides)
         _check_head_groups(cfg, overrides)
-    if not cfg.separate_o or cfg.rescale_early:
-        raise ValueError("FP8 forward configs need separate_o=True and rescale_early=False")
+    if not cfg.separate_o:
+        raise ValueError("FP8 forward configs need separate_o=True")
     return cfg
 
 
@@ -303,7 +288,6 @@ def fwd_config(head_dim: int, softcap: bool = False, head_dim_v: Optional[int] =
                          "maxnreg=168)")
     if cfg.consumers not in (2, 3) or cfg.block_m % cfg.consumers:
         raise ValueError(f"FwdConfig {overrides}: consumers must be 2 or 3 and divide block_m")
-    _check_max_chains(cfg, overrides)
     _check_max_group_heads(cfg, overrides)
     _check_head_groups(cfg, overrides)
     return cfg
@@ -320,19 +304,6 @@ def _check_max_group_heads(cfg: FwdConfig, overrides) -> None:
     """FwdConfig.max_group_heads: a cap (>= 1) or 0 (none)."""
     if cfg.max_group_heads < 0:
         raise ValueError(f"FwdConfig {overrides}: max_group_heads must be >= 0 (0: no cap)")
-
-
-def _check_max_chains(cfg: FwdConfig, overrides) -> None:
-    """max_chains splits the 8-column groups a thread holds of each score row (block_n / 8 of
-    them, softmax.row_max) into equal runs, one per chain: a power of two dividing them.
-    (Also the check of late_pv_wait, the other softmax-loop switch: it moves the wait of the
-    intra-warpgroup overlap, which must be on.)"""
-    chains, groups = cfg.max_chains, cfg.block_n // 8
-    if chains < 1 or chains & (chains - 1) or groups % chains:
-        raise ValueError(f"FwdConfig {overrides}: max_chains must be a power of two dividing "
-                         f"block_n // 8 = {groups}")
-    if cfg.late_pv_wait and not cfg.intra_overlap:
-        raise ValueError(f"FwdConfig {overrides}: late_pv_wait=True needs intra_overlap=True")
 
 
 # ---------------------------------------------------------------------------------------------

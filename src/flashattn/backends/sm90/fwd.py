@@ -138,13 +138,11 @@ def launch_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Te
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, NUM_STAGES=cfg.num_stages,
         HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, HAS_SOFTCAP=has_softcap,
         LONGEST_FIRST=window_right >= 0, PINGPONG=int(cfg.pingpong),
-        INTRA_OVERLAP=(2 if cfg.rescale_early else 1) if cfg.intra_overlap else 0, SEPARATE_O=cfg.separate_o, DYNAMIC=dynamic,
+        INTRA_OVERLAP=1 if cfg.intra_overlap else 0, SEPARATE_O=cfg.separate_o, DYNAMIC=dynamic,
         NO_WS=not cfg.warp_specialized,
         CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
         CONSUMERS=cfg.consumers, THREAD_RELEASE=bool(cfg.thread_release),
         ROWSUM_MMA=bool(cfg.rowsum_mma),
-        MAX_CHAINS=int(cfg.max_chains),
-        LATE_PV_WAIT=bool(cfg.late_pv_wait),
         # (only when the shift is at least one warpgroup piece: other lengths keep the variant
         # without it, whose kernel is the one before BOTTOM_ALIGN existed)
         BOTTOM_ALIGN=(bool(cfg.bottom_align) and window_right >= 0 and varlen is None

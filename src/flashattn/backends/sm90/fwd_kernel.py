@@ -25,10 +25,6 @@ Scheduling knobs (constexpr, for the ablation table in benchmarks/NOTES.md):
                    or slower here (benchmarks/NOTES.md).
     INTRA_OVERLAP  inside a warpgroup, S_{j+1} = Q K_{j+1}^T and O += P_j V_j are issued together
                    and the softmax of block j+1 runs while P_j V_j is still in flight.
-                   2: as 1, and O's rescale by block j's alpha runs between the two issues
-                   (while QK^T is in flight) instead of after P_{j-1} V_{j-1} has landed, where
-                   it delays the next issue (FA4's sm90 forward does this for d_v > 128).
-                   Measured equal at d = 128, -2% at d = 256: off by default.
     DYNAMIC        persistent tile queue (global atomic counter) instead of a static
                    round-robin: causal tiles differ in length, so CTAs take the next
                    (longest remaining) tile when they finish one.
@@ -42,15 +38,6 @@ Scheduling knobs (constexpr, for the ablation table in benchmarks/NOTES.md):
                    not by the GEMMs (+5-8 % at d = 64 / 128, benchmarks/NOTES.md, 2026-11-24).
                    Each block's sum starts from zero and l adds them in fp32 registers. l then
                    sums the same rounded P that P·V multiplies (FA3 sums the fp32 P).
-    MAX_CHAINS     the row max of each key block as that many independent FMNMX chains per
-                   thread (softmax.row_max), combined before the quad shuffles, instead of one
-                   chain over all of the thread's BLOCK_N / 4 columns, whose whole latency the
-                   block's first exp2 waits for. Exact (bitwise the same max). 1 by default
-                   (config.py).
-    LATE_PV_WAIT   with the intra-warpgroup overlap: the wait for block j-1's P·V made to
-                   depend on block j's softmax result (_wait_pv_after), so that ptxas keeps it
-                   after the exp2 instead of hoisting it above the row max. Bitwise the same;
-                   measured 0.91-1.01x (H200, 2026-11-28), off (config.py).
     BOTTOM_ALIGN   masked calls: query tiles are shifted up by whole warpgroup pieces
                    (_row_shift) so that the last ends within HALF_M rows of seqlen_q: when
                    BLOCK_M does not divide seqlen_q the partial tile is the first, which sees
@@ -417,17 +404,6 @@ def _rowsum_issue(p_in, ones_view, l_zero, P_L_LAYOUT: gl.constexpr):
 
 
 @gluon.jit
-def _wait_pv_after(alpha):
-    """``alpha`` unchanged, after a ``wgmma.wait_group 0`` predicated on alpha's own bits (a
-    predicate that is always true: no rescale factor is the all-ones NaN pattern). The
-    predicate makes the wait depend on the softmax's result, so ptxas cannot hoist it above
-    the softmax: the warpgroup's exp2 run while its own P·V is still on the tensor core."""
-    return gl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.b32 p, $1, -1; @p wgmma.wait_group.sync.aligned 0; "
-        "mov.b32 $0, $1; }", "=r,r", [alpha], dtype=gl.float32, is_pure=False, pack=1)
-
-
-@gluon.jit
 def _release(empty_bar, THREAD_RELEASE: gl.constexpr):
     """A consumer warpgroup is done reading a K or V slot: arrive on its *empty* barrier.
 
@@ -519,8 +495,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
               SEPARATE_O: gl.constexpr, DYNAMIC: gl.constexpr, NO_WS: gl.constexpr,
               THREAD_RELEASE: gl.constexpr, ROWSUM_MMA: gl.constexpr,
               BOTTOM_ALIGN: gl.constexpr, varlen, VARLEN: gl.constexpr,
-              USED: gl.constexpr = False, MAX_CHAINS: gl.constexpr = 1,
-              LATE_PV_WAIT: gl.constexpr = False):
+              USED: gl.constexpr = False):
     """One consumer warpgroup: rows [WG * HALF_M, (WG + 1) * HALF_M) of every tile
     (HALF_M = BLOCK_M // CONSUMERS: the name is from the two-consumer layout).
 
@@ -561,8 +536,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
         s_unit = qk_scale
 
     gl.static_assert(WG * HALF_M < BLOCK_M)
-    gl.static_assert(not FP8 or (INTRA_OVERLAP != 2 and SEPARATE_O))
-    gl.static_assert(not ROWSUM_MMA or INTRA_OVERLAP != 2)
+    gl.static_assert(not FP8 or SEPARATE_O)
     # ROWSUM_MMA: l = P · ones on the tensor core, one more wgmma (N = ROWSUM_N) per PV; its
     # group is waited with PV's, so the QK^T wait leaves PV_GROUPS groups in flight. Each key
     # block's sum starts from zero and is added to l in fp32 registers: the FP8 tensor core
@@ -651,13 +625,10 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
                                 VARLEN and not FP8 and not USED)
             if FP8:
                 p, m_i, l_i, alpha = online_softmax(s, m_i, l_i, s_unit_j, P_SCALE_LOG2,
-                                                    not ROWSUM_MMA, MAX_CHAINS)
+                                                    not ROWSUM_MMA)
             else:
-                p, m_i, l_i, alpha = online_softmax(s, m_i, l_i, s_unit, 0.0, not ROWSUM_MMA,
-                                                    MAX_CHAINS)
+                p, m_i, l_i, alpha = online_softmax(s, m_i, l_i, s_unit, 0.0, not ROWSUM_MMA)
             p_op = _p_carry(p, dtype, P_LAYOUT, HALF_M, BLOCK_N, FP8)
-            if INTRA_OVERLAP == 2:
-                alpha_o = gl.convert_layout(alpha, ROW_O)  # (acc is still zero: no-op rescale)
             prev_stage = stage
             prev_phase = phase
             kv_count += 1
@@ -678,8 +649,6 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
                     mbarrier.wait(v_ready.index(prev_stage), prev_phase)
                     turn_count = _turn_wait(turn, WG, turn_count, PINGPONG, True)
                     s_tok = warpgroup_mma(q_view, k_view, s_zero, use_acc=False, is_async=True)
-                    if INTRA_OVERLAP == 2:  # block j-1's rescale, under QK^T
-                        acc = acc * gl.expand_dims(alpha_o, 1)
                     acc_tok = warpgroup_mma(p_in, v_prev, acc, is_async=True)
                     if ROWSUM_MMA:
                         l_tok = _rowsum_issue(p_in, ones_view, l_zero, P_L_LAYOUT)
@@ -713,18 +682,16 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
                                     VARLEN and not FP8 and not USED)
                 if FP8:
                     p, m_i, l_i, alpha = online_softmax(s, m_i, l_i, s_unit_j, P_SCALE_LOG2,
-                                                        not ROWSUM_MMA, MAX_CHAINS)
+                                                        not ROWSUM_MMA)
                     alpha_l = alpha
                     # acc holds block j-1's P V in units of its V descale: carry the ratio
                     alpha = alpha * (vd_prev / vd)
                     vd_prev = vd
                 else:
                     p, m_i, l_i, alpha = online_softmax(s, m_i, l_i, s_unit, 0.0,
-                                                        not ROWSUM_MMA, MAX_CHAINS)
+                                                        not ROWSUM_MMA)
                     alpha_l = alpha
                 if INTRA_OVERLAP:
-                    if LATE_PV_WAIT:
-                        alpha = _wait_pv_after(alpha)
                     if ROWSUM_MMA:
                         acc, l_blk = warpgroup_mma_wait(0, deps=(acc_tok, l_tok))
                     else:
@@ -736,10 +703,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
                             n_load = (lo_blk + j - 1 + NUM_STAGES) * BLOCK_N
                             load_count = _load_kv(descs, smem, bars, load_count, b, n_load,
                                                   h_k, n_load)
-                if INTRA_OVERLAP == 2:
-                    alpha_o = gl.convert_layout(alpha, ROW_O)  # applied before PV_j's issue
-                else:
-                    acc = acc * gl.expand_dims(gl.convert_layout(alpha, ROW_O), 1)
+                acc = acc * gl.expand_dims(gl.convert_layout(alpha, ROW_O), 1)
                 if ROWSUM_MMA:
                     alpha_lo = gl.expand_dims(gl.convert_layout(alpha_l, ROW_L), 1)
                     l_acc = (l_acc + l_blk) * alpha_lo
@@ -771,8 +735,6 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, fp8_
                 if len_k < BLOCK_N:
                     zero_rows_before(v_prev, BLOCK_N - len_k)
             turn_count = _turn_wait(turn, WG, turn_count, PINGPONG)
-            if INTRA_OVERLAP == 2:
-                acc = acc * gl.expand_dims(alpha_o, 1)
             acc_tok = warpgroup_mma(p_in, v_prev, acc, is_async=True)
             if ROWSUM_MMA:
                 l_tok = _rowsum_issue(p_in, ones_view, l_zero, P_L_LAYOUT)
@@ -960,8 +922,7 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
                     NO_WS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
                     CONSUMERS: gl.constexpr = 2, THREAD_RELEASE: gl.constexpr = False,
                     ROWSUM_MMA: gl.constexpr = False, BOTTOM_ALIGN: gl.constexpr = False,
-                    VARLEN: gl.constexpr = False, MAX_CHAINS: gl.constexpr = 1,
-                    LATE_PV_WAIT: gl.constexpr = False):
+                    VARLEN: gl.constexpr = False):
     """Persistent warp-specialised attention forward (see module docstring).
 
     Descriptors are rank 4 over (batch, seq, head, dim) with boxes [1, rows, 1, dim_pad] (dim_pad
@@ -1058,26 +1019,22 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
             (_consumer, (0, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
-                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED, MAX_CHAINS,
-                         LATE_PV_WAIT)),
+                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED)),
             (_consumer, (1, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
-                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED, MAX_CHAINS,
-                         LATE_PV_WAIT)),
+                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED)),
         ], [4], [CONSUMER_REGS])
     elif CONSUMERS == 2:
         gl.warp_specialize([
             (_consumer, (0, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
-                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED, MAX_CHAINS,
-                         LATE_PV_WAIT)),
+                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED)),
             (_consumer, (1, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
-                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED, MAX_CHAINS,
-                         LATE_PV_WAIT)),
+                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED)),
             (_producer, (descs, smem, bars, problem, window, tile_counter, BLOCK_M, HAS_LEFT,
                          HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG, INTRA_OVERLAP,
                          SEPARATE_O, DYNAMIC, BOTTOM_ALIGN, varlen, VARLEN, seqused_ptr)),
@@ -1087,18 +1044,15 @@ def attn_fwd_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, tile_counter,
             (_consumer, (0, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
-                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED, MAX_CHAINS,
-                         LATE_PV_WAIT)),
+                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED)),
             (_consumer, (1, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
-                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED, MAX_CHAINS,
-                         LATE_PV_WAIT)),
+                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED)),
             (_consumer, (2, descs, smem, bars, problem, window, scales, fp8_scales, lse_ptr, sink_ptr, BLOCK_M,
                          HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG,
                          INTRA_OVERLAP, SEPARATE_O, DYNAMIC, NO_WS, THREAD_RELEASE,
-                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED, MAX_CHAINS,
-                         LATE_PV_WAIT)),
+                         ROWSUM_MMA, BOTTOM_ALIGN, varlen, VARLEN, USED)),
             (_producer, (descs, smem, bars, problem, window, tile_counter, BLOCK_M, HAS_LEFT,
                          HAS_RIGHT, HAS_SOFTCAP, LONGEST_FIRST, PINGPONG, INTRA_OVERLAP,
                          SEPARATE_O, DYNAMIC, BOTTOM_ALIGN, varlen, VARLEN, seqused_ptr)),

@@ -52,54 +52,19 @@ P_SCALE_LOG2 = gl.constexpr(8.0)
 
 
 @gluon.jit
-def row_max(s, MAX_CHAINS: gl.constexpr = 1):
-    """Max of each row of ``s`` (HALF_M, BLOCK_N), in the wgmma accumulator layout.
-
-    MAX_CHAINS 1: ``gl.max``, which a thread lowers as one dependent FMNMX chain over all of
-    its columns of the row (BLOCK_N / 4 of them), then two quad shuffles. The first exp2 of the
-    block waits for that whole chain.
-    MAX_CHAINS > 1 (a power of two dividing BLOCK_N / 8): the thread's columns are split into
-    MAX_CHAINS contiguous runs of 8-column groups, each reduced by its own chain (independent,
-    so they issue back to back), the partial maxima combined, then the same quad shuffles. The
-    max is exact in any order: the result is bitwise that of MAX_CHAINS 1.
-
-    Column c of the accumulator layout (instr_shape [16, BLOCK_N, K], 4 warps on M) lives in a
-    thread as: bit 0 a register, bits 1-2 the lane within the quad, bits 3.. a register (the
-    8-column group). The reshapes name those bits as axes and the permute moves the quad's lane
-    bits out of the way, so the two inner reductions are within a thread and only the last one
-    crosses lanes (once, not once per chain)."""
-    if MAX_CHAINS == 1:
-        return gl.max(s, axis=1)
-    else:
-        HALF_M: gl.constexpr = s.shape[0]
-        GROUPS: gl.constexpr = s.shape[1] // 8
-        RUN: gl.constexpr = GROUPS // MAX_CHAINS  # 8-column groups per chain
-        gl.static_assert(RUN * MAX_CHAINS == GROUPS)
-        # (row, chain, group in the run, lane in the quad, column bit 0)
-        x = gl.reshape(s, [HALF_M, MAX_CHAINS, RUN, 4, 2])
-        x = gl.permute(x, [0, 3, 1, 2, 4])
-        x = gl.reshape(x, [HALF_M, 4, MAX_CHAINS, RUN * 2])
-        x = gl.max(x, axis=3)  # MAX_CHAINS independent chains over the thread's registers
-        x = gl.max(x, axis=2)  # their partial maxima
-        x = gl.max(x, axis=1)  # across the quad (shuffles)
-        return gl.convert_layout(x, gl.SliceLayout(1, s.type.layout), assert_trivial=True)
-
-
-@gluon.jit
 def online_softmax(s, m_i, l_i, s_unit, P_LOG2_OFFSET: gl.constexpr = 0.0,
-                   ROW_SUM: gl.constexpr = True, MAX_CHAINS: gl.constexpr = 1):
+                   ROW_SUM: gl.constexpr = True):
     """One key block of the online softmax.
 
     s: scores (HALF_M, BLOCK_N) fp32, multiplied by ``s_unit`` to reach log2 units;
     m_i, l_i: running max (log2 units) and sum, (HALF_M,) fp32.
     P_LOG2_OFFSET (FP8: 8): p is 2^offset larger (l too), alpha unchanged.
     ROW_SUM False: l_i is returned as given (the caller sums P on the tensor core instead).
-    MAX_CHAINS: how the row max is reduced (row_max); the same value either way.
     Returns (p, m_new, l_new, alpha): p = exp2(s * s_unit - m_new) (unnormalised
     probabilities, 0 where s = -inf) and alpha = exp2(m_i - m_new), the factor that rescales
     the accumulator. Rows whose max is still -inf use 0 instead, so they give p = 0, no NaN.
     """
-    m_blk = row_max(s, MAX_CHAINS) * s_unit
+    m_blk = gl.max(s, axis=1) * s_unit
     m_new = gl.maximum(m_i, m_blk)
     m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
     if P_LOG2_OFFSET != 0.0:

@@ -112,9 +112,10 @@ BWD_VARIANTS = (
         {"longest_first": True, "tile_split": True, "split_blocks": 3}),
        ("bwd", 128, "bfloat16", True, (-1, -1), 0.0,
         {"longest_first": True, "tile_split": True, "split_blocks": 3}),
-       # K / V views rebuilt every query block (BwdConfig.kv_views_per_block: the persistent
-       # d = 64 row split, causal one tile per CTA, the dQ writer, packed sequences)
-       ("bwd", 64, "bfloat16", False, (-1, -1), 0.0, {"kv_views_per_block": True}),
+       # K / V views rebuilt every query block (BwdConfig.kv_views_per_block, the d = 64
+       # default: at d = 128 causal one tile per CTA, the dQ writer, packed sequences; at
+       # d = 64 the views held across blocks, the ablation's baseline)
+       ("bwd", 64, "bfloat16", False, (-1, -1), 0.0, {"kv_views_per_block": False}),
        ("bwd", 128, "bfloat16", True, (-1, -1), 0.0, {"kv_views_per_block": True}),
        ("bwd", 128, "bfloat16", True, (-1, -1), 0.0,
         {"kv_views_per_block": True, "deterministic": True}),
@@ -326,27 +327,25 @@ BWD_SPILL_ALLOWANCE = 200
 # d = 64 calls without softcap run 128-row query blocks with the dQ GEMM split by rows
 # (config.D64_BLOCK_M, BwdConfig.dq_rows; measured faster with these bytes in place: +2.6-3.0 %
 # for the 128 rows on the H200, 2026-11-28, then +1.5-10 % for the row split on the H100,
-# 2026-12-06); the ablation switches on top of them spill more (every other d = 64 variant:
-# none)
-D64_ROWS128_SPILL_ALLOWANCE = {"bwd_d64_bfloat16": 128,
-                               "bwd_d64_bfloat16_causal": 136,
-                               "bwd_d64_bfloat16_causal_longest_first1": 136,
-                               # the split's part index and workspace pointer: 8 bytes more
-                               "bwd_d64_bfloat16_causal_longest_first1_tile_split1_split_"
-                               "blocks3": 144,
-                               "bwd_d64_float16_causal_persistent1_dynamic1_longest_first1": 136,
-                               "bwd_d64_bfloat16_persistent1_longest_first1": 104,
-                               "bwd_d64_bfloat16_dq_first1": 144,
-                               "bwd_d64_bfloat16_causal_dq_first1": 136,
-                               "bwd_d64_bfloat16_stats_early1": 336,
-                               "bwd_d64_bfloat16_causal_stats_early1": 440,
-                               "bwd_d64_bfloat16_dq_rows0": 152,
-                               # (K / V views per block: 72 bytes, 56 fewer; an experiment,
+# 2026-12-06); the K / V views rebuilt per query block (kv_views_per_block, 2026-12-07) took
+# the default from 128 / 136 bytes to 72 / 8. The ablation switches on top of them spill more
+# (every other d = 64 variant: none)
+D64_ROWS128_SPILL_ALLOWANCE = {"bwd_d64_bfloat16": 72,
+                               "bwd_d64_bfloat16_causal": 8,
+                               "bwd_d64_bfloat16_causal_longest_first1": 8,
+                               "bwd_d64_float16_causal_persistent1_dynamic1_longest_first1": 8,
+                               "bwd_d64_bfloat16_persistent1_longest_first1": 40,
+                               "bwd_d64_bfloat16_dq_first1": 72,
+                               "bwd_d64_bfloat16_causal_dq_first1": 8,
+                               "bwd_d64_bfloat16_stats_early1": 280,
+                               "bwd_d64_bfloat16_causal_stats_early1": 288,
+                               "bwd_d64_bfloat16_dq_rows0": 104,
+                               # the K / V views held across blocks (the default before
                                # 2026-12-07)
-                               "bwd_d64_bfloat16_kv_views_per_block1": 72,
+                               "bwd_d64_bfloat16_kv_views_per_block0": 128,
                                # packed sequences of >= PACKED_D64_MIN_MEAN_ROWS on average
                                # (+5-7 % at means 2k-8k, H100, 2026-12-06)
-                               "bwd_d64_float16_causal_varlen1": 168}
+                               "bwd_d64_float16_causal_varlen1": 56}
 # deterministic=True: the dQ writer warp's handoff (2026-11-23) leaves consumer 0 more 64-bit
 # values in local memory (d = 128: 272 bytes causal, 256 dense; d = 64: 64); measured as is
 DET_SPILL_ALLOWANCE = 288

@@ -298,15 +298,17 @@ _KV_VIEWS = [(64, False, (2, 1000, 900, 4, 2), False), (128, True, (2, 1000, 100
                               f"k{s[4]}{'-det' if det else ''}" for d, c, s, det in _KV_VIEWS])
 def test_kv_views_per_block_is_exact(d, causal, shape, deterministic):
     """BwdConfig.kv_views_per_block: K / V views rebuilt every query block through a run-time
-    zero index give the same gradients: against the float64 oracle, dK / dV bitwise the
-    default's (the same GEMMs on the same shared memory), and with deterministic=True dQ
-    bitwise too. The cases cover the persistent d = 64 row-split dQ, the causal one tile per
-    CTA kernel, d = 96 with the GQA tile split, and the deterministic dQ writer."""
+    zero index (the d = 64 default) give the same gradients: against the float64 oracle, dK /
+    dV bitwise those of the views held across blocks (the same GEMMs on the same shared
+    memory), and with deterministic=True dQ bitwise too. The cases cover the persistent d = 64
+    row-split dQ, the causal one tile per CTA kernel, d = 96 with the GQA tile split, and the
+    deterministic dQ writer."""
     b, s_q, s_k, h, h_k = shape
     q, k, v = _inputs(b, s_q, s_k, h, h_k, d, torch.bfloat16)
     params = _params(d, causal, s_k=s_k)
     grads, dout = _run(q, k, v, params, deterministic=deterministic, kv_views_per_block=True)
-    base, _ = _run(q, k, v, params, dout=dout, deterministic=deterministic)
+    base, _ = _run(q, k, v, params, dout=dout, deterministic=deterministic,
+                   kv_views_per_block=False)
     _check(q, k, v, params, grads, dout)
     assert torch.equal(grads[1], base[1]) and torch.equal(grads[2], base[2])
     if deterministic:

@@ -386,7 +386,8 @@ class BwdConfig:
     # into vector registers (where they spill and come back through LDL -> R2UR before each
     # GEMM: Nsight Compute, H100 2026-12-07). Exact: the same GEMMs on the same addresses.
     # sm_90 AOT (Triton 3.6): spills d 64 128 -> 72 bytes, d 128 causal 40 -> 0, dense
-    # 88 -> 0; R2UR 72 -> 25 (d 64). An experiment, off until measured.
+    # 88 -> 0; R2UR 72 -> 25 (d 64). Measured (H100, 2026-12-07, bwd_config_ab.py) 0.99-1.07x
+    # at d = 64, on there (BWD_CONFIGS); 0.97-1.03x at d = 128, left off.
     kv_views_per_block: bool = False
     # longest_first, one CTA per tile (not persistent, not deterministic), padded calls with
     # a GQA group (d <= 128, bwd_kernel.py): the first key blocks of every (batch, KV
@@ -419,7 +420,9 @@ class BwdConfig:
 # takes both for d = 64 calls without softcap, masked or not (not deterministic; packed calls
 # of short sequences keep 64 rows: PACKED_D64_MIN_MEAN_ROWS).
 BWD_CONFIGS: Dict[int, BwdConfig] = {
-    64: BwdConfig(num_stages=2),
+    # K / V views rebuilt per query block at d = 64 (kv_views_per_block: 0.99-1.07x, H100
+    # 2026-12-07; d = 128 0.97-1.03x, left off there)
+    64: BwdConfig(num_stages=2, kv_views_per_block=True),
     96: BwdConfig(num_stages=2),
     128: BwdConfig(num_stages=2),
     # bwd_wide_kernel.py: 64 keys per CTA, the consumers split dK / dV by columns; pipelining

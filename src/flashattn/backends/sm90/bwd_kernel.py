@@ -2,7 +2,8 @@
 
 One CTA per (key block of BLOCK_N = 128 keys, batch, KV head), on a 1-D grid. K_j and V_j are
 loaded once into shared memory; the query blocks (BLOCK_M rows) of every query head of the GQA
-group stream past them. Three warp-specialised partitions (four with DETERMINISTIC, below):
+group stream past them. Three warp-specialised partitions (four with DETERMINISTIC or
+DQ_WRITER, below):
 
     producer   1 warp: TMA loads of K_j, V_j (once) and of Q_i, dO_i into NUM_STAGES ring
                slots (separate ready / empty mbarriers for Q and dO), plus the row statistics
@@ -67,6 +68,11 @@ Schedule switches (constexpr, measured in benchmarks/probes/hopper_probe.py --mo
                d 64 128 -> 72 bytes, d 128 causal 40 -> 0, dense 88 -> 0; R2UR 72 -> 25.
                Measured 0.99-1.07x at d = 64 (on there), 0.97-1.03x at d = 128 (off;
                H100, 2026-12-07)
+    DQ_WRITER  (BwdConfig.dq_writer) a fourth partition, one warp (_dq_reduce_writer), issues
+               the dQ reduce-adds, as FA4's sm90 backward does: each consumer stores its
+               piece into its staging tile and arrives on dq_full (the deterministic path's
+               handoff, without turns); the writer issues both TMA reduces and frees the
+               tiles (dq_empty) once they are read. An experiment, off until measured
     DQ_ROWS    (not a flag: read off the dQ box, [BLOCK_M // 2, D_PAD]; BwdConfig.dq_rows,
                BLOCK_M >= 128) each consumer computes dQ for its half of the query rows over
                every column (A = its rows of dS, B = all of K: half the wgmmas, each twice as
@@ -114,9 +120,10 @@ def _dq_turns(tile_counter):
 
 @gluon.jit
 def _hand_dq_to_writer(dq, dq_buf, handoff, it, row, turn, WG: gl.constexpr):
-    """DETERMINISTIC, consumer side: this consumer's dQ half of a query block (BLOCK_M, HALF_D)
-    fp32 into its staging buffer for the dQ writer, with the block's workspace row and turn
-    (consumer 0 writes them: both consumers' are the same). ``it`` counts the handoffs (one
+    """DETERMINISTIC or DQ_WRITER, consumer side: this consumer's dQ piece of a query block
+    (its column half, or with DQ_WRITER and DQ_ROWS its row half) fp32 into its staging
+    buffer for the dQ writer, with the block's workspace row and turn (consumer 0 writes them:
+    both consumers' are the same; DQ_WRITER ignores the turn). ``it`` counts the handoffs (one
     per query block, across tiles): the buffer is free once the writer has read handoff
     it - 1. The consumer never waits on global memory: the writer takes the turn."""
     dq_full, dq_empty, meta_smem = handoff
@@ -149,8 +156,8 @@ def _read_meta(meta_smem):
 
 @gluon.jit
 def _end_dq_writer(handoff, it, WG: gl.constexpr):
-    """DETERMINISTIC, consumer side, after its last tile: handoff ``it`` carries row -1, which
-    stops the writer."""
+    """DETERMINISTIC or DQ_WRITER, consumer side, after its last tile: handoff ``it`` carries
+    row -1, which stops the writer."""
     dq_full, dq_empty, meta_smem = handoff
     mbarrier.wait(dq_empty, (it & 1) ^ 1)
     if WG == 0:
@@ -213,6 +220,35 @@ def _dq_writer(dq_desc, dq_smem, handoff, tile_counter, RELEASE_LATE: gl.constex
 
 
 @gluon.jit
+def _dq_reduce_writer(dq_desc, dq_smem, handoff, BLOCK_M: gl.constexpr):
+    """BwdConfig.dq_writer: the dQ writer warp without turns. Per handoff (both consumers'
+    pieces of one query block, from workspace row ``row``): issue the two TMA reduce-adds
+    (DQ_ROWS: rows [row, row + DQ_M) and [row + DQ_M, row + 2 DQ_M), every column; else the
+    two column halves of rows [row, row + BLOCK_M)), then free the staging tiles once the
+    copy engine has read them. Completion is not waited for: the reduces land before the
+    dQ conversion kernel reads the workspace (kernel boundary). Row -1 stops the warp."""
+    dq_full, dq_empty, meta_smem = handoff
+    DQ_M: gl.constexpr = dq_desc.block_type.shape[0]
+    DQ_N: gl.constexpr = dq_desc.block_type.shape[1]
+    DQ_ROWS: gl.constexpr = DQ_M != BLOCK_M  # the dQ box is half the block's rows
+    n = 0
+    mbarrier.wait(dq_full, 0)
+    row, _turn = _read_meta(meta_smem)
+    while row >= 0:
+        tma_reduce_add_from_shared(dq_desc, [row, 0], dq_smem.index(0))
+        if DQ_ROWS:
+            tma_reduce_add_from_shared(dq_desc, [row + DQ_M, 0], dq_smem.index(1))
+        else:
+            tma_reduce_add_from_shared(dq_desc, [row, DQ_N], dq_smem.index(1))
+        tma.store_wait(0)  # both staging tiles read
+        cta_barrier()
+        mbarrier.arrive(dq_empty)
+        n += 1
+        mbarrier.wait(dq_full, n & 1)
+        row, _turn = _read_meta(meta_smem)
+
+
+@gluon.jit
 def _add_dq(dq_desc, row, col, dq, dq_ptr, dq_offs, DQ_TMA: gl.constexpr):
     """dq (BLOCK_M, HALF_D) fp32 into the workspace at (row, col): TMA reduce-add, or atomics.
     Rows past s_q add zeros (P = 0 there) into the workspace's padding rows."""
@@ -226,12 +262,17 @@ def _add_dq(dq_desc, row, col, dq, dq_ptr, dq_offs, DQ_TMA: gl.constexpr):
 @gluon.jit
 def _send_dq(dq, sm_scale, dq_desc, dq_row0, m_start, dq_smem, dq_ptr, dq_offs, handoff, it,
              n_block, WG: gl.constexpr, DQ_TMA: gl.constexpr, DQ_ASYNC: gl.constexpr,
-             DETERMINISTIC: gl.constexpr, DQ_ROWS: gl.constexpr = False):
+             DETERMINISTIC: gl.constexpr, DQ_ROWS: gl.constexpr = False,
+             DQ_WRITER: gl.constexpr = False):
     """This consumer's column half of query block ``m_start``'s dQ (DQ_ROWS: its row half),
     times ``sm_scale``, on its way to the workspace rows from ``dq_row0``: to the writer warp
-    (DETERMINISTIC), through the staging tile (DQ_ASYNC), or straight from registers."""
+    (DETERMINISTIC, DQ_WRITER), through the staging tile (DQ_ASYNC), or straight from
+    registers."""
     HALF_D: gl.constexpr = dq_desc.block_type.shape[1]
-    if DQ_ROWS:  # rows [WG * DQ_M, (WG + 1) * DQ_M) of the block, every column
+    if DQ_WRITER:  # the block's first row: the writer places both pieces (_dq_reduce_writer)
+        _hand_dq_to_writer(dq * sm_scale, dq_smem.index(WG), handoff, it, dq_row0 + m_start,
+                           0, WG)
+    elif DQ_ROWS:  # rows [WG * DQ_M, (WG + 1) * DQ_M) of the block, every column
         DQ_M: gl.constexpr = dq_desc.block_type.shape[0]
         _add_dq_async(dq_desc, dq_row0 + m_start + WG * DQ_M, 0, dq * sm_scale,
                       dq_smem.index(WG))
@@ -308,11 +349,11 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
               DETERMINISTIC: gl.constexpr = False, handoff=None, varlen=None,
               VARLEN: gl.constexpr = False, DQ_FIRST: gl.constexpr = False,
               STATS_EARLY: gl.constexpr = False, SPLIT: gl.constexpr = False,
-              KV_PER_BLOCK: gl.constexpr = False):
+              KV_PER_BLOCK: gl.constexpr = False, DQ_WRITER: gl.constexpr = False):
     """One consumer warpgroup: keys [WG * HALF_N, (WG + 1) * HALF_N) of each key block (tile)
     it processes (one; with PERSISTENT every num_programs-th, or with DYNAMIC those the
-    producer publishes). DETERMINISTIC: dQ goes to the writer warp through ``handoff``, and
-    a last handoff stops it. SPLIT (one tile per CTA): tiles.split_key_coords' tiles."""
+    producer publishes). DETERMINISTIC, DQ_WRITER: dQ goes to the writer warp through
+    ``handoff``, and a last handoff stops it. SPLIT (one tile per CTA): tiles.split_key_coords' tiles."""
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
     k_smem = smem[0]
     v_smem = smem[1]
@@ -337,6 +378,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
     gl.static_assert(not (PERSISTENT and PIPELINE))  # PIPELINE's block count is per tile
     gl.static_assert(PERSISTENT or not DETERMINISTIC)  # waits only on live lower tiles
     gl.static_assert(not SPLIT or not (PERSISTENT or VARLEN or DETERMINISTIC or PIPELINE))
+    gl.static_assert(not DQ_WRITER or (DQ_ASYNC and not PIPELINE and not DETERMINISTIC))
     k_mine, v_mine, k_cols = _kv_operands(k_smem.reshape([BLOCK_N, D_PAD]),
                                           v_smem.reshape([BLOCK_N, D_PAD]), WG, DQ_ROWS)
     s_zero = gl.zeros([HALF_N, BLOCK_M], gl.float32, S_LAYOUT)
@@ -364,7 +406,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
                                 HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
                                 LONGEST_FIRST, PERSISTENT, handoff, DETERMINISTIC,
                                 DQ_FIRST=DQ_FIRST, STATS_EARLY=STATS_EARLY,
-                                KV_PER_BLOCK=KV_PER_BLOCK)
+                                KV_PER_BLOCK=KV_PER_BLOCK, DQ_WRITER=DQ_WRITER)
             tile_iter += 1
             if DYNAMIC:
                 # the producer publishes the next index once both consumers have released
@@ -374,11 +416,12 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
             else:
                 tile += gl.num_programs(0)
     else:  # one tile per CTA: no loop around the body (it costs ptxas registers)
-        _key_tile(WG, gl.program_id(0), 0, gl.to_tensor(0), descs, smem, bars, problem, window,
-                  scales, ptrs, schedule, consts, BLOCK_M, HEAD_DIM, HAS_LEFT, HAS_RIGHT,
-                  HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC, LONGEST_FIRST, PERSISTENT,
-                  None, False, varlen, VARLEN, DQ_FIRST, STATS_EARLY, SPLIT, KV_PER_BLOCK)
-    if DETERMINISTIC:
+        it_base = _key_tile(WG, gl.program_id(0), 0, gl.to_tensor(0), descs, smem, bars,
+                            problem, window, scales, ptrs, schedule, consts, BLOCK_M, HEAD_DIM,
+                            HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
+                            LONGEST_FIRST, PERSISTENT, handoff, False, varlen, VARLEN,
+                            DQ_FIRST, STATS_EARLY, SPLIT, KV_PER_BLOCK, DQ_WRITER)
+    if DETERMINISTIC or DQ_WRITER:
         _end_dq_writer(handoff, it_base, WG)
     elif DQ_ASYNC:
         tma.store_wait(0)  # the last dQ reduce has read its staging buffer
@@ -392,7 +435,8 @@ def _key_tile(WG: gl.constexpr, tile, tile_iter, it_base, descs, smem, bars, pro
               LONGEST_FIRST: gl.constexpr, PERSISTENT: gl.constexpr, handoff=None,
               DETERMINISTIC: gl.constexpr = False, varlen=None, VARLEN: gl.constexpr = False,
               DQ_FIRST: gl.constexpr = False, STATS_EARLY: gl.constexpr = False,
-              SPLIT: gl.constexpr = False, KV_PER_BLOCK: gl.constexpr = False):
+              SPLIT: gl.constexpr = False, KV_PER_BLOCK: gl.constexpr = False,
+              DQ_WRITER: gl.constexpr = False):
     """One consumer's work on key tile ``tile`` (the ``tile_iter``-th of this CTA): dK / dV over
     its query blocks, then stored. Returns the query-block count to continue from. VARLEN:
     the tile's sequence from tiles.varlen_key_tile (packed (1, total, h, d) tensors). SPLIT:
@@ -441,7 +485,7 @@ def _key_tile(WG: gl.constexpr, tile, tile_iter, it_base, descs, smem, bars, pro
                 n_blocks, total, it_base, dk, dv, k_mine, v_mine, k_cols, s_zero, dq_zero,
                 dq_offs, window, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE,
                 DQ_ASYNC, n_block, handoff, DETERMINISTIC, (q_off, len_q, len_k), VARLEN, True,
-                DQ_FIRST, STATS_EARLY, KV_PER_BLOCK=KV_PER_BLOCK)
+                DQ_FIRST, STATS_EARLY, KV_PER_BLOCK=KV_PER_BLOCK, DQ_WRITER=DQ_WRITER)
         else:
             if varlen[3] is not None:  # seqused_k: keys past it are unused cache slots
                 zero_keys_past(smem[0].reshape([BLOCK_N, D_PAD]),
@@ -451,14 +495,14 @@ def _key_tile(WG: gl.constexpr, tile, tile_iter, it_base, descs, smem, bars, pro
                 n_blocks, total, it_base, dk, dv, k_mine, v_mine, k_cols, s_zero, dq_zero,
                 dq_offs, window, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE,
                 DQ_ASYNC, n_block, handoff, DETERMINISTIC, (q_off, len_q, len_k), VARLEN, False,
-                DQ_FIRST, STATS_EARLY, KV_PER_BLOCK=KV_PER_BLOCK)
+                DQ_FIRST, STATS_EARLY, KV_PER_BLOCK=KV_PER_BLOCK, DQ_WRITER=DQ_WRITER)
     else:
         it_base, dk, dv = _consume_key_tile(
             WG, descs, smem, bars, problem, scales, ptrs, b, h_k, n_start, key0, lo_blk,
             n_blocks, total, it_base, dk, dv, k_mine, v_mine, k_cols, s_zero, dq_zero, dq_offs,
             window, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
             n_block, handoff, DETERMINISTIC, DQ_FIRST=DQ_FIRST, STATS_EARLY=STATS_EARLY,
-            g0=g0, KV_PER_BLOCK=KV_PER_BLOCK)
+            g0=g0, KV_PER_BLOCK=KV_PER_BLOCK, DQ_WRITER=DQ_WRITER)
     if PERSISTENT:
         mbarrier.arrive(kv_empty)  # every GEMM reading this K / V has completed
     # ---- epilogue: dK (times softmax_scale) and dV of this consumer's keys
@@ -490,7 +534,8 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
                       DETERMINISTIC: gl.constexpr = False, span=None,
                       VARLEN: gl.constexpr = False, GUARD: gl.constexpr = False,
                       DQ_FIRST: gl.constexpr = False, STATS_EARLY: gl.constexpr = False,
-                      g0=0, KV_PER_BLOCK: gl.constexpr = False):
+                      g0=0, KV_PER_BLOCK: gl.constexpr = False,
+                      DQ_WRITER: gl.constexpr = False):
     """The ``total`` query blocks of one key tile for one consumer: dK / dV accumulated in
     registers (returned), dQ added to the workspace. Ring slots and dS slots continue from
     ``it_base``; returns (it_base + total, dk, dv). DETERMINISTIC: dQ goes to the writer warp
@@ -630,7 +675,8 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
             mbarrier.arrive(ds_free.index(ds_slot))
             mbarrier.arrive(do_empty.index(stage))
             _send_dq(dq, sm_scale, dq_desc, dq_row0, m_start, dq_smem, dq_ptr, dq_offs,
-                     handoff, it, n_block, WG, DQ_TMA, DQ_ASYNC, DETERMINISTIC, DQ_ROWS)
+                     handoff, it, n_block, WG, DQ_TMA, DQ_ASYNC, DETERMINISTIC, DQ_ROWS,
+                     DQ_WRITER)
             dk = warpgroup_mma_wait(0, deps=(dk_tok,))
             mbarrier.arrive(q_empty.index(stage))
         else:
@@ -647,7 +693,8 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
                                     dq_smem.index(WG), DQ_TMA, DQ_ASYNC)
             else:
                 _send_dq(dq, sm_scale, dq_desc, dq_row0, m_start, dq_smem, dq_ptr, dq_offs,
-                         handoff, it, n_block, WG, DQ_TMA, DQ_ASYNC, DETERMINISTIC, DQ_ROWS)
+                         handoff, it, n_block, WG, DQ_TMA, DQ_ASYNC, DETERMINISTIC, DQ_ROWS,
+                         DQ_WRITER)
 
     return it_base + total, dk, dv
 
@@ -667,7 +714,7 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
                     DETERMINISTIC: gl.constexpr = False, DQ_RELEASE_LATE: gl.constexpr = False,
                     VARLEN: gl.constexpr = False, DQ_FIRST: gl.constexpr = False,
                     STATS_EARLY: gl.constexpr = False, SPLIT: gl.constexpr = False,
-                    KV_PER_BLOCK: gl.constexpr = False):
+                    KV_PER_BLOCK: gl.constexpr = False, DQ_WRITER: gl.constexpr = False):
     """Warp-specialised attention backward (see module docstring).
 
     Descriptors are rank 4 over (batch, seq, head, dim): q/do boxes [1, BLOCK_M, 1, D_PAD],
@@ -748,7 +795,7 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
         varlen = (cu_q_ptr, cu_k_ptr, n_seqs, seqused_ptr)
     else:
         varlen = scales  # (unread)
-    if DETERMINISTIC:
+    if DETERMINISTIC or DQ_WRITER:
         # the consumers -> dQ writer handoff: both staging tiles of a query block (dq_full,
         # one arrive per consumer), released once the copy engine has read them (dq_empty),
         # and the block's (workspace row, turn)
@@ -760,6 +807,24 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
                                               gl.SwizzledSharedLayout(1, 1, 1, [0]))
         fence_async_shared()
         handoff = (dq_full, dq_empty, meta_smem)
+    else:
+        handoff = None
+    if DQ_WRITER:
+        gl.warp_specialize([
+            (_consumer, (0, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
+                         HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
+                         LONGEST_FIRST, PERSISTENT, DYNAMIC, False, handoff, varlen, VARLEN,
+                         DQ_FIRST, STATS_EARLY, SPLIT, KV_PER_BLOCK, True)),
+            (_consumer, (1, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
+                         HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
+                         LONGEST_FIRST, PERSISTENT, DYNAMIC, False, handoff, varlen, VARLEN,
+                         DQ_FIRST, STATS_EARLY, SPLIT, KV_PER_BLOCK, True)),
+            (producer, (descs, smem, bars, problem, window, ptrs, schedule, BLOCK_M, HAS_LEFT,
+                         HAS_RIGHT, LONGEST_FIRST, PERSISTENT, DYNAMIC, False, varlen,
+                         VARLEN, SPLIT)),
+            (_dq_reduce_writer, (dq_desc, dq_smem, handoff, BLOCK_M)),
+        ], [4, 1, 1], [CONSUMER_REGS, PRODUCER_REGS, 32])
+    elif DETERMINISTIC:
         gl.warp_specialize([
             (_consumer, (0, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
                          HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,

@@ -6,6 +6,8 @@
 - Every test is seeded from one base seed (random per run, printed in the header; replay with
   ``--seed N`` or ``FLASHATTN_TEST_SEED=N``) mixed with the test id.
 - Tests marked ``gpu`` are skipped without CUDA; run them with ``pytest -m gpu`` on a GPU box.
+  Tests marked ``bigmem`` are skipped under pytest-xdist with more than one worker (they
+  would share the GPU's memory); run them alone: ``pytest -m "gpu and bigmem"``.
 - ``backend`` fixture: 'cpu' (chunked torch) and 'portable' (Triton kernels), forced through
   ``flashattn.use_backend`` for the duration of one test (``set_env`` changes any setting).
 """
@@ -84,11 +86,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
     if config.getoption("--smoke"):
         _keep_first_case_per_function(config, items)
     if HAS_CUDA:
+        _skip_bigmem_beside_other_workers(items)
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (marker 'gpu')")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+def _skip_bigmem_beside_other_workers(items: list) -> None:
+    """Tests marked bigmem take tens of GiB of the one GPU: beside other pytest-xdist workers
+    they run out of memory for reasons that are not theirs, so there they are skipped with
+    the command that runs them (scripts/gpu_check.sh runs them so after its parallel step)."""
+    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1) <= 1:
+        return
+    skip = pytest.mark.skip(reason="bigmem beside other xdist workers: run alone, "
+                            "`pytest -m 'gpu and bigmem'` without -n")
+    for item in items:
+        if "bigmem" in item.keywords:
+            item.add_marker(skip)
 
 
 def _keep_first_case_per_function(config: pytest.Config, items: list) -> None:

@@ -68,7 +68,7 @@ Schedule switches (constexpr, measured in benchmarks/probes/hopper_probe.py --mo
                d 64 128 -> 72 bytes, d 128 causal 40 -> 0, dense 88 -> 0; R2UR 72 -> 25.
                Measured 0.99-1.07x at d = 64 (on there), 0.97-1.03x at d = 128 (off;
                H100, 2026-12-07)
-    DQ_WRITER  (BwdConfig.dq_writer) a fourth partition, one warp (_dq_reduce_writer), issues
+    DQ_WRITER  (BwdConfig.dq_writer) a fourth partition, one warp (_dq_writer unordered), issues
                the dQ reduce-adds, as FA4's sm90 backward does: each consumer stores its
                piece into its staging tile and arrives on dq_full (the deterministic path's
                handoff, without turns); the writer issues both TMA reduces and frees the
@@ -167,74 +167,45 @@ def _end_dq_writer(handoff, it, WG: gl.constexpr):
 
 
 @gluon.jit
-def _dq_writer(dq_desc, dq_smem, handoff, tile_counter, RELEASE_LATE: gl.constexpr):
-    """DETERMINISTIC: the dQ writer warp. Per handoff (both consumers' halves of one query
-    block): wait for the block's turn (its counter reads ``turn``: every higher key block
-    that visits the query block has added; acquire), issue both halves' TMA reduce-adds,
-    release the staging buffers once the copy engine has read them, wait until the reduces
-    have completed (writes included) and pass the turn (+= 1, release). The consumers go on
-    computing meanwhile: only this warp waits on global memory.
+def _dq_writer(dq_desc, dq_smem, handoff, tile_counter, BLOCK_M: gl.constexpr,
+               ORDERED: gl.constexpr, RELEASE_LATE: gl.constexpr = False):
+    """The dQ writer warp (DETERMINISTIC, which sets ORDERED, or BwdConfig.dq_writer). Per
+    handoff (both consumers' pieces of one query block, from workspace row ``row``): issue
+    the two TMA reduce-adds (the column halves of rows [row, row + BLOCK_M), or with the
+    row-split dQ box the row halves [row, row + DQ_M) and [row + DQ_M, row + 2 DQ_M)), then
+    release the staging buffers once the copy engine has read them. The consumers go on
+    computing meanwhile: only this warp waits on the copy engine. Row -1 stops the warp.
 
-    RELEASE_LATE (measured slower, off): pass the previous block's turn after issuing this
-    block's reduces, so the completion wait (``wait_group 2``: all but the newest two bulk
-    groups, one per reduce) overlaps them. tma.store_wait lowers to
+    ORDERED: before the reduces, wait for the block's turn (its counter reads ``turn``:
+    every higher key block that visits the query block has added; acquire); after them,
+    wait until they have completed (writes included) and pass the turn (+= 1, release).
+    Unordered, completion is not waited for: the reduces land before the dQ conversion
+    kernel reads the workspace (kernel boundary).
+
+    RELEASE_LATE (ORDERED; measured slower, off): pass the previous block's turn after
+    issuing this block's reduces, so the completion wait (``wait_group 2``: all but the newest
+    two bulk groups, one per reduce) overlaps them. tma.store_wait lowers to
     cp.async.bulk.wait_group.read (source read); the completion waits and the proxy fences are
     inline PTX (Gluon has no op for them). No deadlock from holding a turn while waiting: a
     key block waits only on higher ones, which never wait on it."""
     dq_full, dq_empty, meta_smem = handoff
-    BLOCK_M: gl.constexpr = dq_desc.block_type.shape[0]
-    HALF_D: gl.constexpr = dq_desc.block_type.shape[1]
-    turns = _dq_turns(tile_counter)
-    n = 0
-    mbarrier.wait(dq_full, 0)
-    row, turn = _read_meta(meta_smem)
-    prev = row  # the query block whose turn is still held (valid once n > 0)
-    while row >= 0:
-        block = row // BLOCK_M
-        seen = gl.atomic_add(turns + block, 0, sem="acquire", scope="gpu")
-        while seen != turn:
-            seen = gl.atomic_add(turns + block, 0, sem="acquire", scope="gpu")
-        per_thread_ptx("fence.proxy.async.global;", 1)  # the reduces come after the acquire
-        tma_reduce_add_from_shared(dq_desc, [row, 0], dq_smem.index(0))
-        tma_reduce_add_from_shared(dq_desc, [row, HALF_D], dq_smem.index(1))
-        tma.store_wait(0)  # both staging tiles read
-        cta_barrier()
-        mbarrier.arrive(dq_empty)
-        if not RELEASE_LATE:
-            per_thread_ptx("cp.async.bulk.wait_group 0;\n\tfence.proxy.async.global;", 1)
-            cta_barrier()
-            gl.atomic_add(turns + block, 1, sem="release", scope="gpu")
-        elif n > 0:
-            # the previous block's sums are in global memory before its next key block adds
-            per_thread_ptx("cp.async.bulk.wait_group 2;\n\tfence.proxy.async.global;", 1)
-            cta_barrier()
-            gl.atomic_add(turns + prev, 1, sem="release", scope="gpu")
-        prev = block
-        n += 1
-        mbarrier.wait(dq_full, n & 1)
-        row, turn = _read_meta(meta_smem)
-    if RELEASE_LATE and n > 0:
-        per_thread_ptx("cp.async.bulk.wait_group 0;\n\tfence.proxy.async.global;", 1)
-        cta_barrier()
-        gl.atomic_add(turns + prev, 1, sem="release", scope="gpu")
-
-
-@gluon.jit
-def _dq_reduce_writer(dq_desc, dq_smem, handoff, BLOCK_M: gl.constexpr):
-    """BwdConfig.dq_writer: the dQ writer warp without turns. Per handoff (both consumers'
-    pieces of one query block, from workspace row ``row``): issue the two TMA reduce-adds
-    (DQ_ROWS: rows [row, row + DQ_M) and [row + DQ_M, row + 2 DQ_M), every column; else the
-    two column halves of rows [row, row + BLOCK_M)), then free the staging tiles once the
-    copy engine has read them. Completion is not waited for: the reduces land before the
-    dQ conversion kernel reads the workspace (kernel boundary). Row -1 stops the warp."""
-    dq_full, dq_empty, meta_smem = handoff
     DQ_M: gl.constexpr = dq_desc.block_type.shape[0]
     DQ_N: gl.constexpr = dq_desc.block_type.shape[1]
     DQ_ROWS: gl.constexpr = DQ_M != BLOCK_M  # the dQ box is half the block's rows
+    gl.static_assert(not (ORDERED and DQ_ROWS))
+    if ORDERED:
+        turns = _dq_turns(tile_counter)
     n = 0
     mbarrier.wait(dq_full, 0)
-    row, _turn = _read_meta(meta_smem)
+    row, turn = _read_meta(meta_smem)
+    prev = row  # the query block whose turn is still held (ORDERED, valid once n > 0)
     while row >= 0:
+        if ORDERED:
+            block = row // BLOCK_M
+            seen = gl.atomic_add(turns + block, 0, sem="acquire", scope="gpu")
+            while seen != turn:
+                seen = gl.atomic_add(turns + block, 0, sem="acquire", scope="gpu")
+            per_thread_ptx("fence.proxy.async.global;", 1)  # the reduces after the acquire
         tma_reduce_add_from_shared(dq_desc, [row, 0], dq_smem.index(0))
         if DQ_ROWS:
             tma_reduce_add_from_shared(dq_desc, [row + DQ_M, 0], dq_smem.index(1))
@@ -243,9 +214,26 @@ def _dq_reduce_writer(dq_desc, dq_smem, handoff, BLOCK_M: gl.constexpr):
         tma.store_wait(0)  # both staging tiles read
         cta_barrier()
         mbarrier.arrive(dq_empty)
+        if ORDERED:
+            if not RELEASE_LATE:
+                per_thread_ptx("cp.async.bulk.wait_group 0;\n\tfence.proxy.async.global;", 1)
+                cta_barrier()
+                gl.atomic_add(turns + block, 1, sem="release", scope="gpu")
+            elif n > 0:
+                # the previous block's sums are in global memory before its next key block
+                # adds
+                per_thread_ptx("cp.async.bulk.wait_group 2;\n\tfence.proxy.async.global;", 1)
+                cta_barrier()
+                gl.atomic_add(turns + prev, 1, sem="release", scope="gpu")
+            prev = block
         n += 1
         mbarrier.wait(dq_full, n & 1)
-        row, _turn = _read_meta(meta_smem)
+        row, turn = _read_meta(meta_smem)
+    if ORDERED and RELEASE_LATE:
+        if n > 0:
+            per_thread_ptx("cp.async.bulk.wait_group 0;\n\tfence.proxy.async.global;", 1)
+            cta_barrier()
+            gl.atomic_add(turns + prev, 1, sem="release", scope="gpu")
 
 
 @gluon.jit
@@ -269,18 +257,16 @@ def _send_dq(dq, sm_scale, dq_desc, dq_row0, m_start, dq_smem, dq_ptr, dq_offs, 
     (DETERMINISTIC, DQ_WRITER), through the staging tile (DQ_ASYNC), or straight from
     registers."""
     HALF_D: gl.constexpr = dq_desc.block_type.shape[1]
-    if DQ_WRITER:  # the block's first row: the writer places both pieces (_dq_reduce_writer)
-        _hand_dq_to_writer(dq * sm_scale, dq_smem.index(WG), handoff, it, dq_row0 + m_start,
-                           0, WG)
+    if DETERMINISTIC or DQ_WRITER:
+        # the block's first row: the writer places both pieces (_dq_writer). DETERMINISTIC:
+        # the query block's counter starts at -(the last key block that reaches it) and the
+        # higher key blocks go first: this one's turn comes at -n_block (unordered: unread)
+        _hand_dq_to_writer(dq * sm_scale, dq_smem.index(WG), handoff, it,
+                           dq_row0 + m_start, -n_block, WG)
     elif DQ_ROWS:  # rows [WG * DQ_M, (WG + 1) * DQ_M) of the block, every column
         DQ_M: gl.constexpr = dq_desc.block_type.shape[0]
         _add_dq_async(dq_desc, dq_row0 + m_start + WG * DQ_M, 0, dq * sm_scale,
                       dq_smem.index(WG))
-    elif DETERMINISTIC:
-        # the query block's counter starts at -(the last key block that reaches it) and
-        # the higher key blocks go first: this one's turn comes at -n_block
-        _hand_dq_to_writer(dq * sm_scale, dq_smem.index(WG), handoff, it,
-                           dq_row0 + m_start, -n_block, WG)
     elif DQ_ASYNC:
         _add_dq_async(dq_desc, dq_row0 + m_start, WG * HALF_D, dq * sm_scale,
                       dq_smem.index(WG))
@@ -807,36 +793,20 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
                                               gl.SwizzledSharedLayout(1, 1, 1, [0]))
         fence_async_shared()
         handoff = (dq_full, dq_empty, meta_smem)
-    else:
-        handoff = None
-    if DQ_WRITER:
         gl.warp_specialize([
             (_consumer, (0, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
                          HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
-                         LONGEST_FIRST, PERSISTENT, DYNAMIC, False, handoff, varlen, VARLEN,
-                         DQ_FIRST, STATS_EARLY, SPLIT, KV_PER_BLOCK, True)),
+                         LONGEST_FIRST, PERSISTENT, DYNAMIC, DETERMINISTIC, handoff, varlen,
+                         VARLEN, DQ_FIRST, STATS_EARLY, SPLIT, KV_PER_BLOCK, DQ_WRITER)),
             (_consumer, (1, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
                          HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
-                         LONGEST_FIRST, PERSISTENT, DYNAMIC, False, handoff, varlen, VARLEN,
-                         DQ_FIRST, STATS_EARLY, SPLIT, KV_PER_BLOCK, True)),
+                         LONGEST_FIRST, PERSISTENT, DYNAMIC, DETERMINISTIC, handoff, varlen,
+                         VARLEN, DQ_FIRST, STATS_EARLY, SPLIT, KV_PER_BLOCK, DQ_WRITER)),
             (producer, (descs, smem, bars, problem, window, ptrs, schedule, BLOCK_M, HAS_LEFT,
-                         HAS_RIGHT, LONGEST_FIRST, PERSISTENT, DYNAMIC, False, varlen,
+                         HAS_RIGHT, LONGEST_FIRST, PERSISTENT, DYNAMIC, DETERMINISTIC, varlen,
                          VARLEN, SPLIT)),
-            (_dq_reduce_writer, (dq_desc, dq_smem, handoff, BLOCK_M)),
-        ], [4, 1, 1], [CONSUMER_REGS, PRODUCER_REGS, 32])
-    elif DETERMINISTIC:
-        gl.warp_specialize([
-            (_consumer, (0, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
-                         HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
-                         LONGEST_FIRST, PERSISTENT, DYNAMIC, DETERMINISTIC, handoff, None,
-                         False, DQ_FIRST, STATS_EARLY, False, KV_PER_BLOCK)),
-            (_consumer, (1, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
-                         HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
-                         LONGEST_FIRST, PERSISTENT, DYNAMIC, DETERMINISTIC, handoff, None,
-                         False, DQ_FIRST, STATS_EARLY, False, KV_PER_BLOCK)),
-            (producer, (descs, smem, bars, problem, window, ptrs, schedule, BLOCK_M, HAS_LEFT,
-                         HAS_RIGHT, LONGEST_FIRST, PERSISTENT, DYNAMIC, DETERMINISTIC)),
-            (_dq_writer, (dq_desc, dq_smem, handoff, tile_counter, DQ_RELEASE_LATE)),
+            (_dq_writer, (dq_desc, dq_smem, handoff, tile_counter, BLOCK_M, DETERMINISTIC,
+                          DQ_RELEASE_LATE)),
         ], [4, 1, 1], [CONSUMER_REGS, PRODUCER_REGS, 32])
     else:
         gl.warp_specialize([

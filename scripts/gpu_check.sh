@@ -11,11 +11,12 @@
 # 2026-11-29, b53799d: the first 217 tests in 353 s and its 6 bigmem tests in 54 s; the second
 # 298 in 259 s and its 4 bigmem tests in 60 s; the third (test_hopper_gpu's 127 and
 # test_properties' 3 hypothesis tests) needs more than 300 s from cold compile caches (13 s and
-# 31 s warm); H100 of 2026-12-07, a44a203: 361 s + 39 s, 277 s + 61 s, 256 s with 8 workers.
+# 31 s warm); H100 of 2026-12-07, a44a203: 361 s + 39 s, 277 s + 61 s, 256 s (8 workers) + 5 s
+# (the third call's bigmem test, test_more_than_65535_heads, was left out before that day).
 # Run them back to back (the machine stays warm ~30 s between calls):
 #   PYTEST_WORKERS=6 BENCH=0 CHECK=0 BIGMEM=1 TEST_TIMEOUT=540 BUDGET=580 TEST_PATHS=tests/api PYTEST_ARGS="--maxfail=30 --ignore=tests/api/test_fp8_gpu.py --ignore=tests/api/test_properties.py" bash scripts/gpu_check.sh
 #   PYTEST_WORKERS=6 BENCH=0 CHECK=0 BIGMEM=1 TEST_TIMEOUT=540 BUDGET=580 TEST_PATHS="tests/backends tests/parallel tests/internals tests/tools tests/api/test_fp8_gpu.py" PYTEST_ARGS="--maxfail=30 --ignore=tests/backends/sm90/test_hopper_gpu.py" bash scripts/gpu_check.sh
-#   PYTEST_WORKERS=6 BENCH=0 CHECK=0 BIGMEM=0 TEST_TIMEOUT=540 BUDGET=580 TEST_PATHS="tests/backends/sm90/test_hopper_gpu.py tests/api/test_properties.py" bash scripts/gpu_check.sh
+#   PYTEST_WORKERS=6 BENCH=0 CHECK=0 BIGMEM=1 TEST_TIMEOUT=540 BUDGET=580 TEST_PATHS="tests/backends/sm90/test_hopper_gpu.py tests/api/test_properties.py" bash scripts/gpu_check.sh
 #   GRID=full MODES=fwd,bwd,decode TESTS=0 CHECK=0 BUDGET=570 bash scripts/gpu_check.sh
 # The smoke tier (one call: the first case of every GPU test function and two examples of each
 # hypothesis property, tests/conftest.py; on 2026-12-07 six workers ran 96 of its 137 cases in

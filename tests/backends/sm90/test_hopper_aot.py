@@ -145,12 +145,6 @@ BWD_VARIANTS = (
     # with seqused_k (the producer and consumers read it; K / V rows past it zeroed)
     + [("bwd", d, "bfloat16", c, (-1, -1), 0.0, {"varlen": True, "seqused": True})
        for d, c in ((128, True), (256, False))]
-    # a writer warp issues the dQ reduce-adds (BwdConfig.dq_writer: the d = 64 row split,
-    # persistent d = 128, one tile per CTA, packed sequences)
-    + [("bwd", 64, "bfloat16", False, (-1, -1), 0.0, {"dq_writer": True}),
-       ("bwd", 128, "bfloat16", False, (-1, -1), 0.0, {"dq_writer": True}),
-       ("bwd", 128, "bfloat16", True, (-1, -1), 0.0, {"dq_writer": True}),
-       ("bwd", 128, "bfloat16", True, (-1, -1), 0.0, {"dq_writer": True, "varlen": True})]
     # dQ GEMM before dK's, dQ staged while dK runs (BwdConfig.dq_first; Triton 3.6: at d = 64
     # / 128 the same registers and spill bytes as the default order)
     + [("bwd", d, "bfloat16", c, (-1, -1), 0.0, {"dq_first": True})
@@ -350,8 +344,6 @@ D64_ROWS128_SPILL_ALLOWANCE = {"bwd_d64_bfloat16": 72,
                                # the K / V views held across blocks (the default before
                                # 2026-12-07)
                                "bwd_d64_bfloat16_kv_views_per_block0": 128,
-                               # a writer warp for the dQ reduces (an experiment, 2026-12-07)
-                               "bwd_d64_bfloat16_dq_writer1": 80,
                                # packed sequences of >= PACKED_D64_MIN_MEAN_ROWS on average
                                # (+5-7 % at means 2k-8k, H100, 2026-12-06)
                                "bwd_d64_float16_causal_varlen1": 56}
@@ -390,7 +382,7 @@ def test_bwd_variant_compiles(variant, reports, capsys):
     assert rep["shared"] <= SMEM_LIMIT
     assert rep["num_warps"] == 12
     assert rep["wgmma"] and rep["tma"] and rep["ex2"]
-    if (variant[6] or {}).get("deterministic") or (variant[6] or {}).get("dq_writer"):
+    if (variant[6] or {}).get("deterministic"):
         # the producer and dQ-writer warps share a warpgroup at 32 registers; the consumers
         # then come out at 232 / 256 (warp_specialize splits the rest of the file)
         assert 32 in rep["setmaxnreg"] and max(rep["setmaxnreg"]) >= 232

@@ -317,59 +317,6 @@ def test_kv_views_per_block_is_exact(d, causal, shape, deterministic):
         torch.testing.assert_close(grads[0], base[0], rtol=2e-2, atol=1e-3)
 
 
-_DQ_WRITER = [(64, False, (2, 1000, 900, 4, 2)), (64, True, (1, 700, 1300, 6, 2)),
-              (128, True, (2, 1000, 1000, 4, 4)), (128, False, (1, 2048, 2048, 8, 2)),
-              (96, True, (1, 700, 1300, 6, 2))]
-
-
-@pytest.mark.parametrize("d,causal,shape", _DQ_WRITER,
-                         ids=[f"d{d}-{'causal' if c else 'full'}-b{s[0]}s{s[1]}x{s[2]}h{s[3]}"
-                              f"k{s[4]}" for d, c, s in _DQ_WRITER])
-def test_dq_writer_is_exact(d, causal, shape):
-    """BwdConfig.dq_writer: a writer warp issues the dQ reduce-adds the consumers hand it
-    through shared memory. Against the float64 oracle; dK / dV bitwise those of the default
-    (the consumers' GEMMs are unchanged), dQ equal up to the order of the fp32 reduce-adds.
-    The cases cover the persistent d = 64 row-split dQ (both pieces are row halves), the
-    causal one tile per CTA kernel (column halves), d = 128 persistent with GQA, and d = 96
-    with the GQA tile split."""
-    b, s_q, s_k, h, h_k = shape
-    q, k, v = _inputs(b, s_q, s_k, h, h_k, d, torch.bfloat16)
-    params = _params(d, causal, s_k=s_k)
-    grads, dout = _run(q, k, v, params, dq_writer=True)
-    base, _ = _run(q, k, v, params, dout=dout)
-    _check(q, k, v, params, grads, dout)
-    assert torch.equal(grads[1], base[1]) and torch.equal(grads[2], base[2])
-    torch.testing.assert_close(grads[0], base[0], rtol=2e-2, atol=1e-3)
-
-
-def test_dq_writer_packed_sequences():
-    """dq_writer on packed sequences (bwd_kernel's VARLEN mode, one CTA per key-block slot):
-    the writer stops on the consumers' last handoff whatever the tile's query-block count
-    (slots of no sequence included), and the gradients match the default's: dK / dV
-    bitwise, dQ up to the order of its fp32 adds."""
-    from flashattn.backends.sm90.bwd import flash_bwd_hopper_varlen
-    from flashattn.backends.sm90.fwd import flash_fwd_hopper_varlen
-
-    torch.manual_seed(0)
-    lens = [300, 1, 777, 128, 64]
-    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32,
-                      device="cuda")
-    total, d = sum(lens), 128
-    q = torch.randn(total, 4, d, device="cuda", dtype=torch.bfloat16)
-    k, v = (torch.randn(total, 2, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    kw = dict(softmax_scale=d ** -0.5, causal=True, window_left=-1, window_right=0,
-              softcap=0.0)
-    out, lse, _ = flash_fwd_hopper_varlen(q, k, v, cu, cu, **kw)
-    dout = torch.randn_like(out)
-    ref = flash_bwd_hopper_varlen(dout, q, k, v, out, lse, cu, cu, **kw)
-    got = flash_bwd_hopper_varlen(dout, q, k, v, out, lse, cu, cu,
-                                  config_overrides={"dq_writer": True}, **kw)
-    torch.cuda.synchronize()
-    assert all(torch.isfinite(g).all() for g in got)
-    assert torch.equal(got[1], ref[1]) and torch.equal(got[2], ref[2])
-    torch.testing.assert_close(got[0], ref[0], rtol=2e-2, atol=1e-3)
-
-
 def test_deterministic_backward_through_the_api(monkeypatch):
     """flash_attn_func(deterministic=True) at d = 128 runs the Hopper backward when unmasked,
     the portable one under a causal mask (measured faster there)."""

@@ -412,41 +412,6 @@ def test_backward_kv_views_per_block_is_on_at_d64_and_reaches_the_kernel():
     assert "KV_PER_BLOCK" not in constexprs
 
 
-def test_backward_dq_writer_is_off_reaches_the_kernel_and_checks_its_config():
-    """BwdConfig.dq_writer (a writer warp issues the dQ reduce-adds) is off in every shipped
-    config, reaches bwd_kernel as the DQ_WRITER constexpr, and is refused with a ValueError
-    naming the field where the kernel cannot take it: with pipeline, deterministic (its own
-    ordered writer), without the asynchronous TMA reduce, and on the wide kernel."""
-    import torch
-
-    from flashattn.backends.sm90 import bwd
-    from flashattn.backends.sm90.config import BWD_CONFIGS, bwd_config
-
-    for d in BWD_CONFIGS:
-        for masked in (False, True):
-            assert not bwd_config(d, masked=masked).dq_writer
-    lse = torch.empty((1, 2, 256), dtype=torch.float32)
-
-    def constexprs_of(d, masked, **overrides):
-        q = torch.empty((1, 256, 2, d), dtype=torch.bfloat16)
-        cfg = bwd_config(d, masked=masked, **overrides)
-        return bwd.launch_args(q, q, q, q, lse, lse, bwd.dq_workspace(q, 256), q, q, cfg,
-                               softmax_scale=0.125, window_left=-1,
-                               window_right=0 if masked else -1, softcap=0.0)[1]
-
-    for d, masked in ((64, False), (64, True), (128, False), (128, True)):
-        for flag in (False, True):
-            assert constexprs_of(d, masked, dq_writer=flag)["DQ_WRITER"] is flag
-    for overrides in ({"pipeline": True, "persistent": False}, {"dq_async": False},
-                      {"dq_tma": False}):
-        with pytest.raises(ValueError, match="dq_writer"):
-            constexprs_of(128, True, dq_writer=True, **overrides)
-    with pytest.raises(ValueError, match="dq_writer"):
-        constexprs_of(128, False, dq_writer=True, deterministic=True)
-    with pytest.raises(ValueError, match="dq_writer"):
-        constexprs_of(256, False, dq_writer=True)
-
-
 def test_d64_backward_takes_128_query_rows_and_the_row_split_dq():
     """d = 64 calls without softcap (not deterministic), masked or not, run 128-row query
     blocks with the dQ GEMM split by rows (measured faster on the H100 there; with softcap

@@ -2,8 +2,8 @@
 
 One CTA per (key block of BLOCK_N = 128 keys, batch, KV head), on a 1-D grid. K_j and V_j are
 loaded once into shared memory; the query blocks (BLOCK_M rows) of every query head of the GQA
-group stream past them. Three warp-specialised partitions (four with DETERMINISTIC or
-DQ_WRITER, below):
+group stream past them. Three warp-specialised partitions (four with DETERMINISTIC,
+below):
 
     producer   1 warp: TMA loads of K_j, V_j (once) and of Q_i, dO_i into NUM_STAGES ring
                slots (separate ready / empty mbarriers for Q and dO), plus the row statistics
@@ -68,11 +68,6 @@ Schedule switches (constexpr, measured in benchmarks/probes/hopper_probe.py --mo
                d 64 128 -> 72 bytes, d 128 causal 40 -> 0, dense 88 -> 0; R2UR 72 -> 25.
                Measured 0.99-1.07x at d = 64 (on there), 0.97-1.03x at d = 128 (off;
                H100, 2026-12-07)
-    DQ_WRITER  (BwdConfig.dq_writer) a fourth partition, one warp (_dq_writer unordered), issues
-               the dQ reduce-adds, as FA4's sm90 backward does: each consumer stores its
-               piece into its staging tile and arrives on dq_full (the deterministic path's
-               handoff, without turns); the writer issues both TMA reduces and frees the
-               tiles (dq_empty) once they are read. An experiment, off until measured
     DQ_ROWS    (not a flag: read off the dQ box, [BLOCK_M // 2, D_PAD]; BwdConfig.dq_rows,
                BLOCK_M >= 128) each consumer computes dQ for its half of the query rows over
                every column (A = its rows of dS, B = all of K: half the wgmmas, each twice as
@@ -120,10 +115,9 @@ def _dq_turns(tile_counter):
 
 @gluon.jit
 def _hand_dq_to_writer(dq, dq_buf, handoff, it, row, turn, WG: gl.constexpr):
-    """DETERMINISTIC or DQ_WRITER, consumer side: this consumer's dQ piece of a query block
-    (its column half, or with DQ_WRITER and DQ_ROWS its row half) fp32 into its staging
-    buffer for the dQ writer, with the block's workspace row and turn (consumer 0 writes them:
-    both consumers' are the same; DQ_WRITER ignores the turn). ``it`` counts the handoffs (one
+    """DETERMINISTIC, consumer side: this consumer's dQ piece of a query block (its column
+    half) fp32 into its staging buffer for the dQ writer, with the block's workspace row and
+    turn (consumer 0 writes them: both consumers' are the same). ``it`` counts the handoffs (one
     per query block, across tiles): the buffer is free once the writer has read handoff
     it - 1. The consumer never waits on global memory: the writer takes the turn."""
     dq_full, dq_empty, meta_smem = handoff
@@ -156,8 +150,8 @@ def _read_meta(meta_smem):
 
 @gluon.jit
 def _end_dq_writer(handoff, it, WG: gl.constexpr):
-    """DETERMINISTIC or DQ_WRITER, consumer side, after its last tile: handoff ``it`` carries
-    row -1, which stops the writer."""
+    """DETERMINISTIC, consumer side, after its last tile: handoff ``it`` carries row -1, which
+    stops the writer."""
     dq_full, dq_empty, meta_smem = handoff
     mbarrier.wait(dq_empty, (it & 1) ^ 1)
     if WG == 0:
@@ -168,68 +162,55 @@ def _end_dq_writer(handoff, it, WG: gl.constexpr):
 
 @gluon.jit
 def _dq_writer(dq_desc, dq_smem, handoff, tile_counter, BLOCK_M: gl.constexpr,
-               ORDERED: gl.constexpr, RELEASE_LATE: gl.constexpr = False):
-    """The dQ writer warp (DETERMINISTIC, which sets ORDERED, or BwdConfig.dq_writer). Per
-    handoff (both consumers' pieces of one query block, from workspace row ``row``): issue
-    the two TMA reduce-adds (the column halves of rows [row, row + BLOCK_M), or with the
-    row-split dQ box the row halves [row, row + DQ_M) and [row + DQ_M, row + 2 DQ_M)), then
-    release the staging buffers once the copy engine has read them. The consumers go on
-    computing meanwhile: only this warp waits on the copy engine. Row -1 stops the warp.
+               RELEASE_LATE: gl.constexpr = False):
+    """The dQ writer warp (DETERMINISTIC). Per handoff (both consumers' column halves of one
+    query block, from workspace row ``row``): wait for the block's turn (its counter reads
+    ``turn``: every higher key block that visits the query block has added; acquire), issue
+    the two TMA reduce-adds of rows [row, row + BLOCK_M), release the staging buffers once the
+    copy engine has read them, then wait until the reduces have completed (writes included)
+    and pass the turn (+= 1, release). The consumers go on computing meanwhile: only this
+    warp waits on the copy engine and on the turns. Row -1 stops the warp.
 
-    ORDERED: before the reduces, wait for the block's turn (its counter reads ``turn``:
-    every higher key block that visits the query block has added; acquire); after them,
-    wait until they have completed (writes included) and pass the turn (+= 1, release).
-    Unordered, completion is not waited for: the reduces land before the dQ conversion
-    kernel reads the workspace (kernel boundary).
-
-    RELEASE_LATE (ORDERED; measured slower, off): pass the previous block's turn after
-    issuing this block's reduces, so the completion wait (``wait_group 2``: all but the newest
-    two bulk groups, one per reduce) overlaps them. tma.store_wait lowers to
+    RELEASE_LATE (measured slower, off): pass the previous block's turn after issuing this
+    block's reduces, so the completion wait (``wait_group 2``: all but the newest two bulk
+    groups, one per reduce) overlaps them. tma.store_wait lowers to
     cp.async.bulk.wait_group.read (source read); the completion waits and the proxy fences are
     inline PTX (Gluon has no op for them). No deadlock from holding a turn while waiting: a
     key block waits only on higher ones, which never wait on it."""
     dq_full, dq_empty, meta_smem = handoff
-    DQ_M: gl.constexpr = dq_desc.block_type.shape[0]
     DQ_N: gl.constexpr = dq_desc.block_type.shape[1]
-    DQ_ROWS: gl.constexpr = DQ_M != BLOCK_M  # the dQ box is half the block's rows
-    gl.static_assert(not (ORDERED and DQ_ROWS))
-    if ORDERED:
-        turns = _dq_turns(tile_counter)
+    # column halves only: the host refuses dq_rows with deterministic
+    gl.static_assert(dq_desc.block_type.shape[0] == BLOCK_M)
+    turns = _dq_turns(tile_counter)
     n = 0
     mbarrier.wait(dq_full, 0)
     row, turn = _read_meta(meta_smem)
-    prev = row  # the query block whose turn is still held (ORDERED, valid once n > 0)
+    prev = row  # the query block whose turn is still held (valid once n > 0)
     while row >= 0:
-        if ORDERED:
-            block = row // BLOCK_M
+        block = row // BLOCK_M
+        seen = gl.atomic_add(turns + block, 0, sem="acquire", scope="gpu")
+        while seen != turn:
             seen = gl.atomic_add(turns + block, 0, sem="acquire", scope="gpu")
-            while seen != turn:
-                seen = gl.atomic_add(turns + block, 0, sem="acquire", scope="gpu")
-            per_thread_ptx("fence.proxy.async.global;", 1)  # the reduces after the acquire
+        per_thread_ptx("fence.proxy.async.global;", 1)  # the reduces after the acquire
         tma_reduce_add_from_shared(dq_desc, [row, 0], dq_smem.index(0))
-        if DQ_ROWS:
-            tma_reduce_add_from_shared(dq_desc, [row + DQ_M, 0], dq_smem.index(1))
-        else:
-            tma_reduce_add_from_shared(dq_desc, [row, DQ_N], dq_smem.index(1))
+        tma_reduce_add_from_shared(dq_desc, [row, DQ_N], dq_smem.index(1))
         tma.store_wait(0)  # both staging tiles read
         cta_barrier()
         mbarrier.arrive(dq_empty)
-        if ORDERED:
-            if not RELEASE_LATE:
-                per_thread_ptx("cp.async.bulk.wait_group 0;\n\tfence.proxy.async.global;", 1)
-                cta_barrier()
-                gl.atomic_add(turns + block, 1, sem="release", scope="gpu")
-            elif n > 0:
-                # the previous block's sums are in global memory before its next key block
-                # adds
-                per_thread_ptx("cp.async.bulk.wait_group 2;\n\tfence.proxy.async.global;", 1)
-                cta_barrier()
-                gl.atomic_add(turns + prev, 1, sem="release", scope="gpu")
-            prev = block
+        if not RELEASE_LATE:
+            per_thread_ptx("cp.async.bulk.wait_group 0;\n\tfence.proxy.async.global;", 1)
+            cta_barrier()
+            gl.atomic_add(turns + block, 1, sem="release", scope="gpu")
+        elif n > 0:
+            # the previous block's sums are in global memory before its next key block adds
+            per_thread_ptx("cp.async.bulk.wait_group 2;\n\tfence.proxy.async.global;", 1)
+            cta_barrier()
+            gl.atomic_add(turns + prev, 1, sem="release", scope="gpu")
+        prev = block
         n += 1
         mbarrier.wait(dq_full, n & 1)
         row, turn = _read_meta(meta_smem)
-    if ORDERED and RELEASE_LATE:
+    if RELEASE_LATE:
         if n > 0:
             per_thread_ptx("cp.async.bulk.wait_group 0;\n\tfence.proxy.async.global;", 1)
             cta_barrier()
@@ -250,17 +231,15 @@ def _add_dq(dq_desc, row, col, dq, dq_ptr, dq_offs, DQ_TMA: gl.constexpr):
 @gluon.jit
 def _send_dq(dq, sm_scale, dq_desc, dq_row0, m_start, dq_smem, dq_ptr, dq_offs, handoff, it,
              n_block, WG: gl.constexpr, DQ_TMA: gl.constexpr, DQ_ASYNC: gl.constexpr,
-             DETERMINISTIC: gl.constexpr, DQ_ROWS: gl.constexpr = False,
-             DQ_WRITER: gl.constexpr = False):
+             DETERMINISTIC: gl.constexpr, DQ_ROWS: gl.constexpr = False):
     """This consumer's column half of query block ``m_start``'s dQ (DQ_ROWS: its row half),
     times ``sm_scale``, on its way to the workspace rows from ``dq_row0``: to the writer warp
-    (DETERMINISTIC, DQ_WRITER), through the staging tile (DQ_ASYNC), or straight from
-    registers."""
+    (DETERMINISTIC), through the staging tile (DQ_ASYNC), or straight from registers."""
     HALF_D: gl.constexpr = dq_desc.block_type.shape[1]
-    if DETERMINISTIC or DQ_WRITER:
-        # the block's first row: the writer places both pieces (_dq_writer). DETERMINISTIC:
-        # the query block's counter starts at -(the last key block that reaches it) and the
-        # higher key blocks go first: this one's turn comes at -n_block (unordered: unread)
+    if DETERMINISTIC:
+        # the block's first row: the writer places both pieces (_dq_writer). The query
+        # block's counter starts at -(the last key block that reaches it) and the higher key
+        # blocks go first: this one's turn comes at -n_block
         _hand_dq_to_writer(dq * sm_scale, dq_smem.index(WG), handoff, it,
                            dq_row0 + m_start, -n_block, WG)
     elif DQ_ROWS:  # rows [WG * DQ_M, (WG + 1) * DQ_M) of the block, every column
@@ -335,10 +314,10 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
               DETERMINISTIC: gl.constexpr = False, handoff=None, varlen=None,
               VARLEN: gl.constexpr = False, DQ_FIRST: gl.constexpr = False,
               STATS_EARLY: gl.constexpr = False, SPLIT: gl.constexpr = False,
-              KV_PER_BLOCK: gl.constexpr = False, DQ_WRITER: gl.constexpr = False):
+              KV_PER_BLOCK: gl.constexpr = False):
     """One consumer warpgroup: keys [WG * HALF_N, (WG + 1) * HALF_N) of each key block (tile)
     it processes (one; with PERSISTENT every num_programs-th, or with DYNAMIC those the
-    producer publishes). DETERMINISTIC, DQ_WRITER: dQ goes to the writer warp through
+    producer publishes). DETERMINISTIC: dQ goes to the writer warp through
     ``handoff``, and a last handoff stops it. SPLIT (one tile per CTA): tiles.split_key_coords' tiles."""
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
     k_smem = smem[0]
@@ -364,7 +343,6 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
     gl.static_assert(not (PERSISTENT and PIPELINE))  # PIPELINE's block count is per tile
     gl.static_assert(PERSISTENT or not DETERMINISTIC)  # waits only on live lower tiles
     gl.static_assert(not SPLIT or not (PERSISTENT or VARLEN or DETERMINISTIC or PIPELINE))
-    gl.static_assert(not DQ_WRITER or (DQ_ASYNC and not PIPELINE and not DETERMINISTIC))
     k_mine, v_mine, k_cols = _kv_operands(k_smem.reshape([BLOCK_N, D_PAD]),
                                           v_smem.reshape([BLOCK_N, D_PAD]), WG, DQ_ROWS)
     s_zero = gl.zeros([HALF_N, BLOCK_M], gl.float32, S_LAYOUT)
@@ -392,7 +370,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
                                 HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
                                 LONGEST_FIRST, PERSISTENT, handoff, DETERMINISTIC,
                                 DQ_FIRST=DQ_FIRST, STATS_EARLY=STATS_EARLY,
-                                KV_PER_BLOCK=KV_PER_BLOCK, DQ_WRITER=DQ_WRITER)
+                                KV_PER_BLOCK=KV_PER_BLOCK)
             tile_iter += 1
             if DYNAMIC:
                 # the producer publishes the next index once both consumers have released
@@ -406,8 +384,8 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
                             problem, window, scales, ptrs, schedule, consts, BLOCK_M, HEAD_DIM,
                             HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
                             LONGEST_FIRST, PERSISTENT, handoff, False, varlen, VARLEN,
-                            DQ_FIRST, STATS_EARLY, SPLIT, KV_PER_BLOCK, DQ_WRITER)
-    if DETERMINISTIC or DQ_WRITER:
+                            DQ_FIRST, STATS_EARLY, SPLIT, KV_PER_BLOCK)
+    if DETERMINISTIC:
         _end_dq_writer(handoff, it_base, WG)
     elif DQ_ASYNC:
         tma.store_wait(0)  # the last dQ reduce has read its staging buffer
@@ -421,8 +399,7 @@ def _key_tile(WG: gl.constexpr, tile, tile_iter, it_base, descs, smem, bars, pro
               LONGEST_FIRST: gl.constexpr, PERSISTENT: gl.constexpr, handoff=None,
               DETERMINISTIC: gl.constexpr = False, varlen=None, VARLEN: gl.constexpr = False,
               DQ_FIRST: gl.constexpr = False, STATS_EARLY: gl.constexpr = False,
-              SPLIT: gl.constexpr = False, KV_PER_BLOCK: gl.constexpr = False,
-              DQ_WRITER: gl.constexpr = False):
+              SPLIT: gl.constexpr = False, KV_PER_BLOCK: gl.constexpr = False):
     """One consumer's work on key tile ``tile`` (the ``tile_iter``-th of this CTA): dK / dV over
     its query blocks, then stored. Returns the query-block count to continue from. VARLEN:
     the tile's sequence from tiles.varlen_key_tile (packed (1, total, h, d) tensors). SPLIT:
@@ -471,7 +448,7 @@ def _key_tile(WG: gl.constexpr, tile, tile_iter, it_base, descs, smem, bars, pro
                 n_blocks, total, it_base, dk, dv, k_mine, v_mine, k_cols, s_zero, dq_zero,
                 dq_offs, window, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE,
                 DQ_ASYNC, n_block, handoff, DETERMINISTIC, (q_off, len_q, len_k), VARLEN, True,
-                DQ_FIRST, STATS_EARLY, KV_PER_BLOCK=KV_PER_BLOCK, DQ_WRITER=DQ_WRITER)
+                DQ_FIRST, STATS_EARLY, KV_PER_BLOCK=KV_PER_BLOCK)
         else:
             if varlen[3] is not None:  # seqused_k: keys past it are unused cache slots
                 zero_keys_past(smem[0].reshape([BLOCK_N, D_PAD]),
@@ -481,14 +458,14 @@ def _key_tile(WG: gl.constexpr, tile, tile_iter, it_base, descs, smem, bars, pro
                 n_blocks, total, it_base, dk, dv, k_mine, v_mine, k_cols, s_zero, dq_zero,
                 dq_offs, window, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE,
                 DQ_ASYNC, n_block, handoff, DETERMINISTIC, (q_off, len_q, len_k), VARLEN, False,
-                DQ_FIRST, STATS_EARLY, KV_PER_BLOCK=KV_PER_BLOCK, DQ_WRITER=DQ_WRITER)
+                DQ_FIRST, STATS_EARLY, KV_PER_BLOCK=KV_PER_BLOCK)
     else:
         it_base, dk, dv = _consume_key_tile(
             WG, descs, smem, bars, problem, scales, ptrs, b, h_k, n_start, key0, lo_blk,
             n_blocks, total, it_base, dk, dv, k_mine, v_mine, k_cols, s_zero, dq_zero, dq_offs,
             window, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
             n_block, handoff, DETERMINISTIC, DQ_FIRST=DQ_FIRST, STATS_EARLY=STATS_EARLY,
-            g0=g0, KV_PER_BLOCK=KV_PER_BLOCK, DQ_WRITER=DQ_WRITER)
+            g0=g0, KV_PER_BLOCK=KV_PER_BLOCK)
     if PERSISTENT:
         mbarrier.arrive(kv_empty)  # every GEMM reading this K / V has completed
     # ---- epilogue: dK (times softmax_scale) and dV of this consumer's keys
@@ -520,8 +497,7 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
                       DETERMINISTIC: gl.constexpr = False, span=None,
                       VARLEN: gl.constexpr = False, GUARD: gl.constexpr = False,
                       DQ_FIRST: gl.constexpr = False, STATS_EARLY: gl.constexpr = False,
-                      g0=0, KV_PER_BLOCK: gl.constexpr = False,
-                      DQ_WRITER: gl.constexpr = False):
+                      g0=0, KV_PER_BLOCK: gl.constexpr = False):
     """The ``total`` query blocks of one key tile for one consumer: dK / dV accumulated in
     registers (returned), dQ added to the workspace. Ring slots and dS slots continue from
     ``it_base``; returns (it_base + total, dk, dv). DETERMINISTIC: dQ goes to the writer warp
@@ -661,8 +637,7 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
             mbarrier.arrive(ds_free.index(ds_slot))
             mbarrier.arrive(do_empty.index(stage))
             _send_dq(dq, sm_scale, dq_desc, dq_row0, m_start, dq_smem, dq_ptr, dq_offs,
-                     handoff, it, n_block, WG, DQ_TMA, DQ_ASYNC, DETERMINISTIC, DQ_ROWS,
-                     DQ_WRITER)
+                     handoff, it, n_block, WG, DQ_TMA, DQ_ASYNC, DETERMINISTIC, DQ_ROWS)
             dk = warpgroup_mma_wait(0, deps=(dk_tok,))
             mbarrier.arrive(q_empty.index(stage))
         else:
@@ -679,8 +654,7 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
                                     dq_smem.index(WG), DQ_TMA, DQ_ASYNC)
             else:
                 _send_dq(dq, sm_scale, dq_desc, dq_row0, m_start, dq_smem, dq_ptr, dq_offs,
-                         handoff, it, n_block, WG, DQ_TMA, DQ_ASYNC, DETERMINISTIC, DQ_ROWS,
-                         DQ_WRITER)
+                         handoff, it, n_block, WG, DQ_TMA, DQ_ASYNC, DETERMINISTIC, DQ_ROWS)
 
     return it_base + total, dk, dv
 
@@ -700,7 +674,7 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
                     DETERMINISTIC: gl.constexpr = False, DQ_RELEASE_LATE: gl.constexpr = False,
                     VARLEN: gl.constexpr = False, DQ_FIRST: gl.constexpr = False,
                     STATS_EARLY: gl.constexpr = False, SPLIT: gl.constexpr = False,
-                    KV_PER_BLOCK: gl.constexpr = False, DQ_WRITER: gl.constexpr = False):
+                    KV_PER_BLOCK: gl.constexpr = False):
     """Warp-specialised attention backward (see module docstring).
 
     Descriptors are rank 4 over (batch, seq, head, dim): q/do boxes [1, BLOCK_M, 1, D_PAD],
@@ -781,7 +755,7 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
         varlen = (cu_q_ptr, cu_k_ptr, n_seqs, seqused_ptr)
     else:
         varlen = scales  # (unread)
-    if DETERMINISTIC or DQ_WRITER:
+    if DETERMINISTIC:
         # the consumers -> dQ writer handoff: both staging tiles of a query block (dq_full,
         # one arrive per consumer), released once the copy engine has read them (dq_empty),
         # and the block's (workspace row, turn)
@@ -797,16 +771,15 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
             (_consumer, (0, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
                          HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
                          LONGEST_FIRST, PERSISTENT, DYNAMIC, DETERMINISTIC, handoff, varlen,
-                         VARLEN, DQ_FIRST, STATS_EARLY, SPLIT, KV_PER_BLOCK, DQ_WRITER)),
+                         VARLEN, DQ_FIRST, STATS_EARLY, SPLIT, KV_PER_BLOCK)),
             (_consumer, (1, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
                          HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
                          LONGEST_FIRST, PERSISTENT, DYNAMIC, DETERMINISTIC, handoff, varlen,
-                         VARLEN, DQ_FIRST, STATS_EARLY, SPLIT, KV_PER_BLOCK, DQ_WRITER)),
+                         VARLEN, DQ_FIRST, STATS_EARLY, SPLIT, KV_PER_BLOCK)),
             (producer, (descs, smem, bars, problem, window, ptrs, schedule, BLOCK_M, HAS_LEFT,
                          HAS_RIGHT, LONGEST_FIRST, PERSISTENT, DYNAMIC, DETERMINISTIC, varlen,
                          VARLEN, SPLIT)),
-            (_dq_writer, (dq_desc, dq_smem, handoff, tile_counter, BLOCK_M, DETERMINISTIC,
-                          DQ_RELEASE_LATE)),
+            (_dq_writer, (dq_desc, dq_smem, handoff, tile_counter, BLOCK_M, DQ_RELEASE_LATE)),
         ], [4, 1, 1], [CONSUMER_REGS, PRODUCER_REGS, 32])
     else:
         gl.warp_specialize([

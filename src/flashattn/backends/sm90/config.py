@@ -389,15 +389,6 @@ class BwdConfig:
     # 88 -> 0; R2UR 72 -> 25 (d 64). Measured (H100, 2026-12-07, bwd_config_ab.py) 0.99-1.07x
     # at d = 64, on there (BWD_CONFIGS); 0.97-1.03x at d = 128, left off.
     kv_views_per_block: bool = False
-    # d <= 128 (bwd_kernel.py), dq_tma + dq_async, no pipeline, not deterministic (which has
-    # its own ordered writer): a fourth partition, one warp, issues the dQ reduce-adds, as
-    # FA4's sm90 backward does (its warp 1): each consumer stores its dQ piece into its
-    # staging tile and arrives on an mbarrier; the writer issues both pieces' TMA reduces
-    # and frees the tiles once the copy engine has read them. Takes the reduce's issue, the
-    # wait for the previous read and one warpgroup barrier per query block off the
-    # consumers. Exact: the same fp32 adds (their order across key tiles was never fixed).
-    # An experiment, off until measured.
-    dq_writer: bool = False
     # longest_first, one CTA per tile (not persistent, not deterministic), padded calls with
     # a GQA group (d <= 128, bwd_kernel.py): the first key blocks of every (batch, KV
     # head), as many as tile_order.split_key_blocks models worth it, run as two tiles over

@@ -1,8 +1,8 @@
 """Same-run A/B of one Hopper backward switch: the BwdConfig fields given by ``--override``
 (e.g. ``dq_first=1``, the dQ GEMM issued before dK's, dQ staged and its reduce issued while dK
-runs; ``stats_early=1``, lse2 / delta read from shared memory under S^T's GEMM; ``tile_split=1``,
-the longest key tiles of a GQA call cut in two by query heads: dK / dV then differ by one fp32
-add per cut key block) against the default config. docs/fa4_comparison.md.
+runs; ``kv_views_per_block=1``, the K / V views of the wgmmas rebuilt every query block;
+``tile_split=1``, the longest key tiles of a GQA call cut in two by query heads: dK / dV then
+differ by one fp32 add per cut key block) against the default config. docs/fa4_comparison.md.
 
 Per point (bf16, ``--tokens`` per call: batch = tokens / s; hidden ``--hidden``: h = hidden / d;
 GQA groups from ``--groups``):
@@ -22,7 +22,7 @@ One JSON line per point (``ratio`` = variant / default TFLOP/s); ``--out`` write
 
     export PYTHONPATH=$PWD/src
     python benchmarks/probes/bwd_config_ab.py --override dq_first=1 --out $OUT/bwd_dq_order.json
-    python benchmarks/probes/bwd_config_ab.py --override stats_early=1 --d 64 --out $OUT/se.json
+    python benchmarks/probes/bwd_config_ab.py --override kv_views_per_block=1 --d 128 --out $OUT/kv.json
 """
 from __future__ import annotations
 

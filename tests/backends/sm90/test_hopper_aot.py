@@ -151,9 +151,6 @@ BWD_VARIANTS = (
        for d in (64, 128) for c in (False, True)]
     + [("bwd", 128, "bfloat16", True, (-1, -1), 0.0, {"dq_first": True, "deterministic": True}),
        ("bwd", 128, "bfloat16", True, (-1, -1), 0.0, {"dq_first": True, "varlen": True})]
-    # lse2 / delta read under S^T's GEMM (BwdConfig.stats_early; Triton 3.6: d = 64 without
-    # spills, d = 128 spills 152-176 bytes, so d = 64 only)
-    + [("bwd", 64, "bfloat16", c, (-1, -1), 0.0, {"stats_early": True}) for c in (False, True)]
     # 128-row blocks with dQ split by columns (BwdConfig.dq_rows off: the d = 64 default
     # before 2026-12-06, and the ablation's baseline)
     + [("bwd", 64, "bfloat16", False, (-1, -1), 0.0, {"dq_rows": False})]
@@ -338,8 +335,6 @@ D64_ROWS128_SPILL_ALLOWANCE = {"bwd_d64_bfloat16": 72,
                                "bwd_d64_bfloat16_persistent1_longest_first1": 40,
                                "bwd_d64_bfloat16_dq_first1": 72,
                                "bwd_d64_bfloat16_causal_dq_first1": 8,
-                               "bwd_d64_bfloat16_stats_early1": 280,
-                               "bwd_d64_bfloat16_causal_stats_early1": 288,
                                "bwd_d64_bfloat16_dq_rows0": 104,
                                # the K / V views held across blocks (the default before
                                # 2026-12-07)

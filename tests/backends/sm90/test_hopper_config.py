@@ -315,35 +315,6 @@ def test_one_wave_calls_keep_the_static_stride():
     assert _bwd._static_stride(bcfg).persistent
 
 
-def test_backward_stats_early_is_off_and_refused_where_it_has_no_meaning():
-    """BwdConfig.stats_early (lse2 / delta read under S^T's GEMM) is off in every shipped
-    config and reaches the kernel as the STATS_EARLY constexpr; with PIPELINE (S^T / dP^T
-    issued a block ahead) or on bwd_wide_kernel the launch is refused, naming the field."""
-    import torch
-
-    from flashattn.backends.sm90.bwd import dq_workspace, launch_args
-    from flashattn.backends.sm90.config import BWD_CONFIGS, bwd_config
-    from tools import aot_sm90 as aot
-
-    for d in BWD_CONFIGS:
-        for masked in (False, True):
-            for det in ((False, True) if d in (64, 128) else (False,)):
-                assert not bwd_config(d, masked=masked, deterministic=det).stats_early
-    q = torch.empty((1, 256, 2, 64), dtype=torch.bfloat16)
-    lse = torch.empty((1, 2, 256), dtype=torch.float32)
-    for flag in (False, True):
-        cfg = bwd_config(64, masked=True, stats_early=flag)
-        _, constexprs, _, _ = launch_args(q, q, q, q, lse, lse, dq_workspace(q, 256), q, q,
-                                          cfg, softmax_scale=0.125, window_left=-1,
-                                          window_right=0, softcap=0.0)
-        assert constexprs["STATS_EARLY"] is flag
-    with pytest.raises(ValueError, match="stats_early"):
-        aot.compile_bwd_variant(64, torch.bfloat16, causal=True,
-                                overrides={"stats_early": True, "pipeline": True})
-    with pytest.raises(ValueError, match="stats_early"):
-        aot.compile_bwd_variant(256, torch.bfloat16, overrides={"stats_early": True})
-
-
 def test_backward_dq_rows_reaches_the_kernel_through_the_dq_box():
     """BwdConfig.dq_rows (each consumer computes dQ for its half of the query rows, FA4's
     split) reaches the kernel as the dQ descriptor's box, [block_m / 2, d_pad] instead of

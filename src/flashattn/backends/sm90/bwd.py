@@ -296,10 +296,9 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
         if why is not None:
             raise ValueError(f"BwdConfig: deterministic=True with {why}")
     if wide:
-        if cfg.dq_first or cfg.stats_early or cfg.dq_rows:
-            raise ValueError("bwd_wide_kernel has one GEMM order, one dQ split and one place "
-                             "for the row statistics (dq_first=False, dq_rows=False, "
-                             "stats_early=False)")
+        if cfg.dq_first or cfg.dq_rows:
+            raise ValueError("bwd_wide_kernel has one GEMM order and one dQ split "
+                             "(dq_first=False, dq_rows=False)")
         if cfg.persistent:
             raise ValueError("bwd_wide_kernel has no persistent schedule (persistent=False)")
         if not (cfg.dq_tma and cfg.dq_async):
@@ -309,8 +308,8 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     else:
         if cfg.persistent and cfg.pipeline:
             raise ValueError("BwdConfig: persistent=True needs pipeline=False")
-        if (cfg.dq_first or cfg.stats_early) and cfg.pipeline:
-            raise ValueError("BwdConfig: dq_first=True and stats_early=True need pipeline=False")
+        if cfg.dq_first and cfg.pipeline:
+            raise ValueError("BwdConfig: dq_first=True needs pipeline=False")
         if cfg.dq_rows and (cfg.block_m < 128 or cfg.pipeline or cfg.deterministic
                             or not (cfg.dq_tma and cfg.dq_async)):
             raise ValueError("BwdConfig: dq_rows=True needs block_m >= 128 (a wgmma is 64 rows "
@@ -320,8 +319,8 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
                           DYNAMIC=cfg.dynamic,
                           DETERMINISTIC=cfg.det_order if cfg.deterministic else 0,
                           DQ_RELEASE_LATE=cfg.det_release_late, VARLEN=cu_seqlens is not None,
-                          DQ_FIRST=cfg.dq_first, STATS_EARLY=cfg.stats_early,
-                          SPLIT=split > 0, KV_PER_BLOCK=cfg.kv_views_per_block)
+                          DQ_FIRST=cfg.dq_first, SPLIT=split > 0,
+                          KV_PER_BLOCK=cfg.kv_views_per_block)
     # (bwd_wide_kernel's pipeline guards an empty tile; bwd_kernel's issues its first block
     # unconditionally)
     if cu_seqlens is not None and (cfg.persistent or cfg.deterministic

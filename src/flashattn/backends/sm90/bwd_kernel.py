@@ -56,9 +56,6 @@ Schedule switches (constexpr, measured in benchmarks/probes/hopper_probe.py --mo
                flight, and dQ staged / handed on while dK runs (without PIPELINE): the
                staging's barriers and shared-memory stores overlap a GEMM instead of
                following all three. Measured 0.94-1.02x (H100, 2026-11-28), off
-    STATS_EARLY per query block, lse2 / delta read from shared memory right after issuing
-               S^T / dP^T (without PIPELINE) instead of just before each is used. Measured
-               0.94-1.00x at d = 64 (H200, 2026-11-28), off; spills at d = 128
     KV_PER_BLOCK the K / V views of the wgmmas rebuilt every query block through a run-time
                index that is always 0 (it >> 30), as bwd_wide_kernel does: with a constant
                address the compiler hoists every K-step descriptor of K and V out of the
@@ -313,8 +310,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
               PERSISTENT: gl.constexpr, DYNAMIC: gl.constexpr,
               DETERMINISTIC: gl.constexpr = False, handoff=None, varlen=None,
               VARLEN: gl.constexpr = False, DQ_FIRST: gl.constexpr = False,
-              STATS_EARLY: gl.constexpr = False, SPLIT: gl.constexpr = False,
-              KV_PER_BLOCK: gl.constexpr = False):
+              SPLIT: gl.constexpr = False, KV_PER_BLOCK: gl.constexpr = False):
     """One consumer warpgroup: keys [WG * HALF_N, (WG + 1) * HALF_N) of each key block (tile)
     it processes (one; with PERSISTENT every num_programs-th, or with DYNAMIC those the
     producer publishes). DETERMINISTIC: dQ goes to the writer warp through
@@ -369,8 +365,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
                                 scales, ptrs, schedule, consts, BLOCK_M, HEAD_DIM, HAS_LEFT,
                                 HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
                                 LONGEST_FIRST, PERSISTENT, handoff, DETERMINISTIC,
-                                DQ_FIRST=DQ_FIRST, STATS_EARLY=STATS_EARLY,
-                                KV_PER_BLOCK=KV_PER_BLOCK)
+                                DQ_FIRST=DQ_FIRST, KV_PER_BLOCK=KV_PER_BLOCK)
             tile_iter += 1
             if DYNAMIC:
                 # the producer publishes the next index once both consumers have released
@@ -384,7 +379,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
                             problem, window, scales, ptrs, schedule, consts, BLOCK_M, HEAD_DIM,
                             HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
                             LONGEST_FIRST, PERSISTENT, handoff, False, varlen, VARLEN,
-                            DQ_FIRST, STATS_EARLY, SPLIT, KV_PER_BLOCK)
+                            DQ_FIRST, SPLIT, KV_PER_BLOCK)
     if DETERMINISTIC:
         _end_dq_writer(handoff, it_base, WG)
     elif DQ_ASYNC:
@@ -398,8 +393,8 @@ def _key_tile(WG: gl.constexpr, tile, tile_iter, it_base, descs, smem, bars, pro
               DQ_TMA: gl.constexpr, PIPELINE: gl.constexpr, DQ_ASYNC: gl.constexpr,
               LONGEST_FIRST: gl.constexpr, PERSISTENT: gl.constexpr, handoff=None,
               DETERMINISTIC: gl.constexpr = False, varlen=None, VARLEN: gl.constexpr = False,
-              DQ_FIRST: gl.constexpr = False, STATS_EARLY: gl.constexpr = False,
-              SPLIT: gl.constexpr = False, KV_PER_BLOCK: gl.constexpr = False):
+              DQ_FIRST: gl.constexpr = False, SPLIT: gl.constexpr = False,
+              KV_PER_BLOCK: gl.constexpr = False):
     """One consumer's work on key tile ``tile`` (the ``tile_iter``-th of this CTA): dK / dV over
     its query blocks, then stored. Returns the query-block count to continue from. VARLEN:
     the tile's sequence from tiles.varlen_key_tile (packed (1, total, h, d) tensors). SPLIT:
@@ -448,7 +443,7 @@ def _key_tile(WG: gl.constexpr, tile, tile_iter, it_base, descs, smem, bars, pro
                 n_blocks, total, it_base, dk, dv, k_mine, v_mine, k_cols, s_zero, dq_zero,
                 dq_offs, window, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE,
                 DQ_ASYNC, n_block, handoff, DETERMINISTIC, (q_off, len_q, len_k), VARLEN, True,
-                DQ_FIRST, STATS_EARLY, KV_PER_BLOCK=KV_PER_BLOCK)
+                DQ_FIRST, KV_PER_BLOCK=KV_PER_BLOCK)
         else:
             if varlen[3] is not None:  # seqused_k: keys past it are unused cache slots
                 zero_keys_past(smem[0].reshape([BLOCK_N, D_PAD]),
@@ -458,14 +453,14 @@ def _key_tile(WG: gl.constexpr, tile, tile_iter, it_base, descs, smem, bars, pro
                 n_blocks, total, it_base, dk, dv, k_mine, v_mine, k_cols, s_zero, dq_zero,
                 dq_offs, window, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE,
                 DQ_ASYNC, n_block, handoff, DETERMINISTIC, (q_off, len_q, len_k), VARLEN, False,
-                DQ_FIRST, STATS_EARLY, KV_PER_BLOCK=KV_PER_BLOCK)
+                DQ_FIRST, KV_PER_BLOCK=KV_PER_BLOCK)
     else:
         it_base, dk, dv = _consume_key_tile(
             WG, descs, smem, bars, problem, scales, ptrs, b, h_k, n_start, key0, lo_blk,
             n_blocks, total, it_base, dk, dv, k_mine, v_mine, k_cols, s_zero, dq_zero, dq_offs,
             window, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
-            n_block, handoff, DETERMINISTIC, DQ_FIRST=DQ_FIRST, STATS_EARLY=STATS_EARLY,
-            g0=g0, KV_PER_BLOCK=KV_PER_BLOCK)
+            n_block, handoff, DETERMINISTIC, DQ_FIRST=DQ_FIRST, g0=g0,
+            KV_PER_BLOCK=KV_PER_BLOCK)
     if PERSISTENT:
         mbarrier.arrive(kv_empty)  # every GEMM reading this K / V has completed
     # ---- epilogue: dK (times softmax_scale) and dV of this consumer's keys
@@ -496,8 +491,8 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
                       DQ_ASYNC: gl.constexpr, n_block=0, handoff=None,
                       DETERMINISTIC: gl.constexpr = False, span=None,
                       VARLEN: gl.constexpr = False, GUARD: gl.constexpr = False,
-                      DQ_FIRST: gl.constexpr = False, STATS_EARLY: gl.constexpr = False,
-                      g0=0, KV_PER_BLOCK: gl.constexpr = False):
+                      DQ_FIRST: gl.constexpr = False, g0=0,
+                      KV_PER_BLOCK: gl.constexpr = False):
     """The ``total`` query blocks of one key tile for one consumer: dK / dV accumulated in
     registers (returned), dQ added to the workspace. Ring slots and dS slots continue from
     ``it_base``; returns (it_base + total, dk, dv). DETERMINISTIC: dQ goes to the writer warp
@@ -583,15 +578,10 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
                     zero_rows_from(do_view, len_q - m_start)
             dp_tok = warpgroup_mma(v_mine, do_view.permute((1, 0)), s_zero, use_acc=False,
                                    is_async=True)
-            if STATS_EARLY:  # the stats' shared-memory latency under S^T's GEMM
-                mbarrier.wait(stats_ready.index(stage), phase)
-                lse2 = lse_smem.index(stage).load(COL_S)
-                delta = delta_smem.index(stage).load(COL_S)
             s = warpgroup_mma_wait(1, deps=(s_tok,))
         # lse2 = lse * log2(e), +inf for rows with no visible key and rows past s_q (P = 0)
-        if not (STATS_EARLY and not PIPELINE):
-            mbarrier.wait(stats_ready.index(stage), phase)
-            lse2 = lse_smem.index(stage).load(COL_S)
+        mbarrier.wait(stats_ready.index(stage), phase)
+        lse2 = lse_smem.index(stage).load(COL_S)
         p, t = probs_t(s, lse2, qk_scale, softcap_inv, softcap_log2, HAS_SOFTCAP)
         if block_needs_mask_t(n_start, m_start, len_q, len_k, window_left, window_right,
                               BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, VARLEN):
@@ -600,8 +590,7 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
             p = gl.where(vis, p, 0.0)
         if not PIPELINE:
             dp = warpgroup_mma_wait(0, deps=(dp_tok,))
-        if not (STATS_EARLY and not PIPELINE):
-            delta = delta_smem.index(stage).load(COL_S)
+        delta = delta_smem.index(stage).load(COL_S)
         # dS before any accumulating GEMM is issued: fp32 P and dP^T die here, so the
         # in-flight dV / dK / dQ accumulators never share the registers with them
         ds = ds_t(p, dp, delta, t, HAS_SOFTCAP)
@@ -673,8 +662,7 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
                     PERSISTENT: gl.constexpr = False, DYNAMIC: gl.constexpr = False,
                     DETERMINISTIC: gl.constexpr = False, DQ_RELEASE_LATE: gl.constexpr = False,
                     VARLEN: gl.constexpr = False, DQ_FIRST: gl.constexpr = False,
-                    STATS_EARLY: gl.constexpr = False, SPLIT: gl.constexpr = False,
-                    KV_PER_BLOCK: gl.constexpr = False):
+                    SPLIT: gl.constexpr = False, KV_PER_BLOCK: gl.constexpr = False):
     """Warp-specialised attention backward (see module docstring).
 
     Descriptors are rank 4 over (batch, seq, head, dim): q/do boxes [1, BLOCK_M, 1, D_PAD],
@@ -771,11 +759,11 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
             (_consumer, (0, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
                          HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
                          LONGEST_FIRST, PERSISTENT, DYNAMIC, DETERMINISTIC, handoff, varlen,
-                         VARLEN, DQ_FIRST, STATS_EARLY, SPLIT, KV_PER_BLOCK)),
+                         VARLEN, DQ_FIRST, SPLIT, KV_PER_BLOCK)),
             (_consumer, (1, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
                          HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
                          LONGEST_FIRST, PERSISTENT, DYNAMIC, DETERMINISTIC, handoff, varlen,
-                         VARLEN, DQ_FIRST, STATS_EARLY, SPLIT, KV_PER_BLOCK)),
+                         VARLEN, DQ_FIRST, SPLIT, KV_PER_BLOCK)),
             (producer, (descs, smem, bars, problem, window, ptrs, schedule, BLOCK_M, HAS_LEFT,
                          HAS_RIGHT, LONGEST_FIRST, PERSISTENT, DYNAMIC, DETERMINISTIC, varlen,
                          VARLEN, SPLIT)),
@@ -787,11 +775,11 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
             (_consumer, (0, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
                          HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
                          LONGEST_FIRST, PERSISTENT, DYNAMIC, False, None, varlen, VARLEN,
-                         DQ_FIRST, STATS_EARLY, SPLIT, KV_PER_BLOCK)),
+                         DQ_FIRST, SPLIT, KV_PER_BLOCK)),
             (_consumer, (1, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
                          HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
                          LONGEST_FIRST, PERSISTENT, DYNAMIC, False, None, varlen, VARLEN,
-                         DQ_FIRST, STATS_EARLY, SPLIT, KV_PER_BLOCK)),
+                         DQ_FIRST, SPLIT, KV_PER_BLOCK)),
             (producer, (descs, smem, bars, problem, window, ptrs, schedule, BLOCK_M, HAS_LEFT,
                          HAS_RIGHT, LONGEST_FIRST, PERSISTENT, DYNAMIC, False, varlen,
                          VARLEN, SPLIT)),

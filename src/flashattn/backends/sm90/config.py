@@ -368,11 +368,6 @@ class BwdConfig:
     # workspace may change (as between any two runs). Off until measured
     # (docs/fa4_comparison.md, hypothesis 4).
     dq_first: bool = False
-    # d <= 128 (bwd_kernel.py), pipeline=False: per query block, read lse2 / delta from shared
-    # memory right after issuing S^T / dP^T, so their latency runs under S^T's GEMM, instead of
-    # just before each is used (where ncu showed the consumers stalled on those loads).
-    # Exact: the same values, read earlier.
-    stats_early: bool = False
     # d <= 128 with block_m >= 128 (bwd_kernel.py), dq_tma + dq_async, not deterministic, no
     # pipeline: each consumer computes dQ for its half of the query rows over every column
     # (m64 n d_pad, A = its rows of dS from shared memory, B = all of K), FA4's split, instead

@@ -1,6 +1,5 @@
 """Same-run A/B of one Hopper backward switch: the BwdConfig fields given by ``--override``
-(e.g. ``dq_first=1``, the dQ GEMM issued before dK's, dQ staged and its reduce issued while dK
-runs; ``kv_views_per_block=1``, the K / V views of the wgmmas rebuilt every query block;
+(e.g. ``kv_views_per_block=1``, the K / V views of the wgmmas rebuilt every query block;
 ``tile_split=1``, the longest key tiles of a GQA call cut in two by query heads: dK / dV then
 differ by one fp32 add per cut key block) against the default config. docs/fa4_comparison.md.
 
@@ -21,7 +20,6 @@ GQA groups from ``--groups``):
 One JSON line per point (``ratio`` = variant / default TFLOP/s); ``--out`` writes them all.
 
     export PYTHONPATH=$PWD/src
-    python benchmarks/probes/bwd_config_ab.py --override dq_first=1 --out $OUT/bwd_dq_order.json
     python benchmarks/probes/bwd_config_ab.py --override kv_views_per_block=1 --d 128 --out $OUT/kv.json
 """
 from __future__ import annotations
@@ -136,7 +134,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ref-kv-heads", type=int, default=1,
                     help="KV heads (batch 0) checked against the float64 reference")
     add_common_arguments(ap)
-    add_override_argument(ap, "BwdConfig", "dq_first=1")
+    add_override_argument(ap, "BwdConfig", "kv_views_per_block=1")
     args = ap.parse_args(argv)
     args.overrides = parse_overrides(ap, args)
     points = [(d, bool(c), s, g) for d in int_list(args.d) for c in int_list(args.causal)

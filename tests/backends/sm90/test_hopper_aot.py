@@ -145,12 +145,6 @@ BWD_VARIANTS = (
     # with seqused_k (the producer and consumers read it; K / V rows past it zeroed)
     + [("bwd", d, "bfloat16", c, (-1, -1), 0.0, {"varlen": True, "seqused": True})
        for d, c in ((128, True), (256, False))]
-    # dQ GEMM before dK's, dQ staged while dK runs (BwdConfig.dq_first; Triton 3.6: at d = 64
-    # / 128 the same registers and spill bytes as the default order)
-    + [("bwd", d, "bfloat16", c, (-1, -1), 0.0, {"dq_first": True})
-       for d in (64, 128) for c in (False, True)]
-    + [("bwd", 128, "bfloat16", True, (-1, -1), 0.0, {"dq_first": True, "deterministic": True}),
-       ("bwd", 128, "bfloat16", True, (-1, -1), 0.0, {"dq_first": True, "varlen": True})]
     # 128-row blocks with dQ split by columns (BwdConfig.dq_rows off: the d = 64 default
     # before 2026-12-06, and the ablation's baseline)
     + [("bwd", 64, "bfloat16", False, (-1, -1), 0.0, {"dq_rows": False})]
@@ -333,8 +327,6 @@ D64_ROWS128_SPILL_ALLOWANCE = {"bwd_d64_bfloat16": 72,
                                "bwd_d64_bfloat16_causal_longest_first1": 8,
                                "bwd_d64_float16_causal_persistent1_dynamic1_longest_first1": 8,
                                "bwd_d64_bfloat16_persistent1_longest_first1": 40,
-                               "bwd_d64_bfloat16_dq_first1": 72,
-                               "bwd_d64_bfloat16_causal_dq_first1": 8,
                                "bwd_d64_bfloat16_dq_rows0": 104,
                                # the K / V views held across blocks (the default before
                                # 2026-12-07)

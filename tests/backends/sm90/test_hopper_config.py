@@ -101,34 +101,6 @@ def test_backward_tile_queue_needs_the_persistent_schedule():
         aot.compile_bwd_variant(128, torch.bfloat16, causal=True, overrides={"dynamic": True})
 
 
-def test_backward_dq_first_is_off_and_refused_where_it_has_no_meaning():
-    """BwdConfig.dq_first (the dQ GEMM before dK's, dQ staged while dK runs) is off in every
-    shipped config and reaches the kernel as the DQ_FIRST constexpr; with PIPELINE (which
-    sends dQ under the next block's S^T / dP^T) or on bwd_wide_kernel (d = 192 / 256) the
-    launch is refused before any compile, naming the field."""
-    import torch
-
-    from flashattn.backends.sm90.bwd import dq_workspace, launch_args
-    from flashattn.backends.sm90.config import BWD_CONFIGS, bwd_config
-    from tools import aot_sm90 as aot
-
-    for d in BWD_CONFIGS:
-        for masked in (False, True):
-            assert not bwd_config(d, masked=masked).dq_first
-    cfg = bwd_config(64, masked=True, dq_first=True)
-    q = torch.empty((1, 256, 2, 64), dtype=torch.bfloat16)
-    lse = torch.empty((1, 2, 256), dtype=torch.float32)
-    _, constexprs, _, _ = launch_args(q, q, q, q, lse, lse, dq_workspace(q, 256), q, q, cfg,
-                                      softmax_scale=0.125, window_left=-1, window_right=0,
-                                      softcap=0.0)
-    assert constexprs["DQ_FIRST"] is True
-    with pytest.raises(ValueError, match="dq_first"):
-        aot.compile_bwd_variant(128, torch.bfloat16, causal=True,
-                                overrides={"dq_first": True, "pipeline": True})
-    with pytest.raises(ValueError, match="dq_first"):
-        aot.compile_bwd_variant(256, torch.bfloat16, overrides={"dq_first": True})
-
-
 def test_deterministic_backward_runs_the_ordered_persistent_schedule():
     """deterministic=True: persistent CTAs (static stride unmasked, the ticket queue masked:
     tiles wait only on tiles handed out earlier, which are running or done), d = 64 / 128."""
@@ -408,7 +380,7 @@ def test_d64_backward_takes_128_query_rows_and_the_row_split_dq():
         for masked, rows in ((True, 64), (False, 128)):
             cfg = bwd_config(64, masked=masked, **overrides)
             assert cfg.block_m == rows and not cfg.dq_rows
-    assert bwd_config(64, masked=False, dq_first=True).block_m == 128
+    assert bwd_config(64, masked=False, kv_views_per_block=False).block_m == 128
 
 
 def test_packed_backward_rows_follow_the_mean_sequence_length():

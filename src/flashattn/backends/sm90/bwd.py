@@ -296,9 +296,8 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
         if why is not None:
             raise ValueError(f"BwdConfig: deterministic=True with {why}")
     if wide:
-        if cfg.dq_first or cfg.dq_rows:
-            raise ValueError("bwd_wide_kernel has one GEMM order and one dQ split "
-                             "(dq_first=False, dq_rows=False)")
+        if cfg.dq_rows:
+            raise ValueError("bwd_wide_kernel has one dQ split (dq_rows=False)")
         if cfg.persistent:
             raise ValueError("bwd_wide_kernel has no persistent schedule (persistent=False)")
         if not (cfg.dq_tma and cfg.dq_async):
@@ -308,8 +307,6 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     else:
         if cfg.persistent and cfg.pipeline:
             raise ValueError("BwdConfig: persistent=True needs pipeline=False")
-        if cfg.dq_first and cfg.pipeline:
-            raise ValueError("BwdConfig: dq_first=True needs pipeline=False")
         if cfg.dq_rows and (cfg.block_m < 128 or cfg.pipeline or cfg.deterministic
                             or not (cfg.dq_tma and cfg.dq_async)):
             raise ValueError("BwdConfig: dq_rows=True needs block_m >= 128 (a wgmma is 64 rows "
@@ -319,8 +316,7 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
                           DYNAMIC=cfg.dynamic,
                           DETERMINISTIC=cfg.det_order if cfg.deterministic else 0,
                           DQ_RELEASE_LATE=cfg.det_release_late, VARLEN=cu_seqlens is not None,
-                          DQ_FIRST=cfg.dq_first, SPLIT=split > 0,
-                          KV_PER_BLOCK=cfg.kv_views_per_block)
+                          SPLIT=split > 0, KV_PER_BLOCK=cfg.kv_views_per_block)
     # (bwd_wide_kernel's pipeline guards an empty tile; bwd_kernel's issues its first block
     # unconditionally)
     if cu_seqlens is not None and (cfg.persistent or cfg.deterministic

@@ -52,10 +52,6 @@ Schedule switches (constexpr, measured in benchmarks/probes/hopper_probe.py --mo
     DQ_ASYNC   asynchronous reduce (d=128 16k: 568 vs 496)
     PIPELINE   the next block's S^T / dP^T issued before this block's dQ reduction: slower
                (more registers live; 519 vs 568), off
-    DQ_FIRST   per query block, the dQ GEMM issued before dK's, waited for with dK still in
-               flight, and dQ staged / handed on while dK runs (without PIPELINE): the
-               staging's barriers and shared-memory stores overlap a GEMM instead of
-               following all three. Measured 0.94-1.02x (H100, 2026-11-28), off
     KV_PER_BLOCK the K / V views of the wgmmas rebuilt every query block through a run-time
                index that is always 0 (it >> 30), as bwd_wide_kernel does: with a constant
                address the compiler hoists every K-step descriptor of K and V out of the
@@ -309,8 +305,8 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
               PIPELINE: gl.constexpr, DQ_ASYNC: gl.constexpr, LONGEST_FIRST: gl.constexpr,
               PERSISTENT: gl.constexpr, DYNAMIC: gl.constexpr,
               DETERMINISTIC: gl.constexpr = False, handoff=None, varlen=None,
-              VARLEN: gl.constexpr = False, DQ_FIRST: gl.constexpr = False,
-              SPLIT: gl.constexpr = False, KV_PER_BLOCK: gl.constexpr = False):
+              VARLEN: gl.constexpr = False, SPLIT: gl.constexpr = False,
+              KV_PER_BLOCK: gl.constexpr = False):
     """One consumer warpgroup: keys [WG * HALF_N, (WG + 1) * HALF_N) of each key block (tile)
     it processes (one; with PERSISTENT every num_programs-th, or with DYNAMIC those the
     producer publishes). DETERMINISTIC: dQ goes to the writer warp through
@@ -365,7 +361,7 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
                                 scales, ptrs, schedule, consts, BLOCK_M, HEAD_DIM, HAS_LEFT,
                                 HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
                                 LONGEST_FIRST, PERSISTENT, handoff, DETERMINISTIC,
-                                DQ_FIRST=DQ_FIRST, KV_PER_BLOCK=KV_PER_BLOCK)
+                                KV_PER_BLOCK=KV_PER_BLOCK)
             tile_iter += 1
             if DYNAMIC:
                 # the producer publishes the next index once both consumers have released
@@ -378,8 +374,8 @@ def _consumer(WG: gl.constexpr, descs, smem, bars, problem, window, scales, ptrs
         it_base = _key_tile(WG, gl.program_id(0), 0, gl.to_tensor(0), descs, smem, bars,
                             problem, window, scales, ptrs, schedule, consts, BLOCK_M, HEAD_DIM,
                             HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
-                            LONGEST_FIRST, PERSISTENT, handoff, False, varlen, VARLEN,
-                            DQ_FIRST, SPLIT, KV_PER_BLOCK)
+                            LONGEST_FIRST, PERSISTENT, handoff, False, varlen, VARLEN, SPLIT,
+                            KV_PER_BLOCK)
     if DETERMINISTIC:
         _end_dq_writer(handoff, it_base, WG)
     elif DQ_ASYNC:
@@ -393,8 +389,7 @@ def _key_tile(WG: gl.constexpr, tile, tile_iter, it_base, descs, smem, bars, pro
               DQ_TMA: gl.constexpr, PIPELINE: gl.constexpr, DQ_ASYNC: gl.constexpr,
               LONGEST_FIRST: gl.constexpr, PERSISTENT: gl.constexpr, handoff=None,
               DETERMINISTIC: gl.constexpr = False, varlen=None, VARLEN: gl.constexpr = False,
-              DQ_FIRST: gl.constexpr = False, SPLIT: gl.constexpr = False,
-              KV_PER_BLOCK: gl.constexpr = False):
+              SPLIT: gl.constexpr = False, KV_PER_BLOCK: gl.constexpr = False):
     """One consumer's work on key tile ``tile`` (the ``tile_iter``-th of this CTA): dK / dV over
     its query blocks, then stored. Returns the query-block count to continue from. VARLEN:
     the tile's sequence from tiles.varlen_key_tile (packed (1, total, h, d) tensors). SPLIT:
@@ -443,7 +438,7 @@ def _key_tile(WG: gl.constexpr, tile, tile_iter, it_base, descs, smem, bars, pro
                 n_blocks, total, it_base, dk, dv, k_mine, v_mine, k_cols, s_zero, dq_zero,
                 dq_offs, window, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE,
                 DQ_ASYNC, n_block, handoff, DETERMINISTIC, (q_off, len_q, len_k), VARLEN, True,
-                DQ_FIRST, KV_PER_BLOCK=KV_PER_BLOCK)
+                KV_PER_BLOCK=KV_PER_BLOCK)
         else:
             if varlen[3] is not None:  # seqused_k: keys past it are unused cache slots
                 zero_keys_past(smem[0].reshape([BLOCK_N, D_PAD]),
@@ -453,14 +448,13 @@ def _key_tile(WG: gl.constexpr, tile, tile_iter, it_base, descs, smem, bars, pro
                 n_blocks, total, it_base, dk, dv, k_mine, v_mine, k_cols, s_zero, dq_zero,
                 dq_offs, window, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE,
                 DQ_ASYNC, n_block, handoff, DETERMINISTIC, (q_off, len_q, len_k), VARLEN, False,
-                DQ_FIRST, KV_PER_BLOCK=KV_PER_BLOCK)
+                KV_PER_BLOCK=KV_PER_BLOCK)
     else:
         it_base, dk, dv = _consume_key_tile(
             WG, descs, smem, bars, problem, scales, ptrs, b, h_k, n_start, key0, lo_blk,
             n_blocks, total, it_base, dk, dv, k_mine, v_mine, k_cols, s_zero, dq_zero, dq_offs,
             window, BLOCK_M, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
-            n_block, handoff, DETERMINISTIC, DQ_FIRST=DQ_FIRST, g0=g0,
-            KV_PER_BLOCK=KV_PER_BLOCK)
+            n_block, handoff, DETERMINISTIC, g0=g0, KV_PER_BLOCK=KV_PER_BLOCK)
     if PERSISTENT:
         mbarrier.arrive(kv_empty)  # every GEMM reading this K / V has completed
     # ---- epilogue: dK (times softmax_scale) and dV of this consumer's keys
@@ -490,8 +484,7 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
                       HAS_SOFTCAP: gl.constexpr, DQ_TMA: gl.constexpr, PIPELINE: gl.constexpr,
                       DQ_ASYNC: gl.constexpr, n_block=0, handoff=None,
                       DETERMINISTIC: gl.constexpr = False, span=None,
-                      VARLEN: gl.constexpr = False, GUARD: gl.constexpr = False,
-                      DQ_FIRST: gl.constexpr = False, g0=0,
+                      VARLEN: gl.constexpr = False, GUARD: gl.constexpr = False, g0=0,
                       KV_PER_BLOCK: gl.constexpr = False):
     """The ``total`` query blocks of one key tile for one consumer: dK / dV accumulated in
     registers (returned), dQ added to the workspace. Ring slots and dS slots continue from
@@ -527,7 +520,6 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
         gl.static_assert(DQ_ASYNC and not PIPELINE and not HAS_LEFT)
     if DQ_ROWS:
         gl.static_assert(DQ_ASYNC and not PIPELINE and not DETERMINISTIC)
-    gl.static_assert(not (DQ_FIRST and PIPELINE))  # PIPELINE sends dQ under the next S^T / dP^T
     if VARLEN:
         q_off, len_q, len_k = span
     else:
@@ -597,9 +589,8 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
         ds_lp = ds.to(dtype)
         p_op = gl.convert_layout(p.to(dtype), A_LAYOUT)
         dv_tok = warpgroup_mma(p_op, do_view, dv, is_async=True)
-        if not DQ_FIRST:
-            ds_op = gl.convert_layout(ds_lp, A_LAYOUT)
-            dk_tok = warpgroup_mma(ds_op, q_view, dk, is_async=True)
+        ds_op = gl.convert_layout(ds_lp, A_LAYOUT)
+        dk_tok = warpgroup_mma(ds_op, q_view, dk, is_async=True)
 
         # ---- dS^T of both consumers into shared memory, then this consumer's dQ half
         ds_slot = it % 2
@@ -616,34 +607,20 @@ def _consume_key_tile(WG: gl.constexpr, descs, smem, bars, problem, scales, ptrs
         else:  # A = every query row of dS, B = this consumer's column half of K
             ds_a = ds_buf.permute((1, 0))
         dq_tok = warpgroup_mma(ds_a, k_cols, dq_zero, use_acc=False, is_async=True)
-        if DQ_FIRST:
-            # dK last: wgmma groups complete in issue order, so waiting to one group in
-            # flight leaves dV and dQ done and dK running while dQ is staged and sent
-            ds_op = gl.convert_layout(ds_lp, A_LAYOUT)
-            dk_tok = warpgroup_mma(ds_op, q_view, dk, is_async=True)
-            dv, dq = warpgroup_mma_wait(1, deps=(dv_tok, dq_tok))
-            # dS^T (read by dQ) and dO (by dV) are free now; Q waits for dK
-            mbarrier.arrive(ds_free.index(ds_slot))
-            mbarrier.arrive(do_empty.index(stage))
+        dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
+        mbarrier.arrive(ds_free.index(ds_slot))
+        mbarrier.arrive(q_empty.index(stage))
+        mbarrier.arrive(do_empty.index(stage))
+
+        if PIPELINE:
+            # next block's S^T / dP^T go to the tensor cores before this block's dQ leaves
+            s, dp = _issue_s_dp(k_mine, v_mine, q_smem, do_smem, q_ready, do_ready, s_zero,
+                                it + 1, total, BLOCK_M, D_PAD, dq_desc, dq_row0 + m_start,
+                                WG * HALF_D, dq * sm_scale, dq_ptr, dq_offs,
+                                dq_smem.index(WG), DQ_TMA, DQ_ASYNC)
+        else:
             _send_dq(dq, sm_scale, dq_desc, dq_row0, m_start, dq_smem, dq_ptr, dq_offs,
                      handoff, it, n_block, WG, DQ_TMA, DQ_ASYNC, DETERMINISTIC, DQ_ROWS)
-            dk = warpgroup_mma_wait(0, deps=(dk_tok,))
-            mbarrier.arrive(q_empty.index(stage))
-        else:
-            dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
-            mbarrier.arrive(ds_free.index(ds_slot))
-            mbarrier.arrive(q_empty.index(stage))
-            mbarrier.arrive(do_empty.index(stage))
-
-            if PIPELINE:
-                # next block's S^T / dP^T go to the tensor cores before this block's dQ leaves
-                s, dp = _issue_s_dp(k_mine, v_mine, q_smem, do_smem, q_ready, do_ready, s_zero,
-                                    it + 1, total, BLOCK_M, D_PAD, dq_desc, dq_row0 + m_start,
-                                    WG * HALF_D, dq * sm_scale, dq_ptr, dq_offs,
-                                    dq_smem.index(WG), DQ_TMA, DQ_ASYNC)
-            else:
-                _send_dq(dq, sm_scale, dq_desc, dq_row0, m_start, dq_smem, dq_ptr, dq_offs,
-                         handoff, it, n_block, WG, DQ_TMA, DQ_ASYNC, DETERMINISTIC, DQ_ROWS)
 
     return it_base + total, dk, dv
 
@@ -661,8 +638,8 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
                     PRODUCER_REGS: gl.constexpr, LONGEST_FIRST: gl.constexpr = False,
                     PERSISTENT: gl.constexpr = False, DYNAMIC: gl.constexpr = False,
                     DETERMINISTIC: gl.constexpr = False, DQ_RELEASE_LATE: gl.constexpr = False,
-                    VARLEN: gl.constexpr = False, DQ_FIRST: gl.constexpr = False,
-                    SPLIT: gl.constexpr = False, KV_PER_BLOCK: gl.constexpr = False):
+                    VARLEN: gl.constexpr = False, SPLIT: gl.constexpr = False,
+                    KV_PER_BLOCK: gl.constexpr = False):
     """Warp-specialised attention backward (see module docstring).
 
     Descriptors are rank 4 over (batch, seq, head, dim): q/do boxes [1, BLOCK_M, 1, D_PAD],
@@ -759,11 +736,11 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
             (_consumer, (0, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
                          HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
                          LONGEST_FIRST, PERSISTENT, DYNAMIC, DETERMINISTIC, handoff, varlen,
-                         VARLEN, DQ_FIRST, SPLIT, KV_PER_BLOCK)),
+                         VARLEN, SPLIT, KV_PER_BLOCK)),
             (_consumer, (1, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
                          HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
                          LONGEST_FIRST, PERSISTENT, DYNAMIC, DETERMINISTIC, handoff, varlen,
-                         VARLEN, DQ_FIRST, SPLIT, KV_PER_BLOCK)),
+                         VARLEN, SPLIT, KV_PER_BLOCK)),
             (producer, (descs, smem, bars, problem, window, ptrs, schedule, BLOCK_M, HAS_LEFT,
                          HAS_RIGHT, LONGEST_FIRST, PERSISTENT, DYNAMIC, DETERMINISTIC, varlen,
                          VARLEN, SPLIT)),
@@ -775,11 +752,11 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
             (_consumer, (0, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
                          HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
                          LONGEST_FIRST, PERSISTENT, DYNAMIC, False, None, varlen, VARLEN,
-                         DQ_FIRST, SPLIT, KV_PER_BLOCK)),
+                         SPLIT, KV_PER_BLOCK)),
             (_consumer, (1, descs, smem, bars, problem, window, scales, ptrs, schedule, BLOCK_M,
                          HEAD_DIM, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, DQ_TMA, PIPELINE, DQ_ASYNC,
                          LONGEST_FIRST, PERSISTENT, DYNAMIC, False, None, varlen, VARLEN,
-                         DQ_FIRST, SPLIT, KV_PER_BLOCK)),
+                         SPLIT, KV_PER_BLOCK)),
             (producer, (descs, smem, bars, problem, window, ptrs, schedule, BLOCK_M, HAS_LEFT,
                          HAS_RIGHT, LONGEST_FIRST, PERSISTENT, DYNAMIC, False, varlen,
                          VARLEN, SPLIT)),

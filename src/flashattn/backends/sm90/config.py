@@ -362,12 +362,6 @@ class BwdConfig:
     # 333 vs 303 TFLOP/s): off.
     det_order: int = 1
     det_release_late: bool = False
-    # d <= 128 (bwd_kernel.py), pipeline=False: per query block, issue the dQ GEMM before dK's
-    # and stage dQ (and issue its reduce) while dK still runs, instead of waiting for dV, dK
-    # and dQ together. Exact: the same GEMMs, only the order of the fp32 adds into the dQ
-    # workspace may change (as between any two runs). Off until measured
-    # (docs/fa4_comparison.md, hypothesis 4).
-    dq_first: bool = False
     # d <= 128 with block_m >= 128 (bwd_kernel.py), dq_tma + dq_async, not deterministic, no
     # pipeline: each consumer computes dQ for its half of the query rows over every column
     # (m64 n d_pad, A = its rows of dS from shared memory, B = all of K), FA4's split, instead

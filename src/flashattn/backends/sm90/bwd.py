@@ -315,8 +315,8 @@ def launch_args(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
                           DQ_ASYNC=cfg.dq_tma and cfg.dq_async, PERSISTENT=cfg.persistent,
                           DYNAMIC=cfg.dynamic,
                           DETERMINISTIC=cfg.det_order if cfg.deterministic else 0,
-                          DQ_RELEASE_LATE=cfg.det_release_late, VARLEN=cu_seqlens is not None,
-                          SPLIT=split > 0, KV_PER_BLOCK=cfg.kv_views_per_block)
+                          VARLEN=cu_seqlens is not None, SPLIT=split > 0,
+                          KV_PER_BLOCK=cfg.kv_views_per_block)
     # (bwd_wide_kernel's pipeline guards an empty tile; bwd_kernel's issues its first block
     # unconditionally)
     if cu_seqlens is not None and (cfg.persistent or cfg.deterministic

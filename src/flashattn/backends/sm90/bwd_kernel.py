@@ -154,8 +154,7 @@ def _end_dq_writer(handoff, it, WG: gl.constexpr):
 
 
 @gluon.jit
-def _dq_writer(dq_desc, dq_smem, handoff, tile_counter, BLOCK_M: gl.constexpr,
-               RELEASE_LATE: gl.constexpr = False):
+def _dq_writer(dq_desc, dq_smem, handoff, tile_counter, BLOCK_M: gl.constexpr):
     """The dQ writer warp (DETERMINISTIC). Per handoff (both consumers' column halves of one
     query block, from workspace row ``row``): wait for the block's turn (its counter reads
     ``turn``: every higher key block that visits the query block has added; acquire), issue
@@ -164,12 +163,8 @@ def _dq_writer(dq_desc, dq_smem, handoff, tile_counter, BLOCK_M: gl.constexpr,
     and pass the turn (+= 1, release). The consumers go on computing meanwhile: only this
     warp waits on the copy engine and on the turns. Row -1 stops the warp.
 
-    RELEASE_LATE (measured slower, off): pass the previous block's turn after issuing this
-    block's reduces, so the completion wait (``wait_group 2``: all but the newest two bulk
-    groups, one per reduce) overlaps them. tma.store_wait lowers to
-    cp.async.bulk.wait_group.read (source read); the completion waits and the proxy fences are
-    inline PTX (Gluon has no op for them). No deadlock from holding a turn while waiting: a
-    key block waits only on higher ones, which never wait on it."""
+    tma.store_wait lowers to cp.async.bulk.wait_group.read (source read); the completion wait
+    and the proxy fences are inline PTX (Gluon has no op for them)."""
     dq_full, dq_empty, meta_smem = handoff
     DQ_N: gl.constexpr = dq_desc.block_type.shape[1]
     # column halves only: the host refuses dq_rows with deterministic
@@ -178,7 +173,6 @@ def _dq_writer(dq_desc, dq_smem, handoff, tile_counter, BLOCK_M: gl.constexpr,
     n = 0
     mbarrier.wait(dq_full, 0)
     row, turn = _read_meta(meta_smem)
-    prev = row  # the query block whose turn is still held (valid once n > 0)
     while row >= 0:
         block = row // BLOCK_M
         seen = gl.atomic_add(turns + block, 0, sem="acquire", scope="gpu")
@@ -190,24 +184,12 @@ def _dq_writer(dq_desc, dq_smem, handoff, tile_counter, BLOCK_M: gl.constexpr,
         tma.store_wait(0)  # both staging tiles read
         cta_barrier()
         mbarrier.arrive(dq_empty)
-        if not RELEASE_LATE:
-            per_thread_ptx("cp.async.bulk.wait_group 0;\n\tfence.proxy.async.global;", 1)
-            cta_barrier()
-            gl.atomic_add(turns + block, 1, sem="release", scope="gpu")
-        elif n > 0:
-            # the previous block's sums are in global memory before its next key block adds
-            per_thread_ptx("cp.async.bulk.wait_group 2;\n\tfence.proxy.async.global;", 1)
-            cta_barrier()
-            gl.atomic_add(turns + prev, 1, sem="release", scope="gpu")
-        prev = block
+        per_thread_ptx("cp.async.bulk.wait_group 0;\n\tfence.proxy.async.global;", 1)
+        cta_barrier()
+        gl.atomic_add(turns + block, 1, sem="release", scope="gpu")
         n += 1
         mbarrier.wait(dq_full, n & 1)
         row, turn = _read_meta(meta_smem)
-    if RELEASE_LATE:
-        if n > 0:
-            per_thread_ptx("cp.async.bulk.wait_group 0;\n\tfence.proxy.async.global;", 1)
-            cta_barrier()
-            gl.atomic_add(turns + prev, 1, sem="release", scope="gpu")
 
 
 @gluon.jit
@@ -637,9 +619,8 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
                     CONSUMER_REGS: gl.constexpr,
                     PRODUCER_REGS: gl.constexpr, LONGEST_FIRST: gl.constexpr = False,
                     PERSISTENT: gl.constexpr = False, DYNAMIC: gl.constexpr = False,
-                    DETERMINISTIC: gl.constexpr = False, DQ_RELEASE_LATE: gl.constexpr = False,
-                    VARLEN: gl.constexpr = False, SPLIT: gl.constexpr = False,
-                    KV_PER_BLOCK: gl.constexpr = False):
+                    DETERMINISTIC: gl.constexpr = False, VARLEN: gl.constexpr = False,
+                    SPLIT: gl.constexpr = False, KV_PER_BLOCK: gl.constexpr = False):
     """Warp-specialised attention backward (see module docstring).
 
     Descriptors are rank 4 over (batch, seq, head, dim): q/do boxes [1, BLOCK_M, 1, D_PAD],
@@ -744,7 +725,7 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
             (producer, (descs, smem, bars, problem, window, ptrs, schedule, BLOCK_M, HAS_LEFT,
                          HAS_RIGHT, LONGEST_FIRST, PERSISTENT, DYNAMIC, DETERMINISTIC, varlen,
                          VARLEN, SPLIT)),
-            (_dq_writer, (dq_desc, dq_smem, handoff, tile_counter, BLOCK_M, DQ_RELEASE_LATE)),
+            (_dq_writer, (dq_desc, dq_smem, handoff, tile_counter, BLOCK_M)),
         ], [4, 1, 1], [CONSUMER_REGS, PRODUCER_REGS, 32])
     else:
         gl.warp_specialize([

@@ -356,12 +356,8 @@ class BwdConfig:
     # masked calls) with it.
     deterministic: bool = False
     # deterministic only: the tile order (tiles.key_block_coords DESCENDING): 1 key-block
-    # major across heads, 2 head major (bwd_config picks per mask); and whether the dQ writer
-    # passes a block's turn after issuing the next block's reduce (late) instead of at once.
-    # Late measured equal to -25% (H100, 2026-11-23: dense d = 128 16k 396 vs 474, causal
-    # 333 vs 303 TFLOP/s): off.
+    # major across heads, 2 head major (bwd_config picks per mask)
     det_order: int = 1
-    det_release_late: bool = False
     # d <= 128 with block_m >= 128 (bwd_kernel.py), dq_tma + dq_async, not deterministic, no
     # pipeline: each consumer computes dQ for its half of the query rows over every column
     # (m64 n d_pad, A = its rows of dS from shared memory, B = all of K), FA4's split, instead

@@ -154,7 +154,7 @@ def _end_dq_writer(handoff, it, WG: gl.constexpr):
 
 
 @gluon.jit
-def _dq_writer(dq_desc, dq_smem, handoff, tile_counter, BLOCK_M: gl.constexpr):
+def _dq_writer(dq_desc, dq_smem, handoff, tile_counter):
     """The dQ writer warp (DETERMINISTIC). Per handoff (both consumers' column halves of one
     query block, from workspace row ``row``): wait for the block's turn (its counter reads
     ``turn``: every higher key block that visits the query block has added; acquire), issue
@@ -166,9 +166,8 @@ def _dq_writer(dq_desc, dq_smem, handoff, tile_counter, BLOCK_M: gl.constexpr):
     tma.store_wait lowers to cp.async.bulk.wait_group.read (source read); the completion wait
     and the proxy fences are inline PTX (Gluon has no op for them)."""
     dq_full, dq_empty, meta_smem = handoff
-    DQ_N: gl.constexpr = dq_desc.block_type.shape[1]
-    # column halves only: the host refuses dq_rows with deterministic
-    gl.static_assert(dq_desc.block_type.shape[0] == BLOCK_M)
+    BLOCK_M: gl.constexpr = dq_desc.block_type.shape[0]  # (the box: every row, half the columns)
+    HALF_D: gl.constexpr = dq_desc.block_type.shape[1]
     turns = _dq_turns(tile_counter)
     n = 0
     mbarrier.wait(dq_full, 0)
@@ -180,7 +179,7 @@ def _dq_writer(dq_desc, dq_smem, handoff, tile_counter, BLOCK_M: gl.constexpr):
             seen = gl.atomic_add(turns + block, 0, sem="acquire", scope="gpu")
         per_thread_ptx("fence.proxy.async.global;", 1)  # the reduces after the acquire
         tma_reduce_add_from_shared(dq_desc, [row, 0], dq_smem.index(0))
-        tma_reduce_add_from_shared(dq_desc, [row, DQ_N], dq_smem.index(1))
+        tma_reduce_add_from_shared(dq_desc, [row, HALF_D], dq_smem.index(1))
         tma.store_wait(0)  # both staging tiles read
         cta_barrier()
         mbarrier.arrive(dq_empty)
@@ -725,7 +724,7 @@ def attn_bwd_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse2_ptr, delta_pt
             (producer, (descs, smem, bars, problem, window, ptrs, schedule, BLOCK_M, HAS_LEFT,
                          HAS_RIGHT, LONGEST_FIRST, PERSISTENT, DYNAMIC, DETERMINISTIC, varlen,
                          VARLEN, SPLIT)),
-            (_dq_writer, (dq_desc, dq_smem, handoff, tile_counter, BLOCK_M)),
+            (_dq_writer, (dq_desc, dq_smem, handoff, tile_counter)),
         ], [4, 1, 1], [CONSUMER_REGS, PRODUCER_REGS, 32])
     else:
         gl.warp_specialize([

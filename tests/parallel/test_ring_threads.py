@@ -1,0 +1,168 @@
+"""The rings of flashattn.parallel with their ranks as threads of one process on one device
+(tests/parallel/threads.py): on a single GPU through the Hopper kernels (``-m gpu``), and a
+few cases on CPU that keep the thread harness itself tested in CI. Every rank's output, lse
+and gradients, put back in the global order, against the float64 oracle on the whole
+sequence (flash-attn's rule, as in tests/parallel/cases.py); deterministic rings repeated
+bitwise."""
+from __future__ import annotations
+
+from typing import List, Sequence
+
+import pytest
+import torch
+
+import flashattn
+import flashattn.parallel as fp
+from tests.parallel import cases as c
+from tests.parallel import threads
+
+BF16 = torch.bfloat16
+
+
+def _randn(shape, dtype, device, g):
+    return torch.randn(*shape, generator=g, dtype=torch.float32).to(device, dtype)
+
+
+def _zigzag_rows(s: int, rank: int, world: int) -> torch.Tensor:
+    """The global positions of rank ``rank``'s zigzag shard of a length-``s`` sequence."""
+    n = s // (2 * world)
+    late = 2 * world - 1 - rank
+    return torch.cat([torch.arange(rank * n, (rank + 1) * n),
+                      torch.arange(late * n, (late + 1) * n)])
+
+
+def _gathered(parts: Sequence[torch.Tensor], rows: Sequence[torch.Tensor], dim: int
+              ) -> torch.Tensor:
+    """The global tensor from every rank's ``parts`` at global positions ``rows`` on ``dim``."""
+    shape = list(parts[0].shape)
+    shape[dim] = sum(p.shape[dim] for p in parts)
+    full = parts[0].new_empty(shape)
+    for p, r in zip(parts, rows):
+        full.index_copy_(dim, r.to(p.device), p)
+    return full
+
+
+def ring_dense(world: int, device: str, *, b=1, s_per_rank=64, h=4, hk=2, d=64, dtype=BF16,
+               causal=True, window_size=(-1, -1), softcap=0.0, deterministic=False):
+    s = s_per_rank * world
+    g = torch.Generator().manual_seed(7)
+    q, dout = (_randn((b, s, h, d), dtype, device, g) for _ in range(2))
+    k, v = (_randn((b, s, hk, d), dtype, device, g) for _ in range(2))
+    kw = dict(causal=causal, window_size=window_size, softcap=softcap)
+    ref, lp = c._oracle(q, k, v, dout, **kw)
+    rows = [_zigzag_rows(s, r, world) for r in range(world)]
+
+    def rank_call(rank: int):
+        idx = rows[rank].to(device)
+        local = [x.index_select(1, idx).requires_grad_() for x in (q, k, v)]
+        out, lse, _ = fp.ring_flash_attn_func(*local, deterministic=deterministic,
+                                              return_attn_probs=True, **kw)
+        grads = torch.autograd.grad(out, local, dout.index_select(1, idx))
+        return (out.detach(), lse) + tuple(grads)
+
+    results = [threads.run(world, rank_call) for _ in range(2 if deterministic else 1)]
+    got = [_gathered([r[i] for r in results[0]], rows, 2 if i == 1 else 1) for i in range(5)]
+    c._check((got[0], got[1], got[2:]), ref, lp, lambda x: x, merged=world > 1)
+    if deterministic:
+        for a, bb in zip(results[0], results[1]):
+            assert all(torch.equal(x, y) for x, y in zip(a, bb))
+
+
+def ring_varlen(world: int, device: str, *, lengths=(64, 256, 128, 512), h=4, hk=2, d=64,
+                dtype=BF16, causal=True, window_size=(-1, -1), softcap=0.0,
+                deterministic=False):
+    """``lengths``: each document's local length (global: ``world`` times it)."""
+    lengths = [n * world for n in lengths]
+    cu = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
+    total = int(cu[-1])
+    g = torch.Generator().manual_seed(11)
+    q, dout = (_randn((total, h, d), dtype, device, g) for _ in range(2))
+    k, v = (_randn((total, hk, d), dtype, device, g) for _ in range(2))
+    kw = dict(causal=causal, window_size=window_size, softcap=softcap)
+    ref, lp = c._varlen_oracle(q, k, v, dout, cu, **kw)
+    cu_d = cu.to(device)
+    rows = [fp.zigzag_varlen_index(cu_d, r, world)[0] for r in range(world)]
+
+    def rank_call(rank: int):
+        idx = rows[rank]
+        local = [x.index_select(0, idx).requires_grad_() for x in (q, k, v)]
+        out, lse, _ = fp.ring_flash_attn_varlen_func(*local, cu_d, max(lengths),
+                                                     deterministic=deterministic,
+                                                     return_attn_probs=True, **kw)
+        grads = torch.autograd.grad(out, local, dout.index_select(0, idx))
+        return (out.detach(), lse) + tuple(grads)
+
+    results = [threads.run(world, rank_call) for _ in range(2 if deterministic else 1)]
+    got = [_gathered([r[i] for r in results[0]], rows, 1 if i == 1 else 0) for i in range(5)]
+    c._check((got[0], got[1], got[2:]), ref, lp, lambda x: x, merged=world > 1)
+    if deterministic:
+        for a, bb in zip(results[0], results[1]):
+            assert all(torch.equal(x, y) for x, y in zip(a, bb))
+
+
+def test_threads_deliver_in_issue_order():
+    """The stand-in exchange: each rank's message reaches rank + distance, in issue order per
+    pair, whatever order the threads run in; the receiver gets a copy."""
+    def rank_call(rank: int) -> List[List[float]]:
+        mine = [torch.tensor([rank * 10.0 + i]) for i in range(3)]
+        pending = fp.comm.exchange(mine[:2], None, rank, 3)
+        mine[0].add_(100.0)  # after the send: the receiver's copy does not change
+        first = pending.wait()
+        home = fp.comm.exchange(mine[2:], None, rank, 3, distance=-1).wait()
+        return [t.item() for t in first + home]
+
+    got = threads.run(3, rank_call)
+    assert got == [[20.0, 21.0, 12.0], [0.0, 1.0, 22.0], [10.0, 11.0, 2.0]]
+
+
+def test_threads_report_the_failing_rank():
+    def rank_call(rank: int) -> None:
+        if rank == 1:
+            raise ValueError("boom")
+
+    with pytest.raises(RuntimeError, match="rank 1 of 2 raised ValueError: boom"):
+        threads.run(2, rank_call)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_rings_on_threads_cpu(world):
+    """The harness on the CPU attention path (the multi-process gloo tests cover the rings
+    themselves on CPU; this keeps the one-GPU harness honest in CI)."""
+    with flashattn.use_backend("cpu"):
+        ring_dense(world, "cpu", s_per_rank=8, h=4, hk=2, d=16, dtype=torch.float32)
+        ring_varlen(world, "cpu", lengths=(8, 4, 12), h=4, hk=2, d=16, dtype=torch.float32)
+        ring_varlen(world, "cpu", lengths=(8, 4), h=4, hk=1, d=16, dtype=BF16, softcap=5.0,
+                    deterministic=True)
+
+
+GPU_DENSE = [
+    dict(),
+    dict(causal=False, d=128, hk=4),
+    dict(window_size=(150, 0)),
+    dict(deterministic=True, d=128),
+    dict(d=256, hk=1, dtype=torch.float16),
+]
+GPU_VARLEN = [
+    dict(),
+    dict(d=128, hk=4),
+    dict(causal=False, d=128),
+    dict(deterministic=True, d=128, hk=1),
+    dict(softcap=20.0, lengths=(96, 32, 512, 256)),
+    dict(window_size=(200, 0), lengths=(64, 256, 0, 512)),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("case", range(len(GPU_DENSE)))
+def test_ring_on_threads_gpu(world: int, case: int):
+    ring_dense(world, "cuda", **GPU_DENSE[case])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("case", range(len(GPU_VARLEN)))
+def test_varlen_ring_on_threads_gpu(world: int, case: int):
+    ring_varlen(world, "cuda", **GPU_VARLEN[case])

@@ -43,12 +43,14 @@ def _gathered(parts: Sequence[torch.Tensor], rows: Sequence[torch.Tensor], dim: 
 
 
 def ring_dense(world: int, device: str, *, b=1, s_per_rank=64, h=4, hk=2, d=64, dtype=BF16,
-               causal=True, window_size=(-1, -1), softcap=0.0, deterministic=False):
+               causal=True, window_size=(-1, -1), softcap=0.0, alibi=False,
+               deterministic=False):
     s = s_per_rank * world
     g = torch.Generator().manual_seed(7)
     q, dout = (_randn((b, s, h, d), dtype, device, g) for _ in range(2))
     k, v = (_randn((b, s, hk, d), dtype, device, g) for _ in range(2))
-    kw = dict(causal=causal, window_size=window_size, softcap=softcap)
+    slopes = (torch.rand(h, generator=g) * 0.5).to(device) if alibi else None
+    kw = dict(causal=causal, window_size=window_size, softcap=softcap, alibi_slopes=slopes)
     ref, lp = c._oracle(q, k, v, dout, **kw)
     rows = [_zigzag_rows(s, r, world) for r in range(world)]
 
@@ -69,17 +71,22 @@ def ring_dense(world: int, device: str, *, b=1, s_per_rank=64, h=4, hk=2, d=64, 
 
 
 def ring_varlen(world: int, device: str, *, lengths=(64, 256, 128, 512), h=4, hk=2, d=64,
-                dtype=BF16, causal=True, window_size=(-1, -1), softcap=0.0,
+                dtype=BF16, causal=True, window_size=(-1, -1), softcap=0.0, alibi=None,
                 deterministic=False):
-    """``lengths``: each document's local length (global: ``world`` times it)."""
+    """``lengths``: each document's local length (global: ``world`` times it); ``alibi``:
+    None, "heads" ((nheads,) slopes) or "docs" ((n_docs, nheads))."""
     lengths = [n * world for n in lengths]
     cu = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
     total = int(cu[-1])
     g = torch.Generator().manual_seed(11)
     q, dout = (_randn((total, h, d), dtype, device, g) for _ in range(2))
     k, v = (_randn((total, hk, d), dtype, device, g) for _ in range(2))
+    slopes = (None if alibi is None else
+              (torch.rand(*((h,) if alibi == "heads" else (len(lengths), h)), generator=g)
+               * 0.5).to(device))
     kw = dict(causal=causal, window_size=window_size, softcap=softcap)
-    ref, lp = c._varlen_oracle(q, k, v, dout, cu, **kw)
+    ref, lp = c._varlen_oracle(q, k, v, dout, cu, alibi_slopes=slopes, **kw)
+    kw["alibi_slopes"] = slopes
     cu_d = cu.to(device)
     rows = [fp.zigzag_varlen_index(cu_d, r, world)[0] for r in range(world)]
 
@@ -133,6 +140,8 @@ def test_rings_on_threads_cpu(world):
         ring_varlen(world, "cpu", lengths=(8, 4, 12), h=4, hk=2, d=16, dtype=torch.float32)
         ring_varlen(world, "cpu", lengths=(8, 4), h=4, hk=1, d=16, dtype=BF16, softcap=5.0,
                     deterministic=True)
+        ring_varlen(world, "cpu", lengths=(6, 10), h=4, hk=2, d=16, dtype=torch.float32,
+                    alibi="docs", window_size=(7, 0))
 
 
 GPU_DENSE = [
@@ -141,6 +150,8 @@ GPU_DENSE = [
     dict(window_size=(150, 0)),
     dict(deterministic=True, d=128),
     dict(d=256, hk=1, dtype=torch.float16),
+    dict(alibi=True, d=128),
+    dict(alibi=True, causal=False, window_size=(100, 40)),
 ]
 GPU_VARLEN = [
     dict(),
@@ -150,6 +161,8 @@ GPU_VARLEN = [
     dict(softcap=20.0, lengths=(96, 32, 512, 256)),
     dict(window_size=(200, 0), lengths=(64, 256, 0, 512)),
     dict(lengths=(1024, 64, 2048, 320), d=128, hk=4),
+    dict(alibi="docs", deterministic=True, lengths=(128, 64, 128)),
+    dict(alibi="heads", window_size=(150, 0), d=128),
 ]
 
 

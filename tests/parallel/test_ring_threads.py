@@ -42,6 +42,20 @@ def _gathered(parts: Sequence[torch.Tensor], rows: Sequence[torch.Tensor], dim: 
     return full
 
 
+def _run_and_check(world: int, rank_call, rows, seq_dim: int, ref, lp, deterministic: bool
+                   ) -> None:
+    """``rank_call(rank) -> (out, lse, dq, dk, dv)`` on ``world`` threads (twice when
+    ``deterministic``: bitwise equal), put back in the global order (``rows``: each rank's
+    global positions along ``seq_dim``; lse's sequence dim is the next one) and checked
+    against the oracle ``ref`` / ``lp``."""
+    results = [threads.run(world, rank_call) for _ in range(2 if deterministic else 1)]
+    got = [_gathered([r[i] for r in results[0]], rows, seq_dim + (i == 1)) for i in range(5)]
+    c._check((got[0], got[1], got[2:]), ref, lp, lambda x: x, merged=world > 1)
+    if deterministic:
+        for a, b in zip(results[0], results[1]):
+            assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
 def ring_dense(world: int, device: str, *, b=1, s_per_rank=64, h=4, hk=2, d=64, dtype=BF16,
                causal=True, window_size=(-1, -1), softcap=0.0, alibi=False,
                deterministic=False):
@@ -62,12 +76,7 @@ def ring_dense(world: int, device: str, *, b=1, s_per_rank=64, h=4, hk=2, d=64, 
         grads = torch.autograd.grad(out, local, dout.index_select(1, idx))
         return (out.detach(), lse) + tuple(grads)
 
-    results = [threads.run(world, rank_call) for _ in range(2 if deterministic else 1)]
-    got = [_gathered([r[i] for r in results[0]], rows, 2 if i == 1 else 1) for i in range(5)]
-    c._check((got[0], got[1], got[2:]), ref, lp, lambda x: x, merged=world > 1)
-    if deterministic:
-        for a, bb in zip(results[0], results[1]):
-            assert all(torch.equal(x, y) for x, y in zip(a, bb))
+    _run_and_check(world, rank_call, rows, 1, ref, lp, deterministic)
 
 
 def ring_varlen(world: int, device: str, *, lengths=(64, 256, 128, 512), h=4, hk=2, d=64,
@@ -99,12 +108,7 @@ def ring_varlen(world: int, device: str, *, lengths=(64, 256, 128, 512), h=4, hk
         grads = torch.autograd.grad(out, local, dout.index_select(0, idx))
         return (out.detach(), lse) + tuple(grads)
 
-    results = [threads.run(world, rank_call) for _ in range(2 if deterministic else 1)]
-    got = [_gathered([r[i] for r in results[0]], rows, 1 if i == 1 else 0) for i in range(5)]
-    c._check((got[0], got[1], got[2:]), ref, lp, lambda x: x, merged=world > 1)
-    if deterministic:
-        for a, bb in zip(results[0], results[1]):
-            assert all(torch.equal(x, y) for x, y in zip(a, bb))
+    _run_and_check(world, rank_call, rows, 0, ref, lp, deterministic)
 
 
 def test_threads_deliver_in_issue_order():

@@ -131,12 +131,10 @@ def _dense(per_gpu: int, world: int, h: int, d: int, iters: int, profile: bool) 
                                  generator=gen) for _ in range(4))
     single = _event_time(_bench._step(lambda a, b, c: flashattn.flash_attn_func(
         a, b, c, causal=True), q, k, v, dout), iters)
-    n = s // (2 * world)
+    one_doc = torch.tensor([0, s], dtype=torch.int32, device="cuda")
     steps = []
     for r in range(world):
-        late = 2 * world - 1 - r
-        idx = torch.cat([torch.arange(r * n, (r + 1) * n),
-                         torch.arange(late * n, (late + 1) * n)]).cuda()
+        idx = fp.zigzag_varlen_index(one_doc, r, world)[0]  # (one document: the dense layout)
         local = [x.index_select(1, idx) for x in (q, k, v, dout)]
         steps.append(_bench._step(lambda a, b, c: fp.ring_flash_attn_func(a, b, c, causal=True),
                                   *local))

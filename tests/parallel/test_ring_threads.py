@@ -24,11 +24,9 @@ def _randn(shape, dtype, device, g):
 
 
 def _zigzag_rows(s: int, rank: int, world: int) -> torch.Tensor:
-    """The global positions of rank ``rank``'s zigzag shard of a length-``s`` sequence."""
-    n = s // (2 * world)
-    late = 2 * world - 1 - rank
-    return torch.cat([torch.arange(rank * n, (rank + 1) * n),
-                      torch.arange(late * n, (late + 1) * n)])
+    """The global positions of rank ``rank``'s zigzag shard of a length-``s`` sequence (the
+    varlen layout's index of one document is the dense zigzag layout)."""
+    return fp.zigzag_varlen_index(torch.tensor([0, s], dtype=torch.int32), rank, world)[0]
 
 
 def _gathered(parts: Sequence[torch.Tensor], rows: Sequence[torch.Tensor], dim: int

@@ -661,6 +661,16 @@ def lse_merge(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor,
     _merge.lse_merge(out_a, lse_a, out_b, lse_b, dest)
 
 
+def sum_rows(parts, starts, n_rows: int, row_dim: int, out_dtype: torch.dtype) -> Tensor:
+    """The float32 sum of ``parts`` (one float dtype), part ``i`` covering rows ``[starts[i],
+    starts[i] + parts[i].shape[row_dim])`` of an output with ``n_rows`` rows along ``row_dim``,
+    added in the order given and rounded once to ``out_dtype``; uncovered rows are 0. One pass
+    of the device's kernel (Triton on GPUs, torch ops on CPUs). Eager only, not an op: its
+    caller (context parallelism's ring backward, inside its own autograd.Function) runs
+    eagerly."""
+    return _merge.sum_rows(parts, starts, n_rows, row_dim, out_dtype)
+
+
 # ---------------------------------------------------------------------------------------------
 # FP8 block quantization (flashattn.fp8.quantize): not differentiable
 # ---------------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ wgmma key order); dispatch passes them only to the backend it chose for that rea
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional, Protocol, Tuple, runtime_checkable
+from typing import Any, Callable, Dict, Optional, Protocol, Sequence, Tuple, runtime_checkable
 
 import torch
 
@@ -117,6 +117,11 @@ class DeviceBackend(KernelFamily, Protocol):
         """Two partial results over disjoint keys merged through their lse: ``lse_a`` (b, h, s)
         float32 becomes the merged lse, ``dest`` (b, s, h, d_v; may be ``out_a``) the merged
         output, in place."""
+
+    def sum_rows(self, parts: Sequence[Tensor], starts: Sequence[int], out: Tensor) -> None:
+        """``out`` (outer, n_rows, inner) contiguous becomes the float32 sum of ``parts[i]``
+        (outer, rows_i, inner) contiguous over its rows ``[starts[i], starts[i] + rows_i)``,
+        in the pieces' order, rounded once to out's dtype; uncovered rows 0."""
 
     def sink_apply(self, out: Tensor, lse: Tensor, sink: Tensor, packed: bool,
                    out_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor]:

@@ -57,7 +57,7 @@ ENV_INTERPRET = "TRITON_INTERPRET"
 # every op dispatch chooses a backend for (select's first argument)
 OPS: Tuple[str, ...] = ("fwd", "bwd", "varlen_fwd", "varlen_bwd", "kvcache", "varlen_paged_fwd",
                         "combine", "fp8_quantize", "fp8_fwd", "fp8_varlen_fwd", "sink_apply",
-                        "sink_grad", "lse_merge")
+                        "sink_grad", "lse_merge", "sum_rows")
 
 
 _LOADED: Dict[str, Any] = {}

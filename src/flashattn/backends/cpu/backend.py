@@ -225,6 +225,16 @@ def lse_merge(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor, dest: 
                             torch.full_like(ref, float("-inf"))))
 
 
+def sum_rows(parts, starts, out: Tensor) -> None:
+    """``out`` (outer, n_rows, inner) becomes the float32 sum of ``parts[i]`` (outer, rows_i,
+    inner) over its rows ``[starts[i], starts[i] + rows_i)``, in the pieces' order, rounded
+    once; rows no piece covers become 0 (torch ops; see triton/sum_rows.py)."""
+    acc = torch.zeros(out.shape, dtype=torch.float32, device=out.device)
+    for part, start in zip(parts, starts):
+        acc.narrow(1, start, part.shape[1]).add_(part)
+    out.copy_(acc)
+
+
 def sink_apply(out: Tensor, lse: Tensor, sink: Tensor, packed: bool,
                out_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor]:
     """Learnable sinks on a finished (out, lse): out * exp(lse - lse'), lse' = logaddexp(lse,
@@ -268,4 +278,4 @@ def fp8_quantize(q: Tensor, k: Tensor, v: Tensor, signs: Optional[Tensor], block
 
 
 __all__ = ["append_kv", "bwd", "combine", "fp8_fwd", "fp8_quantize", "fp8_varlen_fwd", "fwd",
-           "kvcache_attention", "lse_merge", "sink_apply", "sink_grad", "varlen_bwd", "varlen_fwd", "varlen_paged_fwd"]
+           "kvcache_attention", "lse_merge", "sink_apply", "sink_grad", "sum_rows", "varlen_bwd", "varlen_fwd", "varlen_paged_fwd"]

@@ -22,6 +22,7 @@ from flashattn.backends.triton import fwd as _fwd
 from flashattn.backends.triton import fwd_fp8 as _fwd_fp8
 from flashattn.backends.triton import rotary as _rotary
 from flashattn.backends.triton import sink as _sink
+from flashattn.backends.triton import sum_rows as _sum_rows
 
 Tensor = torch.Tensor
 
@@ -234,6 +235,11 @@ def lse_merge(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor, dest: 
     _lse_merge.lse_merge(out_a, lse_a, out_b, lse_b, dest)
 
 
+def sum_rows(parts, starts, out: Tensor) -> None:
+    """Row-range pieces summed in float32 into ``out``, rounded once (one Triton pass)."""
+    _sum_rows.sum_rows(parts, starts, out)
+
+
 def sink_apply(out: Tensor, lse: Tensor, sink: Tensor, packed: bool,
                out_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor]:
     """Learnable sinks on a finished (out, lse): one fused pass (triton/sink.py); the new out
@@ -258,4 +264,4 @@ def combine(out_partial: Tensor, lse_partial: Tensor, out: Optional[Tensor],
 
 
 __all__ = ["append_kv", "bwd", "combine", "decode_splits", "fp8_fwd", "fp8_quantize", "fp8_quantize_call", "fp8_varlen_fwd", "fwd",
-           "fwd_call", "kvcache_attention", "kvcache_call", "lse_merge", "sink_apply", "sink_grad", "varlen_bwd", "varlen_fwd", "varlen_paged_fwd"]
+           "fwd_call", "kvcache_attention", "kvcache_call", "lse_merge", "sink_apply", "sink_grad", "sum_rows", "varlen_bwd", "varlen_fwd", "varlen_paged_fwd"]

@@ -38,16 +38,19 @@ from flashattn.parallel import ring_varlen as _ring_varlen
 
 class _Loopback:
     """Stands in for torch.distributed for one rank: resolve gives (None, rank, world), the
-    cross-rank checks pass, each exchange returns the tensors sent and, for K / V blocks
-    (not the float32 dK / dV sums), records an event (a step boundary)."""
+    cross-rank checks pass, each exchange returns the tensors sent (or the receiver's own
+    buffers, where it gives them: the dK / dV partials sent home) and, for K / V blocks (not
+    dK / dV sums or partials), records an event (a step boundary)."""
 
     def __init__(self, rank: int, world: int):
         self.rank, self.world, self.marks = rank, world, []
         self.saved = []
 
     def __enter__(self):
-        def exchange(tensors, group, rank, world, distance=1):
-            if tensors and tensors[0].dtype != torch.float32:
+        def exchange(tensors, group, rank, world, distance=1, into=None):
+            if into is not None:
+                return _comm.Exchange([], list(into))
+            if tensors and tensors[0].dtype != torch.float32 and distance == 1:
                 ev = torch.cuda.Event(enable_timing=True)
                 ev.record()
                 self.marks.append(ev)

@@ -1,6 +1,6 @@
 """A ring of ``world`` ranks in one process, one thread per rank, on one device: the rings of
-flashattn.parallel run with their real data flow (K / V blocks and dK / dV sums passed
-between the ranks) through the kernels of that device, so the Hopper kernels' path through
+flashattn.parallel run with their real data flow (K / V blocks and dK / dV partials or sums
+passed between the ranks) through the kernels of that device, so the Hopper kernels' path through
 the ring is checked on a machine with a single GPU, where NCCL (one GPU per rank) cannot run.
 
 What stands in for torch.distributed, for the duration of :func:`run`:
@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
-from typing import Callable, Dict, Iterator, List, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -58,25 +58,35 @@ class _World:
             self.baton.acquire()
 
     def exchange(self, tensors: Sequence[Tensor], group, rank: int, world: int,
-                 distance: int = 1) -> "_Pending":
+                 distance: int = 1, into: Optional[Sequence[Tensor]] = None) -> "_Pending":
         assert world == self.world
         dst, src = (rank + distance) % world, (rank - distance) % world
         for t in tensors:
             self.boxes[(rank, dst)].put(t.clone())
-        return _Pending(self, src, rank, len(tensors))
+        return _Pending(self, src, rank, len(tensors) if into is None else list(into))
 
     def resolve(self, group, name: str = "group"):
         return None, self.local.rank, self.world
 
 
 class _Pending:
-    """``comm.Exchange``'s interface: ``wait()`` returns the received tensors."""
+    """``comm.Exchange``'s interface: ``wait()`` returns the received tensors (copied into the
+    receiver's buffers when it gave them: a shape or dtype that differs from the sender's is
+    an error, as NCCL would read a size the sender did not send)."""
 
-    def __init__(self, world: _World, src: int, dst: int, n: int):
-        self._world, self._src, self._dst, self._n = world, src, dst, n
+    def __init__(self, world: _World, src: int, dst: int, into: Union[int, List[Tensor]]):
+        self._world, self._src, self._dst, self._into = world, src, dst, into
 
     def wait(self) -> List[Tensor]:
-        return [self._world.receive(self._src, self._dst) for _ in range(self._n)]
+        if isinstance(self._into, int):
+            return [self._world.receive(self._src, self._dst) for _ in range(self._into)]
+        for buf in self._into:
+            got = self._world.receive(self._src, self._dst)
+            if got.shape != buf.shape or got.dtype != buf.dtype:
+                raise RuntimeError(f"rank {self._dst} expected {tuple(buf.shape)} {buf.dtype} "
+                                   f"from rank {self._src}, got {tuple(got.shape)} {got.dtype}")
+            buf.copy_(got)
+        return self._into
 
 
 @contextlib.contextmanager

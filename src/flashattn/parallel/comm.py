@@ -33,15 +33,18 @@ class Exchange:
 
 
 def exchange(tensors: Sequence[Tensor], group: Optional[dist.ProcessGroup], rank: int,
-             world: int, distance: int = 1) -> Exchange:
-    """Send ``tensors`` to rank ``rank + distance`` and receive tensors of the same shapes from
-    rank ``rank - distance`` (ranks modulo ``world``), asynchronously."""
+             world: int, distance: int = 1, into: Optional[Sequence[Tensor]] = None
+             ) -> Exchange:
+    """Send ``tensors`` (contiguous) to rank ``rank + distance`` and receive from rank ``rank -
+    distance`` (ranks modulo ``world``), asynchronously: into ``into`` (contiguous tensors
+    whose shapes the sender's match, in order) when given, else into tensors shaped like
+    ``tensors``. A call with nothing to send or receive issues nothing."""
     dst = global_rank(group, (rank + distance) % world)
     src = global_rank(group, (rank - distance) % world)
-    received = [torch.empty_like(t) for t in tensors]
+    received = list(into) if into is not None else [torch.empty_like(t) for t in tensors]
     ops = [dist.P2POp(dist.isend, t, dst, group) for t in tensors]
     ops += [dist.P2POp(dist.irecv, t, src, group) for t in received]
-    return Exchange(dist.batch_isend_irecv(ops), received)
+    return Exchange(dist.batch_isend_irecv(ops) if ops else [], received)
 
 
 def all_to_all(x: Tensor, group: Optional[dist.ProcessGroup], world: int) -> Tensor:

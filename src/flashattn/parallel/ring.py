@@ -9,9 +9,12 @@ hides every later block ends the ring early, so those blocks are not sent either
 
 Backward: the recomputation of FlashAttention with the *global* lse and output (so a block's
 softmax weights are the global ones and each block's dQ / dK / dV are exact shares of the
-sum). dQ accumulates at home in float32; dK / dV accumulate in float32 sums that travel with
-their K / V and go home after their last visitor, while the rank computes the second part of
-its own block (:func:`run_backward`), so no transfer waits at the end of the ring.
+sum). dQ accumulates at home in float32; each call's dK / dV partial goes straight home to
+the block's owner, which sums them once at the end (:func:`.home.run_backward_home`).
+:func:`run_backward` is the other schedule, for calls whose partials cover gathered rows
+rather than row ranges (the banded varlen ring): float32 sums that travel with their K / V
+and go home after their last visitor. Both compute the local block in two parts, one first
+and one last, so no transfer waits at the end of the ring.
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ from flashattn.parallel import checks as _checks
 from flashattn.parallel import comm as _comm
 from flashattn.parallel.accumulate import RowSum, fresh
 from flashattn.parallel.groups import Group, check_device, resolve
+from flashattn.parallel.home import Partials, run_backward_home
 from flashattn.parallel.merge import merge_into, ready_to_merge
 
 Tensor = torch.Tensor
@@ -75,11 +79,14 @@ def _block_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
 class RingPlan(NamedTuple):
     """The kernel calls of one rank's ring: ``steps[t]`` against the block of rank
     ``(rank - t) % world`` (:func:`flashattn.parallel.blocks.ring_plan`); ``own_first`` /
-    ``own_last``: step 0's cells in the backward's two parts (:func:`.blocks.own_parts`)."""
+    ``own_last``: step 0's cells in the backward's two parts (:func:`.blocks.own_parts`);
+    ``incoming[t]``: the (first key row, rows) of each call that rank ``(rank + t) % world``
+    makes at step t, on this rank's block (the dK / dV partials it sends home)."""
 
     steps: Tuple[Tuple[_blocks.BlockCall, ...], ...]
     own_first: Tuple[_blocks.BlockCall, ...]
     own_last: Tuple[_blocks.BlockCall, ...]
+    incoming: Tuple[Tuple[Tuple[int, int], ...], ...]
 
 
 class Ring(NamedTuple):
@@ -182,22 +189,23 @@ def ring_forward(q: Tensor, k: Tensor, v: Tensor, plan, opt: RingOptions, ring: 
 
 def ring_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                   plan, opt: RingOptions, ring: Ring) -> Tuple[Tensor, Tensor, Tensor]:
-    """(dq, dk, dv) of the local shards, typed like q, k, v."""
+    """(dq, dk, dv) of the local shards, typed like q, k, v. Each call's dK / dV partial goes
+    straight home (:func:`.home.run_backward_home`); the owner knows their row ranges from
+    the sender's plan."""
     dq = RowSum(q.shape, q.device)
 
-    def grads(calls, k_blk: Tensor, v_blk: Tensor) -> Callable:
+    def grads(calls, k_blk: Tensor, v_blk: Tensor) -> Partials:
         done = [(c, _block_backward(dout, q, k_blk, v_blk, out, lse, c, opt)) for c in calls]
 
-        def add(dk_acc: RowSum, dv_acc: RowSum) -> None:
-            for c, (dq_b, dk_b, dv_b) in done:
+        def add_dq() -> None:
+            for c, (dq_b, _, _) in done:
                 dq.add(c.q0, dq_b)
-                dk_acc.add(c.k0, dk_b)
-                dv_acc.add(c.k0, dv_b)
-        return add
+        return Partials(tuple((c.k0, dk_b, dv_b) for c, (_, dk_b, dv_b) in done), add_dq)
 
-    dk, dv = run_backward(
+    dk, dv = run_backward_home(
         k, v, len(plan.steps), ring, lambda step, *kv: grads(plan.steps[step], *kv),
-        lambda *kv: grads(plan.own_first, *kv), lambda *kv: grads(plan.own_last, *kv))
+        lambda *kv: grads(plan.own_first, *kv), lambda *kv: grads(plan.own_last, *kv),
+        lambda step: plan.incoming[step])
     return dq.tensor().to(q.dtype), dk, dv
 
 
@@ -272,7 +280,11 @@ def plan_for(layout: str, rank: int, world: int, s_local: int, opt: RingOptions)
     alibi = opt.alibi_slopes is not None
     plan = _blocks.ring_plan(layout, rank, world, s_local, opt.left, opt.right, alibi)
     first, last = _blocks.own_parts(layout, rank, world, s_local, opt.left, opt.right, alibi)
-    return RingPlan(plan, first, last)
+    incoming = tuple(
+        tuple((c.k0, c.k1 - c.k0) for c in _blocks.ring_plan(
+            layout, (rank + t) % world, world, s_local, opt.left, opt.right, alibi)[t])
+        for t in range(len(plan)))
+    return RingPlan(plan, first, last, incoming)
 
 
 def ring_flash_attn_func(

@@ -18,7 +18,7 @@ outputs and dQ summed per half and put back in the local row order once, at the 
 that sees the late chunks then reads one whole tensor and adds into a row range, where the
 local order would gather the rows and add by index at every such step. Steps that see both
 halves run one kernel call per half in the forward, one call in the local order in the
-backward (whose dK / dV sums would otherwise take two adds). The early key chunks are never
+backward (whose dK / dV would otherwise come as two partials). The early key chunks are never
 gathered: a document's early chunk is the first half of its local rows, so the calls take
 the block as it is with ``seqused_k`` = the half lengths (the kernels read only those keys,
 and give dK / dV = 0 past them). Without a causal mask every step is one full varlen call.
@@ -27,6 +27,11 @@ Sliding windows and ALiBi cut each document's band at offsets that scale with it
 those rings run the calls :mod:`flashattn.parallel.doc_blocks` plans per document length
 (:func:`banded_forward` / :func:`banded_backward`): gathered rows, merged into the running
 output by row index.
+
+Backward: the dense and causal rings send each call's dK / dV partial (block-shaped) straight
+home, where the owner sums them once (:func:`.home.run_backward_home`); the banded ring's
+partials cover gathered rows, so it keeps float32 sums that travel with their block
+(:func:`.ring.run_backward`), added by row index.
 """
 from __future__ import annotations
 
@@ -42,6 +47,7 @@ from flashattn.parallel import checks as _checks
 from flashattn.parallel.accumulate import RowSum
 from flashattn.parallel.doc_blocks import DocCall, DocPlan, doc_plan
 from flashattn.parallel.groups import Group, check_device, resolve
+from flashattn.parallel.home import Partials, run_backward_home
 from flashattn.parallel.layout import zigzag_doc_lengths
 from flashattn.parallel.merge import merge_varlen_into, ready_to_merge
 from flashattn.parallel.ring import Ring, RingFunction, run_backward, run_forward
@@ -215,33 +221,39 @@ def varlen_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
                                 lse if rows is None else lse[:, rows].contiguous(),
                                 cu_q, lay.cu_local, max_q, lay.max_local, False, opt)
 
-        def add(dk_acc: RowSum, dv_acc: RowSum) -> None:
+        def add_dq() -> None:
             if rows is None:
                 dq.add(0, dq_b)
             else:
                 dq.index_add(rows, dq_b)
-            dk_acc.add(0, dk_b)
-            dv_acc.add(0, dv_b)
-        return add
+        return Partials(((0, dk_b, dv_b),), add_dq)
 
-    # the local block in two parts (see run_backward): the early query chunks, then the late
-    dk, dv = run_backward(k, v, ring.world, ring, lambda step, *kv: grads(None, *kv),
-                          lambda *kv: grads(lay.early, *kv), lambda *kv: grads(lay.late, *kv),
-                          row_dim=0)
+    # the local block in two parts (see run_backward_home): the early query chunks, then the
+    # late
+    dk, dv = run_backward_home(k, v, ring.world, ring, lambda step, *kv: grads(None, *kv),
+                               lambda *kv: grads(lay.early, *kv),
+                               lambda *kv: grads(lay.late, *kv), _whole_block(k), row_dim=0)
     return dq.tensor().to(q.dtype), dk, dv
+
+
+def _whole_block(k: Tensor) -> Callable:
+    """``incoming`` of :func:`.home.run_backward_home` for rings whose every step is one call
+    over the whole block (its dK / dV block-shaped, zeros past the keys it read)."""
+    spans = ((0, k.shape[0]),)
+    return lambda step: spans
 
 
 def _causal_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                      lay: VarlenLayout, opt: _Options, ring: Ring
                      ) -> Tuple[Tensor, Tensor, Tensor]:
     """:func:`varlen_backward` under a causal mask. The calls that see one half of every
-    document's queries (the local block's two parts, see run_backward: the early halves
+    document's queries (the local block's two parts, see run_backward_home: the early halves
     against their own keys, then the late halves against all keys, both causal; the late
     halves against a block from a higher rank) run on the query halves (:class:`_Halves`)
     of dO, Q, O and lse, gathered once, and add dQ per half by row range. A block from a
     lower rank meets every local query (against its early key chunks): one call in the local
-    order, its dQ in a local-order sum (two half calls would add dK / dV into the block's
-    sums twice). The sums meet once, at the end."""
+    order, its dQ in a local-order sum (two half calls would send two dK / dV partials).
+    The dQ sums meet once, at the end."""
     dh, qh, oh = _halves(dout, lay), _halves(q, lay), _halves(out, lay)
     lh = _halves(lse, lay, dim=1)
     dq_half = (RowSum(qh.early.shape, q.device, dim=0), RowSum(qh.late.shape, q.device, dim=0))
@@ -255,15 +267,11 @@ def _causal_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
                     lay.max_half, lay.max_local, causal, opt,
                     lay.used_half if early_keys else None)
 
-    def added(dq_sum: RowSum, dq_b: Tensor, dk_b: Tensor, dv_b: Tensor) -> Callable:
-        """The ``add`` of one call's gradients into ``dq_sum`` and the block's sums."""
-        def add(dk_acc: RowSum, dv_acc: RowSum) -> None:
-            dq_sum.add(0, dq_b)
-            dk_acc.add(0, dk_b)
-            dv_acc.add(0, dv_b)
-        return add
+    def added(dq_sum: RowSum, dq_b: Tensor, dk_b: Tensor, dv_b: Tensor) -> Partials:
+        """One call's dK / dV partials (block-shaped) and the add of its dQ into ``dq_sum``."""
+        return Partials(((0, dk_b, dv_b),), lambda: dq_sum.add(0, dq_b))
 
-    def compute(step: int, k_blk: Tensor, v_blk: Tensor) -> Callable:
+    def compute(step: int, k_blk: Tensor, v_blk: Tensor) -> Partials:
         if _case(step, ring, True) == "late_queries":
             return added(dq_half[1], *half_grads(1, k_blk, v_blk, False, False))
         if not dq_local:
@@ -272,11 +280,11 @@ def _causal_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
                                         lay.cu_local, lay.max_local, lay.max_local, False,
                                         opt, lay.used_half))
 
-    dk, dv = run_backward(
+    dk, dv = run_backward_home(
         k, v, ring.world, ring, compute,
         lambda k_own, v_own: added(dq_half[0], *half_grads(0, k_own, v_own, True, True)),
         lambda k_own, v_own: added(dq_half[1], *half_grads(1, k_own, v_own, True, False)),
-        row_dim=0)
+        _whole_block(k), row_dim=0)
     if not dq_local:  # (no block from a lower rank: rank 0)
         return (_unsplit(dq_half[0].tensor().to(q.dtype), dq_half[1].tensor().to(q.dtype),
                          lay), dk, dv)

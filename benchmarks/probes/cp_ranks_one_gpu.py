@@ -12,6 +12,8 @@ from the ring's elementwise work.
 
     PYTHONPATH=src python benchmarks/probes/cp_ranks_one_gpu.py --world 4 \
         --modes ring,varlen --per-gpu 32768 --varlen-per-gpu 131072 [--profile] [--out F]
+    PYTHONPATH=src python benchmarks/probes/cp_ranks_one_gpu.py --world 4 --per-gpu 262144 \
+        --heads 32 --kv-heads 8 --memory 0,3    # peak memory of ranks 0 and 3, no timing
 
 Runs on any flashattn tree on PYTHONPATH that has the ring's seams (``comm.exchange``,
 ``ring.resolve``, ``ring_varlen.resolve``; 2026-11-28 and later), so two trees compare on one
@@ -166,6 +168,35 @@ def _varlen(per_gpu: int, world: int, h: int, d: int, iters: int, profile: bool)
     return row
 
 
+def _memory(per_gpu: int, world: int, h: int, hk: int, d: int, ranks: List[int]) -> Dict:
+    """The peak memory of rank r's dense causal ring step (fwd + bwd) alone, for r in
+    ``ranks``: its shard's q / dout (h heads) and k / v (hk heads) allocated first, then the
+    peak above nothing else (the transfers' buffers are included: every exchange hands back
+    tensors of the received shapes)."""
+    rows = []
+    for r in ranks:
+        s = per_gpu
+        gen = torch.Generator(device="cuda").manual_seed(r)
+        q, dout = (torch.randn(1, s, h, d, device="cuda", dtype=torch.bfloat16,
+                               generator=gen) for _ in range(2))
+        k, v = (torch.randn(1, s, hk, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+                for _ in range(2))
+        step = _bench._step(lambda a, b, c: fp.ring_flash_attn_func(a, b, c, causal=True),
+                            q, k, v, dout)
+        with _Loopback(r, world):
+            step()  # compile and warm
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            start = torch.cuda.memory_allocated()
+            step()
+            torch.cuda.synchronize()
+        rows.append(dict(rank=r, inputs_gib=start / 2 ** 30,
+                         peak_gib=torch.cuda.max_memory_allocated() / 2 ** 30))
+        del q, k, v, dout, step
+        torch.cuda.empty_cache()
+    return dict(mode="memory", per_gpu=per_gpu, world=world, h=h, hk=hk, d=d, ranks=rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--world", type=int, default=4)
@@ -175,11 +206,26 @@ def main() -> None:
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--memory", default="",
+                    help="instead of timing: peak memory of these ranks' dense steps (comma "
+                         "list), at --per-gpu tokens with --kv-heads K / V heads")
+    ap.add_argument("--kv-heads", type=int, default=0, help="K / V heads (default: --heads)")
     ap.add_argument("--tag", default="", help="a label for this tree in the rows")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     res = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
                date=time.strftime("%Y-%m-%d"), tag=args.tag, rows=[])
+    if args.memory:
+        row = _memory(int(args.per_gpu), args.world, args.heads, args.kv_heads or args.heads,
+                      128, [int(x) for x in args.memory.split(",")])
+        for r in row["ranks"]:
+            print(args.tag, "memory", args.per_gpu, "rank %d inputs %.2f GiB peak %.2f GiB" % (
+                r["rank"], r["inputs_gib"], r["peak_gib"]), flush=True)
+        res["rows"].append(row)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(res, f, indent=1)
+        return
     modes = args.modes.split(",")
     for per in ([int(x) for x in args.per_gpu.split(",")] if "ring" in modes else []):
         res["rows"].append(_dense(per, args.world, args.heads, 128, args.iters, args.profile))

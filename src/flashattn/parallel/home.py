@@ -14,8 +14,11 @@ rounded once) and the memory traffic is not: per tensor and world size N the tra
 is written by its first visitor, read and written by each later one and twice at home, and
 converted once (about 26 block sizes of traffic for N = 4); here every partial is written by
 its kernel and read once by the sum (N + 2), and the bytes on the wire are halved (16-bit
-partials, not float32 sums). The price is memory: the owner holds the N - 1 received partials
-until the end.
+partials, not float32 sums). The price is memory: the owner holds the received partials until
+the end, N - 1 blocks per tensor where every call covers the whole block (the varlen ring),
+about 0.75 (N - 1) for the dense causal zigzag ring (half its steps see half the keys), against
+an estimated 4 blocks' worth of float32 sums in flight and at home before: less at N = 4, more
+from N = 6 (varlen) or N = 7 (dense causal) on.
 
 Overlap: a step's partials are sent as soon as its calls are queued, so the transfer runs
 under the next step's compute (the last step's under the local block's second part, which is
@@ -68,8 +71,9 @@ def run_backward_home(k: Tensor, v: Tensor, steps: int, ring, compute: Callable,
     kv = (k.contiguous(), v.contiguous())
     kv_pending = _comm.exchange(kv, ring.group, ring.rank, ring.world) if steps > 1 else None
     first = own_first(*kv)
-    # per step: the exchange of partials in flight, the spans it receives, what it sends
-    homeward: List[Tuple[_comm.Exchange, Sequence[Tuple[int, int]], List[Tensor]]] = []
+    # per step: the exchange of partials in flight and the spans it receives (the sent
+    # partials are not kept: torch.distributed holds a send's tensors until it completes)
+    homeward: List[Tuple[_comm.Exchange, Sequence[Tuple[int, int]]]] = []
     if kv_pending is not None:
         held = tuple(kv_pending.wait())
         for step in range(1, steps):
@@ -82,8 +86,8 @@ def run_backward_home(k: Tensor, v: Tensor, steps: int, ring, compute: Callable,
             spans = tuple(incoming(step))
             homeward.append((_comm.exchange(sent, ring.group, ring.rank, ring.world,
                                             distance=-step,
-                                            into=_received(spans, *kv, row_dim)),
-                             spans, sent))
+                                            into=_received(spans, *kv, row_dim)), spans))
+            del part, sent
             if kv_pending is not None:
                 held = tuple(kv_pending.wait())
     second = own_last(*kv)
@@ -92,7 +96,7 @@ def run_backward_home(k: Tensor, v: Tensor, steps: int, ring, compute: Callable,
     starts: List[int] = []
     dk_parts: List[Tensor] = []
     dv_parts: List[Tensor] = []
-    for pending, spans, _sent in homeward:  # ring order: the block's first visitor first
+    for pending, spans in homeward:  # ring order: the block's first visitor first
         got = pending.wait()
         starts += [s for s, _ in spans]
         dk_parts += got[:len(spans)]

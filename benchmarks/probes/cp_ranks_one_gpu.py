@@ -110,14 +110,15 @@ def _kernel_times(step: Callable[[], None], rank: int, world: int, top: int) -> 
 
 
 def _ranks(steps: List[Callable[[], None]], world: int, iters: int, profile: bool) -> Dict:
-    """Every rank's segments (medians over ``iters`` rounds, the ranks interleaved) and the
-    modelled CP time."""
+    """Every rank's segments (medians over ``iters`` rounds, the ranks interleaved, each round
+    starting at the next rank) and the modelled CP time."""
     for r, s in enumerate(steps):  # compile and warm every shape first
         _segments(s, r, world)
     rounds: List[List[List[float]]] = [[] for _ in range(world)]
-    for _ in range(iters):
-        for r, s in enumerate(steps):
-            rounds[r].append(_segments(s, r, world))
+    for i in range(iters):
+        # each round starts at another rank: no rank is always the first after a pause
+        for r in [(i + j) % world for j in range(world)]:
+            rounds[r].append(_segments(steps[r], r, world))
     seg = [[statistics.median(x) for x in zip(*rounds[r])] for r in range(world)]
     row = dict(rank_total_s=[sum(s) for s in seg], segments_s=seg)
     if len({len(s) for s in seg}) == 1:

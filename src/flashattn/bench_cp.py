@@ -236,11 +236,16 @@ def _dense_row(mode: str, per_gpu: int, world: int, h: int, hk: int, d: int,
 
 def _ring_without_comm(per_gpu: int, world: int, h: int, d: int, iters: int) -> Dict:
     """The ring's kernels alone: every exchange returns the block in hand instead of sending
-    it (same calls, same shapes, no NCCL): the CP time a perfectly hidden transfer would give."""
+    it, or the receiver's own buffers where it gives them (the dK / dV partials sent home:
+    same calls, same shapes, no NCCL): the CP time a perfectly hidden transfer would give."""
     from flashattn.parallel import comm as _comm
 
     real = _comm.exchange
-    _comm.exchange = lambda tensors, *a, **k: _comm.Exchange([], list(tensors))
+
+    def in_hand(tensors, *args, into=None, **kwargs):
+        return _comm.Exchange([], list(tensors if into is None else into))
+
+    _comm.exchange = in_hand
     try:
         gen = torch.Generator(device="cuda").manual_seed(0)
         local = [torch.randn(1, per_gpu, h, d, device="cuda", dtype=torch.bfloat16,

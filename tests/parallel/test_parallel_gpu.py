@@ -54,7 +54,8 @@ def test_parallel_calls_nccl():
 @pytest.mark.skipif(torch.cuda.device_count() < 4, reason="needs 4 GPUs")
 def test_ring_calls_nccl_four_ranks():
     """Four ranks: K / V blocks chained ahead of the compute on the side stream (three
-    exchanges in the forward, not one), and dK / dV sent home from three ranks away."""
+    exchanges in the forward, not one), and dK / dV partials sent home from one, two and
+    three ranks away."""
     cases = [
         ("ring causal", c.ring_dense, dict(BIG)),
         ("ring full GQA", c.ring_dense, dict(BIG, causal=False)),

@@ -2,12 +2,20 @@
 1-D DeviceMesh, its rank and size, and the device its backend can carry."""
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, NamedTuple, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
 Group = Any  # a ProcessGroup, a 1-D DeviceMesh, or None (the default group)
+
+
+class Ring(NamedTuple):
+    """The group a ring runs over: process group, this rank, world size."""
+
+    group: Optional[dist.ProcessGroup]
+    rank: int
+    world: int
 
 
 def resolve(group: Group, name: str = "group") -> Tuple[Optional[dist.ProcessGroup], int, int]:
@@ -55,4 +63,4 @@ def global_rank(group: Optional[dist.ProcessGroup], rank: int) -> int:
     return rank if group is None else dist.get_global_rank(group, rank)
 
 
-__all__ = ["Group", "check_device", "global_rank", "resolve"]
+__all__ = ["Group", "Ring", "check_device", "global_rank", "resolve"]

@@ -32,6 +32,7 @@ import torch
 
 from flashattn import ops as _ops
 from flashattn.parallel import comm as _comm
+from flashattn.parallel.groups import Ring
 
 Tensor = torch.Tensor
 
@@ -56,7 +57,7 @@ def _received(spans: Sequence[Tuple[int, int]], k: Tensor, v: Tensor, row_dim: i
     return [shaped(k, n) for _, n in spans] + [shaped(v, n) for _, n in spans]
 
 
-def run_backward_home(k: Tensor, v: Tensor, steps: int, ring, compute: Callable,
+def run_backward_home(k: Tensor, v: Tensor, steps: int, ring: Ring, compute: Callable,
                       own_first: Callable, own_last: Callable,
                       incoming: Callable[[int], Sequence[Tuple[int, int]]], row_dim: int = 1
                       ) -> Tuple[Tensor, Tensor]:
@@ -66,8 +67,7 @@ def run_backward_home(k: Tensor, v: Tensor, steps: int, ring, compute: Callable,
     and ``own_first(k, v)`` / ``own_last(k, v)`` (the local block in two parts) return
     :class:`Partials`. ``incoming(step)``: the (first row, rows) of the pieces that rank
     ``rank + step`` computes on this rank's block at ``step``, in its call order (its plan:
-    the receiver allocates what the sender will send). ``ring``: a
-    :class:`~flashattn.parallel.ring.Ring`."""
+    the receiver allocates what the sender will send)."""
     kv = (k.contiguous(), v.contiguous())
     kv_pending = _comm.exchange(kv, ring.group, ring.rank, ring.world) if steps > 1 else None
     first = own_first(*kv)

@@ -21,7 +21,6 @@ from __future__ import annotations
 from typing import Callable, NamedTuple, Optional, Tuple
 
 import torch
-import torch.distributed as dist
 
 from flashattn import ops as _ops
 from flashattn.api import normalise as _p
@@ -30,7 +29,7 @@ from flashattn.parallel import blocks as _blocks
 from flashattn.parallel import checks as _checks
 from flashattn.parallel import comm as _comm
 from flashattn.parallel.accumulate import RowSum, fresh
-from flashattn.parallel.groups import Group, check_device, resolve
+from flashattn.parallel.groups import Group, Ring, check_device, resolve
 from flashattn.parallel.home import Partials, run_backward_home
 from flashattn.parallel.merge import merge_into, ready_to_merge
 
@@ -87,14 +86,6 @@ class RingPlan(NamedTuple):
     own_first: Tuple[_blocks.BlockCall, ...]
     own_last: Tuple[_blocks.BlockCall, ...]
     incoming: Tuple[Tuple[Tuple[int, int], ...], ...]
-
-
-class Ring(NamedTuple):
-    """The group a ring runs over: process group, this rank, world size."""
-
-    group: Optional[dist.ProcessGroup]
-    rank: int
-    world: int
 
 
 def run_forward(kv: Tuple[Tensor, ...], steps: int, ring: Ring, compute: Callable) -> None:

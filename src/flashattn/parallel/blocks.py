@@ -234,7 +234,7 @@ def split_rows(q_segs: Tuple[Segment, ...], k_segs: Tuple[Segment, ...], left: O
     """The cells of :func:`plan_step` in two groups of calls: local query rows ``[0, at)`` and
     ``[at, s_q)`` (each as few calls as fit: one per group where a band does, else one per
     segment pair). The ring's backward computes the local block this way, one part first and
-    one last (see :func:`flashattn.parallel.ring.run_backward`)."""
+    one last (see :func:`flashattn.parallel.home.run_backward_home`)."""
     pairs = _pairs(q_segs, k_segs, left, right)
     sq = sum(s.length for s in q_segs)
     sk = sum(s.length for s in k_segs)

@@ -13,6 +13,7 @@ import torch
 
 import flashattn
 import flashattn.parallel as fp
+from flashattn.parallel import ring as _ring
 from tests.parallel import cases as c
 from tests.parallel import threads
 
@@ -144,6 +145,59 @@ def test_rings_on_threads_cpu(world):
                     deterministic=True)
         ring_varlen(world, "cpu", lengths=(6, 10), h=4, hk=2, d=16, dtype=torch.float32,
                     alibi="docs", window_size=(7, 0))
+
+
+def _travelling_sums(dout, q, k, v, out, lse, plan, opt, ring):
+    """dK / dV of the ring's calls summed in float32 sums that travel with their blocks
+    (``ring.run_backward``, the schedule the partials sent home replaced)."""
+    def grads(calls, k_blk, v_blk):
+        done = [(c, _ring._block_backward(dout, q, k_blk, v_blk, out, lse, c, opt))
+                for c in calls]
+
+        def add(dk_acc, dv_acc):
+            for call, (_, dk_b, dv_b) in done:
+                dk_acc.add(call.k0, dk_b)
+                dv_acc.add(call.k0, dv_b)
+        return add
+
+    return _ring.run_backward(k, v, len(plan.steps), ring,
+                              lambda step, *kv: grads(plan.steps[step], *kv),
+                              lambda *kv: grads(plan.own_first, *kv),
+                              lambda *kv: grads(plan.own_last, *kv))
+
+
+@pytest.mark.parametrize("world,kw", [
+    (4, dict(causal=True)), (3, dict(causal=False)), (4, dict(causal=True, window_size=(20, 0))),
+    (3, dict(causal=False, alibi=True, window_size=(9, 5)))])
+def test_partials_home_give_the_travelling_sums_bits(world, kw):
+    """The same dK / dV partials, summed in float32 in the same order (ring order, then the
+    local block's two parts) and rounded once: the partials sent home give the bits of the
+    float32 sums that travelled with their blocks, for every rank (deterministic calls;
+    ALiBi's calls at two offsets on the same keys test the order within a step)."""
+    s_per_rank, h, hk, d = 16, 4, 2, 16
+    g = torch.Generator().manual_seed(world)
+    # float32: a float32 sum of a few bf16 terms is usually exact in any order; float32
+    # partials make the order visible in the bits
+    q, dout = (_randn((1, s_per_rank * world, h, d), torch.float32, "cpu", g) for _ in range(2))
+    k, v = (_randn((1, s_per_rank * world, hk, d), torch.float32, "cpu", g) for _ in range(2))
+    slopes = torch.rand(h, generator=g) * 0.5 if kw.get("alibi") else None
+    rows = [_zigzag_rows(s_per_rank * world, r, world) for r in range(world)]
+
+    def rank_call(rank: int):
+        local = [x.index_select(1, rows[rank]) for x in (q, k, v, dout)]
+        ring, opt = _ring.normalise(*local[:3], None, kw["causal"],
+                                    kw.get("window_size", (-1, -1)), 0.0, slopes, None, True,
+                                    "zigzag", "test")
+        plan = _ring.plan_for("zigzag", ring.rank, ring.world, s_per_rank, opt)
+        out, lse = _ring.ring_forward(*local[:3], plan, opt, ring)
+        _, dk, dv = _ring.ring_backward(local[3], *local[:3], out, lse, plan, opt, ring)
+        dk_t, dv_t = _travelling_sums(local[3], *local[:3], out, lse, plan, opt, ring)
+        return dk, dv, dk_t, dv_t
+
+    with flashattn.use_backend("cpu"):
+        for dk, dv, dk_t, dv_t in threads.run(world, rank_call):
+            assert dk.abs().sum() > 0
+            assert torch.equal(dk, dk_t) and torch.equal(dv, dv_t)
 
 
 GPU_DENSE = [

@@ -9,12 +9,14 @@ terms in ring order, then the local block's own two parts, added in float32 and 
 
 Against a float32 running sum that travels with its block (:func:`.ring.run_backward`, still
 used where a call's partial covers gathered rows rather than a row range), the numerics are
-the same (every term is the kernel's 16-bit partial, summed in float32 in the same order,
-rounded once) and the memory traffic is not: per tensor and world size N the travelling sum
+the same (every term is the kernel's partial in K / V's dtype, summed in float32 in the same
+order, rounded once) and the memory traffic is not: per tensor and world size N the travelling sum
 is written by its first visitor, read and written by each later one and twice at home, and
 converted once (about 26 block sizes of traffic for N = 4); here every partial is written by
 its kernel and read once by the sum (N + 2), and the bytes on the wire are halved (16-bit
-partials, not float32 sums). The price is memory: the owner holds the received partials until
+partials, not float32 sums). Measured on one H100 (2026-12-07, each rank's ring alone, 4
+ranks, benchmarks/NOTES.md): the varlen ring at 128k tokens per rank 4.4 % faster, the dense
+ring at 32k within noise. The price is memory: the owner holds the received partials until
 the end, N - 1 blocks per tensor where every call covers the whole block (the varlen ring),
 about 0.75 (N - 1) for the dense causal zigzag ring (half its steps see half the keys), against
 an estimated 4 blocks' worth of float32 sums in flight and at home before: less at N = 4, more

@@ -228,8 +228,7 @@ def varlen_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
                 dq.index_add(rows, dq_b)
         return Partials(((0, dk_b, dv_b),), add_dq)
 
-    # the local block in two parts (see run_backward_home): the early query chunks, then the
-    # late
+    # the local block in two parts (see run_backward_home): early query chunks, then late
     dk, dv = run_backward_home(k, v, ring.world, ring, lambda step, *kv: grads(None, *kv),
                                lambda *kv: grads(lay.early, *kv),
                                lambda *kv: grads(lay.late, *kv), _whole_block(k), row_dim=0)

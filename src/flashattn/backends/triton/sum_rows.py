@@ -61,19 +61,18 @@ def sum_rows(parts: Sequence[torch.Tensor], starts: Sequence[int], out: torch.Te
     """``out`` (outer, n_rows, inner) contiguous, any float dtype, becomes the float32 sum of
     ``parts[i]`` (outer, rows_i, inner) contiguous, one dtype, over output rows
     ``[starts[i], starts[i] + rows_i)``, rounded once; rows no piece covers become 0. The
-    shapes are checked by ``dispatch.merge.sum_rows``."""
+    shapes (and that there is at least one part) are checked by ``dispatch.merge.sum_rows``."""
     outer, n_rows, inner = out.shape
     if out.numel() == 0:
         return
-    device = out.device
-    size = parts[0].element_size() if parts else 1
-    base = parts[0] if parts else out
+    base = parts[0]
+    size = base.element_size()
     offsets = [(p.data_ptr() - base.data_ptr()) // size for p in parts]
     # 16-byte multiples (the caching allocator's blocks are 512-byte aligned): vector loads
     vec = 16 // size if (all(o * size % 16 == 0 for o in offsets) and base.data_ptr() % 16 == 0
                          and inner * size % 16 == 0) else 1
     table = torch.tensor([offsets, list(starts), [p.shape[1] for p in parts]],
-                         dtype=torch.int64).to(device, non_blocking=True)
+                         dtype=torch.int64).to(out.device, non_blocking=True)
     block_c = min(triton.next_power_of_2(inner), 1024)
     block_r = max(1, 4096 // block_c)
     grid = (outer * triton.cdiv(n_rows, block_r), triton.cdiv(inner, block_c))

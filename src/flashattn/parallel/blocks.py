@@ -228,6 +228,20 @@ def ring_plan(layout: str, rank: int, world: int, s_local: int, left: Optional[i
 
 
 @functools.lru_cache(maxsize=256)
+def incoming_spans(layout: str, rank: int, world: int, s_local: int, left: Optional[int],
+                   right: Optional[int], alibi: bool = False
+                   ) -> Tuple[Tuple[Tuple[int, int], ...], ...]:
+    """Per ring step t, the (first key row, rows) of each call that rank ``(rank + t) % world``
+    makes on ``rank``'s block (its :func:`ring_plan` step t, in call order): the dK / dV
+    partials that come home to ``rank`` at step t. Step 0 is ``rank``'s own."""
+    steps = len(ring_plan(layout, rank, world, s_local, left, right, alibi))
+    return tuple(
+        tuple((c.k0, c.k1 - c.k0) for c in ring_plan(
+            layout, (rank + t) % world, world, s_local, left, right, alibi)[t])
+        for t in range(steps))
+
+
+@functools.lru_cache(maxsize=256)
 def split_rows(q_segs: Tuple[Segment, ...], k_segs: Tuple[Segment, ...], left: Optional[int],
                right: Optional[int], at: int, alibi: bool = False
                ) -> Tuple[Tuple[BlockCall, ...], Tuple[BlockCall, ...]]:
@@ -264,5 +278,5 @@ def own_parts(layout: str, rank: int, world: int, s_local: int, left: Optional[i
 
 LAYOUTS = ("zigzag", "contiguous")
 
-__all__ = ["BlockCall", "LAYOUTS", "Segment", "contiguous_segments", "own_parts", "plan_step",
-           "ring_plan", "segments", "split_rows", "zigzag_segments"]
+__all__ = ["BlockCall", "LAYOUTS", "Segment", "contiguous_segments", "incoming_spans",
+           "own_parts", "plan_step", "ring_plan", "segments", "split_rows", "zigzag_segments"]

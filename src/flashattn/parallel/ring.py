@@ -80,7 +80,8 @@ class RingPlan(NamedTuple):
     ``(rank - t) % world`` (:func:`flashattn.parallel.blocks.ring_plan`); ``own_first`` /
     ``own_last``: step 0's cells in the backward's two parts (:func:`.blocks.own_parts`);
     ``incoming[t]``: the (first key row, rows) of each call that rank ``(rank + t) % world``
-    makes at step t, on this rank's block (the dK / dV partials it sends home)."""
+    makes at step t, on this rank's block (the dK / dV partials it sends home,
+    :func:`.blocks.incoming_spans`)."""
 
     steps: Tuple[Tuple[_blocks.BlockCall, ...], ...]
     own_first: Tuple[_blocks.BlockCall, ...]
@@ -271,10 +272,7 @@ def plan_for(layout: str, rank: int, world: int, s_local: int, opt: RingOptions)
     alibi = opt.alibi_slopes is not None
     plan = _blocks.ring_plan(layout, rank, world, s_local, opt.left, opt.right, alibi)
     first, last = _blocks.own_parts(layout, rank, world, s_local, opt.left, opt.right, alibi)
-    incoming = tuple(
-        tuple((c.k0, c.k1 - c.k0) for c in _blocks.ring_plan(
-            layout, (rank + t) % world, world, s_local, opt.left, opt.right, alibi)[t])
-        for t in range(len(plan)))
+    incoming = _blocks.incoming_spans(layout, rank, world, s_local, opt.left, opt.right, alibi)
     return RingPlan(plan, first, last, incoming)
 
 
